@@ -1,0 +1,2 @@
+//! Consul's discovery chain: config entries, validation and compilation.
+#![forbid(unsafe_code)]

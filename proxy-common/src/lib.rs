@@ -1,0 +1,32 @@
+//! Map keys and values shared by the kernel programs (`proxy-ebpf`) and the daemon (`proxy`).
+//!
+//! Every type is `#[repr(C)]`, made of fixed-width integers and arrays only, with explicit padding
+//! and a compile-time size assertion, so the kernel and userspace layouts cannot drift. Byte order
+//! is stated on every field. With the `user` feature the types implement `aya::Pod`.
+#![no_std]
+#![forbid(unsafe_code)]
+
+pub mod counters;
+pub mod service;
+
+/// Implements `aya::Pod` for map types when built for userspace.
+///
+/// `aya::Pod` is an `unsafe trait`; the impls live in the `pod` module below, which is the only
+/// place in this crate that is allowed to use `unsafe`.
+#[cfg(feature = "user")]
+#[allow(unsafe_code)]
+mod pod {
+    use crate::service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey};
+
+    // SAFETY: each type is repr(C), made only of integers and integer arrays with explicit
+    // padding fields, so every bit pattern is valid and there are no implicit padding bytes.
+    unsafe impl aya::Pod for ServiceKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for Service {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for SlotTableKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for SlotTable {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for Backend {}
+}

@@ -1,0 +1,122 @@
+//! The service map domain: which (VIP, port, protocol) tuples are services, and the slot tables
+//! and backends that connect-time host selection reads.
+//!
+//! Layout, as the kernel sees it:
+//!
+//! ```text
+//! SERVICES_V1   ServiceKey   -> Service        (one entry per VIP:port/proto; holds the live generation)
+//! SLOTS_V1      SlotTableKey -> SlotTable      (one per service, generation and priority)
+//! BACKENDS_V1   u32 (id)     -> Backend        (addresses referenced from slot tables)
+//! ```
+//!
+//! Publishing writes backends, then the slot tables of a new generation, then flips
+//! `Service::generation` with one map update, then deletes the old generation: a reader sees
+//! either the old or the new host set, never a mix and never a half-written table.
+
+use core::mem::size_of;
+
+/// `Service::family` / `Backend::family` value for IPv4.
+pub const FAMILY_V4: u8 = 4;
+/// `Service::family` / `Backend::family` value for IPv6.
+pub const FAMILY_V6: u8 = 6;
+
+/// IANA protocol number for TCP.
+pub const PROTO_TCP: u8 = 6;
+/// IANA protocol number for UDP.
+pub const PROTO_UDP: u8 = 17;
+
+/// Slots per table. Prime, so a Maglev permutation visits every slot; large enough for a weight
+/// resolution of 0.1 % (the requirement is 1 %).
+pub const SLOTS: usize = 1021;
+
+/// Failover priorities the kernel looks at, highest (0) first.
+pub const MAX_PRIORITIES: u32 = 4;
+
+/// `Service::flags` bit: redirect connections to the daemon's proxy listener instead of
+/// connecting straight to a host.
+pub const SERVICE_F_PROXY: u32 = 1 << 0;
+/// `Service::flags` bit: choose the slot by hashing the client's network-namespace cookie
+/// (consistent hashing over a Maglev table) instead of at random.
+pub const SERVICE_F_MAGLEV: u32 = 1 << 1;
+
+/// Key of `SERVICES_V1`: a service address as the application dials it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    /// Address, network byte order, as in `bpf_sock_addr.user_ip4`/`user_ip6`. IPv4 uses
+    /// `addr[0]` and leaves the other words zero.
+    pub addr: [u32; 4],
+    /// Port, network byte order (the `__be16` of `bpf_sock_addr.user_port`).
+    pub port: u16,
+    /// `PROTO_TCP` or `PROTO_UDP`.
+    pub proto: u8,
+    /// `FAMILY_V4` or `FAMILY_V6`.
+    pub family: u8,
+}
+const _: () = assert!(size_of::<ServiceKey>() == 20);
+
+/// Value of `SERVICES_V1`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Service {
+    /// Stable identifier of the service, host byte order; part of every `SlotTableKey`.
+    pub id: u32,
+    /// The live generation, host byte order. Only slot tables of this generation are read.
+    pub generation: u32,
+    /// `SERVICE_F_*` bits, host byte order.
+    pub flags: u32,
+    /// Explicit padding; always zero.
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<Service>() == 16);
+
+/// Key of `SLOTS_V1`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SlotTableKey {
+    /// `Service::id`, host byte order.
+    pub service_id: u32,
+    /// Generation the table belongs to, host byte order.
+    pub generation: u32,
+    /// Failover priority, 0 = highest, host byte order; less than `MAX_PRIORITIES`.
+    pub priority: u32,
+}
+const _: () = assert!(size_of::<SlotTableKey>() == 12);
+
+/// Value of `SLOTS_V1`: the hosts of one priority level with weights expanded into slots.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotTable {
+    /// Number of valid slots, host byte order; 0 means the priority has no routable host.
+    pub len: u32,
+    /// Explicit padding; always zero.
+    pub _pad: u32,
+    /// Backend ids (keys of `BACKENDS_V1`), host byte order. Only `slots[..len]` is read.
+    pub slots: [u32; SLOTS],
+}
+const _: () = assert!(size_of::<SlotTable>() == 8 + 4 * SLOTS);
+
+impl Default for SlotTable {
+    fn default() -> Self {
+        Self {
+            len: 0,
+            _pad: 0,
+            slots: [0; SLOTS],
+        }
+    }
+}
+
+/// Value of `BACKENDS_V1`: where a chosen host is.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Backend {
+    /// Address, network byte order; IPv4 in `addr[0]`.
+    pub addr: [u32; 4],
+    /// Port, network byte order.
+    pub port: u16,
+    /// `FAMILY_V4` or `FAMILY_V6`.
+    pub family: u8,
+    /// Explicit padding; always zero.
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<Backend>() == 20);

@@ -1,0 +1,1 @@
+//! Load assignment: weights to slot tables.

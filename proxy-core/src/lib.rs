@@ -1,0 +1,9 @@
+//! The daemon's pure logic: configuration, discovery state, health, and load assignment.
+//!
+//! Nothing here touches the kernel, so `cargo test -p proxy-core` runs in seconds without root
+//! and without the eBPF toolchain. The `proxy` crate wires this logic to BPF maps and sockets.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod discovery;
+pub mod lb;

@@ -2,9 +2,10 @@
 //!
 //! Every type is `#[repr(C)]`, made of fixed-width integers and arrays only, with explicit padding
 //! and a compile-time size assertion, so the kernel and userspace layouts cannot drift. Byte order
-//! is stated on every field. With the `user` feature the types implement `aya::Pod`.
+//! is stated on every field. With the `user` feature the types implement `aya::Pod` (the only
+//! `unsafe` in this crate, allowed in one module).
 #![no_std]
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod counters;
 pub mod service;

@@ -25,9 +25,16 @@ pub const PROTO_TCP: u8 = 6;
 /// IANA protocol number for UDP.
 pub const PROTO_UDP: u8 = 17;
 
-/// Slots per table. Prime, so a Maglev permutation visits every slot; large enough for a weight
-/// resolution of 0.1 % (the requirement is 1 %).
+/// Slots per table that the daemon fills. Prime, so a Maglev permutation visits every slot; large
+/// enough for a weight resolution of 0.1 % (the requirement is 1 %).
 pub const SLOTS: usize = 1021;
+
+/// Length of the slot array: the next power of two above [`SLOTS`], so the kernel can bound a
+/// slot index for the verifier with a mask (`index & SLOT_MASK`) that the compiler cannot drop.
+pub const SLOT_CAPACITY: usize = 1024;
+/// `SLOT_CAPACITY - 1`.
+pub const SLOT_MASK: usize = SLOT_CAPACITY - 1;
+const _: () = assert!(SLOTS <= SLOT_CAPACITY && SLOT_CAPACITY.is_power_of_two());
 
 /// Failover priorities the kernel looks at, highest (0) first.
 pub const MAX_PRIORITIES: u32 = 4;
@@ -91,17 +98,18 @@ pub struct SlotTable {
     pub len: u32,
     /// Explicit padding; always zero.
     pub _pad: u32,
-    /// Backend ids (keys of `BACKENDS_V1`), host byte order. Only `slots[..len]` is read.
-    pub slots: [u32; SLOTS],
+    /// Backend ids (keys of `BACKENDS_V1`), host byte order. Only `slots[..len]` is read;
+    /// `len` is at most [`SLOTS`].
+    pub slots: [u32; SLOT_CAPACITY],
 }
-const _: () = assert!(size_of::<SlotTable>() == 8 + 4 * SLOTS);
+const _: () = assert!(size_of::<SlotTable>() == 8 + 4 * SLOT_CAPACITY);
 
 impl Default for SlotTable {
     fn default() -> Self {
         Self {
             len: 0,
             _pad: 0,
-            slots: [0; SLOTS],
+            slots: [0; SLOT_CAPACITY],
         }
     }
 }

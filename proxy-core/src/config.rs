@@ -1,1 +1,135 @@
-//! Configuration.
+//! The daemon's configuration: one YAML (or JSON) file, strict, validated once.
+//!
+//! Clusters use Envoy v3 `Cluster` field names; services bind a VIP to a cluster. Every field is
+//! documented here, defaults live in [`defaults`], and the types are `Serialize` so
+//! `/config_dump` shows the effective configuration. A bad file yields a [`ConfigError`] that
+//! names the file, line, column and field; the daemon exits with status 64 and changes nothing.
+
+mod cluster;
+mod error;
+pub mod locate;
+mod service;
+mod validate;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use self::{
+    cluster::{
+        Address, Cluster, ClusterType, Endpoint, LbEndpoint, LbPolicy, LoadAssignment,
+        LocalityLbEndpoints, SocketAddress,
+    },
+    error::ConfigError,
+    service::{Protocol, Service, ServiceMode},
+};
+
+/// The configuration used when `proxy run` is given no `--config`: the demo's STATIC cluster of
+/// three weighted hosts on loopback behind a VIP in 127.77.0.0/16.
+pub const EMBEDDED_DEFAULT: &str = include_str!("../../examples/demo.yaml");
+
+/// Named default values, all in one place.
+pub mod defaults {
+    use std::net::SocketAddr;
+
+    /// Instance name: names the pin directory under bpffs.
+    pub fn instance() -> String {
+        "proxy".to_owned()
+    }
+    /// The cgroup the programs attach to, relative to the cgroup v2 mount.
+    pub fn cgroup() -> String {
+        "proxy".to_owned()
+    }
+    /// Where bpffs is (mounted there when missing).
+    pub fn bpffs() -> String {
+        "/sys/fs/bpf".to_owned()
+    }
+    /// Admin HTTP listener: loopback only.
+    pub fn admin_address() -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 15000))
+    }
+    /// Load-balancing weight of an endpoint without one (Envoy: 1).
+    pub fn weight() -> u32 {
+        1
+    }
+}
+
+/// The whole configuration file.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Name of this daemon instance. Its maps are pinned under `<bpffs>/<instance>/`, so two
+    /// instances on one host need different names. Default `proxy`.
+    #[serde(default = "defaults::instance")]
+    pub instance: String,
+    /// The cgroup v2 whose processes are served: an absolute path, or a path relative to the
+    /// cgroup v2 mount (found in /proc/mounts). Created if missing (and then removed on shutdown).
+    /// Default `proxy`.
+    #[serde(default = "defaults::cgroup")]
+    pub cgroup: String,
+    /// Mount point of the BPF filesystem; mounted if nothing is mounted there. Default
+    /// `/sys/fs/bpf`.
+    #[serde(default = "defaults::bpffs")]
+    pub bpffs: String,
+    /// The admin HTTP interface.
+    #[serde(default)]
+    pub admin: Admin,
+    /// Upstream clusters, in Envoy v3 `Cluster` field names.
+    #[serde(default)]
+    pub clusters: Vec<Cluster>,
+    /// Service addresses (VIP, port, protocol) and the cluster each one is served by.
+    #[serde(default)]
+    pub services: Vec<Service>,
+}
+
+/// The admin HTTP interface (`/ready`, `/stats`, `/config_dump`, ...).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Admin {
+    /// Listen address. Default `127.0.0.1:15000`; anything but loopback exposes the daemon's
+    /// state to the network, so it is the operator's explicit choice.
+    #[serde(default = "defaults::admin_address")]
+    pub address: std::net::SocketAddr,
+}
+
+impl Default for Admin {
+    fn default() -> Self {
+        Self {
+            address: defaults::admin_address(),
+        }
+    }
+}
+
+impl Config {
+    /// Parses and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and validates configuration text; `file` is only used in error messages.
+    pub fn parse(text: &str, file: &Path) -> Result<Self, ConfigError> {
+        let deserializer = serde_yaml::Deserializer::from_str(text);
+        let config: Config = serde_path_to_error::deserialize(deserializer)
+            .map_err(|err| ConfigError::from_serde(file, text, err))?;
+        validate::validate(&config).map_err(|invalid| invalid.locate(file, text))?;
+        Ok(config)
+    }
+
+    /// The embedded default configuration (see [`EMBEDDED_DEFAULT`]).
+    pub fn embedded_default() -> Self {
+        Self::parse(EMBEDDED_DEFAULT, &PathBuf::from("<embedded default>"))
+            .expect("the embedded default configuration is valid (unit-tested)")
+    }
+
+    /// The cluster named `name`.
+    pub fn cluster(&self, name: &str) -> Option<&Cluster> {
+        self.clusters.iter().find(|c| c.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests;

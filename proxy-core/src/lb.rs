@@ -1,1 +1,245 @@
-//! Load assignment: weights to slot tables.
+//! Load assignment: host weights to the fixed-size slot tables the kernel reads.
+//!
+//! A table has `m` slots (a prime, [`proxy_common::service::SLOTS`] in the kernel). Each host gets
+//! a quota of slots proportional to its weight (largest-remainder rounding; every host gets at
+//! least one slot while there are at least as many slots as hosts), so a weight resolution of
+//! 1/m. For `RANDOM`, the kernel picks a uniformly random slot. For `MAGLEV`, the slots are filled
+//! in Maglev order (each host walks its own permutation of the table), so that removing one of N
+//! hosts changes only about 1/N of the slots and clients keyed to the others stay where they are.
+
+use std::net::SocketAddr;
+
+/// A host as the slot tables see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotHost {
+    /// Backend id the slot holds (the kernel's key into its backend map).
+    pub id: u32,
+    /// Address; seeds the host's Maglev permutation, so it is stable across republishing.
+    pub addr: SocketAddr,
+    /// Relative weight, at least 1.
+    pub weight: u32,
+}
+
+/// Slots per host, proportional to weight, summing to `m`. Hosts beyond `m` (sorted by weight,
+/// heaviest first) get none: a table cannot hold more hosts than slots.
+pub fn quotas(weights: &[u32], m: usize) -> Vec<usize> {
+    let n = weights.len();
+    let mut quota = vec![0usize; n];
+    if n == 0 || m == 0 {
+        return quota;
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(weights[i]));
+    // Everyone that fits gets one slot first, so no configured host is starved by rounding.
+    let guaranteed = n.min(m);
+    for &i in &order[..guaranteed] {
+        quota[i] = 1;
+    }
+    let rest = m - guaranteed;
+    let total: u128 = order[..guaranteed].iter().map(|&i| u128::from(weights[i])).sum();
+    if rest == 0 || total == 0 {
+        return quota;
+    }
+    // Largest remainder over the slots left after the guaranteed ones.
+    let mut remainders = Vec::with_capacity(guaranteed);
+    let mut given = 0usize;
+    for &i in &order[..guaranteed] {
+        let exact = u128::from(weights[i]) * rest as u128;
+        let whole = (exact / total) as usize;
+        quota[i] += whole;
+        given += whole;
+        remainders.push((exact % total, i));
+    }
+    remainders.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    for &(_, i) in remainders.iter().take(rest - given) {
+        quota[i] += 1;
+    }
+    quota
+}
+
+/// A table for random selection: each host's quota of slots, interleaved.
+pub fn random_table(hosts: &[SlotHost], m: usize) -> Vec<u32> {
+    let weights: Vec<u32> = hosts.iter().map(|h| h.weight).collect();
+    let quota = quotas(&weights, m);
+    let mut table = Vec::with_capacity(m);
+    let mut left = quota.clone();
+    // Round-robin placement keeps a host's slots spread out; order does not matter to a random
+    // pick, but it makes tables easy to read in dumps.
+    while table.len() < m && left.iter().any(|&q| q > 0) {
+        for (i, host) in hosts.iter().enumerate() {
+            if left[i] > 0 {
+                table.push(host.id);
+                left[i] -= 1;
+            }
+        }
+    }
+    table
+}
+
+/// A Maglev lookup table of size `m` (prime), with each host filling exactly its quota.
+pub fn maglev_table(hosts: &[SlotHost], m: usize) -> Vec<u32> {
+    let weights: Vec<u32> = hosts.iter().map(|h| h.weight).collect();
+    let quota = quotas(&weights, m);
+    if hosts.is_empty() || m == 0 {
+        return Vec::new();
+    }
+    let perms: Vec<(usize, usize)> = hosts
+        .iter()
+        .map(|h| {
+            let seed = hash_addr(&h.addr);
+            let offset = (seed % m as u64) as usize;
+            let skip = if m > 1 { ((seed >> 32) % (m as u64 - 1)) as usize + 1 } else { 1 };
+            (offset, skip)
+        })
+        .collect();
+    let mut next = vec![0usize; hosts.len()];
+    let mut filled = vec![0usize; hosts.len()];
+    let mut table: Vec<Option<u32>> = vec![None; m];
+    let mut placed = 0;
+    while placed < m {
+        for (i, host) in hosts.iter().enumerate() {
+            if filled[i] >= quota[i] {
+                continue;
+            }
+            let (offset, skip) = perms[i];
+            // Walk this host's permutation to its next free slot. With m prime and
+            // 1 <= skip < m the permutation visits every slot, so this ends.
+            let slot = loop {
+                let candidate = (offset + next[i] * skip) % m;
+                next[i] += 1;
+                if table[candidate].is_none() {
+                    break candidate;
+                }
+            };
+            table[slot] = Some(host.id);
+            filled[i] += 1;
+            placed += 1;
+            if placed == m {
+                break;
+            }
+        }
+    }
+    table.into_iter().map(|s| s.unwrap_or_default()).collect()
+}
+
+/// A stable 64-bit hash of an address (FNV-1a over its text, then a finaliser), so that a host
+/// keeps its permutation across restarts and releases.
+fn hash_addr(addr: &SocketAddr) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in addr.to_string().bytes() {
+        h ^= u64::from(byte);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^ (h >> 33)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const M: usize = 1021;
+
+    fn hosts(weights: &[u32]) -> Vec<SlotHost> {
+        weights
+            .iter()
+            .enumerate()
+            .map(|(i, &weight)| SlotHost {
+                id: i as u32 + 1,
+                addr: SocketAddr::from(([127, 0, 0, 10 + i as u8], 8080)),
+                weight,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn quotas_are_proportional_and_sum_to_m() {
+        let q = quotas(&[5, 3, 2], M);
+        assert_eq!(q.iter().sum::<usize>(), M);
+        for (got, w) in q.iter().zip([5.0, 3.0, 2.0]) {
+            let want = M as f64 * w / 10.0;
+            assert!((*got as f64 - want).abs() <= 1.0, "{got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn one_percent_weights_are_resolved() {
+        // 99:1 must not round the small host away, nor give it more than ~1 %.
+        let q = quotas(&[99, 1], M);
+        assert!((9..=12).contains(&q[1]), "{q:?}");
+    }
+
+    #[test]
+    fn every_host_gets_a_slot_when_it_fits() {
+        let q = quotas(&[1_000_000, 1, 1], M);
+        assert!(q[1] >= 1 && q[2] >= 1, "{q:?}");
+        assert_eq!(q.iter().sum::<usize>(), M);
+    }
+
+    #[test]
+    fn more_hosts_than_slots_keeps_the_heaviest() {
+        let mut weights = vec![1u32; 10];
+        weights[7] = 5;
+        let q = quotas(&weights, 4);
+        assert_eq!(q.iter().sum::<usize>(), 4);
+        assert_eq!(q[7], 1);
+    }
+
+    #[test]
+    fn empty_inputs() {
+        assert!(random_table(&[], M).is_empty());
+        assert!(maglev_table(&[], M).is_empty());
+        assert_eq!(quotas(&[], M), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn random_table_matches_quotas() {
+        let h = hosts(&[5, 3, 2]);
+        let table = random_table(&h, M);
+        assert_eq!(table.len(), M);
+        let q = quotas(&[5, 3, 2], M);
+        for (i, host) in h.iter().enumerate() {
+            assert_eq!(table.iter().filter(|&&id| id == host.id).count(), q[i]);
+        }
+    }
+
+    #[test]
+    fn maglev_table_is_full_and_weighted() {
+        let h = hosts(&[1, 1, 2]);
+        let table = maglev_table(&h, M);
+        assert_eq!(table.len(), M);
+        let q = quotas(&[1, 1, 2], M);
+        for (i, host) in h.iter().enumerate() {
+            assert_eq!(table.iter().filter(|&&id| id == host.id).count(), q[i]);
+        }
+    }
+
+    #[test]
+    fn maglev_removing_one_of_n_moves_about_one_nth() {
+        let n = 10;
+        let all = hosts(&vec![1; n]);
+        let before = maglev_table(&all, M);
+        let fewer: Vec<SlotHost> = all.iter().copied().filter(|h| h.id != 4).collect();
+        let after = maglev_table(&fewer, M);
+        // Slots that did not belong to the removed host and changed owner anyway.
+        let moved = before
+            .iter()
+            .zip(&after)
+            .filter(|(b, a)| **b != 4 && b != a)
+            .count();
+        // Maglev is not perfectly minimal; allow a few percent of collateral movement.
+        assert!(moved as f64 / M as f64 <= 0.05, "collateral movement {moved}/{M}");
+    }
+
+    #[test]
+    fn maglev_is_stable_across_calls_and_orders() {
+        let h = hosts(&[1, 2, 3]);
+        let mut reversed = h.clone();
+        reversed.reverse();
+        assert_eq!(maglev_table(&h, M), maglev_table(&h, M));
+        // Order of hosts in the input may shift a few slots but the quotas stay exact.
+        let t = maglev_table(&reversed, M);
+        assert_eq!(t.iter().filter(|&&id| id == 3).count(), quotas(&[1, 2, 3], M)[2]);
+    }
+}

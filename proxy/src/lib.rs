@@ -1,1 +1,14 @@
-//! daemon
+//! The daemon: loads the kernel programs, attaches them to a cgroup, turns the configuration into
+//! host sets and publishes them into the maps the kernel reads, and serves the admin interface.
+//!
+//! Pure logic (configuration, load assignment, discovery, health) lives in `proxy-core` and the
+//! Consul discovery chain in `proxy-chain`; this crate wires them to the kernel and sockets.
+
+pub mod admin;
+pub mod cli;
+pub mod daemon;
+pub mod dataplane;
+mod sys;
+
+/// Exit status for a configuration that cannot be used: 64, `EX_USAGE` of sysexits.h.
+pub const EXIT_BAD_CONFIG: u8 = 64;

@@ -1,0 +1,154 @@
+//! Helpers shared by the compile corpus tests: entries from Consul-shaped JSON, and builders for
+//! the expected JSON that mirror the helpers of Consul's `compile_test.go` (`newTarget`, ...).
+
+#![allow(dead_code)]
+
+use proxy_chain::{CompileRequest, Entries, compile};
+use serde_json::{Value, json};
+
+pub const TRUST_DOMAIN: &str = "trustdomain.consul";
+
+/// Entries from a JSON array in Consul's API shape.
+pub fn entries(value: Value) -> Entries {
+    Entries::from_json(&value.to_string()).expect("valid entries")
+}
+
+/// `service-defaults` with just a protocol (Consul's `setServiceProtocol`).
+pub fn protocol(name: &str, protocol: &str) -> Value {
+    json!({"Kind": "service-defaults", "Name": name, "Protocol": protocol})
+}
+
+/// Global proxy-defaults with `Config.protocol` (Consul's `setGlobalProxyProtocol`).
+pub fn global_protocol(protocol: &str) -> Value {
+    json!({"Kind": "proxy-defaults", "Name": "global", "Config": {"protocol": protocol}})
+}
+
+/// Consul's `newSimpleRoute`: `PathPrefix: "/<name>"` to service `<name>`.
+pub fn simple_route(name: &str) -> Value {
+    json!({"Match": {"HTTP": {"PathPrefix": format!("/{name}")}}, "Destination": {"Service": name}})
+}
+
+/// The catch-all route the compiler appends.
+pub fn catch_all(service: &str) -> Value {
+    json!({
+        "Match": {"HTTP": {"PathPrefix": "/"}},
+        "Destination": {"Service": service, "Namespace": "default", "Partition": "default"}
+    })
+}
+
+/// Target ID in the default namespace and partition.
+pub fn tid(service: &str, subset: &str, dc: &str) -> String {
+    if subset.is_empty() {
+        format!("{service}.default.default.{dc}")
+    } else {
+        format!("{subset}.{service}.default.default.{dc}")
+    }
+}
+
+/// Consul's `newTarget`: a target with default SNI, name and a 5 s connect timeout.
+pub fn target(service: &str, subset: &str, dc: &str) -> Value {
+    let sni = if subset.is_empty() {
+        format!("{service}.default.{dc}.internal.{TRUST_DOMAIN}")
+    } else {
+        format!("{subset}.{service}.default.{dc}.internal.{TRUST_DOMAIN}")
+    };
+    let mut t = json!({
+        "ConnectTimeout": "5s",
+        "ID": tid(service, subset, dc),
+        "Service": service,
+        "Namespace": "default",
+        "Partition": "default",
+        "Datacenter": dc,
+        "MeshGateway": {},
+        "Subset": {},
+        "TransparentProxy": {},
+        "SNI": sni,
+        "Name": sni,
+    });
+    if !subset.is_empty() {
+        t["ServiceSubset"] = json!(subset);
+    }
+    t
+}
+
+/// `value` with the fields of `changes` replaced.
+pub fn with(mut value: Value, changes: Value) -> Value {
+    for (k, v) in changes.as_object().expect("object").clone() {
+        value[k] = v;
+    }
+    value
+}
+
+/// A resolver node for `target_id`.
+pub fn resolver(target_id: &str, default: bool, connect_timeout: &str) -> Value {
+    let mut r = json!({"ConnectTimeout": connect_timeout, "Target": target_id});
+    if default {
+        r["Default"] = json!(true);
+    }
+    json!({"Type": "resolver", "Name": target_id, "Resolver": r})
+}
+
+/// A node map entry keyed by `<type>:<name>`.
+pub fn keyed(nodes: Vec<Value>) -> Value {
+    let mut map = serde_json::Map::new();
+    for node in nodes {
+        let key = format!(
+            "{}:{}",
+            node["Type"].as_str().unwrap(),
+            node["Name"].as_str().unwrap()
+        );
+        map.insert(key, node);
+    }
+    Value::Object(map)
+}
+
+/// A targets map keyed by ID.
+pub fn targets(list: Vec<Value>) -> Value {
+    let mut map = serde_json::Map::new();
+    for t in list {
+        map.insert(t["ID"].as_str().unwrap().to_owned(), t);
+    }
+    Value::Object(map)
+}
+
+/// The whole expected chain for service `main` in dc1.
+pub fn chain(protocol: &str, start: &str, nodes: Vec<Value>, target_list: Vec<Value>) -> Value {
+    json!({
+        "ServiceName": "main",
+        "Namespace": "default",
+        "Partition": "default",
+        "Datacenter": "dc1",
+        "Protocol": protocol,
+        "StartNode": start,
+        "Nodes": keyed(nodes),
+        "Targets": targets(target_list),
+    })
+}
+
+/// The request every corpus case uses (Consul's test: main, default/default, dc1).
+pub fn request() -> CompileRequest {
+    CompileRequest::new("main", "dc1", TRUST_DOMAIN)
+}
+
+/// Compiles `entries` and returns the chain as JSON.
+pub fn compiled(entries: &Entries, req: &CompileRequest) -> Value {
+    let chain = compile(req, entries).expect("compiles");
+    serde_json::to_value(&chain).expect("serializes")
+}
+
+/// Compiles with the default request and compares the full JSON.
+pub fn assert_chain(entries_json: Value, expect: Value) {
+    let actual = compiled(&entries(entries_json), &request());
+    assert_eq!(
+        actual,
+        expect,
+        "\nactual:\n{}",
+        serde_json::to_string_pretty(&actual).unwrap()
+    );
+}
+
+/// Compiles with the default request and compares the exact error text.
+pub fn assert_error(entries_json: Value, expect: &str) {
+    let err = compile(&request(), &entries(entries_json)).expect_err("compile must fail");
+    assert_eq!(err.to_string(), expect);
+}

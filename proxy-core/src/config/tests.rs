@@ -1,0 +1,115 @@
+//! Configuration parsing and validation: the examples parse, errors point at file:line:column
+//! and name the field.
+
+use std::path::Path;
+
+use super::*;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, Path::new("test.yaml"))
+}
+
+fn invalid(text: &str) -> (String, usize, usize, String) {
+    match parse(text) {
+        Err(err @ ConfigError::Invalid { .. }) => {
+            let at = err.position().unwrap();
+            (err.field().unwrap().to_owned(), at.line, at.column, err.to_string())
+        }
+        other => panic!("expected an Invalid error, got {other:?}"),
+    }
+}
+
+#[test]
+fn examples_parse() {
+    for name in ["demo.yaml", "static.yaml"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name);
+        let config = Config::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(!config.services.is_empty(), "{name} has services");
+    }
+}
+
+#[test]
+fn embedded_default_is_the_demo() {
+    let config = Config::embedded_default();
+    assert_eq!(config.instance, "proxy-demo");
+    let hosts = config.cluster("web").unwrap().static_hosts();
+    let weights: Vec<u32> = hosts.iter().map(|h| h.weight).collect();
+    assert_eq!(weights, [5, 3, 2]);
+    assert!(config.services[0].address.to_string().starts_with("127.77."));
+}
+
+#[test]
+fn defaults_apply() {
+    let config = parse("clusters: []\n").unwrap();
+    assert_eq!(config.instance, "proxy");
+    assert_eq!(config.bpffs, "/sys/fs/bpf");
+    assert_eq!(config.admin.address, defaults::admin_address());
+}
+
+#[test]
+fn unknown_field_names_line_column_and_field() {
+    let text = "instance: x\nclusters:\n  - name: a\n    typo: 1\n";
+    let (field, line, column, msg) = invalid(text);
+    assert_eq!(field, "clusters[0].typo");
+    assert_eq!((line, column), (4, 5));
+    assert!(msg.starts_with("test.yaml:4:5: clusters[0].typo: unknown field `typo`"), "{msg}");
+}
+
+#[test]
+fn wrong_type_is_located() {
+    let text = "services:\n  - name: s\n    address: 127.77.0.1\n    port: eighty\n    cluster: c\n";
+    let (field, line, _, msg) = invalid(text);
+    assert_eq!(field, "services[0].port");
+    assert_eq!(line, 4);
+    assert!(msg.contains("invalid type"), "{msg}");
+}
+
+#[test]
+fn missing_cluster_reference_is_located() {
+    let text = "clusters:\n  - name: a\nservices:\n  - name: s\n    address: 127.77.0.1\n    port: 80\n    cluster: nope\n";
+    let (field, line, column, msg) = invalid(text);
+    assert_eq!(field, "services[0].cluster");
+    assert_eq!((line, column), (7, 5));
+    assert!(msg.ends_with("no cluster named \"nope\""), "{msg}");
+}
+
+#[test]
+fn semantic_errors_name_the_field() {
+    let cases = [
+        ("clusters:\n  - name: a\n  - name: a\n", "clusters[1].name", "duplicate"),
+        ("clusters:\n  - name: a\n    lb_policy: ROUND_ROBIN\n", "clusters[0].lb_policy", "RANDOM"),
+        ("clusters:\n  - name: a\n    type: EDS\n", "clusters[0].type", "not implemented"),
+        ("instance: a/b\n", "instance", "bpffs"),
+        (
+            "clusters:\n  - name: a\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n            - endpoint: { address: { socket_address: { address: web.local, port_value: 80 } } }\n",
+            "clusters[0].load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address.address",
+            "not an IP",
+        ),
+        (
+            "clusters:\n  - name: a\n    load_assignment:\n      endpoints:\n        - priority: 4\n",
+            "clusters[0].load_assignment.endpoints[0].priority",
+            "less than 4",
+        ),
+    ];
+    for (text, want_field, want_msg) in cases {
+        let (field, line, _, msg) = invalid(text);
+        assert_eq!(field, want_field, "{text}");
+        assert!(line > 0, "{msg}");
+        assert!(msg.contains(want_msg), "{msg}");
+    }
+}
+
+#[test]
+fn duplicate_service_address_rejected() {
+    let text = "clusters:\n  - name: a\nservices:\n  - {name: s, address: 127.77.0.1, port: 80, cluster: a}\n  - {name: t, address: 127.77.0.1, port: 80, cluster: a}\n";
+    let (field, line, _, msg) = invalid(text);
+    assert_eq!(field, "services[1].address");
+    assert_eq!(line, 5);
+    assert!(msg.contains("already a service"), "{msg}");
+}
+
+#[test]
+fn yaml_syntax_error_is_located() {
+    let (_, line, _, msg) = invalid("clusters:\n  - name: [unclosed\n");
+    assert!(line >= 2, "{msg}");
+}

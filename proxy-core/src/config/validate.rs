@@ -1,0 +1,129 @@
+//! Checks that need more than one field: references, uniqueness, ranges, and what this build can
+//! serve. Each failure names the field it is about.
+
+use std::{collections::HashSet, net::IpAddr};
+
+use proxy_common::service::MAX_PRIORITIES;
+
+use super::{ClusterType, Config, LbPolicy, ServiceMode, error::Invalid};
+
+pub(super) fn validate(config: &Config) -> Result<(), Invalid> {
+    validate_names(config)?;
+    for (i, cluster) in config.clusters.iter().enumerate() {
+        validate_cluster(i, cluster)?;
+    }
+    validate_services(config)
+}
+
+fn validate_names(config: &Config) -> Result<(), Invalid> {
+    let bad = |c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+    if config.instance.is_empty() || config.instance.contains(bad) || config.instance.len() > 64 {
+        return Err(Invalid::new(
+            "instance",
+            "must be 1-64 characters of [A-Za-z0-9._-] (it names a bpffs directory)",
+        ));
+    }
+    let mut seen = HashSet::new();
+    for (i, cluster) in config.clusters.iter().enumerate() {
+        if cluster.name.is_empty() {
+            return Err(Invalid::new(format!("clusters[{i}].name"), "must not be empty"));
+        }
+        if !seen.insert(cluster.name.as_str()) {
+            return Err(Invalid::new(
+                format!("clusters[{i}].name"),
+                format!("duplicate cluster name {:?}", cluster.name),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
+    let at = |field: &str| format!("clusters[{i}].{field}");
+    if cluster.cluster_type != ClusterType::Static {
+        return Err(Invalid::new(
+            at("type"),
+            format!(
+                "cluster type {:?} is not implemented yet in this build; STATIC is",
+                cluster.cluster_type
+            ),
+        ));
+    }
+    match cluster.lb_policy {
+        LbPolicy::Random | LbPolicy::Maglev => {}
+        other => {
+            return Err(Invalid::new(
+                at("lb_policy"),
+                format!(
+                    "{other:?} is not available on the kernel path; use RANDOM (weighted random, \
+                     the default) or MAGLEV (consistent hashing)"
+                ),
+            ));
+        }
+    }
+    let Some(assignment) = &cluster.load_assignment else {
+        return Ok(());
+    };
+    for (g, group) in assignment.endpoints.iter().enumerate() {
+        let at = |field: &str| at(&format!("load_assignment.endpoints[{g}].{field}"));
+        if group.priority >= MAX_PRIORITIES {
+            return Err(Invalid::new(
+                at("priority"),
+                format!("must be less than {MAX_PRIORITIES}"),
+            ));
+        }
+        for (e, lb) in group.lb_endpoints.iter().enumerate() {
+            let at = |field: &str| at(&format!("lb_endpoints[{e}].{field}"));
+            let sa = &lb.endpoint.address.socket_address;
+            if sa.address.parse::<IpAddr>().is_err() {
+                return Err(Invalid::new(
+                    at("endpoint.address.socket_address.address"),
+                    format!("{:?} is not an IP address (STATIC clusters take IPs)", sa.address),
+                ));
+            }
+            if sa.port_value == 0 {
+                return Err(Invalid::new(
+                    at("endpoint.address.socket_address.port_value"),
+                    "must not be 0",
+                ));
+            }
+            if lb.load_balancing_weight == 0 {
+                return Err(Invalid::new(at("load_balancing_weight"), "must be at least 1"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn validate_services(config: &Config) -> Result<(), Invalid> {
+    let mut names = HashSet::new();
+    let mut addrs = HashSet::new();
+    for (i, svc) in config.services.iter().enumerate() {
+        let at = |field: &str| format!("services[{i}].{field}");
+        if !names.insert(svc.name.as_str()) {
+            return Err(Invalid::new(at("name"), format!("duplicate service name {:?}", svc.name)));
+        }
+        if !addrs.insert((svc.address, svc.port, svc.protocol)) {
+            return Err(Invalid::new(
+                at("address"),
+                format!("{}:{} {:?} is already a service", svc.address, svc.port, svc.protocol),
+            ));
+        }
+        if svc.port == 0 {
+            return Err(Invalid::new(at("port"), "must not be 0"));
+        }
+        if svc.address.is_unspecified() {
+            return Err(Invalid::new(at("address"), "must not be the unspecified address"));
+        }
+        if config.cluster(&svc.cluster).is_none() {
+            return Err(Invalid::new(at("cluster"), format!("no cluster named {:?}", svc.cluster)));
+        }
+        if svc.mode == ServiceMode::Proxy {
+            return Err(Invalid::new(
+                at("mode"),
+                "proxy mode is not implemented yet in this build; use direct",
+            ));
+        }
+    }
+    Ok(())
+}

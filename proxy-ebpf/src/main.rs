@@ -1,0 +1,22 @@
+//! Kernel programs of the proxy.
+//!
+//! One file per hook family; every map is in [`maps`]. Entry points are thin: each calls a worker
+//! that returns `Result` and maps it to a verdict in exactly one place. Nothing here logs per
+//! connect or per packet: outcomes are counted in `COUNTERS_V1`.
+#![no_std]
+#![no_main]
+
+mod connect;
+mod maps;
+mod select;
+mod sock_addr_reverse;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,0 +1,48 @@
+//! `cgroup/getpeername4` and `cgroup/getpeername6`: the application sees the service address it
+//! dialled, never the backend the kernel chose.
+//!
+//! Contract: fail-open (a socket that did not dial a service is reported as the kernel has it).
+//! Minimum kernel 5.8. Reads `SOCK_VIP_V1`; writes nothing but the syscall's address.
+
+use aya_ebpf::{
+    EbpfContext as _, helpers::bpf_get_socket_cookie, macros::cgroup_sock_addr,
+    programs::SockAddrContext,
+};
+use proxy_common::service::FAMILY_V4;
+
+use crate::{connect::set_user_ip6, maps::SOCK_VIP_V1};
+
+/// Verdict of a getpeername program: always proceed (rejecting is not allowed for this hook).
+const ALLOW: i32 = 1;
+
+#[cgroup_sock_addr(getpeername4)]
+pub fn getpeername4(ctx: SockAddrContext) -> i32 {
+    reverse(&ctx, false);
+    ALLOW
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn getpeername6(ctx: SockAddrContext) -> i32 {
+    reverse(&ctx, true);
+    ALLOW
+}
+
+#[inline(always)]
+fn reverse(ctx: &SockAddrContext, v6_socket: bool) {
+    // SAFETY: the helper only reads the context, which is valid.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    // SAFETY: read-only use before the program returns.
+    let Some(vip) = (unsafe { SOCK_VIP_V1.get(&cookie) }) else {
+        return;
+    };
+    // SAFETY: the context pointer is valid for the duration of the program.
+    let sa = unsafe { &mut *ctx.sock_addr };
+    match (v6_socket, vip.family == FAMILY_V4) {
+        (false, true) => sa.user_ip4 = vip.addr[0],
+        // A dual-stack socket that dialled an IPv4 service through a mapped address.
+        (true, true) => set_user_ip6(sa, [0, 0, u32::from_be(0x0000_ffff), vip.addr[0]]),
+        (true, false) => set_user_ip6(sa, vip.addr),
+        (false, false) => return,
+    }
+    sa.user_port = u32::from(vip.port);
+}

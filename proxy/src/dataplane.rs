@@ -1,0 +1,22 @@
+//! The kernel side, seen from the daemon: load the programs, attach them to the cgroup, pin maps
+//! and links under `<bpffs>/<instance>/`, publish host sets, read counters, clean up.
+//!
+//! Pinning makes the data path outlive the daemon: after a crash or `kill -9`, connections to
+//! services keep working on the last published state, and the next daemon adopts the pins
+//! (maps are reused as they are; links are replaced without a gap). A graceful stop removes
+//! everything this daemon created.
+
+mod error;
+mod loader;
+mod mounts;
+mod publish;
+
+pub use self::{
+    error::DataplaneError,
+    loader::{Dataplane, DataplaneOptions, PROGRAMS},
+    mounts::{cgroup2_mount, resolve_cgroup},
+    publish::{PublishOutcome, ServiceSpec, backend_of, service_key as publish_key},
+};
+
+/// The kernel programs, built by `build.rs` from the `proxy-ebpf` crate.
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/proxy"));

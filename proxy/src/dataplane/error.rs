@@ -1,0 +1,79 @@
+//! Errors of the kernel side, each naming the object and the likely cause.
+
+use std::path::PathBuf;
+
+/// What went wrong while loading, attaching, publishing or cleaning up.
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    /// No cgroup v2 hierarchy is mounted.
+    #[error("no cgroup v2 filesystem in /proc/mounts; mount one (mount -t cgroup2 none /sys/fs/cgroup) or give an absolute cgroup path")]
+    NoCgroup2,
+    /// A filesystem operation on a cgroup, a pin or bpffs failed.
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        /// What was being done, e.g. "creating the cgroup".
+        what: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The object could not be loaded (maps created, or pinned maps reused).
+    #[error("loading the eBPF object failed (is this root, with a kernel that has BPF and BTF?)")]
+    Load(#[source] aya::EbpfError),
+    /// A program is missing from the object, or could not be loaded or attached.
+    #[error("program {name}: {source}")]
+    Program {
+        /// The program.
+        name: &'static str,
+        /// Why.
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    /// The kernel attached the program without a bpf_link (before 5.7), which cannot be pinned.
+    #[error("program {name}: the kernel has no bpf_link for cgroup programs (needs 5.7); the data path could not survive a restart, so it is not attached")]
+    NoBpfLink {
+        /// The program.
+        name: &'static str,
+    },
+    /// A link could not be pinned (bpf_link needs kernel 5.7; pinning needs bpffs).
+    #[error("pinning the link of {name} at {}: {source}", path.display())]
+    PinLink {
+        /// The program.
+        name: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: aya::pin::PinError,
+    },
+    /// A map is missing or has an unexpected type.
+    #[error("map {name}: {source}")]
+    Map {
+        /// The map.
+        name: &'static str,
+        /// Why.
+        #[source]
+        source: aya::maps::MapError,
+    },
+    /// A service's hosts could not be published; the previous generation is still live.
+    #[error("publishing service {service}: map {map}: {source} (the previous host set stays live)")]
+    Publish {
+        /// The service.
+        service: String,
+        /// The map being written.
+        map: &'static str,
+        /// Why.
+        #[source]
+        source: aya::maps::MapError,
+    },
+    /// Too many failover priorities or hosts for the kernel's tables.
+    #[error("service {service}: {message}")]
+    Capacity {
+        /// The service.
+        service: String,
+        /// What does not fit.
+        message: String,
+    },
+}

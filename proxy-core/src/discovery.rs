@@ -3,6 +3,8 @@
 //! Every backend (STATIC, STRICT_DNS, LOGICAL_DNS, EDS, custom) reduces to a [`HostSet`] per
 //! cluster. Health and the load assignment take it from there.
 
+pub mod dns;
+
 use std::{collections::BTreeMap, net::SocketAddr};
 
 use serde::Serialize;

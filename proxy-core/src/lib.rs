@@ -6,4 +6,5 @@
 
 pub mod config;
 pub mod discovery;
+pub mod health;
 pub mod lb;

@@ -31,6 +31,31 @@ pub enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// Connect to an address COUNT times from inside a cgroup (and optionally a network
+    /// namespace) and report which backend answered (by the first line it sends) and what
+    /// getpeername showed. Moving into the cgroup needs root.
+    Probe {
+        /// Address to connect to, e.g. 127.77.0.1:80.
+        target: std::net::SocketAddr,
+        /// Number of connections (bounded: at most 1,000,000).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+        count: u32,
+        /// Join this cgroup v2 directory first (absolute, or relative to the cgroup v2 mount).
+        #[arg(long)]
+        cgroup: Option<String>,
+        /// Then enter the network namespace at /run/netns/NAME.
+        #[arg(long)]
+        netns: Option<String>,
+        /// Probe with UDP (one datagram per connected socket) instead of TCP.
+        #[arg(long)]
+        udp: bool,
+        /// Per-connection timeout in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        timeout_ms: u64,
+        /// Print the report as JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Validate a configuration file and exit: status 0 if it is usable, 64 with
     /// file:line:column and the field if not. Needs no privileges and touches nothing.
     Check {

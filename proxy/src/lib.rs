@@ -8,7 +8,10 @@ pub mod admin;
 pub mod cli;
 pub mod daemon;
 pub mod dataplane;
+pub mod probe;
 mod sys;
+
+pub use sys::enter_netns;
 
 /// Exit status for a configuration that cannot be used: 64, `EX_USAGE` of sysexits.h.
 pub const EXIT_BAD_CONFIG: u8 = 64;

@@ -1,6 +1,6 @@
 //! The `proxy` binary: parses the command line and hands over to the library.
 
-use std::process::ExitCode;
+use std::{io::Write as _, process::ExitCode};
 
 use clap::Parser as _;
 use proxy::{
@@ -29,6 +29,9 @@ fn main() -> ExitCode {
                 ExitCode::from(EXIT_BAD_CONFIG)
             }
         },
+        Command::Probe { target, count, cgroup, netns, udp, timeout_ms, json } => {
+            probe(target, count, cgroup, netns, udp, timeout_ms, json)
+        }
         Command::Run { config } => {
             let cfg = match config.as_deref().map(Config::load) {
                 None => Config::embedded_default(),
@@ -47,6 +50,50 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+fn probe(
+    target: std::net::SocketAddr,
+    count: u32,
+    cgroup: Option<String>,
+    netns: Option<String>,
+    udp: bool,
+    timeout_ms: u64,
+    json: bool,
+) -> ExitCode {
+    let setup = || -> anyhow::Result<()> {
+        if let Some(cgroup) = cgroup {
+            proxy::probe::join_cgroup(&proxy::dataplane::resolve_cgroup(&cgroup)?)?;
+        }
+        if let Some(name) = netns {
+            let path = std::path::Path::new("/run/netns").join(&name);
+            proxy::enter_netns(&path)
+                .map_err(|e| anyhow::anyhow!("entering network namespace {}: {e}", path.display()))?;
+        }
+        Ok(())
+    };
+    if let Err(err) = setup() {
+        eprintln!("error: {err:#}");
+        return ExitCode::FAILURE;
+    }
+    let opts = proxy::probe::ProbeOptions {
+        target,
+        count,
+        udp,
+        timeout: std::time::Duration::from_millis(timeout_ms),
+    };
+    let report = proxy::probe::run(&opts);
+    let printed = if json {
+        serde_json::to_writer(std::io::stdout(), &report)
+            .map_err(std::io::Error::other)
+            .and_then(|()| writeln!(std::io::stdout()))
+    } else {
+        proxy::probe::print_table(&report, &mut std::io::stdout())
+    };
+    if printed.is_err() {
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
 }
 
 fn init_tracing(filter: &str) {

@@ -31,3 +31,14 @@ pub fn raise_memlock_rlimit() -> io::Result<()> {
     let rc = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
+
+/// Moves the calling thread into the network namespace at `path` (e.g. /run/netns/NAME).
+/// Call before starting other threads so the whole process works in that namespace.
+pub fn enter_netns(path: &Path) -> io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let file = std::fs::File::open(path)?;
+    // SAFETY: the fd is valid for the duration of the call; CLONE_NEWNET only changes this
+    // thread's network namespace.
+    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}

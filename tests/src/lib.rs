@@ -2,3 +2,6 @@
 //!
 //! Every helper here creates what it needs and removes it on drop, so a failing test leaves
 //! nothing behind. Tests live in `tests/tests/`; run them with `cargo xtask test`.
+
+pub mod health_servers;
+pub mod unbound;

@@ -1,0 +1,267 @@
+//! The refresh loop shared by all DNS cluster kinds: one tokio task per target, results applied
+//! to one cluster state under a lock, host-set changes published on a watch channel.
+//!
+//! This is Envoy's `ResolveTarget::startResolve` callback, step for step: count the attempt,
+//! resolve, on success diff this target's hosts and reset the (cluster-wide) failure backoff and
+//! pick the refresh from the TTL or `dns_refresh_rate` plus jitter, on failure keep the hosts and
+//! take the next backoff delay; then mark the cluster initialized and sleep.
+
+use std::{
+    collections::BTreeSet,
+    net::SocketAddr,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+use super::{
+    backoff::FailureBackoff,
+    config::DnsSettings,
+    resolver::{DnsResolve, ResolveError},
+    stats::DnsClusterStats,
+    target::{Answer, Target},
+};
+use crate::discovery::{Host, HostSet};
+
+/// How answers become hosts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Every address is a host; empty answers mean no hosts; removed hosts are drained.
+    Strict,
+    /// The first address is the host; empty answers are failures; nothing is drained.
+    Logical,
+}
+
+/// One published state of a cluster's hosts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Update {
+    /// Increases by one per publication; 0 is the initial, unresolved state.
+    pub version: u64,
+    /// True once any target finished its first resolution (success or failure), or at once for
+    /// a cluster without targets; Envoy's pre-init completion.
+    pub initialized: bool,
+    /// All hosts: each target's hosts in configuration order, each in answer order. Two names
+    /// resolving to one address give two hosts (Envoy does not merge them either).
+    pub hosts: HostSet,
+    /// Hosts whose address was not in the previous version.
+    pub added: Vec<Host>,
+    /// Hosts of the previous version whose address is gone.
+    pub removed: Vec<Host>,
+    /// Whether connections to `removed` addresses must be drained: true for STRICT_DNS and SRV,
+    /// false for LOGICAL_DNS.
+    pub drain_removed: bool,
+}
+
+/// Hosts of `new` whose address is not in `old`, and hosts of `old` whose address is not in
+/// `new`. A consumer that may have skipped versions (watch channels keep only the latest)
+/// should diff its last-seen hosts against the current ones with this, instead of relying on
+/// `added`/`removed` when `version` jumped by more than one.
+pub fn diff_hosts(old: &[Host], new: &[Host]) -> (Vec<Host>, Vec<Host>) {
+    let old_addrs: BTreeSet<SocketAddr> = old.iter().map(|h| h.addr).collect();
+    let new_addrs: BTreeSet<SocketAddr> = new.iter().map(|h| h.addr).collect();
+    let added = new
+        .iter()
+        .filter(|h| !old_addrs.contains(&h.addr))
+        .cloned()
+        .collect();
+    let removed = old
+        .iter()
+        .filter(|h| !new_addrs.contains(&h.addr))
+        .cloned()
+        .collect();
+    (added, removed)
+}
+
+struct State {
+    per_target: Vec<TargetState>,
+    backoff: FailureBackoff,
+    rng: fastrand::Rng,
+    initialized: bool,
+}
+
+#[derive(Default)]
+struct TargetState {
+    hosts: Vec<Host>,
+    /// LOGICAL_DNS: every address of the last accepted answer (a change rebuilds, like Envoy).
+    addresses: Vec<SocketAddr>,
+}
+
+/// The shared state of one cluster.
+pub(crate) struct Engine {
+    pub cluster: String,
+    pub settings: DnsSettings,
+    pub mode: Mode,
+    pub stats: Arc<DnsClusterStats>,
+    state: Mutex<State>,
+    tx: watch::Sender<Update>,
+}
+
+impl Engine {
+    pub fn new(cluster: String, settings: DnsSettings, mode: Mode, targets: usize) -> Self {
+        let state = State {
+            per_target: (0..targets).map(|_| TargetState::default()).collect(),
+            backoff: FailureBackoff::from_settings(&settings),
+            rng: fastrand::Rng::new(),
+            initialized: false,
+        };
+        let initial = Update {
+            drain_removed: mode == Mode::Strict,
+            ..Update::default()
+        };
+        Self {
+            cluster,
+            settings,
+            mode,
+            stats: Arc::default(),
+            state: Mutex::new(state),
+            tx: watch::Sender::new(initial),
+        }
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Update> {
+        self.tx.subscribe()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A cluster with no targets is initialized at once, with no hosts.
+    pub fn initialize_empty(&self) {
+        let mut state = self.lock();
+        state.initialized = true;
+        self.publish(&state, false);
+    }
+
+    /// Applies one resolution of target `index`; returns the delay before its next one.
+    pub fn apply(
+        &self,
+        index: usize,
+        target: &str,
+        result: Result<Answer, ResolveError>,
+    ) -> Duration {
+        let mut state = self.lock();
+        let first_resolution = !state.initialized;
+        state.initialized = true;
+        let (delay, published) = match result {
+            Ok(answer) if self.mode == Mode::Strict || !answer.hosts.is_empty() => {
+                DnsClusterStats::inc(&self.stats.update_success);
+                let published = self.accept(&mut state, index, target, &answer);
+                state.backoff.reset();
+                (self.success_refresh(&mut state, &answer), published)
+            }
+            Ok(_) => {
+                DnsClusterStats::inc(&self.stats.update_failure);
+                debug!(cluster = %self.cluster, target, "empty answer, keeping the logical host");
+                (self.failure_refresh(&mut state), false)
+            }
+            Err(err) => {
+                DnsClusterStats::inc(&self.stats.update_failure);
+                warn!(cluster = %self.cluster, target, %err, "dns resolution failed, hosts kept");
+                (self.failure_refresh(&mut state), false)
+            }
+        };
+        if first_resolution && !published {
+            self.publish(&state, false);
+        }
+        debug!(cluster = %self.cluster, target, ?delay, "next dns refresh");
+        delay
+    }
+
+    /// Stores a successful answer; publishes and returns true if the hosts changed.
+    fn accept(&self, state: &mut State, index: usize, target: &str, answer: &Answer) -> bool {
+        let slot = &mut state.per_target[index];
+        let changed = match self.mode {
+            Mode::Strict => {
+                let changed = !same_hosts(&slot.hosts, &answer.hosts);
+                slot.hosts.clone_from(&answer.hosts);
+                changed
+            }
+            Mode::Logical => {
+                let addresses: Vec<SocketAddr> = answer.hosts.iter().map(|h| h.addr).collect();
+                let changed = slot.addresses != addresses;
+                slot.addresses = addresses;
+                slot.hosts = answer.hosts.iter().take(1).cloned().collect();
+                changed
+            }
+        };
+        if !changed {
+            DnsClusterStats::inc(&self.stats.update_no_rebuild);
+            return false;
+        }
+        debug!(cluster = %self.cluster, target, hosts = answer.hosts.len(), "dns hosts changed");
+        self.publish(state, true);
+        true
+    }
+
+    fn success_refresh(&self, state: &mut State, answer: &Answer) -> Duration {
+        let ttl = match self.mode {
+            Mode::Strict => answer.min_ttl,
+            Mode::Logical => answer.first_ttl,
+        };
+        let mut delay = self.settings.dns_refresh_rate;
+        let ttl = ttl.filter(|ttl| !ttl.is_zero());
+        if let Some(ttl) = ttl.filter(|_| self.settings.respect_dns_ttl && !answer.hosts.is_empty())
+        {
+            delay = ttl;
+        }
+        let jitter_ms = self.settings.dns_jitter.map_or(0, |j| j.as_millis() as u64);
+        if jitter_ms > 0 {
+            delay += Duration::from_millis(state.rng.u64(0..jitter_ms));
+        }
+        delay
+    }
+
+    fn failure_refresh(&self, state: &mut State) -> Duration {
+        let State { backoff, rng, .. } = state;
+        backoff.next_delay(rng)
+    }
+
+    fn publish(&self, state: &State, membership_changed: bool) {
+        let hosts: HostSet = state
+            .per_target
+            .iter()
+            .flat_map(|t| t.hosts.iter().cloned())
+            .collect();
+        self.stats
+            .membership_total
+            .store(hosts.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        if membership_changed {
+            DnsClusterStats::inc(&self.stats.membership_change);
+        }
+        let initialized = state.initialized;
+        self.tx.send_modify(|update| {
+            let (added, removed) = diff_hosts(&update.hosts, &hosts);
+            update.version += 1;
+            update.initialized = initialized;
+            update.hosts = hosts;
+            update.added = added;
+            update.removed = removed;
+        });
+    }
+}
+
+/// Same hosts regardless of order (hosts of one target have distinct addresses).
+fn same_hosts(old: &[Host], new: &[Host]) -> bool {
+    old.len() == new.len() && new.iter().all(|host| old.contains(host))
+}
+
+/// The task of one target: resolve, apply, sleep, forever (until aborted).
+pub(crate) async fn run_target(
+    engine: Arc<Engine>,
+    index: usize,
+    target: Target,
+    resolver: Arc<dyn DnsResolve>,
+) {
+    let family = engine.settings.dns_lookup_family;
+    loop {
+        DnsClusterStats::inc(&engine.stats.update_attempt);
+        let result = target.resolve(resolver.as_ref(), family).await;
+        let delay = engine.apply(index, target.name(), result);
+        tokio::time::sleep(delay).await;
+    }
+}

@@ -1,0 +1,41 @@
+//! Active health checking, outlier detection and the health matrix that decides which hosts route.
+//!
+//! Data flow: discovery produces a [`HostSet`](crate::discovery::HostSet) per cluster;
+//! [`ClusterHealth`] feeds it to a [`ClusterMembership`] and registers one probe per host with
+//! the node's [`HealthCheckManager`], which shares probes between clusters. Probe transitions,
+//! passive connect results (outlier detection) and EDS health decide each host's
+//! [`HostFlags`]; [`Routing`] turns them into routable hosts per priority, with Envoy's
+//! overprovisioning and panic rules.
+
+pub mod checker;
+pub mod cluster;
+pub mod cluster_config;
+pub mod config;
+pub mod duration;
+pub mod grpc;
+pub mod http;
+pub mod manager;
+pub mod matrix;
+pub mod outlier;
+pub mod priority;
+pub mod random;
+pub mod spec;
+pub mod state;
+pub mod stats;
+pub mod tcp;
+
+#[cfg(test)]
+mod tests;
+
+pub use checker::{Checker, CheckerFactory, NetworkCheckers, ProtocolChecker};
+pub use cluster::{ClusterHealth, PassiveSignal};
+pub use cluster_config::{ClusterHealthConfig, CommonLbConfig, OutlierDetection, Percent};
+pub use config::{HealthCheck, HealthConfigError};
+pub use manager::{HealthCheckManager, HealthEvent, ProbeId};
+pub use matrix::{ClusterMembership, HostFlags, HostStatus, MembershipChange};
+pub use outlier::{FailureVerdict, OutlierDetector};
+pub use priority::{HostClass, PriorityRouting, Routing};
+pub use random::{ExtremeRandom, Random, SeededRandom};
+pub use spec::HealthCheckSpec;
+pub use state::{CheckOutcome, FailureKind, HostHealth, Transition};
+pub use stats::{HealthCheckStats, MembershipStats, OutlierStats};

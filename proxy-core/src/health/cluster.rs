@@ -1,0 +1,243 @@
+//! One cluster's health, wired: discovery updates and probe transitions in, routing out.
+//!
+//! [`ClusterHealth`] owns a [`ClusterMembership`], registers a probe with the node's
+//! [`HealthCheckManager`] for every host it adds and unregisters it for every host it deletes,
+//! and applies the probe transitions it receives. [`ClusterHealth::run`] is the event loop a
+//! daemon spawns per cluster; the synchronous methods are what tests and custom loops use.
+
+use std::{collections::HashMap, net::SocketAddr, sync::Arc};
+
+use tokio::{
+    sync::{broadcast, mpsc, watch},
+    time::Instant,
+};
+use tracing::warn;
+
+use super::{
+    cluster_config::ClusterHealthConfig,
+    config::HealthConfigError,
+    manager::{HealthCheckManager, HealthEvent, ProbeId},
+    matrix::{ClusterMembership, HostStatus, MembershipChange},
+    outlier::FailureVerdict,
+    priority::Routing,
+    random::Random,
+    spec::HealthCheckSpec,
+    stats::{HealthCheckStats, render},
+};
+use crate::discovery::HostSet;
+
+/// A passive signal from the data path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PassiveSignal {
+    /// A connect to the host failed.
+    ConnectFailure(SocketAddr),
+    /// A connect to the host succeeded.
+    ConnectSuccess(SocketAddr),
+    /// The cluster carried a connection (leaves `no_traffic_interval`).
+    Traffic,
+}
+
+/// Health state of one cluster.
+pub struct ClusterHealth {
+    name: String,
+    membership: ClusterMembership,
+    manager: HealthCheckManager,
+    spec: Option<Arc<HealthCheckSpec>>,
+    probes: HashMap<SocketAddr, ProbeId>,
+    owners: HashMap<ProbeId, SocketAddr>,
+    events: broadcast::Receiver<HealthEvent>,
+    stats: Arc<HealthCheckStats>,
+    outlier_interval: Option<std::time::Duration>,
+}
+
+impl ClusterHealth {
+    /// Validates `config` and builds an empty cluster using `manager`'s probes.
+    pub fn new(
+        name: &str,
+        config: &ClusterHealthConfig,
+        manager: &HealthCheckManager,
+        random: Arc<dyn Random>,
+    ) -> Result<Self, HealthConfigError> {
+        let spec = config.validate(name)?.map(Arc::new);
+        let panic = config.common_lb_config.healthy_panic_threshold.value;
+        let od = config.outlier_detection.clone();
+        Ok(Self {
+            name: name.to_owned(),
+            membership: ClusterMembership::new(spec.is_some(), panic, od.clone(), random),
+            manager: manager.clone(),
+            spec,
+            probes: HashMap::new(),
+            owners: HashMap::new(),
+            events: manager.subscribe(),
+            stats: Arc::default(),
+            outlier_interval: od.map(|o| o.interval),
+        })
+    }
+
+    /// Applies a discovery update; must run inside a tokio runtime (it may start probes).
+    pub fn update_hosts(&mut self, hosts: HostSet) {
+        let change = self.membership.update_hosts(hosts);
+        self.apply_change(change);
+    }
+
+    /// Applies every pending probe transition without waiting. Returns how many applied.
+    pub fn pump_events(&mut self) -> usize {
+        let mut applied = 0;
+        loop {
+            match self.events.try_recv() {
+                Ok(event) => applied += usize::from(self.on_event(&event)),
+                Err(broadcast::error::TryRecvError::Lagged(_)) => self.resync(),
+                Err(_) => return applied,
+            }
+        }
+    }
+
+    /// Applies one transition if it is for one of this cluster's probes.
+    pub fn on_event(&mut self, event: &HealthEvent) -> bool {
+        if self.owners.get(&event.probe) != Some(&event.addr) {
+            return false;
+        }
+        let change = self.membership.set_active_health(event.addr, event.health);
+        self.apply_change(change);
+        true
+    }
+
+    /// A passive connect failure.
+    pub fn record_connect_failure(&mut self, addr: SocketAddr) -> FailureVerdict {
+        self.membership.record_connect_failure(addr, Instant::now())
+    }
+
+    /// A passive connect success.
+    pub fn record_connect_success(&mut self, addr: SocketAddr) {
+        self.membership.record_connect_success(addr);
+    }
+
+    /// Marks the cluster as having carried traffic.
+    pub fn note_traffic(&self) {
+        self.manager.note_traffic(&self.name);
+    }
+
+    /// The outlier sweep; returns unejected hosts.
+    pub fn outlier_tick(&mut self) -> Vec<SocketAddr> {
+        self.membership.outlier_tick(Instant::now())
+    }
+
+    /// Current routing.
+    pub fn routing(&self) -> Routing {
+        self.membership.routing()
+    }
+
+    /// Every host with its `/clusters` flags.
+    pub fn host_statuses(&self) -> Vec<HostStatus> {
+        self.membership.host_statuses()
+    }
+
+    /// The membership (read-only).
+    pub fn membership(&self) -> &ClusterMembership {
+        &self.membership
+    }
+
+    /// All stats as `cluster.<name>.<stat>` pairs.
+    pub fn stats(&self) -> Vec<(String, u64)> {
+        self.stats.healthy.store(
+            self.membership.active_healthy_count(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        let mut pairs = self.membership.membership_stats().pairs();
+        if self.spec.is_some() {
+            pairs.extend(self.stats.pairs());
+        }
+        if let Some(od) = self.membership.outlier_stats() {
+            pairs.extend(od.pairs());
+        }
+        render(&self.name, pairs)
+    }
+
+    /// The event loop: applies discovery updates, probe transitions, passive signals and the
+    /// outlier sweep, and publishes the routing after every change. Ends when the discovery
+    /// sender is dropped.
+    pub async fn run(
+        mut self,
+        mut discovery: watch::Receiver<HostSet>,
+        mut passive: mpsc::Receiver<PassiveSignal>,
+        routing: watch::Sender<Routing>,
+    ) {
+        let period = self
+            .outlier_interval
+            .unwrap_or(std::time::Duration::from_secs(3600));
+        let mut sweep = tokio::time::interval_at(Instant::now() + period, period);
+        let hosts = discovery.borrow_and_update().clone();
+        self.update_hosts(hosts);
+        loop {
+            routing.send_replace(self.routing());
+            tokio::select! {
+                changed = discovery.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let hosts = discovery.borrow_and_update().clone();
+                    self.update_hosts(hosts);
+                }
+                event = self.events.recv() => match event {
+                    Ok(event) => { self.on_event(&event); }
+                    Err(broadcast::error::RecvError::Lagged(_)) => self.resync(),
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+                Some(signal) = passive.recv() => self.on_passive(signal),
+                _ = sweep.tick() => { self.outlier_tick(); }
+            }
+        }
+    }
+
+    fn on_passive(&mut self, signal: PassiveSignal) {
+        match signal {
+            PassiveSignal::ConnectFailure(addr) => {
+                self.record_connect_failure(addr);
+            }
+            PassiveSignal::ConnectSuccess(addr) => self.record_connect_success(addr),
+            PassiveSignal::Traffic => self.note_traffic(),
+        }
+    }
+
+    fn apply_change(&mut self, change: MembershipChange) {
+        for addr in change.removed {
+            if let Some(probe) = self.probes.remove(&addr) {
+                self.owners.remove(&probe);
+                self.manager.unregister(&self.name, probe);
+            }
+        }
+        let Some(spec) = self.spec.clone() else {
+            return;
+        };
+        for addr in change.added {
+            let (probe, health) = self.manager.register(&self.name, addr, &spec, &self.stats);
+            self.probes.insert(addr, probe);
+            self.owners.insert(probe, addr);
+            if !health.pending {
+                // A probe shared with another cluster already knows the answer.
+                let change = self.membership.set_active_health(addr, health);
+                self.apply_change(change);
+            }
+        }
+    }
+
+    fn resync(&mut self) {
+        warn!(cluster = %self.name, "health events lagged; resynchronising from the probes");
+        let probes: Vec<(SocketAddr, ProbeId)> =
+            self.probes.iter().map(|(a, p)| (*a, *p)).collect();
+        for (addr, probe) in probes {
+            if let Some(health) = self.manager.health(probe) {
+                let change = self.membership.set_active_health(addr, health);
+                self.apply_change(change);
+            }
+        }
+    }
+}
+
+impl Drop for ClusterHealth {
+    fn drop(&mut self) {
+        for probe in self.probes.values() {
+            self.manager.unregister(&self.name, *probe);
+        }
+    }
+}

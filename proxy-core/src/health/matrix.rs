@@ -1,0 +1,303 @@
+//! Cluster membership: discovery x health decides which hosts exist and which route.
+//!
+//! The 2x2 matrix (active health checking configured):
+//!
+//! | | discovered | absent from discovery |
+//! |---|---|---|
+//! | HC ok | route | route (`/pending_dynamic_removal`) |
+//! | HC failed | don't route | don't route **and delete** (the only purge) |
+//!
+//! Without active health checking an absent host is removed at once and a host is healthy unless
+//! its [`EdsHealth`] says otherwise (UNKNOWN, HEALTHY route; UNHEALTHY, DRAINING, TIMEOUT don't;
+//! DEGRADED routes when the healthy hosts do not suffice). EDS health and outlier ejection apply
+//! on top of active health. New hosts wait for their first active check (`/pending_active_hc`)
+//! and are excluded from routing and from the panic computation meanwhile.
+
+use std::{collections::BTreeMap, net::SocketAddr, sync::Arc};
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::{
+    cluster_config::OutlierDetection,
+    outlier::{FailureVerdict, OutlierDetector},
+    priority::{HostClass, Routing},
+    random::Random,
+    state::HostHealth,
+    stats::{MembershipStats, OutlierStats},
+};
+use crate::discovery::{EdsHealth, Host, HostSet};
+
+/// Envoy's host health flags, as `/clusters` prints them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HostFlags {
+    /// Failed active health checking (or not yet checked).
+    pub failed_active_hc: bool,
+    /// Ejected by outlier detection.
+    pub failed_outlier_check: bool,
+    /// EDS says UNHEALTHY or TIMEOUT.
+    pub failed_eds_health: bool,
+    /// Active health checking reported degraded.
+    pub degraded_active_hc: bool,
+    /// EDS says DEGRADED.
+    pub degraded_eds_health: bool,
+    /// Gone from discovery but still passing health checks.
+    pub pending_dynamic_removal: bool,
+    /// No active check has completed yet.
+    pub pending_active_hc: bool,
+    /// The last active failure was a timeout.
+    pub active_hc_timeout: bool,
+    /// EDS says DRAINING.
+    pub eds_status_draining: bool,
+}
+
+impl HostFlags {
+    /// `healthy`, or the set flags as `/failed_active_hc/pending_dynamic_removal`.
+    pub fn render(&self) -> String {
+        let names = [
+            (self.failed_active_hc, "/failed_active_hc"),
+            (self.failed_outlier_check, "/failed_outlier_check"),
+            (self.failed_eds_health, "/failed_eds_health"),
+            (self.degraded_active_hc, "/degraded_active_hc"),
+            (self.degraded_eds_health, "/degraded_eds_health"),
+            (self.pending_dynamic_removal, "/pending_dynamic_removal"),
+            (self.pending_active_hc, "/pending_active_hc"),
+            (self.active_hc_timeout, "/active_hc_timeout"),
+            (self.eds_status_draining, "/eds_status_draining"),
+        ];
+        let out: String = names
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, n)| *n)
+            .collect();
+        if out.is_empty() {
+            "healthy".to_owned()
+        } else {
+            out
+        }
+    }
+
+    /// How the flags count for load balancing.
+    pub fn class(&self) -> HostClass {
+        if self.pending_active_hc {
+            HostClass::Excluded
+        } else if self.failed_active_hc
+            || self.failed_outlier_check
+            || self.failed_eds_health
+            || self.eds_status_draining
+        {
+            HostClass::Unhealthy
+        } else if self.degraded_active_hc || self.degraded_eds_health {
+            HostClass::Degraded
+        } else {
+            HostClass::Healthy
+        }
+    }
+}
+
+/// One host with its flags, for `/clusters`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HostStatus {
+    /// The host as last discovered.
+    pub host: Host,
+    /// Its flags.
+    pub flags: HostFlags,
+}
+
+/// Hosts added to or deleted from the membership, so the caller can (un)register probes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MembershipChange {
+    /// New hosts.
+    pub added: Vec<SocketAddr>,
+    /// Deleted hosts.
+    pub removed: Vec<SocketAddr>,
+}
+
+#[derive(Clone, Debug)]
+struct Member {
+    host: Host,
+    discovered: bool,
+    active: HostHealth,
+}
+
+/// The membership of one cluster.
+#[derive(Debug)]
+pub struct ClusterMembership {
+    active_hc: bool,
+    panic_threshold: f64,
+    members: BTreeMap<SocketAddr, Member>,
+    outlier: Option<OutlierDetector>,
+}
+
+impl ClusterMembership {
+    /// An empty membership. `active_hc`: whether the cluster has an active health checker.
+    /// `panic_threshold`: `healthy_panic_threshold` in percent (0 disables).
+    pub fn new(
+        active_hc: bool,
+        panic_threshold: f64,
+        outlier: Option<OutlierDetection>,
+        random: Arc<dyn Random>,
+    ) -> Self {
+        Self {
+            active_hc,
+            panic_threshold,
+            members: BTreeMap::new(),
+            outlier: outlier.map(|c| OutlierDetector::new(c, random)),
+        }
+    }
+
+    /// Applies a discovery update (the full host set). Duplicate addresses: the first wins.
+    pub fn update_hosts(&mut self, hosts: HostSet) -> MembershipChange {
+        let mut change = MembershipChange::default();
+        let mut seen = BTreeMap::new();
+        for host in hosts {
+            seen.entry(host.addr).or_insert(host);
+        }
+        for (addr, member) in self.members.iter_mut() {
+            member.discovered = seen.contains_key(addr);
+        }
+        for (addr, host) in seen {
+            match self.members.get_mut(&addr) {
+                Some(member) => member.host = host,
+                None => {
+                    let active = if self.active_hc {
+                        HostHealth::new_host()
+                    } else {
+                        HostHealth::default()
+                    };
+                    self.members.insert(
+                        addr,
+                        Member {
+                            host,
+                            discovered: true,
+                            active,
+                        },
+                    );
+                    change.added.push(addr);
+                }
+            }
+        }
+        let active_hc = self.active_hc;
+        self.members.retain(|addr, m| {
+            let keep = m.discovered || (active_hc && !m.active.failed);
+            if !keep {
+                change.removed.push(*addr);
+            }
+            keep
+        });
+        self.sync_outlier();
+        change
+    }
+
+    /// Applies an active health result for `addr`. An absent host that failed is deleted.
+    pub fn set_active_health(&mut self, addr: SocketAddr, health: HostHealth) -> MembershipChange {
+        let mut change = MembershipChange::default();
+        let Some(member) = self.members.get_mut(&addr) else {
+            return change;
+        };
+        member.active = health;
+        if !member.discovered && health.failed {
+            self.members.remove(&addr);
+            change.removed.push(addr);
+            self.sync_outlier();
+        } else if let (false, Some(od)) = (health.failed, &mut self.outlier) {
+            od.uneject(addr, Instant::now());
+        }
+        change
+    }
+
+    /// A connect to `addr` failed (passive signal).
+    pub fn record_connect_failure(&mut self, addr: SocketAddr, now: Instant) -> FailureVerdict {
+        match &mut self.outlier {
+            Some(od) => od.record_connect_failure(addr, now),
+            None => FailureVerdict::Counted,
+        }
+    }
+
+    /// A connect to `addr` succeeded (passive signal).
+    pub fn record_connect_success(&mut self, addr: SocketAddr) {
+        if let Some(od) = &mut self.outlier {
+            od.record_connect_success(addr);
+        }
+    }
+
+    /// The outlier sweep; call every `outlier_detection.interval`. Returns unejected hosts.
+    pub fn outlier_tick(&mut self, now: Instant) -> Vec<SocketAddr> {
+        self.outlier
+            .as_mut()
+            .map(|od| od.tick(now))
+            .unwrap_or_default()
+    }
+
+    /// Every host with its flags, in address order.
+    pub fn host_statuses(&self) -> Vec<HostStatus> {
+        self.members
+            .iter()
+            .map(|(addr, m)| HostStatus {
+                host: m.host.clone(),
+                flags: self.flags(*addr, m),
+            })
+            .collect()
+    }
+
+    /// The current routing.
+    pub fn routing(&self) -> Routing {
+        let classified: Vec<(Host, HostClass)> = self
+            .members
+            .iter()
+            .map(|(addr, m)| (m.host.clone(), self.flags(*addr, m).class()))
+            .collect();
+        Routing::compute(&classified, self.panic_threshold)
+    }
+
+    /// Membership gauges.
+    pub fn membership_stats(&self) -> MembershipStats {
+        let mut stats = MembershipStats {
+            total: self.members.len() as u64,
+            ..Default::default()
+        };
+        for status in self.host_statuses() {
+            match status.flags.class() {
+                HostClass::Healthy => stats.healthy += 1,
+                HostClass::Degraded => stats.degraded += 1,
+                HostClass::Excluded => stats.excluded += 1,
+                HostClass::Unhealthy => {}
+            }
+        }
+        stats
+    }
+
+    /// Hosts passing active health checks (the `health_check.healthy` gauge).
+    pub fn active_healthy_count(&self) -> u64 {
+        self.members
+            .values()
+            .filter(|m| self.active_hc && !m.active.failed)
+            .count() as u64
+    }
+
+    /// Outlier counters, if outlier detection is configured.
+    pub fn outlier_stats(&self) -> Option<&OutlierStats> {
+        self.outlier.as_ref().map(OutlierDetector::stats)
+    }
+
+    fn flags(&self, addr: SocketAddr, m: &Member) -> HostFlags {
+        let eds = m.host.eds_health;
+        HostFlags {
+            failed_active_hc: self.active_hc && m.active.failed,
+            failed_outlier_check: self.outlier.as_ref().is_some_and(|od| od.is_ejected(addr)),
+            failed_eds_health: matches!(eds, EdsHealth::Unhealthy | EdsHealth::Timeout),
+            degraded_active_hc: self.active_hc && m.active.degraded,
+            degraded_eds_health: eds == EdsHealth::Degraded,
+            pending_dynamic_removal: !m.discovered,
+            pending_active_hc: self.active_hc && m.active.pending,
+            active_hc_timeout: self.active_hc && m.active.timeout,
+            eds_status_draining: eds == EdsHealth::Draining,
+        }
+    }
+
+    fn sync_outlier(&mut self) {
+        if let Some(od) = &mut self.outlier {
+            od.sync_hosts(self.members.keys().copied());
+        }
+    }
+}

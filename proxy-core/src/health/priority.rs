@@ -1,0 +1,172 @@
+//! Per-priority load, degraded spill-over and panic mode (Envoy's priority and panic rules).
+//!
+//! For each priority `P`, `health(P) = min(100, 140 * healthy / total)` (overprovisioning
+//! factor 1.4, host counts, excluded hosts not counted) and likewise for degraded hosts. Load is
+//! handed out in priority order: healthy first, then degraded, normalised by the total
+//! availability. A priority is in panic when the total availability is below 100 and its
+//! healthy + degraded share is below `healthy_panic_threshold` (0 disables panic); then it
+//! routes to all its hosts regardless of health.
+
+use serde::Serialize;
+
+use crate::discovery::Host;
+
+/// Overprovisioning factor, in percent (Envoy's default 140).
+pub const OVERPROVISIONING_PERCENT: u64 = 140;
+
+/// How a host counts for load balancing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostClass {
+    /// Routable.
+    Healthy,
+    /// Routable only when healthy hosts do not suffice.
+    Degraded,
+    /// Not routable (except in panic).
+    Unhealthy,
+    /// Not routable and not counted (pending its first active check).
+    Excluded,
+}
+
+/// One priority level's routing.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PriorityRouting {
+    /// Priority, 0 = highest.
+    pub priority: u32,
+    /// Healthy hosts.
+    pub healthy: Vec<Host>,
+    /// Degraded hosts.
+    pub degraded: Vec<Host>,
+    /// Every non-excluded host (the panic set).
+    pub all: Vec<Host>,
+    /// Percent of traffic sent to this priority's healthy hosts.
+    pub healthy_load: u32,
+    /// Percent of traffic sent to this priority's degraded hosts.
+    pub degraded_load: u32,
+    /// In panic: traffic for this priority goes to `all`.
+    pub panic: bool,
+}
+
+impl PriorityRouting {
+    /// The hosts this priority sends traffic to now.
+    pub fn routable(&self) -> Vec<Host> {
+        if self.healthy_load + self.degraded_load == 0 {
+            return Vec::new();
+        }
+        if self.panic {
+            return self.all.clone();
+        }
+        let mut out = Vec::new();
+        if self.healthy_load > 0 {
+            out.extend(self.healthy.iter().cloned());
+        }
+        if self.degraded_load > 0 {
+            out.extend(self.degraded.iter().cloned());
+        }
+        out
+    }
+}
+
+/// A cluster's routing: one entry per priority present, ascending.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Routing {
+    /// Per-priority state.
+    pub priorities: Vec<PriorityRouting>,
+}
+
+impl Routing {
+    /// Every host that receives traffic, highest priority first; empty means "no healthy
+    /// upstream".
+    pub fn routable(&self) -> Vec<Host> {
+        self.priorities
+            .iter()
+            .flat_map(PriorityRouting::routable)
+            .collect()
+    }
+
+    /// Computes routing from classified hosts.
+    pub fn compute(hosts: &[(Host, HostClass)], panic_threshold: f64) -> Self {
+        let mut priorities: Vec<PriorityRouting> = Vec::new();
+        for (host, class) in hosts {
+            let idx = match priorities.binary_search_by_key(&host.priority, |p| p.priority) {
+                Ok(i) => i,
+                Err(i) => {
+                    let p = PriorityRouting {
+                        priority: host.priority,
+                        ..Default::default()
+                    };
+                    priorities.insert(i, p);
+                    i
+                }
+            };
+            let p = &mut priorities[idx];
+            match class {
+                HostClass::Excluded => continue,
+                HostClass::Healthy => p.healthy.push(host.clone()),
+                HostClass::Degraded => p.degraded.push(host.clone()),
+                HostClass::Unhealthy => {}
+            }
+            p.all.push(host.clone());
+        }
+        assign_load(&mut priorities, panic_threshold);
+        Self { priorities }
+    }
+}
+
+fn availability(count: usize, total: usize) -> u64 {
+    if total == 0 {
+        return 0;
+    }
+    (OVERPROVISIONING_PERCENT * count as u64 / total as u64).min(100)
+}
+
+fn assign_load(priorities: &mut [PriorityRouting], panic_threshold: f64) {
+    let healthy: Vec<u64> = priorities
+        .iter()
+        .map(|p| availability(p.healthy.len(), p.all.len()))
+        .collect();
+    let degraded: Vec<u64> = priorities
+        .iter()
+        .map(|p| availability(p.degraded.len(), p.all.len()))
+        .collect();
+    let total = (healthy.iter().sum::<u64>() + degraded.iter().sum::<u64>()).min(100);
+    for p in priorities.iter_mut() {
+        let usable = p.healthy.len() + p.degraded.len();
+        let share = if p.all.is_empty() {
+            0.0
+        } else {
+            100.0 * usable as f64 / p.all.len() as f64
+        };
+        p.panic = total < 100 && panic_threshold > 0.0 && share < panic_threshold;
+    }
+    if total == 0 {
+        // Nothing available anywhere: the first priority with hosts takes all traffic (it is in
+        // panic unless panic is disabled, in which case nothing routes).
+        if let Some(p) = priorities.iter_mut().find(|p| !p.all.is_empty()) {
+            p.healthy_load = 100;
+        }
+        return;
+    }
+    let mut remaining = 100u64;
+    for (p, h) in priorities.iter_mut().zip(&healthy) {
+        let load = (h * 100 / total).min(remaining);
+        p.healthy_load = load as u32;
+        remaining -= load;
+    }
+    for (p, d) in priorities.iter_mut().zip(&degraded) {
+        let load = (d * 100 / total).min(remaining);
+        p.degraded_load = load as u32;
+        remaining -= load;
+    }
+    // Rounding leftovers go to the first priority that has any availability.
+    if remaining > 0 {
+        let first = healthy.iter().zip(&degraded).position(|(h, d)| h + d > 0);
+        if let Some(p) = first.and_then(|i| priorities.get_mut(i)) {
+            if p.healthy_load > 0 || p.degraded_load == 0 {
+                p.healthy_load += remaining as u32;
+            } else {
+                p.degraded_load += remaining as u32;
+            }
+        }
+    }
+}

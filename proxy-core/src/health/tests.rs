@@ -1,0 +1,9 @@
+//! Unit tests of the health module that span several files (paused tokio time, scripted checkers).
+
+mod config;
+mod matrix;
+mod outlier;
+mod probe;
+mod run;
+mod state;
+mod support;

@@ -1,0 +1,195 @@
+//! Parsing, defaults and validation errors of the health configuration.
+
+use std::time::Duration;
+
+use crate::health::{
+    cluster_config::{ClusterHealthConfig, OutlierDetection},
+    config::{HealthCheck, HealthConfigError},
+    spec::{CheckKind, StatusRange},
+};
+
+const EXAMPLE: &str = r#"
+health_checks:
+  - timeout: 1s
+    interval: 0.5s
+    initial_jitter: 100ms
+    interval_jitter: 0.25s
+    interval_jitter_percent: 10
+    unhealthy_threshold: 3
+    healthy_threshold: 2
+    healthy_edge_interval: 1.5s
+    http_health_check:
+      path: /healthz
+      expected_statuses: [{start: 200, end: 300}]
+      retriable_statuses: [{start: 503, end: 504}]
+      service_name_matcher: {prefix: web}
+outlier_detection:
+  consecutive_5xx: 3
+  base_ejection_time: 10s
+common_lb_config:
+  healthy_panic_threshold: {value: 0}
+"#;
+
+#[test]
+fn example_config_parses_with_defaults_applied() {
+    let cfg: ClusterHealthConfig = serde_yaml::from_str(EXAMPLE).unwrap();
+    let spec = cfg.validate("web").unwrap().unwrap();
+    assert_eq!(spec.timeout, Duration::from_secs(1));
+    assert_eq!(spec.interval, Duration::from_millis(500));
+    assert_eq!(spec.initial_jitter, Duration::from_millis(100));
+    assert_eq!(spec.no_traffic_interval, Duration::from_secs(60));
+    assert_eq!(spec.no_traffic_healthy_interval, Duration::from_secs(60));
+    assert_eq!(spec.unhealthy_interval, Duration::from_millis(500));
+    assert_eq!(spec.unhealthy_edge_interval, Duration::from_millis(500));
+    assert_eq!(spec.healthy_edge_interval, Duration::from_millis(1500));
+    let CheckKind::Http(http) = &spec.kind else {
+        panic!("expected http")
+    };
+    assert_eq!(http.host, "web", "Host defaults to the cluster name");
+    assert_eq!(
+        http.expected_statuses,
+        vec![StatusRange {
+            start: 200,
+            end: 300
+        }]
+    );
+    let od = cfg.outlier_detection.as_ref().unwrap();
+    assert_eq!(od.consecutive_5xx, 3);
+    assert_eq!(od.interval, Duration::from_secs(10));
+    assert_eq!(od.max_ejection_time, Duration::from_secs(300));
+    assert_eq!(od.max_ejection_percent, 10);
+    assert_eq!(cfg.common_lb_config.healthy_panic_threshold.value, 0.0);
+    // Serialize shows the effective config and round-trips.
+    let json = serde_json::to_string(&cfg).unwrap();
+    assert!(json.contains(r#""no_traffic_interval":"60s""#), "{json}");
+    let back: ClusterHealthConfig = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, cfg);
+}
+
+#[test]
+fn defaults_match_envoy() {
+    let cfg: ClusterHealthConfig = serde_yaml::from_str("{}").unwrap();
+    assert_eq!(cfg.common_lb_config.healthy_panic_threshold.value, 50.0);
+    assert!(cfg.validate("c").unwrap().is_none());
+    let od: OutlierDetection = serde_yaml::from_str("{}").unwrap();
+    assert_eq!(od, OutlierDetection::default());
+    assert_eq!(od.consecutive_5xx, 5);
+    assert_eq!(od.base_ejection_time, Duration::from_secs(30));
+    assert_eq!(od.enforcing_consecutive_5xx, 100);
+    let hc: HealthCheck = serde_yaml::from_str(
+        "{timeout: 1s, interval: 1s, unhealthy_threshold: 1, healthy_threshold: 1, http_health_check: {path: /}}",
+    )
+    .unwrap();
+    let CheckKind::Http(http) = hc.validate("c").unwrap().kind else {
+        panic!()
+    };
+    assert_eq!(
+        http.expected_statuses,
+        vec![StatusRange {
+            start: 200,
+            end: 201
+        }]
+    );
+}
+
+fn check(yaml: &str) -> Result<(), HealthConfigError> {
+    let hc: HealthCheck = serde_yaml::from_str(yaml).unwrap();
+    hc.validate("c").map(|_| ())
+}
+
+#[test]
+fn validation_names_the_field() {
+    let tcp = "tcp_health_check: {}";
+    let base = "unhealthy_threshold: 1, healthy_threshold: 1";
+    assert_eq!(
+        check(&format!("{{interval: 1s, {base}, {tcp}}}")),
+        Err(HealthConfigError::Missing("timeout"))
+    );
+    assert_eq!(
+        check(&format!("{{timeout: 1s, {base}, {tcp}}}")),
+        Err(HealthConfigError::Missing("interval"))
+    );
+    assert_eq!(
+        check(&format!("{{timeout: 0s, interval: 1s, {base}, {tcp}}}")),
+        Err(HealthConfigError::NotPositive("timeout"))
+    );
+    assert_eq!(
+        check(&format!(
+            "{{timeout: 1s, interval: 1s, healthy_threshold: 1, {tcp}}}"
+        )),
+        Err(HealthConfigError::Missing("unhealthy_threshold"))
+    );
+    assert_eq!(
+        check(&format!(
+            "{{timeout: 1s, interval: 1s, unhealthy_threshold: 1, {tcp}}}"
+        )),
+        Err(HealthConfigError::Missing("healthy_threshold"))
+    );
+    assert_eq!(
+        check(&format!("{{timeout: 1s, interval: 1s, {base}}}")),
+        Err(HealthConfigError::CheckerCount(0))
+    );
+    let two = "tcp_health_check: {}, grpc_health_check: {}";
+    assert_eq!(
+        check(&format!("{{timeout: 1s, interval: 1s, {base}, {two}}}")),
+        Err(HealthConfigError::CheckerCount(2))
+    );
+    let bad_hex = "tcp_health_check: {send: {text: zz}}";
+    assert!(matches!(
+        check(&format!("{{timeout: 1s, interval: 1s, {base}, {bad_hex}}}")),
+        Err(HealthConfigError::BadHex {
+            field: "tcp_health_check.send.text",
+            ..
+        })
+    ));
+    let bad_range = "http_health_check: {path: /, expected_statuses: [{start: 300, end: 200}]}";
+    assert!(matches!(
+        check(&format!(
+            "{{timeout: 1s, interval: 1s, {base}, {bad_range}}}"
+        )),
+        Err(HealthConfigError::BadRange { .. })
+    ));
+}
+
+#[test]
+fn unknown_fields_and_bad_durations_are_rejected() {
+    assert!(serde_yaml::from_str::<HealthCheck>("{timeout: 1s, colour: red}").is_err());
+    assert!(serde_yaml::from_str::<HealthCheck>("{timeout: 5}").is_err());
+    assert!(serde_yaml::from_str::<HealthCheck>("{timeout: 1.5ms}").is_err());
+}
+
+#[test]
+fn tcp_payloads_decode_from_hex() {
+    let hc: HealthCheck = serde_yaml::from_str(
+        "{timeout: 1s, interval: 1s, unhealthy_threshold: 1, healthy_threshold: 1, \
+         tcp_health_check: {send: {text: 50494e47}, receive: [{text: 504f}, {text: 4E47}]}}",
+    )
+    .unwrap();
+    let CheckKind::Tcp(tcp) = hc.validate("c").unwrap().kind else {
+        panic!()
+    };
+    assert_eq!(tcp.send, b"PING");
+    assert_eq!(tcp.receive, vec![b"PO".to_vec(), b"NG".to_vec()]);
+}
+
+#[test]
+fn cluster_level_validation() {
+    let two: ClusterHealthConfig =
+        serde_yaml::from_str("health_checks: [{timeout: 1s}, {timeout: 1s}]").unwrap();
+    assert_eq!(
+        two.validate("c"),
+        Err(HealthConfigError::TooManyHealthChecks(2))
+    );
+    let pct: ClusterHealthConfig =
+        serde_yaml::from_str("outlier_detection: {max_ejection_percent: 101}").unwrap();
+    assert!(matches!(
+        pct.validate("c"),
+        Err(HealthConfigError::BadPercent { .. })
+    ));
+    let panic: ClusterHealthConfig =
+        serde_yaml::from_str("common_lb_config: {healthy_panic_threshold: {value: 150}}").unwrap();
+    assert!(matches!(
+        panic.validate("c"),
+        Err(HealthConfigError::BadPercent { .. })
+    ));
+}

@@ -1,0 +1,188 @@
+//! A private unbound DNS server on 127.0.0.1 for DNS discovery tests, with live record changes.
+//!
+//! Each [`Unbound`] writes its own config into a fresh temp dir (its own UDP port, no daemon, no
+//! chroot, a static `svc.test.` zone, remote control on a unix socket in that dir), starts the
+//! binary as a child, waits until the control socket answers and kills the child (by its PID)
+//! on drop. The packaged service is never used. unbound missing is a test failure, not a skip:
+//! the project's setup installs it (`apt-get install -y unbound`).
+
+use std::{
+    net::{SocketAddr, UdpSocket},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+/// How long unbound may take to start answering.
+const START_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Directories searched for the binaries besides `PATH` (Debian installs them in /usr/sbin).
+const SBIN_DIRS: [&str; 2] = ["/usr/sbin", "/usr/local/sbin"];
+
+/// A running unbound serving the `svc.test.` zone on 127.0.0.1.
+pub struct Unbound {
+    dir: PathBuf,
+    conf: PathBuf,
+    addr: SocketAddr,
+    control: PathBuf,
+    child: Child,
+}
+
+impl Unbound {
+    /// Starts unbound with these `local-data` records, e.g. `"web.svc.test. 5 IN A 127.0.0.2"`.
+    pub fn start(records: &[&str]) -> Self {
+        let server = find_binary("unbound");
+        let control = find_binary("unbound-control");
+        let dir = temp_dir();
+        let port = free_udp_port();
+        let conf = dir.join("unbound.conf");
+        std::fs::write(&conf, config(&dir, port, records))
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", conf.display()));
+        let log = dir.join("unbound.log");
+        let log_file = std::fs::File::create(&log)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", log.display()));
+        let child = Command::new(&server)
+            .args(["-d", "-p", "-c"])
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", server.display()));
+        let unbound = Self {
+            dir,
+            conf,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            control,
+            child,
+        };
+        unbound.wait_until_serving();
+        unbound
+    }
+
+    /// The UDP address to send queries to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Adds a record live: `unbound-control local_data "<record>"`.
+    pub fn add(&self, record: &str) {
+        self.control(&["local_data", record])
+            .expect("unbound-control local_data");
+    }
+
+    /// Removes every record of `name` live: `unbound-control local_data_remove <name>`.
+    pub fn remove(&self, name: &str) {
+        self.control(&["local_data_remove", name])
+            .expect("unbound-control local_data_remove");
+    }
+
+    /// Replaces every record of `name` with `records`.
+    pub fn replace(&self, name: &str, records: &[&str]) {
+        self.remove(name);
+        for record in records {
+            self.add(record);
+        }
+    }
+
+    fn control(&self, args: &[&str]) -> Result<String, String> {
+        let output = Command::new(&self.control)
+            .arg("-c")
+            .arg(&self.conf)
+            .args(args)
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", self.control.display()))?;
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        if output.status.success() && !stdout.starts_with("error") {
+            Ok(stdout)
+        } else {
+            Err(format!(
+                "{args:?}: {stdout}{}",
+                String::from_utf8_lossy(&output.stderr)
+            ))
+        }
+    }
+
+    fn wait_until_serving(&self) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            match self.control(&["status"]) {
+                Ok(_) => return,
+                Err(err) if Instant::now() > deadline => {
+                    let log = std::fs::read_to_string(self.dir.join("unbound.log"));
+                    panic!(
+                        "unbound on {} did not come up in {START_TIMEOUT:?}: {err}\nlog: {}",
+                        self.addr,
+                        log.unwrap_or_default()
+                    )
+                }
+                Err(_) => thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+}
+
+impl Drop for Unbound {
+    fn drop(&mut self) {
+        // Child::kill sends SIGKILL to this child's PID only.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn config(dir: &Path, port: u16, records: &[&str]) -> String {
+    let dir = dir.display();
+    let mut conf = format!(
+        "server:\n  interface: 127.0.0.1@{port}\n  port: {port}\n  do-daemonize: no\n  \
+         username: \"\"\n  chroot: \"\"\n  directory: \"{dir}\"\n  pidfile: \"\"\n  \
+         use-syslog: no\n  logfile: \"\"\n  verbosity: 0\n  num-threads: 1\n  do-ip6: no\n  \
+         so-reuseport: no\n  access-control: 127.0.0.0/8 allow\n  rrset-roundrobin: no\n  \
+         module-config: \"iterator\"\n  local-zone: \"svc.test.\" static\n"
+    );
+    for record in records {
+        conf.push_str(&format!("  local-data: \"{record}\"\n"));
+    }
+    conf.push_str(&format!(
+        "remote-control:\n  control-enable: yes\n  control-interface: \"{dir}/control.sock\"\n  \
+         control-use-cert: no\n"
+    ));
+    conf
+}
+
+fn find_binary(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs = std::env::split_paths(&path).chain(SBIN_DIRS.iter().map(PathBuf::from));
+    dirs.map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "{name} is not installed; the DNS discovery tests need a real unbound: \
+             run `apt-get install -y unbound` (the CI setup script does)"
+            )
+        })
+}
+
+fn temp_dir() -> PathBuf {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let unique = format!(
+        "proxy-unbound-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
+    let dir = std::env::temp_dir().join(unique);
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    dir
+}
+
+/// A UDP port free right now on 127.0.0.1 (unbound binds it right after).
+fn free_udp_port() -> u16 {
+    let socket = UdpSocket::bind("127.0.0.1:0").expect("bind an ephemeral UDP port on 127.0.0.1");
+    socket
+        .local_addr()
+        .expect("local address of an ephemeral socket")
+        .port()
+}

@@ -4,4 +4,5 @@
 //! nothing behind. Tests live in `tests/tests/`; run them with `cargo xtask test`.
 
 pub mod health_servers;
+pub mod kernel;
 pub mod unbound;

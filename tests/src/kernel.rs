@@ -1,0 +1,402 @@
+//! Kernel-test fixtures: a fresh network namespace and cgroup per test, banner servers inside
+//! the namespace, the real daemon binary, and `proxy probe` as the client.
+//!
+//! Everything is removed on drop (namespace, cgroup, daemon by PID, servers), also when the test
+//! fails. Traffic stays inside the test's own namespace.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU32, Ordering},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A name unique to this test process and call, e.g. `pt-4242-3`.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::SeqCst))
+}
+
+/// The `proxy` binary under test: `$PROXY_BIN` (set by `cargo xtask test`), else
+/// `target/debug/proxy` of this workspace.
+pub fn proxy_bin() -> PathBuf {
+    let path = std::env::var_os("PROXY_BIN").map(PathBuf::from).unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/proxy")
+    });
+    assert!(
+        path.exists(),
+        "the proxy binary is not at {} (run `cargo xtask test`, which builds it and sets PROXY_BIN)",
+        path.display()
+    );
+    path
+}
+
+/// Panics unless running as root: these tests need the kernel.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "kernel tests need root; run them through `cargo xtask test` as root");
+}
+
+fn sh(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A network namespace with only `lo`, up.
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// Creates a fresh namespace.
+    pub fn new() -> Self {
+        let name = unique("pt");
+        sh(Command::new("ip").args(["netns", "add", &name]));
+        let ns = Self { name };
+        sh(Command::new("ip").args(["-n", &ns.name, "link", "set", "lo", "up"]));
+        ns
+    }
+
+    /// Its name (for `ip -n` and `proxy probe --netns`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Path of its namespace file.
+    pub fn path(&self) -> PathBuf {
+        Path::new("/run/netns").join(&self.name)
+    }
+
+    /// Adds an address to `lo` (e.g. a second IPv6 address); IPv4 127.0.0.0/8 needs none.
+    pub fn add_lo_addr(&self, cidr: &str) {
+        sh(Command::new("ip").args(["-n", &self.name, "addr", "add", cidr, "dev", "lo"]));
+    }
+}
+
+impl Default for Netns {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// A child cgroup of the cgroup v2 mount, removed on drop.
+pub struct TestCgroup {
+    path: PathBuf,
+}
+
+impl TestCgroup {
+    /// Creates a fresh cgroup.
+    pub fn new() -> Self {
+        let path = cgroup2_mount().join(unique("proxy-test"));
+        std::fs::create_dir(&path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+        Self { path }
+    }
+
+    /// Its directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Default for TestCgroup {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // Processes that were in it may take a moment to be reaped.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.path).is_ok() || !self.path.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The cgroup v2 mount point.
+pub fn cgroup2_mount() -> PathBuf {
+    let mounts = std::fs::read_to_string("/proc/mounts").expect("reading /proc/mounts");
+    mounts
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(f[1]))
+        })
+        .expect("no cgroup v2 mount")
+}
+
+/// Servers inside a namespace that answer every TCP connection (or UDP datagram) with a banner
+/// line, so a client knows which one it reached.
+pub struct BannerServers {
+    stop: Arc<AtomicBool>,
+    wakers: Vec<(SocketAddr, bool)>,
+    netns: PathBuf,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl BannerServers {
+    /// Starts one server per (address, banner, udp) inside `netns`.
+    pub fn start(netns: &Netns, servers: &[(SocketAddr, &str, bool)]) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for &(addr, banner, udp) in servers {
+            let (stop, banner, path) = (stop.clone(), banner.to_owned(), netns.path());
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+            threads.push(std::thread::spawn(move || {
+                proxy::enter_netns(&path).expect("entering the test namespace");
+                if udp {
+                    let socket = UdpSocket::bind(addr).expect("binding a UDP banner server");
+                    ready_tx.send(()).expect("test alive");
+                    serve_udp(&socket, &banner, &stop);
+                } else {
+                    let listener = TcpListener::bind(addr).expect("binding a banner server");
+                    ready_tx.send(()).expect("test alive");
+                    serve_tcp(&listener, &banner, &stop);
+                }
+            }));
+            ready_rx.recv_timeout(Duration::from_secs(5)).expect("banner server started");
+        }
+        let wakers = servers.iter().map(|&(a, _, udp)| (a, udp)).collect();
+        Self { stop, wakers, netns: netns.path(), threads }
+    }
+}
+
+fn serve_tcp(listener: &TcpListener, banner: &str, stop: &AtomicBool) {
+    for conn in listener.incoming() {
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Ok(mut conn) = conn {
+            let _ = writeln!(conn, "{banner}");
+        }
+    }
+}
+
+fn serve_udp(socket: &UdpSocket, banner: &str, stop: &AtomicBool) {
+    let mut buf = [0u8; 512];
+    while !stop.load(Ordering::SeqCst) {
+        if let Ok((_, from)) = socket.recv_from(&mut buf) {
+            let _ = socket.send_to(format!("{banner}\n").as_bytes(), from);
+        }
+    }
+}
+
+impl Drop for BannerServers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let (wakers, path) = (self.wakers.clone(), self.netns.clone());
+        // Wake blocking accept/recv calls from inside the namespace.
+        let waker = std::thread::spawn(move || {
+            if proxy::enter_netns(&path).is_err() {
+                return;
+            }
+            for (addr, udp) in wakers {
+                if udp {
+                    let any: SocketAddr = if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }
+                        .parse()
+                        .expect("literal");
+                    if let Ok(s) = UdpSocket::bind(any) {
+                        let _ = s.send_to(b"stop", addr);
+                    }
+                } else {
+                    let _ = TcpStream::connect_timeout(&addr, Duration::from_millis(200));
+                }
+            }
+        });
+        let _ = waker.join();
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The real daemon, run from its binary with a config file; SIGTERM and wait on drop.
+pub struct Daemon {
+    child: Option<Child>,
+    /// Admin address.
+    pub admin: SocketAddr,
+    /// Where its log goes.
+    pub log: PathBuf,
+    _dir: TempDir,
+}
+
+impl Daemon {
+    /// Writes `config` (YAML, with `{admin}` replaced by a free loopback address) and starts
+    /// `proxy run` on it; returns once `/ready` answers.
+    pub fn start(config: &str) -> Self {
+        let dir = TempDir::new();
+        let admin = free_port();
+        let path = dir.0.join("config.yaml");
+        std::fs::write(&path, config.replace("{admin}", &admin.to_string())).expect("writing config");
+        let log = dir.0.join("daemon.log");
+        let file = std::fs::File::create(&log).expect("creating the daemon log");
+        let child = Command::new(proxy_bin())
+            .args(["run", "--config"])
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("dup"))
+            .stderr(file)
+            .spawn()
+            .expect("starting the daemon");
+        let mut daemon = Self { child: Some(child), admin, log, _dir: dir };
+        daemon.wait_ready();
+        daemon
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            let child = self.child.as_mut().expect("running");
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("daemon exited ({status}):\n{}", self.log_text());
+            }
+            if http_get(self.admin, "/ready").is_some_and(|(code, _)| code == 200) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("daemon not ready in 20 s:\n{}", self.log_text());
+    }
+
+    /// The daemon's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// A `bpf.<name>` counter from `/stats`.
+    pub fn counter(&self, name: &str) -> u64 {
+        let (_, body) = http_get(self.admin, "/stats").expect("admin /stats");
+        body.lines()
+            .find_map(|l| l.strip_prefix(&format!("bpf.{name}: ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no counter {name} in /stats:\n{body}"))
+    }
+
+    /// SIGTERM and wait (at most 10 s, then SIGKILL); returns whether it exited cleanly.
+    pub fn stop(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else { return true };
+        // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A temporary directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// Creates one under the system temp directory.
+    pub fn new() -> Self {
+        let dir = std::env::temp_dir().join(unique("proxy-test"));
+        std::fs::create_dir_all(&dir).expect("creating a temp dir");
+        Self(dir)
+    }
+}
+
+impl Default for TempDir {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A loopback address with a port that was free a moment ago.
+pub fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("binding port 0")
+}
+
+/// A GET on the host's loopback; returns (status, body).
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n").ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((code, body))
+}
+
+/// What `proxy probe --json` reported.
+#[derive(Debug, serde::Deserialize)]
+pub struct Probe {
+    /// Connections per banner.
+    pub backends: std::collections::BTreeMap<String, u32>,
+    /// Addresses getpeername showed.
+    pub peers: Vec<String>,
+    /// Failures by errno name.
+    pub errors: std::collections::BTreeMap<String, u32>,
+}
+
+impl Probe {
+    /// Runs `proxy probe` in `netns`, inside `cgroup` when given.
+    pub fn run(netns: &Netns, cgroup: Option<&Path>, target: SocketAddr, count: u32, udp: bool) -> Self {
+        let mut cmd = Command::new(proxy_bin());
+        cmd.args(["probe", &target.to_string(), "--json", "--timeout-ms", "1000"]);
+        cmd.args(["--count", &count.to_string(), "--netns", netns.name()]);
+        if let Some(cg) = cgroup {
+            cmd.arg("--cgroup").arg(cg);
+        }
+        if udp {
+            cmd.arg("--udp");
+        }
+        let out = cmd.output().expect("running proxy probe");
+        assert!(out.status.success(), "probe failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("probe JSON")
+    }
+
+    /// Connections that reached `banner`.
+    pub fn count(&self, banner: &str) -> u32 {
+        self.backends.get(banner).copied().unwrap_or(0)
+    }
+}
+
+/// Asserts that `observed` of `n` is within 4.5 standard deviations of share `p` (binomial):
+/// a correct random choice fails this about once in 150,000 runs.
+pub fn assert_share(what: &str, observed: u32, n: u32, p: f64) {
+    let expected = p * f64::from(n);
+    let sigma = (f64::from(n) * p * (1.0 - p)).sqrt();
+    let off = (f64::from(observed) - expected).abs();
+    assert!(
+        off <= 4.5 * sigma.max(1.0),
+        "{what}: {observed} of {n}, expected {expected:.0} +- {:.0}",
+        4.5 * sigma
+    );
+}

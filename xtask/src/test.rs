@@ -1,0 +1,32 @@
+//! `cargo xtask test`: every test. Setup, unit tests of every crate (no root needed), then the
+//! root-only integration tests against the real kernel, the real eBPF object and real servers.
+
+use anyhow::Context as _;
+
+use crate::{
+    setup,
+    util::{self, step},
+};
+
+pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
+    setup::run()?;
+    step("unit tests (all crates but the kernel programs and the root-only suite)");
+    let mut unit = util::cargo();
+    unit.args(["test", "--workspace", "--exclude", "proxy-ebpf", "--exclude", "integration-tests"]);
+    unit.args(filter.map(|f| vec!["--", f]).unwrap_or_default());
+    util::run(&mut unit, "unit tests")?;
+
+    util::require_root("the integration tests")?;
+    let proxy = util::build_proxy()?;
+    step("integration tests (root: network namespaces, cgroups, eBPF, real servers)");
+    let python = util::workspace_root().join(".venv/bin/python");
+    let mut integration = util::cargo();
+    integration
+        .args(["test", "--package", "integration-tests", "--no-fail-fast"])
+        .env("PROXY_BIN", &proxy)
+        .env("PROXY_TEST_PYTHON", &python);
+    integration.args(filter.map(|f| vec!["--", f]).unwrap_or_default());
+    util::run(&mut integration, "integration tests").context("integration tests failed")?;
+    step("all tests passed");
+    Ok(())
+}

@@ -1,6 +1,7 @@
 //! `cargo xtask`: what cargo alone cannot do. `setup` installs the toolchain pieces and packages
 //! the project needs, `demo` runs the embedded default end to end, `test` runs every test.
 
+mod apt;
 mod demo;
 mod setup;
 mod test;

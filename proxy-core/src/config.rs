@@ -52,6 +52,10 @@ pub mod defaults {
     pub fn weight() -> u32 {
         1
     }
+    /// DNS refresh interval (Envoy: 5000 ms).
+    pub fn dns_refresh_rate() -> std::time::Duration {
+        std::time::Duration::from_millis(5000)
+    }
 }
 
 /// The whole configuration file.

@@ -7,11 +7,11 @@ pub mod dns;
 
 use std::{collections::BTreeMap, net::SocketAddr};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Health as reported by the discovery source itself (EDS `health_status`, Consul checks), before
 /// active health checking. Envoy's `core.v3.HealthStatus`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum EdsHealth {
     /// No information; treated as healthy.

@@ -9,6 +9,54 @@
 
 use std::net::SocketAddr;
 
+use crate::health::Routing;
+
+/// Total weight a table's hosts are scaled to when priority loads are merged: a resolution of
+/// one millionth, far below the table's 1/1021.
+const LOAD_SCALE: f64 = 1_000_000.0;
+
+/// Kernel failover levels from a cluster's routing, each a list of (host, weight).
+///
+/// Envoy spreads traffic over priorities by load (overprovisioning factor 1.4: a priority that is
+/// 80 % healthy still takes all traffic; at 50 % it takes 70 % and the next priority the rest),
+/// and inside a priority over healthy and then degraded hosts. The kernel picks from one table,
+/// so every priority that carries load goes into level 0 with each host's weight scaled by its
+/// priority's (and class's) load share. Priorities without load follow as levels 1, 2, ...:
+/// the kernel falls back to them only if level 0 has no host.
+pub fn kernel_levels(routing: &Routing) -> Vec<Vec<(SocketAddr, u32)>> {
+    let mut merged = Vec::new();
+    let mut standby = Vec::new();
+    for p in &routing.priorities {
+        if p.healthy_load + p.degraded_load == 0 {
+            if !p.healthy.is_empty() {
+                standby.push(p.healthy.iter().map(|h| (h.addr, h.weight.max(1))).collect());
+            }
+            continue;
+        }
+        let classes: [(&[crate::discovery::Host], u32); 2] = if p.panic {
+            [(&p.all, p.healthy_load + p.degraded_load), (&[], 0)]
+        } else {
+            [(&p.healthy, p.healthy_load), (&p.degraded, p.degraded_load)]
+        };
+        for (hosts, load) in classes {
+            let total: u64 = hosts.iter().map(|h| u64::from(h.weight.max(1))).sum();
+            if load == 0 || total == 0 {
+                continue;
+            }
+            for h in hosts {
+                let share = f64::from(load) / 100.0 * f64::from(h.weight.max(1)) / total as f64;
+                merged.push((h.addr, ((share * LOAD_SCALE).round() as u32).max(1)));
+            }
+        }
+    }
+    let mut levels = Vec::with_capacity(1 + standby.len());
+    if !merged.is_empty() {
+        levels.push(merged);
+    }
+    levels.extend(standby);
+    levels
+}
+
 /// A host as the slot tables see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlotHost {
@@ -138,6 +186,61 @@ fn hash_addr(addr: &SocketAddr) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{
+        discovery::Host,
+        health::{HostClass, Routing},
+    };
+
+    fn host(last: u8, priority: u32) -> Host {
+        Host { priority, ..Host::new(SocketAddr::from(([127, 0, 0, last], 80))) }
+    }
+
+    #[test]
+    fn healthy_first_priority_takes_everything_and_the_next_stands_by() {
+        let hosts = [
+            (host(1, 0), HostClass::Healthy),
+            (host(2, 0), HostClass::Healthy),
+            (host(3, 1), HostClass::Healthy),
+        ];
+        let levels = kernel_levels(&Routing::compute(&hosts, 50.0));
+        assert_eq!(levels.len(), 2);
+        assert_eq!(levels[0].len(), 2);
+        assert_eq!(levels[1][0].0, host(3, 1).addr);
+    }
+
+    #[test]
+    fn partially_healthy_priority_spills_by_load() {
+        // 1 of 2 healthy: availability 140 * 1/2 = 70 %, so 70 % to P0 and 30 % to P1.
+        let hosts = [
+            (host(1, 0), HostClass::Healthy),
+            (host(2, 0), HostClass::Unhealthy),
+            (host(3, 1), HostClass::Healthy),
+        ];
+        let levels = kernel_levels(&Routing::compute(&hosts, 0.0));
+        assert_eq!(levels.len(), 1);
+        let weight = |last| levels[0].iter().find(|(a, _)| *a == host(last, 0).addr).map(|x| x.1);
+        assert_eq!(weight(1), Some(700_000));
+        assert_eq!(weight(3), Some(300_000));
+        assert_eq!(weight(2), None);
+    }
+
+    #[test]
+    fn nothing_routable_gives_no_levels() {
+        let hosts = [(host(1, 0), HostClass::Unhealthy)];
+        assert!(kernel_levels(&Routing::compute(&hosts, 0.0)).is_empty());
+    }
+
+    #[test]
+    fn panic_routes_to_all_hosts_of_the_priority() {
+        let hosts = [
+            (host(1, 0), HostClass::Healthy),
+            (host(2, 0), HostClass::Unhealthy),
+            (host(3, 0), HostClass::Unhealthy),
+            (host(4, 0), HostClass::Unhealthy),
+        ];
+        let levels = kernel_levels(&Routing::compute(&hosts, 50.0));
+        assert_eq!(levels[0].len(), 4, "{levels:?}");
+    }
 
     const M: usize = 1021;
 

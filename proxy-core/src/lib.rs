@@ -8,3 +8,4 @@ pub mod config;
 pub mod discovery;
 pub mod health;
 pub mod lb;
+pub mod upstream;

@@ -1,24 +1,23 @@
-//! The admin HTTP interface, on loopback by default: `/ready`, `/stats`, `/config_dump`.
+//! The admin HTTP interface, on loopback by default: `/ready`, `/stats`, `/stats/prometheus`,
+//! `/clusters` (Envoy's text format, or `?format=json`), `/config_dump`.
 //!
 //! A deliberately small HTTP/1.1 server (GET only, one request per connection): the admin
 //! interface is for operators and probes, not for traffic.
 
-use std::{
-    fmt::Write as _,
-    net::SocketAddr,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+mod render;
 
-use proxy_core::config::Config;
+use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
+
+use proxy_core::{config::Config, upstream::Upstream};
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::{TcpListener, TcpStream},
+    sync::watch,
     task::JoinHandle,
 };
 use tracing::debug;
 
-use crate::dataplane::Dataplane;
+use crate::daemon::SharedDataplane;
 
 /// Largest request head accepted.
 const MAX_REQUEST: usize = 8 * 1024;
@@ -29,13 +28,32 @@ const READ_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub struct State {
     config: Arc<Config>,
-    dataplane: Arc<Mutex<Option<Dataplane>>>,
+    dataplane: SharedDataplane,
+    upstreams: BTreeMap<String, Arc<Upstream>>,
+    published: watch::Receiver<usize>,
 }
 
 impl State {
-    /// State over the running configuration and data path.
-    pub fn new(config: Config, dataplane: Arc<Mutex<Option<Dataplane>>>) -> Self {
-        Self { config: Arc::new(config), dataplane }
+    /// State over the running configuration, data path and clusters; `published` counts the
+    /// services published at least once.
+    pub fn new(
+        config: Config,
+        dataplane: SharedDataplane,
+        upstreams: BTreeMap<String, Arc<Upstream>>,
+        published: watch::Receiver<usize>,
+    ) -> Self {
+        Self { config: Arc::new(config), dataplane, upstreams, published }
+    }
+
+    fn ready(&self) -> bool {
+        let attached = self.dataplane.lock().is_ok_and(|dp| dp.is_some());
+        attached && *self.published.borrow() >= self.config.services.len()
+    }
+
+    /// Kernel counters, summed over CPUs.
+    fn kernel_counters(&self) -> Vec<(&'static str, u64)> {
+        let guard = self.dataplane.lock().unwrap_or_else(|e| e.into_inner());
+        guard.as_ref().map(|dp| dp.counters()).unwrap_or_default()
     }
 }
 
@@ -70,59 +88,68 @@ async fn handle(mut stream: TcpStream, state: &State) -> std::io::Result<()> {
     let head = String::from_utf8_lossy(&buf);
     let mut parts = head.lines().next().unwrap_or_default().split_whitespace();
     let (method, target) = (parts.next().unwrap_or_default(), parts.next().unwrap_or("/"));
-    let path = target.split('?').next().unwrap_or(target);
-    let (status, content_type, body) = if method != "GET" {
-        (405, "text/plain", "only GET is supported\n".to_owned())
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let response = if method == "GET" {
+        route(path, query, state)
     } else {
-        route(path, state)
+        Response::text(405, "only GET is supported\n")
     };
-    let reason = match status {
-        200 => "OK",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        _ => "Service Unavailable",
-    };
-    let response = format!(
-        "HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(response.as_bytes()).await?;
+    stream.write_all(&response.bytes()).await?;
     stream.shutdown().await
 }
 
-fn route(path: &str, state: &State) -> (u16, &'static str, String) {
-    match path {
-        "/ready" => {
-            if state.dataplane.lock().is_ok_and(|dp| dp.is_some()) {
-                (200, "text/plain", "LIVE\n".to_owned())
-            } else {
-                (503, "text/plain", "NOT READY\n".to_owned())
-            }
+/// A response: status, content type, body.
+struct Response {
+    status: u16,
+    content_type: &'static str,
+    body: String,
+}
+
+impl Response {
+    fn text(status: u16, body: impl Into<String>) -> Self {
+        Self { status, content_type: "text/plain; charset=utf-8", body: body.into() }
+    }
+
+    fn json(value: &impl serde::Serialize) -> Self {
+        match serde_json::to_string_pretty(value) {
+            Ok(body) => Self { status: 200, content_type: "application/json", body: body + "\n" },
+            Err(err) => Self::text(500, format!("{err}\n")),
         }
-        "/stats" => (200, "text/plain", stats(state)),
-        "/config_dump" => match serde_json::to_string_pretty(&*state.config) {
-            Ok(json) => (200, "application/json", json + "\n"),
-            Err(err) => (500, "text/plain", format!("{err}\n")),
-        },
-        _ => (
-            404,
-            "text/plain",
-            "not found; try /ready, /stats, /config_dump\n".to_owned(),
-        ),
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let reason = match self.status {
+            200 => "OK",
+            404 => "Not Found",
+            405 => "Method Not Allowed",
+            500 => "Internal Server Error",
+            _ => "Service Unavailable",
+        };
+        format!(
+            "HTTP/1.1 {} {reason}\r\ncontent-type: {}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{}",
+            self.status,
+            self.content_type,
+            self.body.len(),
+            self.body
+        )
+        .into_bytes()
     }
 }
 
-/// Kernel counters as `bpf.<counter>: <value>` lines, Envoy's `/stats` text format.
-fn stats(state: &State) -> String {
-    let mut out = String::new();
-    if let Ok(guard) = state.dataplane.lock()
-        && let Some(dp) = guard.as_ref()
-    {
-        for (name, value) in dp.counters() {
-            let _ = writeln!(out, "bpf.{name}: {value}");
-        }
+fn route(path: &str, query: &str, state: &State) -> Response {
+    let json = query.split('&').any(|kv| kv == "format=json");
+    match path {
+        "/ready" if state.ready() => Response::text(200, "LIVE\n"),
+        "/ready" => Response::text(503, "NOT READY\n"),
+        "/stats" if json => Response::json(&render::stats_map(state)),
+        "/stats" => Response::text(200, render::stats_text(state)),
+        "/stats/prometheus" => Response::text(200, render::prometheus(state)),
+        "/clusters" if json => Response::json(&render::clusters_json(state)),
+        "/clusters" => Response::text(200, render::clusters_text(state)),
+        "/config_dump" => Response::json(&*state.config),
+        _ => Response::text(
+            404,
+            "not found; try /ready, /stats, /stats/prometheus, /clusters, /config_dump\n",
+        ),
     }
-    let _ = writeln!(out, "server.services: {}", state.config.services.len());
-    let _ = writeln!(out, "server.clusters: {}", state.config.clusters.len());
-    out
 }

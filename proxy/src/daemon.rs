@@ -1,21 +1,40 @@
-//! The run loop: configuration in, data path attached and published, admin served, clean stop.
+//! The run loop: configuration in, data path attached, clusters discovered and health-checked,
+//! services published on every change of their routable hosts, admin served, clean stop.
 
 use std::{
+    collections::BTreeMap,
     net::SocketAddr,
     path::PathBuf,
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use anyhow::Context as _;
 use proxy_common::service::{PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV};
-use proxy_core::config::{Config, LbPolicy, Protocol};
-use tokio::signal::unix::{SignalKind, signal};
-use tracing::info;
+use proxy_core::{
+    config::{Config, LbPolicy, Protocol, Service},
+    health::{HealthCheckManager, Routing},
+    lb,
+    upstream::Upstream,
+};
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::watch,
+    task::JoinSet,
+};
+use tracing::{info, warn};
 
 use crate::{
     admin,
     dataplane::{self, Dataplane, DataplaneOptions, ServiceSpec},
 };
+
+/// How long start-up waits for every service's first publish before it removes what a previous
+/// run left behind; a service whose cluster is still resolving is published when it is ready.
+const FIRST_PUBLISH_WAIT: Duration = Duration::from_secs(10);
+
+/// The data path, shared by the publishers and the admin interface; `None` after shutdown.
+pub type SharedDataplane = Arc<Mutex<Option<Dataplane>>>;
 
 /// Runs the daemon until SIGINT or SIGTERM, then detaches and removes everything it created.
 pub fn run(config: Config) -> anyhow::Result<()> {
@@ -33,29 +52,144 @@ async fn run_async(config: Config) -> anyhow::Result<()> {
         bpffs: PathBuf::from(&config.bpffs),
         instance: config.instance.clone(),
     };
-    let mut dp = Dataplane::open(&opts).context("attaching the data path")?;
-    if let Err(err) = publish_all(&mut dp, &config) {
-        dp.shutdown();
-        return Err(err);
+    let manager = HealthCheckManager::default();
+    let upstreams = start_upstreams(&config, &manager)?;
+    let dp: SharedDataplane = Arc::new(Mutex::new(Some(
+        Dataplane::open(&opts).context("attaching the data path")?,
+    )));
+    let (published_tx, published_rx) = watch::channel(0usize);
+    let mut publishers = JoinSet::new();
+    for svc in &config.services {
+        let upstream = &upstreams[&svc.cluster];
+        let spec = SpecTemplate::new(svc, &config);
+        let (dp, published) = (dp.clone(), published_tx.clone());
+        let (routing, initialized) = (upstream.routing(), upstream.initialized());
+        publishers.spawn(publish_loop(spec, routing, initialized, dp, published));
     }
-    let dp = Arc::new(Mutex::new(Some(dp)));
-    let state = admin::State::new(config.clone(), dp.clone());
-    let admin_addr: SocketAddr = config.admin.address;
-    let server = match admin::serve(admin_addr, state).await {
+    drop(published_tx);
+    let state = admin::State::new(config.clone(), dp.clone(), upstreams.clone(), published_rx.clone());
+    let server = match admin::serve(config.admin.address, state).await {
         Ok(server) => server,
         Err(err) => {
             shutdown(&dp);
-            return Err(err).context(format!("admin listener on {admin_addr}"));
+            return Err(err).context(format!("admin listener on {}", config.admin.address));
         }
     };
-    info!(admin = %admin_addr, services = config.services.len(), "ready");
+    sweep_after_first_publish(&config, &dp, published_rx).await;
+    info!(admin = %config.admin.address, services = config.services.len(), "ready");
     wait_for_signal().await;
     server.abort();
+    publishers.abort_all();
+    drop(upstreams);
     shutdown(&dp);
     Ok(())
 }
 
-fn shutdown(dp: &Mutex<Option<Dataplane>>) {
+/// Starts discovery and health for every cluster a service uses.
+fn start_upstreams(
+    config: &Config,
+    manager: &HealthCheckManager,
+) -> anyhow::Result<BTreeMap<String, Arc<Upstream>>> {
+    let mut upstreams = BTreeMap::new();
+    for cluster in &config.clusters {
+        let upstream = Upstream::spawn(cluster, manager)?;
+        upstreams.insert(cluster.name.clone(), Arc::new(upstream));
+    }
+    Ok(upstreams)
+}
+
+/// Waits until every service was published once (bounded), then removes services, tables and
+/// backends a previous run left that this configuration does not have. Until then, an adopted
+/// previous state keeps serving.
+async fn sweep_after_first_publish(
+    config: &Config,
+    dp: &SharedDataplane,
+    mut published: watch::Receiver<usize>,
+) {
+    let all = config.services.len();
+    let waited = tokio::time::timeout(FIRST_PUBLISH_WAIT, published.wait_for(|n| *n >= all)).await;
+    if waited.is_err() {
+        warn!("not every service was published within {FIRST_PUBLISH_WAIT:?}; sweeping anyway");
+    }
+    let keys: Vec<_> = config.services.iter().map(|s| SpecTemplate::new(s, config).key).collect();
+    let mut guard = dp.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(dp) = guard.as_mut()
+        && let Err(err) = dp.publisher().sweep(&keys)
+    {
+        warn!(%err, "sweeping state of a previous run failed");
+    }
+}
+
+/// Publishes one service whenever its cluster's routing changes (the publisher itself skips
+/// writes when the kernel already has exactly this).
+async fn publish_loop(
+    template: SpecTemplate,
+    mut routing: watch::Receiver<Routing>,
+    mut initialized: watch::Receiver<bool>,
+    dp: SharedDataplane,
+    published: watch::Sender<usize>,
+) {
+    // Until the cluster has its first result, an adopted previous state (or nothing) is better
+    // than an empty host set; after the wait, publish what there is.
+    if tokio::time::timeout(FIRST_PUBLISH_WAIT, initialized.wait_for(|i| *i)).await.is_err() {
+        warn!(service = %template.name, "cluster not initialized within {FIRST_PUBLISH_WAIT:?}; publishing what it has");
+    }
+    let mut first = true;
+    loop {
+        let spec = template.with(&routing.borrow_and_update());
+        let result = {
+            let mut guard = dp.lock().unwrap_or_else(|e| e.into_inner());
+            match guard.as_mut() {
+                Some(dp) => dp.publisher().publish(&spec).map(Some),
+                None => return,
+            }
+        };
+        match result {
+            Ok(_) if first => {
+                first = false;
+                published.send_modify(|n| *n += 1);
+            }
+            Ok(_) => {}
+            Err(err) => warn!(service = %spec.name, %err, "publish failed; the previous host set stays live"),
+        }
+        if routing.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The parts of a service's kernel entry that do not depend on its hosts.
+struct SpecTemplate {
+    name: String,
+    key: proxy_common::service::ServiceKey,
+    flags: u32,
+}
+
+impl SpecTemplate {
+    fn new(svc: &Service, config: &Config) -> Self {
+        let proto = match svc.protocol {
+            Protocol::Tcp => PROTO_TCP,
+            Protocol::Udp => PROTO_UDP,
+        };
+        let maglev = config.cluster(&svc.cluster).is_some_and(|c| c.lb_policy == LbPolicy::Maglev);
+        Self {
+            name: svc.name.clone(),
+            key: dataplane::publish_key(svc.address, svc.port, proto),
+            flags: if maglev { SERVICE_F_MAGLEV } else { 0 },
+        }
+    }
+
+    fn with(&self, routing: &Routing) -> ServiceSpec {
+        ServiceSpec {
+            name: self.name.clone(),
+            key: self.key,
+            flags: self.flags,
+            priorities: lb::kernel_levels(routing),
+        }
+    }
+}
+
+fn shutdown(dp: &SharedDataplane) {
     let taken = dp.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(dp) = taken {
         dp.shutdown();
@@ -76,48 +210,7 @@ async fn wait_for_signal() {
     }
 }
 
-/// Publishes every configured service, then removes what a previous run left and is no longer
-/// configured.
-fn publish_all(dp: &mut Dataplane, config: &Config) -> anyhow::Result<()> {
-    let specs = service_specs(config);
-    let publisher = dp.publisher();
-    for spec in &specs {
-        publisher.publish(spec)?;
-    }
-    let keys: Vec<_> = specs.iter().map(|s| s.key).collect();
-    publisher.sweep(&keys)?;
-    Ok(())
-}
-
-/// The kernel's view of every configured service: routable hosts by priority.
-pub fn service_specs(config: &Config) -> Vec<ServiceSpec> {
-    config
-        .services
-        .iter()
-        .filter_map(|svc| {
-            let cluster = config.cluster(&svc.cluster)?;
-            let mut priorities: Vec<Vec<(SocketAddr, u32)>> = Vec::new();
-            for host in cluster.static_hosts() {
-                let p = host.priority as usize;
-                if priorities.len() <= p {
-                    priorities.resize(p + 1, Vec::new());
-                }
-                priorities[p].push((host.addr, host.weight));
-            }
-            let proto = match svc.protocol {
-                Protocol::Tcp => PROTO_TCP,
-                Protocol::Udp => PROTO_UDP,
-            };
-            let flags = match cluster.lb_policy {
-                LbPolicy::Maglev => SERVICE_F_MAGLEV,
-                _ => 0,
-            };
-            Some(ServiceSpec {
-                name: svc.name.clone(),
-                key: dataplane::publish_key(svc.address, svc.port, proto),
-                flags,
-                priorities,
-            })
-        })
-        .collect()
+/// A service's address as `ip:port`, for tables.
+pub fn service_addr(svc: &Service) -> SocketAddr {
+    SocketAddr::new(svc.address, svc.port)
 }

@@ -6,3 +6,4 @@
 pub mod health_servers;
 pub mod kernel;
 pub mod unbound;
+pub mod xds_server;

@@ -6,7 +6,7 @@
 //!    comes from `rustc -vV`, and an installed bpf-linker is kept only if it loads exactly that
 //!    toolchain's libLLVM.
 //! 3. The Debian packages the tests use.
-//! 4. A Python venv (`.venv`) with the packages of `tests/requirements.txt`.
+//! 4. A Python venv (`.venv`) with the packages of `tests/xds/requirements.txt`.
 //!
 //! Each step checks first and skips when there is nothing to do, so a second run takes seconds.
 
@@ -234,9 +234,9 @@ impl Drop for NoServiceStarts {
 
 fn ensure_python_venv() -> anyhow::Result<()> {
     let root = util::workspace_root();
-    let requirements = root.join("tests/requirements.txt");
+    let requirements = root.join("tests/xds/requirements.txt");
     let Ok(wanted) = fs::read_to_string(&requirements) else {
-        detail("Python venv: no tests/requirements.txt, nothing to install");
+        detail("Python venv: no tests/xds/requirements.txt, nothing to install");
         return Ok(());
     };
     let venv = root.join(".venv");
@@ -256,7 +256,7 @@ fn ensure_python_venv() -> anyhow::Result<()> {
         "pip install",
     )
     .context(
-        "pip could not install tests/requirements.txt; check access to the Python package \
+        "pip could not install tests/xds/requirements.txt; check access to the Python package \
          index, then rerun `cargo xtask setup`",
     )?;
     fs::write(&stamp, wanted).context("writing the venv stamp")?;

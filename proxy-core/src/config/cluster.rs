@@ -1,11 +1,20 @@
 //! Clusters, in Envoy v3 `Cluster` field names (`type`, `lb_policy`, `load_assignment`, ...).
 
-use std::net::{IpAddr, SocketAddr};
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
 
 use serde::{Deserialize, Serialize};
 
 use super::defaults;
-use crate::discovery::{EdsHealth, Host, HostSet};
+use crate::{
+    discovery::{
+        EdsHealth, Host, HostSet,
+        dns::{DnsEndpoint, DnsLookupFamily, DnsResolverAddress, DnsSettings, RefreshRate, duration},
+    },
+    health::{ClusterHealthConfig, CommonLbConfig, HealthCheck, OutlierDetection},
+};
 
 /// An upstream cluster.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -23,6 +32,38 @@ pub struct Cluster {
     /// The endpoints of a STATIC cluster (and the names to resolve for DNS clusters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_assignment: Option<LoadAssignment>,
+    /// DNS clusters: interval between resolutions after a success. Default 5000 ms; > 1 ms.
+    #[serde(default = "defaults::dns_refresh_rate", with = "duration")]
+    pub dns_refresh_rate: Duration,
+    /// DNS clusters: refresh after the answer's TTL (strict: minimum of all records; logical:
+    /// the first record's) instead of `dns_refresh_rate`. Default false.
+    #[serde(default)]
+    pub respect_dns_ttl: bool,
+    /// DNS clusters: jittered exponential backoff after failed resolutions
+    /// (`base_interval`, `max_interval` default 10x base). Unset: retry after
+    /// `dns_refresh_rate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_failure_refresh_rate: Option<RefreshRate>,
+    /// DNS clusters: a random delay in [0, dns_jitter) added to each refresh after a success.
+    #[serde(default, with = "duration::option", skip_serializing_if = "Option::is_none")]
+    pub dns_jitter: Option<Duration>,
+    /// DNS clusters: AUTO (default: IPv6, falling back to IPv4), V4_ONLY, V6_ONLY,
+    /// V4_PREFERRED or ALL.
+    #[serde(default)]
+    pub dns_lookup_family: DnsLookupFamily,
+    /// DNS clusters: name servers (Envoy's `{socket_address: {address, port_value}}`, or
+    /// "IP:PORT"). Empty: the system's resolv.conf.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dns_resolvers: Vec<DnsResolverAddress>,
+    /// Active health checks (at most one per cluster); see `proxy_core::health::HealthCheck`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub health_checks: Vec<HealthCheck>,
+    /// Passive health checking from the kernel's connect-failure signal; absent disables it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outlier_detection: Option<OutlierDetection>,
+    /// `healthy_panic_threshold` (default 50 %; 0 disables panic mode).
+    #[serde(default)]
+    pub common_lb_config: CommonLbConfig,
 }
 
 /// Envoy's `Cluster.DiscoveryType`.
@@ -95,6 +136,10 @@ pub struct LbEndpoint {
     /// Relative weight, at least 1. Default 1.
     #[serde(default = "defaults::weight")]
     pub load_balancing_weight: u32,
+    /// Health as the configuration states it (UNKNOWN, HEALTHY, UNHEALTHY, DRAINING, TIMEOUT,
+    /// DEGRADED); without active checks it decides routing. Default UNKNOWN (routed).
+    #[serde(default)]
+    pub health_status: EdsHealth,
 }
 
 /// Envoy's `Endpoint`.
@@ -124,26 +169,63 @@ pub struct SocketAddress {
 }
 
 impl Cluster {
+    /// The DNS settings of a STRICT_DNS or LOGICAL_DNS cluster.
+    pub fn dns_settings(&self) -> DnsSettings {
+        DnsSettings {
+            dns_refresh_rate: self.dns_refresh_rate,
+            respect_dns_ttl: self.respect_dns_ttl,
+            dns_failure_refresh_rate: self.dns_failure_refresh_rate.clone(),
+            dns_jitter: self.dns_jitter,
+            dns_lookup_family: self.dns_lookup_family,
+            dns_resolvers: self.dns_resolvers.clone(),
+        }
+    }
+
+    /// The health-related fields, as the health module takes them.
+    pub fn health_config(&self) -> ClusterHealthConfig {
+        ClusterHealthConfig {
+            health_checks: self.health_checks.clone(),
+            outlier_detection: self.outlier_detection.clone(),
+            common_lb_config: self.common_lb_config.clone(),
+        }
+    }
+
+    /// The names (or IPs) to resolve for a DNS cluster, with each endpoint's attributes.
+    pub fn dns_endpoints(&self) -> Vec<DnsEndpoint> {
+        self.endpoints()
+            .map(|(priority, lb)| {
+                let sa = &lb.endpoint.address.socket_address;
+                DnsEndpoint {
+                    weight: lb.load_balancing_weight,
+                    priority,
+                    health: lb.health_status,
+                    ..DnsEndpoint::new(sa.address.clone(), sa.port_value)
+                }
+            })
+            .collect()
+    }
+
+    /// Every endpoint with its priority.
+    fn endpoints(&self) -> impl Iterator<Item = (u32, &LbEndpoint)> {
+        self.load_assignment
+            .iter()
+            .flat_map(|a| &a.endpoints)
+            .flat_map(|g| g.lb_endpoints.iter().map(move |lb| (g.priority, lb)))
+    }
+
     /// The hosts of a STATIC cluster. Call only on a validated config (addresses are IPs).
     pub fn static_hosts(&self) -> HostSet {
-        let Some(assignment) = &self.load_assignment else {
-            return Vec::new();
-        };
-        let mut hosts = Vec::new();
-        for group in &assignment.endpoints {
-            for lb in &group.lb_endpoints {
+        self.endpoints()
+            .filter_map(|(priority, lb)| {
                 let sa = &lb.endpoint.address.socket_address;
-                let Ok(ip) = sa.address.parse::<IpAddr>() else {
-                    continue;
-                };
-                hosts.push(Host {
+                let ip = sa.address.parse::<IpAddr>().ok()?;
+                Some(Host {
                     weight: lb.load_balancing_weight,
-                    priority: group.priority,
-                    eds_health: EdsHealth::Unknown,
+                    priority,
+                    eds_health: lb.health_status,
                     ..Host::new(SocketAddr::new(ip, sa.port_value))
-                });
-            }
-        }
-        hosts
+                })
+            })
+            .collect()
     }
 }

@@ -79,6 +79,21 @@ fn semantic_errors_name_the_field() {
         ("clusters:\n  - name: a\n  - name: a\n", "clusters[1].name", "duplicate"),
         ("clusters:\n  - name: a\n    lb_policy: ROUND_ROBIN\n", "clusters[0].lb_policy", "RANDOM"),
         ("clusters:\n  - name: a\n    type: EDS\n", "clusters[0].type", "not implemented"),
+        (
+            "clusters:\n  - name: a\n    type: STRICT_DNS\n    dns_failure_refresh_rate: { base_interval: 2s, max_interval: 1s }\n",
+            "clusters[0].dns_failure_refresh_rate",
+            "max_interval greater than or equal to the base_interval",
+        ),
+        (
+            "clusters:\n  - name: a\n    type: LOGICAL_DNS\n",
+            "clusters[0].load_assignment",
+            "single lb_endpoint",
+        ),
+        (
+            "clusters:\n  - name: a\n    health_checks:\n      - interval: 1s\n        tcp_health_check: {}\n",
+            "clusters[0].health_checks[0]",
+            "timeout",
+        ),
         ("instance: a/b\n", "instance", "bpffs"),
         (
             "clusters:\n  - name: a\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n            - endpoint: { address: { socket_address: { address: web.local, port_value: 80 } } }\n",
@@ -112,4 +127,37 @@ fn duplicate_service_address_rejected() {
 fn yaml_syntax_error_is_located() {
     let (_, line, _, msg) = invalid("clusters:\n  - name: [unclosed\n");
     assert!(line >= 2, "{msg}");
+}
+
+#[test]
+fn dns_cluster_with_health_checks_parses() {
+    let text = "\
+clusters:
+  - name: web
+    type: STRICT_DNS
+    dns_refresh_rate: 1s
+    respect_dns_ttl: true
+    dns_lookup_family: V4_ONLY
+    dns_resolvers: [\"127.0.0.1:5353\"]
+    health_checks:
+      - timeout: 1s
+        interval: 2s
+        unhealthy_threshold: 2
+        healthy_threshold: 1
+        http_health_check: { path: /healthz }
+    outlier_detection: { consecutive_5xx: 3 }
+    common_lb_config: { healthy_panic_threshold: { value: 0 } }
+    load_assignment:
+      endpoints:
+        - lb_endpoints:
+            - endpoint: { address: { socket_address: { address: web.svc.test, port_value: 80 } } }
+              health_status: DEGRADED
+";
+    let config = parse(text).unwrap();
+    let cluster = &config.clusters[0];
+    let endpoints = cluster.dns_endpoints();
+    assert_eq!(endpoints[0].address, "web.svc.test");
+    assert_eq!(endpoints[0].health, crate::discovery::EdsHealth::Degraded);
+    assert_eq!(cluster.dns_settings().dns_refresh_rate, std::time::Duration::from_secs(1));
+    assert!(cluster.health_config().validate("web").unwrap().is_some());
 }

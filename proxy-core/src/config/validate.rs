@@ -40,14 +40,25 @@ fn validate_names(config: &Config) -> Result<(), Invalid> {
 
 fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
     let at = |field: &str| format!("clusters[{i}].{field}");
-    if cluster.cluster_type != ClusterType::Static {
-        return Err(Invalid::new(
-            at("type"),
-            format!(
-                "cluster type {:?} is not implemented yet in this build; STATIC is",
-                cluster.cluster_type
-            ),
-        ));
+    let dns = match cluster.cluster_type {
+        ClusterType::Static => false,
+        ClusterType::StrictDns | ClusterType::LogicalDns => true,
+        other => {
+            return Err(Invalid::new(
+                at("type"),
+                format!(
+                    "cluster type {other:?} is not implemented yet in this build; STATIC, \
+                     STRICT_DNS and LOGICAL_DNS are"
+                ),
+            ));
+        }
+    };
+    if dns {
+        validate_dns(i, cluster)?;
+    }
+    if let Err(err) = cluster.health_config().validate(&cluster.name) {
+        let field = if cluster.health_checks.is_empty() { "outlier_detection" } else { "health_checks[0]" };
+        return Err(Invalid::new(at(field), err.to_string()));
     }
     match cluster.lb_policy {
         LbPolicy::Random | LbPolicy::Maglev => {}
@@ -75,7 +86,7 @@ fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
         for (e, lb) in group.lb_endpoints.iter().enumerate() {
             let at = |field: &str| at(&format!("lb_endpoints[{e}].{field}"));
             let sa = &lb.endpoint.address.socket_address;
-            if sa.address.parse::<IpAddr>().is_err() {
+            if !dns && sa.address.parse::<IpAddr>().is_err() {
                 return Err(Invalid::new(
                     at("endpoint.address.socket_address.address"),
                     format!("{:?} is not an IP address (STATIC clusters take IPs)", sa.address),
@@ -91,6 +102,30 @@ fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
                 return Err(Invalid::new(at("load_balancing_weight"), "must be at least 1"));
             }
         }
+    }
+    Ok(())
+}
+
+/// DNS settings, and Envoy's shape rules for DNS clusters.
+fn validate_dns(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
+    use crate::discovery::dns::DnsConfigError;
+    let at = |field: &str| format!("clusters[{i}].{field}");
+    if let Err(err) = cluster.dns_settings().validate() {
+        let field = match &err {
+            DnsConfigError::IntervalTooSmall { field, .. } => (*field).to_owned(),
+            DnsConfigError::EmptyName { field } => field.clone(),
+            DnsConfigError::MaxBelowBase { .. } => "dns_failure_refresh_rate".to_owned(),
+            DnsConfigError::BadResolver { .. } => "dns_resolvers".to_owned(),
+            DnsConfigError::LogicalNotSingleHost { .. } => "load_assignment".to_owned(),
+        };
+        return Err(Invalid::new(at(&field), err.to_string()));
+    }
+    let endpoints = cluster.dns_endpoints();
+    if cluster.cluster_type == ClusterType::LogicalDns && endpoints.len() != 1 {
+        return Err(Invalid::new(
+            at("load_assignment"),
+            "LOGICAL_DNS clusters must have a single locality_lb_endpoint and a single lb_endpoint",
+        ));
     }
     Ok(())
 }

@@ -1,0 +1,291 @@
+//! gRPC xDS streams: ADS or EDS, state of the world or delta, with ACK/NACK and reconnects.
+//!
+//! Protocol as Envoy speaks it:
+//! * SotW: the first request of every stream carries the subscribed names, the last accepted
+//!   `version_info` and no nonce. ACK = next request with the response's `version_info` and
+//!   `nonce`; NACK = the previous good `version_info`, the response's `nonce` and
+//!   `error_detail` (code 13 INTERNAL, as Envoy, with the reason as message).
+//! * Delta: the first request subscribes the names and lists the versions we hold in
+//!   `initial_resource_versions`; ACK = `response_nonce`; NACK = `response_nonce` and
+//!   `error_detail`.
+//! * Every request carries `node` and the ClusterLoadAssignment `type_url`; ADS responses of
+//!   other types are ignored (we never subscribe to them).
+//! * A failed or closed stream counts `update_failure`, keeps every host, and is retried after
+//!   a jittered exponential backoff, reset by the next accepted response.
+
+use std::{
+    error::Error as StdError,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use envoy_types::pb::{
+    envoy::{
+        config::core::v3::Node,
+        service::{
+            discovery::v3::{
+                DeltaDiscoveryRequest, DiscoveryRequest,
+                aggregated_discovery_service_client::AggregatedDiscoveryServiceClient,
+            },
+            endpoint::v3::endpoint_discovery_service_client::EndpointDiscoveryServiceClient,
+        },
+    },
+    google::rpc::Status,
+};
+use thiserror::Error;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::{
+    backoff::Backoff,
+    config::GrpcApi,
+    state::{CLA_TYPE_URL, EdsState, UpdateError},
+    stats::ControlPlaneStats,
+};
+
+/// gRPC status code Envoy puts in a NACK's `error_detail`.
+const NACK_CODE: i32 = 13;
+/// How long connecting to the control plane may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Requests queued towards the server; one per response at most, so a few suffice.
+const REQUEST_QUEUE: usize = 8;
+
+/// Why a stream ended.
+#[derive(Debug, Error)]
+pub(crate) enum StreamError {
+    /// Connecting failed.
+    #[error("cannot connect to the control plane at {uri}, is it running?")]
+    Connect {
+        /// The server.
+        uri: String,
+        /// The transport's error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The server ended the stream with an error status.
+    #[error("the control plane ended the stream")]
+    Status(#[from] tonic::Status),
+    /// The server closed the stream.
+    #[error("the control plane closed the stream")]
+    Closed,
+}
+
+/// A gRPC subscription's fixed parts.
+pub(crate) struct GrpcSubscription {
+    pub(crate) uri: String,
+    pub(crate) api: GrpcApi,
+    pub(crate) delta: bool,
+    pub(crate) node: Node,
+    pub(crate) state: Arc<Mutex<EdsState>>,
+    pub(crate) control: Arc<ControlPlaneStats>,
+}
+
+/// Runs streams forever (until the task is aborted), reconnecting with `backoff`.
+pub(crate) async fn run(sub: GrpcSubscription, mut backoff: Backoff) {
+    loop {
+        sub.control
+            .stream_attempts
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let error = match connect(&sub.uri).await {
+            Ok(channel) if sub.delta => run_delta(&sub, channel, &mut backoff).await,
+            Ok(channel) => run_sotw(&sub, channel, &mut backoff).await,
+            Err(error) => error,
+        };
+        sub.control.set_connected(false);
+        tracing::warn!(uri = %sub.uri, error = %error_chain(&error), "xDS stream failed, hosts kept");
+        lock(&sub.state).on_failure();
+        tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+async fn connect(uri: &str) -> Result<Channel, StreamError> {
+    let connect_error = |source| StreamError::Connect {
+        uri: uri.to_owned(),
+        source,
+    };
+    let endpoint = Endpoint::from_shared(uri.to_owned()).map_err(connect_error)?;
+    endpoint
+        .connect_timeout(CONNECT_TIMEOUT)
+        .connect()
+        .await
+        .map_err(connect_error)
+}
+
+/// One state-of-the-world stream; returns why it ended.
+async fn run_sotw(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backoff) -> StreamError {
+    let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
+    let first = {
+        let state = lock(&sub.state);
+        sotw_request(
+            sub,
+            state.version_info(),
+            state.names(),
+            String::new(),
+            None,
+        )
+    };
+    let _ = tx.send(first).await;
+    let outbound = tonic::Request::new(ReceiverStream::new(rx));
+    let response = match sub.api {
+        GrpcApi::Aggregated => {
+            let mut client = AggregatedDiscoveryServiceClient::new(channel);
+            client.stream_aggregated_resources(outbound).await
+        }
+        GrpcApi::Endpoint => {
+            EndpointDiscoveryServiceClient::new(channel)
+                .stream_endpoints(outbound)
+                .await
+        }
+    };
+    let mut inbound = match response {
+        Ok(response) => response.into_inner(),
+        Err(status) => return status.into(),
+    };
+    sub.control.set_connected(true);
+    loop {
+        let response = match inbound.message().await {
+            Ok(Some(response)) => response,
+            Ok(None) => return StreamError::Closed,
+            Err(status) => return status.into(),
+        };
+        if response.type_url != CLA_TYPE_URL {
+            tracing::debug!(type_url = %response.type_url, "ignoring a response of another type");
+            continue;
+        }
+        let request = {
+            let mut state = lock(&sub.state);
+            let detail = state.apply_sotw(&response).err().map(|e| nack_status(&e));
+            backoff.reset();
+            sotw_request(
+                sub,
+                state.version_info(),
+                state.names(),
+                response.nonce,
+                detail,
+            )
+        };
+        log_decision(&request.error_detail, &request.version_info);
+        if tx.send(request).await.is_err() {
+            return StreamError::Closed;
+        }
+    }
+}
+
+/// One delta stream; returns why it ended.
+async fn run_delta(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backoff) -> StreamError {
+    let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
+    let first = {
+        let state = lock(&sub.state);
+        DeltaDiscoveryRequest {
+            node: Some(sub.node.clone()),
+            type_url: CLA_TYPE_URL.to_owned(),
+            resource_names_subscribe: state.names(),
+            initial_resource_versions: state.delta_versions(),
+            ..Default::default()
+        }
+    };
+    let _ = tx.send(first).await;
+    let outbound = tonic::Request::new(ReceiverStream::new(rx));
+    let response = match sub.api {
+        GrpcApi::Aggregated => {
+            let mut client = AggregatedDiscoveryServiceClient::new(channel);
+            client.delta_aggregated_resources(outbound).await
+        }
+        GrpcApi::Endpoint => {
+            EndpointDiscoveryServiceClient::new(channel)
+                .delta_endpoints(outbound)
+                .await
+        }
+    };
+    let mut inbound = match response {
+        Ok(response) => response.into_inner(),
+        Err(status) => return status.into(),
+    };
+    sub.control.set_connected(true);
+    loop {
+        let response = match inbound.message().await {
+            Ok(Some(response)) => response,
+            Ok(None) => return StreamError::Closed,
+            Err(status) => return status.into(),
+        };
+        if response.type_url != CLA_TYPE_URL {
+            tracing::debug!(type_url = %response.type_url, "ignoring a response of another type");
+            continue;
+        }
+        let error_detail = lock(&sub.state)
+            .apply_delta(&response)
+            .err()
+            .map(|e| nack_status(&e));
+        backoff.reset();
+        log_decision(&error_detail, &response.system_version_info);
+        let request = DeltaDiscoveryRequest {
+            node: Some(sub.node.clone()),
+            type_url: CLA_TYPE_URL.to_owned(),
+            response_nonce: response.nonce,
+            error_detail,
+            ..Default::default()
+        };
+        if tx.send(request).await.is_err() {
+            return StreamError::Closed;
+        }
+    }
+}
+
+fn sotw_request(
+    sub: &GrpcSubscription,
+    version_info: &str,
+    names: Vec<String>,
+    nonce: String,
+    error_detail: Option<Status>,
+) -> DiscoveryRequest {
+    DiscoveryRequest {
+        version_info: version_info.to_owned(),
+        node: Some(sub.node.clone()),
+        resource_names: names,
+        type_url: CLA_TYPE_URL.to_owned(),
+        response_nonce: nonce,
+        error_detail,
+        ..Default::default()
+    }
+}
+
+/// The `error_detail` of a NACK.
+pub(crate) fn nack_status(error: &UpdateError) -> Status {
+    Status {
+        code: NACK_CODE,
+        message: error_chain(error),
+        details: Vec::new(),
+    }
+}
+
+fn log_decision(error_detail: &Option<Status>, version: &str) {
+    match error_detail {
+        None => tracing::debug!(version, "EDS update accepted (ACK)"),
+        Some(status) => {
+            tracing::warn!(reason = %status.message, "EDS update rejected (NACK), hosts kept")
+        }
+    }
+}
+
+/// `error: cause: cause`.
+pub(crate) fn error_chain(error: &dyn StdError) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Locks the state; a poisoned lock (a panic elsewhere) still holds consistent data, because
+/// every update is validated before anything is written.
+pub(crate) fn lock(state: &Mutex<EdsState>) -> std::sync::MutexGuard<'_, EdsState> {
+    state
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

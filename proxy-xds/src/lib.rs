@@ -1,0 +1,205 @@
+//! EDS discovery over the xDS v3 protocol with Envoy's semantics: gRPC state-of-the-world and
+//! delta streams on the EndpointDiscoveryService or the AggregatedDiscoveryService, and
+//! REST-JSON polling.
+//!
+//! Wiring: deserialize an [`XdsConfig`] and each cluster's [`EdsClusterConfig`], group them
+//! with [`plan`], then call [`spawn_eds`] per group inside a tokio runtime. The returned
+//! [`EdsClient`] owns the connection task (aborted on drop), publishes one [`EdsUpdate`] watch
+//! per cluster and exposes Envoy-named stats.
+//!
+//! ```no_run
+//! # async fn wire() -> Result<(), Box<dyn std::error::Error>> {
+//! use proxy_xds::{EdsClusterConfig, XdsConfig, plan, spawn_eds};
+//!
+//! let xds: XdsConfig = serde_yaml::from_str(
+//!     "node: {id: proxy-1, cluster: edge}\n\
+//!      ads_config: {api_type: DELTA_GRPC, server_uri: '127.0.0.1:18000'}",
+//! )?;
+//! let web: EdsClusterConfig = serde_yaml::from_str("eds_config: {ads: {}}")?;
+//! let clusters = vec![("web".to_owned(), web)];
+//! let mut clients = Vec::new();
+//! for (source, watches) in plan(&xds, &clusters, &|_| None)? {
+//!     clients.push(spawn_eds(source, watches)?);
+//! }
+//! let mut updates = clients[0].updates("web").expect("subscribed");
+//! while updates.changed().await.is_ok() {
+//!     let update = updates.borrow_and_update().clone();
+//!     // Program update.hosts; drain connections to update.removed.
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! See [`cla`] for validation and the host mapping, [`stats`] for the counting rules, and the
+//! `grpc` and `rest` modules' docs for the protocol.
+#![forbid(unsafe_code)]
+
+pub mod backoff;
+pub mod cla;
+pub mod config;
+mod grpc;
+pub mod json;
+mod rest;
+mod state;
+pub mod stats;
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+};
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use tokio::{sync::watch, task::AbortHandle};
+
+pub use self::{
+    backoff::Backoff,
+    cla::{ClaError, hosts_from_cla},
+    config::{
+        AggregatedConfigSource, ApiConfigSource, ApiType, ApiVersion, BackoffConfig, ConfigSource,
+        EdsClusterConfig, EdsWatch, EnvoyGrpc, GoogleGrpc, GrpcApi, GrpcService, NodeConfig,
+        Transport, XdsConfig, XdsConfigError, XdsSource, plan,
+    },
+    rest::EDS_REST_PATH,
+    state::{CLA_TYPE_URL, EdsUpdate, UpdateError, diff},
+    stats::{ClusterStatValues, ClusterStats, ControlPlaneStats, version_gauge},
+};
+use self::{
+    grpc::GrpcSubscription,
+    rest::RestSubscription,
+    state::{EdsState, Sink},
+};
+
+/// The running EDS subscriptions of one control-plane connection. Dropping it stops them.
+pub struct EdsClient {
+    outputs: BTreeMap<String, (watch::Receiver<EdsUpdate>, Arc<ClusterStats>)>,
+    control: Arc<ControlPlaneStats>,
+    tasks: Vec<AbortHandle>,
+}
+
+impl EdsClient {
+    /// The subscribed cluster names.
+    pub fn clusters(&self) -> impl Iterator<Item = &str> {
+        self.outputs.keys().map(String::as_str)
+    }
+
+    /// A receiver of `cluster`'s updates; the current value is the latest state.
+    pub fn updates(&self, cluster: &str) -> Option<watch::Receiver<EdsUpdate>> {
+        self.outputs.get(cluster).map(|(rx, _)| rx.clone())
+    }
+
+    /// `cluster`'s latest published state.
+    pub fn current(&self, cluster: &str) -> Option<EdsUpdate> {
+        self.outputs.get(cluster).map(|(rx, _)| rx.borrow().clone())
+    }
+
+    /// `cluster`'s counters and gauges.
+    pub fn cluster_stats(&self, cluster: &str) -> Option<&Arc<ClusterStats>> {
+        self.outputs.get(cluster).map(|(_, stats)| stats)
+    }
+
+    /// The connection's stats.
+    pub fn control_plane_stats(&self) -> &Arc<ControlPlaneStats> {
+        &self.control
+    }
+
+    /// Every `(name, value)` pair: `cluster.<name>.*` for each cluster, then `control_plane.*`.
+    pub fn named_stats(&self) -> Vec<(String, u64)> {
+        let clusters = self
+            .outputs
+            .iter()
+            .flat_map(|(name, (_, stats))| stats.named(name));
+        clusters.chain(self.control.named()).collect()
+    }
+
+    /// Waits until every cluster is initialized (first update, rejection, failure or
+    /// `initial_fetch_timeout`).
+    pub async fn initialized(&self) {
+        for (rx, _) in self.outputs.values() {
+            // The sender lives in the task; it is only dropped when the task is aborted.
+            let _ = rx.clone().wait_for(|update| update.initialized).await;
+        }
+    }
+}
+
+impl Drop for EdsClient {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Starts the subscriptions of `watches` on `source`. Must be called within a tokio runtime.
+/// A cluster name may appear once; several clusters may share a resource name.
+pub fn spawn_eds(source: XdsSource, watches: Vec<EdsWatch>) -> Result<EdsClient, XdsConfigError> {
+    let mut outputs = BTreeMap::new();
+    let mut sinks = Vec::new();
+    for watch in watches {
+        let (tx, rx) = watch::channel(EdsUpdate::default());
+        let stats = Arc::new(ClusterStats::default());
+        if outputs
+            .insert(watch.cluster.clone(), (rx, Arc::clone(&stats)))
+            .is_some()
+        {
+            return Err(XdsConfigError::Server {
+                field: format!("clusters.{}", watch.cluster),
+                reason: "cluster subscribed twice on one connection".into(),
+            });
+        }
+        sinks.push((watch.resource, Sink { tx, stats }));
+    }
+    let state = Arc::new(Mutex::new(EdsState::new(sinks)));
+    let control = Arc::new(ControlPlaneStats::default());
+    let backoff = Backoff::new(source.backoff.0, source.backoff.1);
+    let node = Node {
+        id: source.node.id.clone(),
+        cluster: source.node.cluster.clone(),
+        user_agent_name: "proxy-xds".to_owned(),
+        ..Default::default()
+    };
+    let main = match source.transport {
+        Transport::Grpc { uri, api, delta } => {
+            let sub = GrpcSubscription {
+                uri,
+                api,
+                delta,
+                node,
+                state: Arc::clone(&state),
+                control: Arc::clone(&control),
+            };
+            tokio::spawn(grpc::run(sub, backoff))
+        }
+        Transport::Rest {
+            uri,
+            refresh_delay,
+            request_timeout,
+        } => {
+            let sub = RestSubscription {
+                uri,
+                refresh_delay,
+                request_timeout,
+                node: source.node,
+                state: Arc::clone(&state),
+                control: Arc::clone(&control),
+            };
+            tokio::spawn(rest::run(sub, backoff))
+        }
+    };
+    let mut tasks = vec![main.abort_handle()];
+    if !source.initial_fetch_timeout.is_zero() {
+        let timeout = source.initial_fetch_timeout;
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            grpc::lock(&state).on_init_timeout();
+        });
+        tasks.push(timer.abort_handle());
+    }
+    Ok(EdsClient {
+        outputs,
+        control,
+        tasks,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,393 @@
+//! The transport-independent EDS state machine: decode, validate and apply responses, decide
+//! ACK or NACK, publish host sets and count stats.
+//!
+//! A response is applied atomically: every resource in it is decoded and validated first, and
+//! if any fails the whole response is rejected and nothing changes (Envoy applies the watches it
+//! reached before the failing one; we are stricter so a NACKed response never leaves a
+//! half-applied state).
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    sync::Arc,
+};
+
+use envoy_types::pb::{
+    envoy::{
+        config::endpoint::v3::ClusterLoadAssignment,
+        service::discovery::v3::{DeltaDiscoveryResponse, DiscoveryResponse},
+    },
+    google::protobuf::Any,
+};
+use prost::Message;
+use proxy_core::discovery::{Host, HostSet};
+use thiserror::Error;
+use tokio::sync::watch;
+
+use crate::{
+    cla::{ClaError, hosts_from_cla},
+    stats::{ClusterStats, version_gauge},
+};
+
+/// The type URL of `envoy.config.endpoint.v3.ClusterLoadAssignment`.
+pub const CLA_TYPE_URL: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+
+/// One published state of an EDS cluster.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EdsUpdate {
+    /// Increases by one per publication; 0 is the initial state with no hosts.
+    pub version: u64,
+    /// The xDS version of the accepted assignment: the response's `version_info` (SotW, REST)
+    /// or the resource's `version` (delta). Empty before the first assignment.
+    pub version_info: String,
+    /// True after the first update, rejection, failure or `initial_fetch_timeout` (Envoy's
+    /// pre-init completion: a broken control plane does not block start-up).
+    pub initialized: bool,
+    /// All hosts, in assignment order.
+    pub hosts: HostSet,
+    /// Hosts whose address was not in the previous publication.
+    pub added: Vec<Host>,
+    /// Hosts of the previous publication whose address is gone: drain their connections.
+    pub removed: Vec<Host>,
+}
+
+/// Why a response was NACKed. The message goes to the server in `error_detail.message`.
+#[derive(Debug, Error)]
+pub enum UpdateError {
+    /// A resource's `type_url` differs from the response's.
+    #[error(
+        "resource {index} has type {found}, which does not match the response type {CLA_TYPE_URL}"
+    )]
+    TypeUrlMismatch {
+        /// Index of the resource in the response.
+        index: usize,
+        /// The resource's type URL.
+        found: String,
+    },
+    /// A resource that does not decode as a `ClusterLoadAssignment`.
+    #[error("resource {index} does not decode as a ClusterLoadAssignment")]
+    Decode {
+        /// Index of the resource in the response.
+        index: usize,
+        /// The decoder's error.
+        #[source]
+        source: prost::DecodeError,
+    },
+    /// A delta resource without a body.
+    #[error("delta resource {name:?} has no resource body")]
+    MissingBody {
+        /// The resource name.
+        name: String,
+    },
+    /// A delta resource whose name differs from its assignment's `cluster_name`.
+    #[error("unexpected EDS cluster (expecting {expected}): {found}")]
+    UnexpectedCluster {
+        /// The resource name.
+        expected: String,
+        /// The assignment's `cluster_name`.
+        found: String,
+    },
+    /// Two assignments for one cluster in one response.
+    #[error("unexpected EDS resource length: {count} assignments for cluster {name}")]
+    Duplicate {
+        /// The cluster name.
+        name: String,
+        /// How many assignments it had.
+        count: usize,
+    },
+    /// An invalid assignment.
+    #[error("cluster load assignment {name}: {source}")]
+    Invalid {
+        /// The assignment's `cluster_name`.
+        name: String,
+        /// What is wrong.
+        #[source]
+        source: ClaError,
+    },
+    /// A REST answer that is not a valid JSON `DiscoveryResponse`.
+    #[error("invalid JSON discovery response: {reason}")]
+    Json {
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// One consumer of a resource: an EDS cluster (two clusters may share a `service_name`).
+pub(crate) struct Sink {
+    pub(crate) tx: watch::Sender<EdsUpdate>,
+    pub(crate) stats: Arc<ClusterStats>,
+}
+
+struct Resource {
+    sinks: Vec<Sink>,
+    hosts: Option<HostSet>,
+    /// Delta: the version of the resource we hold, sent in `initial_resource_versions`.
+    delta_version: Option<String>,
+}
+
+/// Subscribed resources and what we hold for them.
+pub(crate) struct EdsState {
+    resources: BTreeMap<String, Resource>,
+    /// SotW: the `version_info` of the last accepted response (sent back in ACKs, NACKs and
+    /// the first request of a new stream).
+    version_info: String,
+}
+
+impl EdsState {
+    /// State for `(resource name, sink)` pairs.
+    pub(crate) fn new(sinks: Vec<(String, Sink)>) -> Self {
+        let mut resources: BTreeMap<String, Resource> = BTreeMap::new();
+        for (name, sink) in sinks {
+            let resource = resources.entry(name).or_insert_with(|| Resource {
+                sinks: Vec::new(),
+                hosts: None,
+                delta_version: None,
+            });
+            resource.sinks.push(sink);
+        }
+        Self {
+            resources,
+            version_info: String::new(),
+        }
+    }
+
+    /// Subscribed resource names, sorted.
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.resources.keys().cloned().collect()
+    }
+
+    /// SotW: the last accepted `version_info`.
+    pub(crate) fn version_info(&self) -> &str {
+        &self.version_info
+    }
+
+    /// Delta: resource versions we hold, for `initial_resource_versions` on a new stream.
+    pub(crate) fn delta_versions(&self) -> std::collections::HashMap<String, String> {
+        let held = self.resources.iter();
+        held.filter_map(|(n, r)| Some((n.clone(), r.delta_version.clone()?)))
+            .collect()
+    }
+
+    /// SotW or REST: applies a response; `Err` means NACK (nothing changed).
+    pub(crate) fn apply_sotw(&mut self, response: &DiscoveryResponse) -> Result<(), UpdateError> {
+        let result = decode_all(&response.resources).and_then(|clas| validate_sotw(&clas));
+        let assignments = self.reject_on_error(result)?;
+        let single = self.resources.len() == 1;
+        for (name, resource) in &mut self.resources {
+            match assignments.get(name) {
+                Some(hosts) => publish(resource, hosts.clone(), &response.version_info),
+                None if single => count_empty(resource),
+                None => {}
+            }
+        }
+        self.version_info.clone_from(&response.version_info);
+        Ok(())
+    }
+
+    /// Delta: applies a response; `Err` means NACK (nothing changed). Removed resources keep
+    /// their hosts and count `update_empty`, as Envoy's EDS ignores removals.
+    pub(crate) fn apply_delta(
+        &mut self,
+        response: &DeltaDiscoveryResponse,
+    ) -> Result<(), UpdateError> {
+        let added = self.reject_on_error(validate_delta(response))?;
+        for (name, version, hosts) in added {
+            if let Some(resource) = self.resources.get_mut(&name) {
+                publish(resource, hosts, &version);
+                resource.delta_version = Some(version);
+            } else {
+                tracing::debug!(resource = %name, "ignoring unsubscribed resource");
+            }
+        }
+        for name in &response.removed_resources {
+            if let Some(resource) = self.resources.get_mut(name) {
+                resource.delta_version = None;
+                count_empty(resource);
+            }
+        }
+        Ok(())
+    }
+
+    /// A stream or poll failure: `update_attempt` and `update_failure` everywhere; hosts kept.
+    pub(crate) fn on_failure(&self) {
+        for sink in self.sinks() {
+            ClusterStats::inc(&sink.stats.update_attempt);
+            ClusterStats::inc(&sink.stats.update_failure);
+            mark_initialized(sink);
+        }
+    }
+
+    /// `initial_fetch_timeout` expired: clusters still waiting become initialized.
+    pub(crate) fn on_init_timeout(&self) {
+        for sink in self.sinks() {
+            if !sink.tx.borrow().initialized {
+                ClusterStats::inc(&sink.stats.init_fetch_timeout);
+                mark_initialized(sink);
+            }
+        }
+    }
+
+    /// Rejects an answer that could not even be parsed (REST); always `Err`.
+    pub(crate) fn reject(&self, error: UpdateError) -> Result<(), UpdateError> {
+        self.reject_on_error(Err(error))
+    }
+
+    fn sinks(&self) -> impl Iterator<Item = &Sink> {
+        self.resources.values().flat_map(|r| r.sinks.iter())
+    }
+
+    fn reject_on_error<T>(&self, result: Result<T, UpdateError>) -> Result<T, UpdateError> {
+        if result.is_err() {
+            for sink in self.sinks() {
+                ClusterStats::inc(&sink.stats.update_attempt);
+                ClusterStats::inc(&sink.stats.update_rejected);
+                mark_initialized(sink);
+            }
+        }
+        result
+    }
+}
+
+/// Decodes every `Any` as a `ClusterLoadAssignment`, checking its type URL.
+pub(crate) fn decode_all(resources: &[Any]) -> Result<Vec<ClusterLoadAssignment>, UpdateError> {
+    resources
+        .iter()
+        .enumerate()
+        .map(|(index, any)| decode_one(index, any))
+        .collect()
+}
+
+fn decode_one(index: usize, any: &Any) -> Result<ClusterLoadAssignment, UpdateError> {
+    if any.type_url != CLA_TYPE_URL {
+        let found = any.type_url.clone();
+        return Err(UpdateError::TypeUrlMismatch { index, found });
+    }
+    ClusterLoadAssignment::decode(any.value.as_slice())
+        .map_err(|source| UpdateError::Decode { index, source })
+}
+
+/// Validates SotW assignments: one per cluster name, each valid.
+pub(crate) fn validate_sotw(
+    clas: &[ClusterLoadAssignment],
+) -> Result<BTreeMap<String, HostSet>, UpdateError> {
+    let mut out = BTreeMap::new();
+    for cla in clas {
+        let hosts = validate_cla(cla)?;
+        if out.insert(cla.cluster_name.clone(), hosts).is_some() {
+            let count = clas
+                .iter()
+                .filter(|c| c.cluster_name == cla.cluster_name)
+                .count();
+            let name = cla.cluster_name.clone();
+            return Err(UpdateError::Duplicate { name, count });
+        }
+    }
+    Ok(out)
+}
+
+fn validate_cla(cla: &ClusterLoadAssignment) -> Result<HostSet, UpdateError> {
+    hosts_from_cla(cla).map_err(|source| UpdateError::Invalid {
+        name: cla.cluster_name.clone(),
+        source,
+    })
+}
+
+/// Validates the added resources of a delta response: `(name, version, hosts)`.
+fn validate_delta(
+    response: &DeltaDiscoveryResponse,
+) -> Result<Vec<(String, String, HostSet)>, UpdateError> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for (index, resource) in response.resources.iter().enumerate() {
+        let Some(any) = &resource.resource else {
+            let name = resource.name.clone();
+            return Err(UpdateError::MissingBody { name });
+        };
+        let cla = decode_one(index, any)?;
+        let name = if resource.name.is_empty() {
+            cla.cluster_name.clone()
+        } else {
+            resource.name.clone()
+        };
+        if cla.cluster_name != name {
+            let found = cla.cluster_name.clone();
+            return Err(UpdateError::UnexpectedCluster {
+                expected: name,
+                found,
+            });
+        }
+        let hosts = validate_cla(&cla)?;
+        if !seen.insert(name.clone()) {
+            return Err(UpdateError::Duplicate { name, count: 2 });
+        }
+        out.push((name, resource.version.clone(), hosts));
+    }
+    Ok(out)
+}
+
+/// Publishes an accepted assignment to every sink of `resource`.
+fn publish(resource: &mut Resource, hosts: HostSet, version_info: &str) {
+    let unchanged = resource.hosts.as_ref() == Some(&hosts);
+    let (added, removed) = diff(resource.hosts.as_deref().unwrap_or_default(), &hosts);
+    for sink in &resource.sinks {
+        let stats = &sink.stats;
+        ClusterStats::inc(&stats.update_attempt);
+        ClusterStats::inc(&stats.update_success);
+        stats.version.store(
+            version_gauge(version_info),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        if unchanged {
+            ClusterStats::inc(&stats.update_no_rebuild);
+            sink.tx.send_if_modified(|update| {
+                let was = (update.initialized, update.version_info.clone());
+                update.initialized = true;
+                update.version_info = version_info.to_owned();
+                was != (true, version_info.to_owned())
+            });
+            continue;
+        }
+        ClusterStats::inc(&stats.membership_change);
+        stats.set_membership(&hosts);
+        sink.tx.send_modify(|update| {
+            update.version += 1;
+            update.version_info = version_info.to_owned();
+            update.initialized = true;
+            update.hosts.clone_from(&hosts);
+            update.added.clone_from(&added);
+            update.removed.clone_from(&removed);
+        });
+    }
+    resource.hosts = Some(hosts);
+}
+
+/// Hosts of `new` whose address is not in `old`, and hosts of `old` whose address is not in
+/// `new`.
+pub fn diff(old: &[Host], new: &[Host]) -> (Vec<Host>, Vec<Host>) {
+    let old_addrs: HashSet<_> = old.iter().map(|h| h.addr).collect();
+    let new_addrs: HashSet<_> = new.iter().map(|h| h.addr).collect();
+    let added = new
+        .iter()
+        .filter(|h| !old_addrs.contains(&h.addr))
+        .cloned()
+        .collect();
+    let removed = old
+        .iter()
+        .filter(|h| !new_addrs.contains(&h.addr))
+        .cloned()
+        .collect();
+    (added, removed)
+}
+
+fn count_empty(resource: &Resource) {
+    for sink in &resource.sinks {
+        ClusterStats::inc(&sink.stats.update_attempt);
+        ClusterStats::inc(&sink.stats.update_success);
+        ClusterStats::inc(&sink.stats.update_empty);
+        mark_initialized(sink);
+    }
+}
+
+fn mark_initialized(sink: &Sink) {
+    sink.tx
+        .send_if_modified(|update| !std::mem::replace(&mut update.initialized, true));
+}

@@ -1,0 +1,170 @@
+//! Envoy-named statistics of EDS clusters (`cluster.<name>.*`) and of the control-plane
+//! connection (`control_plane.*`).
+//!
+//! Counting rules (Envoy's gRPC/REST subscription stats plus `EdsClusterImpl`):
+//! * a response (or REST poll answer) that concerns a cluster: `update_attempt`, then
+//!   `update_success` when accepted or `update_rejected` when NACKed (a NACK concerns every
+//!   cluster of the stream, as Envoy fails every watch of the type);
+//! * a stream or poll failure: `update_attempt` and `update_failure` for every cluster;
+//! * an accepted response without the cluster's assignment (only counted when the stream
+//!   subscribes to that one cluster, as Envoy's mux only calls a lone watch) or a delta removal
+//!   of it: `update_empty`, hosts kept;
+//! * an accepted assignment that leaves the hosts as they were: `update_no_rebuild`;
+//! * `version`: the accepted `version_info` as a number when it is one, else its 64-bit FNV-1a
+//!   hash (Envoy uses an xxHash64 of the string: same role, different values).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use proxy_core::discovery::{EdsHealth, HostSet};
+
+/// Counters and gauges of one EDS cluster.
+#[derive(Debug, Default)]
+pub struct ClusterStats {
+    pub(crate) update_attempt: AtomicU64,
+    pub(crate) update_success: AtomicU64,
+    pub(crate) update_failure: AtomicU64,
+    pub(crate) update_rejected: AtomicU64,
+    pub(crate) update_empty: AtomicU64,
+    pub(crate) update_no_rebuild: AtomicU64,
+    pub(crate) init_fetch_timeout: AtomicU64,
+    pub(crate) version: AtomicU64,
+    pub(crate) membership_change: AtomicU64,
+    pub(crate) membership_total: AtomicU64,
+    pub(crate) membership_healthy: AtomicU64,
+    pub(crate) membership_degraded: AtomicU64,
+}
+
+/// A point-in-time copy of [`ClusterStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClusterStatValues {
+    /// Responses or failures that concerned the cluster.
+    pub update_attempt: u64,
+    /// Accepted updates (including empty ones).
+    pub update_success: u64,
+    /// Stream or poll failures (network, server error, timeout).
+    pub update_failure: u64,
+    /// NACKed updates; the hosts were kept.
+    pub update_rejected: u64,
+    /// Accepted updates without an assignment for the cluster; the hosts were kept.
+    pub update_empty: u64,
+    /// Accepted assignments that changed nothing.
+    pub update_no_rebuild: u64,
+    /// Times `initial_fetch_timeout` expired before the first update.
+    pub init_fetch_timeout: u64,
+    /// Accepted version (gauge): numeric `version_info`, else its FNV-1a hash.
+    pub version: u64,
+    /// Published host-set changes.
+    pub membership_change: u64,
+    /// Hosts now (gauge).
+    pub membership_total: u64,
+    /// Hosts whose EDS health is UNKNOWN or HEALTHY (gauge).
+    pub membership_healthy: u64,
+    /// Hosts whose EDS health is DEGRADED (gauge).
+    pub membership_degraded: u64,
+}
+
+impl ClusterStats {
+    /// Current values.
+    pub fn values(&self) -> ClusterStatValues {
+        ClusterStatValues {
+            update_attempt: self.update_attempt.load(Relaxed),
+            update_success: self.update_success.load(Relaxed),
+            update_failure: self.update_failure.load(Relaxed),
+            update_rejected: self.update_rejected.load(Relaxed),
+            update_empty: self.update_empty.load(Relaxed),
+            update_no_rebuild: self.update_no_rebuild.load(Relaxed),
+            init_fetch_timeout: self.init_fetch_timeout.load(Relaxed),
+            version: self.version.load(Relaxed),
+            membership_change: self.membership_change.load(Relaxed),
+            membership_total: self.membership_total.load(Relaxed),
+            membership_healthy: self.membership_healthy.load(Relaxed),
+            membership_degraded: self.membership_degraded.load(Relaxed),
+        }
+    }
+
+    /// `(cluster.<cluster>.<stat>, value)` pairs with Envoy's names.
+    pub fn named(&self, cluster: &str) -> Vec<(String, u64)> {
+        let v = self.values();
+        [
+            ("update_attempt", v.update_attempt),
+            ("update_success", v.update_success),
+            ("update_failure", v.update_failure),
+            ("update_rejected", v.update_rejected),
+            ("update_empty", v.update_empty),
+            ("update_no_rebuild", v.update_no_rebuild),
+            ("init_fetch_timeout", v.init_fetch_timeout),
+            ("version", v.version),
+            ("membership_change", v.membership_change),
+            ("membership_total", v.membership_total),
+            ("membership_healthy", v.membership_healthy),
+            ("membership_degraded", v.membership_degraded),
+        ]
+        .into_iter()
+        .map(|(name, value)| (format!("cluster.{cluster}.{name}"), value))
+        .collect()
+    }
+
+    pub(crate) fn inc(counter: &AtomicU64) {
+        counter.fetch_add(1, Relaxed);
+    }
+
+    /// Sets the membership gauges from `hosts`.
+    pub(crate) fn set_membership(&self, hosts: &HostSet) {
+        let count = |f: fn(EdsHealth) -> bool| hosts.iter().filter(|h| f(h.eds_health)).count();
+        let healthy = count(|h| matches!(h, EdsHealth::Unknown | EdsHealth::Healthy));
+        let degraded = count(|h| h == EdsHealth::Degraded);
+        self.membership_total.store(hosts.len() as u64, Relaxed);
+        self.membership_healthy.store(healthy as u64, Relaxed);
+        self.membership_degraded.store(degraded as u64, Relaxed);
+    }
+}
+
+/// Statistics of one control-plane connection (a gRPC stream or a REST poller).
+#[derive(Debug, Default)]
+pub struct ControlPlaneStats {
+    pub(crate) connected_state: AtomicU64,
+    pub(crate) stream_attempts: AtomicU64,
+}
+
+impl ControlPlaneStats {
+    /// 1 while a gRPC stream is established (REST: after a successful poll), else 0.
+    pub fn connected(&self) -> bool {
+        self.connected_state.load(Relaxed) == 1
+    }
+
+    /// `(control_plane.<stat>, value)` pairs. `connected_state` is Envoy's gauge;
+    /// `stream_attempts` counts connection or poll attempts (ours, not Envoy's).
+    /// `rate_limit_enforced` and `pending_requests` are not produced: there is no rate limiter.
+    pub fn named(&self) -> Vec<(String, u64)> {
+        vec![
+            (
+                "control_plane.connected_state".to_owned(),
+                self.connected_state.load(Relaxed),
+            ),
+            (
+                "control_plane.stream_attempts".to_owned(),
+                self.stream_attempts.load(Relaxed),
+            ),
+        ]
+    }
+
+    pub(crate) fn set_connected(&self, connected: bool) {
+        self.connected_state.store(u64::from(connected), Relaxed);
+    }
+}
+
+/// The `version` gauge of a `version_info`: its value when it is a decimal number, else its
+/// 64-bit FNV-1a hash; 0 for an empty string.
+pub fn version_gauge(version_info: &str) -> u64 {
+    if version_info.is_empty() {
+        return 0;
+    }
+    if let Ok(number) = version_info.parse::<u64>() {
+        return number;
+    }
+    version_info
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+}

@@ -1,0 +1,11 @@
+//! Unit tests of proxy-xds: the host mapping, validation, config, the state machine, and
+//! ACK/NACK sequences against an in-process tonic xDS server on 127.0.0.1.
+
+mod config;
+mod fixtures;
+mod json;
+mod mapping;
+mod rest;
+mod server;
+mod state;
+mod streams;

@@ -1,0 +1,202 @@
+//! An in-process xDS server (ADS and EDS, SotW and delta) on 127.0.0.1 that records every
+//! request and lets the test script every response and stream drop.
+
+use std::net::SocketAddr;
+
+use envoy_types::pb::envoy::service::{
+    discovery::v3::{
+        DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+        aggregated_discovery_service_server::{
+            AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+        },
+    },
+    endpoint::v3::endpoint_discovery_service_server::{
+        EndpointDiscoveryService, EndpointDiscoveryServiceServer,
+    },
+};
+use tokio::{net::TcpListener, sync::mpsc, task::JoinHandle};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::fixtures::WAIT;
+
+type SotwTx = mpsc::Sender<Result<DiscoveryResponse, Status>>;
+type DeltaTx = mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>;
+
+/// A request the server received, with the RPC it came on.
+#[derive(Debug)]
+pub enum Received {
+    /// A SotW request on `rpc`.
+    Sotw(&'static str, DiscoveryRequest),
+    /// A delta request on `rpc`.
+    Delta(&'static str, DeltaDiscoveryRequest),
+}
+
+/// The server side of one open stream.
+pub enum Opened {
+    /// A SotW stream: push responses or an error status.
+    Sotw(SotwTx),
+    /// A delta stream.
+    Delta(DeltaTx),
+}
+
+#[derive(Clone)]
+struct Fake {
+    requests: mpsc::UnboundedSender<Received>,
+    streams: mpsc::UnboundedSender<Opened>,
+}
+
+impl Fake {
+    fn sotw(
+        &self,
+        rpc: &'static str,
+        mut inbound: Streaming<DiscoveryRequest>,
+    ) -> ReceiverStream<Result<DiscoveryResponse, Status>> {
+        let (tx, rx) = mpsc::channel(16);
+        let _ = self.streams.send(Opened::Sotw(tx));
+        let requests = self.requests.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(request)) = inbound.message().await {
+                let _ = requests.send(Received::Sotw(rpc, request));
+            }
+        });
+        ReceiverStream::new(rx)
+    }
+
+    fn delta(
+        &self,
+        rpc: &'static str,
+        mut inbound: Streaming<DeltaDiscoveryRequest>,
+    ) -> ReceiverStream<Result<DeltaDiscoveryResponse, Status>> {
+        let (tx, rx) = mpsc::channel(16);
+        let _ = self.streams.send(Opened::Delta(tx));
+        let requests = self.requests.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(request)) = inbound.message().await {
+                let _ = requests.send(Received::Delta(rpc, request));
+            }
+        });
+        ReceiverStream::new(rx)
+    }
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Fake {
+    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        Ok(Response::new(self.sotw("ads", request.into_inner())))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Ok(Response::new(self.delta("ads", request.into_inner())))
+    }
+}
+
+#[tonic::async_trait]
+impl EndpointDiscoveryService for Fake {
+    type StreamEndpointsStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+    type DeltaEndpointsStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+
+    async fn stream_endpoints(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamEndpointsStream>, Status> {
+        Ok(Response::new(self.sotw("eds", request.into_inner())))
+    }
+
+    async fn delta_endpoints(
+        &self,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaEndpointsStream>, Status> {
+        Ok(Response::new(self.delta("eds", request.into_inner())))
+    }
+
+    async fn fetch_endpoints(
+        &self,
+        _: Request<DiscoveryRequest>,
+    ) -> Result<Response<DiscoveryResponse>, Status> {
+        Err(Status::unimplemented("fetch_endpoints is not used"))
+    }
+}
+
+/// A running fake server; aborted on drop.
+pub struct FakeServer {
+    pub addr: SocketAddr,
+    requests: mpsc::UnboundedReceiver<Received>,
+    streams: mpsc::UnboundedReceiver<Opened>,
+    task: JoinHandle<()>,
+}
+
+impl FakeServer {
+    /// Starts the server on an ephemeral 127.0.0.1 port.
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().unwrap();
+        let (requests_tx, requests) = mpsc::unbounded_channel();
+        let (streams_tx, streams) = mpsc::unbounded_channel();
+        let fake = Fake {
+            requests: requests_tx,
+            streams: streams_tx,
+        };
+        let task = tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(AggregatedDiscoveryServiceServer::new(fake.clone()))
+                .add_service(EndpointDiscoveryServiceServer::new(fake))
+                .serve_with_incoming(TcpListenerStream::new(listener))
+                .await
+                .expect("fake xDS server");
+        });
+        Self {
+            addr,
+            requests,
+            streams,
+            task,
+        }
+    }
+
+    /// The next stream opened by the client.
+    pub async fn next_stream(&mut self) -> Opened {
+        let next = tokio::time::timeout(WAIT, self.streams.recv()).await;
+        next.expect("timed out waiting for the client to open a stream")
+            .expect("server alive")
+    }
+
+    /// The next request received.
+    pub async fn next_request(&mut self) -> Received {
+        let next = tokio::time::timeout(WAIT, self.requests.recv()).await;
+        next.expect("timed out waiting for a request")
+            .expect("server alive")
+    }
+
+    /// The next SotW request, on `rpc`.
+    pub async fn next_sotw(&mut self, rpc: &str) -> DiscoveryRequest {
+        match self.next_request().await {
+            Received::Sotw(got, request) if got == rpc => request,
+            other => panic!("expected a SotW request on {rpc}, got {other:?}"),
+        }
+    }
+
+    /// The next delta request, on `rpc`.
+    pub async fn next_delta(&mut self, rpc: &str) -> DeltaDiscoveryRequest {
+        match self.next_request().await {
+            Received::Delta(got, request) if got == rpc => request,
+            other => panic!("expected a delta request on {rpc}, got {other:?}"),
+        }
+    }
+}
+
+impl Drop for FakeServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,335 @@
+//! ACK/NACK sequences over real gRPC streams against the in-process server: SotW and delta,
+//! on ADS and on EDS; reconnects keep hosts and resume from the last accepted version.
+
+use std::time::Duration;
+
+use tonic::Status;
+
+use super::{
+    fixtures::{cla, delta, ports, sotw, wait_for},
+    server::{FakeServer, Opened},
+};
+use crate::{
+    CLA_TYPE_URL, EdsClient, EdsWatch, GrpcApi, NodeConfig, Transport, XdsSource, spawn_eds,
+};
+
+fn client(server: &FakeServer, api: GrpcApi, delta: bool) -> EdsClient {
+    let source = XdsSource {
+        transport: Transport::Grpc {
+            uri: format!("http://{}", server.addr),
+            api,
+            delta,
+        },
+        node: NodeConfig {
+            id: "node-1".into(),
+            cluster: "edge".into(),
+        },
+        initial_fetch_timeout: Duration::ZERO,
+        backoff: (Duration::from_millis(20), Duration::from_millis(100)),
+    };
+    let watch = EdsWatch {
+        cluster: "web".into(),
+        resource: "web".into(),
+    };
+    spawn_eds(source, vec![watch]).expect("valid watches")
+}
+
+fn rpc(api: GrpcApi) -> &'static str {
+    match api {
+        GrpcApi::Aggregated => "ads",
+        GrpcApi::Endpoint => "eds",
+    }
+}
+
+async fn sotw_stream(
+    server: &mut FakeServer,
+) -> tokio::sync::mpsc::Sender<
+    Result<envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse, Status>,
+> {
+    match server.next_stream().await {
+        Opened::Sotw(tx) => tx,
+        Opened::Delta(_) => panic!("expected a SotW stream"),
+    }
+}
+
+async fn sotw_sequence(api: GrpcApi) {
+    let mut server = FakeServer::start().await;
+    let client = client(&server, api, false);
+    let mut updates = client.updates("web").unwrap();
+    let stream = sotw_stream(&mut server).await;
+    let first = server.next_sotw(rpc(api)).await;
+    assert_eq!(
+        (first.version_info.as_str(), first.response_nonce.as_str()),
+        ("", "")
+    );
+    assert_eq!(
+        (first.resource_names, first.type_url.as_str()),
+        (vec!["web".to_owned()], CLA_TYPE_URL)
+    );
+    assert_eq!(
+        first
+            .node
+            .as_ref()
+            .map(|n| (n.id.as_str(), n.cluster.as_str())),
+        Some(("node-1", "edge"))
+    );
+
+    // Good v1: ACK with version and nonce.
+    stream
+        .send(Ok(sotw("1", "n1", &[cla("web", &[8001, 8002])])))
+        .await
+        .unwrap();
+    let ack = server.next_sotw(rpc(api)).await;
+    assert_eq!(
+        (
+            ack.version_info.as_str(),
+            ack.response_nonce.as_str(),
+            ack.error_detail
+        ),
+        ("1", "n1", None)
+    );
+    wait_for(&mut updates, "v1 hosts", |u| ports(u) == [8001, 8002]).await;
+    assert!(client.control_plane_stats().connected());
+
+    // Bad v2: NACK with the previous version, the nonce and the reason; hosts stay v1.
+    stream
+        .send(Ok(sotw("2", "n2", &[cla("web", &[0])])))
+        .await
+        .unwrap();
+    let nack = server.next_sotw(rpc(api)).await;
+    assert_eq!(
+        (nack.version_info.as_str(), nack.response_nonce.as_str()),
+        ("1", "n2")
+    );
+    let detail = nack.error_detail.expect("a NACK carries error_detail");
+    assert_eq!(detail.code, 13);
+    assert!(
+        detail.message.contains("port 0 is out of range"),
+        "{}",
+        detail.message
+    );
+    let current = client.current("web").unwrap();
+    assert_eq!(
+        (ports(&current), current.version_info.as_str()),
+        (vec![8001, 8002], "1")
+    );
+
+    // Good v3: ACK; the update lists what changed.
+    stream
+        .send(Ok(sotw("3", "n3", &[cla("web", &[8002, 8003])])))
+        .await
+        .unwrap();
+    let ack = server.next_sotw(rpc(api)).await;
+    assert_eq!(
+        (
+            ack.version_info.as_str(),
+            ack.response_nonce.as_str(),
+            ack.error_detail
+        ),
+        ("3", "n3", None)
+    );
+    let v3 = wait_for(&mut updates, "v3 hosts", |u| u.version_info == "3").await;
+    assert_eq!(
+        (
+            ports(&v3),
+            v3.added[0].addr.port(),
+            v3.removed[0].addr.port()
+        ),
+        (vec![8002, 8003], 8003, 8001)
+    );
+
+    // Stream drop: reconnect with the last accepted version and no nonce; hosts kept.
+    stream
+        .send(Err(Status::unavailable("test drops the stream")))
+        .await
+        .unwrap();
+    let stream = sotw_stream(&mut server).await;
+    let resume = server.next_sotw(rpc(api)).await;
+    assert_eq!(
+        (resume.version_info.as_str(), resume.response_nonce.as_str()),
+        ("3", "")
+    );
+    assert_eq!(resume.resource_names, ["web"]);
+    assert_eq!(ports(&client.current("web").unwrap()), [8002, 8003]);
+    stream
+        .send(Ok(sotw("3", "n4", &[cla("web", &[8002, 8003])])))
+        .await
+        .unwrap();
+    let ack = server.next_sotw(rpc(api)).await;
+    assert_eq!(
+        (ack.version_info.as_str(), ack.response_nonce.as_str()),
+        ("3", "n4")
+    );
+
+    let stats = client.cluster_stats("web").unwrap().values();
+    assert_eq!(
+        (
+            stats.update_success,
+            stats.update_rejected,
+            stats.update_failure
+        ),
+        (3, 1, 1)
+    );
+    assert_eq!(
+        (stats.update_attempt, stats.update_no_rebuild, stats.version),
+        (5, 1, 3)
+    );
+    assert_eq!(stats.membership_total, 2);
+}
+
+#[tokio::test]
+async fn sotw_ads_ack_nack_reconnect() {
+    sotw_sequence(GrpcApi::Aggregated).await;
+}
+
+#[tokio::test]
+async fn sotw_eds_ack_nack_reconnect() {
+    sotw_sequence(GrpcApi::Endpoint).await;
+}
+
+async fn delta_stream(
+    server: &mut FakeServer,
+) -> tokio::sync::mpsc::Sender<
+    Result<envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse, Status>,
+> {
+    match server.next_stream().await {
+        Opened::Delta(tx) => tx,
+        Opened::Sotw(_) => panic!("expected a delta stream"),
+    }
+}
+
+async fn delta_sequence(api: GrpcApi) {
+    let mut server = FakeServer::start().await;
+    let client = client(&server, api, true);
+    let mut updates = client.updates("web").unwrap();
+    let stream = delta_stream(&mut server).await;
+    let first = server.next_delta(rpc(api)).await;
+    assert_eq!(
+        (first.resource_names_subscribe, first.type_url.as_str()),
+        (vec!["web".to_owned()], CLA_TYPE_URL)
+    );
+    assert!(first.initial_resource_versions.is_empty() && first.response_nonce.is_empty());
+    assert_eq!(first.node.map(|n| n.id), Some("node-1".to_owned()));
+
+    stream
+        .send(Ok(delta("d1", &[("a", cla("web", &[9001]))], &[])))
+        .await
+        .unwrap();
+    let ack = server.next_delta(rpc(api)).await;
+    assert_eq!(
+        (
+            ack.response_nonce.as_str(),
+            ack.error_detail,
+            ack.type_url.as_str()
+        ),
+        ("d1", None, CLA_TYPE_URL)
+    );
+    wait_for(&mut updates, "version a", |u| u.version_info == "a").await;
+
+    let mut bad = cla("web", &[9002]);
+    bad.endpoints[0].lb_endpoints[0] = super::fixtures::endpoint("not-an-ip", 9002);
+    stream
+        .send(Ok(delta("d2", &[("b", bad)], &[])))
+        .await
+        .unwrap();
+    let nack = server.next_delta(rpc(api)).await;
+    assert_eq!(nack.response_nonce, "d2");
+    let message = nack.error_detail.expect("NACK").message;
+    assert!(
+        message.contains("malformed IP address \"not-an-ip\""),
+        "{message}"
+    );
+    assert_eq!(ports(&client.current("web").unwrap()), [9001]);
+
+    stream
+        .send(Ok(delta("d3", &[("c", cla("web", &[9003]))], &[])))
+        .await
+        .unwrap();
+    assert_eq!(server.next_delta(rpc(api)).await.error_detail, None);
+    wait_for(&mut updates, "version c", |u| ports(u) == [9003]).await;
+
+    // Drop: the new stream announces the version we hold.
+    stream
+        .send(Err(Status::internal("test drops the stream")))
+        .await
+        .unwrap();
+    let stream = delta_stream(&mut server).await;
+    let resume = server.next_delta(rpc(api)).await;
+    assert_eq!(
+        resume.initial_resource_versions,
+        [("web".to_owned(), "c".to_owned())].into()
+    );
+    assert_eq!(resume.resource_names_subscribe, ["web"]);
+    assert_eq!(ports(&client.current("web").unwrap()), [9003]);
+
+    // Removal: ACKed, hosts kept, update_empty.
+    stream.send(Ok(delta("d4", &[], &["web"]))).await.unwrap();
+    assert_eq!(server.next_delta(rpc(api)).await.response_nonce, "d4");
+    let stats = client.cluster_stats("web").unwrap().values();
+    assert_eq!(
+        (
+            stats.update_success,
+            stats.update_rejected,
+            stats.update_failure,
+            stats.update_empty
+        ),
+        (3, 1, 1, 1)
+    );
+    assert_eq!(ports(&client.current("web").unwrap()), [9003]);
+}
+
+#[tokio::test]
+async fn delta_ads_ack_nack_reconnect() {
+    delta_sequence(GrpcApi::Aggregated).await;
+}
+
+#[tokio::test]
+async fn delta_eds_ack_nack_reconnect() {
+    delta_sequence(GrpcApi::Endpoint).await;
+}
+
+#[tokio::test]
+async fn unreachable_server_counts_failures_and_initializes() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let source = XdsSource {
+        transport: Transport::Grpc {
+            uri: format!("http://{addr}"),
+            api: GrpcApi::Aggregated,
+            delta: false,
+        },
+        node: NodeConfig {
+            id: "node-1".into(),
+            cluster: String::new(),
+        },
+        initial_fetch_timeout: Duration::from_secs(30),
+        backoff: (Duration::from_millis(10), Duration::from_millis(20)),
+    };
+    let client = spawn_eds(
+        source,
+        vec![EdsWatch {
+            cluster: "web".into(),
+            resource: "web".into(),
+        }],
+    )
+    .unwrap();
+    tokio::time::timeout(super::fixtures::WAIT, client.initialized())
+        .await
+        .expect("initialized after a failure");
+    let deadline = tokio::time::Instant::now() + super::fixtures::WAIT;
+    while client.cluster_stats("web").unwrap().values().update_failure < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no retry after a failed connect"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let named = client.named_stats();
+    assert!(named.contains(&("control_plane.connected_state".to_owned(), 0)));
+    assert!(
+        named
+            .iter()
+            .any(|(name, value)| name == "cluster.web.update_failure" && *value >= 2)
+    );
+}

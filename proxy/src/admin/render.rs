@@ -1,0 +1,146 @@
+//! Rendering of stats and clusters in Envoy's formats.
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use serde::Serialize;
+
+use super::State;
+
+/// Every stat: kernel counters (`bpf.*`), cluster stats (`cluster.<name>.*`), server gauges.
+fn all_stats(state: &State) -> BTreeMap<String, u64> {
+    let mut stats = BTreeMap::new();
+    for (name, value) in state.kernel_counters() {
+        stats.insert(format!("bpf.{name}"), value);
+    }
+    for upstream in state.upstreams.values() {
+        stats.extend(upstream.stats());
+    }
+    stats.insert("server.services".to_owned(), state.config.services.len() as u64);
+    stats.insert("server.clusters".to_owned(), state.config.clusters.len() as u64);
+    stats
+}
+
+pub(super) fn stats_map(state: &State) -> BTreeMap<String, u64> {
+    all_stats(state)
+}
+
+/// `name: value` lines, Envoy's `/stats` text format.
+pub(super) fn stats_text(state: &State) -> String {
+    let mut out = String::new();
+    for (name, value) in all_stats(state) {
+        let _ = writeln!(out, "{name}: {value}");
+    }
+    out
+}
+
+/// Stats that are levels, not running totals.
+fn is_gauge(name: &str) -> bool {
+    let leaf = name.rsplit('.').next().unwrap_or(name);
+    leaf.starts_with("membership_")
+        || leaf == "healthy"
+        || leaf == "ejections_active"
+        || name.starts_with("server.")
+}
+
+/// Prometheus text exposition, with Envoy's naming: `cluster.<name>.<stat>` becomes
+/// `envoy_cluster_<stat>{envoy_cluster_name="<name>"}`; kernel counters become `proxy_bpf_<name>`.
+pub(super) fn prometheus(state: &State) -> String {
+    let mut families: BTreeMap<String, Vec<(String, u64)>> = BTreeMap::new();
+    for (name, value) in all_stats(state) {
+        let (family, labels) = match name.strip_prefix("cluster.") {
+            Some(rest) => {
+                let cluster = state
+                    .upstreams
+                    .keys()
+                    .filter(|c| rest.starts_with(&format!("{c}.")))
+                    .max_by_key(|c| c.len());
+                match cluster {
+                    Some(c) => (
+                        format!("envoy_cluster_{}", sanitize(&rest[c.len() + 1..])),
+                        format!("{{envoy_cluster_name=\"{c}\"}}"),
+                    ),
+                    None => (format!("envoy_cluster_{}", sanitize(rest)), String::new()),
+                }
+            }
+            None if name.starts_with("bpf.") => (format!("proxy_{}", sanitize(&name)), String::new()),
+            None => (format!("envoy_{}", sanitize(&name)), String::new()),
+        };
+        let kind = if is_gauge(&name) { "gauge" } else { "counter" };
+        families.entry(format!("{family} {kind}")).or_default().push((labels, value));
+    }
+    let mut out = String::new();
+    for (head, samples) in families {
+        let (family, kind) = head.split_once(' ').unwrap_or((&head, "counter"));
+        let _ = writeln!(out, "# TYPE {family} {kind}");
+        for (labels, value) in samples {
+            let _ = writeln!(out, "{family}{labels} {value}");
+        }
+    }
+    out
+}
+
+fn sanitize(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
+}
+
+/// One host in `/clusters?format=json`.
+#[derive(Serialize)]
+struct HostJson {
+    address: String,
+    health_flags: String,
+    weight: u32,
+    priority: u32,
+    routable: bool,
+}
+
+/// One cluster in `/clusters?format=json`.
+#[derive(Serialize)]
+pub(super) struct ClusterJson {
+    name: String,
+    services: Vec<String>,
+    hosts: Vec<HostJson>,
+}
+
+pub(super) fn clusters_json(state: &State) -> Vec<ClusterJson> {
+    state
+        .upstreams
+        .iter()
+        .map(|(name, upstream)| {
+            let routable: Vec<_> = upstream.routing().borrow().routable().iter().map(|h| h.addr).collect();
+            let hosts = upstream
+                .host_statuses()
+                .into_iter()
+                .map(|s| HostJson {
+                    address: s.host.addr.to_string(),
+                    health_flags: s.flags.render(),
+                    weight: s.host.weight,
+                    priority: s.host.priority,
+                    routable: routable.contains(&s.host.addr),
+                })
+                .collect();
+            let services = state
+                .config
+                .services
+                .iter()
+                .filter(|s| &s.cluster == name)
+                .map(|s| format!("{} {}:{}", s.name, s.address, s.port))
+                .collect();
+            ClusterJson { name: name.clone(), services, hosts }
+        })
+        .collect()
+}
+
+/// Envoy's `/clusters` text: `cluster::host::field::value`.
+pub(super) fn clusters_text(state: &State) -> String {
+    let mut out = String::new();
+    for cluster in clusters_json(state) {
+        for host in &cluster.hosts {
+            let prefix = format!("{}::{}", cluster.name, host.address);
+            let _ = writeln!(out, "{prefix}::health_flags::{}", host.health_flags);
+            let _ = writeln!(out, "{prefix}::weight::{}", host.weight);
+            let _ = writeln!(out, "{prefix}::priority::{}", host.priority);
+            let _ = writeln!(out, "{prefix}::routable::{}", host.routable);
+        }
+    }
+    out
+}

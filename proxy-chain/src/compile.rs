@@ -51,6 +51,10 @@ pub struct CompileRequest {
     pub override_protocol: String,
     /// Connect timeout forced on every resolver (zero = no override).
     pub override_connect_timeout: GoDuration,
+    /// Not in Consul: accept service-splitters on non-HTTP (tcp) chains, for connection-level
+    /// splits. Routers still need an HTTP protocol. Off by default, so the default stays
+    /// Consul-compatible.
+    pub allow_tcp_splitting: bool,
 }
 
 impl CompileRequest {
@@ -65,6 +69,7 @@ impl CompileRequest {
             override_mesh_gateway: MeshGatewayMode::Default,
             override_protocol: String::new(),
             override_connect_timeout: GoDuration::ZERO,
+            allow_tcp_splitting: false,
         }
     }
 
@@ -270,7 +275,9 @@ impl<'a> Compiler<'a> {
     fn finish(mut self) -> Result<CompiledDiscoveryChain, ChainError> {
         let retained = std::mem::take(&mut self.retained_targets);
         self.targets.retain(|id, _| retained.contains(id));
-        if !is_http_like(&self.protocol) && self.uses_advanced {
+        let has_router = self.nodes.keys().any(|k| k.starts_with("router:"));
+        let tolerated = self.req.allow_tcp_splitting && !has_router;
+        if !is_http_like(&self.protocol) && self.uses_advanced && !tolerated {
             return Err(ChainError::AdvancedRoutingProtocol {
                 chain: self.req.service_name.clone(),
                 protocol: self.protocol.clone(),

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 pub use self::{
     cluster::{
         Address, Cluster, ClusterType, Endpoint, LbEndpoint, LbPolicy, LoadAssignment,
-        LocalityLbEndpoints, SocketAddress,
+        LocalityLbEndpoints, Metadata, SocketAddress,
     },
     error::ConfigError,
     service::{Protocol, Service, ServiceMode},
@@ -52,6 +52,10 @@ pub mod defaults {
     pub fn weight() -> u32 {
         1
     }
+    /// Datacenter discovery chains compile for.
+    pub fn datacenter() -> String {
+        "dc1".to_owned()
+    }
     /// DNS refresh interval (Envoy: 5000 ms).
     pub fn dns_refresh_rate() -> std::time::Duration {
         std::time::Duration::from_millis(5000)
@@ -81,9 +85,23 @@ pub struct Config {
     /// Upstream clusters, in Envoy v3 `Cluster` field names.
     #[serde(default)]
     pub clusters: Vec<Cluster>,
-    /// Service addresses (VIP, port, protocol) and the cluster each one is served by.
+    /// Service addresses (VIP, port, protocol) and the cluster or discovery chain serving each.
     #[serde(default)]
     pub services: Vec<Service>,
+    /// The datacenter this daemon runs in; discovery chains are compiled for it. Default `dc1`.
+    #[serde(default = "defaults::datacenter")]
+    pub datacenter: String,
+    /// Consul config entries, verbatim (`Kind` plus Consul's PascalCase fields):
+    /// service-defaults, proxy-defaults, service-resolver, service-splitter, service-router.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub config_entries: Vec<proxy_chain::ConfigEntry>,
+    /// Files with more config entries: a JSON array in Consul's API shape, or a YAML list.
+    /// Relative paths are taken from the config file's directory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub config_entry_files: Vec<String>,
+    /// Compiled discovery chains by service name, filled when the file is validated.
+    #[serde(skip)]
+    pub chains: std::collections::BTreeMap<String, proxy_chain::CompiledDiscoveryChain>,
 }
 
 /// The admin HTTP interface (`/ready`, `/stats`, `/config_dump`, ...).
@@ -117,9 +135,11 @@ impl Config {
     /// Parses and validates configuration text; `file` is only used in error messages.
     pub fn parse(text: &str, file: &Path) -> Result<Self, ConfigError> {
         let deserializer = serde_yaml::Deserializer::from_str(text);
-        let config: Config = serde_path_to_error::deserialize(deserializer)
+        let mut config: Config = serde_path_to_error::deserialize(deserializer)
             .map_err(|err| ConfigError::from_serde(file, text, err))?;
         validate::validate(&config).map_err(|invalid| invalid.locate(file, text))?;
+        let base = file.parent().unwrap_or(Path::new("."));
+        config.chains = validate::compile_chains(&config, base).map_err(|e| e.locate(file, text))?;
         Ok(config)
     }
 
@@ -132,6 +152,23 @@ impl Config {
     /// The cluster named `name`.
     pub fn cluster(&self, name: &str) -> Option<&Cluster> {
         self.clusters.iter().find(|c| c.name == name)
+    }
+
+    /// The execution plan of a chain service (`None` for a service with a plain cluster).
+    pub fn chain_plan(&self, svc: &Service) -> Option<crate::chain::ChainPlan> {
+        let chain = self.chains.get(&svc.name)?;
+        crate::chain::ChainPlan::new(chain, &self.datacenter, svc.chain_options.clone(), |c| {
+            self.cluster(c).is_some()
+        })
+        .ok()
+    }
+
+    /// Every cluster a service reads: its cluster, or the clusters of its chain's targets.
+    pub fn service_clusters(&self, svc: &Service) -> Vec<String> {
+        match self.chain_plan(svc) {
+            Some(plan) => plan.clusters().into_iter().collect(),
+            None => vec![svc.cluster.clone()],
+        }
     }
 }
 

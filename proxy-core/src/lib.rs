@@ -4,6 +4,7 @@
 //! and without the eBPF toolchain. The `proxy` crate wires this logic to BPF maps and sockets.
 #![forbid(unsafe_code)]
 
+pub mod chain;
 pub mod config;
 pub mod discovery;
 pub mod health;

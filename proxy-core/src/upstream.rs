@@ -299,7 +299,7 @@ mod tests {
             "clusters:\n  - name: c\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n            - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 1 } } }\n        - priority: 1\n          lb_endpoints:\n            - endpoint: { address: { socket_address: { address: 127.0.0.2, port_value: 1 } } }\n",
         );
         let up = Upstream::spawn(&c, &HealthCheckManager::default()).unwrap();
-        let mut routing = up.routing();
+        let routing = up.routing();
         up.initialized().wait_for(|i| *i).await.unwrap();
         let r = routing.borrow().clone();
         let hosts: Vec<String> = r.routable().iter().map(|h| h.addr.to_string()).collect();

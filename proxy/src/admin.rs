@@ -1,5 +1,6 @@
 //! The admin HTTP interface, on loopback by default: `/ready`, `/stats`, `/stats/prometheus`,
-//! `/clusters` (Envoy's text format, or `?format=json`), `/config_dump`.
+//! `/clusters` (Envoy's text format, or `?format=json`), `/config_dump`, and `/chain/<service>`
+//! (the service's compiled discovery chain in Consul's `CompiledDiscoveryChain` JSON).
 //!
 //! A deliberately small HTTP/1.1 server (GET only, one request per connection): the admin
 //! interface is for operators and probes, not for traffic.
@@ -147,9 +148,16 @@ fn route(path: &str, query: &str, state: &State) -> Response {
         "/clusters" if json => Response::json(&render::clusters_json(state)),
         "/clusters" => Response::text(200, render::clusters_text(state)),
         "/config_dump" => Response::json(&*state.config),
+        _ if path.starts_with("/chain/") => {
+            let service = &path["/chain/".len()..];
+            match state.config.chains.get(service) {
+                Some(chain) => Response::json(chain),
+                None => Response::text(404, format!("no discovery chain for service {service:?}\n")),
+            }
+        }
         _ => Response::text(
             404,
-            "not found; try /ready, /stats, /stats/prometheus, /clusters, /config_dump\n",
+            "not found; try /ready, /stats, /stats/prometheus, /clusters, /config_dump, /chain/<service>\n",
         ),
     }
 }

@@ -56,11 +56,45 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Consul discovery chain tools.
+    #[command(subcommand)]
+    Chain(ChainCommand),
     /// Validate a configuration file and exit: status 0 if it is usable, 64 with
     /// file:line:column and the field if not. Needs no privileges and touches nothing.
     Check {
         /// Configuration file (YAML or JSON).
         #[arg(long, short)]
         config: PathBuf,
+    },
+}
+
+/// `proxy chain ...`.
+#[derive(Debug, Subcommand)]
+pub enum ChainCommand {
+    /// Compile the discovery chain of a service from Consul config entries and print Consul's
+    /// `CompiledDiscoveryChain` JSON on stdout. On an invalid entry or a chain Consul would
+    /// reject, print Consul's error text on stderr and exit 1.
+    Compile {
+        /// A JSON array of config entries in Consul's API shape (Kind plus PascalCase fields).
+        #[arg(long)]
+        entries: PathBuf,
+        /// The service whose chain to compile.
+        #[arg(long)]
+        service: String,
+        /// The datacenter to compile in.
+        #[arg(long, default_value = "dc1")]
+        datacenter: String,
+        /// Compile as if the service used this protocol (Consul's OverrideProtocol).
+        #[arg(long)]
+        override_protocol: Option<String>,
+        /// Connect timeout for every resolver, as a Go duration (e.g. 3s; OverrideConnectTimeout).
+        #[arg(long)]
+        override_connect_timeout: Option<String>,
+        /// Mesh gateway mode for every target: none, local or remote (OverrideMeshGateway).
+        #[arg(long)]
+        override_mesh_gateway: Option<String>,
+        /// Trust domain for target SNI names.
+        #[arg(long, default_value = proxy_chain::DEFAULT_TRUST_DOMAIN)]
+        trust_domain: String,
     },
 }

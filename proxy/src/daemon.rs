@@ -3,7 +3,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::SocketAddr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
@@ -12,6 +12,7 @@ use std::{
 use anyhow::Context as _;
 use proxy_common::service::{PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV};
 use proxy_core::{
+    chain::{self, ChainPlan},
     config::{Config, LbPolicy, Protocol, Service},
     health::{HealthCheckManager, Routing},
     lb,
@@ -60,11 +61,17 @@ async fn run_async(config: Config) -> anyhow::Result<()> {
     let (published_tx, published_rx) = watch::channel(0usize);
     let mut publishers = JoinSet::new();
     for svc in &config.services {
-        let upstream = &upstreams[&svc.cluster];
+        let inputs: Vec<ClusterInput> = config
+            .service_clusters(svc)
+            .into_iter()
+            .map(|name| {
+                let up = &upstreams[&name];
+                ClusterInput { name, routing: up.routing(), initialized: up.initialized() }
+            })
+            .collect();
         let spec = SpecTemplate::new(svc, &config);
         let (dp, published) = (dp.clone(), published_tx.clone());
-        let (routing, initialized) = (upstream.routing(), upstream.initialized());
-        publishers.spawn(publish_loop(spec, routing, initialized, dp, published));
+        publishers.spawn(publish_loop(spec, inputs, dp, published));
     }
     drop(published_tx);
     let state = admin::State::new(config.clone(), dp.clone(), upstreams.clone(), published_rx.clone());
@@ -120,23 +127,35 @@ async fn sweep_after_first_publish(
     }
 }
 
-/// Publishes one service whenever its cluster's routing changes (the publisher itself skips
-/// writes when the kernel already has exactly this).
+/// One cluster a service reads.
+struct ClusterInput {
+    name: String,
+    routing: watch::Receiver<Routing>,
+    initialized: watch::Receiver<bool>,
+}
+
+/// Publishes one service whenever the routing of a cluster it reads changes (the publisher
+/// itself skips writes when the kernel already has exactly this).
 async fn publish_loop(
     template: SpecTemplate,
-    mut routing: watch::Receiver<Routing>,
-    mut initialized: watch::Receiver<bool>,
+    mut inputs: Vec<ClusterInput>,
     dp: SharedDataplane,
     published: watch::Sender<usize>,
 ) {
-    // Until the cluster has its first result, an adopted previous state (or nothing) is better
-    // than an empty host set; after the wait, publish what there is.
-    if tokio::time::timeout(FIRST_PUBLISH_WAIT, initialized.wait_for(|i| *i)).await.is_err() {
-        warn!(service = %template.name, "cluster not initialized within {FIRST_PUBLISH_WAIT:?}; publishing what it has");
+    // Until its clusters have their first result, an adopted previous state (or nothing) is
+    // better than an empty host set; after the wait, publish what there is.
+    let all_initialized = async {
+        for input in &mut inputs {
+            let _ = input.initialized.wait_for(|i| *i).await;
+        }
+    };
+    if tokio::time::timeout(FIRST_PUBLISH_WAIT, all_initialized).await.is_err() {
+        warn!(service = %template.name, "clusters not initialized within {FIRST_PUBLISH_WAIT:?}; publishing what they have");
     }
+    let mut changed = forward_changes(&inputs);
     let mut first = true;
     loop {
-        let spec = template.with(&routing.borrow_and_update());
+        let spec = template.with(&inputs);
         let result = {
             let mut guard = dp.lock().unwrap_or_else(|e| e.into_inner());
             match guard.as_mut() {
@@ -152,10 +171,28 @@ async fn publish_loop(
             Ok(_) => {}
             Err(err) => warn!(service = %spec.name, %err, "publish failed; the previous host set stays live"),
         }
-        if routing.changed().await.is_err() {
+        if changed.recv().await.is_none() {
             return;
         }
+        // Coalesce a burst of changes into one publish.
+        while changed.try_recv().is_ok() {}
     }
+}
+
+/// One notification per change of any input's routing.
+fn forward_changes(inputs: &[ClusterInput]) -> tokio::sync::mpsc::Receiver<()> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    for input in inputs {
+        let (mut routing, tx) = (input.routing.clone(), tx.clone());
+        tokio::spawn(async move {
+            while routing.changed().await.is_ok() {
+                if tx.send(()).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    rx
 }
 
 /// The parts of a service's kernel entry that do not depend on its hosts.
@@ -163,6 +200,11 @@ struct SpecTemplate {
     name: String,
     key: proxy_common::service::ServiceKey,
     flags: u32,
+    /// The chain's plan, for a chain service.
+    plan: Option<ChainPlan>,
+    /// Where a refused share of connections is sent: the unspecified address of the service's
+    /// family, port 0, which the kernel's connect refuses (ECONNREFUSED).
+    refuse: SocketAddr,
 }
 
 impl SpecTemplate {
@@ -171,21 +213,42 @@ impl SpecTemplate {
             Protocol::Tcp => PROTO_TCP,
             Protocol::Udp => PROTO_UDP,
         };
-        let maglev = config.cluster(&svc.cluster).is_some_and(|c| c.lb_policy == LbPolicy::Maglev);
+        let maglev = config
+            .service_clusters(svc)
+            .iter()
+            .any(|c| config.cluster(c).is_some_and(|c| c.lb_policy == LbPolicy::Maglev));
+        let unspecified = match svc.address {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
         Self {
             name: svc.name.clone(),
             key: dataplane::publish_key(svc.address, svc.port, proto),
             flags: if maglev { SERVICE_F_MAGLEV } else { 0 },
+            plan: config.chain_plan(svc),
+            refuse: SocketAddr::new(unspecified, 0),
         }
     }
 
-    fn with(&self, routing: &Routing) -> ServiceSpec {
-        ServiceSpec {
-            name: self.name.clone(),
-            key: self.key,
-            flags: self.flags,
-            priorities: lb::kernel_levels(routing),
+    fn with(&self, inputs: &[ClusterInput]) -> ServiceSpec {
+        let routing_of = |name: &str| {
+            inputs.iter().find(|i| i.name == name).map(|i| i.routing.borrow().clone())
+        };
+        let mut priorities = match &self.plan {
+            Some(plan) => plan.levels(&routing_of),
+            None => inputs
+                .first()
+                .map(|i| lb::kernel_levels(&i.routing.borrow()))
+                .unwrap_or_default(),
+        };
+        for level in &mut priorities {
+            for (addr, _) in level.iter_mut() {
+                if *addr == chain::REFUSE {
+                    *addr = self.refuse;
+                }
+            }
         }
+        ServiceSpec { name: self.name.clone(), key: self.key, flags: self.flags, priorities }
     }
 }
 

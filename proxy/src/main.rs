@@ -5,7 +5,7 @@ use std::{io::Write as _, process::ExitCode};
 use clap::Parser as _;
 use proxy::{
     EXIT_BAD_CONFIG,
-    cli::{Cli, Command},
+    cli::{ChainCommand, Cli, Command},
     daemon,
 };
 use proxy_core::config::Config;
@@ -31,6 +31,47 @@ fn main() -> ExitCode {
         },
         Command::Probe { target, count, cgroup, netns, udp, timeout_ms, json } => {
             probe(target, count, cgroup, netns, udp, timeout_ms, json)
+        }
+        Command::Chain(ChainCommand::Compile {
+            entries,
+            service,
+            datacenter,
+            override_protocol,
+            override_connect_timeout,
+            override_mesh_gateway,
+            trust_domain,
+        }) => {
+            let overrides = || -> anyhow::Result<proxy_chain::Overrides> {
+                Ok(proxy_chain::Overrides {
+                    protocol: override_protocol.unwrap_or_default(),
+                    connect_timeout: match override_connect_timeout {
+                        Some(d) => proxy_chain::GoDuration::parse(&d)
+                            .map_err(|e| anyhow::anyhow!("--override-connect-timeout {d:?}: {e}"))?,
+                        None => proxy_chain::GoDuration::default(),
+                    },
+                    mesh_gateway: match override_mesh_gateway {
+                        Some(m) => m.parse().map_err(|e| anyhow::anyhow!("--override-mesh-gateway: {e}"))?,
+                        None => proxy_chain::MeshGatewayMode::default(),
+                    },
+                    trust_domain,
+                })
+            };
+            let result = overrides().and_then(|o| {
+                let text = std::fs::read_to_string(&entries)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", entries.display()))?;
+                proxy_chain::compile_json_cli(&text, &service, &datacenter, o).map_err(anyhow::Error::from)
+            });
+            match result {
+                Ok(json) => {
+                    // A closed pipe (`| head`) is not an error worth a panic.
+                    let _ = writeln!(std::io::stdout(), "{json}");
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("{err}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Command::Run { config } => {
             let cfg = match config.as_deref().map(Config::load) {

@@ -1,6 +1,7 @@
 //! Clusters, in Envoy v3 `Cluster` field names (`type`, `lb_policy`, `load_assignment`, ...).
 
 use std::{
+    collections::BTreeMap,
     net::{IpAddr, SocketAddr},
     time::Duration,
 };
@@ -140,6 +141,43 @@ pub struct LbEndpoint {
     /// DEGRADED); without active checks it decides routing. Default UNKNOWN (routed).
     #[serde(default)]
     pub health_status: EdsHealth,
+    /// Envoy's endpoint metadata. The `envoy.lb` filter's values are the host's metadata, which
+    /// discovery-chain subset filters match (`Service.Meta.<key>`).
+    #[serde(default, skip_serializing_if = "Metadata::is_empty")]
+    pub metadata: Metadata,
+}
+
+/// Envoy's `core.v3.Metadata`: values by filter name.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Metadata {
+    /// Filter name -> key -> value (strings, numbers and booleans; kept as text).
+    #[serde(default)]
+    pub filter_metadata: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
+}
+
+impl Metadata {
+    fn is_empty(&self) -> bool {
+        self.filter_metadata.is_empty()
+    }
+
+    /// The `envoy.lb` values as text, as host metadata.
+    pub fn lb(&self) -> BTreeMap<String, String> {
+        self.filter_metadata
+            .get("envoy.lb")
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| {
+                let text = match v {
+                    serde_json::Value::String(s) => s.clone(),
+                    serde_json::Value::Number(n) => n.to_string(),
+                    serde_json::Value::Bool(b) => b.to_string(),
+                    _ => return None,
+                };
+                Some((k.clone(), text))
+            })
+            .collect()
+    }
 }
 
 /// Envoy's `Endpoint`.
@@ -199,6 +237,7 @@ impl Cluster {
                     weight: lb.load_balancing_weight,
                     priority,
                     health: lb.health_status,
+                    metadata: lb.metadata.lb(),
                     ..DnsEndpoint::new(sa.address.clone(), sa.port_value)
                 }
             })
@@ -223,6 +262,7 @@ impl Cluster {
                     weight: lb.load_balancing_weight,
                     priority,
                     eds_health: lb.health_status,
+                    metadata: lb.metadata.lb(),
                     ..Host::new(SocketAddr::new(ip, sa.port_value))
                 })
             })

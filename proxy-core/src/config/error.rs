@@ -93,9 +93,9 @@ pub(super) struct Invalid {
 }
 
 impl Invalid {
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn new(field: impl AsRef<str>, message: impl Into<String>) -> Self {
         Self {
-            field: field.into(),
+            field: field.as_ref().to_owned(),
             message: message.into(),
         }
     }

@@ -18,8 +18,18 @@ pub struct Service {
     /// `TCP` (default) or `UDP`.
     #[serde(default)]
     pub protocol: Protocol,
-    /// Name of the cluster whose hosts serve this service.
+    /// Name of the cluster whose hosts serve this service. Exactly one of `cluster` and `chain`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub cluster: String,
+    /// Name of the Consul service whose discovery chain (from `config_entries`) serves this
+    /// service: splits become weights, failover targets lower priorities, redirects and subsets
+    /// choose hosts. Each target maps to the cluster named like its service (`<service>.<dc>`
+    /// for another datacenter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain: Option<String>,
+    /// Opt-in behaviour beyond Consul's for this service's chain (all off by default).
+    #[serde(default)]
+    pub chain_options: crate::chain::ChainOptions,
     /// `direct` (default): the kernel connects the application straight to a chosen host.
     /// `proxy`: the connection goes through the daemon's proxy listener.
     #[serde(default)]

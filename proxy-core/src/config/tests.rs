@@ -161,3 +161,65 @@ clusters:
     assert_eq!(cluster.dns_settings().dns_refresh_rate, std::time::Duration::from_secs(1));
     assert!(cluster.health_config().validate("web").unwrap().is_some());
 }
+
+const CHAIN_CONFIG: &str = "\
+clusters:
+  - name: web
+  - name: backup
+config_entries:
+  - Kind: service-resolver
+    Name: web
+    Failover:
+      '*': { Service: backup }
+services:
+  - name: web
+    address: 127.77.0.1
+    port: 80
+    chain: web
+";
+
+#[test]
+fn chain_service_compiles_at_load() {
+    let config = parse(CHAIN_CONFIG).unwrap();
+    let chain = &config.chains["web"];
+    assert_eq!(chain.start_node, "resolver:web.default.default.dc1");
+    let plan = config.chain_plan(&config.services[0]).unwrap();
+    assert_eq!(plan.clusters().into_iter().collect::<Vec<_>>(), ["backup", "web"]);
+}
+
+#[test]
+fn chain_errors_are_located() {
+    let missing = CHAIN_CONFIG.replace("  - name: backup\n", "");
+    let (field, line, _, msg) = invalid(&missing);
+    assert_eq!((field.as_str(), line), ("services[0].chain", 12));
+    assert!(msg.contains("needs a cluster named \"backup\""), "{msg}");
+
+    let bad_entry = CHAIN_CONFIG.replace("Failover:\n      '*': { Service: backup }", "Redirect: {}");
+    let (field, line, _, msg) = invalid(&bad_entry);
+    assert_eq!((field.as_str(), line), ("config_entries[0]", 5));
+    assert!(msg.contains("Redirect is empty"), "{msg}");
+
+    let both = CHAIN_CONFIG.replace("    chain: web\n", "    chain: web\n    cluster: web\n");
+    let (field, _, _, msg) = invalid(&both);
+    assert_eq!(field, "services[0].cluster");
+    assert!(msg.contains("exactly one"), "{msg}");
+}
+
+#[test]
+fn entries_from_a_json_file_in_consuls_api_shape() {
+    let dir = std::env::temp_dir().join(format!("proxy-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("entries.json"),
+        r#"[{"Kind":"service-resolver","Name":"web","Redirect":{"Service":"backup"}}]"#,
+    )
+    .unwrap();
+    let text = CHAIN_CONFIG.replace(
+        "config_entries:\n  - Kind: service-resolver\n    Name: web\n    Failover:\n      '*': { Service: backup }\n",
+        "config_entry_files: [entries.json]\n",
+    );
+    let config = Config::parse(&text, &dir.join("proxy.yaml")).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let plan = config.chain_plan(&config.services[0]).unwrap();
+    assert_eq!(plan.clusters().into_iter().collect::<Vec<_>>(), ["backup"]);
+}

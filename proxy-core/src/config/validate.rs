@@ -150,8 +150,15 @@ fn validate_services(config: &Config) -> Result<(), Invalid> {
         if svc.address.is_unspecified() {
             return Err(Invalid::new(at("address"), "must not be the unspecified address"));
         }
-        if config.cluster(&svc.cluster).is_none() {
-            return Err(Invalid::new(at("cluster"), format!("no cluster named {:?}", svc.cluster)));
+        match (&svc.chain, svc.cluster.is_empty()) {
+            (Some(_), false) | (None, true) => {
+                return Err(Invalid::new(at("cluster"), "set exactly one of `cluster` and `chain`"));
+            }
+            (Some(_), true) => {}
+            (None, false) if config.cluster(&svc.cluster).is_none() => {
+                return Err(Invalid::new(at("cluster"), format!("no cluster named {:?}", svc.cluster)));
+            }
+            (None, false) => {}
         }
         if svc.mode == ServiceMode::Proxy {
             return Err(Invalid::new(
@@ -161,4 +168,47 @@ fn validate_services(config: &Config) -> Result<(), Invalid> {
         }
     }
     Ok(())
+}
+
+/// Reads the config entries (inline and from files), validates them with Consul's rules and
+/// compiles the chain of every chain service; the plan must map onto configured clusters.
+pub(super) fn compile_chains(
+    config: &Config,
+    base: &std::path::Path,
+) -> Result<std::collections::BTreeMap<String, proxy_chain::CompiledDiscoveryChain>, Invalid> {
+    let mut entries = proxy_chain::Entries::new();
+    for (i, entry) in config.config_entries.iter().enumerate() {
+        entries
+            .insert(entry.clone())
+            .map_err(|e| Invalid::new(format!("config_entries[{i}]"), e.to_string()))?;
+    }
+    for (i, file) in config.config_entry_files.iter().enumerate() {
+        let at = format!("config_entry_files[{i}]");
+        let path = base.join(file);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| Invalid::new(&at, format!("{}: {e}", path.display())))?;
+        let list: Vec<proxy_chain::ConfigEntry> = serde_yaml::from_str(&text)
+            .map_err(|e| Invalid::new(&at, format!("{}: {e}", path.display())))?;
+        for entry in list {
+            entries
+                .insert(entry)
+                .map_err(|e| Invalid::new(&at, format!("{}: {e}", path.display())))?;
+        }
+    }
+    let mut chains = std::collections::BTreeMap::new();
+    for (i, svc) in config.services.iter().enumerate() {
+        let Some(name) = &svc.chain else { continue };
+        let at = format!("services[{i}].chain");
+        let request = proxy_chain::CompileRequest {
+            allow_tcp_splitting: svc.chain_options.tcp_splits,
+            ..proxy_chain::CompileRequest::new(name, &config.datacenter, proxy_chain::DEFAULT_TRUST_DOMAIN)
+        };
+        let chain = proxy_chain::compile(&request, &entries).map_err(|e| Invalid::new(&at, e.to_string()))?;
+        crate::chain::ChainPlan::new(&chain, &config.datacenter, svc.chain_options.clone(), |c| {
+            config.cluster(c).is_some()
+        })
+        .map_err(|e| Invalid::new(&at, e.to_string()))?;
+        chains.insert(svc.name.clone(), chain);
+    }
+    Ok(chains)
 }

@@ -122,7 +122,7 @@ pub(super) fn clusters_json(state: &State) -> Vec<ClusterJson> {
                 .config
                 .services
                 .iter()
-                .filter(|s| &s.cluster == name)
+                .filter(|s| state.config.service_clusters(s).contains(name))
                 .map(|s| format!("{} {}:{}", s.name, s.address, s.port))
                 .collect();
             ClusterJson { name: name.clone(), services, hosts }

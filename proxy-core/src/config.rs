@@ -88,6 +88,12 @@ pub struct Config {
     /// Service addresses (VIP, port, protocol) and the cluster or discovery chain serving each.
     #[serde(default)]
     pub services: Vec<Service>,
+    /// The xDS client for EDS clusters, in Envoy's bootstrap shape: `node {id, cluster}` and
+    /// `ads_config` (an `api_config_source`: `api_type` GRPC, DELTA_GRPC or REST, `server_uri` or
+    /// `grpc_services: [{envoy_grpc: {cluster_name}}]`). Checked by `proxy check` against
+    /// `proxy_xds::XdsConfig`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xds: Option<serde_json::Value>,
     /// The datacenter this daemon runs in; discovery chains are compiled for it. Default `dc1`.
     #[serde(default = "defaults::datacenter")]
     pub datacenter: String,

@@ -85,6 +85,7 @@ pub struct Upstream {
     initialized: watch::Receiver<bool>,
     passive: mpsc::Sender<PassiveSignal>,
     dns: Option<Arc<DnsCluster>>,
+    feed_stats: Option<FeedStats>,
     drain_on_removal: bool,
     task: JoinHandle<()>,
 }
@@ -92,11 +93,32 @@ pub struct Upstream {
 impl Upstream {
     /// Starts discovery and health for `cluster`. Must run inside a tokio runtime.
     pub fn spawn(cluster: &Cluster, manager: &HealthCheckManager) -> Result<Self, UpstreamError> {
+        let (hosts, dns) = start_source(cluster)?;
+        Self::start(cluster, manager, hosts, dns, None)
+    }
+
+    /// Starts health for `cluster` over hosts that an external source (EDS, Consul) publishes on
+    /// `feed`; `stats` adds the source's stats to the cluster's.
+    pub fn spawn_with_feed(
+        cluster: &Cluster,
+        manager: &HealthCheckManager,
+        feed: watch::Receiver<FeedUpdate>,
+        stats: FeedStats,
+    ) -> Result<Self, UpstreamError> {
+        Self::start(cluster, manager, HostFeed::External(feed), None, Some(stats))
+    }
+
+    fn start(
+        cluster: &Cluster,
+        manager: &HealthCheckManager,
+        hosts: HostFeed,
+        dns: Option<Arc<DnsCluster>>,
+        feed_stats: Option<FeedStats>,
+    ) -> Result<Self, UpstreamError> {
         let name = cluster.name.clone();
         let random = Arc::new(SeededRandom::from_entropy());
         let health = ClusterHealth::new(&name, &cluster.health_config(), manager, random)
             .map_err(|source| UpstreamError::Health { cluster: name.clone(), source })?;
-        let (hosts, dns) = start_source(cluster)?;
         let drain_on_removal = cluster.cluster_type != ClusterType::LogicalDns;
         let health = Arc::new(Mutex::new(health));
         let (routing_tx, routing) = watch::channel(Routing::default());
@@ -106,7 +128,7 @@ impl Upstream {
         let events = manager.subscribe();
         let outputs = Outputs { routing: routing_tx, initialized: init_tx };
         let task = tokio::spawn(run(health.clone(), hosts, events, passive_rx, outputs, sweep));
-        Ok(Self { name, health, routing, initialized, passive, dns, drain_on_removal, task })
+        Ok(Self { name, health, routing, initialized, passive, dns, feed_stats, drain_on_removal, task })
     }
 
     /// The cluster's name.
@@ -146,6 +168,9 @@ impl Upstream {
         // Discovery stats first; health's membership gauges win where both name one.
         let mut stats: std::collections::BTreeMap<String, u64> =
             self.dns.as_ref().map(|d| d.named_stats()).unwrap_or_default().into_iter().collect();
+        if let Some(feed) = &self.feed_stats {
+            stats.extend(feed());
+        }
         stats.extend(self.lock().stats());
         stats.into_iter().collect()
     }
@@ -161,12 +186,27 @@ impl Drop for Upstream {
     }
 }
 
+/// Hosts from a discovery source outside this crate (EDS over xDS, Consul), as its owner
+/// publishes them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FeedUpdate {
+    /// The current hosts.
+    pub hosts: HostSet,
+    /// Whether the source has delivered its first result.
+    pub initialized: bool,
+}
+
+/// Stats of an external source, as `(cluster.<name>.<stat>, value)` pairs.
+pub type FeedStats = Arc<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
+
 /// Where a cluster's hosts come from.
 enum HostFeed {
     /// Fixed hosts; the sender is kept so the channel stays open.
     Static { _sender: watch::Sender<HostSet>, rx: watch::Receiver<HostSet> },
     /// A DNS cluster's updates (the `Upstream` keeps the cluster, and so its tasks, alive).
     Dns(watch::Receiver<Update>),
+    /// An external source.
+    External(watch::Receiver<FeedUpdate>),
 }
 
 impl HostFeed {
@@ -175,6 +215,7 @@ impl HostFeed {
         match self {
             HostFeed::Static { .. } => true,
             HostFeed::Dns(rx) => rx.borrow().initialized,
+            HostFeed::External(rx) => rx.borrow().initialized,
         }
     }
 
@@ -182,6 +223,7 @@ impl HostFeed {
         match self {
             HostFeed::Static { rx, .. } => rx.borrow_and_update().clone(),
             HostFeed::Dns(rx) => rx.borrow_and_update().hosts.clone(),
+            HostFeed::External(rx) => rx.borrow_and_update().hosts.clone(),
         }
     }
 
@@ -193,6 +235,10 @@ impl HostFeed {
                 Some(rx.borrow_and_update().clone())
             }
             HostFeed::Dns(rx) => {
+                rx.changed().await.ok()?;
+                Some(rx.borrow_and_update().hosts.clone())
+            }
+            HostFeed::External(rx) => {
                 rx.changed().await.ok()?;
                 Some(rx.borrow_and_update().hosts.clone())
             }
@@ -223,6 +269,7 @@ fn start_source(cluster: &Cluster) -> Result<(HostFeed, Option<Arc<DnsCluster>>)
             let dns = Arc::new(dns);
             Ok((HostFeed::Dns(rx), Some(dns)))
         }
+        // EDS hosts come from the xDS client, which the daemon starts (spawn_with_feed).
         kind => Err(UpstreamError::Unsupported { cluster: name.clone(), kind }),
     }
 }

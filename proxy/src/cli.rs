@@ -56,6 +56,13 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the services, clusters, hosts, health flags and weights of a running daemon, read
+    /// from its admin interface.
+    Status {
+        /// The daemon's admin address.
+        #[arg(long, default_value = "127.0.0.1:15000")]
+        admin: std::net::SocketAddr,
+    },
     /// Consul discovery chain tools.
     #[command(subcommand)]
     Chain(ChainCommand),

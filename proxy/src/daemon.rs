@@ -54,7 +54,8 @@ async fn run_async(config: Config) -> anyhow::Result<()> {
         instance: config.instance.clone(),
     };
     let manager = HealthCheckManager::default();
-    let upstreams = start_upstreams(&config, &manager)?;
+    let eds = crate::xds::start(&config).context("starting the xDS clients")?;
+    let upstreams = start_upstreams(&config, &manager, &eds)?;
     let dp: SharedDataplane = Arc::new(Mutex::new(Some(
         Dataplane::open(&opts).context("attaching the data path")?,
     )));
@@ -88,18 +89,23 @@ async fn run_async(config: Config) -> anyhow::Result<()> {
     server.abort();
     publishers.abort_all();
     drop(upstreams);
+    drop(eds);
     shutdown(&dp);
     Ok(())
 }
 
-/// Starts discovery and health for every cluster a service uses.
+/// Starts discovery and health for every cluster (EDS clusters over their xDS feed).
 fn start_upstreams(
     config: &Config,
     manager: &HealthCheckManager,
+    eds: &crate::xds::EdsFeeds,
 ) -> anyhow::Result<BTreeMap<String, Arc<Upstream>>> {
     let mut upstreams = BTreeMap::new();
     for cluster in &config.clusters {
-        let upstream = Upstream::spawn(cluster, manager)?;
+        let upstream = match eds.feeds.get(&cluster.name) {
+            Some((feed, stats)) => Upstream::spawn_with_feed(cluster, manager, feed.clone(), stats.clone())?,
+            None => Upstream::spawn(cluster, manager)?,
+        };
         upstreams.insert(cluster.name.clone(), Arc::new(upstream));
     }
     Ok(upstreams)

@@ -9,9 +9,22 @@ pub mod cli;
 pub mod daemon;
 pub mod dataplane;
 pub mod probe;
+pub mod status;
 mod sys;
+pub mod xds;
 
 pub use sys::enter_netns;
+
+/// Loads and validates a configuration file, including the parts that only this crate can check
+/// (the xDS sections of EDS clusters).
+pub fn load_config(path: &std::path::Path) -> Result<proxy_core::config::Config, proxy_core::config::ConfigError> {
+    use proxy_core::config::{Config, ConfigError};
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| ConfigError::Read { file: path.to_owned(), source })?;
+    let config = Config::parse(&text, path)?;
+    xds::validate(&config, path, &text)?;
+    Ok(config)
+}
 
 /// Exit status for a configuration that cannot be used: 64, `EX_USAGE` of sysexits.h.
 pub const EXIT_BAD_CONFIG: u8 = 64;

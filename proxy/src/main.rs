@@ -14,7 +14,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(&cli.log);
     match cli.command {
-        Command::Check { config } => match Config::load(&config) {
+        Command::Check { config } => match proxy::load_config(&config) {
             Ok(cfg) => {
                 println!(
                     "{}: ok ({} clusters, {} services)",
@@ -73,8 +73,15 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Status { admin } => match proxy::status::run(admin, &mut std::io::stdout()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("error: {err:#}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Run { config } => {
-            let cfg = match config.as_deref().map(Config::load) {
+            let cfg = match config.as_deref().map(proxy::load_config) {
                 None => Config::embedded_default(),
                 Some(Ok(cfg)) => cfg,
                 Some(Err(err)) => {

@@ -33,6 +33,11 @@ pub struct Cluster {
     /// The endpoints of a STATIC cluster (and the names to resolve for DNS clusters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_assignment: Option<LoadAssignment>,
+    /// EDS clusters: Envoy's `eds_cluster_config` (`service_name`, `eds_config` with `ads: {}`
+    /// or an `api_config_source`). Checked by `proxy check` against
+    /// `proxy_xds::EdsClusterConfig`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eds_cluster_config: Option<serde_json::Value>,
     /// DNS clusters: interval between resolutions after a success. Default 5000 ms; > 1 ms.
     #[serde(default = "defaults::dns_refresh_rate", with = "duration")]
     pub dns_refresh_rate: Duration,

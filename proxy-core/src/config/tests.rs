@@ -78,7 +78,8 @@ fn semantic_errors_name_the_field() {
     let cases = [
         ("clusters:\n  - name: a\n  - name: a\n", "clusters[1].name", "duplicate"),
         ("clusters:\n  - name: a\n    lb_policy: ROUND_ROBIN\n", "clusters[0].lb_policy", "RANDOM"),
-        ("clusters:\n  - name: a\n    type: EDS\n", "clusters[0].type", "not implemented"),
+        ("clusters:\n  - name: a\n    type: ORIGINAL_DST\n", "clusters[0].type", "not implemented"),
+        ("clusters:\n  - name: a\n    type: EDS\n", "clusters[0].eds_cluster_config", "need eds_cluster_config"),
         (
             "clusters:\n  - name: a\n    type: STRICT_DNS\n    dns_failure_refresh_rate: { base_interval: 2s, max_interval: 1s }\n",
             "clusters[0].dns_failure_refresh_rate",

@@ -43,12 +43,18 @@ fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
     let dns = match cluster.cluster_type {
         ClusterType::Static => false,
         ClusterType::StrictDns | ClusterType::LogicalDns => true,
+        ClusterType::Eds => {
+            if cluster.eds_cluster_config.is_none() {
+                return Err(Invalid::new(at("eds_cluster_config"), "EDS clusters need eds_cluster_config"));
+            }
+            false
+        }
         other => {
             return Err(Invalid::new(
                 at("type"),
                 format!(
                     "cluster type {other:?} is not implemented yet in this build; STATIC, \
-                     STRICT_DNS and LOGICAL_DNS are"
+                     STRICT_DNS, LOGICAL_DNS and EDS are"
                 ),
             ));
         }

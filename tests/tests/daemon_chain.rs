@@ -114,3 +114,34 @@ fn failover_when_the_primary_fails_health_checks_and_back() {
     }
     drop(health_target);
 }
+
+#[test]
+fn a_split_leg_without_hosts_fails_its_share_unless_health_aware() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let (web, canary): (SocketAddr, SocketAddr) = ("127.0.0.11:8081".parse().unwrap(), "127.0.0.14:8084".parse().unwrap());
+    let _servers = BannerServers::start(&netns, &[(web, "web", false), (canary, "canary", false)]);
+    let entries = "config_entries:\n  - { Kind: service-defaults, Name: web, Protocol: http }\n  - { Kind: service-defaults, Name: canary, Protocol: http }\n  - Kind: service-splitter\n    Name: web\n    Splits: [{ Weight: 80, Service: web }, { Weight: 20, Service: canary }]\n";
+    // The canary's only host is marked UNHEALTHY: that leg has nowhere to go.
+    let canary_endpoint = endpoint(canary, "c").replace("              metadata:", "              health_status: UNHEALTHY\n              metadata:");
+    let config = |options: &str| {
+        format!(
+            "{}clusters:\n{}{}{entries}services:\n  - {{ name: web, address: 127.77.0.1, port: 80, chain: web{options} }}\n",
+            header(&cgroup),
+            cluster("web", &endpoint(web, "a"), ""),
+            cluster("canary", &canary_endpoint, ""),
+        )
+    };
+    let n = 1000;
+    let vip: SocketAddr = VIP.parse().unwrap();
+    {
+        let _daemon = Daemon::start(&config(""));
+        let probe = Probe::run(&netns, Some(cgroup.path()), vip, n, false);
+        assert_share("web", probe.count("web"), n, 0.8);
+        let refused = probe.errors.get("ECONNREFUSED").copied().unwrap_or(0);
+        assert_share("refused", refused, n, 0.2);
+    }
+    let _daemon = Daemon::start(&config(", chain_options: { health_aware_splits: true }"));
+    let probe = Probe::run(&netns, Some(cgroup.path()), vip, 200, false);
+    assert_eq!(probe.count("web"), 200, "health-aware: the canary's share goes to web: {probe:?}");
+}

@@ -17,8 +17,9 @@ use serde::{Deserialize, Serialize};
 
 pub use self::{
     cluster::{
-        Address, Cluster, ClusterType, Endpoint, LbEndpoint, LbPolicy, LoadAssignment,
-        LocalityLbEndpoints, Metadata, SocketAddress,
+        Address, CONSUL_CLUSTER, Cluster, ClusterType, CustomClusterType, DNS_SRV_CLUSTER,
+        DnsSrvConfig, Endpoint, LbEndpoint, LbPolicy, LoadAssignment, LocalityLbEndpoints, Metadata,
+        SocketAddress,
     },
     error::ConfigError,
     service::{Protocol, Service, ServiceMode},

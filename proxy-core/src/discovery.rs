@@ -3,7 +3,9 @@
 //! Every backend (STATIC, STRICT_DNS, LOGICAL_DNS, EDS, custom) reduces to a [`HostSet`] per
 //! cluster. Health and the load assignment take it from there.
 
+pub mod consul;
 pub mod dns;
+pub mod source;
 
 use std::{collections::BTreeMap, net::SocketAddr};
 

@@ -18,13 +18,17 @@ use tokio::{
 };
 
 use crate::{
-    config::{Cluster, ClusterType},
+    config::{
+        CONSUL_CLUSTER, Cluster, ClusterType, CustomClusterType, DNS_SRV_CLUSTER, DnsSrvConfig,
+    },
     discovery::{
         HostSet,
+        consul::{ConsulConfig, spawn_consul},
         dns::{
-            BuildResolverError, DnsCluster, DnsConfigError, HickoryResolver, Update,
-            spawn_logical_dns, spawn_strict_dns,
+            BuildResolverError, DnsCluster, DnsConfigError, HickoryResolver, SrvService, Update,
+            spawn_dns_srv, spawn_logical_dns, spawn_strict_dns,
         },
+        source::{DiscoverySource, DnsSource},
     },
     health::{
         ClusterHealth, HealthCheckManager, HealthConfigError, HealthEvent, HostStatus,
@@ -67,6 +71,14 @@ pub enum UpstreamError {
         #[source]
         source: BuildResolverError,
     },
+    /// A custom backend's settings are invalid or it could not start.
+    #[error("cluster {cluster}: {message}")]
+    Custom {
+        /// The cluster.
+        cluster: String,
+        /// What went wrong.
+        message: String,
+    },
     /// The type is not served by this build.
     #[error("cluster {cluster}: type {kind:?} is not implemented yet in this build")]
     Unsupported {
@@ -93,6 +105,12 @@ pub struct Upstream {
 impl Upstream {
     /// Starts discovery and health for `cluster`. Must run inside a tokio runtime.
     pub fn spawn(cluster: &Cluster, manager: &HealthCheckManager) -> Result<Self, UpstreamError> {
+        if let Some(custom) = &cluster.custom_cluster_type {
+            let source = start_custom(cluster, custom)?;
+            let updates = source.updates();
+            let stats: FeedStats = Arc::new(move || source.named_stats());
+            return Self::spawn_with_feed(cluster, manager, updates, stats);
+        }
         let (hosts, dns) = start_source(cluster)?;
         Self::start(cluster, manager, hosts, dns, None)
     }
@@ -186,15 +204,8 @@ impl Drop for Upstream {
     }
 }
 
-/// Hosts from a discovery source outside this crate (EDS over xDS, Consul), as its owner
-/// publishes them.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct FeedUpdate {
-    /// The current hosts.
-    pub hosts: HostSet,
-    /// Whether the source has delivered its first result.
-    pub initialized: bool,
-}
+/// Hosts from a discovery source other than the built-in types (EDS over xDS, Consul, DNS SRV).
+pub use crate::discovery::source::SourceUpdate as FeedUpdate;
 
 /// Stats of an external source, as `(cluster.<name>.<stat>, value)` pairs.
 pub type FeedStats = Arc<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
@@ -278,6 +289,35 @@ fn start_source(cluster: &Cluster) -> Result<(HostFeed, Option<Arc<DnsCluster>>)
 struct Outputs {
     routing: watch::Sender<Routing>,
     initialized: watch::Sender<bool>,
+}
+
+/// Starts a custom backend (`cluster_type: {name, typed_config}`) of a validated config.
+fn start_custom(
+    cluster: &Cluster,
+    custom: &CustomClusterType,
+) -> Result<Arc<dyn DiscoverySource>, UpstreamError> {
+    let name = &cluster.name;
+    let bad = |message: String| UpstreamError::Custom { cluster: name.clone(), message };
+    match custom.name.as_str() {
+        CONSUL_CLUSTER => {
+            let cfg: ConsulConfig =
+                serde_json::from_value(custom.typed_config.clone()).map_err(|e| bad(e.to_string()))?;
+            let consul = spawn_consul(name.clone(), cfg).map_err(|e| bad(e.to_string()))?;
+            Ok(Arc::new(consul))
+        }
+        DNS_SRV_CLUSTER => {
+            let cfg: DnsSrvConfig =
+                serde_json::from_value(custom.typed_config.clone()).map_err(|e| bad(e.to_string()))?;
+            let settings = cluster.dns_settings();
+            let resolver = HickoryResolver::new(&settings)
+                .map_err(|source| UpstreamError::Resolver { cluster: name.clone(), source })?;
+            let services = cfg.service_names.iter().map(|n| SrvService::new(n.clone())).collect();
+            let dns = spawn_dns_srv(name, settings, services, Arc::new(resolver))
+                .map_err(|source| UpstreamError::Dns { cluster: name.clone(), source })?;
+            Ok(Arc::new(DnsSource::new(dns)))
+        }
+        other => Err(bad(format!("unknown cluster type {other:?}"))),
+    }
 }
 
 /// The cluster's event loop.

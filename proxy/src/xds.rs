@@ -109,11 +109,11 @@ pub fn start(config: &Config) -> anyhow::Result<EdsFeeds> {
         for name in names {
             let Some(mut updates) = client.updates(&name) else { continue };
             let first = updates.borrow_and_update().clone();
-            let (tx, rx) = watch::channel(FeedUpdate { hosts: first.hosts, initialized: first.initialized });
+            let feed = |u: proxy_xds::EdsUpdate| FeedUpdate { version: u.version, initialized: u.initialized, hosts: u.hosts };
+            let (tx, rx) = watch::channel(feed(first));
             tokio::spawn(async move {
                 while updates.changed().await.is_ok() {
-                    let u = updates.borrow_and_update().clone();
-                    tx.send_replace(FeedUpdate { hosts: u.hosts, initialized: u.initialized });
+                    tx.send_replace(feed(updates.borrow_and_update().clone()));
                 }
             });
             let (stats_client, prefix) = (client.clone(), format!("cluster.{name}."));

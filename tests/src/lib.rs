@@ -3,6 +3,7 @@
 //! Every helper here creates what it needs and removes it on drop, so a failing test leaves
 //! nothing behind. Tests live in `tests/tests/`; run them with `cargo xtask test`.
 
+pub mod consul;
 pub mod health_servers;
 pub mod kernel;
 pub mod unbound;

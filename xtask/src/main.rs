@@ -2,6 +2,7 @@
 //! the project needs, `demo` runs the embedded default end to end, `test` runs every test.
 
 mod apt;
+mod consul;
 mod demo;
 mod setup;
 mod test;

@@ -33,6 +33,13 @@ pub struct Cluster {
     /// The endpoints of a STATIC cluster (and the names to resolve for DNS clusters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_assignment: Option<LoadAssignment>,
+    /// A custom discovery backend, Envoy's `cluster_type: {name, typed_config}` (then `type` is
+    /// not used): `proxy.clusters.consul` (typed_config: `proxy_core::discovery::consul::
+    /// ConsulConfig`: `address`, `service`, `datacenter`, `tag`, `wait`, `only_passing`, ...) or
+    /// `proxy.clusters.dns_srv` (typed_config: `{service_names: ["_web._tcp.example"]}`, with the
+    /// cluster's DNS fields).
+    #[serde(rename = "cluster_type", default, skip_serializing_if = "Option::is_none")]
+    pub custom_cluster_type: Option<CustomClusterType>,
     /// EDS clusters: Envoy's `eds_cluster_config` (`service_name`, `eds_config` with `ads: {}`
     /// or an `api_config_source`). Checked by `proxy check` against
     /// `proxy_xds::EdsClusterConfig`.
@@ -71,6 +78,31 @@ pub struct Cluster {
     #[serde(default)]
     pub common_lb_config: CommonLbConfig,
 }
+
+/// Envoy's `Cluster.CustomClusterType`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CustomClusterType {
+    /// `proxy.clusters.consul` or `proxy.clusters.dns_srv`.
+    pub name: String,
+    /// The backend's settings.
+    #[serde(default)]
+    pub typed_config: serde_json::Value,
+}
+
+/// `typed_config` of `proxy.clusters.dns_srv`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsSrvConfig {
+    /// SRV owner names (`_service._proto.name`) whose targets are the hosts; SRV priority and
+    /// weight become the hosts' priority and weight.
+    pub service_names: Vec<String>,
+}
+
+/// Name of the Consul catalog backend.
+pub const CONSUL_CLUSTER: &str = "proxy.clusters.consul";
+/// Name of the DNS SRV backend.
+pub const DNS_SRV_CLUSTER: &str = "proxy.clusters.dns_srv";
 
 /// Envoy's `Cluster.DiscoveryType`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]

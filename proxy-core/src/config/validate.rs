@@ -40,6 +40,9 @@ fn validate_names(config: &Config) -> Result<(), Invalid> {
 
 fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
     let at = |field: &str| format!("clusters[{i}].{field}");
+    if let Some(custom) = &cluster.custom_cluster_type {
+        return validate_custom(i, cluster, custom);
+    }
     let dns = match cluster.cluster_type {
         ClusterType::Static => false,
         ClusterType::StrictDns | ClusterType::LogicalDns => true,
@@ -107,6 +110,42 @@ fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
             if lb.load_balancing_weight == 0 {
                 return Err(Invalid::new(at("load_balancing_weight"), "must be at least 1"));
             }
+        }
+    }
+    Ok(())
+}
+
+/// A custom backend: a known name and a `typed_config` of its type.
+fn validate_custom(
+    i: usize,
+    cluster: &super::Cluster,
+    custom: &super::CustomClusterType,
+) -> Result<(), Invalid> {
+    let at = |field: &str| format!("clusters[{i}].cluster_type.{field}");
+    let typed = |inner: String, msg: String| {
+        let field = if inner == "." { at("typed_config") } else { at(&format!("typed_config.{inner}")) };
+        Invalid::new(field, msg)
+    };
+    match custom.name.as_str() {
+        super::CONSUL_CLUSTER => {
+            let cfg: crate::discovery::consul::ConsulConfig =
+                serde_path_to_error::deserialize(&custom.typed_config)
+                    .map_err(|e| typed(e.path().to_string(), e.into_inner().to_string()))?;
+            cfg.validate().map_err(|e| Invalid::new(at("typed_config"), e.to_string()))?;
+        }
+        super::DNS_SRV_CLUSTER => {
+            let cfg: super::DnsSrvConfig = serde_path_to_error::deserialize(&custom.typed_config)
+                .map_err(|e| typed(e.path().to_string(), e.into_inner().to_string()))?;
+            if cfg.service_names.is_empty() {
+                return Err(Invalid::new(at("typed_config.service_names"), "must not be empty"));
+            }
+            validate_dns(i, cluster)?;
+        }
+        other => {
+            return Err(Invalid::new(
+                at("name"),
+                format!("unknown cluster type {other:?}; this build has proxy.clusters.consul and proxy.clusters.dns_srv"),
+            ));
         }
     }
     Ok(())

@@ -1,0 +1,149 @@
+//! Consul catalog discovery: a custom cluster type whose hosts are the instances of one Consul
+//! service, with Consul's health and weights, kept current with blocking queries.
+//!
+//! Wiring: deserialize and validate a [`ConsulConfig`], then call [`spawn_consul`] inside a
+//! tokio runtime. The returned [`ConsulCluster`] owns one watch task (aborted when it is
+//! dropped) and is a [`DiscoverySource`]: it publishes [`SourceUpdate`]s on a watch channel and
+//! exposes Envoy-named stats. Queries never happen on the connect path.
+//!
+//! ```no_run
+//! # async fn wire() -> Result<(), Box<dyn std::error::Error>> {
+//! use proxy_core::discovery::{
+//!     consul::{ConsulConfig, spawn_consul},
+//!     source::DiscoverySource as _,
+//! };
+//!
+//! let config: ConsulConfig = serde_yaml::from_str("service: web\ndatacenter: dc1")?;
+//! let cluster = spawn_consul("web", config)?;
+//! let mut updates = cluster.updates();
+//! while updates.changed().await.is_ok() {
+//!     let update = updates.borrow_and_update().clone();
+//!     // Feed update.hosts (weights, eds_health, metadata) to the cluster's health state.
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Behaviour:
+//! * every query counts `update_attempt`, then `update_success` or `update_failure`; a success
+//!   whose host set is unchanged counts `update_no_rebuild` and publishes nothing;
+//! * instances are not filtered by health (`passing` is never sent): each becomes a host whose
+//!   [`EdsHealth`](crate::discovery::EdsHealth) and weight come from its checks and `Weights`
+//!   exactly as Consul computes them for Envoy (see [`catalog`]);
+//! * a failure (connection, timeout, non-200, bad body) keeps the hosts and retries after a
+//!   jittered exponential backoff (`retry_backoff`), reset by the next success;
+//! * the blocking-query index rules are Consul's documented ones (see [`next_index`]);
+//! * initialized after the first query finished, success or failure (a Consul agent that is
+//!   down at start gives an initialized, empty cluster, as a failed first DNS resolution does).
+
+pub mod catalog;
+mod config;
+pub mod http;
+mod stats;
+#[cfg(test)]
+mod tests;
+mod watch;
+
+use std::sync::Arc;
+
+use tokio::{sync::watch as channel, task::AbortHandle};
+
+use self::watch::{CatalogFetch, HttpFetch, Watch};
+pub use self::{
+    config::{ConsulConfig, ConsulConfigError, RetryBackoff},
+    stats::{ConsulStatValues, ConsulStats},
+    watch::{QueryError, next_index, query_target},
+};
+use super::source::{DiscoverySource, SourceUpdate};
+
+/// A running Consul cluster. Dropping it stops its watch.
+pub struct ConsulCluster {
+    name: String,
+    config: ConsulConfig,
+    updates: channel::Receiver<SourceUpdate>,
+    stats: Arc<ConsulStats>,
+    task: AbortHandle,
+}
+
+impl ConsulCluster {
+    /// The configuration it runs with.
+    pub fn config(&self) -> &ConsulConfig {
+        &self.config
+    }
+
+    /// The latest published state.
+    pub fn current(&self) -> SourceUpdate {
+        self.updates.borrow().clone()
+    }
+
+    /// Waits until the first query has finished.
+    pub async fn initialized(&self) {
+        let mut updates = self.updates.clone();
+        // The sender lives in the watch task; it is only dropped when the task is aborted.
+        let _ = updates.wait_for(|update| update.initialized).await;
+    }
+
+    /// Counters and gauges.
+    pub fn stats(&self) -> &Arc<ConsulStats> {
+        &self.stats
+    }
+}
+
+impl DiscoverySource for ConsulCluster {
+    fn cluster_name(&self) -> &str {
+        &self.name
+    }
+
+    fn updates(&self) -> channel::Receiver<SourceUpdate> {
+        self.updates.clone()
+    }
+
+    fn named_stats(&self) -> Vec<(String, u64)> {
+        self.stats.named(&self.name)
+    }
+}
+
+impl Drop for ConsulCluster {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Validates `config` and starts watching the catalog for cluster `name`. Must be called within
+/// a tokio runtime.
+pub fn spawn_consul(
+    name: impl Into<String>,
+    config: ConsulConfig,
+) -> Result<ConsulCluster, ConsulConfigError> {
+    let fetch = Arc::new(HttpFetch {
+        address: config.address.clone(),
+    });
+    spawn_with(name.into(), config, fetch, fastrand::Rng::new())
+}
+
+fn spawn_with(
+    name: String,
+    config: ConsulConfig,
+    fetch: Arc<dyn CatalogFetch>,
+    rng: fastrand::Rng,
+) -> Result<ConsulCluster, ConsulConfigError> {
+    config.validate()?;
+    let (tx, updates) = channel::channel(SourceUpdate::default());
+    let stats = Arc::new(ConsulStats::default());
+    let watch = Watch {
+        name: name.clone(),
+        config: config.clone(),
+        fetch,
+        updates: tx,
+        stats: stats.clone(),
+        rng,
+    };
+    let task = tokio::spawn(watch.run()).abort_handle();
+    Ok(ConsulCluster {
+        name,
+        config,
+        updates,
+        stats,
+        task,
+    })
+}

@@ -1,0 +1,224 @@
+//! Unit tests of the Consul backend: a scripted [`CatalogFetch`] under paused tokio time for the
+//! watch loop (index rules, mapping, failures, backoff), and a scripted HTTP server on loopback
+//! for the wire format.
+
+mod config;
+mod failure;
+mod index;
+mod mapping;
+mod wire;
+
+use std::{
+    collections::VecDeque,
+    io,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use serde_json::{Value, json};
+use tokio::{sync::watch, time::Instant};
+
+use super::{
+    ConsulCluster, ConsulConfig,
+    http::{HttpError, HttpResponse},
+    spawn_with,
+    watch::{BoxFuture, CatalogFetch},
+};
+use crate::discovery::source::{DiscoverySource as _, SourceUpdate};
+
+/// Bound of every wait in these tests (virtual time: costs nothing when met).
+const WAIT: Duration = Duration::from_secs(600);
+
+/// One scripted answer.
+pub(super) enum Reply {
+    /// 200 with `X-Consul-Index: index` and this JSON body.
+    Ok(u64, Value),
+    /// Any other status with a text body.
+    Status(u16, &'static str),
+    /// A response exactly as given.
+    Raw(HttpResponse),
+    /// Connection refused.
+    Fail,
+}
+
+#[derive(Default)]
+struct ScriptState {
+    replies: VecDeque<Reply>,
+    log: Vec<(Instant, String)>,
+}
+
+/// Answers queries from a list; once the list is used up, queries block forever (a blocking
+/// query with no change). Cloning shares the script.
+#[derive(Clone)]
+pub(super) struct Script {
+    state: Arc<Mutex<ScriptState>>,
+    requests: Arc<watch::Sender<usize>>,
+}
+
+impl Script {
+    pub(super) fn new(replies: Vec<Reply>) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(ScriptState {
+                replies: replies.into(),
+                log: Vec::new(),
+            })),
+            requests: Arc::new(watch::channel(0).0),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, ScriptState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Request targets so far.
+    pub(super) fn targets(&self) -> Vec<String> {
+        self.state().log.iter().map(|(_, t)| t.clone()).collect()
+    }
+
+    /// Start times of the requests so far.
+    pub(super) fn times(&self) -> Vec<Instant> {
+        self.state().log.iter().map(|(t, _)| *t).collect()
+    }
+
+    /// Waits until at least `n` requests were made.
+    pub(super) async fn wait_requests(&self, n: usize) {
+        let mut rx = self.requests.subscribe();
+        let made = tokio::time::timeout(WAIT, rx.wait_for(|count| *count >= n)).await;
+        assert!(
+            matches!(made, Ok(Ok(_))),
+            "expected {n} requests, got {:?}",
+            self.targets()
+        );
+    }
+}
+
+impl CatalogFetch for Script {
+    fn get<'a>(
+        &'a self,
+        target: &'a str,
+        _timeout: Duration,
+    ) -> BoxFuture<'a, Result<HttpResponse, HttpError>> {
+        let reply = {
+            let mut state = self.state();
+            state.log.push((Instant::now(), target.to_owned()));
+            state.replies.pop_front()
+        };
+        self.requests.send_modify(|count| *count += 1);
+        Box::pin(async move {
+            match reply {
+                Some(Reply::Ok(index, body)) => Ok(HttpResponse {
+                    status: 200,
+                    headers: vec![("x-consul-index".to_owned(), index.to_string())],
+                    body: body.to_string().into_bytes(),
+                }),
+                Some(Reply::Status(status, text)) => Ok(HttpResponse {
+                    status,
+                    headers: Vec::new(),
+                    body: text.as_bytes().to_vec(),
+                }),
+                Some(Reply::Raw(response)) => Ok(response),
+                Some(Reply::Fail) => Err(HttpError::Connect {
+                    address: "127.0.0.1:8500".to_owned(),
+                    source: io::ErrorKind::ConnectionRefused.into(),
+                }),
+                None => std::future::pending().await,
+            }
+        })
+    }
+}
+
+/// Starts a cluster named `web` on `script` with a fixed random seed.
+pub(super) fn start(config: ConsulConfig, script: &Script) -> ConsulCluster {
+    spawn_with(
+        "web".to_owned(),
+        config,
+        Arc::new(script.clone()),
+        fastrand::Rng::with_seed(7),
+    )
+    .expect("valid config")
+}
+
+/// Waits until the published state satisfies `wanted`.
+pub(super) async fn wait_state(
+    cluster: &ConsulCluster,
+    wanted: impl FnMut(&SourceUpdate) -> bool,
+) -> SourceUpdate {
+    let mut updates = cluster.updates();
+    match tokio::time::timeout(WAIT, updates.wait_for(wanted)).await {
+        Ok(Ok(update)) => update.clone(),
+        _ => panic!("state never matched; last: {:?}", cluster.current()),
+    }
+}
+
+/// The published addresses, in order.
+pub(super) fn addrs(update: &SourceUpdate) -> Vec<String> {
+    update.hosts.iter().map(|h| h.addr.to_string()).collect()
+}
+
+/// A catalog instance for [`body`].
+#[derive(Clone)]
+pub(super) struct Inst {
+    pub node: &'static str,
+    pub node_addr: &'static str,
+    pub id: &'static str,
+    pub addr: &'static str,
+    pub port: u16,
+    pub meta: Value,
+    pub weights: Value,
+    pub checks: Vec<&'static str>,
+}
+
+/// Instance `id` at `addr:port` on node n1 (127.0.0.1), weights 1/1, serfHealth and one service
+/// check passing.
+pub(super) fn inst(id: &'static str, addr: &'static str, port: u16) -> Inst {
+    Inst {
+        node: "n1",
+        node_addr: "127.0.0.1",
+        id,
+        addr,
+        port,
+        meta: json!({}),
+        weights: json!({"Passing": 1, "Warning": 1}),
+        checks: vec!["passing", "passing"],
+    }
+}
+
+impl Inst {
+    /// Sets the service check's status (the node's serfHealth stays passing).
+    pub(super) fn check(mut self, status: &'static str) -> Self {
+        self.checks[1] = status;
+        self
+    }
+}
+
+/// A `/v1/health/service/web` body as Consul 1.8 writes it.
+pub(super) fn body(instances: &[Inst]) -> Value {
+    let entries: Vec<Value> = instances
+        .iter()
+        .map(|i| {
+            let checks: Vec<Value> = i
+                .checks
+                .iter()
+                .enumerate()
+                .map(|(n, status)| {
+                    let (id, service_id) = if n == 0 {
+                        ("serfHealth".to_owned(), "")
+                    } else {
+                        (format!("service:{}:{n}", i.id), i.id)
+                    };
+                    json!({"Node": i.node, "CheckID": id, "Name": id, "Status": status,
+                        "ServiceID": service_id, "ServiceName": "web", "Output": ""})
+                })
+                .collect();
+            json!({
+                "Node": {"ID": "", "Node": i.node, "Address": i.node_addr, "Datacenter": "dc1",
+                    "TaggedAddresses": {"lan": i.node_addr}, "Meta": {"consul-network-segment": ""}},
+                "Service": {"ID": i.id, "Service": "web", "Tags": [], "Address": i.addr,
+                    "Meta": i.meta, "Port": i.port, "Weights": i.weights,
+                    "EnableTagOverride": false},
+                "Checks": checks,
+            })
+        })
+        .collect();
+    Value::Array(entries)
+}

@@ -1,0 +1,274 @@
+//! The watch loop of one Consul cluster: blocking queries on `/v1/health/service/<name>`, the
+//! index rules of Consul's blocking-query guidance, host sets published on a watch channel, and
+//! jittered backoff after failures (hosts are kept meanwhile).
+//!
+//! Index rules (Consul API docs, "Blocking Queries", implementation details):
+//! * the first query, and the first after a reset, carries no `index`: it answers at once;
+//! * later queries send `index=<last X-Consul-Index>&wait=<wait>` and block until a change or
+//!   the wait runs out (a return is no guarantee of a change);
+//! * a returned index lower than the one sent means the index went backwards (snapshot restore,
+//!   a server change): the next query starts again from 0;
+//! * a returned index of 0 is a Consul bug that would turn the watch into a busy loop: it is
+//!   treated as 1, which is always safe to block on.
+//!
+//! Two queries never start less than [`MIN_QUERY_INTERVAL`] apart, so even a server that
+//! answers every blocking query at once cannot make the loop spin.
+
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
+
+use tokio::{sync::watch, time::Instant};
+use tracing::{debug, warn};
+
+use super::{
+    catalog::{ServiceEntry, to_hosts},
+    config::ConsulConfig,
+    http::{self, HttpError, HttpResponse},
+    stats::ConsulStats,
+};
+use crate::discovery::{HostSet, dns::FailureBackoff, source::SourceUpdate};
+
+/// Time allowed beyond `wait + wait/16` (Consul adds up to wait/16 of jitter) for a blocking
+/// query's response to arrive.
+const RESPONSE_GRACE: Duration = Duration::from_secs(5);
+
+/// Least time between the starts of two queries.
+pub(crate) const MIN_QUERY_INTERVAL: Duration = Duration::from_millis(50);
+
+/// A boxed future, for the object-safe [`CatalogFetch`].
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Sends one GET to the Consul agent: the HTTP client in production, a script in unit tests.
+pub(crate) trait CatalogFetch: Send + Sync {
+    /// GETs `target` (path and query), bounded by `timeout`.
+    fn get<'a>(
+        &'a self,
+        target: &'a str,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<HttpResponse, HttpError>>;
+}
+
+/// [`CatalogFetch`] over [`http::request`].
+pub(crate) struct HttpFetch {
+    pub(crate) address: String,
+}
+
+impl CatalogFetch for HttpFetch {
+    fn get<'a>(
+        &'a self,
+        target: &'a str,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<HttpResponse, HttpError>> {
+        Box::pin(http::request(&self.address, "GET", target, None, timeout))
+    }
+}
+
+/// Why one query failed.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    /// No response.
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    /// A status other than 200 (e.g. 500 "No path to datacenter").
+    #[error("consul answered {status}: {body}")]
+    Status {
+        /// The status code.
+        status: u16,
+        /// The first line of the body.
+        body: String,
+    },
+    /// 200 without a usable `X-Consul-Index` (not a Consul agent, or a proxy stripped it).
+    #[error("consul response has no numeric X-Consul-Index header ({value:?})")]
+    Index {
+        /// The header's value, if any.
+        value: Option<String>,
+    },
+    /// The body is not the expected JSON array.
+    #[error("consul response body is not a list of service entries: {source}")]
+    Body {
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// The index to send next and whether the watch was reset, given the index sent (`previous`,
+/// 0 for a non-blocking query) and the `X-Consul-Index` returned. Consul's blocking-query
+/// guidance: an index lower than the one sent went backwards, so restart from 0 (a non-blocking
+/// query that re-reads everything); a returned 0 is never blocked on (Consul would answer at
+/// once, a busy loop) but taken as 1, which is always safe.
+pub fn next_index(previous: u64, returned: u64) -> (u64, bool) {
+    if returned < previous {
+        (0, true)
+    } else if returned == 0 {
+        (1, false)
+    } else {
+        (returned, false)
+    }
+}
+
+/// The request target for `config` at `index`: `/v1/health/service/<service>` with `dc`, `tag`
+/// and, when `index` is not 0, `index` and `wait`. `passing` is never set: unhealthy instances
+/// are reported with their health, not hidden.
+pub fn query_target(config: &ConsulConfig, index: u64) -> String {
+    let mut params = Vec::new();
+    if let Some(dc) = &config.datacenter {
+        params.push(format!("dc={}", http::encode(dc)));
+    }
+    if let Some(tag) = &config.tag {
+        params.push(format!("tag={}", http::encode(tag)));
+    }
+    if index != 0 {
+        params.push(format!("index={index}"));
+        params.push(format!("wait={}", go_duration(config.wait)));
+    }
+    let mut target = format!("/v1/health/service/{}", http::encode(&config.service));
+    if !params.is_empty() {
+        target.push('?');
+        target.push_str(&params.join("&"));
+    }
+    target
+}
+
+/// A duration in Go's `time.ParseDuration` syntax: whole seconds as `30s`, else milliseconds.
+fn go_duration(duration: Duration) -> String {
+    if duration.subsec_nanos() == 0 {
+        format!("{}s", duration.as_secs())
+    } else {
+        format!("{}ms", duration.as_millis().max(1))
+    }
+}
+
+/// Sends one query and decodes its answer into `(X-Consul-Index, entries)`.
+async fn query(
+    fetch: &dyn CatalogFetch,
+    target: &str,
+    timeout: Duration,
+) -> Result<(u64, Vec<ServiceEntry>), QueryError> {
+    let response = fetch.get(target, timeout).await?;
+    if response.status != 200 {
+        return Err(QueryError::Status {
+            status: response.status,
+            body: response.body_excerpt(),
+        });
+    }
+    let header = response.header("x-consul-index");
+    let index = header
+        .and_then(|v| v.parse::<u64>().ok())
+        .ok_or_else(|| QueryError::Index {
+            value: header.map(str::to_owned),
+        })?;
+    let entries: Option<Vec<ServiceEntry>> =
+        serde_json::from_slice(&response.body).map_err(|source| QueryError::Body { source })?;
+    Ok((index, entries.unwrap_or_default()))
+}
+
+/// What the loop needs besides its configuration.
+pub(crate) struct Watch {
+    pub(crate) name: String,
+    pub(crate) config: ConsulConfig,
+    pub(crate) fetch: Arc<dyn CatalogFetch>,
+    pub(crate) updates: watch::Sender<SourceUpdate>,
+    pub(crate) stats: Arc<ConsulStats>,
+    pub(crate) rng: fastrand::Rng,
+}
+
+impl Watch {
+    /// Runs until aborted.
+    pub(crate) async fn run(mut self) {
+        let base_ms = millis(self.config.retry_backoff.base_interval);
+        let mut backoff = FailureBackoff::Jittered {
+            base_ms,
+            max_ms: millis(self.config.retry_backoff.max_interval).max(base_ms),
+            next_ms: base_ms,
+        };
+        let wait = self.config.wait;
+        let timeout = wait + wait / 16 + RESPONSE_GRACE;
+        let mut index = 0;
+        let mut last_start: Option<Instant> = None;
+        loop {
+            if let Some(start) = last_start {
+                tokio::time::sleep_until(start + MIN_QUERY_INTERVAL).await;
+            }
+            last_start = Some(Instant::now());
+            ConsulStats::inc(&self.stats.update_attempt);
+            let target = query_target(&self.config, index);
+            match query(&*self.fetch, &target, timeout).await {
+                Ok((returned, entries)) => {
+                    let (next, reset) = next_index(index, returned);
+                    if reset {
+                        ConsulStats::inc(&self.stats.index_reset);
+                        warn!(cluster = %self.name, sent = index, returned,
+                            "consul index went backwards; restarting the watch from 0");
+                    }
+                    index = next;
+                    ConsulStats::set(&self.stats.index, index);
+                    ConsulStats::inc(&self.stats.update_success);
+                    backoff.reset();
+                    self.apply(&entries);
+                }
+                Err(error) => {
+                    ConsulStats::inc(&self.stats.update_failure);
+                    let delay = backoff.next_delay(&mut self.rng);
+                    warn!(cluster = %self.name, %error, retry_in = ?delay,
+                        "consul query failed; keeping the current hosts");
+                    self.updates.send_if_modified(|state| {
+                        let first = !state.initialized;
+                        if first {
+                            state.initialized = true;
+                            state.version += 1;
+                        }
+                        first
+                    });
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    /// Maps a successful answer and publishes it if the host set changed.
+    fn apply(&self, entries: &[ServiceEntry]) {
+        let (hosts, skipped) = to_hosts(entries, self.config.only_passing);
+        let previous_skipped = self
+            .stats
+            .instances_skipped
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if skipped.len() as u64 != previous_skipped {
+            for s in &skipped {
+                warn!(cluster = %self.name, instance = %s.instance, address = %s.address,
+                    "consul instance skipped: its address is not an IP literal");
+            }
+        }
+        ConsulStats::set(&self.stats.instances_skipped, skipped.len() as u64);
+        let total = hosts.len() as u64;
+        let mut membership_changed = false;
+        let published = self
+            .updates
+            .send_if_modified(|state| publish(state, hosts, &mut membership_changed));
+        if membership_changed {
+            ConsulStats::inc(&self.stats.membership_change);
+        }
+        ConsulStats::set(&self.stats.membership_total, total);
+        if published {
+            debug!(cluster = %self.name, hosts = total, "consul host set published");
+        } else {
+            ConsulStats::inc(&self.stats.update_no_rebuild);
+        }
+    }
+}
+
+/// Replaces `state`'s hosts unless they are equal and already initialized; reports whether the
+/// hosts themselves changed.
+fn publish(state: &mut SourceUpdate, hosts: HostSet, membership_changed: &mut bool) -> bool {
+    if state.initialized && state.hosts == hosts {
+        return false;
+    }
+    *membership_changed = state.hosts != hosts;
+    state.version += 1;
+    state.initialized = true;
+    state.hosts = hosts;
+    true
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,250 @@
+//! A private Consul 1.8.7 dev agent on 127.0.0.1 for the Consul catalog tests, with live
+//! service registration and TTL check changes through its HTTP API.
+//!
+//! Each [`Consul`] picks free loopback ports for every listener (HTTP, DNS, gRPC, serf LAN/WAN,
+//! server RPC), keeps its data and log in a fresh temp dir, disables the update check (no
+//! traffic leaves the machine), waits until the agent has elected itself leader, and kills the
+//! child by its PID on drop. The binary is `PROXY_TEST_CONSUL`, else `target/tools/consul`
+//! (where `cargo xtask setup` installs it), else `consul` on PATH; none of them is a test
+//! failure, never a skip.
+
+use std::{
+    net::{SocketAddr, TcpListener, UdpSocket},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
+
+use proxy_core::discovery::consul::http;
+use serde_json::{Value, json};
+
+/// How long the agent may take to start and elect itself.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Bound of one API call.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where `cargo xtask setup` installs the binary, relative to the workspace root.
+const INSTALL_PATH: &str = "target/tools/consul";
+
+/// A running Consul dev agent (server and client in one) on 127.0.0.1.
+pub struct Consul {
+    dir: PathBuf,
+    http: SocketAddr,
+    datacenter: String,
+    child: Option<Child>,
+}
+
+/// The consul binary to run, or a panic that says how to get one.
+pub fn consul_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("PROXY_TEST_CONSUL") {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "PROXY_TEST_CONSUL={} is not a file",
+            path.display()
+        );
+        return path;
+    }
+    let installed = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(INSTALL_PATH);
+    if installed.is_file() {
+        return installed;
+    }
+    let on_path = std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .map(|dir| Path::new(dir).join("consul"))
+        .find(|p| p.is_file());
+    on_path.unwrap_or_else(|| {
+        panic!(
+            "consul is missing: run `cargo xtask setup` (it installs Consul 1.8.7 from Debian \
+             bullseye into {INSTALL_PATH}) or set PROXY_TEST_CONSUL to a consul binary"
+        )
+    })
+}
+
+impl Consul {
+    /// Starts a dev agent whose datacenter is `datacenter` and waits until it serves the
+    /// catalog.
+    pub async fn start(datacenter: &str) -> Self {
+        let binary = consul_binary();
+        let dir = temp_dir();
+        let ports = free_ports(6);
+        let log_path = dir.join("consul.log");
+        let log = std::fs::File::create(&log_path)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", log_path.display()));
+        let stderr = log.try_clone().expect("clone log handle");
+        let child = Command::new(&binary)
+            .args([
+                "agent",
+                "-dev",
+                "-bind",
+                "127.0.0.1",
+                "-client",
+                "127.0.0.1",
+            ])
+            .args([
+                "-node",
+                "proxy-test",
+                "-datacenter",
+                datacenter,
+                "-log-level",
+                "warn",
+            ])
+            .args(["-hcl", "disable_update_check = true"])
+            .arg("-data-dir")
+            .arg(dir.join("data"))
+            .args(["-http-port", &ports[0].to_string()])
+            .args(["-dns-port", &ports[1].to_string()])
+            .args(["-grpc-port", &ports[2].to_string()])
+            .args(["-serf-lan-port", &ports[3].to_string()])
+            .args(["-serf-wan-port", &ports[4].to_string()])
+            .args(["-server-port", &ports[5].to_string()])
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let consul = Self {
+            dir,
+            http: SocketAddr::from(([127, 0, 0, 1], ports[0])),
+            datacenter: datacenter.to_owned(),
+            child: Some(child),
+        };
+        consul.wait_until_leader().await;
+        consul
+    }
+
+    /// The HTTP API address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http
+    }
+
+    /// The agent's datacenter.
+    pub fn datacenter(&self) -> &str {
+        &self.datacenter
+    }
+
+    /// `PUT /v1/agent/service/register` with this definition (Consul's JSON field names).
+    pub async fn register(&self, definition: Value) {
+        self.put("/v1/agent/service/register", Some(definition))
+            .await;
+    }
+
+    /// `PUT /v1/agent/service/deregister/<id>`.
+    pub async fn deregister(&self, id: &str) {
+        self.put(&format!("/v1/agent/service/deregister/{id}"), None)
+            .await;
+    }
+
+    /// Sets a TTL check's status: `pass`, `warn` or `fail` (`PUT /v1/agent/check/<s>/<id>`).
+    pub async fn set_check(&self, check_id: &str, status: &str) {
+        self.put(&format!("/v1/agent/check/{status}/{check_id}"), None)
+            .await;
+    }
+
+    /// Kills the agent now (by its PID); later calls fail as against a dead agent.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // Child::kill sends SIGKILL to this child's PID only.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The agent's log so far, for failure messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("consul.log")).unwrap_or_default()
+    }
+
+    async fn put(&self, path: &str, body: Option<Value>) {
+        let body = body.map(|b| b.to_string().into_bytes());
+        let address = self.http.to_string();
+        let response = http::request(&address, "PUT", path, body.as_deref(), CALL_TIMEOUT)
+            .await
+            .unwrap_or_else(|e| panic!("PUT {path} on consul {address}: {e}"));
+        assert_eq!(
+            response.status,
+            200,
+            "PUT {path}: {}\nlog: {}",
+            response.body_excerpt(),
+            self.log()
+        );
+    }
+
+    async fn wait_until_leader(&self) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let address = self.http.to_string();
+        loop {
+            let leader = http::request(&address, "GET", "/v1/status/leader", None, CALL_TIMEOUT)
+                .await
+                .ok()
+                .filter(|r| r.status == 200)
+                .and_then(|r| serde_json::from_slice::<String>(&r.body).ok());
+            if leader.is_some_and(|l| !l.is_empty()) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "consul on {address} elected no leader within {START_TIMEOUT:?}\nlog: {}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Consul {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A service definition with one TTL check `<id>-ttl`, initially passing. `address` may be
+/// empty (the node's address is used).
+pub fn service(id: &str, name: &str, address: &str, port: u16) -> Value {
+    json!({
+        "ID": id,
+        "Name": name,
+        "Address": address,
+        "Port": port,
+        "Checks": [{"CheckID": format!("{id}-ttl"), "Name": "ttl", "TTL": "600s",
+            "Status": "passing"}],
+    })
+}
+
+/// `n` distinct ports free for both TCP and UDP on 127.0.0.1 right now (serf uses both); the
+/// sockets are held until all are chosen so no port is handed out twice.
+fn free_ports(n: usize) -> Vec<u16> {
+    let mut held = Vec::new();
+    for _ in 0..n * 20 {
+        if held.len() == n {
+            break;
+        }
+        let tcp = TcpListener::bind("127.0.0.1:0").expect("bind a loopback TCP port");
+        let port = tcp.local_addr().expect("local addr").port();
+        if let Ok(udp) = UdpSocket::bind(("127.0.0.1", port)) {
+            held.push((port, tcp, udp));
+        }
+    }
+    assert_eq!(
+        held.len(),
+        n,
+        "not enough ports free for both TCP and UDP on 127.0.0.1"
+    );
+    held.into_iter().map(|(port, _, _)| port).collect()
+}
+
+fn temp_dir() -> PathBuf {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("proxy-consul-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    dir
+}

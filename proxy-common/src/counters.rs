@@ -1,5 +1,7 @@
-//! Indices of the per-CPU counter array `COUNTERS_V1`. Every outcome of a hook and every error it
+//! Indices of the per-CPU counter array `COUNTERS_V2`. Every outcome of a hook and every error it
 //! can meet has one; the daemon sums them over CPUs and exports them under `/stats`.
+//!
+//! `NAMES[i]` is the exported name of index `i`; a unit test keeps the two lists in step.
 
 /// connect4/6: a service address was rewritten to a chosen host.
 pub const CONNECT_REWRITTEN: u32 = 0;
@@ -7,20 +9,109 @@ pub const CONNECT_REWRITTEN: u32 = 0;
 pub const CONNECT_NOT_SERVICE: u32 = 1;
 /// connect4/6: the service has no routable host in any priority; the connect is refused.
 pub const CONNECT_NO_HOST: u32 = 2;
-/// connect4/6: a slot points at a backend id that is not in the backend map (a publishing bug);
-/// the connect proceeds untouched (fail-open).
+/// connect4/6 (and sendmsg4/6): a slot points at a backend id that is not in the backend map (a
+/// publishing bug); the syscall proceeds untouched (fail-open).
 pub const CONNECT_BACKEND_MISSING: u32 = 3;
-/// connect4/6: the family of the chosen backend differs from the socket's; proceeds untouched.
+/// connect4/6 (and sendmsg4/6): the chosen backend's family differs from the socket's; proceeds
+/// untouched.
 pub const CONNECT_FAMILY_MISMATCH: u32 = 4;
+/// connect4/6: a proxy-mode service was redirected to the daemon's listener.
+pub const CONNECT_PROXY_REDIRECTED: u32 = 5;
+/// connect4/6: a proxy-mode service, but no listener of the socket's family is set; refused.
+pub const CONNECT_PROXY_NO_LISTENER: u32 = 6;
+/// connect4/6: recording the original destination under the socket cookie failed.
+pub const ORIG_DST_RECORD_FAILED: u32 = 7;
+/// sendmsg4/6: an unconnected UDP datagram to a service was sent to a chosen host.
+pub const SENDMSG_REWRITTEN: u32 = 8;
+/// sendmsg4/6: the destination is not a service; the datagram goes out untouched.
+pub const SENDMSG_NOT_SERVICE: u32 = 9;
+/// sendmsg4/6: the service has no routable host; the send fails with EPERM.
+pub const SENDMSG_NO_HOST: u32 = 10;
+/// sendmsg4/6 and connect4/6 (UDP): recording the reverse translation failed.
+pub const UDP_REVERSE_RECORD_FAILED: u32 = 11;
+/// recvmsg4/6: a reply from a backend was shown as coming from the service address.
+pub const RECVMSG_REWRITTEN: u32 = 12;
+/// getpeername4/6: the service address was shown instead of the backend.
+pub const GETPEERNAME_REWRITTEN: u32 = 13;
+/// sockops: a proxied connection's original destination was re-keyed by its 4-tuple.
+pub const ORIG_DST_REKEYED: u32 = 14;
+/// sockops: writing the 4-tuple entry failed; the proxy will not find the original destination.
+pub const ORIG_DST_REKEY_FAILED: u32 = 15;
+/// sockops: a closed connection's 4-tuple entry was removed.
+pub const ORIG_DST_REMOVED: u32 = 16;
+/// sockops: an established local socket was added to the splice sockhash.
+pub const SOCKHASH_INSERTED: u32 = 17;
+/// sockops: adding a socket to the splice sockhash failed; it is not spliced.
+pub const SOCKHASH_INSERT_FAILED: u32 = 18;
+/// sockops: setting the state-change callback flag failed (no passive health, no cleanup).
+pub const SOCKOPS_CB_FLAGS_FAILED: u32 = 19;
+/// sk_msg: a message was redirected straight to the peer socket.
+pub const SK_MSG_REDIRECTED: u32 = 20;
+/// sk_msg: the peer socket is not in the sockhash; the message takes the TCP path.
+pub const SK_MSG_REDIRECT_FAILED: u32 = 21;
+/// sockops: a connect to a backend failed (SYN_SENT -> CLOSE).
+pub const PASSIVE_CONNECT_FAILED: u32 = 22;
+/// sockops: an established connection to a backend was reset or aborted.
+pub const PASSIVE_RESET: u32 = 23;
+/// sockops: updating the per-backend passive counters failed.
+pub const PASSIVE_RECORD_FAILED: u32 = 24;
 
-/// Number of counters; the size of `COUNTERS_V1`.
-pub const COUNT: u32 = 16;
+/// Number of counters; the size of `COUNTERS_V2` (room to grow without a layout change).
+pub const COUNT: u32 = 64;
 
 /// Names used by the daemon when it exports the counters, indexed like the constants above.
-pub const NAMES: [&str; 5] = [
+pub const NAMES: [&str; 25] = [
     "connect_rewritten",
     "connect_not_service",
     "connect_no_host",
     "connect_backend_missing",
     "connect_family_mismatch",
+    "connect_proxy_redirected",
+    "connect_proxy_no_listener",
+    "orig_dst_record_failed",
+    "sendmsg_rewritten",
+    "sendmsg_not_service",
+    "sendmsg_no_host",
+    "udp_reverse_record_failed",
+    "recvmsg_rewritten",
+    "getpeername_rewritten",
+    "orig_dst_rekeyed",
+    "orig_dst_rekey_failed",
+    "orig_dst_removed",
+    "sockhash_inserted",
+    "sockhash_insert_failed",
+    "sockops_cb_flags_failed",
+    "sk_msg_redirected",
+    "sk_msg_redirect_failed",
+    "passive_connect_failed",
+    "passive_reset",
+    "passive_record_failed",
 ];
+const _: () = assert!(NAMES.len() as u32 <= COUNT);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_match_indices() {
+        assert_eq!(NAMES[CONNECT_REWRITTEN as usize], "connect_rewritten");
+        assert_eq!(
+            NAMES[ORIG_DST_RECORD_FAILED as usize],
+            "orig_dst_record_failed"
+        );
+        assert_eq!(
+            NAMES[GETPEERNAME_REWRITTEN as usize],
+            "getpeername_rewritten"
+        );
+        assert_eq!(
+            NAMES[SOCKOPS_CB_FLAGS_FAILED as usize],
+            "sockops_cb_flags_failed"
+        );
+        assert_eq!(
+            NAMES[PASSIVE_RECORD_FAILED as usize],
+            "passive_record_failed"
+        );
+        assert_eq!(NAMES.len(), PASSIVE_RECORD_FAILED as usize + 1);
+    }
+}

@@ -9,6 +9,7 @@
 
 pub mod counters;
 pub mod service;
+pub mod socket;
 
 /// Implements `aya::Pod` for map types when built for userspace.
 ///
@@ -17,7 +18,10 @@ pub mod service;
 #[cfg(feature = "user")]
 #[allow(unsafe_code)]
 mod pod {
-    use crate::service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey};
+    use crate::{
+        service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey},
+        socket::{PassiveCounts, Settings, SockTuple, UdpReverseKey},
+    };
 
     // SAFETY: each type is repr(C), made only of integers and integer arrays with explicit
     // padding fields, so every bit pattern is valid and there are no implicit padding bytes.
@@ -30,4 +34,12 @@ mod pod {
     unsafe impl aya::Pod for SlotTable {}
     // SAFETY: as above.
     unsafe impl aya::Pod for Backend {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for Settings {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for SockTuple {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for UdpReverseKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for PassiveCounts {}
 }

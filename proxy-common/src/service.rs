@@ -39,8 +39,9 @@ const _: () = assert!(SLOTS <= SLOT_CAPACITY && SLOT_CAPACITY.is_power_of_two())
 /// Failover priorities the kernel looks at, highest (0) first.
 pub const MAX_PRIORITIES: u32 = 4;
 
-/// `Service::flags` bit: redirect connections to the daemon's proxy listener instead of
-/// connecting straight to a host.
+/// `Service::flags` bit: redirect TCP connections to the daemon's proxy listener (the address
+/// in `SETTINGS_V1`) instead of connecting straight to a host, and record the original
+/// destination for the proxy (see `socket`). UDP services ignore it.
 pub const SERVICE_F_PROXY: u32 = 1 << 0;
 /// `Service::flags` bit: choose the slot by hashing the client's network-namespace cookie
 /// (consistent hashing over a Maglev table) instead of at random.

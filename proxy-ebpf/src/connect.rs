@@ -1,17 +1,23 @@
-//! `cgroup/connect4` and `cgroup/connect6`: connect-time host selection (the kernel path).
+//! `cgroup/connect4` and `cgroup/connect6`: connect-time host selection (the kernel path) and the
+//! redirect of proxy-mode services to the daemon's listener (the proxy path).
 //!
 //! Contract of both hooks:
 //! - **Fail-open** for anything that is not a service, and for internal errors (a dangling backend
 //!   id, a family mismatch): the connect proceeds to the address the application gave, counted.
-//! - **Fail-closed** when the destination is a service with no routable host in any priority: the
-//!   connect is refused with `EPERM` (the errno a cgroup sock_addr program produces by rejecting),
-//!   counted as `connect_no_host`. Nothing leaves the host for a VIP that has nowhere to go.
+//! - **Fail-closed** when the destination is a service with no routable host in any priority, or
+//!   a proxy-mode service while no proxy listener of the socket's family is set: the connect is
+//!   refused with `EPERM` (the errno a cgroup sock_addr program produces by rejecting), counted
+//!   as `connect_no_host` / `connect_proxy_no_listener`. Nothing leaves the host for a VIP that
+//!   has nowhere to go.
+//! - Proxy mode (`SERVICE_F_PROXY`, TCP only): the destination becomes the listener address in
+//!   `SETTINGS_V1` (a map, so the daemon can move its listener without reloading programs), and
+//!   the dialled service is recorded under the socket cookie in `SOCK_ORIG_V1` for sockops.
+//!   UDP services ignore the flag and select a backend.
 //! - Minimum kernel: 4.17 for the hooks; 5.7 for `bpf_get_netns_cookie` (consistent hashing);
-//!   5.8 for attaching through bpf_link (the daemon falls back to prog-attach before that).
-//! - Reads `SERVICES_V1`, `SLOTS_V1`, `BACKENDS_V1`; writes `SOCK_VIP_V1` (socket cookie ->
-//!   dialled service, for getpeername) and `COUNTERS_V1`.
-//!
-//! TCP and connected UDP both go through these hooks; the protocol is part of the service key.
+//!   5.7 for attaching through bpf_link (the daemon refuses to attach without it).
+//! - Reads `SERVICES_V1`, `SLOTS_V1`, `BACKENDS_V1`, `SETTINGS_V1`; writes `SOCK_VIP_V1` (socket
+//!   cookie -> dialled service, for getpeername), `SOCK_ORIG_V1` (proxy mode), `UDP_REV_V1`
+//!   (connected UDP, for recvfrom) and `COUNTERS_V2`.
 
 use aya_ebpf::{
     EbpfContext as _, helpers::bpf_get_socket_cookie, macros::cgroup_sock_addr,
@@ -19,34 +25,25 @@ use aya_ebpf::{
 };
 use proxy_common::{
     counters,
-    service::{Backend, FAMILY_V4, FAMILY_V6, ServiceKey},
+    service::{FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP, ServiceKey},
 };
 
 use crate::{
-    maps::{SERVICES_V1, SOCK_VIP_V1, count},
-    select::{NoBackend, choose},
+    maps::{SOCK_ORIG_V1, SOCK_VIP_V1, count},
+    sendmsg::remember_reply,
+    translate::{MAPPED, Outcomes, Refuse, Target, key4, key6, target, write4, write6},
 };
-
-/// Writes `bpf_sock_addr.user_ip6` one word at a time: the verifier accepts only 4-byte stores
-/// at fixed offsets of the context, and a plain array assignment may be lowered to a memcpy.
-#[inline(always)]
-pub fn set_user_ip6(sa: &mut aya_ebpf::bindings::bpf_sock_addr, words: [u32; 4]) {
-    // SAFETY: each pointer is a field of the valid context; volatile keeps the 4-byte stores.
-    unsafe {
-        core::ptr::write_volatile(&mut sa.user_ip6[0], words[0]);
-        core::ptr::write_volatile(&mut sa.user_ip6[1], words[1]);
-        core::ptr::write_volatile(&mut sa.user_ip6[2], words[2]);
-        core::ptr::write_volatile(&mut sa.user_ip6[3], words[3]);
-    }
-}
 
 /// Verdict of a cgroup sock_addr program: let the syscall proceed.
 const ALLOW: i32 = 1;
 /// Verdict of a cgroup sock_addr program: fail the syscall with EPERM.
 const REJECT: i32 = 0;
 
-/// The destination is a service with no routable host.
-struct Refuse;
+const CONNECT: Outcomes = Outcomes {
+    rewritten: counters::CONNECT_REWRITTEN,
+    not_service: counters::CONNECT_NOT_SERVICE,
+    no_host: counters::CONNECT_NO_HOST,
+};
 
 #[cgroup_sock_addr(connect4)]
 pub fn connect4(ctx: SockAddrContext) -> i32 {
@@ -67,86 +64,41 @@ pub fn connect6(ctx: SockAddrContext) -> i32 {
 fn try_connect4(ctx: &SockAddrContext) -> Result<(), Refuse> {
     // SAFETY: the context pointer is valid for the duration of the program.
     let sa = unsafe { &mut *ctx.sock_addr };
-    let key = ServiceKey {
-        addr: [sa.user_ip4, 0, 0, 0],
-        port: sa.user_port as u16,
-        proto: sa.protocol as u8,
-        family: FAMILY_V4,
-    };
-    let Some(backend) = lookup(ctx, &key)? else {
+    let key = key4(sa);
+    let Some(t) = target(ctx, &key, &CONNECT, key.proto == PROTO_TCP)? else {
         return Ok(());
     };
-    if backend.family != FAMILY_V4 {
-        count(counters::CONNECT_FAMILY_MISMATCH);
-        return Ok(());
-    }
-    sa.user_ip4 = backend.addr[0];
-    // The verifier refuses 2-byte stores to user_port: write the whole word.
-    sa.user_port = u32::from(backend.port);
-    remember(ctx, &key);
+    write4(sa, &t.dest);
+    remember(ctx, &key, &t, FAMILY_V4, [t.dest.addr[0], 0, 0, 0]);
     Ok(())
 }
 
 fn try_connect6(ctx: &SockAddrContext) -> Result<(), Refuse> {
     // SAFETY: the context pointer is valid for the duration of the program.
     let sa = unsafe { &mut *ctx.sock_addr };
-    let ip6 = sa.user_ip6;
-    // An IPv4-mapped address (::ffff:a.b.c.d) on a dual-stack socket dials an IPv4 service.
-    let mapped = ip6[0] == 0 && ip6[1] == 0 && ip6[2] == u32::from_be(0x0000_ffff);
-    let key = ServiceKey {
-        addr: if mapped { [ip6[3], 0, 0, 0] } else { ip6 },
-        port: sa.user_port as u16,
-        proto: sa.protocol as u8,
-        family: if mapped { FAMILY_V4 } else { FAMILY_V6 },
-    };
-    let Some(backend) = lookup(ctx, &key)? else {
+    let (key, mapped) = key6(sa);
+    let Some(t) = target(ctx, &key, &CONNECT, key.proto == PROTO_TCP)? else {
         return Ok(());
     };
-    if backend.family != key.family {
-        count(counters::CONNECT_FAMILY_MISMATCH);
-        return Ok(());
-    }
-    if mapped {
-        set_user_ip6(sa, [0, 0, ip6[2], backend.addr[0]]);
-    } else {
-        set_user_ip6(sa, backend.addr);
-    }
-    sa.user_port = u32::from(backend.port);
-    remember(ctx, &key);
+    write6(sa, mapped, &t.dest);
+    let seen = if mapped { [0, 0, MAPPED, t.dest.addr[0]] } else { t.dest.addr };
+    remember(ctx, &key, &t, FAMILY_V6, seen);
     Ok(())
 }
 
-/// Finds the backend for `key`: `Ok(None)` when the connect must proceed untouched.
+/// Records which service the socket dialled: for getpeername, for the proxy (proxy mode), and
+/// for recvfrom on a connected UDP socket (`seen` is the backend as the socket reports it).
 #[inline(always)]
-fn lookup(ctx: &SockAddrContext, key: &ServiceKey) -> Result<Option<&'static Backend>, Refuse> {
-    // SAFETY: read-only use before the program returns; the map is not preallocated.
-    let Some(svc) = (unsafe { SERVICES_V1.get(key) }) else {
-        count(counters::CONNECT_NOT_SERVICE);
-        return Ok(None);
-    };
-    // SAFETY: the helper only reads the context, which is valid.
-    let netns = unsafe { aya_ebpf::helpers::bpf_get_netns_cookie(ctx.as_ptr()) };
-    match choose(svc, netns) {
-        Ok(backend) => {
-            count(counters::CONNECT_REWRITTEN);
-            Ok(Some(backend))
-        }
-        Err(NoBackend::NoHost) => {
-            count(counters::CONNECT_NO_HOST);
-            Err(Refuse)
-        }
-        Err(NoBackend::Missing) => {
-            count(counters::CONNECT_BACKEND_MISSING);
-            Ok(None)
-        }
-    }
-}
-
-/// Records which service the socket dialled, for getpeername.
-#[inline(always)]
-fn remember(ctx: &SockAddrContext, key: &ServiceKey) {
+fn remember(ctx: &SockAddrContext, key: &ServiceKey, t: &Target, family: u8, seen: [u32; 4]) {
     // SAFETY: the helper only reads the context, which is valid.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     // An LRU map cannot be full; an error here only costs the getpeername translation.
     let _ = SOCK_VIP_V1.insert(&cookie, key, 0);
+    if t.proxied {
+        if SOCK_ORIG_V1.insert(&cookie, key, 0).is_err() {
+            count(counters::ORIG_DST_RECORD_FAILED);
+        }
+    } else if key.proto == PROTO_UDP {
+        remember_reply(cookie, family, seen, t.dest.port, key);
+    }
 }

@@ -2,14 +2,20 @@
 //!
 //! One file per hook family; every map is in [`maps`]. Entry points are thin: each calls a worker
 //! that returns `Result` and maps it to a verdict in exactly one place. Nothing here logs per
-//! connect or per packet: outcomes are counted in `COUNTERS_V1`.
+//! connect or per packet: outcomes are counted in `COUNTERS_V2`.
 #![no_std]
 #![no_main]
 
 mod connect;
 mod maps;
+mod recvmsg;
 mod select;
+mod sendmsg;
+mod sk_msg;
 mod sock_addr_reverse;
+mod sockops;
+mod translate;
+mod tuple;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -1,15 +1,17 @@
 //! Every map of the kernel programs. Names carry a layout version (`_V1`) so that a daemon of a
 //! newer layout can pin its maps beside the old ones during an upgrade. Maps are pinned by name
-//! under `<bpffs>/<instance>/` by the daemon's loader.
+//! under `<bpffs>/<instance>/` by the daemon's loader (the sockhash too: the sk_msg program is
+//! attached to it, and the attachment lives exactly as long as the map).
 
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, SockHash},
 };
 use proxy_common::{
     counters,
     service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey},
+    socket::{PassiveCounts, Settings, SockTuple, UdpReverseKey},
 };
 
 /// Services by (VIP, port, protocol). Not preallocated: an update allocates a new element and
@@ -29,20 +31,59 @@ pub static SLOTS_V1: HashMap<SlotTableKey, SlotTable> =
 pub static BACKENDS_V1: HashMap<u32, Backend> = HashMap::pinned(262_144, BPF_F_NO_PREALLOC);
 
 /// The service address a socket dialled, by socket cookie, so getpeername can show it. LRU so it
-/// can never fill up with entries of closed sockets.
+/// can never fill up; sockops also removes a TCP socket's entry when it closes.
 #[map]
 pub static SOCK_VIP_V1: LruHashMap<u64, ServiceKey> = LruHashMap::pinned(262_144, 0);
 
+/// Run-time settings (one entry, `SETTINGS_KEY`): the splice switch and the proxy listener
+/// addresses. Not preallocated, so an update swaps the whole value.
+#[map]
+pub static SETTINGS_V1: HashMap<u32, Settings> = HashMap::pinned(1, BPF_F_NO_PREALLOC);
+
+/// Proxy mode: the service a redirected socket dialled, by socket cookie, from connect until
+/// sockops re-keys it by 4-tuple (then it is removed). LRU for sockets that never establish.
+#[map]
+pub static SOCK_ORIG_V1: LruHashMap<u64, ServiceKey> = LruHashMap::pinned(65_536, 0);
+
+/// Proxy mode: the service a redirected connection dialled, by the client's 4-tuple, for the
+/// proxy's accept(). Removed by sockops when the client socket closes; LRU as a backstop.
+#[map]
+pub static ORIG_DST_V1: LruHashMap<SockTuple, ServiceKey> = LruHashMap::pinned(262_144, 0);
+
+/// Established local sockets by 4-tuple (their own view), for sk_msg splicing. The kernel
+/// removes a socket when it closes.
+#[map]
+pub static SPLICE_V1: SockHash<SockTuple> = SockHash::pinned(65_536, 0);
+
+/// Unconnected UDP: which service address a (socket, backend) pair stands for, so recvmsg can
+/// show replies as coming from the service. LRU: UDP sockets have no close callback here.
+#[map]
+pub static UDP_REV_V1: LruHashMap<UdpReverseKey, ServiceKey> = LruHashMap::pinned(262_144, 0);
+
+/// Passive health: per-backend connect failures and resets seen by sockets in the cgroup.
+#[map]
+pub static PASSIVE_V1: LruPerCpuHashMap<Backend, PassiveCounts> =
+    LruPerCpuHashMap::pinned(16_384, 0);
+
 /// Per-CPU outcome and error counters, indexed by `proxy_common::counters`.
 #[map]
-pub static COUNTERS_V1: PerCpuArray<u64> = PerCpuArray::pinned(counters::COUNT, 0);
+pub static COUNTERS_V2: PerCpuArray<u64> = PerCpuArray::pinned(counters::COUNT, 0);
 
 /// Adds one to a counter of this CPU.
 #[inline(always)]
 pub fn count(index: u32) {
-    if let Some(slot) = COUNTERS_V1.get_ptr_mut(index) {
+    if let Some(slot) = COUNTERS_V2.get_ptr_mut(index) {
         // SAFETY: the pointer comes from the map and is valid for this CPU; per-CPU values are
         // not shared with other CPUs, and a preempting program at worst loses one increment.
         unsafe { *slot += 1 };
     }
+}
+
+/// The current settings (all off when the daemon never wrote any).
+#[inline(always)]
+pub fn settings() -> Settings {
+    // SAFETY: the value is copied out before the program returns.
+    unsafe { SETTINGS_V1.get(&proxy_common::socket::SETTINGS_KEY) }
+        .copied()
+        .unwrap_or_default()
 }

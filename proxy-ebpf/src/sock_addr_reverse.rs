@@ -2,15 +2,18 @@
 //! dialled, never the backend the kernel chose.
 //!
 //! Contract: fail-open (a socket that did not dial a service is reported as the kernel has it).
-//! Minimum kernel 5.8. Reads `SOCK_VIP_V1`; writes nothing but the syscall's address.
+//! Minimum kernel 5.8. Reads `SOCK_VIP_V1`; writes the syscall's address and `COUNTERS_V2`.
 
 use aya_ebpf::{
     EbpfContext as _, helpers::bpf_get_socket_cookie, macros::cgroup_sock_addr,
     programs::SockAddrContext,
 };
-use proxy_common::service::FAMILY_V4;
+use proxy_common::{counters, service::FAMILY_V4};
 
-use crate::{connect::set_user_ip6, maps::SOCK_VIP_V1};
+use crate::{
+    maps::{SOCK_VIP_V1, count},
+    translate::{MAPPED, set_user_ip6},
+};
 
 /// Verdict of a getpeername program: always proceed (rejecting is not allowed for this hook).
 const ALLOW: i32 = 1;
@@ -40,9 +43,10 @@ fn reverse(ctx: &SockAddrContext, v6_socket: bool) {
     match (v6_socket, vip.family == FAMILY_V4) {
         (false, true) => sa.user_ip4 = vip.addr[0],
         // A dual-stack socket that dialled an IPv4 service through a mapped address.
-        (true, true) => set_user_ip6(sa, [0, 0, u32::from_be(0x0000_ffff), vip.addr[0]]),
+        (true, true) => set_user_ip6(sa, [0, 0, MAPPED, vip.addr[0]]),
         (true, false) => set_user_ip6(sa, vip.addr),
         (false, false) => return,
     }
     sa.user_port = u32::from(vip.port);
+    count(counters::GETPEERNAME_REWRITTEN);
 }

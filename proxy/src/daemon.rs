@@ -84,9 +84,11 @@ async fn run_async(config: Config) -> anyhow::Result<()> {
         }
     };
     sweep_after_first_publish(&config, &dp, published_rx).await;
+    let passive = tokio::spawn(crate::passive::run(dp.clone(), upstreams.clone()));
     info!(admin = %config.admin.address, services = config.services.len(), "ready");
     wait_for_signal().await;
     server.abort();
+    passive.abort();
     publishers.abort_all();
     drop(upstreams);
     drop(eds);

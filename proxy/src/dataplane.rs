@@ -10,12 +10,14 @@ mod error;
 mod loader;
 mod mounts;
 mod publish;
+mod runtime;
 
 pub use self::{
     error::DataplaneError,
-    loader::{Dataplane, DataplaneOptions, PROGRAMS},
+    loader::{Dataplane, DataplaneOptions, PROGRAMS, SPLICE_PROGRAM},
     mounts::{cgroup2_mount, resolve_cgroup},
-    publish::{PublishOutcome, ServiceSpec, backend_of, service_key as publish_key},
+    publish::{PublishOutcome, Publisher, ServiceSpec, backend_of, service_key as publish_key},
+    runtime::{OriginalDestinations, PassiveReport, RuntimeMaps},
 };
 
 /// The kernel programs, built by `build.rs` from the `proxy-ebpf` crate.

@@ -8,8 +8,10 @@ pub mod admin;
 pub mod cli;
 pub mod daemon;
 pub mod dataplane;
+pub mod passive;
 pub mod probe;
 pub mod status;
+pub mod proxy;
 mod sys;
 pub mod xds;
 

@@ -45,7 +45,7 @@ pub fn require_root() {
     assert_eq!(euid, 0, "kernel tests need root; run them through `cargo xtask test` as root");
 }
 
-fn sh(cmd: &mut Command) {
+pub(crate) fn sh(cmd: &mut Command) {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
@@ -76,8 +76,15 @@ impl Netns {
     }
 
     /// Adds an address to `lo` (e.g. a second IPv6 address); IPv4 127.0.0.0/8 needs none.
+    /// IPv6 addresses are added with `nodad`: otherwise they stay tentative for a moment and a
+    /// bind to them fails with EADDRNOTAVAIL.
     pub fn add_lo_addr(&self, cidr: &str) {
-        sh(Command::new("ip").args(["-n", &self.name, "addr", "add", cidr, "dev", "lo"]));
+        let mut cmd = Command::new("ip");
+        cmd.args(["-n", &self.name, "addr", "add", cidr, "dev", "lo"]);
+        if cidr.contains(':') {
+            cmd.arg("nodad");
+        }
+        sh(&mut cmd);
     }
 }
 
@@ -400,3 +407,26 @@ pub fn assert_share(what: &str, observed: u32, n: u32, p: f64) {
         4.5 * sigma
     );
 }
+
+impl Daemon {
+    /// `kill -9`: the daemon gets no chance to clean up (its pins stay). Waits for the exit.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+mod clients;
+mod fork;
+mod in_process;
+
+pub use self::{
+    clients::{
+        LoopReport, digest, errno_name, framed_exchange, in_netns, in_netns_at, pattern,
+        recv_framed, reset_on_accept, send_framed, tcp_loop, udp_sendto_loop, widen_port_range,
+    },
+    fork::InCgroup,
+    in_process::{DATAPLANE_FEATURES, InProcess, skip_without_dataplane, spec},
+};

@@ -4,6 +4,7 @@
 //! nothing behind. Tests live in `tests/tests/`; run them with `cargo xtask test`.
 
 pub mod consul;
+pub mod features;
 pub mod health_servers;
 pub mod kernel;
 pub mod unbound;

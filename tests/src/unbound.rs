@@ -16,7 +16,7 @@ use std::{
 };
 
 /// How long unbound may take to start answering.
-const START_TIMEOUT: Duration = Duration::from_secs(15);
+const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Directories searched for the binaries besides `PATH` (Debian installs them in /usr/sbin).
 const SBIN_DIRS: [&str; 2] = ["/usr/sbin", "/usr/local/sbin"];

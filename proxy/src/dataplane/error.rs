@@ -48,6 +48,17 @@ pub enum DataplaneError {
         #[source]
         source: aya::pin::PinError,
     },
+    /// A program could not be pinned (the sk_msg program is pinned next to its sockhash).
+    #[error("pinning program {name} at {}: {source}", path.display())]
+    PinProgram {
+        /// The program.
+        name: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: aya::pin::PinError,
+    },
     /// A map is missing or has an unexpected type.
     #[error("map {name}: {source}")]
     Map {

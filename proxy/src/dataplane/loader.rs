@@ -2,24 +2,50 @@
 
 use std::{
     fs,
+    net::SocketAddr,
     path::{Path, PathBuf},
 };
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray},
-    programs::{CgroupAttachMode, CgroupSockAddr, links::FdLink, links::PinnedLink},
+    maps::{HashMap, MapData, SockHash},
+    programs::{
+        CgroupAttachMode, Program,
+        links::{FdLink, PinnedLink},
+    },
 };
 use proxy_common::{
-    counters,
     service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey},
+    socket::SockTuple,
 };
 use tracing::{debug, info, warn};
 
-use super::{DataplaneError, EBPF_OBJECT, mounts, publish::Publisher};
+use super::{
+    DataplaneError, EBPF_OBJECT, mounts,
+    publish::Publisher,
+    runtime::{self, OriginalDestinations, PassiveReport, RuntimeMaps},
+};
 
-/// The cgroup sock_addr programs, attached in this order and detached in reverse.
-pub const PROGRAMS: [&str; 4] = ["connect4", "connect6", "getpeername4", "getpeername6"];
+/// The cgroup programs (sock_addr hooks and sockops), attached through bpf_link in this order
+/// and detached in reverse. Their links are pinned as `link_<name>`.
+pub const PROGRAMS: [&str; 9] = [
+    "connect4",
+    "connect6",
+    "getpeername4",
+    "getpeername6",
+    "sendmsg4",
+    "sendmsg6",
+    "recvmsg4",
+    "recvmsg6",
+    "proxy_sockops",
+];
+
+/// The sk_msg program, attached to the sockhash `SPLICE_V1` (prog-attach: aya 0.14 has no
+/// bpf_link for sockmaps). The attachment lives as long as the map, which is pinned; the program
+/// is pinned as `prog_splice_msg` too, so it can be inspected and is removed with the instance.
+pub const SPLICE_PROGRAM: &str = "splice_msg";
+/// The sockhash the sk_msg program is attached to.
+const SPLICE_MAP: &str = "SPLICE_V1";
 
 /// Where and as what the data path runs.
 #[derive(Clone, Debug)]
@@ -41,7 +67,7 @@ pub struct Dataplane {
     created_cgroup: bool,
     links: Vec<(&'static str, PinnedLink)>,
     publisher: Publisher,
-    counters: PerCpuArray<MapData, u64>,
+    runtime: RuntimeMaps,
 }
 
 impl Dataplane {
@@ -94,6 +120,9 @@ impl Dataplane {
             path: opts.cgroup.clone(),
             source,
         })?;
+        // The sk_msg program goes on the (possibly adopted) sockhash before sockops can put new
+        // sockets there: a socket takes the map's program when it is inserted.
+        attach_splice(&mut ebpf, pin_dir)?;
         // Attach everything first (links are detached on drop if anything below fails), then
         // replace the pins of a previous run, so that the hand-over has no gap.
         let mut fd_links = Vec::new();
@@ -116,7 +145,12 @@ impl Dataplane {
             take_map::<HashMap<MapData, SlotTableKey, SlotTable>>(&mut ebpf, "SLOTS_V1")?,
             take_map::<HashMap<MapData, u32, Backend>>(&mut ebpf, "BACKENDS_V1")?,
         )?;
-        let counters = take_map::<PerCpuArray<MapData, u64>>(&mut ebpf, "COUNTERS_V1")?;
+        let runtime = RuntimeMaps::new(
+            take_map(&mut ebpf, runtime::SETTINGS)?,
+            take_map(&mut ebpf, runtime::COUNTERS)?,
+            take_map(&mut ebpf, runtime::ORIG_DST)?,
+            take_map(&mut ebpf, runtime::PASSIVE)?,
+        );
         info!(cgroup = %opts.cgroup.display(), pins = %pin_dir.display(), adopted = publisher.adopted(), "data path attached");
         Ok(Self {
             _ebpf: ebpf,
@@ -125,7 +159,7 @@ impl Dataplane {
             created_cgroup,
             links,
             publisher,
-            counters,
+            runtime,
         })
     }
 
@@ -136,18 +170,40 @@ impl Dataplane {
 
     /// Counters summed over CPUs, with their names.
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
-        counters::NAMES
-            .iter()
-            .enumerate()
-            .map(|(i, name)| {
-                let total = self
-                    .counters
-                    .get(&(i as u32), 0)
-                    .map(|per_cpu| per_cpu.iter().sum())
-                    .unwrap_or(0);
-                (*name, total)
-            })
-            .collect()
+        self.runtime.counters()
+    }
+
+    /// The run-time maps: settings, counters, original destinations, passive health.
+    pub fn runtime(&mut self) -> &mut RuntimeMaps {
+        &mut self.runtime
+    }
+
+    /// Sets the proxy listener that proxy-mode services of `addr`'s family are redirected to
+    /// (kept in a map: moving the listener needs no reload).
+    pub fn set_proxy_listener(&mut self, addr: SocketAddr) -> Result<(), DataplaneError> {
+        self.runtime.set_proxy_listener(addr)
+    }
+
+    /// Turns splicing of local socket pairs on or off, for connections established from now on.
+    pub fn set_splice(&mut self, on: bool) -> Result<(), DataplaneError> {
+        self.runtime.set_splice(on)
+    }
+
+    /// The service address a connection accepted by the proxy listener was dialled to, from the
+    /// accepted socket's peer and local addresses; `None` if it was not redirected.
+    pub fn original_destination(&self, peer: SocketAddr, local: SocketAddr) -> Option<SocketAddr> {
+        self.runtime.original_destinations().lookup(peer, local)
+    }
+
+    /// A handle on the original destinations for another task (opened from the pins, so it does
+    /// not borrow the data path).
+    pub fn original_destinations(&self) -> Result<OriginalDestinations, DataplaneError> {
+        OriginalDestinations::open_pinned(&self.pin_dir)
+    }
+
+    /// The kernel's passive health signal: per backend, cumulative connect failures and resets.
+    pub fn passive_counters(&self) -> Result<Vec<PassiveReport>, DataplaneError> {
+        self.runtime.passive_counters()
     }
 
     /// The pin directory of this instance.
@@ -165,7 +221,7 @@ impl Dataplane {
             created_cgroup,
             links,
             publisher,
-            counters,
+            runtime,
         } = self;
         for (name, link) in links.into_iter().rev() {
             match link.unpin() {
@@ -173,7 +229,8 @@ impl Dataplane {
                 Err(err) => warn!(program = name, %err, "unpinning link failed"),
             }
         }
-        drop((publisher, counters, _ebpf));
+        // Dropping the object detaches sk_msg from the sockhash; removing the pins frees the maps.
+        drop((publisher, runtime, _ebpf));
         remove_pins(&pin_dir);
         if created_cgroup && let Err(err) = fs::remove_dir(&cgroup) {
             warn!(cgroup = %cgroup.display(), %err, "cgroup not removed (processes still in it?)");
@@ -202,18 +259,61 @@ fn ensure_bpffs(bpffs: &Path) -> Result<(), DataplaneError> {
 
 fn attach(ebpf: &mut Ebpf, name: &'static str, cgroup: &fs::File) -> Result<FdLink, DataplaneError> {
     let err = |source| DataplaneError::Program { name, source };
-    let program: &mut CgroupSockAddr = ebpf
-        .program_mut(name)
-        .ok_or(aya::programs::ProgramError::NotLoaded)
-        .map_err(err)?
-        .try_into()
-        .map_err(err)?;
-    program.load().map_err(err)?;
     // Through bpf_link (5.7+) the kernel takes no attach flags and always allows several
     // programs per hook, which lets a new daemon attach next to the one it replaces.
-    let id = program.attach(cgroup, CgroupAttachMode::Single).map_err(err)?;
-    let link = program.take_link(id).map_err(err)?;
-    FdLink::try_from(link).map_err(|_| DataplaneError::NoBpfLink { name })
+    let link = match ebpf.program_mut(name) {
+        Some(Program::CgroupSockAddr(program)) => {
+            program.load().map_err(err)?;
+            let id = program
+                .attach(cgroup, CgroupAttachMode::Single)
+                .map_err(err)?;
+            FdLink::try_from(program.take_link(id).map_err(err)?)
+        }
+        Some(Program::SockOps(program)) => {
+            program.load().map_err(err)?;
+            let id = program
+                .attach(cgroup, CgroupAttachMode::Single)
+                .map_err(err)?;
+            FdLink::try_from(program.take_link(id).map_err(err)?)
+        }
+        _ => return Err(err(aya::programs::ProgramError::NotLoaded)),
+    };
+    link.map_err(|_| DataplaneError::NoBpfLink { name })
+}
+
+/// Attaches sk_msg to the sockhash (replacing the program a previous run attached: existing
+/// sockets keep the program they were inserted with) and pins the program.
+fn attach_splice(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<(), DataplaneError> {
+    let name = SPLICE_PROGRAM;
+    let err = |source| DataplaneError::Program { name, source };
+    // Borrowed, not taken: the programs loaded after this one refer to the map by its fd.
+    let map = ebpf.map(SPLICE_MAP).ok_or(DataplaneError::Map {
+        name: SPLICE_MAP,
+        source: aya::maps::MapError::InvalidName {
+            name: SPLICE_MAP.to_owned(),
+        },
+    })?;
+    let map = SockHash::<_, SockTuple>::try_from(map).map_err(|source| DataplaneError::Map {
+        name: SPLICE_MAP,
+        source,
+    })?;
+    let map_fd = map.fd().try_clone().map_err(|source| DataplaneError::Io {
+        what: "duplicating the sockhash fd of",
+        path: pin_dir.join(SPLICE_MAP),
+        source,
+    })?;
+    let Some(Program::SkMsg(program)) = ebpf.program_mut(name) else {
+        return Err(err(aya::programs::ProgramError::NotLoaded));
+    };
+    program.load().map_err(err)?;
+    program.attach(&map_fd).map_err(err)?;
+    let path = pin_dir.join(format!("prog_{name}"));
+    if path.exists() {
+        let _ = fs::remove_file(&path);
+    }
+    program
+        .pin(&path)
+        .map_err(|source| DataplaneError::PinProgram { name, path, source })
 }
 
 /// Removes the pinned link of a previous run, which detaches its program (ours is already

@@ -2,13 +2,16 @@
 //!
 //! For one service: (1) backends that are new get ids and are inserted; (2) the slot tables of
 //! a new generation are inserted; (3) the service entry is updated to that generation with a
-//! single map update, which is the switch; (4) the old generation's tables are deleted, then
-//! backends no table references any more. A failure before (3) removes what (1)-(2) wrote and
+//! single map update, which is the switch; (4) once [`RETIRE_GRACE`] has passed (checked on the
+//! next publish), the old generation's tables are deleted, then backends no table references
+//! any more; a program that read the old generation just before the switch still finds its
+//! tables. A failure before (3) removes what (1)-(2) wrote and
 //! leaves the old generation live; a connect sees the old or the new host set, never a mix.
 
 use std::{
-    collections::{BTreeMap, HashMap as StdHashMap},
+    collections::{BTreeMap, HashMap as StdHashMap, VecDeque},
     net::{IpAddr, SocketAddr},
+    time::{Duration, Instant},
 };
 
 use aya::maps::{HashMap, MapData, MapError};
@@ -59,9 +62,26 @@ pub struct Publisher {
     backend_ids: StdHashMap<Backend, u32>,
     backend_refs: StdHashMap<u32, (Backend, usize)>,
     next_service_id: u32,
+    /// Ids of live services, so allocating one is O(1) with thousands of services.
+    service_ids: std::collections::HashSet<u32>,
     next_backend_id: u32,
     adopted: usize,
+    /// Generations switched away from, freed once they are older than [`RETIRE_GRACE`].
+    retiring: VecDeque<Retiring>,
 }
+
+/// A generation waiting to be freed.
+struct Retiring {
+    since: Instant,
+    live: Live,
+    /// The service was removed: its id may be reused once its tables are gone.
+    free_id: bool,
+}
+
+/// How long a generation's tables outlive the switch away from them. A program that read the
+/// old `Service` just before the switch may still look its tables up; the kernel also re-reads
+/// the service when a generation's tables are gone, so this only has to outlast one program run.
+pub const RETIRE_GRACE: Duration = Duration::from_millis(50);
 
 impl Publisher {
     /// Wraps the maps; services already in them (pinned by a previous run) are adopted: they stay
@@ -86,6 +106,7 @@ impl Publisher {
             next_backend_id = next_backend_id.max(id.wrapping_add(1));
         }
         let adopted = live.len();
+        let service_ids = live.values().map(|l: &Live| l.service.id).collect();
         Ok(Self {
             services,
             slots,
@@ -94,8 +115,10 @@ impl Publisher {
             backend_ids: StdHashMap::new(),
             backend_refs: StdHashMap::new(),
             next_service_id,
+            service_ids,
             next_backend_id,
             adopted,
+            retiring: VecDeque::new(),
         })
     }
 
@@ -106,6 +129,7 @@ impl Publisher {
 
     /// Makes the kernel serve `spec`, switching generations atomically.
     pub fn publish(&mut self, spec: &ServiceSpec) -> Result<PublishOutcome, DataplaneError> {
+        self.reap(false);
         if spec.priorities.len() > MAX_PRIORITIES as usize {
             return Err(DataplaneError::Capacity {
                 service: spec.name.clone(),
@@ -140,7 +164,7 @@ impl Publisher {
             Live { spec: Some(spec.clone()), service, backends: tables },
         );
         if let Some(old) = old {
-            self.retire(&old);
+            self.retiring.push_back(Retiring { since: Instant::now(), live: old, free_id: false });
         }
         debug!(service = %spec.name, generation, "published");
         Ok(PublishOutcome::Published)
@@ -153,8 +177,25 @@ impl Publisher {
             name: "SERVICES_V1",
             source,
         })?;
-        self.retire(&live);
+        self.retiring.push_back(Retiring { since: Instant::now(), live, free_id: true });
         Ok(())
+    }
+
+    /// Frees generations switched away from more than [`RETIRE_GRACE`] ago (all of them with
+    /// `all`). Publishing calls this; a daemon that stops publishing for a while may call it to
+    /// free memory sooner.
+    pub fn reap(&mut self, all: bool) {
+        while let Some(first) = self.retiring.front() {
+            if !all && first.since.elapsed() < RETIRE_GRACE {
+                break;
+            }
+            if let Some(old) = self.retiring.pop_front() {
+                self.retire(&old.live);
+                if old.free_id {
+                    self.service_ids.remove(&old.live.service.id);
+                }
+            }
+        }
     }
 
     /// After a start that adopted pinned maps: removes services that are not in `keep`, then
@@ -165,6 +206,7 @@ impl Publisher {
         for key in &stale {
             self.remove(key)?;
         }
+        self.reap(true);
         let live: std::collections::HashSet<(u32, u32)> =
             self.live.values().map(|l| (l.service.id, l.service.generation)).collect();
         let dead: Vec<SlotTableKey> = self
@@ -255,6 +297,10 @@ impl Publisher {
 
     /// Removes what a failed publish wrote; the old generation was never switched away from.
     fn undo(&mut self, service: &Service, new_backends: &[u32]) {
+        // A new service's id goes back to the pool (rare path: a linear scan is fine).
+        if !self.live.values().any(|l| l.service.id == service.id) {
+            self.service_ids.remove(&service.id);
+        }
         for priority in 0..MAX_PRIORITIES {
             let _ = self.slots.remove(&SlotTableKey {
                 service_id: service.id,
@@ -295,7 +341,7 @@ impl Publisher {
         loop {
             let id = self.next_service_id;
             self.next_service_id = self.next_service_id.wrapping_add(1).max(1);
-            if !self.live.values().any(|l| l.service.id == id) {
+            if self.service_ids.insert(id) {
                 return id;
             }
         }

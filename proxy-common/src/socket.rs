@@ -1,0 +1,110 @@
+//! The socket map domain: original destinations of proxied connections, the socket-to-socket
+//! splicing hash, unconnected-UDP reverse translation, passive health counters and the runtime
+//! settings the hooks read.
+//!
+//! Layout, as the kernel sees it:
+//!
+//! ```text
+//! SETTINGS_V1    u32 (0)        -> Settings       (splice switch, proxy listener addresses)
+//! SOCK_ORIG_V1   u64 (cookie)   -> ServiceKey     (proxy mode: connect4/6 -> sockops)
+//! ORIG_DST_V1    SockTuple      -> ServiceKey     (proxy mode: sockops -> the daemon's accept())
+//! SPLICE_V1      SockTuple      -> socket         (sockhash: sockops inserts, sk_msg redirects)
+//! UDP_REV_V1     UdpReverseKey  -> ServiceKey     (sendmsg4/6 and connect4/6 -> recvmsg4/6)
+//! PASSIVE_V1     Backend        -> PassiveCounts  (per CPU: sockops -> the daemon's health)
+//! ```
+
+use core::mem::size_of;
+
+use crate::service::Backend;
+
+/// `Settings::flags` bit: splice established local socket pairs with sk_msg (opt-in until
+/// benchmarks decide the default).
+pub const SETTINGS_F_SPLICE: u32 = 1 << 0;
+
+/// Key of the one entry of `SETTINGS_V1`.
+pub const SETTINGS_KEY: u32 = 0;
+
+/// Value of `SETTINGS_V1`: what the daemon can change at run time without reloading programs.
+/// Kept in a hash map that is not preallocated, so an update replaces the whole value at once
+/// (readers see the old or the new one, never a torn mix of address and port).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// `SETTINGS_F_*` bits, host byte order.
+    pub flags: u32,
+    /// Explicit padding; always zero.
+    pub _pad: u32,
+    /// The proxy listener for IPv4 clients; `family == 0` when there is none.
+    pub proxy_v4: Backend,
+    /// The proxy listener for IPv6 clients; `family == 0` when there is none.
+    pub proxy_v6: Backend,
+}
+const _: () = assert!(size_of::<Settings>() == 48);
+
+/// A TCP connection as one of its ends sees it: key of `ORIG_DST_V1` and `SPLICE_V1`.
+///
+/// The proxy listener looks a redirected connection up with (peer, local) of the accepted socket,
+/// which is (local, remote) of the client's socket: the client's view is the key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SockTuple {
+    /// This end's address, network byte order; IPv4 in `local[0]`, other words zero.
+    pub local: [u32; 4],
+    /// The other end's address, network byte order; IPv4 in `remote[0]`.
+    pub remote: [u32; 4],
+    /// This end's port, network byte order.
+    pub local_port: u16,
+    /// The other end's port, network byte order.
+    pub remote_port: u16,
+    /// `FAMILY_V4` or `FAMILY_V6` (IPv4-mapped IPv6 sockets are `FAMILY_V6`).
+    pub family: u8,
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<SockTuple>() == 40);
+
+impl SockTuple {
+    /// The same connection as the other end sees it.
+    #[inline(always)]
+    pub fn reversed(&self) -> Self {
+        Self {
+            local: self.remote,
+            remote: self.local,
+            local_port: self.remote_port,
+            remote_port: self.local_port,
+            family: self.family,
+            _pad: [0; 3],
+        }
+    }
+}
+
+/// Key of `UDP_REV_V1`: a backend one UDP socket sent to on behalf of a service address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct UdpReverseKey {
+    /// Socket cookie (`SO_COOKIE`), host byte order.
+    pub cookie: u64,
+    /// The backend address as the socket's family writes it, network byte order: IPv4 sockets
+    /// use `addr[0]`; IPv6 sockets the four words (IPv4-mapped for a dual-stack socket).
+    pub addr: [u32; 4],
+    /// The backend port, network byte order.
+    pub port: u16,
+    /// The socket's family: `FAMILY_V4` or `FAMILY_V6`.
+    pub family: u8,
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 5],
+}
+const _: () = assert!(size_of::<UdpReverseKey>() == 32);
+
+/// Value of `PASSIVE_V1` (per CPU; the daemon sums): what sockets in the cgroup saw of one
+/// backend, cumulative since the map was created.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PassiveCounts {
+    /// Connects that never got established (SYN_SENT -> CLOSE: refused, unreachable, timed out).
+    pub connect_failures: u64,
+    /// Established connections that ended without the FIN handshake (ESTABLISHED or CLOSE_WAIT
+    /// -> CLOSE: a reset received, or an abort).
+    pub resets: u64,
+}
+const _: () = assert!(size_of::<PassiveCounts>() == 16);

@@ -1,0 +1,98 @@
+//! `cgroup/sendmsg4` and `cgroup/sendmsg6`: unconnected UDP, translated per datagram. A
+//! `sendto(VIP)` goes to a host chosen like connect4/6 would choose it, and the pair (socket,
+//! backend) is recorded so that recvmsg4/6 can show the reply as coming from the VIP.
+//!
+//! Contract of both hooks:
+//! - Run only for datagrams that carry a destination (`sendto`/`sendmsg` with an address);
+//!   connected UDP sockets were translated once by connect4/6.
+//! - **Fail-open** for destinations that are not services and for internal errors; **fail-closed**
+//!   (`EPERM` from the send) for a service with no routable host, counted `sendmsg_no_host`.
+//!   Proxy mode does not apply to UDP: the flag is ignored and a backend is selected.
+//! - Minimum kernel 4.18; 5.7 for `bpf_get_netns_cookie`.
+//! - Reads `SERVICES_V1`, `SLOTS_V1`, `BACKENDS_V1`; writes `UDP_REV_V1` (only when the entry is
+//!   missing or different, so a steady flow costs one lookup per datagram) and `COUNTERS_V2`.
+
+use aya_ebpf::{
+    EbpfContext as _, helpers::bpf_get_socket_cookie, macros::cgroup_sock_addr,
+    programs::SockAddrContext,
+};
+use proxy_common::{
+    counters,
+    service::{FAMILY_V4, FAMILY_V6, ServiceKey},
+    socket::UdpReverseKey,
+};
+
+use crate::{
+    maps::{UDP_REV_V1, count},
+    translate::{MAPPED, Outcomes, Refuse, key4, key6, target, write4, write6},
+};
+
+/// Verdict of a cgroup sock_addr program: let the syscall proceed.
+const ALLOW: i32 = 1;
+/// Verdict of a cgroup sock_addr program: fail the syscall with EPERM.
+const REJECT: i32 = 0;
+
+const SENDMSG: Outcomes = Outcomes {
+    rewritten: counters::SENDMSG_REWRITTEN,
+    not_service: counters::SENDMSG_NOT_SERVICE,
+    no_host: counters::SENDMSG_NO_HOST,
+};
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn sendmsg4(ctx: SockAddrContext) -> i32 {
+    match try_sendmsg4(&ctx) {
+        Ok(()) => ALLOW,
+        Err(Refuse) => REJECT,
+    }
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
+    match try_sendmsg6(&ctx) {
+        Ok(()) => ALLOW,
+        Err(Refuse) => REJECT,
+    }
+}
+
+fn try_sendmsg4(ctx: &SockAddrContext) -> Result<(), Refuse> {
+    // SAFETY: the context pointer is valid for the duration of the program.
+    let sa = unsafe { &mut *ctx.sock_addr };
+    let key = key4(sa);
+    let Some(t) = target(ctx, &key, &SENDMSG, false)? else {
+        return Ok(());
+    };
+    write4(sa, &t.dest);
+    // SAFETY: the helper only reads the context, which is valid.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    remember_reply(cookie, FAMILY_V4, [t.dest.addr[0], 0, 0, 0], t.dest.port, &key);
+    Ok(())
+}
+
+fn try_sendmsg6(ctx: &SockAddrContext) -> Result<(), Refuse> {
+    // SAFETY: the context pointer is valid for the duration of the program.
+    let sa = unsafe { &mut *ctx.sock_addr };
+    let (key, mapped) = key6(sa);
+    let Some(t) = target(ctx, &key, &SENDMSG, false)? else {
+        return Ok(());
+    };
+    write6(sa, mapped, &t.dest);
+    // SAFETY: the helper only reads the context, which is valid.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let seen = if mapped { [0, 0, MAPPED, t.dest.addr[0]] } else { t.dest.addr };
+    remember_reply(cookie, FAMILY_V6, seen, t.dest.port, &key);
+    Ok(())
+}
+
+/// Records that datagrams from `addr:port` to socket `cookie` are replies from `vip`. `family`
+/// and `addr` are the socket's view (recvmsg4 or recvmsg6 sees the same words).
+#[inline(always)]
+pub fn remember_reply(cookie: u64, family: u8, addr: [u32; 4], port: u16, vip: &ServiceKey) {
+    let key = UdpReverseKey { cookie, addr, port, family, _pad: [0; 5] };
+    // SAFETY: read-only use before the program returns.
+    if unsafe { UDP_REV_V1.get(&key) } == Some(vip) {
+        return;
+    }
+    if UDP_REV_V1.insert(&key, vip, 0).is_err() {
+        count(counters::UDP_REVERSE_RECORD_FAILED);
+    }
+}

@@ -1,0 +1,171 @@
+//! `sockops`: TCP lifecycle events of sockets in the cgroup.
+//!
+//! - `TCP_CONNECT_CB`: a socket that dialled a service (its cookie is in `SOCK_VIP_V1`) asks for
+//!   state-change callbacks, for the passive health signal and for cleanup.
+//! - `ACTIVE_ESTABLISHED_CB`: a proxy-mode connection's original destination moves from the
+//!   socket cookie (`SOCK_ORIG_V1`) to the client's 4-tuple (`ORIG_DST_V1`), where the proxy
+//!   finds it from `accept()`; then, like `PASSIVE_ESTABLISHED_CB`, the socket is added to the
+//!   splice sockhash `SPLICE_V1` when splicing is on and both ends are on this host.
+//! - `STATE_CB` to `CLOSE`: SYN_SENT -> CLOSE counts a failed connect for the backend,
+//!   ESTABLISHED or CLOSE_WAIT -> CLOSE a reset (received or sent; a FIN handshake passes through
+//!   FIN_WAIT or LAST_ACK instead); the socket's `ORIG_DST_V1` and `SOCK_VIP_V1` entries are
+//!   removed, so neither grows with the number of connections.
+//!
+//! Contract: fail-open, always: this program never changes a connection's fate; a failure only
+//! costs the feature (counted). Minimum kernel 4.13 (sockops), 4.16 (`STATE_CB`), 4.18
+//! (sockhash), 5.7 for attaching through bpf_link. Reads `SOCK_VIP_V1`, `SOCK_ORIG_V1`,
+//! `SETTINGS_V1`; writes `ORIG_DST_V1`, `SOCK_ORIG_V1`, `SOCK_VIP_V1` (deletes), `SPLICE_V1`,
+//! `PASSIVE_V1`, `COUNTERS_V2`.
+
+use aya_ebpf::{
+    EbpfContext as _,
+    bindings::{
+        BPF_ANY, BPF_NOEXIST, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
+        BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_TCP_CLOSE, BPF_TCP_CLOSE_WAIT, BPF_TCP_ESTABLISHED,
+        BPF_TCP_SYN_SENT,
+    },
+    helpers::bpf_get_socket_cookie,
+    macros::sock_ops,
+    programs::SockOpsContext,
+};
+use proxy_common::{
+    counters,
+    service::Backend,
+    socket::{PassiveCounts, SETTINGS_F_SPLICE, SockTuple},
+};
+
+use crate::{
+    maps::{ORIG_DST_V1, PASSIVE_V1, SOCK_ORIG_V1, SOCK_VIP_V1, SPLICE_V1, count, settings},
+    tuple::{self, Fields},
+};
+
+/// Return value of a sockops program; only meaningful for ops that ask for a reply.
+const DONE: u32 = 1;
+
+/// A failure, as the counter that records it.
+struct Failed(u32);
+
+#[sock_ops]
+pub fn proxy_sockops(ctx: SockOpsContext) -> u32 {
+    if let Err(Failed(counter)) = try_sockops(&ctx) {
+        count(counter);
+    }
+    DONE
+}
+
+fn try_sockops(ctx: &SockOpsContext) -> Result<(), Failed> {
+    match ctx.op() {
+        BPF_SOCK_OPS_TCP_CONNECT_CB => watch(ctx),
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => {
+            let t = conn(ctx)?;
+            // A failed re-key must not cost the splice (and the other way round).
+            let rekeyed = rekey_orig_dst(ctx, &t);
+            splice(ctx, t).and(rekeyed)
+        }
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => splice(ctx, conn(ctx)?),
+        BPF_SOCK_OPS_STATE_CB if ctx.arg(1) == BPF_TCP_CLOSE => closed(ctx, ctx.arg(0)),
+        _ => Ok(()),
+    }
+}
+
+/// Asks for state callbacks on sockets that dialled a service (others cost nothing more).
+#[inline(always)]
+fn watch(ctx: &SockOpsContext) -> Result<(), Failed> {
+    // SAFETY: read-only lookup; the helper only reads the valid context.
+    if unsafe { SOCK_VIP_V1.get(&bpf_get_socket_cookie(ctx.as_ptr())) }.is_none() {
+        return Ok(());
+    }
+    let flags = ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG;
+    ctx.set_cb_flags(flags as i32).map_err(|_| Failed(counters::SOCKOPS_CB_FLAGS_FAILED))
+}
+
+/// Moves a proxied connection's original destination from its cookie to its 4-tuple.
+#[inline(always)]
+fn rekey_orig_dst(ctx: &SockOpsContext, t: &SockTuple) -> Result<(), Failed> {
+    // SAFETY: the helper only reads the context, which is valid.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    // SAFETY: the value is copied out before the program returns.
+    let Some(vip) = (unsafe { SOCK_ORIG_V1.get(&cookie) }).copied() else {
+        return Ok(());
+    };
+    let _ = SOCK_ORIG_V1.remove(&cookie);
+    ORIG_DST_V1.insert(t, &vip, 0).map_err(|_| Failed(counters::ORIG_DST_REKEY_FAILED))?;
+    count(counters::ORIG_DST_REKEYED);
+    Ok(())
+}
+
+/// Adds an established local socket to the splice sockhash, when splicing is on.
+#[inline(always)]
+fn splice(ctx: &SockOpsContext, mut t: SockTuple) -> Result<(), Failed> {
+    if settings().flags & SETTINGS_F_SPLICE == 0 || !tuple::is_local(&t) {
+        return Ok(());
+    }
+    // SAFETY: the context pointer is valid for the duration of the program.
+    let ops = unsafe { &mut *ctx.ops };
+    SPLICE_V1
+        .update(&mut t, ops, u64::from(BPF_ANY))
+        .map_err(|_| Failed(counters::SOCKHASH_INSERT_FAILED))?;
+    count(counters::SOCKHASH_INSERTED);
+    Ok(())
+}
+
+/// A watched socket reached CLOSE from `old`: passive health, then cleanup.
+#[inline(always)]
+fn closed(ctx: &SockOpsContext, old: u32) -> Result<(), Failed> {
+    let t = conn(ctx)?;
+    if ORIG_DST_V1.remove(&t).is_ok() {
+        count(counters::ORIG_DST_REMOVED);
+    }
+    // SAFETY: the helper only reads the context, which is valid.
+    let _ = SOCK_VIP_V1.remove(&unsafe { bpf_get_socket_cookie(ctx.as_ptr()) });
+    let backend = Backend { addr: t.remote, port: t.remote_port, family: t.family, _pad: 0 };
+    match old {
+        BPF_TCP_SYN_SENT => {
+            count(counters::PASSIVE_CONNECT_FAILED);
+            passive(&backend, PassiveCounts { connect_failures: 1, resets: 0 })
+        }
+        BPF_TCP_ESTABLISHED | BPF_TCP_CLOSE_WAIT => {
+            count(counters::PASSIVE_RESET);
+            passive(&backend, PassiveCounts { connect_failures: 0, resets: 1 })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Adds `delta` to this CPU's counters of `backend`.
+#[inline(always)]
+fn passive(backend: &Backend, delta: PassiveCounts) -> Result<(), Failed> {
+    for _ in 0..2 {
+        if let Some(c) = PASSIVE_V1.get_ptr_mut(backend) {
+            // SAFETY: a per-CPU value of this CPU, valid while the program runs.
+            unsafe {
+                (*c).connect_failures += delta.connect_failures;
+                (*c).resets += delta.resets;
+            }
+            return Ok(());
+        }
+        // A concurrent insert on another CPU may win; then the second lookup finds it.
+        if PASSIVE_V1.insert(backend, &delta, u64::from(BPF_NOEXIST)).is_ok() {
+            return Ok(());
+        }
+    }
+    Err(Failed(counters::PASSIVE_RECORD_FAILED))
+}
+
+/// The connection as this socket sees it.
+#[inline(always)]
+fn conn(ctx: &SockOpsContext) -> Result<SockTuple, Failed> {
+    // SAFETY: the context pointer is valid for the duration of the program.
+    let ops = unsafe { &*ctx.ops };
+    tuple::from_fields(&Fields {
+        family: ops.family,
+        local_ip4: ops.local_ip4,
+        remote_ip4: ops.remote_ip4,
+        local_ip6: tuple::words(&raw const ops.local_ip6),
+        remote_ip6: tuple::words(&raw const ops.remote_ip6),
+        local_port: ops.local_port,
+        remote_port: ops.remote_port,
+    })
+    .ok_or(Failed(counters::SOCKHASH_INSERT_FAILED))
+}

@@ -1,0 +1,366 @@
+//! A cluster as the proxy sees it: its routable hosts (a watch on the running cluster's
+//! routing), a weighted pick per connection or request, its HTTP pool, and the per-connection
+//! watch that drains or closes connections whose host went away or failed.
+
+use std::{
+    cell::Cell,
+    hash::{BuildHasher, RandomState},
+    net::SocketAddr,
+    sync::Arc,
+    time::Duration,
+};
+
+use proxy_core::{
+    health::{PassiveSignal, Routing},
+    lb,
+    upstream::Upstream,
+};
+use tokio::sync::{mpsc, watch};
+
+use super::{orig_dst::BackendAddr, pool::Pool};
+
+/// Where a host stands in its cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostState {
+    /// Receives new connections.
+    Routable,
+    /// Still discovered, but failed health checking or was ejected.
+    Unhealthy,
+    /// No longer discovered (removed by STRICT_DNS, EDS, ...).
+    Removed,
+}
+
+/// The state of `host` in `routing`.
+pub fn host_state(routing: &Routing, host: SocketAddr) -> HostState {
+    let routable = routing.routable();
+    if routable.iter().any(|h| h.addr == host) {
+        return HostState::Routable;
+    }
+    let known = routing.priorities.iter().any(|p| {
+        p.all
+            .iter()
+            .chain(&p.healthy)
+            .chain(&p.degraded)
+            .any(|h| h.addr == host)
+    });
+    if known {
+        HostState::Unhealthy
+    } else {
+        HostState::Removed
+    }
+}
+
+/// Why the proxy closed a connection to a host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostClose {
+    /// The host was removed and the drain timeout passed.
+    Drained,
+    /// The host failed health checking (`close_connections_on_host_health_failure`).
+    HealthFailure,
+}
+
+/// How connections to a cluster's hosts end when the hosts change.
+#[derive(Debug, Clone, Copy)]
+pub struct DrainPolicy {
+    /// Time a removed host's connections get.
+    pub drain_timeout: Duration,
+    /// Close at once when the host fails health checking.
+    pub close_on_health_failure: bool,
+}
+
+/// A cluster's hosts, for the proxy.
+#[derive(Clone)]
+pub struct ClusterHandle {
+    name: Arc<str>,
+    routing: watch::Receiver<Routing>,
+    drain_on_removal: bool,
+    passive: Option<mpsc::Sender<PassiveSignal>>,
+    pool: Arc<Pool>,
+}
+
+impl ClusterHandle {
+    /// A cluster whose routing comes from `routing`; `drain_on_removal` is false for
+    /// LOGICAL_DNS (its connections are never drained). `pool_idle_timeout` bounds idle pooled
+    /// HTTP connections.
+    pub fn new(
+        name: &str,
+        routing: watch::Receiver<Routing>,
+        drain_on_removal: bool,
+        pool_idle_timeout: Duration,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            routing,
+            drain_on_removal,
+            passive: None,
+            pool: Arc::new(Pool::new(pool_idle_timeout)),
+        }
+    }
+
+    /// The proxy's view of a running cluster: its routing, its drain rule, and its passive
+    /// health channel (connect results feed outlier detection).
+    pub fn from_upstream(upstream: &Upstream, pool_idle_timeout: Duration) -> Self {
+        let mut c = Self::new(
+            upstream.name(),
+            upstream.routing(),
+            upstream.drain_on_removal(),
+            pool_idle_timeout,
+        );
+        c.passive = Some(upstream.passive());
+        c
+    }
+
+    /// The cluster's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its pooled HTTP connections.
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// Picks a host by weight (priorities and health as the kernel tables see them), avoiding
+    /// `tried` when another host is available.
+    pub fn pick(&self, tried: &[BackendAddr]) -> Option<BackendAddr> {
+        let levels = lb::kernel_levels(&self.routing.borrow());
+        let level = levels.into_iter().next()?;
+        let fresh: Vec<_> = level
+            .iter()
+            .filter(|(a, _)| !tried.contains(&BackendAddr(*a)))
+            .copied()
+            .collect();
+        let candidates = if fresh.is_empty() { level } else { fresh };
+        weighted_pick(&candidates).map(BackendAddr)
+    }
+
+    /// The host's state now.
+    pub fn host_state(&self, host: BackendAddr) -> HostState {
+        host_state(&self.routing.borrow(), host.0)
+    }
+
+    /// Reports a connect result to the cluster's outlier detection (never blocks).
+    pub fn report_connect(&self, host: BackendAddr, ok: bool) {
+        if let Some(tx) = &self.passive {
+            let signal = if ok {
+                PassiveSignal::ConnectSuccess(host.0)
+            } else {
+                PassiveSignal::ConnectFailure(host.0)
+            };
+            let _ = tx.try_send(signal);
+        }
+    }
+
+    /// Drops pooled connections of hosts that are no longer routable, and expired ones.
+    pub fn sweep_pool(&self) {
+        let routing = self.routing.borrow().clone();
+        self.pool
+            .retain(|h| host_state(&routing, h.0) == HostState::Routable);
+        self.pool.expire_idle();
+    }
+
+    /// Resolves when a connection to `host` must close: `drain_timeout` after the host was
+    /// removed (never for LOGICAL_DNS), or as soon as it is unhealthy when the policy says so.
+    /// A host that comes back before the deadline cancels the drain.
+    pub async fn host_closed(&self, host: BackendAddr, policy: DrainPolicy) -> HostClose {
+        let mut routing = self.routing.clone();
+        loop {
+            let state = host_state(&routing.borrow_and_update(), host.0);
+            match state {
+                HostState::Unhealthy if policy.close_on_health_failure => {
+                    return HostClose::HealthFailure;
+                }
+                HostState::Removed if self.drain_on_removal => {
+                    let deadline = tokio::time::sleep(policy.drain_timeout);
+                    tokio::pin!(deadline);
+                    loop {
+                        tokio::select! {
+                            () = &mut deadline => return HostClose::Drained,
+                            changed = routing.changed() => {
+                                if changed.is_err() {
+                                    // The cluster is gone: nothing will bring the host back.
+                                    deadline.as_mut().await;
+                                    return HostClose::Drained;
+                                }
+                                if host_state(&routing.borrow_and_update(), host.0) != HostState::Removed {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            if routing.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+}
+
+/// A weighted random choice.
+pub fn weighted_pick(hosts: &[(SocketAddr, u32)]) -> Option<SocketAddr> {
+    let total: u64 = hosts.iter().map(|(_, w)| u64::from((*w).max(1))).sum();
+    if total == 0 {
+        return None;
+    }
+    let mut r = random_u64() % total;
+    for (addr, w) in hosts {
+        let w = u64::from((*w).max(1));
+        if r < w {
+            return Some(*addr);
+        }
+        r -= w;
+    }
+    hosts.last().map(|(a, _)| *a)
+}
+
+/// A fast per-thread pseudo-random number (xorshift64*), seeded from the std hasher's keys.
+pub fn random_u64() -> u64 {
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(RandomState::new().hash_one(0x5eed_u64) | 1);
+    }
+    STATE.with(|s| {
+        let mut x = s.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        s.set(x);
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use proxy_core::{
+        discovery::Host,
+        health::{HostClass, Routing},
+    };
+
+    use super::*;
+
+    fn routing(hosts: &[(&str, HostClass)]) -> Routing {
+        let hosts: Vec<(Host, HostClass)> = hosts
+            .iter()
+            .map(|(a, c)| (Host::new(a.parse().unwrap()), *c))
+            .collect();
+        Routing::compute(&hosts, 50.0)
+    }
+
+    fn addr(s: &str) -> BackendAddr {
+        BackendAddr(s.parse().unwrap())
+    }
+
+    const POLICY: DrainPolicy = DrainPolicy {
+        drain_timeout: Duration::from_secs(10),
+        close_on_health_failure: false,
+    };
+
+    #[test]
+    fn states() {
+        let r = routing(&[
+            ("127.0.0.1:1", HostClass::Healthy),
+            ("127.0.0.2:1", HostClass::Healthy),
+            ("127.0.0.3:1", HostClass::Unhealthy),
+        ]);
+        assert_eq!(
+            host_state(&r, "127.0.0.1:1".parse().unwrap()),
+            HostState::Routable
+        );
+        assert_eq!(
+            host_state(&r, "127.0.0.3:1".parse().unwrap()),
+            HostState::Unhealthy
+        );
+        assert_eq!(
+            host_state(&r, "127.0.0.9:1".parse().unwrap()),
+            HostState::Removed
+        );
+    }
+
+    #[test]
+    fn pick_follows_weights_and_avoids_tried() {
+        let hosts = [
+            ("127.0.0.1:1".parse().unwrap(), 3),
+            ("127.0.0.2:1".parse().unwrap(), 1),
+        ];
+        let n = 4000;
+        let first = (0..n)
+            .filter(|_| weighted_pick(&hosts) == Some(hosts[0].0))
+            .count();
+        // Expect 3000; 5 sigma of a binomial(4000, 0.75) is about 137.
+        assert!((2860..3140).contains(&first), "{first}");
+        let (_tx, rx) = watch::channel(routing(&[
+            ("127.0.0.1:1", HostClass::Healthy),
+            ("127.0.0.2:1", HostClass::Healthy),
+        ]));
+        let c = ClusterHandle::new("c", rx, true, Duration::from_secs(1));
+        for _ in 0..50 {
+            assert_eq!(c.pick(&[addr("127.0.0.1:1")]), Some(addr("127.0.0.2:1")));
+        }
+        // Every host tried: pick among all again.
+        assert!(
+            c.pick(&[addr("127.0.0.1:1"), addr("127.0.0.2:1")])
+                .is_some()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn removed_host_drains_until_the_deadline() {
+        let (tx, rx) = watch::channel(routing(&[("127.0.0.1:1", HostClass::Healthy)]));
+        let c = ClusterHandle::new("c", rx, true, Duration::from_secs(1));
+        let start = tokio::time::Instant::now();
+        let closed = tokio::spawn({
+            let c = c.clone();
+            async move { c.host_closed(addr("127.0.0.1:1"), POLICY).await }
+        });
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        tx.send_replace(routing(&[("127.0.0.2:1", HostClass::Healthy)]));
+        assert_eq!(closed.await.unwrap(), HostClose::Drained);
+        assert_eq!(start.elapsed(), Duration::from_secs(13));
+        // New picks go elsewhere at once.
+        assert_eq!(c.pick(&[]), Some(addr("127.0.0.2:1")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn host_back_before_the_deadline_cancels_the_drain() {
+        let (tx, rx) = watch::channel(routing(&[("127.0.0.1:1", HostClass::Healthy)]));
+        let c = ClusterHandle::new("c", rx, true, Duration::from_secs(1));
+        let closed = tokio::spawn({
+            let c = c.clone();
+            async move { c.host_closed(addr("127.0.0.1:1"), POLICY).await }
+        });
+        tx.send_replace(routing(&[]));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        tx.send_replace(routing(&[("127.0.0.1:1", HostClass::Healthy)]));
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!closed.is_finished());
+        closed.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn logical_dns_never_drains_and_health_failure_closes_when_configured() {
+        let (tx, rx) = watch::channel(routing(&[("127.0.0.1:1", HostClass::Healthy)]));
+        let logical = ClusterHandle::new("l", rx.clone(), false, Duration::from_secs(1));
+        let never =
+            tokio::spawn(async move { logical.host_closed(addr("127.0.0.1:1"), POLICY).await });
+        let strict = ClusterHandle::new("s", rx, true, Duration::from_secs(1));
+        let policy = DrainPolicy {
+            close_on_health_failure: true,
+            ..POLICY
+        };
+        let health =
+            tokio::spawn(async move { strict.host_closed(addr("127.0.0.1:1"), policy).await });
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        tx.send_replace(routing(&[
+            ("127.0.0.1:1", HostClass::Unhealthy),
+            ("127.0.0.2:1", HostClass::Healthy),
+            ("127.0.0.3:1", HostClass::Healthy),
+        ]));
+        assert_eq!(health.await.unwrap(), HostClose::HealthFailure);
+        tx.send_replace(routing(&[]));
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert!(!never.is_finished());
+        never.abort();
+    }
+}

@@ -1,0 +1,168 @@
+//! Configuration of the proxy path: listener addresses, how original destinations are found,
+//! draining, ORIGINAL_DST cleanup and HTTP options. Embedded in the daemon configuration as
+//! `proxy:`; every field has a named default.
+
+use std::{net::SocketAddr, time::Duration};
+
+use proxy_core::health::duration;
+use serde::{Deserialize, Serialize};
+
+/// Named defaults.
+pub mod defaults {
+    use std::{net::SocketAddr, time::Duration};
+
+    /// The listeners connect4/6 redirect to: loopback, port 15001, one per family.
+    pub fn listeners() -> Vec<SocketAddr> {
+        vec![
+            SocketAddr::from(([127, 0, 0, 1], 15001)),
+            SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 15001)),
+        ]
+    }
+
+    /// Envoy's ORIGINAL_DST `cleanup_interval` default: 5000 ms.
+    pub fn cleanup_interval() -> Duration {
+        Duration::from_millis(5000)
+    }
+
+    /// How long connections to a removed host may go on.
+    pub fn drain_timeout() -> Duration {
+        Duration::from_secs(30)
+    }
+
+    /// How long a graceful shutdown waits for open connections.
+    pub fn shutdown_timeout() -> Duration {
+        Duration::from_secs(30)
+    }
+
+    /// Upstream connect timeout (Consul's compiled default `ConnectTimeout`).
+    pub fn connect_timeout() -> Duration {
+        Duration::from_secs(5)
+    }
+
+    /// How long an idle pooled HTTP connection to a cluster host is kept.
+    pub fn pool_idle_timeout() -> Duration {
+        Duration::from_secs(60)
+    }
+
+    /// How long a PROXY protocol header may take to arrive (Envoy waits for it without a
+    /// separate limit; a bound keeps idle sockets from piling up).
+    pub fn proxy_protocol_timeout() -> Duration {
+        Duration::from_secs(5)
+    }
+}
+
+/// The proxy path's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Addresses the proxy listens on. connect4/6 redirect proxy-mode connections here (one per
+    /// family: the first IPv4 and the first IPv6 address are published to the kernel).
+    #[serde(default = "defaults::listeners")]
+    pub listeners: Vec<SocketAddr>,
+    /// Also accept connections redirected by iptables `REDIRECT`: when the kernel map has no
+    /// entry, ask the socket for `SO_ORIGINAL_DST` / `IP6T_SO_ORIGINAL_DST`. Off by default.
+    #[serde(default)]
+    pub iptables_redirect: bool,
+    /// Expect a PROXY protocol header on every connection, which then carries the original
+    /// destination: `off` (default), `v1`, `v2` or `any`. A connection without a valid header is
+    /// refused.
+    #[serde(default)]
+    pub proxy_protocol: ProxyProtocolMode,
+    /// Time a PROXY protocol header may take to arrive. Default 5 s.
+    #[serde(default = "defaults::proxy_protocol_timeout", with = "duration")]
+    pub proxy_protocol_timeout: Duration,
+    /// When STRICT_DNS or EDS removes a host, connections to it may go on for this long, then
+    /// they are closed (LOGICAL_DNS never drains). Default 30 s.
+    #[serde(default = "defaults::drain_timeout", with = "duration")]
+    pub drain_timeout: Duration,
+    /// Graceful shutdown: after the listeners close, open connections get this long to finish.
+    /// Default 30 s.
+    #[serde(default = "defaults::shutdown_timeout", with = "duration")]
+    pub shutdown_timeout: Duration,
+    /// ORIGINAL_DST: hosts unused for this long are flushed, with their pooled connections.
+    /// Default 5000 ms (Envoy's).
+    #[serde(default = "defaults::cleanup_interval", with = "duration")]
+    pub cleanup_interval: Duration,
+    /// ORIGINAL_DST over HTTP: take the destination from `x-envoy-original-dst-host` when a
+    /// request carries it (not sanitised, as in Envoy: enable only for trusted clients).
+    #[serde(default)]
+    pub use_http_header: bool,
+    /// Close a connection as soon as its host fails health checking or is ejected (tcp only,
+    /// like Envoy's `close_connections_on_host_health_failure`). Default false.
+    #[serde(default)]
+    pub close_connections_on_host_health_failure: bool,
+    /// Upstream connect timeout. Default 5 s.
+    #[serde(default = "defaults::connect_timeout", with = "duration")]
+    pub connect_timeout: Duration,
+    /// Idle pooled HTTP connections to cluster hosts are closed after this long. Default 60 s.
+    #[serde(default = "defaults::pool_idle_timeout", with = "duration")]
+    pub pool_idle_timeout: Duration,
+    /// How bytes move once both sockets are connected: `copy` (userspace copy loop, default) or
+    /// `kernel` (hand the pair to sk_msg splicing; not available in this build).
+    #[serde(default)]
+    pub splice: SpliceMode,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            listeners: defaults::listeners(),
+            iptables_redirect: false,
+            proxy_protocol: ProxyProtocolMode::Off,
+            proxy_protocol_timeout: defaults::proxy_protocol_timeout(),
+            drain_timeout: defaults::drain_timeout(),
+            shutdown_timeout: defaults::shutdown_timeout(),
+            cleanup_interval: defaults::cleanup_interval(),
+            use_http_header: false,
+            close_connections_on_host_health_failure: false,
+            connect_timeout: defaults::connect_timeout(),
+            pool_idle_timeout: defaults::pool_idle_timeout(),
+            splice: SpliceMode::Copy,
+        }
+    }
+}
+
+/// Which PROXY protocol versions the listener requires.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProxyProtocolMode {
+    /// No header is read.
+    #[default]
+    Off,
+    /// The text header (`PROXY TCP4 ...\r\n`).
+    V1,
+    /// The binary header.
+    V2,
+    /// Either.
+    Any,
+}
+
+/// How bytes move between a client and its upstream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpliceMode {
+    /// The userspace copy loop.
+    #[default]
+    Copy,
+    /// Kernel splicing of the client/upstream pair.
+    Kernel,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_strictness() {
+        let c: ProxyConfig = serde_json::from_str("{}").unwrap();
+        assert_eq!(c, ProxyConfig::default());
+        assert_eq!(c.cleanup_interval, Duration::from_millis(5000));
+        let text = r#"{"cleanup_interval": "250ms", "proxy_protocol": "v2", "listeners": ["127.0.0.1:1"]}"#;
+        let c: ProxyConfig = serde_json::from_str(text).unwrap();
+        assert_eq!(c.cleanup_interval, Duration::from_millis(250));
+        assert_eq!(c.proxy_protocol, ProxyProtocolMode::V2);
+        let err =
+            serde_json::from_str::<ProxyConfig>(r#"{"cleanup_intervall": "1s"}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown field"), "{err}");
+    }
+}

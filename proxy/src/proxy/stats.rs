@@ -1,0 +1,121 @@
+//! Counters of the proxy path, with Envoy's listener, cluster and HTTP stat names so dashboards
+//! carry over. Lock-free: every connection task adds to them directly.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! stats {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// The proxy's counters and gauges.
+        #[derive(Debug, Default)]
+        pub struct ProxyStats {
+            $($(#[$doc])* pub $name: AtomicU64,)*
+        }
+
+        impl ProxyStats {
+            /// Every stat as (Envoy name, value), in declaration order.
+            pub fn snapshot(&self) -> Vec<(String, u64)> {
+                vec![$((stringify!($name).to_owned(), self.$name.load(Ordering::Relaxed)),)*]
+            }
+        }
+    };
+}
+
+stats! {
+    /// Connections accepted.
+    downstream_cx_total,
+    /// Connections open now (gauge).
+    downstream_cx_active,
+    /// Connections closed.
+    downstream_cx_destroy,
+    /// Connections refused because their original destination is unknown (never an open relay).
+    downstream_cx_no_original_dst,
+    /// Connections refused because their PROXY protocol header was missing or malformed.
+    downstream_cx_proxy_proto_error,
+    /// Connections refused because no service is configured at their original destination.
+    downstream_cx_no_route,
+    /// HTTP requests received.
+    downstream_rq_total,
+    /// HTTP requests that matched no route or had no host (answered 404 / 503).
+    downstream_rq_no_route,
+    /// Upstream connections attempted.
+    upstream_cx_total,
+    /// Connections or requests with no healthy host to go to (Envoy's cluster stat).
+    upstream_cx_none_healthy,
+    /// Upstream connects that failed (refused, unreachable, timed out).
+    upstream_cx_connect_fail,
+    /// Upstream connects that timed out (also counted in `upstream_cx_connect_fail`).
+    upstream_cx_connect_timeout,
+    /// Connections that ended with a reset from either side.
+    upstream_cx_destroy_with_reset,
+    /// Connections closed at the drain deadline after their host was removed.
+    upstream_cx_drain_close,
+    /// Connections closed because their host failed health checking.
+    upstream_cx_health_close,
+    /// Connections closed by a shutdown deadline.
+    upstream_cx_shutdown_close,
+    /// Bytes received from upstreams.
+    upstream_cx_rx_bytes_total,
+    /// Bytes sent to upstreams.
+    upstream_cx_tx_bytes_total,
+    /// HTTP requests sent upstream (retries included).
+    upstream_rq_total,
+    /// HTTP request retries.
+    upstream_rq_retry,
+    /// HTTP requests that hit their route's request timeout.
+    upstream_rq_timeout,
+    /// Pooled HTTP connections reused.
+    upstream_cx_pool_reuse,
+}
+
+impl ProxyStats {
+    /// Adds one to a counter.
+    pub fn inc(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Counts one downstream connection: `downstream_cx_total` and `downstream_cx_active` now,
+/// `downstream_cx_destroy` (and one less active) when dropped.
+pub struct ActiveConnection<'a>(&'a ProxyStats);
+
+impl<'a> ActiveConnection<'a> {
+    /// Counts a new connection.
+    pub fn new(stats: &'a ProxyStats) -> Self {
+        ProxyStats::inc(&stats.downstream_cx_total);
+        ProxyStats::inc(&stats.downstream_cx_active);
+        Self(stats)
+    }
+}
+
+impl Drop for ActiveConnection<'_> {
+    fn drop(&mut self) {
+        self.0.downstream_cx_active.fetch_sub(1, Ordering::Relaxed);
+        ProxyStats::inc(&self.0.downstream_cx_destroy);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn active_gauge_and_names() {
+        let s = ProxyStats::default();
+        {
+            let _a = ActiveConnection::new(&s);
+            let _b = ActiveConnection::new(&s);
+            assert_eq!(s.downstream_cx_active.load(Ordering::Relaxed), 2);
+        }
+        let snap = s.snapshot();
+        let get = |n: &str| snap.iter().find(|(k, _)| k == n).unwrap().1;
+        assert_eq!(
+            (
+                get("downstream_cx_total"),
+                get("downstream_cx_active"),
+                get("downstream_cx_destroy")
+            ),
+            (2, 0, 2)
+        );
+        assert!(snap.iter().any(|(k, _)| k == "upstream_cx_rx_bytes_total"));
+    }
+}

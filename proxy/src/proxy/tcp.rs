@@ -1,0 +1,106 @@
+//! The TCP path: connect to the original destination or a cluster host, then the copy loop,
+//! until both sides are done, a side resets, the host's drain deadline passes, or shutdown's.
+
+use tokio::net::TcpStream;
+use tracing::{debug, field};
+
+use super::{
+    Shared,
+    cluster::{ClusterHandle, HostClose},
+    copy::{self, CopyError, Meter},
+    drain::DrainWatcher,
+    orig_dst::{BackendAddr, HostLease, OrigDstAddr},
+    pool::connect_tcp,
+    stats::ProxyStats,
+};
+
+/// Where a TCP connection goes.
+pub(super) enum Target {
+    /// ORIGINAL_DST: the destination itself.
+    Original(OrigDstAddr),
+    /// A host of the cluster.
+    Cluster(ClusterHandle),
+}
+
+/// Connects upstream and copies; the client is reset when no upstream can be had.
+pub(super) async fn forward(
+    client: TcpStream,
+    target: Target,
+    shared: &Shared,
+    drain: &DrainWatcher,
+) {
+    let stats = &shared.stats;
+    let (host, cluster, _lease): (BackendAddr, Option<ClusterHandle>, Option<HostLease>) =
+        match target {
+            Target::Original(orig) => {
+                let host = BackendAddr(orig.0);
+                (host, None, Some(shared.orig_dst_cluster.lease(host)))
+            }
+            Target::Cluster(cluster) => match cluster.pick(&[]) {
+                Some(host) => (host, Some(cluster), None),
+                None => {
+                    ProxyStats::inc(&stats.upstream_cx_none_healthy);
+                    debug!(cluster = cluster.name(), "no healthy host: refused");
+                    copy::abort(&client);
+                    return;
+                }
+            },
+        };
+    tracing::Span::current().record("host", field::display(host));
+    let upstream = match connect_tcp(host, shared.config.connect_timeout, stats).await {
+        Ok(s) => s,
+        Err(err) => {
+            if let Some(c) = &cluster {
+                c.report_connect(host, false);
+            }
+            debug!(%err, "upstream connect failed: client reset");
+            copy::abort(&client);
+            return;
+        }
+    };
+    if let Some(c) = &cluster {
+        c.report_connect(host, true);
+    }
+    let _ = upstream.set_nodelay(true);
+    let policy = shared.drain_policy();
+    let close = async {
+        let host_closed = async {
+            match &cluster {
+                Some(c) => c.host_closed(host, policy).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = drain.closing() => {
+                ProxyStats::inc(&stats.upstream_cx_shutdown_close);
+                "shutdown deadline passed"
+            }
+            why = host_closed => match why {
+                HostClose::Drained => {
+                    ProxyStats::inc(&stats.upstream_cx_drain_close);
+                    "host removed and drain timeout passed"
+                }
+                HostClose::HealthFailure => {
+                    ProxyStats::inc(&stats.upstream_cx_health_close);
+                    "host failed health checking"
+                }
+            },
+        }
+    };
+    let meter = Meter {
+        tx: &stats.upstream_cx_tx_bytes_total,
+        rx: &stats.upstream_cx_rx_bytes_total,
+    };
+    let (copied, result) = copy::bidirectional(client, upstream, meter, close).await;
+    let span = tracing::Span::current();
+    span.record("sent", copied.sent);
+    span.record("received", copied.received);
+    match result {
+        Ok(()) => {}
+        Err(CopyError::Closed(why)) => debug!(why, "connection closed by the proxy"),
+        Err(err @ CopyError::Io { .. }) => {
+            ProxyStats::inc(&stats.upstream_cx_destroy_with_reset);
+            debug!(%err, "connection reset");
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! Clients and servers for the kernel tests: bounded connect and datagram loops, a resetting
+//! server, and a framed exchange with digests for data-integrity checks.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    path::{Path, PathBuf},
+    process::Command,
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use super::{InCgroup, Netns, sh};
+
+/// What a client loop saw.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct LoopReport {
+    /// Answers per banner (the first line the server sent).
+    pub banners: std::collections::BTreeMap<String, u32>,
+    /// Addresses the socket reported as its peer (getpeername, or recvfrom's source for UDP).
+    pub peers: std::collections::BTreeSet<String>,
+    /// Failures by error.
+    pub errors: std::collections::BTreeMap<String, u32>,
+}
+
+impl LoopReport {
+    /// Successful exchanges.
+    pub fn ok(&self) -> u32 {
+        self.banners.values().sum()
+    }
+
+    /// Failed exchanges.
+    pub fn failed(&self) -> u32 {
+        self.errors.values().sum()
+    }
+
+    /// Parses a child's JSON result.
+    pub fn parse(text: &str) -> Self {
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("bad loop report {text:?}: {e}"))
+    }
+
+    fn record(&mut self, outcome: std::io::Result<(SocketAddr, String)>) {
+        match outcome {
+            Ok((peer, banner)) => {
+                self.peers.insert(peer.to_string());
+                *self.banners.entry(banner).or_default() += 1;
+            }
+            Err(e) => *self.errors.entry(errno_name(&e)).or_default() += 1,
+        }
+    }
+}
+
+/// An error as its errno name when it has one.
+pub fn errno_name(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EPERM) => "EPERM".to_owned(),
+        Some(libc::ECONNREFUSED) => "ECONNREFUSED".to_owned(),
+        Some(libc::ECONNRESET) => "ECONNRESET".to_owned(),
+        Some(libc::EADDRNOTAVAIL) => "EADDRNOTAVAIL".to_owned(),
+        _ => e.to_string(),
+    }
+}
+
+/// TCP: connect to `target`, read the banner line, close; `count` times or until `within` has
+/// passed, whichever comes first. For a child made with [`InCgroup::spawn`].
+pub fn tcp_loop(target: SocketAddr, count: u32, within: Duration) -> LoopReport {
+    let deadline = Instant::now() + within;
+    let mut report = LoopReport::default();
+    for _ in 0..count {
+        if Instant::now() >= deadline {
+            break;
+        }
+        report.record(tcp_once(target));
+    }
+    report
+}
+
+fn tcp_once(target: SocketAddr) -> std::io::Result<(SocketAddr, String)> {
+    let mut stream = TcpStream::connect_timeout(&target, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let peer = stream.peer_addr()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    Ok((peer, text.lines().next().unwrap_or("(no banner)").to_owned()))
+}
+
+/// Unconnected UDP: `sendto(target)` and `recvfrom` on one socket, `count` times; the peer
+/// recorded is recvfrom's source address.
+pub fn udp_sendto_loop(target: SocketAddr, count: u32) -> LoopReport {
+    let any: SocketAddr =
+        if target.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal");
+    let socket = UdpSocket::bind(any).expect("binding a UDP client");
+    socket.set_read_timeout(Some(Duration::from_secs(1))).expect("timeout");
+    let mut report = LoopReport::default();
+    let mut buf = [0u8; 512];
+    for _ in 0..count {
+        let outcome = socket.send_to(b"probe\n", target).and_then(|_| {
+            let (n, from) = socket.recv_from(&mut buf)?;
+            Ok((from, String::from_utf8_lossy(&buf[..n]).trim().to_owned()))
+        });
+        report.record(outcome);
+    }
+    report
+}
+
+/// A TCP server that answers `count` connections with a reset (SO_LINGER 0, then close), or
+/// stops after `within`.
+pub fn reset_on_accept(listener: &TcpListener, count: u32, within: Duration) {
+    use std::os::fd::AsRawFd as _;
+    listener.set_nonblocking(true).expect("nonblocking");
+    let deadline = Instant::now() + within;
+    let mut done = 0;
+    while done < count && Instant::now() < deadline {
+        let Ok((conn, _)) = listener.accept() else {
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        };
+        let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+        // SAFETY: a valid socket fd and a linger struct that outlives the call.
+        unsafe {
+            libc::setsockopt(
+                conn.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&raw const linger).cast(),
+                size_of::<libc::linger>() as libc::socklen_t,
+            );
+        }
+        drop(conn);
+        done += 1;
+    }
+}
+
+/// Widens the ephemeral port range inside `netns` (for loops of many connections).
+pub fn widen_port_range(netns: &Netns) {
+    sh(Command::new("ip").args([
+        "netns",
+        "exec",
+        netns.name(),
+        "sysctl",
+        "-q",
+        "-w",
+        "net.ipv4.ip_local_port_range=1024 65535",
+    ]));
+}
+
+/// Deterministic test data: `len` bytes from a xorshift generator seeded with `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A 64-bit FNV-1a digest, to compare what was sent with what arrived.
+pub fn digest(bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+}
+
+/// Sends `data` with an 8-byte length prefix.
+pub fn send_framed(stream: &mut TcpStream, data: &[u8]) -> std::io::Result<()> {
+    stream.write_all(&(data.len() as u64).to_be_bytes())?;
+    for chunk in data.chunks(64 * 1024) {
+        stream.write_all(chunk)?;
+    }
+    stream.flush()
+}
+
+/// Receives one length-prefixed message and returns its digest and length.
+pub fn recv_framed(stream: &mut TcpStream) -> std::io::Result<(u64, usize)> {
+    let mut len = [0u8; 8];
+    stream.read_exact(&mut len)?;
+    let mut data = vec![0u8; u64::from_be_bytes(len) as usize];
+    stream.read_exact(&mut data)?;
+    Ok((digest(&data), data.len()))
+}
+
+/// One connection between two processes inside `cgroup` and `netns`: a server bound at `listen`
+/// and a client dialling `dial` (a service address or the server itself). The client sends
+/// `size` bytes, the server checks their digest and sends `size` other bytes back. Returns
+/// whether each direction arrived intact, (client -> server, server -> client).
+pub fn framed_exchange(
+    cgroup: &Path,
+    netns: &Netns,
+    listen: SocketAddr,
+    dial: SocketAddr,
+    size: usize,
+) -> (bool, bool) {
+    let server = InCgroup::spawn(Some(cgroup), netns, move || {
+        let listener = TcpListener::bind(listen).expect("binding the exchange server");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut conn = loop {
+            match listener.accept() {
+                Ok((conn, _)) => break conn,
+                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
+                Err(e) => panic!("no client: {e}"),
+            }
+        };
+        conn.set_nonblocking(false).expect("blocking");
+        conn.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+        let (d, n) = recv_framed(&mut conn).expect("receiving from the client");
+        send_framed(&mut conn, &pattern(2, size)).expect("sending to the client");
+        let mut rest = Vec::new();
+        let _ = conn.read_to_end(&mut rest);
+        format!("{d} {n}")
+    });
+    let client = InCgroup::spawn(Some(cgroup), netns, move || {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut conn = loop {
+            match TcpStream::connect(dial) {
+                Ok(conn) => break conn,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Err(e) => panic!("connecting to {dial}: {e}"),
+            }
+        };
+        conn.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+        send_framed(&mut conn, &pattern(1, size)).expect("sending to the server");
+        let (d, n) = recv_framed(&mut conn).expect("receiving from the server");
+        format!("{d} {n}")
+    });
+    let got_client = client.wait(Duration::from_secs(60));
+    let got_server = server.wait(Duration::from_secs(60));
+    let expect = |seed| format!("{} {size}", digest(&pattern(seed, size)));
+    (got_server == expect(1), got_client == expect(2))
+}
+
+/// Runs `f` on a thread that entered `netns` (outside any test cgroup) and returns its handle.
+pub fn in_netns<T: Send + 'static>(
+    netns: &Netns,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> JoinHandle<T> {
+    in_netns_at(netns.path(), f)
+}
+
+/// [`in_netns`] by the namespace's path (for a drop handler that only kept the path).
+pub fn in_netns_at<T: Send + 'static>(
+    path: PathBuf,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> JoinHandle<T> {
+    std::thread::spawn(move || {
+        proxy::enter_netns(&path).expect("entering the test namespace");
+        f()
+    })
+}

@@ -1,0 +1,94 @@
+//! The data path opened inside the test process, for tests that drive the publisher, the
+//! settings and the readers directly (`proxy::dataplane::Dataplane`).
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use super::{TestCgroup, unique};
+use crate::features::{self, Feature};
+
+/// What loading the whole data path needs: every program is loaded and attached at once.
+pub const DATAPLANE_FEATURES: &[Feature] = &[
+    Feature::ConnectHooks,
+    Feature::SendmsgHooks,
+    Feature::RecvmsgHooks,
+    Feature::GetpeernameHooks,
+    Feature::CgroupLink,
+    Feature::NetnsCookie,
+    Feature::SockOps,
+    Feature::SkMsg,
+    Feature::SockHash,
+];
+
+/// Prints `SKIP <test>: <reason>` and returns true when the kernel cannot run the data path.
+pub fn skip_without_dataplane(test: &str) -> bool {
+    features::skip_unless(test, DATAPLANE_FEATURES)
+}
+
+/// The data path opened in this test process (`proxy::dataplane::Dataplane`), attached to a
+/// test cgroup under a unique instance name; shut down (unpinned, detached) on drop.
+pub struct InProcess {
+    dp: Option<proxy::dataplane::Dataplane>,
+}
+
+impl InProcess {
+    /// Opens the data path on `cgroup` with pins under `/sys/fs/bpf/<unique>/`.
+    pub fn open(cgroup: &TestCgroup) -> Self {
+        let opts = proxy::dataplane::DataplaneOptions {
+            cgroup: cgroup.path().to_owned(),
+            bpffs: PathBuf::from("/sys/fs/bpf"),
+            instance: unique("pti"),
+        };
+        let dp = proxy::dataplane::Dataplane::open(&opts)
+            .unwrap_or_else(|e| panic!("opening the data path: {e:?}"));
+        Self { dp: Some(dp) }
+    }
+
+    /// A counter by name.
+    pub fn counter(&self, name: &str) -> u64 {
+        self.counters()
+            .into_iter()
+            .find_map(|(n, v)| (n == name).then_some(v))
+            .unwrap_or_else(|| panic!("no counter {name}"))
+    }
+}
+
+impl std::ops::Deref for InProcess {
+    type Target = proxy::dataplane::Dataplane;
+    fn deref(&self) -> &Self::Target {
+        self.dp.as_ref().expect("open")
+    }
+}
+
+impl std::ops::DerefMut for InProcess {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.dp.as_mut().expect("open")
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(dp) = self.dp.take() {
+            dp.shutdown();
+        }
+    }
+}
+
+/// A service spec with one priority of equally weighted hosts.
+pub fn spec(
+    name: &str,
+    vip: SocketAddr,
+    udp: bool,
+    flags: u32,
+    hosts: &[SocketAddr],
+) -> proxy::dataplane::ServiceSpec {
+    let proto =
+        if udp { proxy_common::service::PROTO_UDP } else { proxy_common::service::PROTO_TCP };
+    let priorities =
+        if hosts.is_empty() { Vec::new() } else { vec![hosts.iter().map(|h| (*h, 1)).collect()] };
+    proxy::dataplane::ServiceSpec {
+        name: name.to_owned(),
+        key: proxy::dataplane::publish_key(vip.ip(), vip.port(), proto),
+        flags,
+        priorities,
+    }
+}

@@ -1,0 +1,95 @@
+//! The kernel's passive health signal (root): sockops counts, per backend, connects that never
+//! got established and established connections that were reset, and the daemon reads them with
+//! `Dataplane::passive_counters`.
+
+use std::{
+    net::{SocketAddr, TcpListener},
+    time::Duration,
+};
+
+use integration_tests::kernel::{
+    InCgroup, InProcess, LoopReport, Netns, TestCgroup, in_netns, require_root, reset_on_accept,
+    skip_without_dataplane, spec, tcp_loop,
+};
+use proxy::dataplane::PassiveReport;
+use rstest::rstest;
+
+/// Connects per test.
+const CONNECTS: u32 = 20;
+
+struct Family {
+    vip: &'static str,
+    closed: &'static str,
+    resetting: &'static str,
+}
+
+const V4: Family =
+    Family { vip: "127.77.3.1:80", closed: "127.0.0.61:9", resetting: "127.0.0.62:8080" };
+const V6: Family = Family { vip: "[fd77::3:1]:80", closed: "[::1]:9", resetting: "[::1]:8080" };
+
+fn report_for(dp: &InProcess, backend: SocketAddr) -> PassiveReport {
+    dp.passive_counters()
+        .expect("reading passive counters")
+        .into_iter()
+        .find(|r| r.backend == backend)
+        .unwrap_or_else(|| panic!("no passive counters for {backend}"))
+}
+
+fn run_client(cgroup: &TestCgroup, netns: &Netns, vip: SocketAddr) -> LoopReport {
+    LoopReport::parse(
+        &InCgroup::spawn(Some(cgroup.path()), netns, move || {
+            serde_json::to_string(&tcp_loop(vip, CONNECTS, Duration::from_secs(20))).unwrap()
+        })
+        .wait(Duration::from_secs(60)),
+    )
+}
+
+#[rstest]
+#[case::ipv4(V4)]
+#[case::ipv6(V6)]
+fn connects_to_a_closed_port_count_as_failures_of_that_backend(#[case] fam: Family) {
+    require_root();
+    if skip_without_dataplane("connects_to_a_closed_port_count_as_failures_of_that_backend") {
+        return;
+    }
+    let netns = Netns::new();
+    let cgroup = TestCgroup::new();
+    let vip: SocketAddr = fam.vip.parse().unwrap();
+    let closed: SocketAddr = fam.closed.parse().unwrap();
+    let mut dp = InProcess::open(&cgroup);
+    dp.publisher().publish(&spec("closed", vip, false, 0, &[closed])).expect("publishing");
+    let report = run_client(&cgroup, &netns, vip);
+    assert_eq!(report.errors.get("ECONNREFUSED"), Some(&CONNECTS), "{report:?}");
+    let passive = report_for(&dp, closed);
+    assert_eq!((passive.connect_failures, passive.resets), (u64::from(CONNECTS), 0), "{passive:?}");
+    assert_eq!(dp.counter("passive_connect_failed"), u64::from(CONNECTS));
+}
+
+#[rstest]
+#[case::ipv4(V4)]
+#[case::ipv6(V6)]
+fn connections_reset_by_the_server_count_as_resets_of_that_backend(#[case] fam: Family) {
+    require_root();
+    if skip_without_dataplane("connections_reset_by_the_server_count_as_resets_of_that_backend") {
+        return;
+    }
+    let netns = Netns::new();
+    let cgroup = TestCgroup::new();
+    let vip: SocketAddr = fam.vip.parse().unwrap();
+    let resetting: SocketAddr = fam.resetting.parse().unwrap();
+    let mut dp = InProcess::open(&cgroup);
+    dp.publisher().publish(&spec("resetting", vip, false, 0, &[resetting])).expect("publishing");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = in_netns(&netns, move || {
+        let listener = TcpListener::bind(resetting).expect("binding the resetting server");
+        tx.send(()).expect("test alive");
+        reset_on_accept(&listener, CONNECTS, Duration::from_secs(30));
+    });
+    rx.recv_timeout(Duration::from_secs(5)).expect("server started");
+    let report = run_client(&cgroup, &netns, vip);
+    server.join().expect("server thread");
+    assert_eq!(report.ok() + report.failed(), CONNECTS, "{report:?}");
+    let passive = report_for(&dp, resetting);
+    assert_eq!((passive.connect_failures, passive.resets), (0, u64::from(CONNECTS)), "{passive:?}");
+    assert_eq!(dp.counter("passive_reset"), u64::from(CONNECTS));
+}

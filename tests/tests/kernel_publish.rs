@@ -1,0 +1,218 @@
+//! Publishing under load (root), through the in-process `Dataplane` API: republishing
+//! alternating host sets while a client connects in a tight loop is atomic; removing every host
+//! and adding them back works; 10,000 services publish and each selects its own host.
+
+use std::{
+    collections::BTreeSet,
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use integration_tests::kernel::{
+    BannerServers, InCgroup, InProcess, LoopReport, Netns, TestCgroup, require_root,
+    skip_without_dataplane, spec, tcp_loop, udp_sendto_loop,
+};
+use rstest::rstest;
+
+/// How long the client loops while host sets flip.
+const FLIP_FOR: Duration = Duration::from_secs(3);
+/// Services in the scale test.
+const SERVICES: u32 = 10_000;
+/// Services of the scale test that a client actually dials.
+const SAMPLE: u32 = 25;
+
+struct Family {
+    vip: &'static str,
+    vip_cidr: Option<&'static str>,
+    set_a: [&'static str; 2],
+    set_b: [&'static str; 2],
+}
+
+const V4: Family = Family {
+    vip: "127.77.4.1:80",
+    vip_cidr: None,
+    set_a: ["127.0.0.71:8081", "127.0.0.72:8082"],
+    set_b: ["127.0.0.73:8083", "127.0.0.74:8084"],
+};
+
+const V6: Family = Family {
+    vip: "[fd77::4:1]:80",
+    vip_cidr: Some("fd77::4:1/128"),
+    set_a: ["[::1]:8081", "[::1]:8082"],
+    set_b: ["[::1]:8083", "[::1]:8084"],
+};
+
+fn addrs(list: &[&str]) -> Vec<SocketAddr> {
+    list.iter().map(|a| a.parse().unwrap()).collect()
+}
+
+/// Namespace, cgroup, data path, and banner servers on every host of both sets and on the VIP
+/// itself (so a connect that escaped translation would say so instead of failing).
+fn setup(fam: &Family, udp: bool) -> (Netns, TestCgroup, InProcess, BannerServers) {
+    require_root();
+    let netns = Netns::new();
+    let cgroup = TestCgroup::new();
+    if let Some(cidr) = fam.vip_cidr {
+        netns.add_lo_addr(cidr);
+    }
+    let mut servers: Vec<(SocketAddr, &str, bool)> =
+        fam.set_a.iter().chain(&fam.set_b).map(|h| (h.parse().unwrap(), *h, udp)).collect();
+    servers.push((fam.vip.parse().unwrap(), "vip-itself", udp));
+    let servers = BannerServers::start(&netns, &servers);
+    let dp = InProcess::open(&cgroup);
+    (netns, cgroup, dp, servers)
+}
+
+fn client(
+    cgroup: &TestCgroup,
+    netns: &Netns,
+    vip: SocketAddr,
+    udp: bool,
+    count: u32,
+    within: Duration,
+) -> InCgroup {
+    InCgroup::spawn(Some(cgroup.path()), netns, move || {
+        let report = if udp { udp_sendto_loop(vip, count) } else { tcp_loop(vip, count, within) };
+        serde_json::to_string(&report).unwrap()
+    })
+}
+
+#[rstest]
+#[case::ipv4_tcp(V4, false)]
+#[case::ipv4_udp(V4, true)]
+#[case::ipv6_tcp(V6, false)]
+#[case::ipv6_udp(V6, true)]
+fn alternating_host_sets_never_mix_or_fail(#[case] fam: Family, #[case] udp: bool) {
+    require_root();
+    if skip_without_dataplane("alternating_host_sets_never_mix_or_fail") {
+        return;
+    }
+    let (netns, cgroup, mut dp, _servers) = setup(&fam, udp);
+    let vip: SocketAddr = fam.vip.parse().unwrap();
+    let (a, b) = (addrs(&fam.set_a), addrs(&fam.set_b));
+    dp.publisher().publish(&spec("flip", vip, udp, 0, &a)).expect("publishing A");
+    // UDP is bounded by count (each datagram waits for its answer), TCP by time.
+    let count = if udp { 20_000 } else { 1_000_000 };
+    let running = client(&cgroup, &netns, vip, udp, count, FLIP_FOR);
+    let started = Instant::now();
+    let mut flips = 0u32;
+    while started.elapsed() < FLIP_FOR {
+        let set = if flips.is_multiple_of(2) { &b } else { &a };
+        dp.publisher().publish(&spec("flip", vip, udp, 0, set)).expect("republishing");
+        flips += 1;
+    }
+    let report = LoopReport::parse(&running.wait(Duration::from_secs(120)));
+    println!("{flips} publishes during {} exchanges: {:?}", report.ok(), report.banners);
+    assert_eq!(report.failed(), 0, "{report:?}");
+    let allowed: BTreeSet<&str> = fam.set_a.iter().chain(&fam.set_b).copied().collect();
+    for banner in report.banners.keys() {
+        assert!(allowed.contains(banner.as_str()), "reached {banner}, in neither set: {report:?}");
+    }
+    assert!(report.ok() > 0 && flips > 10, "too little happened: {flips} flips, {report:?}");
+}
+
+#[rstest]
+#[case::ipv4_tcp(V4, false)]
+#[case::ipv4_udp(V4, true)]
+#[case::ipv6_tcp(V6, false)]
+#[case::ipv6_udp(V6, true)]
+fn removing_all_hosts_then_adding_them_back_works(#[case] fam: Family, #[case] udp: bool) {
+    require_root();
+    if skip_without_dataplane("removing_all_hosts_then_adding_them_back_works") {
+        return;
+    }
+    let (netns, cgroup, mut dp, _servers) = setup(&fam, udp);
+    let vip: SocketAddr = fam.vip.parse().unwrap();
+    let a = addrs(&fam.set_a);
+    let run = |n| {
+        LoopReport::parse(
+            &client(&cgroup, &netns, vip, udp, n, Duration::from_secs(10))
+                .wait(Duration::from_secs(60)),
+        )
+    };
+
+    dp.publisher().publish(&spec("svc", vip, udp, 0, &a)).expect("publishing");
+    let before = run(20);
+    assert_eq!(before.ok(), 20, "{before:?}");
+    dp.publisher().publish(&spec("svc", vip, udp, 0, &[])).expect("removing every host");
+    let none = run(5);
+    assert_eq!(none.errors.get("EPERM"), Some(&5), "{none:?}");
+    dp.publisher().publish(&spec("svc", vip, udp, 0, &a)).expect("adding them back");
+    let after = run(20);
+    assert_eq!(after.ok(), 20, "{after:?}");
+    for banner in before.banners.keys().chain(after.banners.keys()) {
+        assert!(fam.set_a.contains(&banner.as_str()), "reached {banner}");
+    }
+}
+
+/// Service `i` of the scale test: its VIP and its one host.
+fn scale_pair(i: u32) -> (SocketAddr, SocketAddr) {
+    let (hi, lo) = ((i >> 8) as u8, (i & 0xff) as u8);
+    (SocketAddr::from(([127, 100, hi, lo], 80)), SocketAddr::from(([127, 101, hi, lo], 9000)))
+}
+
+#[test]
+fn ten_thousand_services_publish_and_select_their_own_host() {
+    require_root();
+    if skip_without_dataplane("ten_thousand_services_publish_and_select_their_own_host") {
+        return;
+    }
+    let netns = Netns::new();
+    let cgroup = TestCgroup::new();
+    let mut dp = InProcess::open(&cgroup);
+    let specs: Vec<_> = (0..SERVICES)
+        .map(|i| {
+            let (vip, host) = scale_pair(i);
+            spec(&format!("svc-{i}"), vip, false, 0, &[host])
+        })
+        .collect();
+    let started = Instant::now();
+    for s in &specs {
+        dp.publisher().publish(s).expect("publishing");
+    }
+    let took = started.elapsed();
+    println!(
+        "published {SERVICES} services ({SERVICES} hosts) in {:.1} ms (target < 50 ms)",
+        took.as_secs_f64() * 1e3
+    );
+    // Another 10,000 hosts, shaped as 100 services of 100 hosts each.
+    let grouped: Vec<_> = (0..100u32)
+        .map(|g| {
+            let vip = SocketAddr::from(([127, 102, 0, g as u8], 80));
+            let hosts: Vec<SocketAddr> = (0..100u32)
+                .map(|h| {
+                    let i = g * 100 + h;
+                    SocketAddr::from(([127, 103, (i >> 8) as u8, (i & 0xff) as u8], 9000))
+                })
+                .collect();
+            spec(&format!("group-{g}"), vip, false, 0, &hosts)
+        })
+        .collect();
+    let started = Instant::now();
+    for s in &grouped {
+        dp.publisher().publish(s).expect("publishing");
+    }
+    println!(
+        "published 100 services x 100 hosts in {:.1} ms",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    let sample: Vec<u32> = (0..SAMPLE).map(|k| k * (SERVICES / SAMPLE) + k % 7).collect();
+    let banners: Vec<String> = sample.iter().map(|i| scale_pair(*i).1.to_string()).collect();
+    let servers: Vec<(SocketAddr, &str, bool)> =
+        sample.iter().zip(&banners).map(|(i, b)| (scale_pair(*i).1, b.as_str(), false)).collect();
+    let _servers = BannerServers::start(&netns, &servers);
+    let vips: Vec<SocketAddr> = sample.iter().map(|i| scale_pair(*i).0).collect();
+    let got = InCgroup::spawn(Some(cgroup.path()), &netns, move || {
+        let seen: Vec<String> = vips
+            .iter()
+            .map(|vip| {
+                let r = tcp_loop(*vip, 1, Duration::from_secs(5));
+                r.banners.keys().next().cloned().unwrap_or_else(|| format!("{:?}", r.errors))
+            })
+            .collect();
+        serde_json::to_string(&seen).unwrap()
+    })
+    .wait(Duration::from_secs(60));
+    let seen: Vec<String> = serde_json::from_str(&got).expect("JSON");
+    assert_eq!(seen, banners, "each sampled service must reach its own host");
+}

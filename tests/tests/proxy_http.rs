@@ -1,0 +1,237 @@
+//! The proxy path's HTTP behaviour, in-process on 127.0.0.1 with real HTTP servers and routes
+//! compiled from Consul config entries: route matching picks the right target, prefix rewrite,
+//! retries on connect failure, request timeout, HTTP/2 cleartext, ORIGINAL_DST pooling and
+//! `x-envoy-original-dst-host`, and the HTTP side of a graceful shutdown.
+
+mod proxy_support;
+
+use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use proxy::proxy::{ClusterHandle, DrainOutcome, ProxyConfig, RouteTable, Service, ServiceTable};
+use proxy_chain::{CompileRequest, Entries, compile};
+use proxy_support::{HttpServer, TestProxy, WAIT, cluster, dead_addr, get, http1_client, request};
+use tokio::sync::watch;
+
+const VIP: &str = "127.77.0.10:80";
+
+const ENTRIES: &str = r#"[
+  {"Kind": "proxy-defaults", "Name": "global", "Config": {"protocol": "http"}},
+  {"Kind": "service-router", "Name": "web", "Routes": [
+    {"Match": {"HTTP": {"PathPrefix": "/api/"}}, "Destination": {"Service": "api"}},
+    {"Match": {"HTTP": {"Header": [{"Name": "x-canary", "Exact": "1"}]}}, "Destination": {"Service": "canary"}},
+    {"Match": {"HTTP": {"QueryParam": [{"Name": "v", "Exact": "2"}]}}, "Destination": {"Service": "v2"}},
+    {"Match": {"HTTP": {"PathRegex": "/item/[0-9]+", "Methods": ["POST"]}}, "Destination": {"Service": "items"}},
+    {"Match": {"HTTP": {"PathPrefix": "/old/"}}, "Destination": {"Service": "api", "PrefixRewrite": "/new/"}},
+    {"Match": {"HTTP": {"PathPrefix": "/retry/"}}, "Destination": {"Service": "flaky", "NumRetries": 3, "RetryOnConnectFailure": true}},
+    {"Match": {"HTTP": {"PathPrefix": "/noretry/"}}, "Destination": {"Service": "dead"}},
+    {"Match": {"HTTP": {"PathPrefix": "/slow"}}, "Destination": {"Service": "api", "RequestTimeout": "300ms"}}
+  ]}
+]"#;
+
+/// The backends, their clusters (kept so the routing channels stay open) and the proxy.
+struct Setup {
+    proxy: TestProxy,
+    _servers: Vec<HttpServer>,
+    _routing: Vec<watch::Sender<proxy_core::health::Routing>>,
+}
+
+async fn setup(config: ProxyConfig) -> Setup {
+    let mut servers = Vec::new();
+    let mut clusters: BTreeMap<String, ClusterHandle> = BTreeMap::new();
+    let mut routing = Vec::new();
+    for name in ["web", "api", "canary", "v2", "items", "flaky"] {
+        let server = HttpServer::start(name).await;
+        let hosts: Vec<SocketAddr> = if name == "flaky" {
+            vec![dead_addr(), server.addr]
+        } else {
+            vec![server.addr]
+        };
+        let (tx, c) = cluster(name, &hosts, true);
+        clusters.insert(name.to_owned(), c);
+        routing.push(tx);
+        servers.push(server);
+    }
+    let (tx, c) = cluster("dead", &[dead_addr()], true);
+    clusters.insert("dead".to_owned(), c);
+    routing.push(tx);
+
+    let entries = Entries::from_json(ENTRIES).expect("entries are valid");
+    let chain =
+        compile(&CompileRequest::new("web", "dc1", "consul"), &entries).expect("chain compiles");
+    let table = RouteTable::from_chain(&chain, &|t| clusters.get(&t.service).cloned())
+        .expect("every target has a cluster");
+    let mut services = ServiceTable::new();
+    services.insert(VIP.parse().unwrap(), Service::Http(Arc::new(table)));
+    let proxy = TestProxy::start(config, services).await;
+    Setup {
+        proxy,
+        _servers: servers,
+        _routing: routing,
+    }
+}
+
+/// (method, path, headers, expected backend).
+type Case = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    &'static str,
+);
+
+fn who(body: &str) -> &str {
+    body.split(' ').next().unwrap_or("")
+}
+
+#[tokio::test]
+async fn routes_choose_the_right_target() {
+    let s = setup(ProxyConfig::default()).await;
+    let mut c = http1_client(&s.proxy, VIP.parse().unwrap()).await;
+    let cases: [Case; 8] = [
+        ("GET", "/api/users", &[], "api"),
+        ("GET", "/anything", &[("x-canary", "1")], "canary"),
+        ("GET", "/anything", &[("x-canary", "0")], "web"),
+        ("GET", "/search?q=a&v=2", &[], "v2"),
+        ("POST", "/item/42", &[], "items"),
+        ("GET", "/item/42", &[], "web"),
+        ("POST", "/item/42/x", &[], "web"),
+        ("GET", "/", &[], "web"),
+    ];
+    for (method, path, headers, want) in cases {
+        let (status, body) = request(&mut c, method, path, headers).await;
+        assert_eq!(
+            (status, who(&body)),
+            (200, want),
+            "{method} {path} {headers:?}: {body}"
+        );
+    }
+    // Prefix rewrite: the upstream sees the new path, query kept.
+    let (status, body) = get(&mut c, "/old/x?y=1", &[]).await;
+    assert_eq!(status, 200);
+    assert_eq!(body, "api GET /new/x?y=1 HTTP/1.1");
+    assert_eq!(s.proxy.stat("downstream_rq_total"), 9);
+}
+
+#[tokio::test]
+async fn connect_failures_are_retried_on_another_host() {
+    let s = setup(ProxyConfig::default()).await;
+    let mut c = http1_client(&s.proxy, VIP.parse().unwrap()).await;
+    for i in 0..20 {
+        let (status, body) = get(&mut c, &format!("/retry/{i}"), &[]).await;
+        assert_eq!((status, who(&body)), (200, "flaky"), "request {i}: {body}");
+        // Let the upstream connection go back to the pool before the next request.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Half the first picks go to the dead host: P(no retry in 20) is 2^-20.
+    assert!(s.proxy.stat("upstream_rq_retry") > 0);
+    assert!(s.proxy.stat("upstream_cx_connect_fail") > 0);
+    // Without a retry policy a connect failure is the client's 503.
+    let (status, body) = get(&mut c, "/noretry/", &[]).await;
+    assert_eq!(status, 503, "{body}");
+}
+
+#[tokio::test]
+async fn request_timeout_gives_504() {
+    let s = setup(ProxyConfig::default()).await;
+    let mut c = http1_client(&s.proxy, VIP.parse().unwrap()).await;
+    let started = std::time::Instant::now();
+    let (status, body) = get(&mut c, "/slow", &[]).await;
+    assert_eq!(status, 504, "{body}");
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(s.proxy.stat("upstream_rq_timeout"), 1);
+}
+
+#[tokio::test]
+async fn http2_cleartext_is_routed_and_kept_http2_upstream() {
+    let s = setup(ProxyConfig::default()).await;
+    let stream = s.proxy.connect(VIP.parse().unwrap()).await;
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    for (path, want) in [("/api/x", "api"), ("/", "web")] {
+        let req = hyper::Request::builder()
+            .uri(format!("http://svc{path}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = tokio::time::timeout(WAIT, sender.send_request(req))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let body = String::from_utf8_lossy(&body).into_owned();
+        assert_eq!(who(&body), want);
+        assert!(body.ends_with("HTTP/2.0"), "{body}");
+    }
+}
+
+#[tokio::test]
+async fn original_dst_http_pools_and_honours_the_header() {
+    let (one, two) = (
+        HttpServer::start("one").await,
+        HttpServer::start("two").await,
+    );
+    let mut services = ServiceTable::new();
+    services.set_fallback(Service::OriginalDst { http: true });
+    let config = ProxyConfig {
+        use_http_header: true,
+        cleanup_interval: Duration::from_millis(300),
+        ..ProxyConfig::default()
+    };
+    let proxy = TestProxy::start(config, services).await;
+    let mut c = http1_client(&proxy, one.addr).await;
+    for _ in 0..3 {
+        let (status, body) = get(&mut c, "/", &[]).await;
+        assert_eq!((status, who(&body)), (200, "one"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // One upstream connection served all three.
+    assert_eq!(one.connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(proxy.stat("upstream_cx_pool_reuse"), 2);
+    let (status, body) = get(
+        &mut c,
+        "/",
+        &[("x-envoy-original-dst-host", &two.addr.to_string())],
+    )
+    .await;
+    assert_eq!((status, who(&body)), (200, "two"));
+    let (status, _) = get(
+        &mut c,
+        "/",
+        &[("x-envoy-original-dst-host", "not-an-address")],
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(proxy.stat("original_dst_hosts"), 2);
+    // Unused for the cleanup interval: both hosts flushed (with their pooled connections).
+    proxy.wait_stat("original_dst_hosts", 0).await;
+}
+
+#[tokio::test]
+async fn shutdown_lets_the_request_in_flight_finish() {
+    let config = ProxyConfig {
+        shutdown_timeout: Duration::from_secs(5),
+        ..ProxyConfig::default()
+    };
+    let server = HttpServer::start("one").await;
+    let mut services = ServiceTable::new();
+    services.set_fallback(Service::OriginalDst { http: true });
+    let proxy = TestProxy::start(config, services).await;
+    let mut c = http1_client(&proxy, server.addr).await;
+    let in_flight = tokio::spawn(async move { get(&mut c, "/slow", &[]).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let outcome = tokio::time::timeout(WAIT, proxy.handle.shutdown())
+        .await
+        .expect("shutdown in time");
+    let (status, body) = in_flight.await.unwrap();
+    assert_eq!((status, who(&body)), (200, "one"));
+    assert_eq!(outcome, DrainOutcome::Graceful);
+}

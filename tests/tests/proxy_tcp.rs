@@ -1,0 +1,412 @@
+//! The proxy path's TCP behaviour, in-process on 127.0.0.1 with a fake original-destination
+//! table and real servers (no root, no kernel programs): payload integrity both ways, half-close
+//! and reset propagation, open-relay refusal, PROXY protocol, ORIGINAL_DST cleanup, draining on
+//! host removal and on shutdown.
+
+mod proxy_support;
+
+use std::time::Duration;
+
+use proxy::proxy::{
+    DrainOutcome, NoOriginalDst, ProxyConfig, ProxyDeps, ProxyProtocolMode, Service, ServiceTable,
+    SpliceMode, encode_v2, serve,
+};
+use proxy_support::{Fnv, TcpServer, TestProxy, WAIT, cluster, payload};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn passthrough() -> ServiceTable {
+    let mut t = ServiceTable::new();
+    t.set_fallback(Service::OriginalDst { http: false });
+    t
+}
+
+async fn read_to_end(s: &mut (impl AsyncReadExt + Unpin)) -> std::io::Result<Vec<u8>> {
+    let mut v = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut v))
+        .await
+        .expect("read in time")?;
+    Ok(v)
+}
+
+async fn read_err_kind(s: &mut (impl AsyncReadExt + Unpin)) -> std::io::ErrorKind {
+    let mut b = [0u8; 64];
+    loop {
+        match tokio::time::timeout(WAIT, s.read(&mut b))
+            .await
+            .expect("read in time")
+        {
+            Ok(0) => panic!("clean end of stream where a reset was expected"),
+            Ok(_) => continue,
+            Err(e) => return e.kind(),
+        }
+    }
+}
+
+/// 8 MiB each way at the same time; both sides hash what they got.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payload_intact_both_directions() {
+    const LEN: usize = 8 * 1024 * 1024;
+    let server = TcpServer::start().await;
+    let proxy = TestProxy::start(ProxyConfig::default(), passthrough()).await;
+    let client = proxy.connect(server.addr).await;
+    let upstream = server.accept().await;
+    let (up_data, down_data) = (payload(LEN, 1), payload(LEN, 2));
+    let (mut want_up, mut want_down) = (Fnv::new(), Fnv::new());
+    want_up.update(&up_data);
+    want_down.update(&down_data);
+
+    let server_side = tokio::spawn(async move {
+        let (mut rd, mut wr) = upstream.into_split();
+        let writer = tokio::spawn(async move {
+            for chunk in down_data.chunks(100_000) {
+                wr.write_all(chunk).await.unwrap();
+            }
+            wr.shutdown().await.unwrap();
+        });
+        let got = read_to_end(&mut rd).await.unwrap();
+        writer.await.unwrap();
+        got
+    });
+    let (mut rd, mut wr) = client.into_split();
+    let writer = tokio::spawn(async move {
+        for chunk in up_data.chunks(77_777) {
+            wr.write_all(chunk).await.unwrap();
+        }
+        wr.shutdown().await.unwrap();
+    });
+    let got_down = read_to_end(&mut rd).await.unwrap();
+    writer.await.unwrap();
+    let got_up = server_side.await.unwrap();
+
+    let (mut h_up, mut h_down) = (Fnv::new(), Fnv::new());
+    h_up.update(&got_up);
+    h_down.update(&got_down);
+    assert_eq!((got_up.len(), h_up.0), (LEN, want_up.0), "client -> server");
+    assert_eq!(
+        (got_down.len(), h_down.0),
+        (LEN, want_down.0),
+        "server -> client"
+    );
+    proxy.wait_stat("downstream_cx_active", 0).await;
+    assert_eq!(proxy.stat("upstream_cx_tx_bytes_total"), LEN as u64);
+    assert_eq!(proxy.stat("upstream_cx_rx_bytes_total"), LEN as u64);
+    assert_eq!(proxy.stat("downstream_cx_total"), 1);
+    assert_eq!(proxy.stat("downstream_cx_destroy"), 1);
+    assert_eq!(proxy.stat("upstream_cx_total"), 1);
+}
+
+#[tokio::test]
+async fn half_close_propagates_both_ways() {
+    let server = TcpServer::start().await;
+    let proxy = TestProxy::start(ProxyConfig::default(), passthrough()).await;
+    let mut client = proxy.connect(server.addr).await;
+    let mut upstream = server.accept().await;
+    client.write_all(b"hello").await.unwrap();
+    client.shutdown().await.unwrap();
+    // The server sees the client's FIN, and can still answer on its own half.
+    assert_eq!(read_to_end(&mut upstream).await.unwrap(), b"hello");
+    upstream.write_all(b"bye").await.unwrap();
+    upstream.shutdown().await.unwrap();
+    assert_eq!(read_to_end(&mut client).await.unwrap(), b"bye");
+    proxy.wait_stat("downstream_cx_active", 0).await;
+    assert_eq!(proxy.stat("upstream_cx_destroy_with_reset"), 0);
+}
+
+#[tokio::test]
+async fn server_reset_reaches_the_client() {
+    let server = TcpServer::start().await;
+    let proxy = TestProxy::start(ProxyConfig::default(), passthrough()).await;
+    let mut client = proxy.connect(server.addr).await;
+    let mut upstream = server.accept().await;
+    // A round trip first: the proxy's connect has completed and the copy loop runs.
+    client.write_all(b"x").await.unwrap();
+    let mut b = [0u8; 1];
+    upstream.read_exact(&mut b).await.unwrap();
+    upstream.set_zero_linger().unwrap();
+    drop(upstream);
+    assert_eq!(
+        read_err_kind(&mut client).await,
+        std::io::ErrorKind::ConnectionReset
+    );
+    proxy.wait_stat("upstream_cx_destroy_with_reset", 1).await;
+}
+
+#[tokio::test]
+async fn client_reset_reaches_the_server() {
+    let server = TcpServer::start().await;
+    let proxy = TestProxy::start(ProxyConfig::default(), passthrough()).await;
+    let client = proxy.connect(server.addr).await;
+    let mut upstream = server.accept().await;
+    client.set_zero_linger().unwrap();
+    drop(client);
+    assert_eq!(
+        read_err_kind(&mut upstream).await,
+        std::io::ErrorKind::ConnectionReset
+    );
+}
+
+#[tokio::test]
+async fn unknown_original_destination_is_refused_never_relayed() {
+    let server = TcpServer::start().await;
+    let proxy = TestProxy::start(ProxyConfig::default(), passthrough()).await;
+    // Not in the table: what a direct connect to the listener looks like.
+    let mut direct = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let _ = direct.write_all(b"GET / HTTP/1.1\r\n\r\n").await;
+    let mut b = [0u8; 16];
+    let r = tokio::time::timeout(WAIT, direct.read(&mut b))
+        .await
+        .expect("closed in time");
+    assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+    // A destination that is the proxy itself would loop: refused too.
+    let mut looped = proxy.connect(proxy.addr).await;
+    let r = tokio::time::timeout(WAIT, looped.read(&mut b))
+        .await
+        .expect("closed in time");
+    assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+    proxy.wait_stat("downstream_cx_no_original_dst", 2).await;
+    assert_eq!(proxy.stat("upstream_cx_total"), 0);
+    assert!(!server.accepts_within(Duration::from_millis(200)).await);
+}
+
+#[tokio::test]
+async fn destination_without_a_service_is_refused() {
+    let server = TcpServer::start().await;
+    let proxy = TestProxy::start(ProxyConfig::default(), ServiceTable::new()).await;
+    let mut c = proxy.connect(server.addr).await;
+    let mut b = [0u8; 1];
+    let r = tokio::time::timeout(WAIT, c.read(&mut b))
+        .await
+        .expect("closed in time");
+    assert!(matches!(r, Ok(0) | Err(_)));
+    proxy.wait_stat("downstream_cx_no_route", 1).await;
+    assert!(!server.accepts_within(Duration::from_millis(200)).await);
+}
+
+#[tokio::test]
+async fn proxy_protocol_v1_and_v2_carry_the_destination() {
+    let server = TcpServer::start().await;
+    let config = ProxyConfig {
+        proxy_protocol: ProxyProtocolMode::Any,
+        listeners: vec!["127.0.0.1:0".parse().unwrap()],
+        ..ProxyConfig::default()
+    };
+    let deps = ProxyDeps {
+        original_dst: std::sync::Arc::new(NoOriginalDst),
+        services: passthrough(),
+    };
+    let handle = serve(config, deps).await.unwrap();
+    let addr = handle.local_addrs()[0];
+    let v1 = format!(
+        "PROXY TCP4 127.0.0.9 {} 40000 {}\r\n",
+        server.addr.ip(),
+        server.addr.port()
+    );
+    let v2 = encode_v2("127.0.0.9:40001".parse().unwrap(), server.addr);
+    for header in [v1.into_bytes(), v2] {
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(&[header.as_slice(), b"payload"].concat())
+            .await
+            .unwrap();
+        c.shutdown().await.unwrap();
+        let mut up = server.accept().await;
+        assert_eq!(
+            read_to_end(&mut up).await.unwrap(),
+            b"payload",
+            "header consumed exactly"
+        );
+    }
+    // No header: refused and counted.
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut b = [0u8; 1];
+    let r = tokio::time::timeout(WAIT, c.read(&mut b))
+        .await
+        .expect("closed in time");
+    assert!(matches!(r, Ok(0) | Err(_)));
+    let stats = handle.stats();
+    let get = |n: &str| stats.iter().find(|(k, _)| k == n).unwrap().1;
+    assert_eq!(get("downstream_cx_proxy_proto_error"), 1);
+    assert_eq!(get("downstream_cx_no_original_dst"), 1);
+}
+
+#[tokio::test]
+async fn original_dst_hosts_are_flushed_after_cleanup_interval() {
+    let server = TcpServer::start().await;
+    let config = ProxyConfig {
+        cleanup_interval: Duration::from_millis(200),
+        ..ProxyConfig::default()
+    };
+    let proxy = TestProxy::start(config, passthrough()).await;
+    let mut c = proxy.connect(server.addr).await;
+    let mut up = server.accept().await;
+    c.write_all(b"x").await.unwrap();
+    let mut b = [0u8; 1];
+    up.read_exact(&mut b).await.unwrap();
+    assert_eq!(proxy.stat("original_dst_hosts"), 1);
+    // Held by an open connection: kept across several cleanup intervals.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(proxy.stat("original_dst_hosts"), 1);
+    drop((c, up));
+    proxy.wait_stat("downstream_cx_active", 0).await;
+    // Unused now: gone within about two intervals.
+    proxy.wait_stat("original_dst_hosts", 0).await;
+}
+
+#[tokio::test]
+async fn original_dst_unreachable_opens_nothing_and_resets_the_client() {
+    let dead = proxy_support::dead_addr();
+    let proxy = TestProxy::start(ProxyConfig::default(), passthrough()).await;
+    let mut c = proxy.connect(dead).await;
+    let mut b = [0u8; 1];
+    let r = tokio::time::timeout(WAIT, c.read(&mut b))
+        .await
+        .expect("closed in time");
+    assert!(matches!(r, Ok(0) | Err(_)));
+    proxy.wait_stat("upstream_cx_connect_fail", 1).await;
+}
+
+#[tokio::test]
+async fn removed_host_drains_new_connections_go_elsewhere() {
+    let (a, b) = (TcpServer::start().await, TcpServer::start().await);
+    let (hosts, strict) = cluster("strict", &[a.addr], true);
+    let vip = "127.77.0.1:80".parse().unwrap();
+    let mut services = ServiceTable::new();
+    services.insert(vip, Service::Tcp(strict));
+    let config = ProxyConfig {
+        drain_timeout: Duration::from_millis(700),
+        ..ProxyConfig::default()
+    };
+    let proxy = TestProxy::start(config, services).await;
+    let mut old = proxy.connect(vip).await;
+    let mut old_up = a.accept().await;
+
+    hosts.send_replace(proxy_support::routing(&[b.addr]));
+    let mut new = proxy.connect(vip).await;
+    let mut new_up = b.accept().await;
+    new.write_all(b"n").await.unwrap();
+    let mut buf = [0u8; 1];
+    new_up.read_exact(&mut buf).await.unwrap();
+    // Within the drain timeout the old connection still works.
+    old.write_all(b"o").await.unwrap();
+    old_up.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"o");
+    // After it, the proxy resets it.
+    let started = std::time::Instant::now();
+    assert_eq!(
+        read_err_kind(&mut old).await,
+        std::io::ErrorKind::ConnectionReset
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(proxy.stat("upstream_cx_drain_close"), 1);
+    // The connection to the host that stayed is untouched.
+    new.write_all(b"m").await.unwrap();
+    new_up.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"m");
+}
+
+#[tokio::test]
+async fn logical_dns_connections_are_never_drained() {
+    let (a, b) = (TcpServer::start().await, TcpServer::start().await);
+    let (hosts, logical) = cluster("logical", &[a.addr], false);
+    let vip = "127.77.0.2:80".parse().unwrap();
+    let mut services = ServiceTable::new();
+    services.insert(vip, Service::Tcp(logical));
+    let config = ProxyConfig {
+        drain_timeout: Duration::from_millis(100),
+        ..ProxyConfig::default()
+    };
+    let proxy = TestProxy::start(config, services).await;
+    let mut old = proxy.connect(vip).await;
+    let mut old_up = a.accept().await;
+    hosts.send_replace(proxy_support::routing(&[b.addr]));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    old.write_all(b"still").await.unwrap();
+    let mut buf = [0u8; 5];
+    old_up.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"still");
+    assert_eq!(proxy.stat("upstream_cx_drain_close"), 0);
+}
+
+#[tokio::test]
+async fn shutdown_stops_accepting_then_resets_at_the_deadline() {
+    let server = TcpServer::start().await;
+    let config = ProxyConfig {
+        shutdown_timeout: Duration::from_millis(500),
+        ..ProxyConfig::default()
+    };
+    let proxy = TestProxy::start(config, passthrough()).await;
+    let mut open = proxy.connect(server.addr).await;
+    let mut open_up = server.accept().await;
+    let addr = proxy.addr;
+    let stats = proxy.handle.stats_handle();
+    let shutdown = tokio::spawn(proxy.handle.shutdown());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The listener is closed: new connects are refused.
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    // The open connection still works during the drain ...
+    open.write_all(b"d").await.unwrap();
+    let mut buf = [0u8; 1];
+    open_up.read_exact(&mut buf).await.unwrap();
+    // ... and is reset at the deadline.
+    assert_eq!(
+        read_err_kind(&mut open).await,
+        std::io::ErrorKind::ConnectionReset
+    );
+    assert_eq!(
+        tokio::time::timeout(WAIT, shutdown).await.unwrap().unwrap(),
+        DrainOutcome::Forced
+    );
+    let s = stats.stats();
+    assert_eq!(
+        s.iter()
+            .find(|(k, _)| k == "upstream_cx_shutdown_close")
+            .unwrap()
+            .1,
+        1
+    );
+}
+
+#[tokio::test]
+async fn shutdown_is_graceful_when_connections_finish() {
+    let server = TcpServer::start().await;
+    let config = ProxyConfig {
+        shutdown_timeout: Duration::from_secs(5),
+        ..ProxyConfig::default()
+    };
+    let proxy = TestProxy::start(config, passthrough()).await;
+    let mut c = proxy.connect(server.addr).await;
+    let mut up = server.accept().await;
+    let shutdown = tokio::spawn(proxy.handle.shutdown());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    c.shutdown().await.unwrap();
+    assert!(read_to_end(&mut up).await.unwrap().is_empty());
+    drop(up);
+    assert!(read_to_end(&mut c).await.unwrap().is_empty());
+    let started = std::time::Instant::now();
+    assert_eq!(
+        tokio::time::timeout(WAIT, shutdown).await.unwrap().unwrap(),
+        DrainOutcome::Graceful
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn splice_kernel_mode_is_a_clear_error() {
+    let config = ProxyConfig {
+        splice: SpliceMode::Kernel,
+        listeners: vec!["127.0.0.1:0".parse().unwrap()],
+        ..ProxyConfig::default()
+    };
+    let deps = ProxyDeps {
+        original_dst: std::sync::Arc::new(NoOriginalDst),
+        services: passthrough(),
+    };
+    let err = serve(config, deps).await.err().expect("refused");
+    assert!(
+        err.to_string()
+            .contains("splice mode not available in this build"),
+        "{err}"
+    );
+}

@@ -16,7 +16,7 @@ use crate::util::{self, detail, step};
 
 /// The Debian mirror this machine's own apt uses (the first `URIs:` or `deb` URI ending in
 /// `/debian` in /etc/apt), so the private sources lists point where the machine already may go.
-fn mirror() -> anyhow::Result<String> {
+pub fn mirror() -> anyhow::Result<String> {
     let mut texts = vec![fs::read_to_string("/etc/apt/sources.list").unwrap_or_default()];
     if let Ok(dir) = fs::read_dir("/etc/apt/sources.list.d") {
         for entry in dir.flatten() {
@@ -65,10 +65,14 @@ impl Suite {
         cmd
     }
 
-    /// Writes the sources list and runs `apt-get update` once (skipped when lists exist).
+    /// Writes the sources list and runs `apt-get update` once (skipped when a `Packages` index
+    /// is there: apt leaves a `lock` file in the lists directory even when an update fails).
     fn update(&self) -> anyhow::Result<()> {
         let lists = self.dir.join("lists");
-        if fs::read_dir(&lists).is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.path().is_file()))) {
+        let has_index = |d: fs::ReadDir| {
+            d.flatten().any(|e| e.file_name().to_string_lossy().contains("_Packages"))
+        };
+        if fs::read_dir(&lists).is_ok_and(has_index) {
             return Ok(());
         }
         fs::create_dir_all(lists.join("partial"))?;
@@ -92,8 +96,21 @@ impl Suite {
         self.update()?;
         fs::create_dir_all(&debs)?;
         step(format!("downloading {package} from Debian {}", self.name));
-        util::run(self.apt().arg("download").arg(package).current_dir(&debs), "apt-get download")
-            .with_context(|| format!("downloading {package} from Debian {} failed", self.name))?;
+        let fetch = || {
+            util::run(
+                self.apt().arg("download").arg(package).current_dir(&debs),
+                "apt-get download",
+            )
+        };
+        if fetch().is_err() {
+            // Cached lists may name a version the mirror has dropped since: refresh once.
+            detail(format!("refreshing the package lists of Debian {} and retrying", self.name));
+            let _ = fs::remove_dir_all(self.dir.join("lists"));
+            self.update()?;
+            fetch().with_context(|| {
+                format!("downloading {package} from Debian {} failed", self.name)
+            })?;
+        }
         find_deb(&debs, base).with_context(|| format!("apt-get download left no {base}_*.deb"))
     }
 
@@ -113,9 +130,11 @@ impl Suite {
         let names = util::output(&mut cmd, "apt-cache pkgnames")?;
         let mut matching: Vec<&str> = names
             .lines()
-            .filter(|n| n.ends_with(suffix) && !n.contains("-dbg") && !n.contains("unsigned"))
+            .filter(|n| n.len() > prefix.len() + suffix.len() && n.ends_with(suffix))
+            .filter(|n| !n.contains("-dbg") && !n.contains("unsigned"))
             .collect();
-        matching.sort_by(|a, b| version_key(a).cmp(&version_key(b)));
+        let key = |n: &str| version_key(&n[prefix.len()..n.len() - suffix.len()]);
+        matching.sort_by_key(|n| key(n));
         match matching.last() {
             Some(name) => Ok((*name).to_owned()),
             None => bail!("Debian {} has no package {prefix}*{suffix}", self.name),
@@ -123,7 +142,8 @@ impl Suite {
     }
 }
 
-/// Numeric parts of a package name, for ordering `linux-image-6.1.0-9-…` before `…-6.1.0-41-…`.
+/// Numeric parts of the version in a package name (`6.1.0-41`, `6.12.90+deb12.1`), for ordering
+/// `6.1.0-9` before `6.1.0-41` and `6.12.90+deb12` before `6.12.90+deb12.1`.
 fn version_key(name: &str) -> Vec<u64> {
     name.split(|c: char| !c.is_ascii_digit())
         .filter_map(|p| p.parse().ok())

@@ -4,9 +4,11 @@
 mod apt;
 mod consul;
 mod demo;
+mod qemu;
 mod setup;
 mod test;
 mod util;
+mod vm;
 
 use clap::{Parser, Subcommand};
 
@@ -38,6 +40,29 @@ enum Task {
         /// Only run tests whose name contains this (passed to the test harnesses).
         filter: Option<String>,
     },
+    /// The kernel tests (the `kernel_*` binaries of integration-tests) on Debian kernels in
+    /// QEMU: downloads the kernel packages (cached under target/vm), builds an initramfs, boots
+    /// it without network and fails if any test failed. Setup installs QEMU.
+    Vm {
+        /// Kernel line to boot, or `all`.
+        #[arg(long, value_enum, default_value = "5.10")]
+        kernel: vm::KernelChoice,
+        /// Only run tests whose name contains this.
+        filter: Option<String>,
+        /// Accelerator: `auto` uses KVM only if a probe boot with it finishes.
+        #[arg(long, value_enum, default_value = "auto")]
+        accel: vm::Accel,
+        /// Wall-clock limit per kernel in seconds, boot to power-off; QEMU is killed after it.
+        #[arg(long, default_value_t = 1800)]
+        timeout: u64,
+        /// Limit per test binary in the VM, in seconds; a binary still running is killed and
+        /// counted as a failure.
+        #[arg(long, default_value_t = 600)]
+        binary_timeout: u64,
+        /// Guest memory in MiB.
+        #[arg(long, default_value_t = 1536)]
+        memory: u32,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -46,5 +71,15 @@ fn main() -> anyhow::Result<()> {
         Task::Setup => setup::run(),
         Task::Demo { count } => demo::run(count),
         Task::Test { filter } => test::run(filter.as_deref()),
+        Task::Vm { kernel, filter, accel, timeout, binary_timeout, memory } => {
+            vm::run(&vm::Options {
+                filter: filter.as_deref(),
+                accel,
+                timeout: std::time::Duration::from_secs(timeout),
+                binary_timeout: std::time::Duration::from_secs(binary_timeout),
+                memory_mib: memory,
+                ..vm::Options::new(kernel)
+            })
+        }
     }
 }

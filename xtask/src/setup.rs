@@ -41,6 +41,7 @@ pub fn run() -> anyhow::Result<()> {
     ensure_bpf_linker(&toolchain)?;
     ensure_debian_packages()?;
     ensure_python_venv()?;
+    crate::qemu::ensure_qemu()?;
     crate::consul::ensure_consul()?;
     step("setup complete");
     Ok(())

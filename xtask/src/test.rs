@@ -1,11 +1,13 @@
 //! `cargo xtask test`: every test. Setup, unit tests of every crate (no root needed), then the
-//! root-only integration tests against the real kernel, the real eBPF object and real servers.
+//! root-only integration tests against the real kernel, the real eBPF object and real servers,
+//! then the kernel tests on Linux 5.10 in QEMU.
 
 use anyhow::Context as _;
 
 use crate::{
     setup,
     util::{self, step},
+    vm,
 };
 
 pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
@@ -26,7 +28,14 @@ pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
         .env("PROXY_BIN", &proxy)
         .env("PROXY_TEST_PYTHON", &python);
     integration.args(filter.map(|f| vec!["--", f]).unwrap_or_default());
-    util::run(&mut integration, "integration tests").context("integration tests failed")?;
+    let integrated =
+        util::run(&mut integration, "integration tests").context("integration tests failed");
+    // The kernel tests again on the oldest supported kernel, in QEMU (about a minute, plus the
+    // kernel download on a fresh target directory), whatever the host's own kernel is.
+    step("kernel tests on Linux 5.10 in QEMU (cargo xtask vm --kernel 5.10)");
+    let vm = vm::run(&vm::Options { filter, ..vm::Options::new(vm::KernelChoice::V5_10) });
+    integrated?;
+    vm.context("the kernel tests failed on Linux 5.10 in QEMU")?;
     step("all tests passed");
     Ok(())
 }

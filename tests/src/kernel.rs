@@ -395,6 +395,21 @@ impl Probe {
     }
 }
 
+/// Probes `vip` from `cgroup` in `netns` (40 connects at a time) until every connect succeeds
+/// and exactly the banners `want` answer; panics after `within`.
+pub fn wait_for_backends(netns: &Netns, cgroup: &TestCgroup, vip: SocketAddr, want: &[&str], within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let probe = Probe::run(netns, Some(cgroup.path()), vip, 40, false);
+        let seen: Vec<&str> = probe.backends.keys().map(String::as_str).collect();
+        if probe.errors.is_empty() && seen == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "connects never reached only {want:?}: {probe:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Asserts that `observed` of `n` is within 4.5 standard deviations of share `p` (binomial):
 /// a correct random choice fails this about once in 150,000 runs.
 pub fn assert_share(what: &str, observed: u32, n: u32, p: f64) {

@@ -2,28 +2,19 @@
 //! records changed live through unbound-control move connects from a fresh cgroup and
 //! namespace to the new addresses.
 
-use std::{
-    net::SocketAddr,
-    time::{Duration, Instant},
-};
+use std::{net::SocketAddr, time::Duration};
 
 use integration_tests::{
     kernel::{BannerServers, Daemon, Netns, Probe, TestCgroup, require_root, unique},
     unbound::Unbound,
 };
 
-fn wait_for_backends(netns: &Netns, cgroup: &TestCgroup, want: &[&str]) {
+/// Bound of every wait for connects to follow a change.
+const WITHIN: Duration = Duration::from_secs(15);
+
+fn wait(netns: &Netns, cgroup: &TestCgroup, want: &[&str]) {
     let vip: SocketAddr = "127.77.0.1:80".parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let probe = Probe::run(netns, Some(cgroup.path()), vip, 40, false);
-        let seen: Vec<&str> = probe.backends.keys().map(String::as_str).collect();
-        if probe.errors.is_empty() && seen == want {
-            return;
-        }
-        assert!(Instant::now() < deadline, "connects never reached only {want:?}: {probe:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    integration_tests::kernel::wait_for_backends(netns, cgroup, vip, want, WITHIN);
 }
 
 fn config(cgroup: &TestCgroup, dns: &Unbound, kind: &str) -> String {
@@ -42,14 +33,21 @@ fn strict_dns_follows_live_record_changes() {
     let (a, b, c) = ("127.0.0.41:8080", "127.0.0.42:8080", "127.0.0.43:8080");
     let _servers = BannerServers::start(
         &netns,
-        &[(a.parse().unwrap(), a, false), (b.parse().unwrap(), b, false), (c.parse().unwrap(), c, false)],
+        &[
+            (a.parse().unwrap(), a, false),
+            (b.parse().unwrap(), b, false),
+            (c.parse().unwrap(), c, false),
+        ],
     );
-    let dns = Unbound::start(&["web.svc.test. 5 IN A 127.0.0.41", "web.svc.test. 5 IN A 127.0.0.42"]);
+    let dns = Unbound::start(&[
+        "web.svc.test. 5 IN A 127.0.0.41",
+        "web.svc.test. 5 IN A 127.0.0.42",
+    ]);
     let daemon = Daemon::start(&config(&cgroup, &dns, "STRICT_DNS"));
-    wait_for_backends(&netns, &cgroup, &[a, b]);
+    wait(&netns, &cgroup, &[a, b]);
 
     dns.replace("web.svc.test", &["web.svc.test. 5 IN A 127.0.0.43"]);
-    wait_for_backends(&netns, &cgroup, &[c]);
+    wait(&netns, &cgroup, &[c]);
     let (_, stats) = integration_tests::kernel::http_get(daemon.admin, "/stats").unwrap();
     assert!(stats.contains("cluster.web.update_success"), "{stats}");
 }
@@ -59,8 +57,17 @@ fn logical_dns_uses_the_first_address_only() {
     require_root();
     let (netns, cgroup) = (Netns::new(), TestCgroup::new());
     let (a, b) = ("127.0.0.44:8080", "127.0.0.45:8080");
-    let _servers = BannerServers::start(&netns, &[(a.parse().unwrap(), a, false), (b.parse().unwrap(), b, false)]);
-    let dns = Unbound::start(&["web.svc.test. 5 IN A 127.0.0.44", "web.svc.test. 5 IN A 127.0.0.45"]);
+    let _servers = BannerServers::start(
+        &netns,
+        &[
+            (a.parse().unwrap(), a, false),
+            (b.parse().unwrap(), b, false),
+        ],
+    );
+    let dns = Unbound::start(&[
+        "web.svc.test. 5 IN A 127.0.0.44",
+        "web.svc.test. 5 IN A 127.0.0.45",
+    ]);
     let _daemon = Daemon::start(&config(&cgroup, &dns, "LOGICAL_DNS"));
     // Only one of the two answers is ever used for new connections.
     let vip: SocketAddr = "127.77.0.1:80".parse().unwrap();

@@ -2,6 +2,7 @@
 //! the project needs, `demo` runs the embedded default end to end, `test` runs every test.
 
 mod apt;
+mod bench;
 mod consul;
 mod demo;
 mod qemu;
@@ -34,6 +35,9 @@ enum Task {
         #[arg(long, default_value_t = 1000)]
         count: u32,
     },
+    /// Benchmarks against the peers (root): S0-S6 on loopback and veth, HAProxy, nginx, Envoy,
+    /// nft DNAT; medians of `--runs` runs as ratios to S0; writes BENCHMARKS.md and charts.
+    Bench(bench::Args),
     /// Every test: setup, unit tests of all crates, then the root-only integration tests
     /// (real kernel, real eBPF object, real servers). Fails if any test fails.
     Test {
@@ -71,6 +75,7 @@ fn main() -> anyhow::Result<()> {
         Task::Setup => setup::run(),
         Task::Demo { count } => demo::run(count),
         Task::Test { filter } => test::run(filter.as_deref()),
+        Task::Bench(args) => bench::run(args),
         Task::Vm { kernel, filter, accel, timeout, binary_timeout, memory } => {
             vm::run(&vm::Options {
                 filter: filter.as_deref(),

@@ -5,7 +5,7 @@
 use anyhow::Context as _;
 
 use crate::{
-    setup,
+    bench, setup,
     util::{self, step},
     vm,
 };
@@ -34,8 +34,11 @@ pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
     // kernel download on a fresh target directory), whatever the host's own kernel is.
     step("kernel tests on Linux 5.10 in QEMU (cargo xtask vm --kernel 5.10)");
     let vm = vm::run(&vm::Options { filter, ..vm::Options::new(vm::KernelChoice::V5_10) });
+    // The benchmark harness, once with tiny counts, so it cannot rot; numbers are not judged.
+    let smoke = bench::smoke(Some(&proxy));
     integrated?;
     vm.context("the kernel tests failed on Linux 5.10 in QEMU")?;
+    smoke.context("the benchmark harness smoke run (cargo xtask bench --smoke) failed")?;
     step("all tests passed");
     Ok(())
 }

@@ -1,0 +1,170 @@
+//! `cargo xtask bench` helper (root): time to publish N hosts into the kernel maps with the
+//! daemon's own publisher (`proxy::dataplane`, in-process), as N services of one host and as
+//! N/1000 services of 1,000 hosts, cold and as an update; meanwhile a thread in the cgroup keeps
+//! connecting to a service whose host set flips between two sets of live listeners, and counts
+//! connects that reached neither (a half-written set would show up there).
+//!
+//! Prints one JSON object. Usage: `bench_publish --hosts 10000 --cgroup /sys/fs/cgroup/.../x`.
+
+use std::{
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream},
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use proxy::dataplane::{Dataplane, DataplaneOptions, ServiceSpec, publish_key};
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn spec(name: String, vip: SocketAddr, hosts: Vec<SocketAddr>) -> ServiceSpec {
+    ServiceSpec {
+        name,
+        key: publish_key(vip.ip(), vip.port(), proxy_common::service::PROTO_TCP),
+        flags: 0,
+        priorities: vec![hosts.into_iter().map(|h| (h, 1)).collect()],
+    }
+}
+
+fn v4(base: Ipv4Addr, i: u32, port: u16) -> SocketAddr {
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::from(u32::from(base) + i), port))
+}
+
+/// Publishes every spec; milliseconds taken.
+fn publish_all(dp: &mut Dataplane, specs: &[ServiceSpec]) -> f64 {
+    let t = Instant::now();
+    for s in specs {
+        dp.publisher().publish(s).expect("publishing");
+    }
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+fn main() {
+    let hosts: u32 = arg("--hosts")
+        .and_then(|h| h.parse().ok())
+        .unwrap_or(10_000);
+    let cgroup = PathBuf::from(arg("--cgroup").expect("--cgroup PATH"));
+    let opts = DataplaneOptions {
+        cgroup: cgroup.clone(),
+        bpffs: PathBuf::from("/sys/fs/bpf"),
+        instance: format!("proxy_bench_publish_{}", std::process::id()),
+    };
+    let mut dp = Dataplane::open(&opts).expect("opening the data path");
+    // Join the cgroup (for the flip check's connects); move back before shutdown removes it.
+    let home = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("0::")
+                    .map(|p| p.trim_start_matches('/').to_owned())
+            })
+        })
+        .map(|rel| cgroup.parent().expect("cgroup under a mount").join(rel))
+        .expect("our cgroup v2 path");
+    std::fs::write(cgroup.join("cgroup.procs"), std::process::id().to_string())
+        .expect("joining the cgroup");
+
+    // The flip check: two sets of 4 live listeners behind one VIP.
+    let listeners: Vec<TcpListener> = (0..8)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("listener"))
+        .collect();
+    let addrs: Vec<SocketAddr> = listeners
+        .iter()
+        .map(|l| l.local_addr().expect("addr"))
+        .collect();
+    for l in &listeners {
+        l.set_nonblocking(true).expect("nonblocking");
+    }
+    let flip_vip: SocketAddr = "127.77.200.1:80".parse().expect("vip");
+    let set_a = spec("flip".into(), flip_vip, addrs[..4].to_vec());
+    let set_b = spec("flip".into(), flip_vip, addrs[4..].to_vec());
+    dp.publisher()
+        .publish(&set_a)
+        .expect("publishing the flip service");
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, bad) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let client = {
+        let (stop, ok, bad) = (Arc::clone(&stop), Arc::clone(&ok), Arc::clone(&bad));
+        thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                match TcpStream::connect_timeout(&flip_vip, Duration::from_millis(500)) {
+                    Ok(_) => ok.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => bad.fetch_add(1, Ordering::Relaxed),
+                };
+                for l in &listeners {
+                    while l.accept().is_ok() {}
+                }
+            }
+        })
+    };
+
+    let one = |i: u32, host_base: Ipv4Addr| {
+        spec(
+            format!("s{i}"),
+            v4(Ipv4Addr::new(127, 77, 100, 0), i, 80),
+            vec![v4(host_base, i, 80)],
+        )
+    };
+    let singles: Vec<ServiceSpec> = (0..hosts)
+        .map(|i| one(i, Ipv4Addr::new(127, 1, 0, 0)))
+        .collect();
+    let singles_moved: Vec<ServiceSpec> = (0..hosts)
+        .map(|i| one(i, Ipv4Addr::new(127, 2, 0, 0)))
+        .collect();
+    let per = 1000.min(hosts);
+    let groups = hosts.div_ceil(per);
+    let big = |g: u32, host_base: Ipv4Addr| {
+        spec(
+            format!("g{g}"),
+            v4(Ipv4Addr::new(127, 77, 150, 0), g, 80),
+            (0..per).map(|h| v4(host_base, g * per + h, 80)).collect(),
+        )
+    };
+    let bigs: Vec<ServiceSpec> = (0..groups)
+        .map(|g| big(g, Ipv4Addr::new(127, 3, 0, 0)))
+        .collect();
+    let bigs_moved: Vec<ServiceSpec> = (0..groups)
+        .map(|g| big(g, Ipv4Addr::new(127, 4, 0, 0)))
+        .collect();
+
+    let mut flips = 0_u32;
+    let mut flip = |dp: &mut Dataplane| {
+        flips += 1;
+        dp.publisher()
+            .publish(if flips % 2 == 1 { &set_b } else { &set_a })
+            .expect("flip");
+    };
+    let single_ms = publish_all(&mut dp, &singles);
+    flip(&mut dp);
+    let single_update_ms = publish_all(&mut dp, &singles_moved);
+    flip(&mut dp);
+    let big_ms = publish_all(&mut dp, &bigs);
+    flip(&mut dp);
+    let big_update_ms = publish_all(&mut dp, &bigs_moved);
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(500) {
+        flip(&mut dp);
+        thread::sleep(Duration::from_millis(2));
+    }
+    stop.store(true, Ordering::Relaxed);
+    client.join().expect("client thread");
+    std::fs::write(home.join("cgroup.procs"), std::process::id().to_string())
+        .expect("leaving the cgroup");
+    dp.shutdown();
+    println!(
+        "{{\"hosts\": {hosts}, \"services_x1_ms\": {single_ms:.3}, \"services_x1_update_ms\": {single_update_ms:.3}, \
+         \"hosts_x1000_ms\": {big_ms:.3}, \"hosts_x1000_update_ms\": {big_update_ms:.3}, \"flips\": {flips}, \
+         \"flip_connects\": {}, \"flip_connect_failures\": {}}}",
+        ok.load(Ordering::Relaxed),
+        bad.load(Ordering::Relaxed)
+    );
+}

@@ -1,0 +1,474 @@
+//! `cargo xtask bench`: the benchmark plan (shared reference "benchmarks.md") against the peers.
+//!
+//! Installs its tools and peers (Debian: HAProxy, nginx + stream module, nft, iperf3, sockperf,
+//! wrk, bpftool, a font; Envoy from the project venv), runs every scenario row `--runs` times in
+//! a random order per run, on loopback and across a veth pair between two namespaces of ours,
+//! and removes everything it set up. Each measurement first checks that the machine is quiet
+//! (other load <= 0.1 core) and is marked invalid if not. Raw samples go to
+//! `bench-results/<timestamp>/`; the summary tables, the target verdicts and the charts go to
+//! BENCHMARKS.md and `docs/bench/`.
+//!
+//! `--smoke` runs two rows with tiny counts once and writes into a scratch directory: it is part
+//! of `cargo xtask test` so the harness cannot rot; it fails only if the harness itself fails.
+
+mod chart;
+mod extras;
+mod health;
+mod measure;
+mod peers;
+mod plan;
+mod report;
+mod sys;
+mod targets;
+mod topo;
+pub mod worker;
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::util::{self, detail, step};
+
+/// Options of `cargo xtask bench`.
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Args {
+    /// One run of two rows with tiny counts, into a scratch directory (the test suite's check).
+    #[arg(long)]
+    pub smoke: bool,
+    /// Runs per row (medians need at least 5).
+    #[arg(long, default_value_t = 5)]
+    pub runs: u32,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 2.0)]
+    pub secs: f64,
+    /// Only rows whose id contains this (e.g. "S1", "veth").
+    #[arg(long)]
+    pub only: Option<String>,
+    /// Seconds to wait for a quiet machine before each measurement (then it runs, marked invalid).
+    #[arg(long, default_value_t = 5)]
+    pub quiet_wait: u64,
+    /// Do not rewrite BENCHMARKS.md and docs/bench/ (raw results are still kept).
+    #[arg(long)]
+    pub no_report: bool,
+    /// Use the release binaries already in the target directory instead of building them.
+    #[arg(long)]
+    pub no_build: bool,
+    #[command(subcommand)]
+    pub worker: Option<Worker>,
+}
+
+/// Internal: the benchmark's own client and server processes.
+#[derive(Debug, clap::Subcommand)]
+pub enum Worker {
+    #[command(hide = true, subcommand)]
+    Worker(worker::Worker),
+}
+
+/// What every row needs.
+pub struct Env {
+    pub worker: PathBuf,
+    pub proxy: PathBuf,
+    pub envoy: Option<PathBuf>,
+    pub dir: PathBuf,
+    pub secs: f64,
+    pub quiet_wait: Duration,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(Worker::Worker(w)) = args.worker {
+        return worker::run(w);
+    }
+    util::require_root("cargo xtask bench")?;
+    if args.smoke {
+        return smoke(None);
+    }
+    install_tools(false)?;
+    if !args.no_build {
+        step("building the daemon, the workers and the publish benchmark (release)");
+        util::run(
+            util::cargo().args(["build", "--release", "-p", "xtask", "-p", "proxy"]),
+            "cargo build --release",
+        )?;
+        util::run(
+            util::cargo().args([
+                "build",
+                "--release",
+                "-p",
+                "integration-tests",
+                "--bin",
+                "bench_publish",
+            ]),
+            "cargo build --release --bin bench_publish",
+        )?;
+    }
+    let release = util::target_dir()?.join("release");
+    let stamp = timestamp();
+    let dir = util::workspace_root().join("bench-results").join(&stamp);
+    let env = Env {
+        worker: release.join("xtask"),
+        proxy: release.join("proxy"),
+        envoy: peers::find_envoy(&util::workspace_root()),
+        dir,
+        secs: args.secs,
+        quiet_wait: Duration::from_secs(args.quiet_wait),
+    };
+    let rows: Vec<_> = plan::rows(false)
+        .into_iter()
+        .filter(|r| args.only.as_deref().is_none_or(|o| r.id.contains(o)))
+        .collect();
+    let results = execute(&env, rows, args.runs, &release.join("bench_publish"), false)?;
+    if !args.no_report {
+        report::write(&results, &util::workspace_root(), &stamp)?;
+        step("wrote BENCHMARKS.md and docs/bench/");
+    }
+    finish(&results)
+}
+
+/// The test suite's check: two rows, tiny counts, one run; the report goes to the scratch
+/// directory. `proxy` is the daemon binary (built if None).
+pub fn smoke(proxy: Option<&Path>) -> anyhow::Result<()> {
+    step("benchmark harness smoke run (cargo xtask bench --smoke)");
+    install_tools(true)?;
+    let proxy = match (proxy, std::env::var_os("PROXY_BIN")) {
+        (Some(p), _) => p.to_owned(),
+        (None, Some(p)) => PathBuf::from(p),
+        (None, None) => util::build_proxy()?,
+    };
+    // The publish benchmark next to this binary (cargo test of integration-tests builds it in
+    // the same profile); built when missing.
+    let exe = std::env::current_exe().context("locating the xtask binary")?;
+    let publish = exe.with_file_name("bench_publish");
+    if !publish.exists() {
+        util::run(
+            util::cargo().args(["build", "-p", "integration-tests", "--bin", "bench_publish"]),
+            "cargo build --bin bench_publish",
+        )?;
+    }
+    let stamp = format!("smoke-{}", timestamp());
+    let dir = std::env::temp_dir().join(format!("proxy-bench-{stamp}"));
+    let env = Env {
+        worker: exe,
+        proxy,
+        envoy: None,
+        dir: dir.clone(),
+        secs: 0.3,
+        quiet_wait: Duration::ZERO,
+    };
+    let results = execute(&env, plan::rows(true), 1, &publish, true)?;
+    report::write(&results, &dir, &stamp)?;
+    let errors: Vec<_> = results
+        .samples
+        .iter()
+        .filter_map(|s| {
+            s.error
+                .as_ref()
+                .map(|e| format!("{} {}: {e}", s.row, s.metric))
+        })
+        .collect();
+    let _ = fs::remove_dir_all(&dir);
+    if !errors.is_empty() {
+        bail!("the benchmark harness failed:\n  {}", errors.join("\n  "));
+    }
+    step("benchmark harness smoke run passed (numbers are not judged)");
+    Ok(())
+}
+
+/// Everything one invocation measured, as kept in `bench-results/<timestamp>/results.json`.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Results {
+    pub commit: String,
+    pub date: String,
+    pub facts_before: sys::Facts,
+    pub facts_after: sys::Facts,
+    pub runs: u32,
+    pub secs: f64,
+    pub samples: Vec<measure::Sample>,
+    /// Rows that could not run and why (S4/S5/S6 while their pieces are missing).
+    pub not_measured: Vec<(String, String)>,
+    pub perf_available: bool,
+    pub wall_s: f64,
+}
+
+fn execute(
+    env: &Env,
+    mut rows: Vec<plan::Row>,
+    runs: u32,
+    publish_bin: &Path,
+    smoke: bool,
+) -> anyhow::Result<Results> {
+    fs::create_dir_all(&env.dir)?;
+    sys::catch_signals();
+    let nofile = sys::raise_nofile(65536);
+    // 10,000 idle connections through a proxy need 20,000 descriptors in it, plus its own.
+    let idle_max =
+        (((nofile.saturating_sub(1000)) / 2).min(10_000) / 1000 * 1000).max(1000) as usize;
+    if idle_max < 10_000 {
+        detail(format!(
+            "the largest idle-connection row uses {idle_max} connections (descriptor limit {nofile})"
+        ));
+    }
+    for r in &mut rows {
+        for m in &mut r.metrics {
+            if let measure::Metric::Idle { conns } = m
+                && *conns > 1000
+            {
+                *conns = idle_max;
+            }
+        }
+    }
+    sys::raise_priority();
+    let started = Instant::now();
+    let facts_before = sys::facts();
+    if facts_before
+        .nft_tables
+        .iter()
+        .any(|t| t.contains(topo::NAT_TABLE))
+    {
+        bail!(
+            "an nft table {} is already there (a previous run?); delete it first",
+            topo::NAT_TABLE
+        );
+    }
+    let (extra, not_measured) = if smoke {
+        (Vec::new(), Vec::new())
+    } else {
+        plan::features(&env.proxy, &env.dir)
+    };
+    rows.extend(extra);
+    step(format!(
+        "{} rows x {runs} runs, {} s per measurement; results in {}",
+        rows.len(),
+        env.secs,
+        env.dir.display()
+    ));
+    let lo = topo::Net::lo();
+    let lo_backends = lo.start_backends(&env.worker)?;
+    let needs_veth = rows.iter().any(|r| r.path == topo::Path2::Veth);
+    let pair = if needs_veth {
+        Some(topo::VethPair::create()?)
+    } else {
+        None
+    };
+    let veth = pair.as_ref().map(topo::Net::veth);
+    let veth_backends = match &veth {
+        Some(v) => v.start_backends(&env.worker)?,
+        None => Vec::new(),
+    };
+    let mut samples = Vec::new();
+    let mut rng =
+        worker::Rng::new(started.elapsed().as_nanos() as u64 ^ u64::from(std::process::id()));
+    for run in 0..runs {
+        step(format!("run {}/{runs}", run + 1));
+        // Fisher-Yates: a different row order every run.
+        for i in (1..rows.len()).rev() {
+            rows.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+        }
+        for r in &rows {
+            if sys::interrupted() {
+                bail!("interrupted; everything the benchmark started has been stopped and removed");
+            }
+            let (net, backends) = match r.path {
+                topo::Path2::Lo => (&lo, &lo_backends),
+                topo::Path2::Veth => (
+                    veth.as_ref().expect("veth rows need the pair"),
+                    &veth_backends,
+                ),
+            };
+            let pids: Vec<u32> = backends.iter().map(topo::Proc::pid).collect();
+            samples.extend(plan::run_row(env, net, r, run, &pids));
+        }
+        samples.extend(plan::extras(env, run, publish_bin, smoke));
+        fs::write(
+            env.dir.join("samples.partial.json"),
+            serde_json::to_vec(&samples)?,
+        )?;
+    }
+    drop(veth_backends);
+    drop(pair);
+    drop(lo_backends);
+    let results = Results {
+        commit: commit(),
+        date: date(),
+        facts_before,
+        facts_after: sys::facts(),
+        runs,
+        secs: env.secs,
+        samples,
+        not_measured,
+        perf_available: perf_available(),
+        wall_s: started.elapsed().as_secs_f64(),
+    };
+    if results
+        .facts_after
+        .nft_tables
+        .iter()
+        .any(|t| t.contains(topo::NAT_TABLE))
+    {
+        bail!(
+            "the nft table {} is still there after the run; delete it: nft delete table ip {}",
+            topo::NAT_TABLE,
+            topo::NAT_TABLE
+        );
+    }
+    fs::write(
+        env.dir.join("results.json"),
+        serde_json::to_vec_pretty(&results)?,
+    )?;
+    let _ = fs::remove_file(env.dir.join("samples.partial.json"));
+    Ok(results)
+}
+
+fn finish(results: &Results) -> anyhow::Result<()> {
+    let invalid = results.samples.iter().filter(|s| !s.valid).count();
+    let errors = results.samples.iter().filter(|s| s.error.is_some()).count();
+    step(format!(
+        "{} samples, {invalid} invalid (other load or errors), {errors} errors, {:.0} s",
+        results.samples.len(),
+        results.wall_s
+    ));
+    if errors > 0 {
+        bail!("{errors} measurements failed; see the error lines above and results.json");
+    }
+    Ok(())
+}
+
+/// Debian packages the benchmark uses, by the binary or file that shows each is there.
+const TOOLS: &[(&str, &str)] = &[
+    ("/usr/bin/iperf3", "iperf3"),
+    ("/usr/sbin/nft", "nftables"),
+    ("/usr/sbin/iptables", "iptables"),
+    ("/usr/sbin/bpftool", "bpftool"),
+    ("/usr/sbin/haproxy", "haproxy"),
+    ("/usr/sbin/nginx", "nginx-light"),
+    (
+        "/usr/lib/nginx/modules/ngx_stream_module.so",
+        "libnginx-mod-stream",
+    ),
+    ("/usr/bin/sockperf", "sockperf"),
+    ("/usr/bin/wrk", "wrk"),
+    (
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "fonts-dejavu-core",
+    ),
+];
+
+/// Installs what is missing (the smoke run needs only iperf3 and nft); packaged services are
+/// kept from starting (nginx and haproxy would take ports).
+fn install_tools(smoke: bool) -> anyhow::Result<()> {
+    let wanted: Vec<&str> = TOOLS
+        .iter()
+        .filter(|(_, pkg)| !smoke || matches!(*pkg, "iperf3" | "nftables"))
+        .filter(|(file, _)| !Path::new(file).exists())
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    if wanted.is_empty() {
+        detail("benchmark tools: all present");
+    } else {
+        step(format!("installing benchmark tools: {}", wanted.join(" ")));
+        let policy = Path::new("/usr/sbin/policy-rc.d");
+        let ours = !policy.exists();
+        if ours {
+            fs::write(policy, "#!/bin/sh\nexit 101\n")?;
+            util::run(
+                Command::new("chmod").args(["+x", "/usr/sbin/policy-rc.d"]),
+                "chmod",
+            )?;
+        }
+        let mut res = util::run(
+            Command::new("apt-get")
+                .args(["install", "-y", "-q"])
+                .args(&wanted)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+            "apt-get install",
+        );
+        if res.is_err() {
+            let _ = util::run(
+                Command::new("apt-get").args(["update", "-q"]),
+                "apt-get update",
+            );
+            res = util::run(
+                Command::new("apt-get")
+                    .args(["install", "-y", "-q"])
+                    .args(&wanted)
+                    .env("DEBIAN_FRONTEND", "noninteractive"),
+                "apt-get install",
+            );
+        }
+        if ours {
+            let _ = fs::remove_file(policy);
+        }
+        res.with_context(|| format!("installing {wanted:?}; check access to the Debian mirrors"))?;
+    }
+    if !smoke && peers::find_envoy(&util::workspace_root()).is_none() {
+        step("no Envoy in .venv: running cargo xtask setup");
+        crate::setup::run()?;
+    }
+    Ok(())
+}
+
+/// The cgroup v2 mount point (from /proc/mounts).
+pub fn cgroup2_mount() -> anyhow::Result<PathBuf> {
+    let mounts = fs::read_to_string("/proc/mounts")?;
+    mounts
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(f[1]))
+        })
+        .context("no cgroup2 mount in /proc/mounts")
+}
+
+fn timestamp() -> String {
+    sys::sh(Command::new("date").args(["-u", "+%Y%m%dT%H%M%SZ"]), "date")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "now".into())
+}
+
+fn date() -> String {
+    sys::sh(
+        Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]),
+        "date",
+    )
+    .map(|s| s.trim().to_owned())
+    .unwrap_or_default()
+}
+
+/// HEAD's short id, with `+dirty` when the work tree differs (read-only git calls).
+fn commit() -> String {
+    let root = util::workspace_root();
+    let head = sys::sh(
+        Command::new("git")
+            .arg("-C")
+            .arg(&root)
+            .args(["rev-parse", "--short", "HEAD"]),
+        "git rev-parse",
+    )
+    .map(|s| s.trim().to_owned())
+    .unwrap_or_else(|_| "unknown".into());
+    let dirty = sys::sh(
+        Command::new("git").arg("-C").arg(&root).args([
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+        ]),
+        "git status",
+    )
+    .is_ok_and(|s| !s.trim().is_empty());
+    if dirty { format!("{head}+dirty") } else { head }
+}
+
+/// Whether hardware counters work (`perf stat -e instructions true` counts something).
+fn perf_available() -> bool {
+    Command::new("perf")
+        .args(["stat", "-x,", "-e", "instructions", "true"])
+        .output()
+        .is_ok_and(|o| {
+            o.status.success() && !String::from_utf8_lossy(&o.stderr).contains("not supported")
+        })
+}

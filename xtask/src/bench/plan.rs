@@ -1,0 +1,492 @@
+//! The scenario rows (S0-S6 on loopback and veth, at 1 / 1,000 / 10,000 services), which
+//! metrics each measures, and running one row: set up its state (daemon, nft table, proxy
+//! peer), measure, tear it down.
+
+use std::net::{SocketAddr, SocketAddrV4};
+
+use super::{
+    Env,
+    measure::{self, Ctx, Metric, Sample},
+    peers::{self, Peer},
+    topo::{self, CONN, Daemon, NatTable, Net, Path2},
+};
+
+#[derive(Clone, Debug)]
+pub enum Kind {
+    /// S0: straight to the backend.
+    Direct,
+    /// S1: the daemon publishes `services` connect-rate VIPs; `non_vip` dials the backend
+    /// directly from inside the cgroup.
+    Kernel { services: u32, non_vip: bool },
+    /// S4/S5/S6: the daemon with a feature switched on in its config (`proxy check` must accept
+    /// it first, see `features`); `direct` dials the backend (S6: local pairs spliced).
+    Feature {
+        tweak: fn(&mut serde_json::Value),
+        direct: bool,
+    },
+    /// S2: nft DNAT with `rules` connect-rate services.
+    Dnat { rules: u32 },
+    /// S2b: a nat table that matches nothing.
+    NatIdle,
+    /// S3: nft REDIRECT to a userspace proxy.
+    Redirect(Peer),
+}
+
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub id: String,
+    pub scenario: &'static str,
+    pub path: Path2,
+    pub kind: Kind,
+    pub metrics: Vec<Metric>,
+}
+
+fn full(smoke: bool) -> Vec<Metric> {
+    if smoke {
+        return vec![
+            Metric::Bulk { streams: 1 },
+            Metric::Integrity,
+            Metric::Rr { size: 1, conns: 1 },
+            Metric::OpenLoop { rate: 1000 },
+            Metric::Cps,
+        ];
+    }
+    vec![
+        Metric::Bulk { streams: 1 },
+        Metric::Bulk { streams: 4 },
+        Metric::Integrity,
+        Metric::Rr { size: 1, conns: 1 },
+        Metric::Rr { size: 1, conns: 16 },
+        Metric::Rr {
+            size: 1024,
+            conns: 1,
+        },
+        Metric::Rr {
+            size: 1024,
+            conns: 16,
+        },
+        Metric::OpenLoop { rate: 1000 },
+        Metric::OpenLoop { rate: 10000 },
+        Metric::Cps,
+    ]
+}
+
+fn short() -> Vec<Metric> {
+    vec![Metric::Rr { size: 1, conns: 1 }, Metric::Cps]
+}
+
+fn row(
+    scenario: &'static str,
+    path: Path2,
+    variant: &str,
+    kind: Kind,
+    metrics: Vec<Metric>,
+) -> Row {
+    Row {
+        id: format!("{scenario} {} {variant}", path.name())
+            .trim()
+            .to_owned(),
+        scenario,
+        path,
+        kind,
+        metrics,
+    }
+}
+
+/// Every row of a full run, or the smoke run's two.
+pub fn rows(smoke: bool) -> Vec<Row> {
+    use Path2::{Lo, Veth};
+    if smoke {
+        return vec![
+            row("S0", Lo, "", Kind::Direct, full(true)),
+            row(
+                "S1",
+                Lo,
+                "svc=1",
+                Kind::Kernel {
+                    services: 1,
+                    non_vip: false,
+                },
+                vec![
+                    Metric::Rr { size: 1, conns: 1 },
+                    Metric::Cps,
+                    Metric::Idle { conns: 100 },
+                ],
+            ),
+        ];
+    }
+    let mut idle_full = full(false);
+    idle_full.extend([Metric::Idle { conns: 1000 }, Metric::Idle { conns: 10000 }]);
+    let veth_set = vec![
+        Metric::Bulk { streams: 1 },
+        Metric::Bulk { streams: 4 },
+        Metric::Integrity,
+        Metric::Rr { size: 1, conns: 1 },
+        Metric::Rr {
+            size: 1024,
+            conns: 16,
+        },
+        Metric::Cps,
+    ];
+    let mut rows = vec![
+        row("S0", Lo, "", Kind::Direct, full(false)),
+        row("S0", Veth, "", Kind::Direct, veth_set.clone()),
+        row(
+            "S1",
+            Lo,
+            "svc=1",
+            Kind::Kernel {
+                services: 1,
+                non_vip: false,
+            },
+            idle_full.clone(),
+        ),
+        row(
+            "S1",
+            Lo,
+            "svc=1000",
+            Kind::Kernel {
+                services: 1000,
+                non_vip: false,
+            },
+            short(),
+        ),
+        row(
+            "S1",
+            Lo,
+            "svc=10000",
+            Kind::Kernel {
+                services: 10000,
+                non_vip: false,
+            },
+            short(),
+        ),
+        row(
+            "S1",
+            Lo,
+            "non-VIP",
+            Kind::Kernel {
+                services: 1000,
+                non_vip: true,
+            },
+            short(),
+        ),
+        row(
+            "S1",
+            Veth,
+            "svc=1",
+            Kind::Kernel {
+                services: 1,
+                non_vip: false,
+            },
+            veth_set.clone(),
+        ),
+        row("S2", Lo, "rules=1", Kind::Dnat { rules: 1 }, full(false)),
+        row("S2", Lo, "rules=1000", Kind::Dnat { rules: 1000 }, short()),
+        row(
+            "S2",
+            Lo,
+            "rules=10000",
+            Kind::Dnat { rules: 10000 },
+            short(),
+        ),
+        row("S2", Veth, "rules=1", Kind::Dnat { rules: 1 }, veth_set),
+        row(
+            "S2b",
+            Lo,
+            "",
+            Kind::NatIdle,
+            vec![
+                Metric::Bulk { streams: 1 },
+                Metric::Rr { size: 1, conns: 1 },
+                Metric::Cps,
+            ],
+        ),
+    ];
+    for p in Peer::ALL {
+        rows.push(row(
+            "S3",
+            Lo,
+            p.name(),
+            Kind::Redirect(p),
+            idle_full.clone(),
+        ));
+    }
+    rows
+}
+
+/// Runs one row's metrics in `run`; set-up failures become error samples.
+pub fn run_row(env: &Env, net: &Net, r: &Row, run: u32, backends: &[u32]) -> Vec<Sample> {
+    match run_row_inner(env, net, r, run, backends) {
+        Ok(s) => s,
+        Err(e) => vec![Sample {
+            run,
+            row: r.id.clone(),
+            scenario: r.scenario.to_owned(),
+            path: r.path.name().to_owned(),
+            metric: "setup".into(),
+            values: Default::default(),
+            other_load: 0.0,
+            unaccounted: 0.0,
+            valid: false,
+            error: Some(format!("{e:#}")),
+        }],
+    }
+}
+
+fn run_row_inner(
+    env: &Env,
+    net: &Net,
+    r: &Row,
+    run: u32,
+    backends: &[u32],
+) -> anyhow::Result<Vec<Sample>> {
+    let mut ours = backends.to_vec();
+    let (mut _daemon, mut _table, mut _peer) = (None, None, None);
+    let mut cgroup = None;
+    let direct = |p: u16| net.backend(p);
+    let vip = |p: u16| SocketAddr::V4(SocketAddrV4::new(net.vip, p));
+    let via_vip = vip;
+    let mut target: &dyn Fn(u16) -> SocketAddr = &via_vip;
+    let mut cps = (vip(CONN), 1);
+    let dir = env.dir.as_path();
+    match &r.kind {
+        Kind::Direct => {
+            target = &direct;
+            cps = (net.backend(CONN), 1);
+        }
+        Kind::Kernel { services, non_vip } => {
+            let d = Daemon::start(&env.proxy, dir, net, *services, &|_| {})?;
+            ours.push(d.proc.pid());
+            cgroup = Some(d.cgroup.clone());
+            if *non_vip {
+                target = &direct;
+                cps = (net.backend(CONN), 1);
+            } else {
+                cps = (
+                    SocketAddr::V4(SocketAddrV4::new(net.vip_n(0), CONN)),
+                    *services,
+                );
+            }
+            _daemon = Some(d);
+        }
+        Kind::Feature {
+            tweak,
+            direct: dial_direct,
+        } => {
+            let d = Daemon::start(&env.proxy, dir, net, 0, tweak)?;
+            ours.push(d.proc.pid());
+            cgroup = Some(d.cgroup.clone());
+            if *dial_direct {
+                target = &direct;
+                cps = (net.backend(CONN), 1);
+            }
+            _daemon = Some(d);
+        }
+        Kind::Dnat { rules } => {
+            _table = Some(NatTable::load(
+                net.client_ns.as_deref(),
+                &topo::dnat_rules(net, *rules),
+            )?);
+            cps = (
+                SocketAddr::V4(SocketAddrV4::new(net.vip_n(0), CONN)),
+                *rules,
+            );
+        }
+        Kind::NatIdle => {
+            _table = Some(NatTable::load(
+                net.client_ns.as_deref(),
+                "  ip daddr 127.77.255.254 tcp dport 1 dnat to 127.0.0.1:1\n",
+            )?);
+            target = &direct;
+            cps = (net.backend(CONN), 1);
+        }
+        Kind::Redirect(peer) => {
+            let p = peers::start(*peer, dir, net, env.envoy.as_deref())?;
+            ours.push(p.pid());
+            _peer = Some(p);
+            _table = Some(NatTable::load(
+                net.client_ns.as_deref(),
+                &peers::redirect_rules(),
+            )?);
+        }
+    }
+    let ctx = Ctx {
+        worker: env.worker.as_path(),
+        net,
+        cgroup,
+        ours,
+        secs: env.secs,
+        quiet_wait: env.quiet_wait,
+        target,
+        cps,
+    };
+    let ready_s = _daemon.as_ref().map(|d: &Daemon| d.publish_s);
+    let mut out = Vec::new();
+    for m in &r.metrics {
+        let mut s = measure::measure(&ctx, *m, run, &r.id, r.scenario);
+        if let Some(t) = ready_s {
+            s.values.insert("daemon_ready_s".into(), t);
+        }
+        crate::util::detail(summary(&s));
+        out.push(s);
+    }
+    Ok(out)
+}
+
+fn summary(s: &Sample) -> String {
+    let main = [
+        "gbps",
+        "tps",
+        "cps",
+        "p50_us",
+        "ok",
+        "rss_mib",
+        "cpu_cores",
+        "services_x1_ms",
+    ]
+    .iter()
+    .find_map(|k| s.values.get(*k).map(|v| format!("{k}={v:.3}")))
+    .unwrap_or_default();
+    let flag = if s.valid { "" } else { " INVALID" };
+    let err = s
+        .error
+        .as_deref()
+        .map(|e| format!(" error: {e}"))
+        .unwrap_or_default();
+    format!(
+        "run {} {:<22} {:<12} {main} (other load {:.2} cores){flag}{err}",
+        s.run, s.row, s.metric, s.other_load
+    )
+}
+
+fn proxy_mode(c: &mut serde_json::Value) {
+    if let Some(svcs) = c["services"].as_array_mut() {
+        for s in svcs {
+            s["mode"] = "proxy".into();
+        }
+    }
+}
+
+fn splice(c: &mut serde_json::Value) {
+    c["splice"] = true.into();
+}
+
+fn proxy_mode_spliced(c: &mut serde_json::Value) {
+    proxy_mode(c);
+    splice(c);
+}
+
+/// S4/S5/S6 rows whose pieces the daemon has (its `proxy check` accepts the configuration),
+/// and for the others what is missing.
+pub fn features(
+    proxy: &std::path::Path,
+    dir: &std::path::Path,
+) -> (Vec<Row>, Vec<(String, String)>) {
+    let lo = topo::Net::lo();
+    type Candidate = (
+        &'static str,
+        &'static str,
+        fn(&mut serde_json::Value),
+        bool,
+        &'static str,
+    );
+    let candidates: [Candidate; 3] = [
+        (
+            "S4",
+            "ours",
+            proxy_mode,
+            false,
+            "services with `mode: proxy` (connect4 redirect to the daemon's own proxy listener)",
+        ),
+        (
+            "S5",
+            "ours",
+            proxy_mode_spliced,
+            false,
+            "`mode: proxy` with `splice: true` (sk_msg splicing between client and proxy)",
+        ),
+        (
+            "S6",
+            "",
+            splice,
+            true,
+            "`splice: true` (sockops + sk_msg splicing of local socket pairs, no proxy)",
+        ),
+    ];
+    let (mut rows, mut missing) = (
+        Vec::new(),
+        vec![(
+            "S3 lo ours".to_owned(),
+            "the daemon has no userspace proxy listener to put behind an iptables REDIRECT yet"
+                .to_owned(),
+        )],
+    );
+    for (scenario, variant, tweak, direct, what) in candidates {
+        match topo::check_config(proxy, dir, &lo, tweak) {
+            Ok(()) => {
+                let mut m = full(false);
+                m.extend([Metric::Idle { conns: 1000 }, Metric::Idle { conns: 10000 }]);
+                rows.push(row(
+                    scenario,
+                    Path2::Lo,
+                    variant,
+                    Kind::Feature { tweak, direct },
+                    m,
+                ));
+            }
+            Err(e) => missing.push((
+                format!("{scenario} lo {variant}").trim().to_owned(),
+                format!("the daemon does not accept {what}: {e}"),
+            )),
+        }
+    }
+    (rows, missing)
+}
+
+/// Per run, outside the scenario rows: health-check CPU for 10,000 endpoints at 1 s, and the
+/// time to publish 10,000 hosts.
+pub fn extras(env: &Env, run: u32, publish_bin: &std::path::Path, smoke: bool) -> Vec<Sample> {
+    let mut out = Vec::new();
+    let endpoints = if smoke { 100 } else { 10_000 };
+    let s = extra_sample(run, "health", "health_10k", || {
+        super::extras::health(env, endpoints)
+    });
+    crate::util::detail(summary(&s));
+    out.push(s);
+    let s = extra_sample(run, "publish", "publish_10k", || {
+        super::extras::publish(publish_bin, if smoke { 100 } else { 10_000 })
+    });
+    crate::util::detail(summary(&s));
+    out.push(s);
+    out
+}
+
+fn extra_sample(
+    run: u32,
+    row: &str,
+    metric: &str,
+    f: impl FnOnce() -> anyhow::Result<std::collections::BTreeMap<String, f64>>,
+) -> Sample {
+    let other_load = measure::wait_quiet(&[], std::time::Duration::from_secs(2));
+    let mut s = Sample {
+        run,
+        row: row.to_owned(),
+        scenario: row.to_owned(),
+        path: "lo".into(),
+        metric: metric.to_owned(),
+        values: Default::default(),
+        other_load,
+        unaccounted: 0.0,
+        valid: other_load <= measure::OTHER_LOAD_LIMIT,
+        error: None,
+    };
+    match f() {
+        Ok(v) => s.values = v,
+        Err(e) => {
+            s.valid = false;
+            s.error = Some(format!("{e:#}"));
+        }
+    }
+    s
+}

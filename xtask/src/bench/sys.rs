@@ -1,0 +1,351 @@
+//! Process and machine accounting for the benchmarks: CPU time per process from
+//! `/proc/PID/task/*/schedstat`, machine-wide busy time from `/proc/stat`, RSS, rusage of a
+//! reaped child, and the facts every run records (kernel, conntrack, nat tables, BPF programs).
+
+use std::{
+    fs,
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+/// Nanoseconds on CPU of every thread of `pid` (first field of each task's schedstat).
+/// A process that is gone counts 0.
+pub fn schedstat_ns(pid: u32) -> u64 {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// `pid` and all its descendants (nginx workers, haproxy and envoy children).
+pub fn tree(pid: u32) -> Vec<u32> {
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    if let Ok(dir) = fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = fs::read_to_string(format!("/proc/{p}/stat")) else {
+                continue;
+            };
+            // The command name may hold spaces: fields start after the last ')'.
+            let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+            if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|f| f.parse().ok()) {
+                parents.push((p, ppid));
+            }
+        }
+    }
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let cur = out[i];
+        out.extend(parents.iter().filter(|(_, pp)| *pp == cur).map(|(p, _)| *p));
+        i += 1;
+    }
+    out
+}
+
+/// CPU nanoseconds of a set of process trees.
+pub fn cpu_ns(roots: &[u32]) -> u64 {
+    roots.iter().flat_map(|r| tree(*r)).map(schedstat_ns).sum()
+}
+
+/// Resident set size in KiB of a process tree (VmRSS summed).
+pub fn rss_kib(root: u32) -> u64 {
+    tree(root)
+        .into_iter()
+        .filter_map(|p| fs::read_to_string(format!("/proc/{p}/status")).ok())
+        .filter_map(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))?
+                .split_whitespace()
+                .nth(1)?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Busy and total jiffies over all CPUs from the `cpu` line of /proc/stat.
+fn proc_stat() -> (u64, u64) {
+    let text = fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> = text
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal guest guest_nice
+    let busy: u64 = fields
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .map(|(_, v)| v)
+        .sum();
+    let total: u64 = fields.iter().take(8).sum();
+    (busy, total)
+}
+
+/// Jiffies per second (USER_HZ).
+fn user_hz() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 { hz as f64 } else { 100.0 }
+}
+
+/// Machine-wide busy time, read at two points.
+#[derive(Clone, Copy)]
+pub struct BusyMark {
+    busy: u64,
+    at: Instant,
+}
+
+impl BusyMark {
+    pub fn now() -> Self {
+        Self {
+            busy: proc_stat().0,
+            at: Instant::now(),
+        }
+    }
+
+    /// CPU seconds the whole machine was busy since this mark, and the wall seconds.
+    pub fn since(&self) -> (f64, f64) {
+        let busy = proc_stat().0.saturating_sub(self.busy) as f64 / user_hz();
+        (busy, self.at.elapsed().as_secs_f64())
+    }
+}
+
+/// Cores busy outside `ours` (process trees we started) over `window`.
+pub fn other_load(ours: &[u32], window: Duration) -> f64 {
+    let mark = BusyMark::now();
+    let ours_before = cpu_ns(ours);
+    thread::sleep(window);
+    let ours_cpu = cpu_ns(ours).saturating_sub(ours_before) as f64 / 1e9;
+    let (busy, wall) = mark.since();
+    ((busy - ours_cpu) / wall).max(0.0)
+}
+
+/// A child's exit and its CPU time (user + system of all its threads, from wait4's rusage:
+/// an exited process has no schedstat left to read).
+pub struct Reaped {
+    pub success: bool,
+    pub cpu_s: f64,
+    pub stdout: String,
+}
+
+/// Waits for `child` with wait4 and collects its stdout (piped) and rusage.
+pub fn reap(mut child: Child, what: &str, limit: Duration) -> anyhow::Result<Reaped> {
+    use std::io::Read as _;
+    let mut out = child.stdout.take();
+    let reader = thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(o) = out.as_mut() {
+            let _ = o.read_to_string(&mut s);
+        }
+        s
+    });
+    let pid = child.id() as libc::pid_t;
+    let deadline = Instant::now() + limit;
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value; wait4 fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: pid is our own unreaped child; status and usage are valid for writes.
+        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        if r == pid {
+            break;
+        }
+        if r < 0 {
+            bail!("waiting for {what}: {}", std::io::Error::last_os_error());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            // SAFETY: as above, blocking this time.
+            unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+            bail!("{what} did not finish within {limit:?}; killed it");
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let stdout = reader.join().unwrap_or_default();
+    let success = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    Ok(Reaped {
+        success,
+        cpu_s: tv(usage.ru_utime) + tv(usage.ru_stime),
+        stdout,
+    })
+}
+
+/// Runs a command to completion, returning stdout; fails with its stderr.
+pub fn sh(cmd: &mut Command, what: &str) -> anyhow::Result<String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("starting {what}"))?;
+    if !out.status.success() {
+        bail!(
+            "{what} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Sends SIGTERM, waits up to 3 s, then SIGKILL; reaps the child.
+pub fn stop(child: &mut Child) {
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: pid is our own child, not yet reaped.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Raises RLIMIT_NOFILE (inherited by everything we start): 10,000 idle connections through a
+/// proxy need 20,000 descriptors in it.
+/// Returns the soft limit in force afterwards (the hard limit when it cannot be raised: a
+/// container may deny CAP_SYS_RESOURCE even to root).
+pub fn raise_nofile(want: u64) -> u64 {
+    let lim = libc::rlimit {
+        rlim_cur: want,
+        rlim_max: want,
+    };
+    // SAFETY: lim is a valid rlimit; failure leaves the limit as it was.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } == 0 {
+        return want;
+    }
+    // SAFETY: an all-zero rlimit is valid; getrlimit fills it.
+    let mut cur: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: cur is valid for writes.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut cur) };
+    let soft = libc::rlimit {
+        rlim_cur: cur.rlim_max,
+        rlim_max: cur.rlim_max,
+    };
+    // SAFETY: as above; raising the soft limit to the hard one needs no privilege.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &soft) };
+    crate::util::detail(format!(
+        "RLIMIT_NOFILE cannot go to {want}; using the hard limit {}",
+        cur.rlim_max
+    ));
+    cur.rlim_max
+}
+
+/// Runs the benchmark (and everything it starts) at high priority.
+pub fn raise_priority() {
+    // SAFETY: setpriority on our own process has no memory-safety preconditions.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -10) };
+}
+
+/// Facts recorded with every run.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Facts {
+    pub kernel: String,
+    pub conntrack_count: Option<u64>,
+    pub nft_tables: Vec<String>,
+    pub bpf_prog_ids: Vec<u64>,
+}
+
+pub fn facts() -> Facts {
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    let conntrack_count = fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_count")
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    Facts {
+        kernel,
+        conntrack_count,
+        nft_tables: nft_tables(),
+        bpf_prog_ids: bpf_prog_ids(),
+    }
+}
+
+/// `nft list tables` as lines ("table ip nat").
+pub fn nft_tables() -> Vec<String> {
+    sh(
+        Command::new("nft").args(["list", "tables"]),
+        "nft list tables",
+    )
+    .map(|s| s.lines().map(str::to_owned).collect())
+    .unwrap_or_default()
+}
+
+fn bpf_prog_ids() -> Vec<u64> {
+    let Ok(out) = sh(
+        Command::new("bpftool").args(["prog", "show", "-j"]),
+        "bpftool",
+    ) else {
+        return Vec::new();
+    };
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    v.as_array()
+        .map(|a| a.iter().filter_map(|p| p["id"].as_u64()).collect())
+        .unwrap_or_default()
+}
+
+/// SO_LINGER {on, 0}: close sends RST and leaves no TIME_WAIT (connect-rate loops would
+/// otherwise run out of ports).
+pub fn linger_zero(s: &std::net::TcpStream) {
+    use std::os::fd::AsRawFd as _;
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: the fd is open for the lifetime of `s`; `l` is a valid linger of the given size.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&raw const l).cast(),
+            size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+}
+
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// SIGINT/SIGTERM only set a flag: the benchmark stops between measurements and its drops
+/// remove what it set up.
+pub fn catch_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+}
+
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The soft RLIMIT_NOFILE in force (inherited by everything we start).
+pub fn nofile() -> u64 {
+    // SAFETY: an all-zero rlimit is valid; getrlimit fills it.
+    let mut cur: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: cur is valid for writes.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut cur) };
+    cur.rlim_cur
+}

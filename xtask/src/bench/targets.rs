@@ -1,0 +1,249 @@
+//! The plan's targets, each judged met / not met / not measured from the aggregated medians.
+//! A verdict drawn from runs that were not all valid says so ("provisional").
+
+use std::fmt::Write as _;
+
+use super::{
+    Results,
+    report::{Stat, Table},
+};
+
+enum Verdict {
+    Met(String),
+    NotMet(String),
+    NotMeasured(String),
+}
+
+fn judge(ok: bool, detail: String, stats: &[Option<Stat>]) -> Verdict {
+    let provisional = stats.iter().flatten().any(|s| !s.valid);
+    let detail = if provisional {
+        format!("{detail} (provisional: includes invalid runs)")
+    } else {
+        detail
+    };
+    if ok {
+        Verdict::Met(detail)
+    } else {
+        Verdict::NotMet(detail)
+    }
+}
+
+fn all_at_least(t: &Table<'_>, row: &str, items: &[(&str, &str)], min: f64) -> Verdict {
+    let stats: Vec<Option<Stat>> = items.iter().map(|(m, k)| t.ratio(row, m, k)).collect();
+    if stats.iter().all(Option::is_none) {
+        return Verdict::NotMeasured(format!("no samples for {row}"));
+    }
+    let parts: Vec<String> = items
+        .iter()
+        .zip(&stats)
+        .map(|((m, _), s)| {
+            format!(
+                "{m} {}",
+                s.map_or("–".into(), |s| format!("{:.3}×", s.median))
+            )
+        })
+        .collect();
+    let ok = stats.iter().all(|s| s.is_some_and(|s| s.median >= min));
+    judge(ok, format!("{row}: {}", parts.join(", ")), &stats)
+}
+
+pub fn verdicts(md: &mut String, t: &Table<'_>, r: &Results) {
+    let mut v: Vec<(&str, Verdict)> = Vec::new();
+    let bulk_rr = [
+        ("bulk_p1", "gbps"),
+        ("bulk_p4", "gbps"),
+        ("rr_1b_c1", "tps"),
+        ("rr_1b_c16", "tps"),
+        ("rr_1024b_c1", "tps"),
+        ("rr_1024b_c16", "tps"),
+    ];
+    v.push((
+        "S1 bulk and RR >= 0.97 x S0 (loopback)",
+        all_at_least(t, "S1 lo svc=1", &bulk_rr, 0.97),
+    ));
+    v.push((
+        "S1 bulk and RR >= 0.97 x S0 (veth)",
+        all_at_least(t, "S1 veth svc=1", &bulk_rr, 0.97),
+    ));
+    v.push((
+        "S1 connections/s >= 0.95 x S0",
+        all_at_least(t, "S1 lo svc=1", &[("cps", "cps")], 0.95),
+    ));
+    let added = t.added("S1 lo svc=1", "cps", "connect_p50_us");
+    v.push((
+        "S1 connect() p50 adds <= 2 us",
+        match added {
+            None => Verdict::NotMeasured("no samples".into()),
+            Some(s) => judge(
+                s.median <= 2.0,
+                format!("adds {:.2} us [{:.2}–{:.2}]", s.median, s.min, s.max),
+                &[added],
+            ),
+        },
+    ));
+    v.push((
+        "S1 scaling flat (+-5%) from 1 to 10,000 services",
+        scaling(t),
+    ));
+    v.push((
+        "S1 beats S2 at 10,000 services; not worse than S2 at 1",
+        vs_s2(t),
+    ));
+    v.push((
+        "S1 on connects to non-VIPs >= 0.99 x S0",
+        all_at_least(
+            t,
+            "S1 lo non-VIP",
+            &[("cps", "cps"), ("rr_1b_c1", "tps")],
+            0.99,
+        ),
+    ));
+    let ours_missing = r
+        .not_measured
+        .iter()
+        .find(|(row, _)| row.starts_with("S4"))
+        .map(|(_, why)| why.clone());
+    let peer_note = best_peer(t);
+    let s4 = |what: &str| match &ours_missing {
+        Some(why) => Verdict::NotMeasured(format!("{why}. {what}{peer_note}")),
+        None => Verdict::NotMeasured(format!(
+            "S4 rows ran; compare them with S3 in the tables above. {what}{peer_note}"
+        )),
+    };
+    v.push(("S3/S4 ours vs the best of HAProxy, nginx, Envoy: RR, conn/s, bulk >= 1.0x; CPU per GB and per txn <= theirs", s4("")));
+    v.push((
+        "S3/S4 added latency at 1k msg/s: p50 <= 50 us, p99 <= 150 us over S0",
+        s4(""),
+    ));
+    v.push(("S4 >= S3 on connections/s", s4("")));
+    let s5 = r
+        .not_measured
+        .iter()
+        .find(|(row, _)| row.starts_with("S5"))
+        .map(|(_, w)| w.clone());
+    v.push((
+        "S5 vs S4: >= 10% better RR or p50 for <= 1 KiB, <= 5% bulk loss, zero integrity failures",
+        match s5 {
+            Some(why) => Verdict::NotMeasured(why),
+            None => Verdict::NotMeasured("S5 rows ran; compare with S4 in the tables above".into()),
+        },
+    ));
+    v.push((
+        "publish 10,000 hosts into the maps < 50 ms, no connect sees a half-written set",
+        publish(t),
+    ));
+    let _ = writeln!(
+        md,
+        "\n### Targets\n\n| target | verdict | measured |\n|---|---|---|"
+    );
+    for (name, verdict) in v {
+        let (word, detail) = match verdict {
+            Verdict::Met(d) if d.contains("provisional") => ("met (provisional)", d),
+            Verdict::NotMet(d) if d.contains("provisional") => ("not met (provisional)", d),
+            Verdict::Met(d) => ("**met**", d),
+            Verdict::NotMet(d) => ("**not met**", d),
+            Verdict::NotMeasured(d) => ("not measured", d),
+        };
+        let _ = writeln!(
+            md,
+            "| {name} | {word} | {} |",
+            detail.replace('|', "/").replace('\n', " ")
+        );
+    }
+}
+
+fn scaling(t: &Table<'_>) -> Verdict {
+    let one = t.ratio("S1 lo svc=1", "cps", "cps");
+    let many = t.ratio("S1 lo svc=10000", "cps", "cps");
+    let mid = t.ratio("S1 lo svc=1000", "cps", "cps");
+    match (one, many) {
+        (Some(a), Some(b)) => {
+            let rel = b.median / a.median;
+            let rel_mid = mid.map_or(1.0, |m| m.median / a.median);
+            judge(
+                (0.95..=1.05).contains(&rel) && (0.95..=1.05).contains(&rel_mid),
+                format!(
+                    "conn/s ×S0: 1 svc {:.3}, 1,000 svc {}, 10,000 svc {:.3} (10k/1 = {rel:.3})",
+                    a.median,
+                    mid.map_or("–".into(), |m| format!("{:.3}", m.median)),
+                    b.median
+                ),
+                &[one, many, mid],
+            )
+        }
+        _ => Verdict::NotMeasured("S1 svc=1 or svc=10000 missing".into()),
+    }
+}
+
+fn vs_s2(t: &Table<'_>) -> Verdict {
+    let get = |r: &str| t.ratio(r, "cps", "cps");
+    let (s1a, s1b, s2a, s2b) = (
+        get("S1 lo svc=1"),
+        get("S1 lo svc=10000"),
+        get("S2 lo rules=1"),
+        get("S2 lo rules=10000"),
+    );
+    match (s1a, s1b, s2a, s2b) {
+        (Some(a), Some(b), Some(c), Some(d)) => judge(
+            b.median > d.median && a.median >= c.median,
+            format!(
+                "conn/s ×S0 at 10,000: S1 {:.3} vs S2 {:.3}; at 1: S1 {:.3} vs S2 {:.3}",
+                b.median, d.median, a.median, c.median
+            ),
+            &[s1a, s1b, s2a, s2b],
+        ),
+        _ => Verdict::NotMeasured("S1 or S2 rows missing".into()),
+    }
+}
+
+fn best_peer(t: &Table<'_>) -> String {
+    let mut parts = Vec::new();
+    for (label, metric, key) in [
+        ("RR 1 B", "rr_1b_c1", "tps"),
+        ("conn/s", "cps", "cps"),
+        ("bulk", "bulk_p1", "gbps"),
+    ] {
+        let best = ["haproxy", "nginx", "envoy"]
+            .iter()
+            .filter_map(|p| Some((*p, t.ratio(&format!("S3 lo {p}"), metric, key)?.median)))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((p, x)) = best {
+            parts.push(format!("{label} {x:.2}× ({p})"));
+        }
+    }
+    let lat = ["haproxy", "nginx", "envoy"]
+        .iter()
+        .filter_map(|p| {
+            Some((
+                *p,
+                t.added(&format!("S3 lo {p}"), "ol_1000", "p50_us")?.median,
+            ))
+        })
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    if let Some((p, x)) = lat {
+        parts.push(format!("p50 added at 1k/s {x:.0} us ({p})"));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("Best peer in S3 (×S0): {}", parts.join(", "))
+    }
+}
+
+fn publish(t: &Table<'_>) -> Verdict {
+    let a = t.abs("publish", "publish_10k", "services_x1_ms");
+    let b = t.abs("publish", "publish_10k", "hosts_x1000_ms");
+    let f = t.abs("publish", "publish_10k", "flip_connect_failures");
+    let n = t.abs("publish", "publish_10k", "hosts");
+    match (a, b, f, n) {
+        (Some(a), Some(b), Some(f), Some(n)) if n.median >= 10_000.0 => judge(
+            b.median < 50.0 && a.median < 50.0 && f.max == 0.0,
+            format!(
+                "10,000 services x 1 host {:.1} ms; 10 services x 1,000 hosts {:.1} ms; failed connects during flips {}",
+                a.median, b.median, f.max
+            ),
+            &[Some(a), Some(b)],
+        ),
+        _ => Verdict::NotMeasured("no publish samples at 10,000 hosts".into()),
+    }
+}

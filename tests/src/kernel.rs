@@ -247,7 +247,23 @@ pub struct Daemon {
 impl Daemon {
     /// Writes `config` (YAML, with `{admin}` replaced by a free loopback address) and starts
     /// `proxy run` on it; returns once `/ready` answers.
+    ///
+    /// The admin port was free a moment ago; if another process takes it first, the daemon exits
+    /// with "Address already in use" and the start is retried on a fresh port (bounded).
     pub fn start(config: &str) -> Self {
+        const ATTEMPTS: usize = 4;
+        for attempt in 1..=ATTEMPTS {
+            match Self::try_start(config) {
+                Ok(daemon) => return daemon,
+                Err(log) if attempt < ATTEMPTS && log.contains("Address already in use") => continue,
+                Err(log) => panic!("daemon exited (attempt {attempt}):\n{log}"),
+            }
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    /// One start; `Err` with the daemon's log if it exited before it was ready.
+    fn try_start(config: &str) -> Result<Self, String> {
         let dir = TempDir::new();
         let admin = free_port();
         let path = dir.0.join("config.yaml");
@@ -263,19 +279,20 @@ impl Daemon {
             .spawn()
             .expect("starting the daemon");
         let mut daemon = Self { child: Some(child), admin, log, _dir: dir };
-        daemon.wait_ready();
-        daemon
+        daemon.wait_ready()?;
+        Ok(daemon)
     }
 
-    fn wait_ready(&mut self) {
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             let child = self.child.as_mut().expect("running");
             if let Ok(Some(status)) = child.try_wait() {
-                panic!("daemon exited ({status}):\n{}", self.log_text());
+                self.child = None;
+                return Err(format!("{status}\n{}", self.log_text()));
             }
             if http_get(self.admin, "/ready").is_some_and(|(code, _)| code == 200) {
-                return;
+                return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -32,7 +32,24 @@ pub struct Unbound {
 
 impl Unbound {
     /// Starts unbound with these `local-data` records, e.g. `"web.svc.test. 5 IN A 127.0.0.2"`.
+    ///
+    /// The port is one that was free a moment ago; another process (a parallel test's client, a
+    /// benchmark) may take it before unbound binds it, so a start that fails with "Address
+    /// already in use" is retried on a fresh port, a bounded number of times.
     pub fn start(records: &[&str]) -> Self {
+        const ATTEMPTS: usize = 5;
+        for attempt in 1..=ATTEMPTS {
+            match Self::try_start(records) {
+                Ok(unbound) => return unbound,
+                Err(log) if attempt < ATTEMPTS && log.contains("Address already in use") => continue,
+                Err(log) => panic!("unbound exited at start (attempt {attempt}):\n{log}"),
+            }
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    /// One start; `Err` with unbound's log when it exited before serving.
+    fn try_start(records: &[&str]) -> Result<Self, String> {
         let server = find_binary("unbound");
         let control = find_binary("unbound-control");
         let dir = temp_dir();
@@ -51,15 +68,15 @@ impl Unbound {
             .stderr(log_file)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", server.display()));
-        let unbound = Self {
+        let mut unbound = Self {
             dir,
             conf,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             control,
             child,
         };
-        unbound.wait_until_serving();
-        unbound
+        unbound.wait_until_serving()?;
+        Ok(unbound)
     }
 
     /// The UDP address to send queries to.
@@ -105,11 +122,15 @@ impl Unbound {
         }
     }
 
-    fn wait_until_serving(&self) {
+    /// Waits until unbound answers `status`; `Err` with its log if it exited first.
+    fn wait_until_serving(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return Err(std::fs::read_to_string(self.dir.join("unbound.log")).unwrap_or_default());
+            }
             match self.control(&["status"]) {
-                Ok(_) => return,
+                Ok(_) => return Ok(()),
                 Err(err) if Instant::now() > deadline => {
                     let log = std::fs::read_to_string(self.dir.join("unbound.log"));
                     panic!(

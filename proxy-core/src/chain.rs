@@ -69,6 +69,12 @@ pub enum ChainExecError {
     /// L7 routes need the proxy path.
     #[error("the chain starts at a service-router; HTTP routes need the proxy path (mode: proxy)")]
     NeedsProxyPath,
+    /// The proxy path routes chains per request, which needs an HTTP protocol.
+    #[error(
+        "mode: proxy runs a discovery chain as HTTP routes, but its protocol is {0:?}; set \
+         Protocol http, http2 or grpc in service-defaults or proxy-defaults, or use mode: direct"
+    )]
+    ProxyNeedsHttp(String),
     /// Peered or external targets cannot be reached by this daemon.
     #[error("target {0} is peered or external; only local clusters can serve it")]
     Unreachable(String),
@@ -113,17 +119,7 @@ impl ChainPlan {
             return Err(ChainExecError::NeedsProxyPath);
         }
         let to_planned = |t: &TargetLeg| -> Result<PlannedTarget, ChainExecError> {
-            if !t.peer.is_empty() || t.external {
-                return Err(ChainExecError::Unreachable(t.id.clone()));
-            }
-            let cluster = if t.datacenter == local_dc || t.datacenter.is_empty() {
-                t.service.clone()
-            } else {
-                format!("{}.{}", t.service, t.datacenter)
-            };
-            if !has_cluster(&cluster) {
-                return Err(ChainExecError::NoCluster { target: t.id.clone(), cluster });
-            }
+            let cluster = target_cluster(t, local_dc, &has_cluster)?;
             Ok(PlannedTarget { cluster, target: t.clone() })
         };
         let legs = chain
@@ -208,6 +204,69 @@ impl ChainPlan {
             .into_iter()
             .filter(|(addr, _)| hosts.get(addr).is_some_and(|h| t.target.admits(&as_chain_host(h))))
             .collect()
+    }
+}
+
+/// The cluster serving a target: its service in the local datacenter, `<service>.<datacenter>`
+/// for another one. Peered and external targets, and targets without such a cluster, are errors.
+pub fn target_cluster(
+    t: &TargetLeg,
+    local_dc: &str,
+    has_cluster: &dyn Fn(&str) -> bool,
+) -> Result<String, ChainExecError> {
+    if !t.peer.is_empty() || t.external {
+        return Err(ChainExecError::Unreachable(t.id.clone()));
+    }
+    let cluster = if t.datacenter == local_dc || t.datacenter.is_empty() {
+        t.service.clone()
+    } else {
+        format!("{}.{}", t.service, t.datacenter)
+    };
+    if !has_cluster(&cluster) {
+        return Err(ChainExecError::NoCluster { target: t.id.clone(), cluster });
+    }
+    Ok(cluster)
+}
+
+/// Every cluster a chain run by the proxy path reads (the targets of all its routes, splits
+/// and failovers); errors as [`target_cluster`], and when the chain is not HTTP.
+pub fn route_clusters(
+    chain: &CompiledDiscoveryChain,
+    local_dc: &str,
+    has_cluster: &dyn Fn(&str) -> bool,
+) -> Result<BTreeSet<String>, ChainExecError> {
+    if !matches!(chain.protocol.as_str(), "http" | "http2" | "grpc") {
+        return Err(ChainExecError::ProxyNeedsHttp(chain.protocol.clone()));
+    }
+    let mut out = BTreeSet::new();
+    for route in chain.route_legs()? {
+        for leg in &route.legs {
+            for t in std::iter::once(&leg.target).chain(&leg.failover) {
+                out.insert(target_cluster(t, local_dc, has_cluster)?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A cluster's routing narrowed to the hosts a target admits (its subset filter and Consul's
+/// health rule), for the proxy path's per-request host choice. Load shares stay those of the
+/// whole cluster; a priority left without hosts routes nothing.
+pub fn target_routing(target: &TargetLeg, routing: &Routing) -> Routing {
+    let admits = |hosts: &[Host]| -> Vec<Host> {
+        hosts.iter().filter(|h| target.admits(&as_chain_host(h))).cloned().collect()
+    };
+    Routing {
+        priorities: routing
+            .priorities
+            .iter()
+            .map(|p| crate::health::PriorityRouting {
+                healthy: admits(&p.healthy),
+                degraded: admits(&p.degraded),
+                all: admits(&p.all),
+                ..p.clone()
+            })
+            .collect(),
     }
 }
 

@@ -8,6 +8,7 @@
 mod cluster;
 mod error;
 pub mod locate;
+pub mod proxy;
 mod service;
 mod validate;
 
@@ -18,10 +19,11 @@ use serde::{Deserialize, Serialize};
 pub use self::{
     cluster::{
         Address, CONSUL_CLUSTER, Cluster, ClusterType, CustomClusterType, DNS_SRV_CLUSTER,
-        DnsSrvConfig, Endpoint, LbEndpoint, LbPolicy, LoadAssignment, LocalityLbEndpoints, Metadata,
+        DnsSrvConfig, Endpoint, LbEndpoint, LbPolicy, LoadAssignment, LocalityLbEndpoints, Metadata, OriginalDstLbConfig,
         SocketAddress,
     },
     error::ConfigError,
+    proxy::{ProxyConfig, ProxyProtocolMode, SpliceMode},
     service::{Protocol, Service, ServiceMode},
 };
 
@@ -106,6 +108,15 @@ pub struct Config {
     /// Relative paths are taken from the config file's directory.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub config_entry_files: Vec<String>,
+    /// The proxy path (services with `mode: proxy`): listeners, original destinations,
+    /// draining, timeouts. Started only when a service uses it.
+    #[serde(default)]
+    pub proxy: ProxyConfig,
+    /// Splice established local socket pairs of the cgroup (application <-> application, and
+    /// application <-> the proxy listener) with sockops + sk_msg, so their bytes skip the TCP/IP
+    /// stack. Default false until the benchmarks show it wins (see BENCHMARKS.md).
+    #[serde(default)]
+    pub splice: bool,
     /// Compiled discovery chains by service name, filled when the file is validated.
     #[serde(skip)]
     pub chains: std::collections::BTreeMap<String, proxy_chain::CompiledDiscoveryChain>,
@@ -161,8 +172,12 @@ impl Config {
         self.clusters.iter().find(|c| c.name == name)
     }
 
-    /// The execution plan of a chain service (`None` for a service with a plain cluster).
+    /// The kernel execution plan of a chain service (`None` for a service with a plain cluster, and
+    /// for the proxy path, which routes the chain per request).
     pub fn chain_plan(&self, svc: &Service) -> Option<crate::chain::ChainPlan> {
+        if svc.mode == ServiceMode::Proxy {
+            return None;
+        }
         let chain = self.chains.get(&svc.name)?;
         crate::chain::ChainPlan::new(chain, &self.datacenter, svc.chain_options.clone(), |c| {
             self.cluster(c).is_some()
@@ -172,10 +187,40 @@ impl Config {
 
     /// Every cluster a service reads: its cluster, or the clusters of its chain's targets.
     pub fn service_clusters(&self, svc: &Service) -> Vec<String> {
+        if let Some(chain) = self.chains.get(&svc.name)
+            && svc.mode == ServiceMode::Proxy
+        {
+            let has = |c: &str| self.cluster(c).is_some();
+            return crate::chain::route_clusters(chain, &self.datacenter, &has)
+                .map(|c| c.into_iter().collect())
+                .unwrap_or_default();
+        }
         match self.chain_plan(svc) {
             Some(plan) => plan.clusters().into_iter().collect(),
             None => vec![svc.cluster.clone()],
         }
+    }
+
+    /// Whether the cluster named `name` is an ORIGINAL_DST cluster.
+    pub fn is_original_dst(&self, name: &str) -> bool {
+        self.cluster(name)
+            .is_some_and(|c| c.cluster_type == ClusterType::OriginalDst && c.custom_cluster_type.is_none())
+    }
+
+    /// Whether the proxy path runs: a service uses it or it has a fallback cluster.
+    pub fn uses_proxy(&self) -> bool {
+        self.services.iter().any(|s| s.mode == ServiceMode::Proxy) || self.proxy.fallback_cluster.is_some()
+    }
+
+    /// The proxy path's settings, with the ORIGINAL_DST ones taken from the ORIGINAL_DST
+    /// clusters (validation made them agree).
+    pub fn effective_proxy(&self) -> ProxyConfig {
+        let mut proxy = self.proxy.clone();
+        if let Some(c) = self.clusters.iter().find(|c| self.is_original_dst(&c.name)) {
+            proxy.cleanup_interval = c.cleanup_interval.unwrap_or(proxy::defaults::cleanup_interval());
+            proxy.use_http_header = c.original_dst_lb_config.as_ref().is_some_and(|o| o.use_http_header);
+        }
+        proxy
     }
 }
 

@@ -32,6 +32,7 @@ pub struct State {
     dataplane: SharedDataplane,
     upstreams: BTreeMap<String, Arc<Upstream>>,
     published: watch::Receiver<usize>,
+    proxy: Option<crate::proxy::ProxyStatsHandle>,
 }
 
 impl State {
@@ -43,7 +44,19 @@ impl State {
         upstreams: BTreeMap<String, Arc<Upstream>>,
         published: watch::Receiver<usize>,
     ) -> Self {
-        Self { config: Arc::new(config), dataplane, upstreams, published }
+        Self {
+            config: Arc::new(config),
+            dataplane,
+            upstreams,
+            published,
+            proxy: None,
+        }
+    }
+
+    /// Adds the proxy path's stats (`proxy.*`) and ORIGINAL_DST hosts.
+    pub fn with_proxy(mut self, proxy: crate::proxy::ProxyStatsHandle) -> Self {
+        self.proxy = Some(proxy);
+        self
     }
 
     fn ready(&self) -> bool {
@@ -63,7 +76,9 @@ pub async fn serve(addr: SocketAddr, state: State) -> std::io::Result<JoinHandle
     let listener = TcpListener::bind(addr).await?;
     Ok(tokio::spawn(async move {
         loop {
-            let Ok((stream, peer)) = listener.accept().await else { continue };
+            let Ok((stream, peer)) = listener.accept().await else {
+                continue;
+            };
             let state = state.clone();
             tokio::spawn(async move {
                 if let Err(err) = handle(stream, &state).await {
@@ -88,7 +103,10 @@ async fn handle(mut stream: TcpStream, state: &State) -> std::io::Result<()> {
     }
     let head = String::from_utf8_lossy(&buf);
     let mut parts = head.lines().next().unwrap_or_default().split_whitespace();
-    let (method, target) = (parts.next().unwrap_or_default(), parts.next().unwrap_or("/"));
+    let (method, target) = (
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or("/"),
+    );
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let response = if method == "GET" {
         route(path, query, state)
@@ -108,12 +126,20 @@ struct Response {
 
 impl Response {
     fn text(status: u16, body: impl Into<String>) -> Self {
-        Self { status, content_type: "text/plain; charset=utf-8", body: body.into() }
+        Self {
+            status,
+            content_type: "text/plain; charset=utf-8",
+            body: body.into(),
+        }
     }
 
     fn json(value: &impl serde::Serialize) -> Self {
         match serde_json::to_string_pretty(value) {
-            Ok(body) => Self { status: 200, content_type: "application/json", body: body + "\n" },
+            Ok(body) => Self {
+                status: 200,
+                content_type: "application/json",
+                body: body + "\n",
+            },
             Err(err) => Self::text(500, format!("{err}\n")),
         }
     }
@@ -152,7 +178,9 @@ fn route(path: &str, query: &str, state: &State) -> Response {
             let service = &path["/chain/".len()..];
             match state.config.chains.get(service) {
                 Some(chain) => Response::json(chain),
-                None => Response::text(404, format!("no discovery chain for service {service:?}\n")),
+                None => {
+                    Response::text(404, format!("no discovery chain for service {service:?}\n"))
+                }
             }
         }
         _ => Response::text(

@@ -1,5 +1,8 @@
 //! The run loop: configuration in, data path attached, clusters discovered and health-checked,
-//! services published on every change of their routable hosts, admin served, clean stop.
+//! the proxy path started when services use it, services published on every change of their
+//! routable hosts, admin served, clean stop.
+
+mod proxy_path;
 
 use std::{
     collections::BTreeMap,
@@ -10,10 +13,10 @@ use std::{
 };
 
 use anyhow::Context as _;
-use proxy_common::service::{PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV};
+use proxy_common::service::{PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV, SERVICE_F_PROXY};
 use proxy_core::{
     chain::{self, ChainPlan},
-    config::{Config, LbPolicy, Protocol, Service},
+    config::{Config, LbPolicy, Protocol, Service, ServiceMode},
     health::{HealthCheckManager, Routing},
     lb,
     upstream::Upstream,
@@ -59,15 +62,36 @@ async fn run_async(config: Config) -> anyhow::Result<()> {
     let dp: SharedDataplane = Arc::new(Mutex::new(Some(
         Dataplane::open(&opts).context("attaching the data path")?,
     )));
+    if let Err(err) = configure_splice(&config, &dp) {
+        shutdown(&dp);
+        return Err(err);
+    }
+    // The proxy listener is live and known to the kernel before a service is published in
+    // proxy mode.
+    let proxy = match proxy_path::start(&config, &upstreams, &dp).await {
+        Ok(proxy) => proxy,
+        Err(err) => {
+            shutdown(&dp);
+            return Err(err.context("starting the proxy path"));
+        }
+    };
     let (published_tx, published_rx) = watch::channel(0usize);
     let mut publishers = JoinSet::new();
     for svc in &config.services {
-        let inputs: Vec<ClusterInput> = config
-            .service_clusters(svc)
+        // A proxy-mode service is only a redirect in the kernel: the proxy reads its clusters.
+        let kernel_clusters = match svc.mode {
+            ServiceMode::Direct => config.service_clusters(svc),
+            ServiceMode::Proxy => Vec::new(),
+        };
+        let inputs: Vec<ClusterInput> = kernel_clusters
             .into_iter()
             .map(|name| {
                 let up = &upstreams[&name];
-                ClusterInput { name, routing: up.routing(), initialized: up.initialized() }
+                ClusterInput {
+                    name,
+                    routing: up.routing(),
+                    initialized: up.initialized(),
+                }
             })
             .collect();
         let spec = SpecTemplate::new(svc, &config);
@@ -75,10 +99,21 @@ async fn run_async(config: Config) -> anyhow::Result<()> {
         publishers.spawn(publish_loop(spec, inputs, dp, published));
     }
     drop(published_tx);
-    let state = admin::State::new(config.clone(), dp.clone(), upstreams.clone(), published_rx.clone());
+    let mut state = admin::State::new(
+        config.clone(),
+        dp.clone(),
+        upstreams.clone(),
+        published_rx.clone(),
+    );
+    if let Some(proxy) = &proxy {
+        state = state.with_proxy(proxy.stats_handle());
+    }
     let server = match admin::serve(config.admin.address, state).await {
         Ok(server) => server,
         Err(err) => {
+            if let Some(proxy) = proxy {
+                proxy_path::stop(proxy, &dp).await;
+            }
             shutdown(&dp);
             return Err(err).context(format!("admin listener on {}", config.admin.address));
         }
@@ -89,6 +124,9 @@ async fn run_async(config: Config) -> anyhow::Result<()> {
     wait_for_signal().await;
     server.abort();
     passive.abort();
+    if let Some(proxy) = proxy {
+        proxy_path::stop(proxy, &dp).await;
+    }
     publishers.abort_all();
     drop(upstreams);
     drop(eds);
@@ -104,8 +142,14 @@ fn start_upstreams(
 ) -> anyhow::Result<BTreeMap<String, Arc<Upstream>>> {
     let mut upstreams = BTreeMap::new();
     for cluster in &config.clusters {
+        // ORIGINAL_DST hosts are the proxied connections' destinations, kept by the proxy path.
+        if config.is_original_dst(&cluster.name) {
+            continue;
+        }
         let upstream = match eds.feeds.get(&cluster.name) {
-            Some((feed, stats)) => Upstream::spawn_with_feed(cluster, manager, feed.clone(), stats.clone())?,
+            Some((feed, stats)) => {
+                Upstream::spawn_with_feed(cluster, manager, feed.clone(), stats.clone())?
+            }
             None => Upstream::spawn(cluster, manager)?,
         };
         upstreams.insert(cluster.name.clone(), Arc::new(upstream));
@@ -126,7 +170,11 @@ async fn sweep_after_first_publish(
     if waited.is_err() {
         warn!("not every service was published within {FIRST_PUBLISH_WAIT:?}; sweeping anyway");
     }
-    let keys: Vec<_> = config.services.iter().map(|s| SpecTemplate::new(s, config).key).collect();
+    let keys: Vec<_> = config
+        .services
+        .iter()
+        .map(|s| SpecTemplate::new(s, config).key)
+        .collect();
     let mut guard = dp.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(dp) = guard.as_mut()
         && let Err(err) = dp.publisher().sweep(&keys)
@@ -157,7 +205,10 @@ async fn publish_loop(
             let _ = input.initialized.wait_for(|i| *i).await;
         }
     };
-    if tokio::time::timeout(FIRST_PUBLISH_WAIT, all_initialized).await.is_err() {
+    if tokio::time::timeout(FIRST_PUBLISH_WAIT, all_initialized)
+        .await
+        .is_err()
+    {
         warn!(service = %template.name, "clusters not initialized within {FIRST_PUBLISH_WAIT:?}; publishing what they have");
     }
     let mut changed = forward_changes(&inputs);
@@ -177,7 +228,9 @@ async fn publish_loop(
                 published.send_modify(|n| *n += 1);
             }
             Ok(_) => {}
-            Err(err) => warn!(service = %spec.name, %err, "publish failed; the previous host set stays live"),
+            Err(err) => {
+                warn!(service = %spec.name, %err, "publish failed; the previous host set stays live")
+            }
         }
         if changed.recv().await.is_none() {
             return;
@@ -221,18 +274,23 @@ impl SpecTemplate {
             Protocol::Tcp => PROTO_TCP,
             Protocol::Udp => PROTO_UDP,
         };
-        let maglev = config
-            .service_clusters(svc)
-            .iter()
-            .any(|c| config.cluster(c).is_some_and(|c| c.lb_policy == LbPolicy::Maglev));
+        let maglev = config.service_clusters(svc).iter().any(|c| {
+            config
+                .cluster(c)
+                .is_some_and(|c| c.lb_policy == LbPolicy::Maglev)
+        });
         let unspecified = match svc.address {
             IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
         };
+        let mut flags = if maglev { SERVICE_F_MAGLEV } else { 0 };
+        if svc.mode == ServiceMode::Proxy {
+            flags |= SERVICE_F_PROXY;
+        }
         Self {
             name: svc.name.clone(),
             key: dataplane::publish_key(svc.address, svc.port, proto),
-            flags: if maglev { SERVICE_F_MAGLEV } else { 0 },
+            flags,
             plan: config.chain_plan(svc),
             refuse: SocketAddr::new(unspecified, 0),
         }
@@ -240,7 +298,10 @@ impl SpecTemplate {
 
     fn with(&self, inputs: &[ClusterInput]) -> ServiceSpec {
         let routing_of = |name: &str| {
-            inputs.iter().find(|i| i.name == name).map(|i| i.routing.borrow().clone())
+            inputs
+                .iter()
+                .find(|i| i.name == name)
+                .map(|i| i.routing.borrow().clone())
         };
         let mut priorities = match &self.plan {
             Some(plan) => plan.levels(&routing_of),
@@ -256,8 +317,23 @@ impl SpecTemplate {
                 }
             }
         }
-        ServiceSpec { name: self.name.clone(), key: self.key, flags: self.flags, priorities }
+        ServiceSpec {
+            name: self.name.clone(),
+            key: self.key,
+            flags: self.flags,
+            priorities,
+        }
     }
+}
+
+/// Switches sk_msg splicing of local socket pairs on when the configuration asks for it.
+fn configure_splice(config: &Config, dp: &SharedDataplane) -> anyhow::Result<()> {
+    let mut guard = dp.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(dp) = guard.as_mut() {
+        dp.set_splice(config.splice)
+            .context("setting the splice switch")?;
+    }
+    Ok(())
 }
 
 fn shutdown(dp: &SharedDataplane) {
@@ -268,9 +344,10 @@ fn shutdown(dp: &SharedDataplane) {
 }
 
 async fn wait_for_signal() {
-    let (Ok(mut int), Ok(mut term)) =
-        (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
-    else {
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
         // Without signal handlers the process dies on the default action; nothing to wait for.
         std::future::pending::<()>().await;
         return;

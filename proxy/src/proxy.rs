@@ -17,7 +17,6 @@
 //! ```
 
 mod cluster;
-mod config;
 mod copy;
 mod drain;
 mod http;
@@ -38,9 +37,10 @@ use std::{
 use tokio::{net::TcpListener, task::JoinHandle};
 use tracing::info;
 
+pub use proxy_core::config::proxy::{ProxyConfig, ProxyProtocolMode, SpliceMode, defaults};
+
 pub use self::{
     cluster::{ClusterHandle, DrainPolicy, HostClose, HostState, host_state},
-    config::{ProxyConfig, ProxyProtocolMode, SpliceMode, defaults},
     copy::{Copied, CopyError, INITIAL_BUFFER_SIZE, LARGE_BUFFER_SIZE},
     drain::{DrainOutcome, DrainTrigger, DrainWatcher},
     orig_dst::{
@@ -195,6 +195,15 @@ pub struct ProxyStatsHandle {
 }
 
 impl ProxyStatsHandle {
+    /// The ORIGINAL_DST cluster's hosts now.
+    pub fn original_dst_hosts(&self) -> Vec<SocketAddr> {
+        self.orig_dst_cluster
+            .hosts()
+            .into_iter()
+            .map(|h| h.0)
+            .collect()
+    }
+
     /// Every stat as (Envoy-style name, value); `original_dst_hosts` is the ORIGINAL_DST
     /// cluster's host count.
     pub fn stats(&self) -> Vec<(String, u64)> {

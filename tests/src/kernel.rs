@@ -237,8 +237,10 @@ impl Drop for BannerServers {
 /// The real daemon, run from its binary with a config file; SIGTERM and wait on drop.
 pub struct Daemon {
     child: Option<Child>,
-    /// Admin address.
+    /// Admin address (inside `netns` when the daemon runs in one: use [`Daemon::get`]).
     pub admin: SocketAddr,
+    /// The network namespace the daemon runs in; `None`: the test's own.
+    netns: Option<PathBuf>,
     /// Where its log goes.
     pub log: PathBuf,
     _dir: TempDir,
@@ -251,9 +253,20 @@ impl Daemon {
     /// The admin port was free a moment ago; if another process takes it first, the daemon exits
     /// with "Address already in use" and the start is retried on a fresh port (bounded).
     pub fn start(config: &str) -> Self {
+        Self::start_with(config, None)
+    }
+
+    /// Like [`Daemon::start`], but the daemon runs inside `netns` (network namespace only: it
+    /// still sees the host's bpffs and cgroup mounts): its proxy listener, admin interface and
+    /// upstream connections live there, next to the test's clients and backends.
+    pub fn start_in(netns: &Netns, config: &str) -> Self {
+        Self::start_with(config, Some(netns.path()))
+    }
+
+    fn start_with(config: &str, netns: Option<PathBuf>) -> Self {
         const ATTEMPTS: usize = 4;
         for attempt in 1..=ATTEMPTS {
-            match Self::try_start(config) {
+            match Self::try_start(config, netns.clone()) {
                 Ok(daemon) => return daemon,
                 Err(log) if attempt < ATTEMPTS && log.contains("Address already in use") => continue,
                 Err(log) => panic!("daemon exited (attempt {attempt}):\n{log}"),
@@ -263,22 +276,38 @@ impl Daemon {
     }
 
     /// One start; `Err` with the daemon's log if it exited before it was ready.
-    fn try_start(config: &str) -> Result<Self, String> {
+    fn try_start(config: &str, netns: Option<PathBuf>) -> Result<Self, String> {
         let dir = TempDir::new();
-        let admin = free_port();
+        let admin = match &netns {
+            Some(ns) => in_netns_path(ns, free_port),
+            None => free_port(),
+        };
         let path = dir.0.join("config.yaml");
         std::fs::write(&path, config.replace("{admin}", &admin.to_string())).expect("writing config");
         let log = dir.0.join("daemon.log");
         let file = std::fs::File::create(&log).expect("creating the daemon log");
-        let child = Command::new(proxy_bin())
-            .args(["run", "--config"])
+        let mut cmd = Command::new(proxy_bin());
+        cmd.args(["run", "--config"])
             .arg(&path)
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("dup"))
-            .stderr(file)
-            .spawn()
-            .expect("starting the daemon");
-        let mut daemon = Self { child: Some(child), admin, log, _dir: dir };
+            .stderr(file);
+        if let Some(ns) = &netns {
+            use std::os::{fd::AsRawFd as _, unix::process::CommandExt as _};
+            let ns_file = std::fs::File::open(ns).expect("opening the test namespace");
+            // SAFETY: between fork and exec the child only calls setns (async-signal-safe) on a
+            // descriptor the parent keeps open until spawn returns.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setns(ns_file.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd.spawn().expect("starting the daemon");
+        let mut daemon = Self { child: Some(child), admin, netns, log, _dir: dir };
         daemon.wait_ready()?;
         Ok(daemon)
     }
@@ -291,7 +320,7 @@ impl Daemon {
                 self.child = None;
                 return Err(format!("{status}\n{}", self.log_text()));
             }
-            if http_get(self.admin, "/ready").is_some_and(|(code, _)| code == 200) {
+            if self.get("/ready").is_some_and(|(code, _)| code == 200) {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -304,13 +333,27 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// A GET on the admin interface (from inside the daemon's namespace).
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        let (admin, path) = (self.admin, path.to_owned());
+        match &self.netns {
+            Some(ns) => in_netns_path(ns, move || http_get(admin, &path)),
+            None => http_get(admin, &path),
+        }
+    }
+
     /// A `bpf.<name>` counter from `/stats`.
     pub fn counter(&self, name: &str) -> u64 {
-        let (_, body) = http_get(self.admin, "/stats").expect("admin /stats");
+        self.stat(&format!("bpf.{name}"))
+    }
+
+    /// Any stat from `/stats` by its full name (e.g. `proxy.downstream_cx_total`).
+    pub fn stat(&self, name: &str) -> u64 {
+        let (_, body) = self.get("/stats").expect("admin /stats");
         body.lines()
-            .find_map(|l| l.strip_prefix(&format!("bpf.{name}: ")))
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
             .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no counter {name} in /stats:\n{body}"))
+            .unwrap_or_else(|| panic!("no stat {name} in /stats:\n{body}"))
     }
 
     /// SIGTERM and wait (at most 10 s, then SIGKILL); returns whether it exited cleanly.
@@ -359,6 +402,17 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// Runs `f` on a thread that entered the network namespace at `path`.
+fn in_netns_path<T: Send + 'static>(path: &Path, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = path.to_owned();
+    std::thread::spawn(move || {
+        proxy::enter_netns(&path).expect("entering the test namespace");
+        f()
+    })
+    .join()
+    .expect("namespace thread panicked")
 }
 
 /// A loopback address with a port that was free a moment ago.

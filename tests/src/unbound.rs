@@ -37,9 +37,19 @@ impl Unbound {
     /// benchmark) may take it before unbound binds it, so a start that fails with "Address
     /// already in use" is retried on a fresh port, a bounded number of times.
     pub fn start(records: &[&str]) -> Self {
+        Self::start_with(records, None)
+    }
+
+    /// Like [`Unbound::start`], but serving on 127.0.0.1 inside the network namespace at
+    /// `netns` (its control socket is a file, so records still change from here).
+    pub fn start_in(netns: &Path, records: &[&str]) -> Self {
+        Self::start_with(records, Some(netns))
+    }
+
+    fn start_with(records: &[&str], netns: Option<&Path>) -> Self {
         const ATTEMPTS: usize = 5;
         for attempt in 1..=ATTEMPTS {
-            match Self::try_start(records) {
+            match Self::try_start(records, netns) {
                 Ok(unbound) => return unbound,
                 Err(log) if attempt < ATTEMPTS && log.contains("Address already in use") => continue,
                 Err(log) => panic!("unbound exited at start (attempt {attempt}):\n{log}"),
@@ -49,7 +59,7 @@ impl Unbound {
     }
 
     /// One start; `Err` with unbound's log when it exited before serving.
-    fn try_start(records: &[&str]) -> Result<Self, String> {
+    fn try_start(records: &[&str], netns: Option<&Path>) -> Result<Self, String> {
         let server = find_binary("unbound");
         let control = find_binary("unbound-control");
         let dir = temp_dir();
@@ -60,12 +70,28 @@ impl Unbound {
         let log = dir.join("unbound.log");
         let log_file = std::fs::File::create(&log)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", log.display()));
-        let child = Command::new(&server)
-            .args(["-d", "-p", "-c"])
+        let mut cmd = Command::new(&server);
+        cmd.args(["-d", "-p", "-c"])
             .arg(&conf)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log_file)
+            .stderr(log_file);
+        if let Some(ns) = netns {
+            use std::os::{fd::AsRawFd as _, unix::process::CommandExt as _};
+            let ns_file = std::fs::File::open(ns)
+                .unwrap_or_else(|e| panic!("cannot open {}: {e}", ns.display()));
+            // SAFETY: between fork and exec the child only calls setns (async-signal-safe) on a
+            // descriptor the parent keeps open until spawn returns.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setns(ns_file.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", server.display()));
         let mut unbound = Self {

@@ -140,3 +140,35 @@ fn missing_cluster_and_routers_are_errors() {
     let err = ChainPlan::new(&router, "dc1", ChainOptions::default(), |_| true).unwrap_err();
     assert!(matches!(err, ChainExecError::NeedsProxyPath), "{err}");
 }
+
+#[test]
+fn the_proxy_path_reads_every_route_target_and_needs_http() {
+    let router = chain(
+        r#"[{"Kind":"service-defaults","Name":"web","Protocol":"http"},{"Kind":"service-defaults","Name":"other","Protocol":"http"},{"Kind":"service-router","Name":"web","Routes":[{"Match":{"HTTP":{"PathPrefix":"/a"}},"Destination":{"Service":"other"}}]}]"#,
+        false,
+    );
+    let clusters = route_clusters(&router, "dc1", &|_| true).expect("routes");
+    assert_eq!(clusters.into_iter().collect::<Vec<_>>(), ["other", "web"]);
+    let err = route_clusters(&router, "dc1", &|c| c == "web").unwrap_err();
+    assert!(err.to_string().contains("needs a cluster named \"other\""), "{err}");
+    let tcp = chain(FAILOVER, false);
+    let err = route_clusters(&tcp, "dc1", &|_| true).unwrap_err();
+    assert!(matches!(err, ChainExecError::ProxyNeedsHttp(ref p) if p == "tcp"), "{err}");
+}
+
+#[test]
+fn target_routing_keeps_only_the_subset() {
+    let c = chain(SPLIT, false);
+    let legs = c.legs().unwrap();
+    let v2 = &legs.iter().find(|l| l.target.service_subset == "v2").unwrap().target;
+    let r = routing(&[
+        (host(1, "v1"), HostClass::Healthy),
+        (host(2, "v2"), HostClass::Healthy),
+        (host(3, "v2"), HostClass::Unhealthy),
+    ]);
+    let narrowed = target_routing(v2, &r);
+    let addrs = |hs: &[Host]| hs.iter().map(|h| h.addr.ip().to_string()).collect::<Vec<_>>();
+    assert_eq!(addrs(&narrowed.priorities[0].healthy), ["127.0.0.2"]);
+    assert_eq!(addrs(&narrowed.priorities[0].all), ["127.0.0.2", "127.0.0.3"]);
+    assert_eq!(addrs(&narrowed.routable()), ["127.0.0.2"]);
+}

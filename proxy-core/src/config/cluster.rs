@@ -77,6 +77,24 @@ pub struct Cluster {
     /// `healthy_panic_threshold` (default 50 %; 0 disables panic mode).
     #[serde(default)]
     pub common_lb_config: CommonLbConfig,
+    /// ORIGINAL_DST clusters: hosts unused for this long are flushed with their pooled
+    /// connections. Default 5000 ms (Envoy's).
+    #[serde(default, with = "duration::option", skip_serializing_if = "Option::is_none")]
+    pub cleanup_interval: Option<Duration>,
+    /// ORIGINAL_DST clusters: Envoy's `original_dst_lb_config`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_dst_lb_config: Option<OriginalDstLbConfig>,
+}
+
+/// Envoy's `Cluster.OriginalDstLbConfig`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OriginalDstLbConfig {
+    /// Treat the service's traffic as HTTP (per-request forwarding over pooled connections)
+    /// and take the destination from a request's `x-envoy-original-dst-host` header when it has
+    /// one. The header is not sanitised (as in Envoy): enable it only for trusted clients.
+    #[serde(default)]
+    pub use_http_header: bool,
 }
 
 /// Envoy's `Cluster.CustomClusterType`.
@@ -261,7 +279,7 @@ impl Cluster {
         ClusterHealthConfig {
             health_checks: self.health_checks.clone(),
             outlier_detection: self.outlier_detection.clone(),
-            common_lb_config: self.common_lb_config.clone(),
+            common_lb_config: self.common_lb_config,
         }
     }
 

@@ -78,7 +78,39 @@ fn semantic_errors_name_the_field() {
     let cases = [
         ("clusters:\n  - name: a\n  - name: a\n", "clusters[1].name", "duplicate"),
         ("clusters:\n  - name: a\n    lb_policy: ROUND_ROBIN\n", "clusters[0].lb_policy", "RANDOM"),
-        ("clusters:\n  - name: a\n    type: ORIGINAL_DST\n", "clusters[0].type", "not implemented"),
+        (
+            "clusters:\n  - name: a\n    type: ORIGINAL_DST\n    load_assignment: {}\n",
+            "clusters[0].load_assignment",
+            "original destinations",
+        ),
+        (
+            "clusters:\n  - name: a\n    type: ORIGINAL_DST\n    lb_policy: MAGLEV\n",
+            "clusters[0].lb_policy",
+            "CLUSTER_PROVIDED",
+        ),
+        ("clusters:\n  - name: a\n    cleanup_interval: 1s\n", "clusters[0].cleanup_interval", "only ORIGINAL_DST"),
+        (
+            "clusters:\n  - name: a\n    type: ORIGINAL_DST\n  - name: b\n    type: ORIGINAL_DST\n    cleanup_interval: 1s\n",
+            "clusters[1].cleanup_interval",
+            "share one host pool",
+        ),
+        (
+            "clusters:\n  - name: o\n    type: ORIGINAL_DST\nservices:\n  - {name: s, address: 127.77.0.1, port: 80, cluster: o}\n",
+            "services[0].mode",
+            "set mode: proxy",
+        ),
+        (
+            "clusters:\n  - name: a\nservices:\n  - {name: s, address: 127.77.0.1, port: 53, protocol: UDP, cluster: a, mode: proxy}\n",
+            "services[0].mode",
+            "UDP",
+        ),
+        ("proxy:\n  fallback_cluster: nope\n", "proxy.fallback_cluster", "no cluster named"),
+        (
+            "clusters:\n  - name: a\nservices:\n  - {name: s, address: 127.77.0.1, port: 80, cluster: a, mode: proxy}\nproxy:\n  listeners: []\n",
+            "proxy.listeners",
+            "listener",
+        ),
+        ("proxy:\n  cleanup_interval: 1s\n", "proxy.cleanup_interval", "unknown field"),
         ("clusters:\n  - name: a\n    type: EDS\n", "clusters[0].eds_cluster_config", "need eds_cluster_config"),
         (
             "clusters:\n  - name: a\n    type: STRICT_DNS\n    dns_failure_refresh_rate: { base_interval: 2s, max_interval: 1s }\n",
@@ -223,4 +255,83 @@ fn entries_from_a_json_file_in_consuls_api_shape() {
     std::fs::remove_dir_all(&dir).unwrap();
     let plan = config.chain_plan(&config.services[0]).unwrap();
     assert_eq!(plan.clusters().into_iter().collect::<Vec<_>>(), ["backup"]);
+}
+
+#[test]
+fn proxy_mode_and_original_dst_are_accepted() {
+    let text = "\
+clusters:
+  - name: web
+    load_assignment:
+      endpoints:
+        - lb_endpoints:
+            - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 8080 } } }
+  - name: passthrough
+    type: ORIGINAL_DST
+    lb_policy: CLUSTER_PROVIDED
+    cleanup_interval: 250ms
+    original_dst_lb_config: { use_http_header: true }
+services:
+  - { name: web, address: 127.77.0.1, port: 80, cluster: web, mode: proxy }
+  - { name: pass, address: 127.77.0.2, port: 80, cluster: passthrough, mode: proxy }
+proxy:
+  listeners: [127.0.0.1:15901]
+  drain_timeout: 2s
+  fallback_cluster: passthrough
+splice: true
+";
+    let config = Config::parse(text, Path::new("test.yaml")).expect("valid");
+    assert!(config.uses_proxy());
+    assert!(config.splice);
+    assert!(config.is_original_dst("passthrough"));
+    assert!(!config.is_original_dst("web"));
+    let proxy = config.effective_proxy();
+    assert_eq!(proxy.listeners, vec!["127.0.0.1:15901".parse().unwrap()]);
+    assert_eq!(proxy.drain_timeout, std::time::Duration::from_secs(2));
+    assert_eq!(proxy.cleanup_interval, std::time::Duration::from_millis(250));
+    assert!(proxy.use_http_header);
+    assert_eq!(proxy.fallback_cluster.as_deref(), Some("passthrough"));
+    // Without a proxy section: Envoy's ORIGINAL_DST default and the default listeners.
+    let plain = Config::parse("clusters:\n  - name: o\n    type: ORIGINAL_DST\n", Path::new("t.yaml")).unwrap();
+    assert!(!plain.uses_proxy());
+    assert_eq!(plain.effective_proxy().cleanup_interval, std::time::Duration::from_millis(5000));
+    assert_eq!(plain.effective_proxy().listeners.len(), 2);
+}
+
+#[test]
+fn router_chains_need_the_proxy_path_and_the_proxy_path_needs_http() {
+    let router = "\
+clusters:
+  - name: web
+  - name: api
+config_entries:
+  - { Kind: service-defaults, Name: web, Protocol: http }
+  - { Kind: service-defaults, Name: api, Protocol: http }
+  - Kind: service-router
+    Name: web
+    Routes:
+      - Match: { HTTP: { PathPrefix: /api } }
+        Destination: { Service: api }
+services:
+  - { name: web, address: 127.77.0.1, port: 80, chain: web, mode: MODE }
+";
+    let (field, _, _, msg) = invalid(&router.replace("MODE", "direct"));
+    assert_eq!(field, "services[0].chain");
+    assert!(msg.contains("need the proxy path (mode: proxy)"), "{msg}");
+    let config = Config::parse(&router.replace("MODE", "proxy"), Path::new("t.yaml")).expect("valid");
+    assert_eq!(config.service_clusters(&config.services[0]), ["api", "web"]);
+    assert!(config.chain_plan(&config.services[0]).is_none());
+
+    let tcp = "\
+clusters:
+  - name: web
+  - name: backup
+config_entries:
+  - { Kind: service-resolver, Name: web, Redirect: { Service: backup } }
+services:
+  - { name: web, address: 127.77.0.1, port: 80, chain: web, mode: proxy }
+";
+    let (field, _, _, msg) = invalid(tcp);
+    assert_eq!(field, "services[0].chain");
+    assert!(msg.contains("its protocol is \"tcp\""), "{msg}");
 }

@@ -52,16 +52,17 @@ fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
             }
             false
         }
-        other => {
-            return Err(Invalid::new(
-                at("type"),
-                format!(
-                    "cluster type {other:?} is not implemented yet in this build; STATIC, \
-                     STRICT_DNS, LOGICAL_DNS and EDS are"
-                ),
-            ));
-        }
+        ClusterType::OriginalDst => return validate_original_dst(i, cluster),
     };
+    if cluster.cleanup_interval.is_some() {
+        return Err(Invalid::new(at("cleanup_interval"), "only ORIGINAL_DST clusters have a cleanup_interval"));
+    }
+    if cluster.original_dst_lb_config.is_some() {
+        return Err(Invalid::new(
+            at("original_dst_lb_config"),
+            "only ORIGINAL_DST clusters have an original_dst_lb_config",
+        ));
+    }
     if dns {
         validate_dns(i, cluster)?;
     }
@@ -110,6 +111,67 @@ fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
             if lb.load_balancing_weight == 0 {
                 return Err(Invalid::new(at("load_balancing_weight"), "must be at least 1"));
             }
+        }
+    }
+    Ok(())
+}
+
+/// ORIGINAL_DST: hosts are the original destinations of proxied connections, so there are no
+/// endpoints to list, resolve or health-check (Envoy refuses a load assignment as well).
+fn validate_original_dst(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
+    let at = |field: &str| format!("clusters[{i}].{field}");
+    if cluster.load_assignment.is_some() {
+        return Err(Invalid::new(
+            at("load_assignment"),
+            "ORIGINAL_DST clusters take their hosts from the connections' original destinations; \
+             remove load_assignment",
+        ));
+    }
+    if !cluster.health_checks.is_empty() {
+        return Err(Invalid::new(at("health_checks"), "ORIGINAL_DST hosts are not health-checked"));
+    }
+    if cluster.outlier_detection.is_some() {
+        return Err(Invalid::new(at("outlier_detection"), "ORIGINAL_DST hosts have no outlier detection"));
+    }
+    if !matches!(cluster.lb_policy, LbPolicy::Random | LbPolicy::ClusterProvided) {
+        return Err(Invalid::new(
+            at("lb_policy"),
+            "ORIGINAL_DST clusters choose no host; use CLUSTER_PROVIDED (or leave lb_policy out)",
+        ));
+    }
+    if cluster.cleanup_interval.is_some_and(|d| d.is_zero()) {
+        return Err(Invalid::new(at("cleanup_interval"), "must be greater than 0"));
+    }
+    Ok(())
+}
+
+/// All ORIGINAL_DST clusters share the proxy's one pool of original-destination hosts, so they
+/// must agree on its settings.
+fn validate_original_dst_agree(config: &Config) -> Result<(), Invalid> {
+    let mut first: Option<(usize, &super::Cluster)> = None;
+    for (i, c) in config.clusters.iter().enumerate() {
+        if c.cluster_type != ClusterType::OriginalDst || c.custom_cluster_type.is_some() {
+            continue;
+        }
+        let Some((j, f)) = first else {
+            first = Some((i, c));
+            continue;
+        };
+        if f.cleanup_interval != c.cleanup_interval {
+            return Err(Invalid::new(
+                format!("clusters[{i}].cleanup_interval"),
+                format!(
+                    "ORIGINAL_DST clusters share one host pool; cleanup_interval must equal that \
+                     of clusters[{j}] ({:?})",
+                    f.cleanup_interval.unwrap_or(super::proxy::defaults::cleanup_interval())
+                ),
+            ));
+        }
+        if f.original_dst_lb_config != c.original_dst_lb_config {
+            return Err(Invalid::new(
+                format!("clusters[{i}].original_dst_lb_config"),
+                format!("ORIGINAL_DST clusters share one host pool; must equal that of clusters[{j}]"),
+            ));
         }
     }
     Ok(())
@@ -205,14 +267,33 @@ fn validate_services(config: &Config) -> Result<(), Invalid> {
             }
             (None, false) => {}
         }
-        if svc.mode == ServiceMode::Proxy {
-            return Err(Invalid::new(
-                at("mode"),
-                "proxy mode is not implemented yet in this build; use direct",
-            ));
+        let original_dst = config
+            .cluster(&svc.cluster)
+            .is_some_and(|c| c.cluster_type == ClusterType::OriginalDst && c.custom_cluster_type.is_none());
+        match svc.mode {
+            ServiceMode::Proxy if svc.protocol == super::Protocol::Udp => {
+                return Err(Invalid::new(at("mode"), "the proxy path serves TCP; UDP services use mode: direct"));
+            }
+            ServiceMode::Direct if original_dst => {
+                return Err(Invalid::new(
+                    at("mode"),
+                    "an ORIGINAL_DST cluster serves connections through the proxy path; set mode: proxy",
+                ));
+            }
+            _ => {}
         }
     }
-    Ok(())
+    if let Some(name) = &config.proxy.fallback_cluster
+        && config.cluster(name).is_none()
+    {
+        return Err(Invalid::new("proxy.fallback_cluster", format!("no cluster named {name:?}")));
+    }
+    let proxied = config.services.iter().any(|s| s.mode == ServiceMode::Proxy)
+        || config.proxy.fallback_cluster.is_some();
+    if proxied && config.proxy.listeners.is_empty() {
+        return Err(Invalid::new("proxy.listeners", "services use the proxy path; give it a listener address"));
+    }
+    validate_original_dst_agree(config)
 }
 
 /// Reads the config entries (inline and from files), validates them with Consul's rules and
@@ -249,10 +330,18 @@ pub(super) fn compile_chains(
             ..proxy_chain::CompileRequest::new(name, &config.datacenter, proxy_chain::DEFAULT_TRUST_DOMAIN)
         };
         let chain = proxy_chain::compile(&request, &entries).map_err(|e| Invalid::new(&at, e.to_string()))?;
-        crate::chain::ChainPlan::new(&chain, &config.datacenter, svc.chain_options.clone(), |c| {
-            config.cluster(c).is_some()
-        })
-        .map_err(|e| Invalid::new(&at, e.to_string()))?;
+        // A target must map to a cluster that discovers hosts (not ORIGINAL_DST).
+        let has_cluster = |c: &str| {
+            config.cluster(c).is_some_and(|c| c.cluster_type != ClusterType::OriginalDst || c.custom_cluster_type.is_some())
+        };
+        let checked = match svc.mode {
+            ServiceMode::Direct => {
+                crate::chain::ChainPlan::new(&chain, &config.datacenter, svc.chain_options.clone(), has_cluster)
+                    .map(|_| ())
+            }
+            ServiceMode::Proxy => crate::chain::route_clusters(&chain, &config.datacenter, &has_cluster).map(|_| ()),
+        };
+        checked.map_err(|e| Invalid::new(&at, e.to_string()))?;
         chains.insert(svc.name.clone(), chain);
     }
     Ok(chains)

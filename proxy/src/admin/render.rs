@@ -6,7 +6,8 @@ use serde::Serialize;
 
 use super::State;
 
-/// Every stat: kernel counters (`bpf.*`), cluster stats (`cluster.<name>.*`), server gauges.
+/// Every stat: kernel counters (`bpf.*`), cluster stats (`cluster.<name>.*`), the proxy path's
+/// (`proxy.*`, Envoy's listener and tcp_proxy names), server gauges.
 fn all_stats(state: &State) -> BTreeMap<String, u64> {
     let mut stats = BTreeMap::new();
     for (name, value) in state.kernel_counters() {
@@ -15,8 +16,19 @@ fn all_stats(state: &State) -> BTreeMap<String, u64> {
     for upstream in state.upstreams.values() {
         stats.extend(upstream.stats());
     }
-    stats.insert("server.services".to_owned(), state.config.services.len() as u64);
-    stats.insert("server.clusters".to_owned(), state.config.clusters.len() as u64);
+    if let Some(proxy) = &state.proxy {
+        for (name, value) in proxy.stats() {
+            stats.insert(format!("proxy.{name}"), value);
+        }
+    }
+    stats.insert(
+        "server.services".to_owned(),
+        state.config.services.len() as u64,
+    );
+    stats.insert(
+        "server.clusters".to_owned(),
+        state.config.clusters.len() as u64,
+    );
     stats
 }
 
@@ -38,7 +50,8 @@ fn is_gauge(name: &str) -> bool {
     let leaf = name.rsplit('.').next().unwrap_or(name);
     leaf.starts_with("membership_")
         || leaf == "healthy"
-        || leaf == "ejections_active"
+        || leaf.ends_with("_active")
+        || leaf == "original_dst_hosts"
         || name.starts_with("server.")
 }
 
@@ -62,11 +75,16 @@ pub(super) fn prometheus(state: &State) -> String {
                     None => (format!("envoy_cluster_{}", sanitize(rest)), String::new()),
                 }
             }
-            None if name.starts_with("bpf.") => (format!("proxy_{}", sanitize(&name)), String::new()),
+            None if name.starts_with("bpf.") => {
+                (format!("proxy_{}", sanitize(&name)), String::new())
+            }
             None => (format!("envoy_{}", sanitize(&name)), String::new()),
         };
         let kind = if is_gauge(&name) { "gauge" } else { "counter" };
-        families.entry(format!("{family} {kind}")).or_default().push((labels, value));
+        families
+            .entry(format!("{family} {kind}"))
+            .or_default()
+            .push((labels, value));
     }
     let mut out = String::new();
     for (head, samples) in families {
@@ -80,7 +98,9 @@ pub(super) fn prometheus(state: &State) -> String {
 }
 
 fn sanitize(name: &str) -> String {
-    name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
 }
 
 /// One host in `/clusters?format=json`.
@@ -106,7 +126,13 @@ pub(super) fn clusters_json(state: &State) -> Vec<ClusterJson> {
         .upstreams
         .iter()
         .map(|(name, upstream)| {
-            let routable: Vec<_> = upstream.routing().borrow().routable().iter().map(|h| h.addr).collect();
+            let routable: Vec<_> = upstream
+                .routing()
+                .borrow()
+                .routable()
+                .iter()
+                .map(|h| h.addr)
+                .collect();
             let hosts = upstream
                 .host_statuses()
                 .into_iter()
@@ -125,7 +151,48 @@ pub(super) fn clusters_json(state: &State) -> Vec<ClusterJson> {
                 .filter(|s| state.config.service_clusters(s).contains(name))
                 .map(|s| format!("{} {}:{}", s.name, s.address, s.port))
                 .collect();
-            ClusterJson { name: name.clone(), services, hosts }
+            ClusterJson {
+                name: name.clone(),
+                services,
+                hosts,
+            }
+        })
+        .chain(original_dst_clusters(state))
+        .collect()
+}
+
+/// ORIGINAL_DST clusters: the proxy path's current original-destination hosts (one pool
+/// shared by every ORIGINAL_DST cluster), all routable.
+fn original_dst_clusters(state: &State) -> Vec<ClusterJson> {
+    let hosts = state
+        .proxy
+        .as_ref()
+        .map(|p| p.original_dst_hosts())
+        .unwrap_or_default();
+    state
+        .config
+        .clusters
+        .iter()
+        .filter(|c| state.config.is_original_dst(&c.name))
+        .map(|c| ClusterJson {
+            name: c.name.clone(),
+            services: state
+                .config
+                .services
+                .iter()
+                .filter(|s| s.cluster == c.name)
+                .map(|s| format!("{} {}:{}", s.name, s.address, s.port))
+                .collect(),
+            hosts: hosts
+                .iter()
+                .map(|h| HostJson {
+                    address: h.to_string(),
+                    health_flags: "healthy".to_owned(),
+                    weight: 1,
+                    priority: 0,
+                    routable: true,
+                })
+                .collect(),
         })
         .collect()
 }

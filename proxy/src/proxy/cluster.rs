@@ -110,6 +110,19 @@ impl ClusterHandle {
         c
     }
 
+    /// The same cluster seen through another routing, e.g. narrowed to a chain target's
+    /// subset: drain rule and passive channel stay the cluster's; it gets its own HTTP pool
+    /// (a pool is swept by its handle's routing).
+    pub fn with_routing(
+        mut self,
+        routing: watch::Receiver<Routing>,
+        pool_idle_timeout: Duration,
+    ) -> Self {
+        self.routing = routing;
+        self.pool = Arc::new(Pool::new(pool_idle_timeout));
+        self
+    }
+
     /// The cluster's name.
     pub fn name(&self) -> &str {
         &self.name

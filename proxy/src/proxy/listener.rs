@@ -10,9 +10,7 @@ use tokio::{
 use tracing::{Instrument, debug, field, info_span, warn};
 
 use super::{
-    Service, Shared,
-    config::ProxyProtocolMode,
-    copy,
+    ProxyProtocolMode, Service, Shared, copy,
     drain::DrainWatcher,
     http,
     orig_dst::{ClientAddr, OrigDstAddr, so_original_dst},

@@ -12,7 +12,7 @@ use std::{
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::config::ProxyProtocolMode;
+use super::ProxyProtocolMode;
 
 /// The v2 signature: `\r\n\r\n\0\r\nQUIT\n`.
 const V2_SIGNATURE: [u8; 12] = *b"\r\n\r\n\0\r\nQUIT\n";

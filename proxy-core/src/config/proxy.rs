@@ -1,11 +1,13 @@
 //! Configuration of the proxy path: listener addresses, how original destinations are found,
-//! draining, ORIGINAL_DST cleanup and HTTP options. Embedded in the daemon configuration as
-//! `proxy:`; every field has a named default.
+//! draining, shutdown and HTTP options. The daemon configuration's `proxy:` section; every field
+//! has a named default. ORIGINAL_DST settings (`cleanup_interval`,
+//! `original_dst_lb_config.use_http_header`) are set on the ORIGINAL_DST cluster, as in Envoy.
 
 use std::{net::SocketAddr, time::Duration};
 
-use proxy_core::health::duration;
 use serde::{Deserialize, Serialize};
+
+use crate::health::duration;
 
 /// Named defaults.
 pub mod defaults {
@@ -80,12 +82,15 @@ pub struct ProxyConfig {
     #[serde(default = "defaults::shutdown_timeout", with = "duration")]
     pub shutdown_timeout: Duration,
     /// ORIGINAL_DST: hosts unused for this long are flushed, with their pooled connections.
-    /// Default 5000 ms (Envoy's).
-    #[serde(default = "defaults::cleanup_interval", with = "duration")]
+    /// Default 5000 ms (Envoy's). Not read from the `proxy:` section: the daemon takes it from
+    /// the ORIGINAL_DST cluster's `cleanup_interval`.
+    #[serde(skip, default = "defaults::cleanup_interval")]
     pub cleanup_interval: Duration,
     /// ORIGINAL_DST over HTTP: take the destination from `x-envoy-original-dst-host` when a
-    /// request carries it (not sanitised, as in Envoy: enable only for trusted clients).
-    #[serde(default)]
+    /// request carries it (not sanitised, as in Envoy: enable only for trusted clients). Not
+    /// read from the `proxy:` section: the daemon takes it from the ORIGINAL_DST cluster's
+    /// `original_dst_lb_config.use_http_header`.
+    #[serde(skip)]
     pub use_http_header: bool,
     /// Close a connection as soon as its host fails health checking or is ejected (tcp only,
     /// like Envoy's `close_connections_on_host_health_failure`). Default false.
@@ -101,6 +106,11 @@ pub struct ProxyConfig {
     /// `kernel` (hand the pair to sk_msg splicing; not available in this build).
     #[serde(default)]
     pub splice: SpliceMode,
+    /// The cluster for connections whose original destination is not a service (those that
+    /// iptables `REDIRECT` or a PROXY header brought): typically an ORIGINAL_DST cluster. Unset:
+    /// they are refused and counted `downstream_cx_no_route`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_cluster: Option<String>,
 }
 
 impl Default for ProxyConfig {
@@ -118,6 +128,7 @@ impl Default for ProxyConfig {
             connect_timeout: defaults::connect_timeout(),
             pool_idle_timeout: defaults::pool_idle_timeout(),
             splice: SpliceMode::Copy,
+            fallback_cluster: None,
         }
     }
 }
@@ -157,12 +168,15 @@ mod tests {
         let c: ProxyConfig = serde_json::from_str("{}").unwrap();
         assert_eq!(c, ProxyConfig::default());
         assert_eq!(c.cleanup_interval, Duration::from_millis(5000));
-        let text = r#"{"cleanup_interval": "250ms", "proxy_protocol": "v2", "listeners": ["127.0.0.1:1"]}"#;
+        let text = r#"{"drain_timeout": "250ms", "proxy_protocol": "v2", "listeners": ["127.0.0.1:1"]}"#;
         let c: ProxyConfig = serde_json::from_str(text).unwrap();
-        assert_eq!(c.cleanup_interval, Duration::from_millis(250));
+        assert_eq!(c.drain_timeout, Duration::from_millis(250));
         assert_eq!(c.proxy_protocol, ProxyProtocolMode::V2);
-        let err =
-            serde_json::from_str::<ProxyConfig>(r#"{"cleanup_intervall": "1s"}"#).unwrap_err();
+        assert_eq!(c.listeners, vec![SocketAddr::from(([127, 0, 0, 1], 1))]);
+        let err = serde_json::from_str::<ProxyConfig>(r#"{"drain_timeoutt": "1s"}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown field"), "{err}");
+        // ORIGINAL_DST settings belong to the cluster, as in Envoy.
+        let err = serde_json::from_str::<ProxyConfig>(r#"{"cleanup_interval": "1s"}"#).unwrap_err();
         assert!(err.to_string().contains("unknown field"), "{err}");
     }
 }

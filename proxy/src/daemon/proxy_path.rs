@@ -1,0 +1,182 @@
+//! Starting and stopping the proxy path inside the daemon: the service table from the
+//! configuration (TCP to a cluster, HTTP routes of a discovery chain, ORIGINAL_DST), the
+//! listener, and the kernel's redirect target.
+//!
+//! Order matters for the kernel: the listener is bound and published (`SETTINGS_V1`) before any
+//! service is published with `SERVICE_F_PROXY`, and on shutdown the listener is withdrawn first,
+//! so a connect is either redirected to a live listener or refused, never sent nowhere.
+
+use std::{collections::BTreeMap, net::SocketAddr, sync::Arc};
+
+use anyhow::Context as _;
+use proxy_chain::TargetLeg;
+use proxy_core::{
+    chain,
+    config::{Config, ServiceMode},
+    upstream::Upstream,
+};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use super::SharedDataplane;
+use crate::proxy::{
+    self as proxy_path, ClusterHandle, ProxyConfig, ProxyDeps, ProxyHandle, RouteTable, Service,
+    ServiceTable,
+};
+
+/// Starts the proxy path when the configuration uses it (`None` otherwise), and points the
+/// kernel's proxy-mode redirect at its listeners.
+pub async fn start(
+    config: &Config,
+    upstreams: &BTreeMap<String, Arc<Upstream>>,
+    dp: &SharedDataplane,
+) -> anyhow::Result<Option<ProxyHandle>> {
+    if !config.uses_proxy() {
+        return Ok(None);
+    }
+    let proxy_config = config.effective_proxy();
+    let services = service_table(config, upstreams, &proxy_config)?;
+    let original_dst = {
+        let guard = dp.lock().unwrap_or_else(|e| e.into_inner());
+        let dp = guard.as_ref().context("the data path is not attached")?;
+        dp.original_destinations()
+            .context("opening the original-destination map")?
+    };
+    let handle = proxy_path::serve(
+        proxy_config,
+        ProxyDeps {
+            original_dst: Arc::new(original_dst),
+            services,
+        },
+    )
+    .await?;
+    let (v4, v6) = first_per_family(handle.local_addrs());
+    let mut guard = dp.lock().unwrap_or_else(|e| e.into_inner());
+    let dp = guard.as_mut().context("the data path is not attached")?;
+    for addr in [v4, v6].into_iter().flatten() {
+        dp.set_proxy_listener(addr)
+            .with_context(|| format!("publishing the proxy listener {addr} to the kernel"))?;
+    }
+    info!(listeners = ?handle.local_addrs(), "proxy path ready");
+    Ok(Some(handle))
+}
+
+/// Withdraws the kernel's redirect target (new proxy-mode connects are refused from now on),
+/// then drains the proxy's connections until its shutdown deadline.
+pub async fn stop(handle: ProxyHandle, dp: &SharedDataplane) {
+    {
+        let mut guard = dp.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(dp) = guard.as_mut() {
+            for ipv6 in [false, true] {
+                if let Err(err) = dp.runtime().clear_proxy_listener(ipv6) {
+                    warn!(%err, ipv6, "withdrawing the proxy listener from the kernel failed");
+                }
+            }
+        }
+    }
+    let outcome = handle.shutdown().await;
+    info!(?outcome, "proxy path drained");
+}
+
+/// The first IPv4 and the first IPv6 listener address: connect4 redirects to the one, connect6
+/// to the other.
+fn first_per_family(addrs: &[SocketAddr]) -> (Option<SocketAddr>, Option<SocketAddr>) {
+    (
+        addrs.iter().copied().find(SocketAddr::is_ipv4),
+        addrs.iter().copied().find(SocketAddr::is_ipv6),
+    )
+}
+
+/// What the proxy does for each proxy-mode service, and for other destinations.
+fn service_table(
+    config: &Config,
+    upstreams: &BTreeMap<String, Arc<Upstream>>,
+    proxy: &ProxyConfig,
+) -> anyhow::Result<ServiceTable> {
+    let mut table = ServiceTable::new();
+    for svc in config
+        .services
+        .iter()
+        .filter(|s| s.mode == ServiceMode::Proxy)
+    {
+        let service = match config.chains.get(&svc.name) {
+            Some(compiled) => {
+                let cluster_of = |t: &TargetLeg| target_handle(config, upstreams, proxy, t);
+                let routes = RouteTable::from_chain(compiled, &cluster_of)
+                    .with_context(|| format!("service {}: HTTP routes of its chain", svc.name))?;
+                Service::Http(Arc::new(routes))
+            }
+            None => cluster_service(config, upstreams, proxy, &svc.cluster)?,
+        };
+        table.insert(SocketAddr::new(svc.address, svc.port), service);
+    }
+    if let Some(name) = &proxy.fallback_cluster {
+        table.set_fallback(cluster_service(config, upstreams, proxy, name)?);
+    }
+    Ok(table)
+}
+
+/// A service served by one cluster: ORIGINAL_DST, or TCP to the cluster's hosts.
+fn cluster_service(
+    config: &Config,
+    upstreams: &BTreeMap<String, Arc<Upstream>>,
+    proxy: &ProxyConfig,
+    cluster: &str,
+) -> anyhow::Result<Service> {
+    if config.is_original_dst(cluster) {
+        return Ok(Service::OriginalDst {
+            http: proxy.use_http_header,
+        });
+    }
+    let upstream = upstreams
+        .get(cluster)
+        .with_context(|| format!("cluster {cluster} is not running"))?;
+    Ok(Service::Tcp(ClusterHandle::from_upstream(
+        upstream,
+        proxy.pool_idle_timeout,
+    )))
+}
+
+/// The hosts of one chain target: its cluster, narrowed to the target's subset and Consul's
+/// health rule when it has a filter or `OnlyPassing`.
+fn target_handle(
+    config: &Config,
+    upstreams: &BTreeMap<String, Arc<Upstream>>,
+    proxy: &ProxyConfig,
+    target: &TargetLeg,
+) -> Option<ClusterHandle> {
+    let has = |c: &str| upstreams.contains_key(c);
+    let cluster = chain::target_cluster(target, &config.datacenter, &has).ok()?;
+    let upstream = upstreams.get(&cluster)?;
+    let handle = ClusterHandle::from_upstream(upstream, proxy.pool_idle_timeout);
+    if target.filter.is_none() && !target.only_passing {
+        return Some(handle);
+    }
+    Some(handle.with_routing(
+        narrowed(upstream.routing(), target.clone()),
+        proxy.pool_idle_timeout,
+    ))
+}
+
+/// A routing feed that follows `source`, narrowed to `target`'s hosts. The forwarding task ends
+/// when the cluster stops or every reader is gone.
+fn narrowed(
+    mut source: watch::Receiver<proxy_core::health::Routing>,
+    target: TargetLeg,
+) -> watch::Receiver<proxy_core::health::Routing> {
+    let (tx, rx) = watch::channel(chain::target_routing(&target, &source.borrow_and_update()));
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                changed = source.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    tx.send_replace(chain::target_routing(&target, &source.borrow_and_update()));
+                }
+                () = tx.closed() => return,
+            }
+        }
+    });
+    rx
+}

@@ -1,0 +1,351 @@
+//! The proxy path inside the real daemon (root): services with `mode: proxy` are redirected by
+//! connect4 to the daemon's listener, which forwards them by their original destination from
+//! the kernel's map. Each test runs the daemon, its backends and its clients in a fresh network
+//! namespace (clients also in a fresh cgroup): TCP to a cluster with getpeername intact, open-
+//! relay refusal, HTTP routes of a service-router chain, an ORIGINAL_DST cluster and its
+//! cleanup, and draining of a host that STRICT_DNS removed.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use integration_tests::{
+    kernel::{
+        BannerServers, Daemon, InCgroup, Netns, Probe, TestCgroup, require_root, unique,
+        wait_for_backends,
+    },
+    unbound::Unbound,
+};
+
+const VIP: &str = "127.77.0.1:80";
+
+fn header(cgroup: &TestCgroup, proxy_extra: &str) -> String {
+    format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nproxy:\n  listeners: [\"127.0.0.1:15001\"]\n{proxy_extra}",
+        unique("t"),
+        cgroup.path().display()
+    )
+}
+
+fn endpoint(addr: SocketAddr) -> String {
+    format!(
+        "            - endpoint: {{ address: {{ socket_address: {{ address: \"{}\", port_value: {} }} }} }}\n",
+        addr.ip(),
+        addr.port()
+    )
+}
+
+fn cluster(name: &str, endpoints: &str) -> String {
+    format!("  - name: {name}\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n{endpoints}")
+}
+
+#[test]
+fn proxy_mode_forwards_to_the_cluster_and_the_application_sees_the_vip() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let (a, b): (SocketAddr, SocketAddr) = ("127.0.0.11:8081".parse().unwrap(), "127.0.0.12:8082".parse().unwrap());
+    let _servers = BannerServers::start(&netns, &[(a, "a", false), (b, "b", false)]);
+    let config = format!(
+        "{}clusters:\n{}services:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web, mode: proxy }}\n",
+        header(&cgroup, ""),
+        cluster("web", &(endpoint(a) + &endpoint(b))),
+    );
+    let daemon = Daemon::start_in(&netns, &config);
+    let n = 200;
+    let probe = Probe::run(&netns, Some(cgroup.path()), VIP.parse().unwrap(), n, false);
+    assert!(probe.errors.is_empty(), "{probe:?}");
+    assert_eq!(probe.count("a") + probe.count("b"), n, "{probe:?}");
+    assert!(probe.count("a") > 0 && probe.count("b") > 0, "both hosts serve: {probe:?}");
+    // getpeername in the application shows what it dialled, not the proxy listener.
+    assert!(probe.peers.iter().all(|p| p == VIP), "{:?}", probe.peers);
+    assert!(daemon.stat("proxy.downstream_cx_total") >= u64::from(n));
+    assert!(daemon.stat("proxy.upstream_cx_total") >= u64::from(n));
+
+    // A connection to the listener that the kernel did not redirect has no original
+    // destination: it is refused and counted, never relayed.
+    let direct = Probe::run(&netns, None, "127.0.0.1:15001".parse().unwrap(), 5, false);
+    assert_eq!(direct.backends.values().sum::<u32>(), 0, "{direct:?}");
+    assert_eq!(daemon.stat("proxy.downstream_cx_no_original_dst"), 5);
+}
+
+/// HTTP servers answering every request with their name (one request per connection).
+struct HttpServers {
+    stop: Arc<AtomicBool>,
+    addrs: Vec<SocketAddr>,
+    netns: std::path::PathBuf,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl HttpServers {
+    fn start(netns: &Netns, servers: &[(SocketAddr, &str)]) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for &(addr, name) in servers {
+            let (stop, name, path) = (stop.clone(), name.to_owned(), netns.path());
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+            threads.push(std::thread::spawn(move || {
+                proxy::enter_netns(&path).expect("entering the test namespace");
+                let listener = TcpListener::bind(addr).expect("binding an HTTP server");
+                ready_tx.send(()).expect("test alive");
+                for conn in listener.incoming() {
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let Ok(mut conn) = conn else { continue };
+                    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") && head.len() < 8192 {
+                        match conn.read(&mut byte) {
+                            Ok(1) => head.push(byte[0]),
+                            _ => break,
+                        }
+                    }
+                    let path = String::from_utf8_lossy(&head)
+                        .split_whitespace()
+                        .nth(1)
+                        .unwrap_or_default()
+                        .to_owned();
+                    let body = format!("{name} {path}");
+                    let _ = write!(
+                        conn,
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                }
+            }));
+            ready_rx.recv_timeout(Duration::from_secs(5)).expect("HTTP server started");
+        }
+        let addrs = servers.iter().map(|&(a, _)| a).collect();
+        Self { stop, addrs, netns: netns.path(), threads }
+    }
+}
+
+impl Drop for HttpServers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let (addrs, path) = (self.addrs.clone(), self.netns.clone());
+        let waker = std::thread::spawn(move || {
+            if proxy::enter_netns(&path).is_ok() {
+                for addr in addrs {
+                    let _ = TcpStream::connect_timeout(&addr, Duration::from_millis(200));
+                }
+            }
+        });
+        let _ = waker.join();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// GETs `paths` on the VIP from inside the cgroup; the bodies, one per line.
+fn get_in_cgroup(netns: &Netns, cgroup: &TestCgroup, paths: &[&str]) -> Vec<String> {
+    let paths: Vec<String> = paths.iter().map(|p| (*p).to_owned()).collect();
+    let child = InCgroup::spawn(Some(cgroup.path()), netns, move || {
+        let mut out = Vec::new();
+        for path in paths {
+            let body = (|| -> std::io::Result<String> {
+                let vip: SocketAddr = VIP.parse().expect("literal");
+                let mut s = TcpStream::connect_timeout(&vip, Duration::from_secs(2))?;
+                s.set_read_timeout(Some(Duration::from_secs(5)))?;
+                write!(s, "GET {path} HTTP/1.1\r\nhost: web\r\nconnection: close\r\n\r\n")?;
+                let mut text = String::new();
+                s.read_to_string(&mut text)?;
+                Ok(text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or(text))
+            })();
+            out.push(body.unwrap_or_else(|e| format!("error: {e}")));
+        }
+        out.join("\n")
+    });
+    child.wait(Duration::from_secs(30)).lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn service_router_chain_routes_http_by_path() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let (web, api): (SocketAddr, SocketAddr) = ("127.0.0.21:8081".parse().unwrap(), "127.0.0.22:8082".parse().unwrap());
+    let _servers = HttpServers::start(&netns, &[(web, "web"), (api, "api")]);
+    let config = format!(
+        "{}clusters:\n{}{}config_entries:\n  - {{ Kind: service-defaults, Name: web, Protocol: http }}\n  - {{ Kind: service-defaults, Name: api, Protocol: http }}\n  - Kind: service-router\n    Name: web\n    Routes:\n      - Match: {{ HTTP: {{ PathPrefix: /api }} }}\n        Destination: {{ Service: api, PrefixRewrite: /v2 }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, chain: web, mode: proxy }}\n",
+        header(&cgroup, ""),
+        cluster("web", &endpoint(web)),
+        cluster("api", &endpoint(api)),
+    );
+    let daemon = Daemon::start_in(&netns, &config);
+    let bodies = get_in_cgroup(&netns, &cgroup, &["/api/users", "/", "/apix", "/index.html"]);
+    assert_eq!(bodies, ["api /v2/users", "web /", "api /v2x", "web /index.html"]);
+    assert!(daemon.stat("proxy.downstream_rq_total") >= 4);
+    let (code, chain) = daemon.get("/chain/web").expect("admin");
+    assert_eq!(code, 200);
+    assert!(chain.contains("\"StartNode\": \"router:web.default.default\""), "{chain}");
+}
+
+#[test]
+fn original_dst_forwards_to_the_dialled_address_and_flushes_unused_hosts() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let real: SocketAddr = "127.0.0.31:9000".parse().unwrap();
+    let _servers = BannerServers::start(&netns, &[(real, "real", false)]);
+    let config = format!(
+        "{}clusters:\n  - name: passthrough\n    type: ORIGINAL_DST\n    lb_policy: CLUSTER_PROVIDED\n    cleanup_interval: 1s\nservices:\n  - {{ name: real, address: 127.0.0.31, port: 9000, cluster: passthrough, mode: proxy }}\n",
+        header(&cgroup, ""),
+    );
+    let daemon = Daemon::start_in(&netns, &config);
+    let probe = Probe::run(&netns, Some(cgroup.path()), real, 20, false);
+    assert_eq!(probe.count("real"), 20, "{probe:?}");
+    assert!(probe.peers.iter().all(|p| *p == real.to_string()), "{:?}", probe.peers);
+    // Through the proxy, not straight: every connection was accepted by the listener.
+    assert!(daemon.stat("proxy.downstream_cx_total") >= 20);
+    let (_, clusters) = daemon.get("/clusters").expect("admin");
+    assert!(clusters.contains("passthrough::127.0.0.31:9000::routable::true"), "{clusters}");
+    // Unused for cleanup_interval, the host is flushed (at the next cleanup, so within 2x).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while daemon.stat("proxy.original_dst_hosts") != 0 {
+        assert!(Instant::now() < deadline, "ORIGINAL_DST host never flushed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_, clusters) = daemon.get("/clusters").expect("admin");
+    assert!(!clusters.contains("127.0.0.31:9000"), "{clusters}");
+}
+
+/// Banner-then-echo servers: a client learns which host it reached, then its bytes come back.
+struct EchoServers {
+    stop: Arc<AtomicBool>,
+    addrs: Vec<SocketAddr>,
+    netns: std::path::PathBuf,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl EchoServers {
+    fn start(netns: &Netns, servers: &[(SocketAddr, &str)]) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for &(addr, name) in servers {
+            let (stop, name, path) = (stop.clone(), name.to_owned(), netns.path());
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+            threads.push(std::thread::spawn(move || {
+                proxy::enter_netns(&path).expect("entering the test namespace");
+                let listener = TcpListener::bind(addr).expect("binding an echo server");
+                ready_tx.send(()).expect("test alive");
+                for conn in listener.incoming() {
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let Ok(mut conn) = conn else { continue };
+                    let name = name.clone();
+                    std::thread::spawn(move || {
+                        let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
+                        if writeln!(conn, "{name}").is_err() {
+                            return;
+                        }
+                        let mut buf = [0u8; 256];
+                        while let Ok(n @ 1..) = conn.read(&mut buf) {
+                            if conn.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            }));
+            ready_rx.recv_timeout(Duration::from_secs(5)).expect("echo server started");
+        }
+        let addrs = servers.iter().map(|&(a, _)| a).collect();
+        Self { stop, addrs, netns: netns.path(), threads }
+    }
+}
+
+impl Drop for EchoServers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let (addrs, path) = (self.addrs.clone(), self.netns.clone());
+        let waker = std::thread::spawn(move || {
+            if proxy::enter_netns(&path).is_ok() {
+                for addr in addrs {
+                    let _ = TcpStream::connect_timeout(&addr, Duration::from_millis(200));
+                }
+            }
+        });
+        let _ = waker.join();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn epoch_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_millis() as u64
+}
+
+#[test]
+fn a_host_removed_by_strict_dns_is_drained() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let (a, b) = ("127.0.0.41:8080", "127.0.0.42:8080");
+    let _servers = EchoServers::start(&netns, &[(a.parse().unwrap(), a), (b.parse().unwrap(), b)]);
+    let dns = Unbound::start_in(&netns.path(), &["web.svc.test. 5 IN A 127.0.0.41"]);
+    let drain = Duration::from_secs(3);
+    let config = format!(
+        "{}clusters:\n  - name: web\n    type: STRICT_DNS\n    dns_refresh_rate: 0.2s\n    dns_lookup_family: V4_ONLY\n    dns_resolvers: [\"{}\"]\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n            - endpoint: {{ address: {{ socket_address: {{ address: web.svc.test, port_value: 8080 }} }} }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web, mode: proxy }}\n",
+        header(&cgroup, &format!("  drain_timeout: {}s\n", drain.as_secs())),
+        dns.addr(),
+    );
+    let daemon = Daemon::start_in(&netns, &config);
+    let vip: SocketAddr = VIP.parse().unwrap();
+    wait_for_backends(&netns, &cgroup, vip, &[a], Duration::from_secs(15));
+
+    // A long-lived connection to a: it echoes a byte every 50 ms until the connection ends
+    // (bounded at 20 s) and reports when that happened.
+    let child = InCgroup::spawn(Some(cgroup.path()), &netns, move || {
+        let run = || -> Result<(String, u64, u32), String> {
+            let mut s = TcpStream::connect_timeout(&vip, Duration::from_secs(2)).map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.to_string())?;
+            let mut banner = [0u8; 16];
+            let n = s.read(&mut banner).map_err(|e| e.to_string())?;
+            let banner = String::from_utf8_lossy(&banner[..n]).trim().to_owned();
+            let started = Instant::now();
+            let mut rounds = 0;
+            while started.elapsed() < Duration::from_secs(20) {
+                let mut byte = [0u8; 1];
+                if s.write_all(b"x").is_err() || !matches!(s.read(&mut byte), Ok(1)) {
+                    return Ok((banner, epoch_ms(), rounds));
+                }
+                rounds += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(format!("still open after 20 s ({rounds} rounds)"))
+        };
+        match run() {
+            Ok((banner, ended, rounds)) => format!("{banner} {ended} {rounds}"),
+            Err(e) => format!("error {e}"),
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let removed = epoch_ms();
+    dns.replace("web.svc.test", &["web.svc.test. 5 IN A 127.0.0.42"]);
+    // New connections go to b while the old one to a goes on.
+    wait_for_backends(&netns, &cgroup, vip, &[b], Duration::from_secs(15));
+    let moved = epoch_ms();
+    let report = child.wait(Duration::from_secs(30));
+    let fields: Vec<&str> = report.split_whitespace().collect();
+    assert_eq!(fields.first(), Some(&a), "{report}");
+    let ended: u64 = fields[1].parse().expect("end time");
+    let rounds: u32 = fields[2].parse().expect("rounds");
+    assert!(moved < ended, "new connections moved to b only after the old one ended: {report}");
+    let open_after_removal = ended.saturating_sub(removed);
+    let drain_ms = drain.as_millis() as u64;
+    assert!(
+        (drain_ms..drain_ms + 5_000).contains(&open_after_removal),
+        "the connection to the removed host lasted {open_after_removal} ms after the removal (drain {drain_ms} ms)"
+    );
+    assert!(rounds > 20, "bytes kept flowing while draining: {report}");
+    assert_eq!(daemon.stat("proxy.upstream_cx_drain_close"), 1);
+}

@@ -21,7 +21,7 @@ fn invalid(text: &str) -> (String, usize, usize, String) {
 
 #[test]
 fn examples_parse() {
-    for name in ["demo.yaml", "static.yaml"] {
+    for name in ["demo.yaml", "static.yaml", "proxy.yaml"] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name);
         let config = Config::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(!config.services.is_empty(), "{name} has services");

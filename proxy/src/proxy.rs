@@ -49,7 +49,7 @@ pub use self::{
     },
     pool::{Pool, Proto},
     proxy_protocol::{ProxyHeader, ProxyProtocolError, encode_v2, parse as parse_proxy_header},
-    route::{Route, RouteError, RouteLeg, RouteMatch, RouteTable},
+    route::{Route, RouteError, RouteLeg, RouteMatch, RouteTable, RetryPolicy},
     stats::ProxyStats,
 };
 

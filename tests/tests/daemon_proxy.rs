@@ -347,5 +347,7 @@ fn a_host_removed_by_strict_dns_is_drained() {
         "the connection to the removed host lasted {open_after_removal} ms after the removal (drain {drain_ms} ms)"
     );
     assert!(rounds > 20, "bytes kept flowing while draining: {report}");
-    assert_eq!(daemon.stat("proxy.upstream_cx_drain_close"), 1);
+    // At least the long-lived connection; a probe connection to a that was still closing
+    // when a was removed may be counted as well.
+    assert!(daemon.stat("proxy.upstream_cx_drain_close") >= 1);
 }

@@ -1,7 +1,9 @@
 //! The proxy path's HTTP behaviour, in-process on 127.0.0.1 with real HTTP servers and routes
 //! compiled from Consul config entries: route matching picks the right target, prefix rewrite,
-//! retries on connect failure, request timeout, HTTP/2 cleartext, ORIGINAL_DST pooling and
-//! `x-envoy-original-dst-host`, and the HTTP side of a graceful shutdown.
+//! retries (connect failures, status codes, `RetryOn`, the replayed body and its buffer limit,
+//! another host per retry), the request timeout (before the headers: 504; during the body: the
+//! downstream stream is aborted) and the idle timeout, HTTP/2 cleartext, ORIGINAL_DST pooling
+//! and `x-envoy-original-dst-host`, and the HTTP side of a graceful shutdown.
 
 mod proxy_support;
 
@@ -12,7 +14,10 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use proxy::proxy::{ClusterHandle, DrainOutcome, ProxyConfig, RouteTable, Service, ServiceTable};
 use proxy_chain::{CompileRequest, Entries, compile};
-use proxy_support::{HttpServer, TestProxy, WAIT, cluster, dead_addr, get, http1_client, request};
+use proxy_support::{
+    HttpServer, TestProxy, WAIT, cluster, dead_addr, get, http1_client, payload, request,
+    scripted::{Scripted, echo_line, send},
+};
 use tokio::sync::watch;
 
 const VIP: &str = "127.77.0.10:80";
@@ -27,13 +32,22 @@ const ENTRIES: &str = r#"[
     {"Match": {"HTTP": {"PathPrefix": "/old/"}}, "Destination": {"Service": "api", "PrefixRewrite": "/new/"}},
     {"Match": {"HTTP": {"PathPrefix": "/retry/"}}, "Destination": {"Service": "flaky", "NumRetries": 3, "RetryOnConnectFailure": true}},
     {"Match": {"HTTP": {"PathPrefix": "/noretry/"}}, "Destination": {"Service": "dead"}},
-    {"Match": {"HTTP": {"PathPrefix": "/slow"}}, "Destination": {"Service": "api", "RequestTimeout": "300ms"}}
+    {"Match": {"HTTP": {"PathPrefix": "/slow"}}, "Destination": {"Service": "api", "RequestTimeout": "300ms"}},
+    {"Match": {"HTTP": {"PathPrefix": "/r503/"}}, "Destination": {"Service": "scripted", "NumRetries": 2, "RetryOnStatusCodes": [503]}},
+    {"Match": {"HTTP": {"PathPrefix": "/n503/"}}, "Destination": {"Service": "scripted"}},
+    {"Match": {"HTTP": {"PathPrefix": "/r5xx/"}}, "Destination": {"Service": "pair", "NumRetries": 1, "RetryOn": ["5xx"]}},
+    {"Match": {"HTTP": {"PathPrefix": "/body/"}}, "Destination": {"Service": "scripted", "RequestTimeout": "400ms"}},
+    {"Match": {"HTTP": {"PathPrefix": "/idle/"}}, "Destination": {"Service": "scripted", "IdleTimeout": "300ms"}},
+    {"Match": {"HTTP": {"PathPrefix": "/budget/"}}, "Destination": {"Service": "scripted", "RequestTimeout": "500ms", "NumRetries": 1000, "RetryOn": ["5xx"]}}
   ]}
 ]"#;
 
 /// The backends, their clusters (kept so the routing channels stay open) and the proxy.
 struct Setup {
     proxy: TestProxy,
+    /// `scripted`'s only host: its answers depend on the path (see `scripted`).
+    scripted: Scripted,
+    _pair: [Scripted; 2],
     _servers: Vec<HttpServer>,
     _routing: Vec<watch::Sender<proxy_core::health::Routing>>,
 }
@@ -57,6 +71,18 @@ async fn setup(config: ProxyConfig) -> Setup {
     let (tx, c) = cluster("dead", &[dead_addr()], true);
     clusters.insert("dead".to_owned(), c);
     routing.push(tx);
+    let scripted = Scripted::start("scripted", false).await;
+    let (tx, c) = cluster("scripted", &[scripted.addr], true);
+    clusters.insert("scripted".to_owned(), c);
+    routing.push(tx);
+    // One host that always answers 503 and one that answers.
+    let pair = [
+        Scripted::start("failing", true).await,
+        Scripted::start("good", false).await,
+    ];
+    let (tx, c) = cluster("pair", &[pair[0].addr, pair[1].addr], true);
+    clusters.insert("pair".to_owned(), c);
+    routing.push(tx);
 
     let entries = Entries::from_json(ENTRIES).expect("entries are valid");
     let chain =
@@ -68,6 +94,8 @@ async fn setup(config: ProxyConfig) -> Setup {
     let proxy = TestProxy::start(config, services).await;
     Setup {
         proxy,
+        scripted,
+        _pair: pair,
         _servers: servers,
         _routing: routing,
     }
@@ -234,4 +262,143 @@ async fn shutdown_lets_the_request_in_flight_finish() {
     let (status, body) = in_flight.await.unwrap();
     assert_eq!((status, who(&body)), (200, "one"));
     assert_eq!(outcome, DrainOutcome::Graceful);
+}
+
+#[tokio::test]
+async fn a_503_is_retried_and_the_body_replayed() {
+    let s = setup(ProxyConfig::default()).await;
+    let mut c = http1_client(&s.proxy, VIP.parse().unwrap()).await;
+    let body = payload(4096, 7);
+    let (status, text) = send(&mut c, "POST", "/r503/fail-once", &body).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        text.expect("complete body"),
+        echo_line("scripted", "POST", "/r503/fail-once", &body),
+        "the retry carried the same body"
+    );
+    assert_eq!(s.scripted.requests("/r503/fail-once"), 2);
+    assert_eq!(s.proxy.stat("upstream_rq_retry"), 1);
+    assert_eq!(s.proxy.stat("upstream_rq_retry_success"), 1);
+    assert_eq!(s.proxy.stat("upstream_rq_retry_limit_exceeded"), 0);
+    assert_eq!(s.proxy.stat("upstream_rq_total"), 2);
+    // Every attempt fails: the last upstream answer is the client's, the limit is counted.
+    let (status, _) = send(&mut c, "GET", "/r503/fail", &[]).await;
+    assert_eq!(status, 503);
+    assert_eq!(
+        s.scripted.requests("/r503/fail"),
+        3,
+        "one attempt and NumRetries 2"
+    );
+    assert_eq!(s.proxy.stat("upstream_rq_retry_limit_exceeded"), 1);
+}
+
+#[tokio::test]
+async fn without_a_retry_policy_the_503_is_the_answer() {
+    let s = setup(ProxyConfig::default()).await;
+    let mut c = http1_client(&s.proxy, VIP.parse().unwrap()).await;
+    let (status, _) = send(&mut c, "GET", "/n503/fail-once", &[]).await;
+    assert_eq!(status, 503);
+    assert_eq!(s.scripted.requests("/n503/fail-once"), 1);
+    assert_eq!(s.proxy.stat("upstream_rq_retry"), 0);
+}
+
+#[tokio::test]
+async fn a_body_over_the_retry_buffer_is_not_retried() {
+    let s = setup(ProxyConfig::default()).await;
+    let mut c = http1_client(&s.proxy, VIP.parse().unwrap()).await;
+    // 100 KiB: over the 64 KiB retry buffer.
+    let body = payload(100 * 1024, 3);
+    let (status, _) = send(&mut c, "POST", "/r503/fail-once", &body).await;
+    assert_eq!(status, 503, "not retried");
+    assert_eq!(s.scripted.requests("/r503/fail-once"), 1);
+    assert_eq!(
+        s.scripted.last_body("/r503/fail-once"),
+        Some(echo_line("scripted", "POST", "/r503/fail-once", &body)),
+        "the streamed body arrived whole"
+    );
+    assert_eq!(s.proxy.stat("retry_or_shadow_abandoned"), 1);
+    assert_eq!(s.proxy.stat("upstream_rq_retry"), 0);
+}
+
+#[tokio::test]
+async fn each_retry_goes_to_another_host() {
+    let s = setup(ProxyConfig::default()).await;
+    let mut c = http1_client(&s.proxy, VIP.parse().unwrap()).await;
+    // Half the first attempts go to the failing host; with one retry on the other host every
+    // request succeeds. P(no retry in 20 requests) is 2^-20.
+    for i in 0..20 {
+        let (status, text) = send(&mut c, "GET", &format!("/r5xx/{i}"), &[]).await;
+        assert_eq!(status, 200, "request {i}: {text:?}");
+    }
+    let retries = s.proxy.stat("upstream_rq_retry");
+    assert!(retries > 0);
+    assert_eq!(s.proxy.stat("upstream_rq_retry_success"), retries);
+}
+
+#[tokio::test]
+async fn the_request_timeout_aborts_a_slow_body() {
+    let s = setup(ProxyConfig::default()).await;
+    let mut c = http1_client(&s.proxy, VIP.parse().unwrap()).await;
+    // Headers at once, then a chunk every 50 ms for a second: the 400 ms timeout cuts it.
+    let (status, text) = send(&mut c, "GET", "/body/trickle", &[]).await;
+    assert_eq!(status, 200, "the headers had gone out");
+    assert!(text.is_err(), "the body was aborted: {text:?}");
+    assert_eq!(s.proxy.stat("upstream_rq_timeout"), 1);
+    // Over HTTP/2 the stream is reset; the connection stays usable.
+    let stream = s.proxy.connect(VIP.parse().unwrap()).await;
+    let (mut h2, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let stalled = h2_get(&mut h2, "/body/stall").await;
+    assert!(stalled.is_err(), "{stalled:?}");
+    assert_eq!(s.proxy.stat("upstream_rq_timeout"), 2);
+    let fine = h2_get(&mut h2, "/body/ok").await;
+    assert_eq!(fine.unwrap(), echo_line("scripted", "GET", "/body/ok", &[]));
+}
+
+#[tokio::test]
+async fn the_request_timeout_is_shared_by_the_retries() {
+    let s = setup(ProxyConfig::default()).await;
+    let mut c = http1_client(&s.proxy, VIP.parse().unwrap()).await;
+    let (status, _) = send(&mut c, "GET", "/budget/fail", &[]).await;
+    assert_eq!(status, 504, "NumRetries 1000 ended by the 500 ms timeout");
+    assert_eq!(s.proxy.stat("upstream_rq_timeout"), 1);
+    let retries = s.proxy.stat("upstream_rq_retry");
+    assert!((1..1000).contains(&retries), "{retries}");
+}
+
+#[tokio::test]
+async fn the_idle_timeout_aborts_a_stalled_body_only() {
+    let s = setup(ProxyConfig::default()).await;
+    let mut c = http1_client(&s.proxy, VIP.parse().unwrap()).await;
+    // Chunks every 50 ms keep the stream active past its 300 ms idle timeout.
+    let (status, text) = send(&mut c, "GET", "/idle/trickle", &[]).await;
+    assert_eq!(status, 200);
+    assert_eq!(text.expect("complete body").len(), 20);
+    // A 2 s pause is not.
+    let (status, text) = send(&mut c, "GET", "/idle/stall", &[]).await;
+    assert_eq!(status, 200);
+    assert!(text.is_err(), "{text:?}");
+    assert_eq!(s.proxy.stat("downstream_rq_idle_timeout"), 1);
+}
+
+/// A GET over HTTP/2 (bounded): the body, or the error that ended it.
+async fn h2_get(
+    sender: &mut hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    path: &str,
+) -> Result<String, hyper::Error> {
+    let req = hyper::Request::builder()
+        .uri(format!("http://svc{path}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("response in time")?;
+    assert_eq!(resp.status(), 200);
+    let body = tokio::time::timeout(WAIT, resp.into_body().collect())
+        .await
+        .expect("body in time")?;
+    Ok(String::from_utf8_lossy(&body.to_bytes()).into_owned())
 }

@@ -1,7 +1,9 @@
 //! The HTTP path: HTTP/1.1 and HTTP/2 cleartext (prior knowledge) from the client, each request
 //! routed on its own: a service-router route and leg, or ORIGINAL_DST (with
 //! `x-envoy-original-dst-host` when enabled); a host per request, pooled upstream connections in
-//! the request's protocol, retries on connect failure, the route's request timeout.
+//! the request's protocol; on routes, Envoy's retry policy (request bodies up to
+//! [`body::RETRY_BUFFER_LIMIT`] are replayed, each retry on another host when there is one) and the
+//! route's request and idle timeouts, which cover the response body too.
 
 use std::{convert::Infallible, sync::Arc, time::Duration};
 
@@ -16,18 +18,21 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo},
     server::conn::auto,
 };
-use tokio::{net::TcpStream, time::Instant};
+use tokio::net::TcpStream;
 use tracing::debug;
 
+use self::body::{BoxError, Clock, Expired, Payload, TimedBody};
 use super::{
     Service, Shared,
-    cluster::ClusterHandle,
+    cluster::{ClusterHandle, random_u64},
     drain::DrainWatcher,
     orig_dst::{BackendAddr, HostLease, OrigDstAddr},
-    pool::{self, Body, Pool, Proto, Sender},
-    route::{Route, apply_headers},
+    pool::{self, Body, ConnectError, Pool, Proto, Sender},
+    route::{AttemptFailure, RetryPolicy, Route, apply_headers, backoff},
     stats::ProxyStats,
 };
+
+mod body;
 
 /// The header ORIGINAL_DST takes the destination from when `use_http_header` is on.
 pub const ORIGINAL_DST_HOST: &str = "x-envoy-original-dst-host";
@@ -108,85 +113,203 @@ async fn handle(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
     }
 }
 
-/// A request on a service-router route.
+/// A request on a service-router route: the route's request and idle timeouts around every
+/// attempt (and the response body), retries per the route's policy on other hosts.
 async fn routed(req: Request<Incoming>, route: &Route, proto: Proto, ctx: &Ctx) -> Response<Body> {
     let stats = &ctx.shared.stats;
-    let Some(leg) = route.pick_leg() else {
-        ProxyStats::inc(&stats.upstream_cx_none_healthy);
-        return local_reply(StatusCode::SERVICE_UNAVAILABLE, "no healthy upstream\n");
-    };
     // The target's cluster, or the first failover cluster with a routable host.
-    let Some(cluster) = leg.clusters.iter().find(|c| c.pick(&[]).is_some()) else {
+    let cluster = route
+        .pick_leg()
+        .and_then(|leg| Some((leg, leg.clusters.iter().find(|c| c.pick(&[]).is_some())?)));
+    let Some((leg, cluster)) = cluster else {
         ProxyStats::inc(&stats.upstream_cx_none_healthy);
-        return local_reply(StatusCode::SERVICE_UNAVAILABLE, "no healthy upstream\n");
+        return no_healthy_upstream();
     };
-    let deadline = route.request_timeout.map(|t| Instant::now() + t);
-    let connect_timeout = leg
-        .connect_timeout
-        .unwrap_or(ctx.shared.config.connect_timeout);
     let (mut parts, body) = req.into_parts();
     if let Some(path) = route.rewrite(&parts.uri) {
         parts.uri = set_path(&parts.uri, &path);
     }
     apply_headers(&mut parts.headers, route.request_headers.as_ref());
-    let (sender, host) = match with_deadline(
-        deadline,
-        connect_with_retries(cluster, proto, connect_timeout, route.connect_retries, ctx),
-    )
-    .await
-    {
-        Some(Ok(found)) => found,
-        Some(Err(reply)) => return reply,
-        None => return timed_out(stats),
+    let clock = Clock::new(route.request_timeout, route.idle_timeout);
+    let payload = match Payload::read(body, route.retry.enabled(), &clock).await {
+        Ok(p) => p,
+        Err(err) => {
+            debug!(%err, "client request body failed");
+            return local_reply(StatusCode::BAD_REQUEST, "bad request body\n");
+        }
     };
-    debug!(route_target = %leg.target, %host, "request routed");
-    let req = Request::from_parts(parts, body.boxed());
-    let mut resp = send(sender, host, req, proto, cluster.pool(), deadline, ctx).await;
+    if route.retry.enabled() && !payload.replayable() {
+        ProxyStats::inc(&stats.retry_or_shadow_abandoned);
+    }
+    let attempts = Attempts {
+        cluster,
+        proto,
+        connect_timeout: leg
+            .connect_timeout
+            .unwrap_or(ctx.shared.config.connect_timeout),
+        policy: &route.retry,
+        parts,
+        payload,
+        stats,
+    };
+    let result = tokio::select! {
+        result = attempts.run() => result,
+        which = clock.clone().expired() => Err(expired_reply(which, stats)),
+    };
+    let mut resp = match result {
+        Ok(answer) => {
+            debug!(route_target = %leg.target, host = %answer.host, "request routed");
+            respond(answer, cluster.pool(), Some(clock), stats)
+        }
+        Err(reply) => reply,
+    };
     apply_headers(resp.headers_mut(), route.response_headers.as_ref());
     resp
 }
 
-/// Picks hosts and connects (pooled connection first), retrying other hosts on connect failure.
-async fn connect_with_retries(
-    cluster: &ClusterHandle,
+/// An upstream response, with the connection it came on and the host.
+struct Answer {
+    resp: Response<Incoming>,
+    sender: Sender,
+    host: BackendAddr,
+}
+
+/// An attempt that got no response: the reply the client gets if it is the last one.
+struct Failed {
+    host: Option<BackendAddr>,
+    /// `None`: nothing to retry (no host, or no body left to send).
+    failure: Option<AttemptFailure>,
+    reply: Response<Body>,
+}
+
+/// The attempts of one routed request.
+struct Attempts<'a> {
+    cluster: &'a ClusterHandle,
     proto: Proto,
-    timeout: Duration,
-    retries: u32,
-    ctx: &Ctx,
-) -> Result<(Sender, BackendAddr), Response<Body>> {
-    let stats = &ctx.shared.stats;
-    let mut tried = Vec::new();
-    for attempt in 0..=retries {
-        let Some(host) = cluster.pick(&tried) else {
-            ProxyStats::inc(&stats.upstream_cx_none_healthy);
-            return Err(local_reply(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "no healthy upstream\n",
-            ));
-        };
-        if attempt > 0 {
-            ProxyStats::inc(&stats.upstream_rq_retry);
-        }
-        if let Some(sender) = cluster.pool().take(host, proto) {
-            ProxyStats::inc(&stats.upstream_cx_pool_reuse);
-            return Ok((sender, host));
-        }
-        match pool::connect(host, proto, timeout, stats, cluster.pool()).await {
-            Ok(sender) => {
-                cluster.report_connect(host, true);
-                return Ok((sender, host));
-            }
-            Err(err) => {
-                cluster.report_connect(host, false);
-                debug!(%err, attempt, "upstream connect failed");
-                if !err.is_connect_failure() || attempt == retries {
-                    return Err(connect_failed());
+    connect_timeout: Duration,
+    policy: &'a RetryPolicy,
+    parts: http::request::Parts,
+    payload: Payload,
+    stats: &'a Arc<ProxyStats>,
+}
+
+impl Attempts<'_> {
+    /// Tries hosts (a host not tried yet when there is one) until a response the policy does
+    /// not retry, a failure it does not retry, or the retries run out; the last response or
+    /// failure is the answer. Retries wait for Envoy's default back-off.
+    async fn run(mut self) -> Result<Answer, Response<Body>> {
+        let mut tried = Vec::new();
+        let mut retries = 0;
+        loop {
+            let outcome = self.attempt(&tried).await;
+            let retriable = match &outcome {
+                Ok(a) => self
+                    .policy
+                    .retries_response(a.resp.status(), a.resp.headers()),
+                Err(f) => f.failure.is_some_and(|f| self.policy.retries_failure(f)),
+            };
+            if !retriable {
+                if retries > 0 && outcome.is_ok() {
+                    ProxyStats::inc(&self.stats.upstream_rq_retry_success);
                 }
-                tried.push(host);
+                return outcome.map_err(|f| f.reply);
             }
+            if retries >= self.policy.num_retries {
+                ProxyStats::inc(&self.stats.upstream_rq_retry_limit_exceeded);
+                return outcome.map_err(|f| f.reply);
+            }
+            if !self.payload.available() {
+                // A streamed body went to this attempt: it cannot be sent again.
+                return outcome.map_err(|f| f.reply);
+            }
+            let host = match &outcome {
+                Ok(a) => Some(a.host),
+                Err(f) => f.host,
+            };
+            tried.extend(host);
+            drop(outcome);
+            retries += 1;
+            ProxyStats::inc(&self.stats.upstream_rq_retry);
+            ProxyStats::inc(&self.stats.upstream_rq_retry_backoff_exponential);
+            tokio::time::sleep(backoff(retries, random_u64())).await;
         }
     }
-    Err(connect_failed())
+
+    async fn attempt(&mut self, tried: &[BackendAddr]) -> Result<Answer, Failed> {
+        let Some(host) = self.cluster.pick(tried) else {
+            ProxyStats::inc(&self.stats.upstream_cx_none_healthy);
+            return Err(Failed {
+                host: None,
+                failure: None,
+                reply: no_healthy_upstream(),
+            });
+        };
+        let failed = |failure| Failed {
+            host: Some(host),
+            failure: Some(failure),
+            reply: failure_reply(failure),
+        };
+        let sender = connection(
+            self.cluster,
+            host,
+            self.proto,
+            self.connect_timeout,
+            self.stats,
+        )
+        .await
+        .map_err(|err| failed(attempt_failure(&err)))?;
+        let Some(body) = self.payload.body() else {
+            return Err(Failed {
+                failure: None,
+                ..failed(AttemptFailure::ConnectFailure)
+            });
+        };
+        let req = Request::from_parts(self.parts.clone(), body);
+        let pool = self.cluster.pool();
+        let (resp, sender) = exchange(
+            sender,
+            host,
+            req,
+            self.proto,
+            pool,
+            self.connect_timeout,
+            self.stats,
+        )
+        .await
+        .map_err(failed)?;
+        Ok(Answer { resp, sender, host })
+    }
+}
+
+/// A pooled connection to `host`, or a new one (its result goes to outlier detection).
+async fn connection(
+    cluster: &ClusterHandle,
+    host: BackendAddr,
+    proto: Proto,
+    timeout: Duration,
+    stats: &Arc<ProxyStats>,
+) -> Result<Sender, ConnectError> {
+    if let Some(sender) = cluster.pool().take(host, proto) {
+        ProxyStats::inc(&stats.upstream_cx_pool_reuse);
+        return Ok(sender);
+    }
+    let result = pool::connect(host, proto, timeout, stats, cluster.pool()).await;
+    if let Err(err) = &result {
+        debug!(%err, "upstream connect failed");
+    }
+    cluster.report_connect(host, result.is_ok());
+    result
+}
+
+fn attempt_failure(err: &ConnectError) -> AttemptFailure {
+    if err.is_connect_failure() {
+        AttemptFailure::ConnectFailure
+    } else {
+        // TCP connected, the HTTP handshake failed: the upstream went away.
+        AttemptFailure::Reset {
+            refused_stream: false,
+        }
+    }
 }
 
 /// ORIGINAL_DST over HTTP: the request goes to the connection's original destination, or to
@@ -204,99 +327,105 @@ async fn original_dst(req: Request<Incoming>, proto: Proto, ctx: &Ctx) -> Respon
     }
     let lease: HostLease = shared.orig_dst_cluster.lease(host);
     let pool = shared.orig_dst_cluster.pool();
+    let timeout = shared.config.connect_timeout;
     let sender = match pool.take(host, proto) {
         Some(s) => {
             ProxyStats::inc(&shared.stats.upstream_cx_pool_reuse);
             s
         }
-        None => match pool::connect(
-            host,
-            proto,
-            shared.config.connect_timeout,
-            &shared.stats,
-            pool,
-        )
-        .await
-        {
+        None => match pool::connect(host, proto, timeout, &shared.stats, pool).await {
             Ok(s) => s,
             Err(err) => {
                 debug!(%err, "ORIGINAL_DST connect failed");
-                return connect_failed();
+                return failure_reply(attempt_failure(&err));
             }
         },
     };
     let (parts, body) = req.into_parts();
-    let resp = send(
-        sender,
-        host,
-        Request::from_parts(parts, body.boxed()),
-        proto,
-        pool,
-        None,
-        ctx,
-    )
-    .await;
+    let req = Request::from_parts(parts, body.map_err(BoxError::from).boxed());
+    let resp = match exchange(sender, host, req, proto, pool, timeout, &shared.stats).await {
+        Ok((resp, sender)) => {
+            let answer = Answer { resp, sender, host };
+            respond(answer, pool, None, &shared.stats)
+        }
+        Err(failure) => failure_reply(failure),
+    };
     drop(lease);
     resp
 }
 
-/// Sends the request (a stale pooled connection is replaced once), returns the connection to
-/// the pool when its response is done, and turns failures into 503 / 504.
-async fn send(
+/// Sends the request on `sender` (a pooled connection found closed before the request went
+/// out is replaced once, on the same host).
+async fn exchange(
     mut sender: Sender,
     host: BackendAddr,
     req: Request<Body>,
     proto: Proto,
     pool: &Arc<Pool>,
-    deadline: Option<Instant>,
-    ctx: &Ctx,
-) -> Response<Body> {
-    let stats = &ctx.shared.stats;
+    connect_timeout: Duration,
+    stats: &Arc<ProxyStats>,
+) -> Result<(Response<Incoming>, Sender), AttemptFailure> {
     let req = upstream_request(req, proto, host);
     ProxyStats::inc(&stats.upstream_rq_total);
-    let first = match with_deadline(deadline, sender.try_send(req)).await {
-        None => return timed_out(stats),
-        Some(r) => r,
-    };
-    let result = match first {
+    let result = match sender.try_send(req).await {
         Err((err, Some(req))) => {
-            // The pooled connection was closed before the request went out: a fresh one.
             debug!(%err, "pooled connection unusable; reconnecting");
-            let timeout = ctx.shared.config.connect_timeout;
-            sender = match pool::connect(host, proto, timeout, stats, pool).await {
-                Ok(s) => s,
-                Err(_) => return connect_failed(),
-            };
-            match with_deadline(deadline, sender.try_send(req)).await {
-                None => return timed_out(stats),
-                Some(r) => r,
-            }
+            sender = pool::connect(host, proto, connect_timeout, stats, pool)
+                .await
+                .map_err(|err| attempt_failure(&err))?;
+            sender.try_send(req).await
         }
         other => other,
     };
     match result {
-        Ok(resp) => {
-            if let Sender::Http1(mut s) = sender {
-                let pool = pool.clone();
-                // Back to the pool once the response body has been read to the end.
-                tokio::spawn(async move {
-                    if s.ready().await.is_ok() {
-                        pool.put(host, Sender::Http1(s));
-                    }
-                });
-            }
-            let (mut parts, body) = resp.into_parts();
-            strip_hop_by_hop(&mut parts.headers);
-            Response::from_parts(parts, body.boxed())
-        }
+        Ok(resp) => Ok((resp, sender)),
         Err((err, _)) => {
             debug!(%err, %host, "upstream request failed");
-            local_reply(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "upstream connect error or disconnect/reset before headers\n",
-            )
+            ProxyStats::inc(&stats.upstream_rq_rx_reset);
+            Err(AttemptFailure::Reset {
+                refused_stream: is_refused_stream(&err),
+            })
         }
     }
+}
+
+/// The response for the client: hop-by-hop headers removed, the body under the route's
+/// timeouts (when routed); an HTTP/1.1 connection goes back to the pool once the response body
+/// has been read to the end.
+fn respond(
+    answer: Answer,
+    pool: &Arc<Pool>,
+    clock: Option<Arc<Clock>>,
+    stats: &Arc<ProxyStats>,
+) -> Response<Body> {
+    let Answer { resp, sender, host } = answer;
+    if let Sender::Http1(mut s) = sender {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            if s.ready().await.is_ok() {
+                pool.put(host, Sender::Http1(s));
+            }
+        });
+    }
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    let body = match clock {
+        Some(clock) => TimedBody::new(body, clock, stats.clone()).boxed(),
+        None => body.map_err(BoxError::from).boxed(),
+    };
+    Response::from_parts(parts, body)
+}
+
+/// Whether an upstream error is an HTTP/2 `REFUSED_STREAM` reset.
+fn is_refused_stream(err: &hyper::Error) -> bool {
+    let mut source = std::error::Error::source(err);
+    while let Some(e) = source {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            return h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+        }
+        source = e.source();
+    }
+    false
 }
 
 impl Sender {
@@ -373,23 +502,43 @@ fn set_path(uri: &Uri, path_and_query: &str) -> Uri {
     Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
 }
 
-async fn with_deadline<F: Future>(deadline: Option<Instant>, f: F) -> Option<F::Output> {
-    match deadline {
-        Some(d) => tokio::time::timeout_at(d, f).await.ok(),
-        None => Some(f.await),
+/// The reply when a timeout fired before the response headers: 504 for the request timeout,
+/// 408 for the idle timeout (Envoy's codes and bodies).
+fn expired_reply(which: Expired, stats: &ProxyStats) -> Response<Body> {
+    match which {
+        Expired::Request => {
+            ProxyStats::inc(&stats.upstream_rq_timeout);
+            local_reply(StatusCode::GATEWAY_TIMEOUT, "upstream request timeout\n")
+        }
+        Expired::Idle => {
+            ProxyStats::inc(&stats.downstream_rq_idle_timeout);
+            local_reply(StatusCode::REQUEST_TIMEOUT, "stream timeout\n")
+        }
     }
 }
 
-fn timed_out(stats: &ProxyStats) -> Response<Body> {
-    ProxyStats::inc(&stats.upstream_rq_timeout);
-    local_reply(StatusCode::GATEWAY_TIMEOUT, "upstream request timeout\n")
+fn no_healthy_upstream() -> Response<Body> {
+    local_reply(StatusCode::SERVICE_UNAVAILABLE, "no healthy upstream\n")
 }
 
-fn connect_failed() -> Response<Body> {
-    local_reply(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "upstream connect error or disconnect/reset before headers\n",
-    )
+/// Envoy's 503 when no response headers came, with its reset reason.
+fn failure_reply(failure: AttemptFailure) -> Response<Body> {
+    let text = match failure {
+        AttemptFailure::ConnectFailure => {
+            "upstream connect error or disconnect/reset before headers. reset reason: connection failure\n"
+        }
+        AttemptFailure::Reset {
+            refused_stream: true,
+        } => {
+            "upstream connect error or disconnect/reset before headers. reset reason: remote refused stream reset\n"
+        }
+        AttemptFailure::Reset {
+            refused_stream: false,
+        } => {
+            "upstream connect error or disconnect/reset before headers. reset reason: connection termination\n"
+        }
+    };
+    local_reply(StatusCode::SERVICE_UNAVAILABLE, text)
 }
 
 /// A response the proxy makes itself.

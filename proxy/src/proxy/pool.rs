@@ -28,8 +28,10 @@ use tracing::debug;
 
 use super::{orig_dst::BackendAddr, stats::ProxyStats};
 
-/// Request and response bodies on the proxy's HTTP path.
-pub type Body = BoxBody<Bytes, hyper::Error>;
+/// Request and response bodies on the proxy's HTTP path (their error ends the stream: a
+/// downstream body error aborts the upstream request, an upstream or timeout error aborts the
+/// downstream response).
+pub type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 /// Upstream protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,7 +1,9 @@
 //! HTTP routes of a Consul service-router, compiled for the proxy: matchers (path exact /
 //! prefix / regex, headers, query parameters, methods), weighted legs to clusters with failover,
-//! prefix rewrite, request timeout, retries and header changes. First matching route wins; the
-//! compiled chain always ends with a catch-all.
+//! prefix rewrite, request and idle timeouts, retries ([`RetryPolicy`]) and header changes.
+//! First matching route wins; the compiled chain always ends with a catch-all.
+
+mod retry;
 
 use std::time::Duration;
 
@@ -15,6 +17,7 @@ use proxy_chain::{
 };
 use regex::Regex;
 
+pub use self::retry::{AttemptFailure, RetryPolicy, backoff};
 use super::cluster::{ClusterHandle, random_u64};
 
 /// Why routes could not be built.
@@ -58,6 +61,28 @@ pub enum RouteError {
         target: String,
         /// Its service.
         service: String,
+    },
+    /// A `RetryOn` condition the proxy path does not know.
+    #[error(
+        "route {route}: retry condition {condition:?} is not supported (supported: 5xx, \
+         gateway-error, reset, connect-failure, envoy-ratelimited, retriable-4xx, refused-stream, \
+         cancelled, deadline-exceeded, internal, resource-exhausted, unavailable)"
+    )]
+    RetryCondition {
+        /// Index of the route.
+        route: usize,
+        /// The condition.
+        condition: String,
+    },
+    /// A `RetryOnStatusCodes` entry that is not an HTTP status code.
+    #[error(
+        "route {route}: RetryOnStatusCodes contains {code}, which is not an HTTP status (100-599)"
+    )]
+    RetryStatus {
+        /// Index of the route.
+        route: usize,
+        /// The code.
+        code: u32,
     },
     /// The chain itself is inconsistent.
     #[error(transparent)]
@@ -292,10 +317,15 @@ pub struct Route {
     pub legs: Vec<RouteLeg>,
     /// Path rewrite: (matched exact path or prefix, replacement).
     pub prefix_rewrite: Option<(String, String)>,
-    /// Time for the upstream's response headers, retries included (`None`: no limit).
+    /// Envoy's route `timeout` (Consul's `RequestTimeout`): from the end of the downstream
+    /// request to the end of the upstream response, body included, shared by all attempts
+    /// (`None`: no limit).
     pub request_timeout: Option<Duration>,
-    /// Extra attempts after a failed connect (0: none).
-    pub connect_retries: u32,
+    /// Envoy's route `idle_timeout` (Consul's `IdleTimeout`): the longest time without request
+    /// or response activity (`None`: no limit).
+    pub idle_timeout: Option<Duration>,
+    /// When and how often requests are retried.
+    pub retry: RetryPolicy,
     /// Request header changes.
     pub request_headers: Option<HttpHeaderModifiers>,
     /// Response header changes.
@@ -346,24 +376,15 @@ impl Route {
             .flatten()
             .filter(|m| !m.is_empty())
             .map(|m| (m, dest.prefix_rewrite.clone()));
-        let retry_connect = dest.retry_on_connect_failure
-            || dest
-                .retry_on
-                .iter()
-                .any(|c| c == "connect-failure" || c == "reset");
-        // Envoy's retry policy defaults to one retry when none is given.
-        let connect_retries = if retry_connect {
-            dest.num_retries.max(1)
-        } else {
-            0
-        };
-        let timeout = dest.request_timeout.as_nanos();
+        let retry = RetryPolicy::from_destination(index, &dest)?;
+        let positive = |nanos: i64| (nanos > 0).then(|| Duration::from_nanos(nanos as u64));
         Ok(Self {
             matcher,
             legs,
             prefix_rewrite,
-            request_timeout: (timeout > 0).then(|| Duration::from_nanos(timeout as u64)),
-            connect_retries,
+            request_timeout: positive(dest.request_timeout.as_nanos()),
+            idle_timeout: positive(dest.idle_timeout.as_nanos()),
+            retry,
             request_headers: dest.request_headers.clone(),
             response_headers: dest.response_headers.clone(),
         })
@@ -554,7 +575,8 @@ mod tests {
             legs: vec![],
             prefix_rewrite: Some(("/old/".into(), "/new/".into())),
             request_timeout: None,
-            connect_retries: 0,
+            idle_timeout: None,
+            retry: RetryPolicy::default(),
             request_headers: None,
             response_headers: None,
         };

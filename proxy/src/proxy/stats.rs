@@ -61,8 +61,24 @@ stats! {
     upstream_rq_total,
     /// HTTP request retries.
     upstream_rq_retry,
-    /// HTTP requests that hit their route's request timeout.
+    /// Retried HTTP requests whose last attempt got a response the policy accepts.
+    upstream_rq_retry_success,
+    /// HTTP requests still retriable when their retries ran out.
+    upstream_rq_retry_limit_exceeded,
+    /// Retries that waited for Envoy's default jittered exponential back-off.
+    upstream_rq_retry_backoff_exponential,
+    /// Requests on a route with retries whose body was larger than the retry buffer
+    /// (`RETRY_BUFFER_LIMIT`): streamed, and not retried once sent.
+    retry_or_shadow_abandoned,
+    /// HTTP requests that hit their route's request timeout (before the response headers: 504;
+    /// during the body: the downstream stream is aborted).
     upstream_rq_timeout,
+    /// HTTP requests whose route idle timeout fired (before the response headers: 408; during
+    /// the body: the downstream stream is aborted).
+    downstream_rq_idle_timeout,
+    /// HTTP requests whose upstream connection or stream was reset (before or during the
+    /// response).
+    upstream_rq_rx_reset,
     /// Pooled HTTP connections reused.
     upstream_cx_pool_reuse,
 }

@@ -7,6 +7,8 @@
     reason = "each test file uses a different part of the fixtures"
 )]
 
+pub mod scripted;
+
 use std::{
     convert::Infallible,
     net::SocketAddr,

@@ -55,12 +55,17 @@ pub const PASSIVE_CONNECT_FAILED: u32 = 22;
 pub const PASSIVE_RESET: u32 = 23;
 /// sockops: updating the per-backend passive counters failed.
 pub const PASSIVE_RECORD_FAILED: u32 = 24;
+/// pair_verdict: bytes a spliced proxy socket received were redirected out of its peer.
+pub const PAIR_REDIRECTED: u32 = 25;
+/// pair_verdict: a spliced proxy socket's peer is not in `PAIR_PEER_V1`; the bytes are dropped
+/// (the daemon is tearing the pair down).
+pub const PAIR_REDIRECT_FAILED: u32 = 26;
 
 /// Number of counters; the size of `COUNTERS_V2` (room to grow without a layout change).
 pub const COUNT: u32 = 64;
 
 /// Names used by the daemon when it exports the counters, indexed like the constants above.
-pub const NAMES: [&str; 25] = [
+pub const NAMES: [&str; 27] = [
     "connect_rewritten",
     "connect_not_service",
     "connect_no_host",
@@ -86,6 +91,8 @@ pub const NAMES: [&str; 25] = [
     "passive_connect_failed",
     "passive_reset",
     "passive_record_failed",
+    "pair_redirected",
+    "pair_redirect_failed",
 ];
 const _: () = assert!(NAMES.len() as u32 <= COUNT);
 
@@ -112,6 +119,7 @@ mod tests {
             NAMES[PASSIVE_RECORD_FAILED as usize],
             "passive_record_failed"
         );
-        assert_eq!(NAMES.len(), PASSIVE_RECORD_FAILED as usize + 1);
+        assert_eq!(NAMES[PAIR_REDIRECT_FAILED as usize], "pair_redirect_failed");
+        assert_eq!(NAMES.len(), PAIR_REDIRECT_FAILED as usize + 1);
     }
 }

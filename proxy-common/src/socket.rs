@@ -9,6 +9,8 @@
 //! SOCK_ORIG_V1   u64 (cookie)   -> ServiceKey     (proxy mode: connect4/6 -> sockops)
 //! ORIG_DST_V1    SockTuple      -> ServiceKey     (proxy mode: sockops -> the daemon's accept())
 //! SPLICE_V1      SockTuple      -> socket         (sockhash: sockops inserts, sk_msg redirects)
+//! PAIR_SOCKS_V1  SockTuple      -> socket         (sockhash: the daemon arms a spliced proxy pair)
+//! PAIR_PEER_V1   SockTuple      -> peer socket    (sockhash: pair_verdict redirects to it)
 //! UDP_REV_V1     UdpReverseKey  -> ServiceKey     (sendmsg4/6 and connect4/6 -> recvmsg4/6)
 //! PASSIVE_V1     Backend        -> PassiveCounts  (per CPU: sockops -> the daemon's health)
 //! ```
@@ -41,7 +43,8 @@ pub struct Settings {
 }
 const _: () = assert!(size_of::<Settings>() == 48);
 
-/// A TCP connection as one of its ends sees it: key of `ORIG_DST_V1` and `SPLICE_V1`.
+/// A TCP connection as one of its ends sees it: key of `ORIG_DST_V1`, `SPLICE_V1`,
+/// `PAIR_SOCKS_V1` and `PAIR_PEER_V1`.
 ///
 /// The proxy listener looks a redirected connection up with (peer, local) of the accepted socket,
 /// which is (local, remote) of the client's socket: the client's view is the key.

@@ -8,6 +8,7 @@
 
 mod connect;
 mod maps;
+mod pair;
 mod recvmsg;
 mod select;
 mod sendmsg;

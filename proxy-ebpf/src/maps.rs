@@ -87,3 +87,15 @@ pub fn settings() -> Settings {
         .copied()
         .unwrap_or_default()
 }
+
+/// Proxy-pair splicing: the daemon's client and upstream sockets of a spliced connection, by
+/// their own 4-tuple. The stream verdict program `pair_verdict` is attached here: a socket runs
+/// it from the moment it is inserted. The kernel removes a socket when it closes.
+#[map]
+pub static PAIR_SOCKS_V1: SockHash<SockTuple> = SockHash::pinned(65_536, 0);
+
+/// Proxy-pair splicing: the socket that bytes received by a spliced socket go out of, by the
+/// receiving socket's own 4-tuple (no program attached: the daemon fills it before it arms the
+/// pair in `PAIR_SOCKS_V1`).
+#[map]
+pub static PAIR_PEER_V1: SockHash<SockTuple> = SockHash::pinned(65_536, 0);

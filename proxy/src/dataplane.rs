@@ -9,13 +9,15 @@
 mod error;
 mod loader;
 mod mounts;
+mod pair;
 mod publish;
 mod runtime;
 
 pub use self::{
     error::DataplaneError,
-    loader::{Dataplane, DataplaneOptions, PROGRAMS, SPLICE_PROGRAM},
+    loader::{Dataplane, DataplaneOptions, PAIR_PROGRAM, PROGRAMS, SPLICE_PROGRAM},
     mounts::{cgroup2_mount, resolve_cgroup},
+    pair::{PairError, PairGuard, PairSplicer},
     publish::{PublishOutcome, Publisher, ServiceSpec, backend_of, service_key as publish_key},
     runtime::{OriginalDestinations, PassiveReport, RuntimeMaps},
 };

@@ -10,8 +10,9 @@
 //! accept() -> original destination (PROXY header | kernel map by 4-tuple | SO_ORIGINAL_DST)
 //!          -> unknown: reset, `downstream_cx_no_original_dst`   (never an open relay)
 //!          -> ServiceTable[destination]:
-//!               OriginalDst{http: false} -> connect to the destination, copy loop
-//!               Tcp(cluster)             -> weighted host pick, copy loop, drain on removal
+//!               OriginalDst{http: false} -> connect to the destination, copy loop or splice
+//!               Tcp(cluster)             -> weighted host pick, copy loop or splice, drain on
+//!                                           removal
 //!               OriginalDst{http: true}  -> hyper: per request, pooled, x-envoy-original-dst-host
 //!               Http(routes)             -> hyper: route match, leg, host, retries, timeout
 //! ```
@@ -25,6 +26,7 @@ mod orig_dst;
 mod pool;
 mod proxy_protocol;
 mod route;
+mod splice;
 mod stats;
 mod tcp;
 
@@ -49,7 +51,8 @@ pub use self::{
     },
     pool::{Pool, Proto},
     proxy_protocol::{ProxyHeader, ProxyProtocolError, encode_v2, parse as parse_proxy_header},
-    route::{Route, RouteError, RouteLeg, RouteMatch, RouteTable, RetryPolicy},
+    route::{RetryPolicy, Route, RouteError, RouteLeg, RouteMatch, RouteTable},
+    splice::{SpliceError, SpliceGuard, Splicer},
     stats::ProxyStats,
 };
 
@@ -124,6 +127,10 @@ pub struct ProxyDeps {
     pub original_dst: Arc<dyn OriginalDst>,
     /// Services by destination.
     pub services: ServiceTable,
+    /// Moves the bytes of TCP connections inside the kernel (`splice: kernel`;
+    /// `dataplane::PairSplicer` implements [`Splicer`]). Required in kernel mode; unused in
+    /// copy mode.
+    pub splicer: Option<Arc<dyn Splicer>>,
 }
 
 /// Why the proxy could not start.
@@ -140,9 +147,9 @@ pub enum ProxyError {
         #[source]
         source: std::io::Error,
     },
-    /// `splice: kernel` was configured.
+    /// `splice: kernel` was configured without a splicer.
     #[error(
-        "splice mode not available in this build: the kernel programs splice local socket pairs only (use `splice: copy`)"
+        "splice: kernel needs the data path's proxy-pair splicer, and none was given (the kernel may lack it: see the daemon log, or use `splice: copy`)"
     )]
     SpliceUnavailable,
     /// No listener address was configured.
@@ -156,6 +163,7 @@ pub(crate) struct Shared {
     stats: Arc<ProxyStats>,
     original_dst: Arc<dyn OriginalDst>,
     services: ServiceTable,
+    splicer: Option<Arc<dyn Splicer>>,
     orig_dst_cluster: Arc<OriginalDstCluster>,
     /// The bound listener addresses: a destination equal to one of them would loop.
     listeners: Vec<SocketAddr>,
@@ -218,7 +226,7 @@ impl ProxyStatsHandle {
 
 /// Binds the configured listeners and starts serving. Must run inside a tokio runtime.
 pub async fn serve(config: ProxyConfig, deps: ProxyDeps) -> Result<ProxyHandle, ProxyError> {
-    if config.splice == SpliceMode::Kernel {
+    if config.splice == SpliceMode::Kernel && deps.splicer.is_none() {
         return Err(ProxyError::SpliceUnavailable);
     }
     if config.listeners.is_empty() {
@@ -238,6 +246,7 @@ pub async fn serve(config: ProxyConfig, deps: ProxyDeps) -> Result<ProxyHandle, 
         stats: Arc::default(),
         original_dst: deps.original_dst,
         services: deps.services,
+        splicer: deps.splicer,
         orig_dst_cluster: orig_dst_cluster.clone(),
         listeners: local_addrs.iter().copied().map(canonical).collect(),
         config,

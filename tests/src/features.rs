@@ -66,6 +66,11 @@ pub enum Feature {
     SkMsg,
     /// `BPF_MAP_TYPE_SOCKHASH`.
     SockHash,
+    /// `sk_skb` stream verdict programs, as proxy-pair splicing uses them: attached to a
+    /// sockhash without a stream parser, which needs 5.10 (before, such a verdict program is
+    /// accepted but never runs). The probe loads a stream verdict program (4.14+); the version
+    /// bound is the documented one.
+    SkSkbVerdict,
     /// `BPF_MAP_TYPE_RINGBUF`.
     RingBuf,
     /// veth pairs (`ip link add ... type veth`; a module on Debian's kernels).
@@ -74,7 +79,7 @@ pub enum Feature {
 
 impl Feature {
     /// Every feature, for reports.
-    pub const ALL: [Self; 13] = [
+    pub const ALL: [Self; 14] = [
         Self::ConnectHooks,
         Self::SendmsgHooks,
         Self::RecvmsgHooks,
@@ -86,6 +91,7 @@ impl Feature {
         Self::SockOps,
         Self::SkMsg,
         Self::SockHash,
+        Self::SkSkbVerdict,
         Self::RingBuf,
         Self::Veth,
     ];
@@ -101,6 +107,7 @@ impl Feature {
             Self::SockReleaseHook => (5, 9),
             Self::CgroupLink | Self::NetnsCookie => (5, 7),
             Self::SockOps => (4, 13),
+            Self::SkSkbVerdict => (5, 10),
             Self::Veth => (2, 6),
             // Older than every kernel of the matrix; the exact release is not recorded here.
             Self::SocketCookie => return None,
@@ -171,9 +178,11 @@ const BPF_PROG_LOAD: u32 = 5;
 const BPF_LINK_CREATE: u32 = 28;
 const PROG_CGROUP_SOCK: u32 = 9;
 const PROG_SOCK_OPS: u32 = 13;
+const PROG_SK_SKB: u32 = 14;
 const PROG_SK_MSG: u32 = 16;
 const PROG_CGROUP_SOCK_ADDR: u32 = 18;
 const ATTACH_CGROUP_SOCK_OPS: u32 = 3;
+const ATTACH_SK_SKB_STREAM_VERDICT: u32 = 5;
 const ATTACH_SK_MSG_VERDICT: u32 = 7;
 const ATTACH_INET4_CONNECT: u32 = 10;
 const ATTACH_INET6_CONNECT: u32 = 11;
@@ -219,11 +228,24 @@ fn probe(feature: Feature) -> Result<(), String> {
         }
         Feature::SockOps => load(PROG_SOCK_OPS, ATTACH_CGROUP_SOCK_OPS, None).map(drop),
         Feature::SkMsg => load(PROG_SK_MSG, ATTACH_SK_MSG_VERDICT, None).map(drop),
+        Feature::SkSkbVerdict => stream_verdict(),
         Feature::SockHash => create_map(MAP_SOCKHASH, 4, 8, 1),
         Feature::RingBuf => create_map(MAP_RINGBUF, 0, 0, 4096),
         Feature::CgroupLink => cgroup_link(),
         Feature::Veth => veth(),
     }
+}
+
+/// A stream verdict program on a kernel old enough to ignore it without a parser is missing.
+fn stream_verdict() -> Result<(), String> {
+    load(PROG_SK_SKB, ATTACH_SK_SKB_STREAM_VERDICT, None)?;
+    let (major, minor, _) = kernel_version();
+    if (major, minor) < (5, 10) {
+        return Err(format!(
+            "a stream verdict without a stream parser needs 5.10; this is {major}.{minor}"
+        ));
+    }
+    Ok(())
 }
 
 /// Before 5.11 the kernel charges BPF memory to RLIMIT_MEMLOCK, shared by every process of the

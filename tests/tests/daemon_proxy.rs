@@ -351,3 +351,32 @@ fn a_host_removed_by_strict_dns_is_drained() {
     // when a was removed may be counted as well.
     assert!(daemon.stat("proxy.upstream_cx_drain_close") >= 1);
 }
+
+#[test]
+fn splice_kernel_hands_proxied_pairs_to_the_kernel() {
+    require_root();
+    if integration_tests::features::skip_unless(
+        "splice_kernel_hands_proxied_pairs_to_the_kernel",
+        &[integration_tests::features::Feature::SkSkbVerdict],
+    ) {
+        return;
+    }
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let a: SocketAddr = "127.0.0.51:8081".parse().unwrap();
+    let _servers = BannerServers::start(&netns, &[(a, "a", false)]);
+    let config = format!(
+        "{}clusters:\n{}services:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web, mode: proxy }}\n",
+        header(&cgroup, "  splice: kernel\n"),
+        cluster("web", &endpoint(a)),
+    );
+    let daemon = Daemon::start_in(&netns, &config);
+    let n = 50;
+    let probe = Probe::run(&netns, Some(cgroup.path()), VIP.parse().unwrap(), n, false);
+    assert!(probe.errors.is_empty(), "{probe:?}");
+    assert_eq!(probe.count("a"), n, "{probe:?}");
+    let spliced = daemon.stat("proxy.downstream_cx_splice_total");
+    let fallback = daemon.stat("proxy.downstream_cx_splice_fallback");
+    assert_eq!(spliced + fallback, u64::from(n), "every connection was spliced or copied");
+    assert!(spliced > 0, "the kernel took pairs: {spliced} spliced, {fallback} copied");
+    assert!(daemon.counter("pair_redirected") > 0, "the verdict program moved the banners");
+}

@@ -70,6 +70,7 @@ fn proxy_forwards_kernel_redirected_connections_to_the_cluster() {
             let deps = ProxyDeps {
                 original_dst: Arc::new(orig),
                 services,
+                splicer: None,
             };
             let handle = serve(config, deps).await.expect("proxy starts");
             ready_tx.send(()).expect("test alive");

@@ -216,6 +216,7 @@ async fn run_case(
     let deps = ProxyDeps {
         original_dst: Arc::new(NoOriginalDst),
         services,
+        splicer: None,
     };
     let proxy = serve(config, deps).await.expect("proxy starts");
     let (banner, intact) = tokio::time::timeout(WAIT, exchange(client, dst))

@@ -1,18 +1,22 @@
 //! The proxy path's TCP behaviour, in-process on 127.0.0.1 with a fake original-destination
 //! table and real servers (no root, no kernel programs): payload integrity both ways, half-close
 //! and reset propagation, open-relay refusal, PROXY protocol, ORIGINAL_DST cleanup, draining on
-//! host removal and on shutdown.
+//! host removal and on shutdown, and `splice: kernel`'s fallback to copying. (Kernel splicing
+//! itself is in kernel_proxy_splice.rs.)
 
 mod proxy_support;
 
 use std::time::Duration;
 
 use proxy::proxy::{
-    DrainOutcome, NoOriginalDst, ProxyConfig, ProxyDeps, ProxyProtocolMode, Service, ServiceTable,
-    SpliceMode, encode_v2, serve,
+    DrainOutcome, NoOriginalDst, OriginalDstTable, ProxyConfig, ProxyDeps, ProxyProtocolMode,
+    Service, ServiceTable, SpliceError, SpliceGuard, SpliceMode, Splicer, encode_v2, serve,
 };
 use proxy_support::{Fnv, TcpServer, TestProxy, WAIT, cluster, payload};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpSocket, TcpStream},
+};
 
 fn passthrough() -> ServiceTable {
     let mut t = ServiceTable::new();
@@ -193,6 +197,7 @@ async fn proxy_protocol_v1_and_v2_carry_the_destination() {
     let deps = ProxyDeps {
         original_dst: std::sync::Arc::new(NoOriginalDst),
         services: passthrough(),
+        splicer: None,
     };
     let handle = serve(config, deps).await.unwrap();
     let addr = handle.local_addrs()[0];
@@ -402,11 +407,54 @@ async fn splice_kernel_mode_is_a_clear_error() {
     let deps = ProxyDeps {
         original_dst: std::sync::Arc::new(NoOriginalDst),
         services: passthrough(),
+        splicer: None,
     };
     let err = serve(config, deps).await.err().expect("refused");
     assert!(
         err.to_string()
-            .contains("splice mode not available in this build"),
+            .contains("splice: kernel needs the data path's proxy-pair splicer"),
         "{err}"
     );
+}
+
+/// `splice: kernel` with a splicer that refuses every pair: the copy loop carries the
+/// connection, `downstream_cx_splice_fallback` counts it.
+#[tokio::test]
+async fn splice_kernel_mode_copies_when_the_splicer_refuses() {
+    struct Refuses;
+    impl Splicer for Refuses {
+        fn splice(&self, _: &TcpStream, _: &TcpStream) -> Result<SpliceGuard, SpliceError> {
+            Err("refused by the test".into())
+        }
+    }
+    let server = TcpServer::start().await;
+    let table = std::sync::Arc::new(OriginalDstTable::default());
+    let config = ProxyConfig {
+        splice: SpliceMode::Kernel,
+        listeners: vec!["127.0.0.1:0".parse().unwrap()],
+        ..ProxyConfig::default()
+    };
+    let deps = ProxyDeps {
+        original_dst: table.clone(),
+        services: passthrough(),
+        splicer: Some(std::sync::Arc::new(Refuses)),
+    };
+    let handle = serve(config, deps).await.unwrap();
+    let addr = handle.local_addrs()[0];
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    table.insert(socket.local_addr().unwrap(), addr, server.addr);
+    let mut c = socket.connect(addr).await.unwrap();
+    c.write_all(b"ping").await.unwrap();
+    c.shutdown().await.unwrap();
+    let mut up = server.accept().await;
+    assert_eq!(read_to_end(&mut up).await.unwrap(), b"ping");
+    up.write_all(b"pong").await.unwrap();
+    drop(up);
+    assert_eq!(read_to_end(&mut c).await.unwrap(), b"pong");
+    let stats = handle.stats();
+    let stat = |n: &str| stats.iter().find(|(k, _)| k == n).map(|(_, v)| *v).unwrap();
+    assert_eq!(stat("downstream_cx_splice_fallback"), 1);
+    assert_eq!(stat("downstream_cx_splice_total"), 0);
+    assert_eq!(stat("upstream_cx_tx_bytes_total"), 4);
 }

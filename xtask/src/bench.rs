@@ -122,7 +122,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .into_iter()
         .filter(|r| args.only.as_deref().is_none_or(|o| r.id.contains(o)))
         .collect();
-    let results = execute(&env, rows, args.runs, &release.join("bench_publish"), false)?;
+    let results = execute(
+        &env,
+        rows,
+        args.runs,
+        &release.join("bench_publish"),
+        false,
+        args.only.as_deref(),
+    )?;
     if !args.no_report {
         report::write(&results, &util::workspace_root(), &stamp)?;
         step("wrote BENCHMARKS.md and docs/bench/");
@@ -160,7 +167,7 @@ pub fn smoke(proxy: Option<&Path>) -> anyhow::Result<()> {
         secs: 0.3,
         quiet_wait: Duration::ZERO,
     };
-    let results = execute(&env, plan::rows(true), 1, &publish, true)?;
+    let results = execute(&env, plan::rows(true), 1, &publish, true, None)?;
     report::write(&results, &dir, &stamp)?;
     let errors: Vec<_> = results
         .samples
@@ -201,27 +208,10 @@ fn execute(
     runs: u32,
     publish_bin: &Path,
     smoke: bool,
+    only: Option<&str>,
 ) -> anyhow::Result<Results> {
     fs::create_dir_all(&env.dir)?;
     sys::catch_signals();
-    let nofile = sys::raise_nofile(65536);
-    // 10,000 idle connections through a proxy need 20,000 descriptors in it, plus its own.
-    let idle_max =
-        (((nofile.saturating_sub(1000)) / 2).min(10_000) / 1000 * 1000).max(1000) as usize;
-    if idle_max < 10_000 {
-        detail(format!(
-            "the largest idle-connection row uses {idle_max} connections (descriptor limit {nofile})"
-        ));
-    }
-    for r in &mut rows {
-        for m in &mut r.metrics {
-            if let measure::Metric::Idle { conns } = m
-                && *conns > 1000
-            {
-                *conns = idle_max;
-            }
-        }
-    }
     sys::raise_priority();
     let started = Instant::now();
     let facts_before = sys::facts();
@@ -240,7 +230,29 @@ fn execute(
     } else {
         plan::features(&env.proxy, &env.dir)
     };
-    rows.extend(extra);
+    rows.extend(
+        extra
+            .into_iter()
+            .filter(|r| only.is_none_or(|o| r.id.contains(o))),
+    );
+    let nofile = sys::raise_nofile(65536);
+    // 10,000 idle connections through a proxy need 20,000 descriptors in it, plus its own.
+    let idle_max =
+        (((nofile.saturating_sub(1000)) / 2).min(10_000) / 1000 * 1000).max(1000) as usize;
+    if idle_max < 10_000 {
+        detail(format!(
+            "the largest idle-connection row uses {idle_max} connections (descriptor limit {nofile})"
+        ));
+    }
+    for r in &mut rows {
+        for m in &mut r.metrics {
+            if let measure::Metric::Idle { conns } = m
+                && *conns > 1000
+            {
+                *conns = idle_max;
+            }
+        }
+    }
     step(format!(
         "{} rows x {runs} runs, {} s per measurement; results in {}",
         rows.len(),

@@ -102,8 +102,9 @@ pub struct ProxyConfig {
     /// Idle pooled HTTP connections to cluster hosts are closed after this long. Default 60 s.
     #[serde(default = "defaults::pool_idle_timeout", with = "duration")]
     pub pool_idle_timeout: Duration,
-    /// How bytes move once both sockets are connected: `copy` (userspace copy loop, default) or
-    /// `kernel` (hand the pair to sk_msg splicing; not available in this build).
+    /// How bytes move once both sockets of a TCP connection are connected: `copy` (userspace
+    /// copy loop, default) or `kernel` (hand the pair to the kernel's proxy-pair splicing, with
+    /// the copy loop as the fallback when the kernel refuses a pair; HTTP is always copied).
     #[serde(default)]
     pub splice: SpliceMode,
     /// The cluster for connections whose original destination is not a service (those that

@@ -21,7 +21,7 @@ use tracing::{info, warn};
 use super::SharedDataplane;
 use crate::proxy::{
     self as proxy_path, ClusterHandle, ProxyConfig, ProxyDeps, ProxyHandle, RouteTable, Service,
-    ServiceTable,
+    ServiceTable, SpliceMode, Splicer,
 };
 
 /// Starts the proxy path when the configuration uses it (`None` otherwise), and points the
@@ -36,17 +36,26 @@ pub async fn start(
     }
     let proxy_config = config.effective_proxy();
     let services = service_table(config, upstreams, &proxy_config)?;
-    let original_dst = {
+    let (original_dst, splicer) = {
         let guard = dp.lock().unwrap_or_else(|e| e.into_inner());
         let dp = guard.as_ref().context("the data path is not attached")?;
-        dp.original_destinations()
-            .context("opening the original-destination map")?
+        let original_dst = dp
+            .original_destinations()
+            .context("opening the original-destination map")?;
+        let splicer: Option<Arc<dyn Splicer>> = match proxy_config.splice {
+            SpliceMode::Copy => None,
+            SpliceMode::Kernel => Some(Arc::new(dp.pair_splicer().context(
+                "proxy.splice: kernel needs the kernel's proxy-pair splicing",
+            )?)),
+        };
+        (original_dst, splicer)
     };
     let handle = proxy_path::serve(
         proxy_config,
         ProxyDeps {
             original_dst: Arc::new(original_dst),
             services,
+            splicer,
         },
     )
     .await?;

@@ -87,4 +87,11 @@ pub enum DataplaneError {
         /// What does not fit.
         message: String,
     },
+    /// The proxy-pair splicing program could not be attached (the rest of the data path works;
+    /// `splice: kernel` cannot).
+    #[error("proxy-pair splicing is not available: {why} (needs kernel 5.10+ with CONFIG_BPF_STREAM_PARSER; use `splice: copy`)")]
+    PairUnavailable {
+        /// What failed when the daemon attached it.
+        why: String,
+    },
 }

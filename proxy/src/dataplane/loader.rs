@@ -22,6 +22,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     DataplaneError, EBPF_OBJECT, mounts,
+    pair::{self, PairSplicer},
     publish::Publisher,
     runtime::{self, OriginalDestinations, PassiveReport, RuntimeMaps},
 };
@@ -47,6 +48,11 @@ pub const SPLICE_PROGRAM: &str = "splice_msg";
 /// The sockhash the sk_msg program is attached to.
 const SPLICE_MAP: &str = "SPLICE_V1";
 
+/// The stream verdict program of proxy-pair splicing, attached to the sockhash `PAIR_SOCKS_V1`
+/// (prog-attach, like sk_msg) and pinned as `prog_pair_verdict`. Optional: when it cannot be
+/// attached the rest of the data path runs and [`Dataplane::pair_splicer`] says why.
+pub const PAIR_PROGRAM: &str = "pair_verdict";
+
 /// Where and as what the data path runs.
 #[derive(Clone, Debug)]
 pub struct DataplaneOptions {
@@ -68,6 +74,8 @@ pub struct Dataplane {
     links: Vec<(&'static str, PinnedLink)>,
     publisher: Publisher,
     runtime: RuntimeMaps,
+    /// The proxy-pair splicer, or why its program could not be attached.
+    pair: Result<PairSplicer, String>,
 }
 
 impl Dataplane {
@@ -123,6 +131,11 @@ impl Dataplane {
         // The sk_msg program goes on the (possibly adopted) sockhash before sockops can put new
         // sockets there: a socket takes the map's program when it is inserted.
         attach_splice(&mut ebpf, pin_dir)?;
+        // Optional: a failure leaves nothing of it attached or pinned, and the daemon runs on.
+        let pair_attached = attach_pair(&mut ebpf, pin_dir).map_err(|err| {
+            warn!(%err, "proxy-pair splicing unavailable (splice: kernel cannot be used)");
+            err.to_string()
+        });
         // Attach everything first (links are detached on drop if anything below fails), then
         // replace the pins of a previous run, so that the hand-over has no gap.
         let mut fd_links = Vec::new();
@@ -151,6 +164,13 @@ impl Dataplane {
             take_map(&mut ebpf, runtime::ORIG_DST)?,
             take_map(&mut ebpf, runtime::PASSIVE)?,
         );
+        let pair = match pair_attached {
+            Ok(()) => Ok(PairSplicer::new(
+                take_map(&mut ebpf, pair::PAIR_SOCKS)?,
+                take_map(&mut ebpf, pair::PAIR_PEER)?,
+            )),
+            Err(why) => Err(why),
+        };
         info!(cgroup = %opts.cgroup.display(), pins = %pin_dir.display(), adopted = publisher.adopted(), "data path attached");
         Ok(Self {
             _ebpf: ebpf,
@@ -160,7 +180,15 @@ impl Dataplane {
             links,
             publisher,
             runtime,
+            pair,
         })
+    }
+
+    /// The proxy-pair splicer (`splice: kernel`), or why the kernel cannot splice pairs.
+    pub fn pair_splicer(&self) -> Result<PairSplicer, DataplaneError> {
+        self.pair
+            .clone()
+            .map_err(|why| DataplaneError::PairUnavailable { why })
     }
 
     /// The publisher of service host sets.
@@ -222,6 +250,7 @@ impl Dataplane {
             links,
             publisher,
             runtime,
+            pair,
         } = self;
         for (name, link) in links.into_iter().rev() {
             match link.unpin() {
@@ -230,7 +259,7 @@ impl Dataplane {
             }
         }
         // Dropping the object detaches sk_msg from the sockhash; removing the pins frees the maps.
-        drop((publisher, runtime, _ebpf));
+        drop((publisher, runtime, pair, _ebpf));
         remove_pins(&pin_dir);
         if created_cgroup && let Err(err) = fs::remove_dir(&cgroup) {
             warn!(cgroup = %cgroup.display(), %err, "cgroup not removed (processes still in it?)");
@@ -314,6 +343,42 @@ fn attach_splice(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<(), DataplaneError> 
     program
         .pin(&path)
         .map_err(|source| DataplaneError::PinProgram { name, path, source })
+}
+
+/// Attaches the pair stream verdict program to `PAIR_SOCKS_V1` and pins it; on error nothing of
+/// it stays attached or pinned.
+fn attach_pair(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<(), DataplaneError> {
+    let name = PAIR_PROGRAM;
+    let err = |source| DataplaneError::Program { name, source };
+    let map = ebpf.map(pair::PAIR_SOCKS).ok_or(DataplaneError::Map {
+        name: pair::PAIR_SOCKS,
+        source: aya::maps::MapError::InvalidName {
+            name: pair::PAIR_SOCKS.to_owned(),
+        },
+    })?;
+    let map = SockHash::<_, SockTuple>::try_from(map).map_err(|source| DataplaneError::Map {
+        name: pair::PAIR_SOCKS,
+        source,
+    })?;
+    let map_fd = map.fd().try_clone().map_err(|source| DataplaneError::Io {
+        what: "duplicating the sockhash fd of",
+        path: pin_dir.join(pair::PAIR_SOCKS),
+        source,
+    })?;
+    let Some(Program::SkSkb(program)) = ebpf.program_mut(name) else {
+        return Err(err(aya::programs::ProgramError::NotLoaded));
+    };
+    program.load().map_err(err)?;
+    let id = program.attach(&map_fd).map_err(err)?;
+    let path = pin_dir.join(format!("prog_{name}"));
+    if path.exists() {
+        let _ = fs::remove_file(&path);
+    }
+    if let Err(source) = program.pin(&path) {
+        let _ = program.detach(id);
+        return Err(DataplaneError::PinProgram { name, path, source });
+    }
+    Ok(())
 }
 
 /// Removes the pinned link of a previous run, which detaches its program (ours is already

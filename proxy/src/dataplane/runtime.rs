@@ -221,7 +221,7 @@ pub(super) fn socket_addr(words: [u32; 4], port_be: u16, family: u8) -> SocketAd
     SocketAddr::new(ip, u16::from_be(port_be))
 }
 
-fn from_pin<T>(pin_dir: &Path, name: &'static str) -> Result<T, DataplaneError>
+pub(super) fn from_pin<T>(pin_dir: &Path, name: &'static str) -> Result<T, DataplaneError>
 where
     T: TryFrom<Map, Error = MapError>,
 {

@@ -82,6 +82,7 @@ async fn handle(
         host = field::Empty,
         sent = field::Empty,
         received = field::Empty,
+        spliced = field::Empty,
         duration_ms = field::Empty,
     );
     let start = Instant::now();

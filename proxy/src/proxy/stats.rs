@@ -33,6 +33,12 @@ stats! {
     downstream_cx_proxy_proto_error,
     /// Connections refused because no service is configured at their original destination.
     downstream_cx_no_route,
+    /// TCP connections handed to the kernel (`splice: kernel`); their bytes are not in the
+    /// `upstream_cx_*_bytes_total` counters.
+    downstream_cx_splice_total,
+    /// TCP connections that `splice: kernel` could not hand to the kernel and that were copied
+    /// in userspace instead.
+    downstream_cx_splice_fallback,
     /// HTTP requests received.
     downstream_rq_total,
     /// HTTP requests that matched no route or had no host (answered 404 / 503).
@@ -53,9 +59,9 @@ stats! {
     upstream_cx_health_close,
     /// Connections closed by a shutdown deadline.
     upstream_cx_shutdown_close,
-    /// Bytes received from upstreams.
+    /// Bytes received from upstreams and copied to clients (spliced connections not included).
     upstream_cx_rx_bytes_total,
-    /// Bytes sent to upstreams.
+    /// Bytes copied from clients to upstreams (spliced connections not included).
     upstream_cx_tx_bytes_total,
     /// HTTP requests sent upstream (retries included).
     upstream_rq_total,

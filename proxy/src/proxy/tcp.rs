@@ -1,5 +1,6 @@
-//! The TCP path: connect to the original destination or a cluster host, then the copy loop,
-//! until both sides are done, a side resets, the host's drain deadline passes, or shutdown's.
+//! The TCP path: connect to the original destination or a cluster host, then the copy loop (or,
+//! with `splice: kernel`, the kernel's splicing), until both sides are done, a side resets, the
+//! host's drain deadline passes, or shutdown's.
 
 use tokio::net::TcpStream;
 use tracing::{debug, field};
@@ -7,10 +8,12 @@ use tracing::{debug, field};
 use super::{
     Shared,
     cluster::{ClusterHandle, HostClose},
-    copy::{self, CopyError, Meter},
+    SpliceMode,
+    copy::{self, Copied, CopyError, Meter},
     drain::DrainWatcher,
     orig_dst::{BackendAddr, HostLease, OrigDstAddr},
     pool::connect_tcp,
+    splice::{self, Baseline, SpliceError, SpliceGuard},
     stats::ProxyStats,
 };
 
@@ -91,7 +94,14 @@ pub(super) async fn forward(
         tx: &stats.upstream_cx_tx_bytes_total,
         rx: &stats.upstream_cx_rx_bytes_total,
     };
-    let (copied, result) = copy::bidirectional(client, upstream, meter, close).await;
+    let (copied, result) = match hand_to_kernel(&client, &upstream, shared) {
+        Some((guard, base)) => {
+            tracing::Span::current().record("spliced", true);
+            let result = splice::run(client, upstream, guard, base, close).await;
+            (Copied::default(), result)
+        }
+        None => copy::bidirectional(client, upstream, meter, close).await,
+    };
     let span = tracing::Span::current();
     span.record("sent", copied.sent);
     span.record("received", copied.received);
@@ -101,6 +111,34 @@ pub(super) async fn forward(
         Err(err @ CopyError::Io { .. }) => {
             ProxyStats::inc(&stats.upstream_cx_destroy_with_reset);
             debug!(%err, "connection reset");
+        }
+    }
+}
+
+/// With `splice: kernel`, hands the pair to the splicer; `None` means copy (copy mode, or the
+/// splicer refused: counted `downstream_cx_splice_fallback`).
+fn hand_to_kernel(
+    client: &TcpStream,
+    upstream: &TcpStream,
+    shared: &Shared,
+) -> Option<(SpliceGuard, Baseline)> {
+    let splicer = match (shared.config.splice, &shared.splicer) {
+        (SpliceMode::Kernel, Some(s)) => s,
+        _ => return None,
+    };
+    let stats = &shared.stats;
+    let spliced = splice::baseline(client, upstream)
+        .map_err(SpliceError::from)
+        .and_then(|base| Ok((splicer.splice(client, upstream)?, base)));
+    match spliced {
+        Ok(pair) => {
+            ProxyStats::inc(&stats.downstream_cx_splice_total);
+            Some(pair)
+        }
+        Err(err) => {
+            ProxyStats::inc(&stats.downstream_cx_splice_fallback);
+            debug!(%err, "the kernel refused to splice the connection: copying it");
+            None
         }
     }
 }

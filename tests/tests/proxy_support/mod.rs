@@ -54,6 +54,7 @@ impl TestProxy {
         let deps = ProxyDeps {
             original_dst: table.clone(),
             services,
+            splicer: None,
         };
         let handle = serve(config, deps).await.expect("proxy starts");
         let addr = handle.local_addrs()[0];

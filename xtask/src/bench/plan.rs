@@ -30,6 +30,9 @@ pub enum Kind {
     NatIdle,
     /// S3: nft REDIRECT to a userspace proxy.
     Redirect(Peer),
+    /// S3 ours: nft REDIRECT to the daemon's proxy listeners (`iptables_redirect`: the original
+    /// destination from SO_ORIGINAL_DST); the client is outside the cgroup.
+    RedirectOurs { tweak: fn(&mut serde_json::Value) },
 }
 
 #[derive(Clone, Debug)]
@@ -301,6 +304,15 @@ fn run_row_inner(
             target = &direct;
             cps = (net.backend(CONN), 1);
         }
+        Kind::RedirectOurs { tweak } => {
+            let d = Daemon::start(&env.proxy, dir, net, 0, tweak)?;
+            ours.push(d.proc.pid());
+            _daemon = Some(d);
+            _table = Some(NatTable::load(
+                net.client_ns.as_deref(),
+                &peers::redirect_rules(),
+            )?);
+        }
         Kind::Redirect(peer) => {
             let p = peers::start(*peer, dir, net, env.envoy.as_deref())?;
             ours.push(p.pid());
@@ -368,6 +380,17 @@ fn proxy_mode(c: &mut serde_json::Value) {
     }
 }
 
+/// S3 ours: every service in proxy mode, listening where the REDIRECT rules send each port (as
+/// the peers do), taking the original destination from SO_ORIGINAL_DST.
+fn proxy_redirect(c: &mut serde_json::Value) {
+    proxy_mode(c);
+    let listeners: Vec<String> = topo::PORTS
+        .iter()
+        .map(|p| format!("127.0.0.1:{}", p + peers::PROXY_OFFSET))
+        .collect();
+    c["proxy"] = serde_json::json!({"listeners": listeners, "iptables_redirect": true});
+}
+
 fn splice(c: &mut serde_json::Value) {
     c["splice"] = true.into();
 }
@@ -414,14 +437,26 @@ pub fn features(
             "`splice: true` (sockops + sk_msg splicing of local socket pairs, no proxy)",
         ),
     ];
-    let (mut rows, mut missing) = (
-        Vec::new(),
-        vec![(
+    let (mut rows, mut missing) = (Vec::new(), Vec::new());
+    match topo::check_config(proxy, dir, &lo, proxy_redirect) {
+        Ok(()) => {
+            let mut m = full(false);
+            m.extend([Metric::Idle { conns: 1000 }, Metric::Idle { conns: 10000 }]);
+            rows.push(row(
+                "S3",
+                Path2::Lo,
+                "ours",
+                Kind::RedirectOurs {
+                    tweak: proxy_redirect,
+                },
+                m,
+            ));
+        }
+        Err(e) => missing.push((
             "S3 lo ours".to_owned(),
-            "the daemon has no userspace proxy listener to put behind an iptables REDIRECT yet"
-                .to_owned(),
-        )],
-    );
+            format!("the daemon does not accept a REDIRECT-fed proxy listener: {e}"),
+        )),
+    }
     for (scenario, variant, tweak, direct, what) in candidates {
         match topo::check_config(proxy, dir, &lo, tweak) {
             Ok(()) => {

@@ -98,34 +98,34 @@ pub fn verdicts(md: &mut String, t: &Table<'_>, r: &Results) {
             0.99,
         ),
     ));
-    let ours_missing = r
-        .not_measured
-        .iter()
-        .find(|(row, _)| row.starts_with("S4"))
-        .map(|(_, why)| why.clone());
-    let peer_note = best_peer(t);
-    let s4 = |what: &str| match &ours_missing {
-        Some(why) => Verdict::NotMeasured(format!("{why}. {what}{peer_note}")),
-        None => Verdict::NotMeasured(format!(
-            "S4 rows ran; compare them with S3 in the tables above. {what}{peer_note}"
-        )),
+    let missing = |prefix: &str| {
+        r.not_measured
+            .iter()
+            .find(|(row, _)| row.starts_with(prefix))
+            .map(|(_, why)| why.clone())
     };
-    v.push(("S3/S4 ours vs the best of HAProxy, nginx, Envoy: RR, conn/s, bulk >= 1.0x; CPU per GB and per txn <= theirs", s4("")));
-    v.push((
-        "S3/S4 added latency at 1k msg/s: p50 <= 50 us, p99 <= 150 us over S0",
-        s4(""),
-    ));
-    v.push(("S4 >= S3 on connections/s", s4("")));
-    let s5 = r
-        .not_measured
-        .iter()
-        .find(|(row, _)| row.starts_with("S5"))
-        .map(|(_, w)| w.clone());
+    for (row, label) in [
+        ("S3 lo ours", "S3 ours vs the best of HAProxy, nginx, Envoy: RR, conn/s, bulk >= 1.0x; CPU per GB and per txn <= theirs"),
+        ("S4 lo ours", "S4 ours vs the best of HAProxy, nginx, Envoy: RR, conn/s, bulk >= 1.0x; CPU per GB and per txn <= theirs"),
+    ] {
+        let verdict = match missing(&row[..2]) {
+            Some(why) => Verdict::NotMeasured(why),
+            None => vs_peers(t, row),
+        };
+        v.push((label, verdict));
+    }
+    for (row, label) in [
+        ("S3 lo ours", "S3 ours added latency at 1k msg/s: p50 <= 50 us, p99 <= 150 us over S0"),
+        ("S4 lo ours", "S4 ours added latency at 1k msg/s: p50 <= 50 us, p99 <= 150 us over S0"),
+    ] {
+        v.push((label, added_latency(t, row)));
+    }
+    v.push(("S4 >= S3 on connections/s", s4_vs_s3(t)));
     v.push((
         "S5 vs S4: >= 10% better RR or p50 for <= 1 KiB, <= 5% bulk loss, zero integrity failures",
-        match s5 {
+        match missing("S5") {
             Some(why) => Verdict::NotMeasured(why),
-            None => Verdict::NotMeasured("S5 rows ran; compare with S4 in the tables above".into()),
+            None => s5_vs_s4(t),
         },
     ));
     v.push((
@@ -196,38 +196,108 @@ fn vs_s2(t: &Table<'_>) -> Verdict {
     }
 }
 
-fn best_peer(t: &Table<'_>) -> String {
+const PEERS: [&str; 3] = ["haproxy", "nginx", "envoy"];
+
+/// Ours against the best peer of S3 on each metric: higher rates, lower CPU.
+fn vs_peers(t: &Table<'_>, row: &str) -> Verdict {
     let mut parts = Vec::new();
-    for (label, metric, key) in [
-        ("RR 1 B", "rr_1b_c1", "tps"),
-        ("conn/s", "cps", "cps"),
-        ("bulk", "bulk_p1", "gbps"),
+    let mut stats = Vec::new();
+    let mut ok = true;
+    for (label, metric, key, higher) in [
+        ("RR 1 B", "rr_1b_c1", "tps", true),
+        ("conn/s", "cps", "cps", true),
+        ("bulk", "bulk_p1", "gbps", true),
+        ("CPU per GB", "bulk_p1", "cpu_s_per_gb", false),
+        ("CPU per txn", "rr_1b_c1", "cpu_us_per_txn", false),
     ] {
-        let best = ["haproxy", "nginx", "envoy"]
-            .iter()
-            .filter_map(|p| Some((*p, t.ratio(&format!("S3 lo {p}"), metric, key)?.median)))
-            .max_by(|a, b| a.1.total_cmp(&b.1));
-        if let Some((p, x)) = best {
-            parts.push(format!("{label} {x:.2}× ({p})"));
-        }
+        let ours = if higher { t.ratio(row, metric, key) } else { t.abs(row, metric, key) };
+        let peers = PEERS.iter().filter_map(|p| {
+            let r = format!("S3 lo {p}");
+            let s = if higher { t.ratio(&r, metric, key) } else { t.abs(&r, metric, key) };
+            Some((*p, s?))
+        });
+        let best = if higher {
+            peers.max_by(|a, b| a.1.median.total_cmp(&b.1.median))
+        } else {
+            peers.min_by(|a, b| a.1.median.total_cmp(&b.1.median))
+        };
+        let (Some(o), Some((p, b))) = (ours, best) else {
+            ok = false;
+            parts.push(format!("{label}: not measured"));
+            continue;
+        };
+        stats.extend([Some(o), Some(b)]);
+        let good = if higher { o.median >= b.median } else { o.median <= b.median };
+        ok &= good;
+        let unit = if higher { "×S0" } else { "" };
+        parts.push(format!("{label} {:.3}{unit} vs {:.3}{unit} ({p})", o.median, b.median));
     }
-    let lat = ["haproxy", "nginx", "envoy"]
+    if stats.is_empty() {
+        return Verdict::NotMeasured(format!("no samples for {row} or the S3 peers"));
+    }
+    judge(ok, format!("{row}: {}", parts.join("; ")), &stats)
+}
+
+fn added_latency(t: &Table<'_>, row: &str) -> Verdict {
+    let p50 = t.added(row, "ol_1000", "p50_us");
+    let p99 = t.added(row, "ol_1000", "p99_us");
+    match (p50, p99) {
+        (Some(a), Some(b)) => judge(
+            a.median <= 50.0 && b.median <= 150.0,
+            format!("{row}: p50 +{:.0} us, p99 +{:.0} us", a.median, b.median),
+            &[p50, p99],
+        ),
+        _ => Verdict::NotMeasured(format!("no open-loop samples for {row}")),
+    }
+}
+
+fn s4_vs_s3(t: &Table<'_>) -> Verdict {
+    let s4 = t.ratio("S4 lo ours", "cps", "cps");
+    let s3 = t.ratio("S3 lo ours", "cps", "cps");
+    let best = PEERS
         .iter()
-        .filter_map(|p| {
-            Some((
-                *p,
-                t.added(&format!("S3 lo {p}"), "ol_1000", "p50_us")?.median,
-            ))
-        })
-        .min_by(|a, b| a.1.total_cmp(&b.1));
-    if let Some((p, x)) = lat {
-        parts.push(format!("p50 added at 1k/s {x:.0} us ({p})"));
+        .filter_map(|p| t.ratio(&format!("S3 lo {p}"), "cps", "cps"))
+        .max_by(|a, b| a.median.total_cmp(&b.median));
+    match (s4, s3.or(best)) {
+        (Some(a), Some(b)) => judge(
+            a.median >= b.median,
+            format!("S4 {:.3}×S0 vs S3 {:.3}×S0 conn/s", a.median, b.median),
+            &[s4, s3.or(best)],
+        ),
+        _ => Verdict::NotMeasured("S3 or S4 rows missing".into()),
     }
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!("Best peer in S3 (×S0): {}", parts.join(", "))
-    }
+}
+
+fn s5_vs_s4(t: &Table<'_>) -> Verdict {
+    let rel = |metric: &str, key: &str| -> Option<(f64, Stat, Stat)> {
+        let a = t.abs("S5 lo ours", metric, key)?;
+        let b = t.abs("S4 lo ours", metric, key)?;
+        Some((a.median / b.median, a, b))
+    };
+    let (Some(rr1), Some(rr1k), Some(bulk)) = (
+        rel("rr_1b_c1", "tps"),
+        rel("rr_1024b_c1", "tps"),
+        rel("bulk_p1", "gbps"),
+    ) else {
+        return Verdict::NotMeasured("S4 or S5 rows missing".into());
+    };
+    let p50 = rel("ol_1000", "p50_us");
+    let integrity = t.abs("S5 lo ours", "integrity", "ok");
+    let faster = rr1.0 >= 1.10 || rr1k.0 >= 1.10 || p50.is_some_and(|p| p.0 <= 0.90);
+    let intact = integrity.is_some_and(|s| s.min >= 1.0);
+    let stats = [Some(rr1.1), Some(rr1.2), Some(bulk.1), Some(bulk.2), integrity];
+    judge(
+        faster && bulk.0 >= 0.95 && intact,
+        format!(
+            "S5/S4: RR 1 B {:.3}×, RR 1 KiB {:.3}×, p50 at 1k/s {}, bulk {:.3}×, integrity {}",
+            rr1.0,
+            rr1k.0,
+            p50.map_or("–".into(), |p| format!("{:.3}×", p.0)),
+            bulk.0,
+            if intact { "ok" } else { "FAILED or missing" }
+        ),
+        &stats,
+    )
 }
 
 fn publish(t: &Table<'_>) -> Verdict {

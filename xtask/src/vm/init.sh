@@ -16,6 +16,8 @@ export RUST_BACKTRACE=1
 # (kernel_proxy makes 100,000 connections by default: about 12 s natively, over 25 minutes
 # under TCG).
 export PROXY_TEST_CONNECTIONS=3000
+# Proxy-pair splicing transfers (kernel_proxy_splice: 64 MiB per direction natively).
+export PROXY_TEST_TRANSFER_MIB=8
 
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys

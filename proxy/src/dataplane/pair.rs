@@ -1,0 +1,184 @@
+//! Proxy-pair splicing from the daemon's side: hand a connected (client, upstream) socket pair
+//! of the proxy path to the kernel, which then moves the bytes between them (the stream verdict
+//! program `pair_verdict`) without copying them through userspace.
+//!
+//! [`PairSplicer::splice`] puts each socket into `PAIR_PEER_V1` under the other's 4-tuple, then
+//! arms both in `PAIR_SOCKS_V1` (where the program is attached), then kicks both receive
+//! queues so bytes that arrived before the pair was armed go through the program too. The
+//! returned [`PairGuard`] takes the entries out again when dropped (the kernel also removes a
+//! socket from both maps when it closes). One splicer serves any number of tasks.
+
+use std::{
+    net::SocketAddr,
+    os::fd::{AsFd, AsRawFd as _, BorrowedFd},
+    path::Path,
+    sync::{Arc, Mutex},
+};
+
+use aya::maps::{MapData, SockHash};
+use proxy_common::socket::SockTuple;
+use tracing::{debug, warn};
+
+use super::{DataplaneError, publish::backend_of};
+
+/// The sockhash the stream verdict program is attached to (sockets by their own 4-tuple).
+pub(super) const PAIR_SOCKS: &str = "PAIR_SOCKS_V1";
+/// The sockhash of peers: the socket to send out of, by the receiving socket's 4-tuple.
+pub(super) const PAIR_PEER: &str = "PAIR_PEER_V1";
+
+struct Maps {
+    socks: SockHash<MapData, SockTuple>,
+    peer: SockHash<MapData, SockTuple>,
+}
+
+/// Hands proxied socket pairs to the kernel. Cheap to clone; usable from many tasks.
+#[derive(Clone)]
+pub struct PairSplicer {
+    maps: Arc<Mutex<Maps>>,
+}
+
+/// Why a pair could not be spliced; the caller copies in userspace instead.
+#[derive(Debug, thiserror::Error)]
+pub enum PairError {
+    /// A socket's addresses could not be read (it is not a connected TCP socket).
+    #[error("reading the addresses of a socket to splice: {0}")]
+    Addresses(#[source] std::io::Error),
+    /// The two ends are of different families (cannot happen for IPv4 vs IPv4-mapped).
+    #[error("the client and upstream sockets are of different families")]
+    Family,
+    /// The kernel refused a map update (not an established TCP socket, map full, ...).
+    #[error("map {name}: {source}")]
+    Map {
+        /// The map.
+        name: &'static str,
+        /// Why.
+        #[source]
+        source: aya::maps::MapError,
+    },
+}
+
+impl PairSplicer {
+    pub(super) fn new(
+        socks: SockHash<MapData, SockTuple>,
+        peer: SockHash<MapData, SockTuple>,
+    ) -> Self {
+        Self {
+            maps: Arc::new(Mutex::new(Maps { socks, peer })),
+        }
+    }
+
+    /// Opens the pinned maps of the instance at `pin_dir`. The daemon's loader attaches the
+    /// program; a splicer opened on an instance whose attach failed would splice nothing, so
+    /// prefer [`Dataplane::pair_splicer`](super::Dataplane::pair_splicer).
+    pub fn open_pinned(pin_dir: &Path) -> Result<Self, DataplaneError> {
+        Ok(Self::new(
+            super::runtime::from_pin(pin_dir, PAIR_SOCKS)?,
+            super::runtime::from_pin(pin_dir, PAIR_PEER)?,
+        ))
+    }
+
+    /// Splices `client` and `upstream` (both connected TCP sockets of this process): from now
+    /// on the kernel sends what one receives out of the other. Bytes already read by userspace
+    /// stay read; bytes still queued are sent on. On error nothing is left in the maps.
+    pub fn splice(&self, client: &impl AsFd, upstream: &impl AsFd) -> Result<PairGuard, PairError> {
+        let (client, upstream) = (client.as_fd(), upstream.as_fd());
+        let (c, u) = (own_tuple(client)?, own_tuple(upstream)?);
+        if c.family != u.family {
+            return Err(PairError::Family);
+        }
+        let guard = PairGuard {
+            maps: self.maps.clone(),
+            client: c,
+            upstream: u,
+        };
+        {
+            let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+            let err = |name| move |source| PairError::Map { name, source };
+            // Peers first: a socket runs the program from the moment it is armed, and its peer
+            // must be there by then.
+            maps.peer
+                .insert(c, upstream.as_raw_fd(), 0)
+                .map_err(err(PAIR_PEER))?;
+            maps.peer
+                .insert(u, client.as_raw_fd(), 0)
+                .map_err(err(PAIR_PEER))?;
+            maps.socks
+                .insert(c, client.as_raw_fd(), 0)
+                .map_err(err(PAIR_SOCKS))?;
+            maps.socks
+                .insert(u, upstream.as_raw_fd(), 0)
+                .map_err(err(PAIR_SOCKS))?;
+        }
+        // Bytes that arrived before the sockets were armed are still in their receive queues
+        // and would wait there for the next segment: run the data-ready callback now. Past this
+        // point the pair is spliced (bytes may have moved), so a failure cannot fall back to
+        // copying any more; it only delays those bytes.
+        for fd in [client, upstream] {
+            if let Err(err) = crate::sys::kick_receive_queue(fd) {
+                warn!(%err, "kicking the receive queue of a spliced socket failed");
+            }
+        }
+        Ok(guard)
+    }
+
+    /// Entries of both maps now (two per spliced pair that is neither torn down nor closed).
+    pub fn entries(&self) -> (usize, usize) {
+        let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        (
+            maps.socks.keys().flatten().count(),
+            maps.peer.keys().flatten().count(),
+        )
+    }
+}
+
+/// A spliced pair; dropping it takes the sockets out of the maps (drop it before closing them,
+/// so that a new connection reusing a 4-tuple is never removed by mistake).
+pub struct PairGuard {
+    maps: Arc<Mutex<Maps>>,
+    client: SockTuple,
+    upstream: SockTuple,
+}
+
+impl Drop for PairGuard {
+    fn drop(&mut self) {
+        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        // Disarm first, then forget the peers. A socket that already closed is gone from both
+        // maps (the kernel removed it): not an error.
+        for key in [self.client, self.upstream] {
+            if let Err(err) = maps.socks.remove(&key) {
+                debug!(%err, "pair socket already gone from the sockhash");
+            }
+        }
+        for key in [self.client, self.upstream] {
+            let _ = maps.peer.remove(&key);
+        }
+    }
+}
+
+/// The socket's own view of its connection, keyed like the kernel program keys it (IPv4-mapped
+/// IPv6 addresses as IPv4).
+fn own_tuple(fd: BorrowedFd<'_>) -> Result<SockTuple, PairError> {
+    let sock = socket2::SockRef::from(&fd);
+    let addr = |a: std::io::Result<socket2::SockAddr>| {
+        a.and_then(|a| {
+            a.as_socket().ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, "not an IP socket")
+            })
+        })
+        .map_err(PairError::Addresses)
+    };
+    let canon = |a: SocketAddr| SocketAddr::new(a.ip().to_canonical(), a.port());
+    let local = backend_of(canon(addr(sock.local_addr())?));
+    let remote = backend_of(canon(addr(sock.peer_addr())?));
+    if local.family != remote.family {
+        return Err(PairError::Family);
+    }
+    Ok(SockTuple {
+        local: local.addr,
+        remote: remote.addr,
+        local_port: local.port,
+        remote_port: remote.port,
+        family: local.family,
+        _pad: [0; 3],
+    })
+}

@@ -65,6 +65,11 @@ pub static UDP_REV_V1: LruHashMap<UdpReverseKey, ServiceKey> = LruHashMap::pinne
 pub static PASSIVE_V1: LruPerCpuHashMap<Backend, PassiveCounts> =
     LruPerCpuHashMap::pinned(16_384, 0);
 
+/// Passive health: per backend, the current run of failures (failed connects and resets) since
+/// the last connect to it that got established. Only backends that failed get an entry.
+#[map]
+pub static PASSIVE_RUN_V1: LruHashMap<Backend, u64> = LruHashMap::pinned(16_384, 0);
+
 /// Per-CPU outcome and error counters, indexed by `proxy_common::counters`.
 #[map]
 pub static COUNTERS_V2: PerCpuArray<u64> = PerCpuArray::pinned(counters::COUNT, 0);

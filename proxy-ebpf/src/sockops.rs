@@ -5,17 +5,19 @@
 //! - `ACTIVE_ESTABLISHED_CB`: a proxy-mode connection's original destination moves from the
 //!   socket cookie (`SOCK_ORIG_V1`) to the client's 4-tuple (`ORIG_DST_V1`), where the proxy
 //!   finds it from `accept()`; then, like `PASSIVE_ESTABLISHED_CB`, the socket is added to the
-//!   splice sockhash `SPLICE_V1` when splicing is on and both ends are on this host.
+//!   splice sockhash `SPLICE_V1` when splicing is on and both ends are on this host. The
+//!   backend's run of failures in `PASSIVE_RUN_V1` ends (the connect succeeded).
 //! - `STATE_CB` to `CLOSE`: SYN_SENT -> CLOSE counts a failed connect for the backend,
 //!   ESTABLISHED or CLOSE_WAIT -> CLOSE a reset (received or sent; a FIN handshake passes through
-//!   FIN_WAIT or LAST_ACK instead); the socket's `ORIG_DST_V1` and `SOCK_VIP_V1` entries are
+//!   FIN_WAIT or LAST_ACK instead), and either extends the backend's run in `PASSIVE_RUN_V1`;
+//!   the socket's `ORIG_DST_V1` and `SOCK_VIP_V1` entries are
 //!   removed, so neither grows with the number of connections.
 //!
 //! Contract: fail-open, always: this program never changes a connection's fate; a failure only
 //! costs the feature (counted). Minimum kernel 4.13 (sockops), 4.16 (`STATE_CB`), 4.18
 //! (sockhash), 5.7 for attaching through bpf_link. Reads `SOCK_VIP_V1`, `SOCK_ORIG_V1`,
 //! `SETTINGS_V1`; writes `ORIG_DST_V1`, `SOCK_ORIG_V1`, `SOCK_VIP_V1` (deletes), `SPLICE_V1`,
-//! `PASSIVE_V1`, `COUNTERS_V2`.
+//! `PASSIVE_V1`, `PASSIVE_RUN_V1`, `COUNTERS_V2`.
 
 use aya_ebpf::{
     EbpfContext as _,
@@ -36,7 +38,10 @@ use proxy_common::{
 };
 
 use crate::{
-    maps::{ORIG_DST_V1, PASSIVE_V1, SOCK_ORIG_V1, SOCK_VIP_V1, SPLICE_V1, count, settings},
+    maps::{
+        ORIG_DST_V1, PASSIVE_RUN_V1, PASSIVE_V1, SOCK_ORIG_V1, SOCK_VIP_V1, SPLICE_V1, count,
+        settings,
+    },
     tuple::{self, Fields},
 };
 
@@ -59,6 +64,7 @@ fn try_sockops(ctx: &SockOpsContext) -> Result<(), Failed> {
         BPF_SOCK_OPS_TCP_CONNECT_CB => watch(ctx),
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => {
             let t = conn(ctx)?;
+            end_run(&Backend { addr: t.remote, port: t.remote_port, family: t.family, _pad: 0 });
             // A failed re-key must not cost the splice (and the other way round).
             let rekeyed = rekey_orig_dst(ctx, &t);
             splice(ctx, t).and(rekeyed)
@@ -123,13 +129,42 @@ fn closed(ctx: &SockOpsContext, old: u32) -> Result<(), Failed> {
     match old {
         BPF_TCP_SYN_SENT => {
             count(counters::PASSIVE_CONNECT_FAILED);
+            extend_run(&backend);
             passive(&backend, PassiveCounts { connect_failures: 1, resets: 0 })
         }
         BPF_TCP_ESTABLISHED | BPF_TCP_CLOSE_WAIT => {
             count(counters::PASSIVE_RESET);
+            extend_run(&backend);
             passive(&backend, PassiveCounts { connect_failures: 0, resets: 1 })
         }
         _ => Ok(()),
+    }
+}
+
+/// One more failure in `backend`'s current run. The increment is not atomic: two CPUs failing
+/// at the same instant may count one (the run only decides when outlier detection ejects).
+#[inline(always)]
+fn extend_run(backend: &Backend) {
+    if let Some(run) = PASSIVE_RUN_V1.get_ptr_mut(backend) {
+        // SAFETY: a value of the map, valid while the program runs.
+        unsafe { *run += 1 };
+        return;
+    }
+    if PASSIVE_RUN_V1.insert(backend, &1, u64::from(BPF_NOEXIST)).is_err() {
+        count(counters::PASSIVE_RECORD_FAILED);
+    }
+}
+
+/// A connect to `backend` got established: its run of failures ends (no entry: nothing to do).
+#[inline(always)]
+fn end_run(backend: &Backend) {
+    if let Some(run) = PASSIVE_RUN_V1.get_ptr_mut(backend) {
+        // SAFETY: a value of the map, valid while the program runs.
+        unsafe {
+            if *run != 0 {
+                *run = 0;
+            }
+        }
     }
 }
 

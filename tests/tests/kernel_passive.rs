@@ -93,3 +93,40 @@ fn connections_reset_by_the_server_count_as_resets_of_that_backend(#[case] fam: 
     assert_eq!((passive.connect_failures, passive.resets), (0, u64::from(CONNECTS)), "{passive:?}");
     assert_eq!(dp.counter("passive_reset"), u64::from(CONNECTS));
 }
+
+#[test]
+fn an_established_connect_ends_the_run_of_failures() {
+    require_root();
+    if skip_without_dataplane("an_established_connect_ends_the_run_of_failures") {
+        return;
+    }
+    let netns = Netns::new();
+    let cgroup = TestCgroup::new();
+    let vip: SocketAddr = "127.77.3.9:80".parse().unwrap();
+    let backend: SocketAddr = "127.0.0.63:8080".parse().unwrap();
+    let mut dp = InProcess::open(&cgroup);
+    dp.publisher().publish(&spec("flapping", vip, false, 0, &[backend])).expect("publishing");
+    // Nothing listens yet: every connect fails and the run grows with them.
+    let report = run_client(&cgroup, &netns, vip);
+    assert_eq!(report.errors.get("ECONNREFUSED"), Some(&CONNECTS), "{report:?}");
+    let passive = report_for(&dp, backend);
+    assert_eq!((passive.connect_failures, passive.run), (u64::from(CONNECTS), u64::from(CONNECTS)));
+    // The backend comes up: one established connect ends the run; the totals stay.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = in_netns(&netns, move || {
+        let listener = TcpListener::bind(backend).expect("binding the backend");
+        tx.send(()).expect("test alive");
+        let _ = listener.accept();
+    });
+    rx.recv_timeout(Duration::from_secs(5)).expect("server started");
+    let one = LoopReport::parse(
+        &InCgroup::spawn(Some(cgroup.path()), &netns, move || {
+            serde_json::to_string(&tcp_loop(vip, 1, Duration::from_secs(10))).unwrap()
+        })
+        .wait(Duration::from_secs(30)),
+    );
+    server.join().expect("server thread");
+    assert_eq!(one.ok(), 1, "{one:?}");
+    let passive = report_for(&dp, backend);
+    assert_eq!((passive.connect_failures, passive.run), (u64::from(CONNECTS), 0), "{passive:?}");
+}

@@ -163,6 +163,7 @@ impl Dataplane {
             take_map(&mut ebpf, runtime::COUNTERS)?,
             take_map(&mut ebpf, runtime::ORIG_DST)?,
             take_map(&mut ebpf, runtime::PASSIVE)?,
+            take_map(&mut ebpf, runtime::PASSIVE_RUN)?,
         );
         let pair = match pair_attached {
             Ok(()) => Ok(PairSplicer::new(

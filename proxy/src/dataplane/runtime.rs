@@ -25,6 +25,7 @@ pub(super) const SETTINGS: &str = "SETTINGS_V1";
 pub(super) const COUNTERS: &str = "COUNTERS_V2";
 pub(super) const ORIG_DST: &str = "ORIG_DST_V1";
 pub(super) const PASSIVE: &str = "PASSIVE_V1";
+pub(super) const PASSIVE_RUN: &str = "PASSIVE_RUN_V1";
 
 /// What the kernel saw of one backend (summed over CPUs, cumulative since the maps were
 /// created; a consumer keeps the previous reading and acts on the difference).
@@ -36,6 +37,9 @@ pub struct PassiveReport {
     pub connect_failures: u64,
     /// Established connections that ended in a reset or abort.
     pub resets: u64,
+    /// Failures (of both kinds) since the last connect to the backend that got established:
+    /// the current run of consecutive failures.
+    pub run: u64,
 }
 
 /// Original destinations of connections redirected to the proxy listener.
@@ -79,6 +83,7 @@ pub struct RuntimeMaps {
     counters: PerCpuArray<MapData, u64>,
     orig_dst: OriginalDestinations,
     passive: PerCpuHashMap<MapData, Backend, PassiveCounts>,
+    passive_run: HashMap<MapData, Backend, u64>,
 }
 
 impl RuntimeMaps {
@@ -87,8 +92,15 @@ impl RuntimeMaps {
         counters: PerCpuArray<MapData, u64>,
         orig_dst: HashMap<MapData, SockTuple, ServiceKey>,
         passive: PerCpuHashMap<MapData, Backend, PassiveCounts>,
+        passive_run: HashMap<MapData, Backend, u64>,
     ) -> Self {
-        Self { settings, counters, orig_dst: OriginalDestinations::new(orig_dst), passive }
+        Self {
+            settings,
+            counters,
+            orig_dst: OriginalDestinations::new(orig_dst),
+            passive,
+            passive_run,
+        }
     }
 
     /// Opens the pinned maps of the instance at `pin_dir`, without loading any program.
@@ -98,6 +110,7 @@ impl RuntimeMaps {
             from_pin(pin_dir, COUNTERS)?,
             from_pin(pin_dir, ORIG_DST)?,
             from_pin(pin_dir, PASSIVE)?,
+            from_pin(pin_dir, PASSIVE_RUN)?,
         ))
     }
 
@@ -174,6 +187,7 @@ impl RuntimeMaps {
                 backend: socket_addr(backend.addr, backend.port, backend.family),
                 connect_failures: 0,
                 resets: 0,
+                run: self.passive_run.get(&backend, 0).unwrap_or(0),
             };
             for c in per_cpu.iter() {
                 report.connect_failures += c.connect_failures;
@@ -188,6 +202,7 @@ impl RuntimeMaps {
     /// Forgets the passive counters of a backend that is gone (the map is LRU as well).
     pub fn forget_passive(&mut self, backend: SocketAddr) {
         let _ = self.passive.remove(&backend_of(backend));
+        let _ = self.passive_run.remove(&backend_of(backend));
     }
 }
 

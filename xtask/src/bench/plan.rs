@@ -11,6 +11,9 @@ use super::{
     topo::{self, CONN, Daemon, NatTable, Net, Path2},
 };
 
+/// Port offset of the servers S6 starts inside the cgroup.
+const LOCAL_OFFSET: u16 = 300;
+
 #[derive(Clone, Debug)]
 pub enum Kind {
     /// S0: straight to the backend.
@@ -248,6 +251,9 @@ fn run_row_inner(
     let (mut _daemon, mut _table, mut _peer) = (None, None, None);
     let mut cgroup = None;
     let direct = |p: u16| net.backend(p);
+    // S6's servers run inside the cgroup, on the backend ports + LOCAL_OFFSET.
+    let local = |p: u16| net.backend(p + LOCAL_OFFSET);
+    let mut _local_backends = Vec::new();
     let vip = |p: u16| SocketAddr::V4(SocketAddrV4::new(net.vip, p));
     let via_vip = vip;
     let mut target: &dyn Fn(u16) -> SocketAddr = &via_vip;
@@ -281,8 +287,10 @@ fn run_row_inner(
             ours.push(d.proc.pid());
             cgroup = Some(d.cgroup.clone());
             if *dial_direct {
-                target = &direct;
-                cps = (net.backend(CONN), 1);
+                // Both ends in the cgroup, so sockops sees (and splices) both sockets.
+                _local_backends = net.start_backends_at(&env.worker, LOCAL_OFFSET, Some(&d.cgroup))?;
+                target = &local;
+                cps = (local(CONN), 1);
             }
             _daemon = Some(d);
         }

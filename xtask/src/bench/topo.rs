@@ -265,7 +265,18 @@ impl Net {
 
     /// The backend servers: our `serve` worker and an iperf3 server.
     pub fn start_backends(&self, worker: &Path) -> anyhow::Result<Vec<Proc>> {
-        let a = |p| self.backend(p).to_string();
+        self.start_backends_at(worker, 0, None)
+    }
+
+    /// Backend servers on the ports + `offset`, inside `cgroup` when given (S6: a local server
+    /// whose sockets sockops sees, so both ends of a connection can be spliced).
+    pub fn start_backends_at(
+        &self,
+        worker: &Path,
+        offset: u16,
+        cgroup: Option<&Path>,
+    ) -> anyhow::Result<Vec<Proc>> {
+        let a = |p: u16| self.backend(p + offset).to_string();
         let serve_args = [
             "bench",
             "worker",
@@ -278,29 +289,27 @@ impl Net {
             &a(SINK),
         ]
         .map(str::to_owned);
-        let serve = start(
-            Self::in_ns(self.server_ns.as_deref(), worker, &serve_args),
-            "backend servers",
-            None,
-            None,
-        )?;
+        let command = |program: &Path, args: &[String]| match cgroup {
+            Some(cg) => self.client(program, args, Some(cg)),
+            None => Self::in_ns(self.server_ns.as_deref(), program, args),
+        };
+        let serve = start(command(worker, &serve_args), "backend servers", None, None)?;
         let iperf_args = [
             "-s",
             "-B",
             &self.backend.to_string(),
             "-p",
-            &IPERF.to_string(),
+            &(IPERF + offset).to_string(),
         ]
         .map(str::to_owned);
-        let mut iperf_cmd =
-            Self::in_ns(self.server_ns.as_deref(), Path::new("iperf3"), &iperf_args);
+        let mut iperf_cmd = command(Path::new("iperf3"), &iperf_args);
         // The readiness probe's bare connect makes iperf3 complain once; keep that quiet.
         iperf_cmd.stderr(Stdio::null());
         let iperf = start(
             iperf_cmd,
             "iperf3 server",
-            Some(self.backend(IPERF)),
-            self.server_ns.as_deref(),
+            Some(self.backend(IPERF + offset)),
+            if cgroup.is_some() { self.client_ns.as_deref() } else { self.server_ns.as_deref() },
         )?;
         Ok(vec![serve, iperf])
     }

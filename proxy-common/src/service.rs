@@ -4,14 +4,20 @@
 //! Layout, as the kernel sees it:
 //!
 //! ```text
-//! SERVICES_V1   ServiceKey   -> Service        (one entry per VIP:port/proto; holds the live generation)
-//! SLOTS_V1      SlotTableKey -> SlotTable      (one per service, generation and priority)
-//! BACKENDS_V1   u32 (id)     -> Backend        (addresses referenced from slot tables)
+//! SERVICES_V2   ServiceKey   -> Service        (one entry per VIP:port/proto; holds the live generation,
+//!                                               and the host itself when there is only one)
+//! SLOTS_V2      SlotTableKey -> SlotTable      (one per service with 2+ hosts, generation and priority)
+//! BACKENDS_V2   u32 (id)     -> Backend        (addresses referenced from slot tables)
 //! ```
 //!
-//! Publishing writes backends, then the slot tables of a new generation, then flips
-//! `Service::generation` with one map update, then deletes the old generation: a reader sees
+//! A service whose routable level has one host carries it in `Service::backend`
+//! ([`SERVICE_F_SINGLE`]): publishing or moving it is one map update, and the kernel reads no
+//! table. Otherwise publishing writes backends, then the slot table of a new generation, then
+//! flips `Service::generation` with one map update, then deletes the old generation: a reader sees
 //! either the old or the new host set, never a mix and never a half-written table.
+//!
+//! The three maps are versioned together (`_V2` since `Service` gained `backend`): slot table keys
+//! and backend ids only mean something next to the `SERVICES` map of the same version.
 
 use core::mem::size_of;
 
@@ -46,8 +52,12 @@ pub const SERVICE_F_PROXY: u32 = 1 << 0;
 /// `Service::flags` bit: choose the slot by hashing the client's network-namespace cookie
 /// (consistent hashing over a Maglev table) instead of at random.
 pub const SERVICE_F_MAGLEV: u32 = 1 << 1;
+/// `Service::flags` bit: the service has exactly one routable host, `Service::backend`; the kernel
+/// reads no slot table (any slot table would name only that host, whatever the weights, and a
+/// Maglev table of one host maps every client to it).
+pub const SERVICE_F_SINGLE: u32 = 1 << 2;
 
-/// Key of `SERVICES_V1`: a service address as the application dials it.
+/// Key of `SERVICES_V2`: a service address as the application dials it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServiceKey {
@@ -63,7 +73,7 @@ pub struct ServiceKey {
 }
 const _: () = assert!(size_of::<ServiceKey>() == 20);
 
-/// Value of `SERVICES_V1`.
+/// Value of `SERVICES_V2`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Service {
@@ -73,12 +83,12 @@ pub struct Service {
     pub generation: u32,
     /// `SERVICE_F_*` bits, host byte order.
     pub flags: u32,
-    /// Explicit padding; always zero.
-    pub _pad: u32,
+    /// The one host when `flags` has [`SERVICE_F_SINGLE`]; all zero otherwise.
+    pub backend: Backend,
 }
-const _: () = assert!(size_of::<Service>() == 16);
+const _: () = assert!(size_of::<Service>() == 32);
 
-/// Key of `SLOTS_V1`.
+/// Key of `SLOTS_V2`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SlotTableKey {
@@ -91,7 +101,7 @@ pub struct SlotTableKey {
 }
 const _: () = assert!(size_of::<SlotTableKey>() == 12);
 
-/// Value of `SLOTS_V1`: the hosts of one priority level with weights expanded into slots.
+/// Value of `SLOTS_V2`: the hosts of one priority level with weights expanded into slots.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlotTable {
@@ -99,7 +109,7 @@ pub struct SlotTable {
     pub len: u32,
     /// Explicit padding; always zero.
     pub _pad: u32,
-    /// Backend ids (keys of `BACKENDS_V1`), host byte order. Only `slots[..len]` is read;
+    /// Backend ids (keys of `BACKENDS_V2`), host byte order. Only `slots[..len]` is read;
     /// `len` is at most [`SLOTS`].
     pub slots: [u32; SLOT_CAPACITY],
 }
@@ -115,7 +125,7 @@ impl Default for SlotTable {
     }
 }
 
-/// Value of `BACKENDS_V1`: where a chosen host is.
+/// Value of `BACKENDS_V2`: where a chosen host is.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Backend {

@@ -15,7 +15,7 @@
 //!   UDP services ignore the flag and select a backend.
 //! - Minimum kernel: 4.17 for the hooks; 5.7 for `bpf_get_netns_cookie` (consistent hashing);
 //!   5.7 for attaching through bpf_link (the daemon refuses to attach without it).
-//! - Reads `SERVICES_V1`, `SLOTS_V1`, `BACKENDS_V1`, `SETTINGS_V1`; writes `SOCK_VIP_V1` (socket
+//! - Reads `SERVICES_V2`, `SLOTS_V2`, `BACKENDS_V2`, `SETTINGS_V1`; writes `SOCK_VIP_V1` (socket
 //!   cookie -> dialled service, for getpeername), `SOCK_ORIG_V1` (proxy mode), `UDP_REV_V1`
 //!   (connected UDP, for recvfrom) and `COUNTERS_V2`.
 

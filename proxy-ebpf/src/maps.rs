@@ -1,4 +1,4 @@
-//! Every map of the kernel programs. Names carry a layout version (`_V1`) so that a daemon of a
+//! Every map of the kernel programs. Names carry a layout version (`_V1`, `_V2`) so that a daemon of a
 //! newer layout can pin its maps beside the old ones during an upgrade. Maps are pinned by name
 //! under `<bpffs>/<instance>/` by the daemon's loader (the sockhash too: the sk_msg program is
 //! attached to it, and the attachment lives exactly as long as the map).
@@ -14,21 +14,23 @@ use proxy_common::{
     socket::{PassiveCounts, Settings, SockTuple, UdpReverseKey},
 };
 
-/// Services by (VIP, port, protocol). Not preallocated: an update allocates a new element and
-/// frees the old one after an RCU grace period, so a concurrent reader never sees it reused.
+/// Services by (VIP, port, protocol); a one-host service carries its host here. Not
+/// preallocated: an update allocates a new element and frees the old one after an RCU grace
+/// period, so a concurrent reader never sees it reused. `_V2`: `Service` gained `backend` (the
+/// three service maps are versioned together).
 #[map]
-pub static SERVICES_V1: HashMap<ServiceKey, Service> =
+pub static SERVICES_V2: HashMap<ServiceKey, Service> =
     HashMap::pinned(65_536, BPF_F_NO_PREALLOC);
 
-/// Slot tables by (service, generation, priority). Two generations of one service coexist only
-/// while it is republished.
+/// Slot tables by (service, generation, priority), only for services of two or more hosts. Two
+/// generations of one service coexist only while it is republished.
 #[map]
-pub static SLOTS_V1: HashMap<SlotTableKey, SlotTable> =
+pub static SLOTS_V2: HashMap<SlotTableKey, SlotTable> =
     HashMap::pinned(262_144, BPF_F_NO_PREALLOC);
 
 /// Backend addresses by id; ids are allocated by the daemon and referenced from slot tables.
 #[map]
-pub static BACKENDS_V1: HashMap<u32, Backend> = HashMap::pinned(262_144, BPF_F_NO_PREALLOC);
+pub static BACKENDS_V2: HashMap<u32, Backend> = HashMap::pinned(262_144, BPF_F_NO_PREALLOC);
 
 /// The service address a socket dialled, by socket cookie, so getpeername can show it. LRU so it
 /// can never fill up; sockops also removes a TCP socket's entry when it closes.

@@ -9,7 +9,7 @@
 //!   (`EPERM` from the send) for a service with no routable host, counted `sendmsg_no_host`.
 //!   Proxy mode does not apply to UDP: the flag is ignored and a backend is selected.
 //! - Minimum kernel 4.18; 5.7 for `bpf_get_netns_cookie`.
-//! - Reads `SERVICES_V1`, `SLOTS_V1`, `BACKENDS_V1`; writes `UDP_REV_V1` (only when the entry is
+//! - Reads `SERVICES_V2`, `SLOTS_V2`, `BACKENDS_V2`; writes `UDP_REV_V1` (only when the entry is
 //!   missing or different, so a steady flow costs one lookup per datagram) and `COUNTERS_V2`.
 
 use aya_ebpf::{

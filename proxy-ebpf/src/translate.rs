@@ -9,7 +9,7 @@ use proxy_common::{
 };
 
 use crate::{
-    maps::{SERVICES_V1, count, settings},
+    maps::{SERVICES_V2, count, settings},
     select::{NoBackend, choose},
 };
 
@@ -124,7 +124,7 @@ pub fn target(
     allow_proxy: bool,
 ) -> Result<Option<Target>, Refuse> {
     // SAFETY: read-only use before the program returns; the map is not preallocated.
-    let Some(mut svc) = (unsafe { SERVICES_V1.get(key) }) else {
+    let Some(mut svc) = (unsafe { SERVICES_V2.get(key) }) else {
         count(outcomes.not_service);
         return Ok(None);
     };
@@ -142,7 +142,7 @@ pub fn target(
                 // from it; a program that read the service long before that (preempted) finds
                 // them gone. Then the service has a newer generation: read it again.
                 // SAFETY: as above.
-                match unsafe { SERVICES_V1.get(key) } {
+                match unsafe { SERVICES_V2.get(key) } {
                     Some(again) if again.generation != svc.generation && attempt < RETRIES => {
                         svc = again;
                         attempt += 1;

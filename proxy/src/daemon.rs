@@ -51,6 +51,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 }
 
 async fn run_async(config: Config) -> anyhow::Result<()> {
+    let mut signals = Signals::install()?;
     let opts = DataplaneOptions {
         cgroup: dataplane::resolve_cgroup(&config.cgroup)?,
         bpffs: PathBuf::from(&config.bpffs),
@@ -121,7 +122,7 @@ async fn run_async(config: Config) -> anyhow::Result<()> {
     sweep_after_first_publish(&config, &dp, published_rx).await;
     let passive = tokio::spawn(crate::passive::run(dp.clone(), upstreams.clone()));
     info!(admin = %config.admin.address, services = config.services.len(), "ready");
-    wait_for_signal().await;
+    signals.wait().await;
     server.abort();
     passive.abort();
     if let Some(proxy) = proxy {
@@ -343,18 +344,27 @@ fn shutdown(dp: &SharedDataplane) {
     }
 }
 
-async fn wait_for_signal() {
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        // Without signal handlers the process dies on the default action; nothing to wait for.
-        std::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = int.recv() => info!("SIGINT: shutting down"),
-        _ = term.recv() => info!("SIGTERM: shutting down"),
+/// SIGINT and SIGTERM, caught from the start of the run: a signal that arrives while the
+/// daemon is still starting (even right after `/ready` turned 200) is kept and makes it shut
+/// down cleanly instead of dying on the default action with its pins left behind.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Self> {
+        Ok(Self {
+            int: signal(SignalKind::interrupt()).context("catching SIGINT")?,
+            term: signal(SignalKind::terminate()).context("catching SIGTERM")?,
+        })
+    }
+
+    async fn wait(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => info!("SIGINT: shutting down"),
+            _ = self.term.recv() => info!("SIGTERM: shutting down"),
+        }
     }
 }
 

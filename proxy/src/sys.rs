@@ -177,3 +177,90 @@ pub fn kick_receive_queue(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
     };
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
+
+/// `BPF_MAP_UPDATE_BATCH` and `BPF_MAP_DELETE_BATCH` (Linux 5.6+, hash maps): many elements per
+/// `bpf(2)` call. aya 0.14 has no binding for them.
+pub mod map_batch {
+    use std::{
+        io,
+        mem::size_of,
+        os::fd::{AsFd as _, AsRawFd as _},
+    };
+
+    use aya::maps::{HashMap, IterableMap as _, MapData};
+
+    /// `enum bpf_cmd` values from include/uapi/linux/bpf.h (stable ABI).
+    const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+    const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+
+    /// The `batch` member of `union bpf_attr` (include/uapi/linux/bpf.h), all of it: the kernel
+    /// zero-fills the rest of the union and requires fields past `flags` to be zero.
+    #[repr(C)]
+    #[derive(Default)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+    }
+    const _: () = assert!(size_of::<BatchAttr>() == 56);
+
+    /// Inserts or replaces `keys[i] -> values[i]` (flags `BPF_ANY`) in `map`, in order. On an
+    /// error, an unknown prefix of the elements was applied (the kernel stops at the first
+    /// failure).
+    pub fn update<K: aya::Pod, V: aya::Pod>(
+        map: &mut HashMap<MapData, K, V>,
+        keys: &[K],
+        values: &[V],
+    ) -> io::Result<()> {
+        assert_eq!(keys.len(), values.len(), "one value per key");
+        let mut attr = BatchAttr {
+            keys: keys.as_ptr() as u64,
+            values: values.as_ptr() as u64,
+            ..BatchAttr::default()
+        };
+        run(BPF_MAP_UPDATE_BATCH, map, keys.len(), &mut attr)
+    }
+
+    /// Deletes `keys` from `map`, in order; the kernel stops at the first key that is not there
+    /// (`ENOENT`), so pass only keys known to exist.
+    pub fn delete<K: aya::Pod, V: aya::Pod>(
+        map: &mut HashMap<MapData, K, V>,
+        keys: &[K],
+    ) -> io::Result<()> {
+        let mut attr = BatchAttr { keys: keys.as_ptr() as u64, ..BatchAttr::default() };
+        run(BPF_MAP_DELETE_BATCH, map, keys.len(), &mut attr)
+    }
+
+    /// `attr.keys` (and `attr.values`) must point at `len` elements of `K` (and `V`).
+    fn run<K: aya::Pod, V: aya::Pod>(
+        cmd: libc::c_long,
+        map: &mut HashMap<MapData, K, V>,
+        len: usize,
+        attr: &mut BatchAttr,
+    ) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        attr.count = u32::try_from(len)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "batch larger than u32"))?;
+        attr.map_fd = map.map().fd().as_fd().as_raw_fd() as u32;
+        // SAFETY: `attr` is a valid `bpf_attr.batch` of the size passed. Its keys (and values)
+        // point at `len` elements of `K` (`V`), borrowed by our callers for the whole call; aya
+        // checked when it opened the map that `K` and `V` have the map's key and value sizes, so
+        // the kernel reads exactly those slices. It writes back only `attr.count`, ours mutably.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                cmd,
+                attr as *mut BatchAttr,
+                size_of::<BatchAttr>() as libc::c_uint,
+            )
+        };
+        if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    }
+}

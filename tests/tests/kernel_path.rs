@@ -133,7 +133,7 @@ fn stop_removes_pins_and_the_created_cgroup() {
     let vip: SocketAddr = V4.vip.parse().unwrap();
     let mut daemon = Daemon::start(&config(&instance, &cgroup, vip, &[(V4.hosts[0], 1)]));
     let pins = Path::new("/sys/fs/bpf").join(&instance);
-    assert!(pins.join("SERVICES_V1").exists() && pins.join("link_connect4").exists());
+    assert!(pins.join("SERVICES_V2").exists() && pins.join("link_connect4").exists());
     assert!(cgroup.exists(), "the daemon creates a missing cgroup");
     assert!(daemon.stop(), "clean exit on SIGTERM:\n{}", daemon.log_text());
     assert!(!pins.exists(), "pins left behind");

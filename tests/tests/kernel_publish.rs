@@ -1,17 +1,22 @@
 //! Publishing under load (root), through the in-process `Dataplane` API: republishing
-//! alternating host sets while a client connects in a tight loop is atomic; removing every host
-//! and adding them back works; 10,000 services publish and each selects its own host.
+//! alternating host sets while a client connects in a tight loop is atomic, also when the set
+//! switches between one host (carried in the service entry) and several (a slot table); removing
+//! every host and adding them back works; a data path dropped without shutdown (as after
+//! `kill -9`) keeps serving both layouts and the next one adopts and republishes them; 10,000
+//! services publish and each selects its own host.
 
 use std::{
     collections::BTreeSet,
     net::SocketAddr,
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
 use integration_tests::kernel::{
     BannerServers, InCgroup, InProcess, LoopReport, Netns, TestCgroup, require_root,
-    skip_without_dataplane, spec, tcp_loop, udp_sendto_loop,
+    skip_without_dataplane, spec, tcp_loop, udp_sendto_loop, unique,
 };
+use proxy::dataplane::{Dataplane, DataplaneOptions, publish_key};
 use rstest::rstest;
 
 /// How long the client loops while host sets flip.
@@ -111,6 +116,52 @@ fn alternating_host_sets_never_mix_or_fail(#[case] fam: Family, #[case] udp: boo
     assert!(report.ok() > 0 && flips > 10, "too little happened: {flips} flips, {report:?}");
 }
 
+/// One host is published inside the service entry, two or more as a slot table: switching
+/// between the layouts (both ways, and with Maglev) is as atomic as switching between tables.
+#[rstest]
+#[case::ipv4_tcp(V4, false, 0)]
+#[case::ipv4_udp(V4, true, 0)]
+#[case::ipv6_tcp(V6, false, 0)]
+#[case::ipv4_tcp_maglev(V4, false, proxy_common::service::SERVICE_F_MAGLEV)]
+fn switching_between_one_host_and_a_table_never_mixes_or_fails(
+    #[case] fam: Family,
+    #[case] udp: bool,
+    #[case] flags: u32,
+) {
+    require_root();
+    if skip_without_dataplane("switching_between_one_host_and_a_table_never_mixes_or_fails") {
+        return;
+    }
+    let (netns, cgroup, mut dp, _servers) = setup(&fam, udp);
+    let vip: SocketAddr = fam.vip.parse().unwrap();
+    // set_a[1] is in neither set: reaching it would mean a stale or mixed host set.
+    let (one, many) = (addrs(&fam.set_a[..1]), addrs(&fam.set_b));
+    dp.publisher().publish(&spec("switch", vip, udp, flags, &one)).expect("publishing one host");
+    let count = if udp { 20_000 } else { 1_000_000 };
+    let running = client(&cgroup, &netns, vip, udp, count, FLIP_FOR);
+    let started = Instant::now();
+    let mut flips = 0u32;
+    while started.elapsed() < FLIP_FOR {
+        let set = if flips.is_multiple_of(2) { &many } else { &one };
+        dp.publisher().publish(&spec("switch", vip, udp, flags, set)).expect("republishing");
+        flips += 1;
+    }
+    let report = LoopReport::parse(&running.wait(Duration::from_secs(120)));
+    println!("{flips} layout switches during {} exchanges: {:?}", report.ok(), report.banners);
+    assert_eq!(report.failed(), 0, "{report:?}");
+    let allowed: BTreeSet<&str> = fam.set_a[..1].iter().chain(&fam.set_b).copied().collect();
+    for banner in report.banners.keys() {
+        assert!(allowed.contains(banner.as_str()), "reached {banner}, in neither set: {report:?}");
+    }
+    assert!(flips > 10, "too little happened: {flips} flips, {report:?}");
+    // Both layouts served connects (the loop is long against the switch interval).
+    assert!(report.banners.contains_key(fam.set_a[0]), "the one-host layout never served: {report:?}");
+    assert!(
+        fam.set_b.iter().any(|b| report.banners.contains_key(*b)),
+        "the table layout never served: {report:?}"
+    );
+}
+
 #[rstest]
 #[case::ipv4_tcp(V4, false)]
 #[case::ipv4_udp(V4, true)]
@@ -143,6 +194,83 @@ fn removing_all_hosts_then_adding_them_back_works(#[case] fam: Family, #[case] u
     for banner in before.banners.keys().chain(after.banners.keys()) {
         assert!(fam.set_a.contains(&banner.as_str()), "reached {banner}");
     }
+}
+
+/// Removes a pin directory (maps and links: unpinning the links detaches the programs) on drop,
+/// for a test that leaves a data path pinned on purpose and might fail before it shuts it down.
+struct PinDir(PathBuf);
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        if let Ok(entries) = std::fs::read_dir(&self.0) {
+            for entry in entries.flatten() {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// One exchange with each VIP from inside the cgroup: the banner that answered, or the errors.
+fn banners_of(cgroup: &TestCgroup, netns: &Netns, vips: Vec<SocketAddr>) -> Vec<String> {
+    let got = InCgroup::spawn(Some(cgroup.path()), netns, move || {
+        let seen: Vec<String> = vips
+            .iter()
+            .map(|vip| {
+                let r = tcp_loop(*vip, 1, Duration::from_secs(5));
+                r.banners.keys().next().cloned().unwrap_or_else(|| format!("{:?}", r.errors))
+            })
+            .collect();
+        serde_json::to_string(&seen).unwrap()
+    })
+    .wait(Duration::from_secs(60));
+    serde_json::from_str(&got).expect("JSON")
+}
+
+#[test]
+fn a_dropped_data_path_keeps_both_layouts_and_the_next_adopts_them() {
+    require_root();
+    if skip_without_dataplane("a_dropped_data_path_keeps_both_layouts_and_the_next_adopts_them") {
+        return;
+    }
+    let netns = Netns::new();
+    let cgroup = TestCgroup::new();
+    let opts = DataplaneOptions {
+        cgroup: cgroup.path().to_owned(),
+        bpffs: PathBuf::from("/sys/fs/bpf"),
+        instance: unique("pta"),
+    };
+    let _pins = PinDir(opts.bpffs.join(&opts.instance));
+    let (single, table) = (V4.set_a[0], [V4.set_b[0], V4.set_b[1]]);
+    let hosts: Vec<(SocketAddr, &str, bool)> =
+        [single].iter().chain(&table).map(|h| (h.parse().unwrap(), *h, false)).collect();
+    let _servers = BannerServers::start(&netns, &hosts);
+    let (vip1, vip2): (SocketAddr, SocketAddr) =
+        ("127.77.6.1:80".parse().unwrap(), "127.77.6.2:80".parse().unwrap());
+    let (one, many) = (addrs(&[single]), addrs(&table));
+
+    let mut first = Dataplane::open(&opts).expect("opening the first data path");
+    first.publisher().publish(&spec("one", vip1, false, 0, &one)).expect("publishing one host");
+    first.publisher().publish(&spec("many", vip2, false, 0, &many)).expect("publishing a table");
+    // Dropped without shutdown, as by `kill -9`: the pins keep programs and maps.
+    drop(first);
+    let seen = banners_of(&cgroup, &netns, vec![vip1, vip2]);
+    assert_eq!(seen[0], single, "the one-host service after the drop: {seen:?}");
+    assert!(table.contains(&seen[1].as_str()), "the table service after the drop: {seen:?}");
+
+    let mut second = Dataplane::open(&opts).expect("opening the second data path");
+    assert_eq!(second.publisher().adopted(), 2);
+    // Swap the layouts of the adopted services, then sweep what the first run left.
+    second.publisher().publish(&spec("one", vip1, false, 0, &many)).expect("one -> table");
+    second.publisher().publish(&spec("many", vip2, false, 0, &one)).expect("table -> one");
+    let tcp = proxy_common::service::PROTO_TCP;
+    let keys: Vec<_> = [vip1, vip2].iter().map(|v| publish_key(v.ip(), v.port(), tcp)).collect();
+    second.publisher().sweep(&keys).expect("sweeping");
+    let seen = banners_of(&cgroup, &netns, vec![vip1, vip2, vip1, vip2]);
+    second.shutdown();
+    assert!(table.contains(&seen[0].as_str()), "the adopted service now a table: {seen:?}");
+    assert_eq!(seen[1], single, "the adopted table service now one host: {seen:?}");
+    assert!(table.contains(&seen[2].as_str()) && seen[3] == single, "{seen:?}");
 }
 
 /// Service `i` of the scale test: its VIP and its one host.

@@ -154,9 +154,9 @@ impl Dataplane {
             links.push((name, pinned));
         }
         let publisher = Publisher::new(
-            take_map::<HashMap<MapData, ServiceKey, Service>>(&mut ebpf, "SERVICES_V1")?,
-            take_map::<HashMap<MapData, SlotTableKey, SlotTable>>(&mut ebpf, "SLOTS_V1")?,
-            take_map::<HashMap<MapData, u32, Backend>>(&mut ebpf, "BACKENDS_V1")?,
+            take_map::<HashMap<MapData, ServiceKey, Service>>(&mut ebpf, "SERVICES_V2")?,
+            take_map::<HashMap<MapData, SlotTableKey, SlotTable>>(&mut ebpf, "SLOTS_V2")?,
+            take_map::<HashMap<MapData, u32, Backend>>(&mut ebpf, "BACKENDS_V2")?,
         )?;
         let runtime = RuntimeMaps::new(
             take_map(&mut ebpf, runtime::SETTINGS)?,

@@ -1,28 +1,46 @@
 //! Publishing host sets into the kernel maps, never half-written.
 //!
-//! For one service: (1) backends that are new get ids and are inserted; (2) the slot tables of
-//! a new generation are inserted; (3) the service entry is updated to that generation with a
-//! single map update, which is the switch; (4) once [`RETIRE_GRACE`] has passed (checked on the
-//! next publish), the old generation's tables are deleted, then backends no table references
-//! any more; a program that read the old generation just before the switch still finds its
-//! tables. A failure before (3) removes what (1)-(2) wrote and
-//! leaves the old generation live; a connect sees the old or the new host set, never a mix.
+//! For one service: (1) backends that are new get ids and are inserted (one batched `bpf()`
+//! call); (2) the slot table of a new generation is inserted; (3) the service entry is updated to
+//! that generation with a single map update, which is the switch; (4) once [`RETIRE_GRACE`] has
+//! passed (checked on the next publish), the old generation's table is deleted, then backends no
+//! table references any more; a program that read the old generation just before the switch
+//! still finds its table. A failure before (3) removes what (1)-(2) wrote and leaves the old
+//! generation live; a connect sees the old or the new host set, never a mix.
+//!
+//! A service whose routable level has one host skips (1), (2) and (4): the host travels inside
+//! the service entry ([`SERVICE_F_SINGLE`]), so (3) alone publishes it. Only the first priority
+//! level that has a host is written: the kernel uses the first level with a table, and the
+//! levels are routable hosts, so it would never read a lower one (the daemon republishes when the
+//! first level empties).
 
 use std::{
-    collections::{BTreeMap, HashMap as StdHashMap, VecDeque},
+    collections::{BTreeMap, HashMap as StdHashMap, HashSet, VecDeque},
     net::{IpAddr, SocketAddr},
     time::{Duration, Instant},
 };
 
 use aya::maps::{HashMap, MapData, MapError};
 use proxy_common::service::{
-    Backend, FAMILY_V4, FAMILY_V6, MAX_PRIORITIES, SERVICE_F_MAGLEV, SLOTS, Service, ServiceKey,
-    SlotTable, SlotTableKey,
+    Backend, FAMILY_V4, FAMILY_V6, MAX_PRIORITIES, SERVICE_F_MAGLEV, SERVICE_F_SINGLE, SLOTS,
+    Service, ServiceKey, SlotTable, SlotTableKey,
 };
 use proxy_core::lb::{self, SlotHost};
 use tracing::{debug, info};
 
 use super::DataplaneError;
+use crate::sys::map_batch;
+
+/// Pinned name of the services map (`proxy-ebpf` `maps.rs`).
+pub(super) const SERVICES_MAP: &str = "SERVICES_V2";
+/// Pinned name of the slot table map.
+pub(super) const SLOTS_MAP: &str = "SLOTS_V2";
+/// Pinned name of the backends map.
+pub(super) const BACKENDS_MAP: &str = "BACKENDS_V2";
+
+/// `Live::tables` of a service adopted from a previous run: which priorities have a table is
+/// unknown, so retiring it tries all of them.
+const ALL_TABLES: u8 = (1 << MAX_PRIORITIES) - 1;
 
 /// What a service should look like in the kernel.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,13 +64,37 @@ pub enum PublishOutcome {
     Unchanged,
 }
 
+/// How one generation of a service is laid out in the maps.
+#[derive(Debug, PartialEq, Eq)]
+enum Layout<'a> {
+    /// No routable host: the service entry alone (connects are refused).
+    Empty,
+    /// One routable host, carried in the service entry ([`SERVICE_F_SINGLE`]).
+    Single(SocketAddr),
+    /// Two or more hosts: a slot table at `priority`.
+    Table { priority: u32, hosts: &'a [(SocketAddr, u32)] },
+}
+
+/// The layout of `spec`: the first priority level with a host decides.
+fn layout(spec: &ServiceSpec) -> Layout<'_> {
+    let first = spec.priorities.iter().enumerate().find(|(_, hosts)| !hosts.is_empty());
+    match first {
+        None => Layout::Empty,
+        Some((_, hosts)) if hosts.len() == 1 => Layout::Single(hosts[0].0),
+        Some((priority, hosts)) => Layout::Table { priority: priority as u32, hosts },
+    }
+}
+
 struct Live {
     spec: Option<ServiceSpec>,
     service: Service,
+    /// Backend ids the generation's table references (one reference each).
     backends: Vec<u32>,
+    /// Bit `p` set: the generation has a slot table at priority `p`.
+    tables: u8,
 }
 
-/// Writes service host sets into `SERVICES_V1`, `SLOTS_V1` and `BACKENDS_V1`.
+/// Writes service host sets into `SERVICES_V2`, `SLOTS_V2` and `BACKENDS_V2`.
 pub struct Publisher {
     services: HashMap<MapData, ServiceKey, Service>,
     slots: HashMap<MapData, SlotTableKey, SlotTable>,
@@ -63,11 +105,22 @@ pub struct Publisher {
     backend_refs: StdHashMap<u32, (Backend, usize)>,
     next_service_id: u32,
     /// Ids of live services, so allocating one is O(1) with thousands of services.
-    service_ids: std::collections::HashSet<u32>,
+    service_ids: HashSet<u32>,
     next_backend_id: u32,
     adopted: usize,
     /// Generations switched away from, freed once they are older than [`RETIRE_GRACE`].
     retiring: VecDeque<Retiring>,
+}
+
+/// What [`Publisher::write_layout`] wrote for a new generation.
+#[derive(Default)]
+struct Written {
+    /// Bit `p` set: a slot table at priority `p`.
+    tables: u8,
+    /// Backend ids the table references (counted).
+    referenced: Vec<u32>,
+    /// Backend ids allocated and inserted for it.
+    new_backends: Vec<u32>,
 }
 
 /// A generation waiting to be freed.
@@ -94,12 +147,11 @@ impl Publisher {
         let mut live = BTreeMap::new();
         let mut next_service_id = 1;
         for entry in services.iter() {
-            let (key, service) = entry.map_err(|source| DataplaneError::Map {
-                name: "SERVICES_V1",
-                source,
-            })?;
+            let (key, service) =
+                entry.map_err(|source| DataplaneError::Map { name: SERVICES_MAP, source })?;
             next_service_id = next_service_id.max(service.id.wrapping_add(1));
-            live.insert(key, Live { spec: None, service, backends: Vec::new() });
+            let tables = if service.flags & SERVICE_F_SINGLE != 0 { 0 } else { ALL_TABLES };
+            live.insert(key, Live { spec: None, service, backends: Vec::new(), tables });
         }
         let mut next_backend_id = 1;
         for id in backends.keys().flatten() {
@@ -133,7 +185,10 @@ impl Publisher {
         if spec.priorities.len() > MAX_PRIORITIES as usize {
             return Err(DataplaneError::Capacity {
                 service: spec.name.clone(),
-                message: format!("{} priorities; the kernel reads {MAX_PRIORITIES}", spec.priorities.len()),
+                message: format!(
+                    "{} priorities; the kernel reads {MAX_PRIORITIES}",
+                    spec.priorities.len()
+                ),
             });
         }
         if self.live.get(&spec.key).and_then(|l| l.spec.as_ref()) == Some(spec) {
@@ -144,26 +199,21 @@ impl Publisher {
             None => (self.allocate_service_id(), None),
         };
         let generation = old_generation.map_or(1, |g| g.wrapping_add(1).max(1));
-        let service = Service { id, generation, flags: spec.flags, _pad: 0 };
-        let mut new_backends = Vec::new();
-        let written = self.write_generation(spec, &service, &mut new_backends);
-        let tables = match written {
-            Ok(tables) => tables,
-            Err(err) => {
-                self.undo(&service, &new_backends);
-                return Err(err);
-            }
+        let mut service = Service {
+            id,
+            generation,
+            flags: spec.flags & !SERVICE_F_SINGLE,
+            backend: Backend::default(),
         };
+        let Written { tables, referenced, new_backends } = self.write_layout(spec, &mut service)?;
         if let Err(source) = self.services.insert(spec.key, service, 0) {
-            self.undo(&service, &new_backends);
-            return Err(publish_err(spec, "SERVICES_V1", source));
+            self.uncount(&referenced);
+            self.undo(&service, tables, &new_backends);
+            return Err(publish_err(spec, SERVICES_MAP, source));
         }
         // The switch happened; everything below only frees what nobody reads any more.
-        let old = self.live.insert(
-            spec.key,
-            Live { spec: Some(spec.clone()), service, backends: tables },
-        );
-        if let Some(old) = old {
+        let now_live = Live { spec: Some(spec.clone()), service, backends: referenced, tables };
+        if let Some(old) = self.live.insert(spec.key, now_live) {
             self.retiring.push_back(Retiring { since: Instant::now(), live: old, free_id: false });
         }
         debug!(service = %spec.name, generation, "published");
@@ -173,10 +223,9 @@ impl Publisher {
     /// Removes a service: connects to its address proceed untouched from now on.
     pub fn remove(&mut self, key: &ServiceKey) -> Result<(), DataplaneError> {
         let Some(live) = self.live.remove(key) else { return Ok(()) };
-        self.services.remove(key).map_err(|source| DataplaneError::Map {
-            name: "SERVICES_V1",
-            source,
-        })?;
+        self.services
+            .remove(key)
+            .map_err(|source| DataplaneError::Map { name: SERVICES_MAP, source })?;
         self.retiring.push_back(Retiring { since: Instant::now(), live, free_id: true });
         Ok(())
     }
@@ -185,17 +234,20 @@ impl Publisher {
     /// `all`). Publishing calls this; a daemon that stops publishing for a while may call it to
     /// free memory sooner.
     pub fn reap(&mut self, all: bool) {
+        let mut dead_backends = Vec::new();
         while let Some(first) = self.retiring.front() {
             if !all && first.since.elapsed() < RETIRE_GRACE {
                 break;
             }
             if let Some(old) = self.retiring.pop_front() {
-                self.retire(&old.live);
+                self.retire(&old.live, &mut dead_backends);
                 if old.free_id {
                     self.service_ids.remove(&old.live.service.id);
                 }
             }
         }
+        // After every retired table is gone: nothing references these any more.
+        self.delete_backends(&dead_backends);
     }
 
     /// After a start that adopted pinned maps: removes services that are not in `keep`, then
@@ -207,7 +259,7 @@ impl Publisher {
             self.remove(key)?;
         }
         self.reap(true);
-        let live: std::collections::HashSet<(u32, u32)> =
+        let live: HashSet<(u32, u32)> =
             self.live.values().map(|l| (l.service.id, l.service.generation)).collect();
         let dead: Vec<SlotTableKey> = self
             .slots
@@ -233,40 +285,66 @@ impl Publisher {
         Ok(())
     }
 
-    /// Writes backends and the slot tables of `service.generation`. Returns the backend ids the
-    /// tables reference (one reference each); `new_backends` collects ids inserted by this call.
-    fn write_generation(
+    /// Writes what `spec`'s layout needs before the switch: nothing for no host, the host into
+    /// `service` for one, backends and a slot table for more. A failure undoes what it wrote.
+    fn write_layout(
+        &mut self,
+        spec: &ServiceSpec,
+        service: &mut Service,
+    ) -> Result<Written, DataplaneError> {
+        let mut written = Written::default();
+        match layout(spec) {
+            Layout::Empty => {}
+            Layout::Single(addr) => {
+                service.flags |= SERVICE_F_SINGLE;
+                service.backend = backend_of(addr);
+            }
+            Layout::Table { priority, hosts } => {
+                let result =
+                    self.write_table(spec, service, priority, hosts, &mut written.new_backends);
+                match result {
+                    Ok(ids) => (written.tables, written.referenced) = (1 << priority, ids),
+                    Err(err) => {
+                        self.undo(service, 1 << priority, &written.new_backends);
+                        return Err(err);
+                    }
+                }
+            }
+        }
+        Ok(written)
+    }
+
+    /// Writes the backends and the slot table of `service.generation` at `priority`. Returns the
+    /// backend ids the table references (one reference each, counted); `new_backends` collects
+    /// ids allocated by this call.
+    fn write_table(
         &mut self,
         spec: &ServiceSpec,
         service: &Service,
+        priority: u32,
+        hosts: &[(SocketAddr, u32)],
         new_backends: &mut Vec<u32>,
     ) -> Result<Vec<u32>, DataplaneError> {
-        let mut referenced = Vec::new();
-        for (priority, hosts) in spec.priorities.iter().enumerate() {
-            if hosts.is_empty() {
-                continue;
-            }
-            let mut slot_hosts = Vec::with_capacity(hosts.len());
-            for &(addr, weight) in hosts {
-                let id = self.backend_id(spec, addr, new_backends)?;
-                referenced.push(id);
-                slot_hosts.push(SlotHost { id, addr, weight: weight.max(1) });
-            }
-            let slots = if spec.flags & SERVICE_F_MAGLEV != 0 {
-                lb::maglev_table(&slot_hosts, SLOTS)
-            } else {
-                lb::random_table(&slot_hosts, SLOTS)
-            };
-            let mut table = SlotTable { len: slots.len() as u32, ..SlotTable::default() };
-            table.slots[..slots.len()].copy_from_slice(&slots);
-            let key = SlotTableKey {
-                service_id: service.id,
-                generation: service.generation,
-                priority: priority as u32,
-            };
-            self.slots.insert(key, table, 0).map_err(|e| publish_err(spec, "SLOTS_V1", e))?;
-        }
+        let slot_hosts: Vec<SlotHost> = hosts
+            .iter()
+            .map(|&(addr, weight)| SlotHost {
+                id: self.backend_id(addr, new_backends),
+                addr,
+                weight: weight.max(1),
+            })
+            .collect();
+        self.insert_backends(new_backends).map_err(|e| publish_err(spec, BACKENDS_MAP, e))?;
+        let slots = if spec.flags & SERVICE_F_MAGLEV != 0 {
+            lb::maglev_table(&slot_hosts, SLOTS)
+        } else {
+            lb::random_table(&slot_hosts, SLOTS)
+        };
+        let mut table = SlotTable { len: slots.len() as u32, ..SlotTable::default() };
+        table.slots[..slots.len()].copy_from_slice(&slots);
+        let key = SlotTableKey { service_id: service.id, generation: service.generation, priority };
+        self.slots.insert(key, table, 0).map_err(|e| publish_err(spec, SLOTS_MAP, e))?;
         // Count references only once everything is written, so `undo` has nothing to uncount.
+        let referenced: Vec<u32> = slot_hosts.iter().map(|h| h.id).collect();
         for id in &referenced {
             if let Some((_, refs)) = self.backend_refs.get_mut(id) {
                 *refs += 1;
@@ -275,39 +353,65 @@ impl Publisher {
         Ok(referenced)
     }
 
-    /// The id of the backend at `addr`, inserting it into the map if it is new.
-    fn backend_id(
-        &mut self,
-        spec: &ServiceSpec,
-        addr: SocketAddr,
-        new_backends: &mut Vec<u32>,
-    ) -> Result<u32, DataplaneError> {
+    /// The id of the backend at `addr`; a new one is allocated (and pushed to `new_backends`)
+    /// but not written: [`Publisher::insert_backends`] does that.
+    fn backend_id(&mut self, addr: SocketAddr, new_backends: &mut Vec<u32>) -> u32 {
         let backend = backend_of(addr);
         if let Some(id) = self.backend_ids.get(&backend) {
-            return Ok(*id);
+            return *id;
         }
         let id = self.next_backend_id;
         self.next_backend_id = self.next_backend_id.wrapping_add(1).max(1);
-        self.backends.insert(id, backend, 0).map_err(|e| publish_err(spec, "BACKENDS_V1", e))?;
         self.backend_ids.insert(backend, id);
         self.backend_refs.insert(id, (backend, 0));
         new_backends.push(id);
-        Ok(id)
+        id
     }
 
-    /// Removes what a failed publish wrote; the old generation was never switched away from.
-    fn undo(&mut self, service: &Service, new_backends: &[u32]) {
+    /// Writes the backends `ids` (allocated by [`Publisher::backend_id`]): one batched update,
+    /// or one update each if the batch fails (which also names the error precisely).
+    fn insert_backends(&mut self, ids: &[u32]) -> Result<(), MapError> {
+        let (keys, values): (Vec<u32>, Vec<Backend>) = ids
+            .iter()
+            .filter_map(|id| self.backend_refs.get(id).map(|(backend, _)| (*id, *backend)))
+            .unzip();
+        if keys.len() > 1 && map_batch::update(&mut self.backends, &keys, &values).is_ok() {
+            return Ok(());
+        }
+        for (id, backend) in keys.iter().zip(&values) {
+            self.backends.insert(id, backend, 0)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes backends known to be in the map: one batched delete, or one delete each if the
+    /// batch fails.
+    fn delete_backends(&mut self, ids: &[u32]) {
+        if ids.len() > 1 && map_batch::delete(&mut self.backends, ids).is_ok() {
+            return;
+        }
+        for id in ids {
+            let _ = self.backends.remove(id);
+        }
+    }
+
+    /// Drops the references `write_table` counted, for a publish that failed after it.
+    fn uncount(&mut self, referenced: &[u32]) {
+        for id in referenced {
+            if let Some((_, refs)) = self.backend_refs.get_mut(id) {
+                *refs = refs.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Removes what a failed publish wrote (tables at the priorities in `tables`, backends
+    /// `new_backends`); the old generation was never switched away from.
+    fn undo(&mut self, service: &Service, tables: u8, new_backends: &[u32]) {
         // A new service's id goes back to the pool (rare path: a linear scan is fine).
         if !self.live.values().any(|l| l.service.id == service.id) {
             self.service_ids.remove(&service.id);
         }
-        for priority in 0..MAX_PRIORITIES {
-            let _ = self.slots.remove(&SlotTableKey {
-                service_id: service.id,
-                generation: service.generation,
-                priority,
-            });
-        }
+        self.delete_tables(service, tables);
         for id in new_backends {
             let _ = self.backends.remove(id);
             if let Some((backend, _)) = self.backend_refs.remove(id) {
@@ -316,15 +420,10 @@ impl Publisher {
         }
     }
 
-    /// Frees a generation nobody reads any more: its tables, then unreferenced backends.
-    fn retire(&mut self, old: &Live) {
-        for priority in 0..MAX_PRIORITIES {
-            let _ = self.slots.remove(&SlotTableKey {
-                service_id: old.service.id,
-                generation: old.service.generation,
-                priority,
-            });
-        }
+    /// Frees a generation nobody reads any more: its tables now; backends no table references
+    /// any more go to `dead_backends`, to be deleted once every retired table is gone.
+    fn retire(&mut self, old: &Live, dead_backends: &mut Vec<u32>) {
+        self.delete_tables(&old.service, old.tables);
         for id in &old.backends {
             let Some((backend, refs)) = self.backend_refs.get_mut(id) else { continue };
             *refs = refs.saturating_sub(1);
@@ -332,8 +431,19 @@ impl Publisher {
                 let backend = *backend;
                 self.backend_refs.remove(id);
                 self.backend_ids.remove(&backend);
-                let _ = self.backends.remove(id);
+                dead_backends.push(*id);
             }
+        }
+    }
+
+    /// Deletes the slot tables of `service`'s generation at the priorities set in `tables`.
+    fn delete_tables(&mut self, service: &Service, tables: u8) {
+        for priority in (0..MAX_PRIORITIES).filter(|p| tables & (1 << p) != 0) {
+            let _ = self.slots.remove(&SlotTableKey {
+                service_id: service.id,
+                generation: service.generation,
+                priority,
+            });
         }
     }
 
@@ -389,5 +499,51 @@ mod tests {
         let b = backend_of("[::1]:8080".parse().unwrap());
         assert_eq!(b.addr[3].to_ne_bytes(), [0, 0, 0, 1]);
         assert_eq!(b.family, FAMILY_V6);
+    }
+
+    fn spec_of(priorities: Vec<Vec<(SocketAddr, u32)>>) -> ServiceSpec {
+        ServiceSpec {
+            name: "svc".into(),
+            key: service_key("127.77.0.1".parse().unwrap(), 80, 6),
+            flags: SERVICE_F_MAGLEV,
+            priorities,
+        }
+    }
+
+    fn host(i: u8, weight: u32) -> (SocketAddr, u32) {
+        (SocketAddr::from(([127, 0, 0, i], 8000)), weight)
+    }
+
+    #[test]
+    fn no_routable_host_is_the_empty_layout() {
+        assert_eq!(layout(&spec_of(vec![])), Layout::Empty);
+        assert_eq!(layout(&spec_of(vec![vec![], vec![]])), Layout::Empty);
+    }
+
+    #[test]
+    fn one_host_in_the_first_level_with_hosts_is_single_whatever_its_weight_or_lower_levels() {
+        assert_eq!(layout(&spec_of(vec![vec![host(1, 7)]])), Layout::Single(host(1, 7).0));
+        let failover = spec_of(vec![vec![], vec![host(2, 1)], vec![host(3, 1), host(4, 1)]]);
+        assert_eq!(layout(&failover), Layout::Single(host(2, 1).0));
+        let standby = spec_of(vec![vec![host(5, 100)], vec![host(6, 1), host(7, 1)]]);
+        assert_eq!(layout(&standby), Layout::Single(host(5, 1).0));
+    }
+
+    #[test]
+    fn two_or_more_hosts_get_a_table_at_their_own_priority() {
+        let hosts = vec![host(1, 1), host(2, 3)];
+        let top = spec_of(vec![hosts.clone(), vec![host(9, 1)]]);
+        assert_eq!(layout(&top), Layout::Table { priority: 0, hosts: &hosts });
+        let lower = spec_of(vec![vec![], vec![], hosts.clone()]);
+        assert_eq!(layout(&lower), Layout::Table { priority: 2, hosts: &hosts });
+        // The same address twice is still a table (the weights add up in its slots).
+        let twice = vec![host(1, 1), host(1, 1)];
+        let dup = spec_of(vec![twice.clone()]);
+        assert_eq!(layout(&dup), Layout::Table { priority: 0, hosts: &twice });
+    }
+
+    #[test]
+    fn every_priority_fits_the_table_bitmask() {
+        assert_eq!(ALL_TABLES.count_ones(), MAX_PRIORITIES);
     }
 }

@@ -403,9 +403,10 @@ fn splice(c: &mut serde_json::Value) {
     c["splice"] = true.into();
 }
 
+/// S5: S4 with the proxied client/upstream pair handed to the kernel (`proxy.splice: kernel`).
 fn proxy_mode_spliced(c: &mut serde_json::Value) {
     proxy_mode(c);
-    splice(c);
+    c["proxy"] = serde_json::json!({"splice": "kernel"});
 }
 
 /// S4/S5/S6 rows whose pieces the daemon has (its `proxy check` accepts the configuration),
@@ -435,7 +436,7 @@ pub fn features(
             "ours",
             proxy_mode_spliced,
             false,
-            "`mode: proxy` with `splice: true` (sk_msg splicing between client and proxy)",
+            "`mode: proxy` with `proxy.splice: kernel` (the client/upstream pair spliced by an sk_skb verdict)",
         ),
         (
             "S6",

@@ -59,6 +59,10 @@ pub struct Args {
     /// Use the release binaries already in the target directory instead of building them.
     #[arg(long)]
     pub no_build: bool,
+    /// Measure nothing: rewrite BENCHMARKS.md and docs/bench/ from the raw results of an
+    /// earlier run (`bench-results/<timestamp>/results.json`), e.g. after a change of the report.
+    #[arg(long, value_name = "RESULTS_JSON")]
+    pub report_from: Option<PathBuf>,
     #[command(subcommand)]
     pub worker: Option<Worker>,
 }
@@ -83,6 +87,19 @@ pub struct Env {
 pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(Worker::Worker(w)) = args.worker {
         return worker::run(w);
+    }
+    if let Some(path) = &args.report_from {
+        let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let results: Results = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not the results.json of a run", path.display()))?;
+        let stamp = path
+            .parent()
+            .and_then(|d| d.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .context("the results file must sit in its run's directory")?;
+        report::write(&results, &util::workspace_root(), &stamp)?;
+        step(format!("wrote BENCHMARKS.md and docs/bench/ from {}", path.display()));
+        return Ok(());
     }
     util::require_root("cargo xtask bench")?;
     if args.smoke {

@@ -8,6 +8,17 @@ pub enum DataplaneError {
     /// No cgroup v2 hierarchy is mounted.
     #[error("no cgroup v2 filesystem in /proc/mounts; mount one (mount -t cgroup2 none /sys/fs/cgroup) or give an absolute cgroup path")]
     NoCgroup2,
+    /// An absolute cgroup path outside every cgroup v2 mount.
+    #[error(
+        "cgroup {} is not in a cgroup v2 hierarchy (cgroup2 is mounted at: {mounts}); give a path under it, or a relative one",
+        path.display()
+    )]
+    NotCgroup2 {
+        /// The configured path.
+        path: PathBuf,
+        /// The cgroup v2 mount points.
+        mounts: String,
+    },
     /// A filesystem operation on a cgroup, a pin or bpffs failed.
     #[error("{what} {}: {source}", path.display())]
     Io {

@@ -48,12 +48,22 @@ pub fn cgroup2_mount() -> Result<PathBuf, DataplaneError> {
 }
 
 /// An absolute cgroup path as given, or a relative one under the cgroup v2 mount.
+/// An absolute path must lie in a cgroup v2 hierarchy: a directory elsewhere (e.g. under the
+/// tmpfs `/sys/fs/cgroup` of a hybrid host) would be created and then refused by the kernel with
+/// an obscure error.
 pub fn resolve_cgroup(configured: &str) -> Result<PathBuf, DataplaneError> {
     let path = Path::new(configured);
-    if path.is_absolute() {
+    if !path.is_absolute() {
+        return Ok(cgroup2_mount()?.join(path));
+    }
+    let mounts = mounts_of("cgroup2");
+    if mounts.iter().any(|m| path.starts_with(m)) {
         Ok(path.to_owned())
     } else {
-        Ok(cgroup2_mount()?.join(path))
+        Err(DataplaneError::NotCgroup2 {
+            path: path.to_owned(),
+            mounts: mounts.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(", "),
+        })
     }
 }
 
@@ -65,6 +75,13 @@ pub fn is_bpffs(dir: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_absolute_cgroup_outside_cgroup2_is_refused() {
+        let err = resolve_cgroup("/tmp/not-a-cgroup").unwrap_err();
+        assert!(matches!(err, DataplaneError::NotCgroup2 { .. }), "{err}");
+        assert!(err.to_string().contains("/tmp/not-a-cgroup is not in a cgroup v2 hierarchy"), "{err}");
+    }
 
     #[test]
     fn unescapes_octal() {

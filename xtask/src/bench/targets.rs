@@ -43,7 +43,9 @@ fn all_at_least(t: &Table<'_>, row: &str, items: &[(&str, &str)], min: f64) -> V
             )
         })
         .collect();
-    let ok = stats.iter().all(|s| s.is_some_and(|s| s.median >= min));
+    // A metric the row does not measure (the veth rows skip some RR sizes) is shown as "–" and
+    // not judged; every measured one must hold.
+    let ok = stats.iter().flatten().all(|s| s.median >= min);
     judge(ok, format!("{row}: {}", parts.join(", ")), &stats)
 }
 

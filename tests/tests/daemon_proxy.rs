@@ -75,16 +75,17 @@ fn proxy_mode_forwards_to_the_cluster_and_the_application_sees_the_vip() {
     assert_eq!(daemon.stat("proxy.downstream_cx_no_original_dst"), 5);
 }
 
-/// HTTP servers answering every request with their name (one request per connection).
-struct HttpServers {
+/// Servers in the test namespace: a thread per listener, and one per connection running
+/// `handle(connection, name)`. Stopped and joined on drop.
+struct Servers {
     stop: Arc<AtomicBool>,
     addrs: Vec<SocketAddr>,
     netns: std::path::PathBuf,
     threads: Vec<JoinHandle<()>>,
 }
 
-impl HttpServers {
-    fn start(netns: &Netns, servers: &[(SocketAddr, &str)]) -> Self {
+impl Servers {
+    fn start(netns: &Netns, servers: &[(SocketAddr, &str)], handle: fn(TcpStream, &str)) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
         for &(addr, name) in servers {
@@ -92,46 +93,30 @@ impl HttpServers {
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
             threads.push(std::thread::spawn(move || {
                 proxy::enter_netns(&path).expect("entering the test namespace");
-                let listener = TcpListener::bind(addr).expect("binding an HTTP server");
+                let listener = TcpListener::bind(addr).expect("binding a test server");
                 ready_tx.send(()).expect("test alive");
                 for conn in listener.incoming() {
                     if stop.load(Ordering::SeqCst) {
                         return;
                     }
-                    let Ok(mut conn) = conn else { continue };
-                    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-                    let mut head = Vec::new();
-                    let mut byte = [0u8; 1];
-                    while !head.ends_with(b"\r\n\r\n") && head.len() < 8192 {
-                        match conn.read(&mut byte) {
-                            Ok(1) => head.push(byte[0]),
-                            _ => break,
-                        }
+                    if let Ok(conn) = conn {
+                        let name = name.clone();
+                        std::thread::spawn(move || handle(conn, &name));
                     }
-                    let path = String::from_utf8_lossy(&head)
-                        .split_whitespace()
-                        .nth(1)
-                        .unwrap_or_default()
-                        .to_owned();
-                    let body = format!("{name} {path}");
-                    let _ = write!(
-                        conn,
-                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
                 }
             }));
-            ready_rx.recv_timeout(Duration::from_secs(5)).expect("HTTP server started");
+            ready_rx.recv_timeout(Duration::from_secs(5)).expect("test server started");
         }
         let addrs = servers.iter().map(|&(a, _)| a).collect();
         Self { stop, addrs, netns: netns.path(), threads }
     }
 }
 
-impl Drop for HttpServers {
+impl Drop for Servers {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         let (addrs, path) = (self.addrs.clone(), self.netns.clone());
+        // Wake the blocking accepts from inside the namespace.
         let waker = std::thread::spawn(move || {
             if proxy::enter_netns(&path).is_ok() {
                 for addr in addrs {
@@ -142,6 +127,41 @@ impl Drop for HttpServers {
         let _ = waker.join();
         for t in self.threads.drain(..) {
             let _ = t.join();
+        }
+    }
+}
+
+/// Answers one HTTP/1.1 request with `<name> <path>`.
+fn http_server(mut conn: TcpStream, name: &str) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 8192 {
+        match conn.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => break,
+        }
+    }
+    let path = String::from_utf8_lossy(&head).split_whitespace().nth(1).unwrap_or_default().to_owned();
+    let body = format!("{name} {path}");
+    let _ = write!(
+        conn,
+        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+/// Sends `<name>\n`, then echoes every byte until the client closes (a long-lived connection
+/// whose host a client can tell).
+fn echo_server(mut conn: TcpStream, name: &str) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
+    if writeln!(conn, "{name}").is_err() {
+        return;
+    }
+    let mut buf = [0u8; 256];
+    while let Ok(n @ 1..) = conn.read(&mut buf) {
+        if conn.write_all(&buf[..n]).is_err() {
+            return;
         }
     }
 }
@@ -173,7 +193,7 @@ fn service_router_chain_routes_http_by_path() {
     require_root();
     let (netns, cgroup) = (Netns::new(), TestCgroup::new());
     let (web, api): (SocketAddr, SocketAddr) = ("127.0.0.21:8081".parse().unwrap(), "127.0.0.22:8082".parse().unwrap());
-    let _servers = HttpServers::start(&netns, &[(web, "web"), (api, "api")]);
+    let _servers = Servers::start(&netns, &[(web, "web"), (api, "api")], http_server);
     let config = format!(
         "{}clusters:\n{}{}config_entries:\n  - {{ Kind: service-defaults, Name: web, Protocol: http }}\n  - {{ Kind: service-defaults, Name: api, Protocol: http }}\n  - Kind: service-router\n    Name: web\n    Routes:\n      - Match: {{ HTTP: {{ PathPrefix: /api }} }}\n        Destination: {{ Service: api, PrefixRewrite: /v2 }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, chain: web, mode: proxy }}\n",
         header(&cgroup, ""),
@@ -217,70 +237,6 @@ fn original_dst_forwards_to_the_dialled_address_and_flushes_unused_hosts() {
     assert!(!clusters.contains("127.0.0.31:9000"), "{clusters}");
 }
 
-/// Banner-then-echo servers: a client learns which host it reached, then its bytes come back.
-struct EchoServers {
-    stop: Arc<AtomicBool>,
-    addrs: Vec<SocketAddr>,
-    netns: std::path::PathBuf,
-    threads: Vec<JoinHandle<()>>,
-}
-
-impl EchoServers {
-    fn start(netns: &Netns, servers: &[(SocketAddr, &str)]) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut threads = Vec::new();
-        for &(addr, name) in servers {
-            let (stop, name, path) = (stop.clone(), name.to_owned(), netns.path());
-            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-            threads.push(std::thread::spawn(move || {
-                proxy::enter_netns(&path).expect("entering the test namespace");
-                let listener = TcpListener::bind(addr).expect("binding an echo server");
-                ready_tx.send(()).expect("test alive");
-                for conn in listener.incoming() {
-                    if stop.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    let Ok(mut conn) = conn else { continue };
-                    let name = name.clone();
-                    std::thread::spawn(move || {
-                        let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
-                        if writeln!(conn, "{name}").is_err() {
-                            return;
-                        }
-                        let mut buf = [0u8; 256];
-                        while let Ok(n @ 1..) = conn.read(&mut buf) {
-                            if conn.write_all(&buf[..n]).is_err() {
-                                return;
-                            }
-                        }
-                    });
-                }
-            }));
-            ready_rx.recv_timeout(Duration::from_secs(5)).expect("echo server started");
-        }
-        let addrs = servers.iter().map(|&(a, _)| a).collect();
-        Self { stop, addrs, netns: netns.path(), threads }
-    }
-}
-
-impl Drop for EchoServers {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let (addrs, path) = (self.addrs.clone(), self.netns.clone());
-        let waker = std::thread::spawn(move || {
-            if proxy::enter_netns(&path).is_ok() {
-                for addr in addrs {
-                    let _ = TcpStream::connect_timeout(&addr, Duration::from_millis(200));
-                }
-            }
-        });
-        let _ = waker.join();
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
-}
-
 fn epoch_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_millis() as u64
 }
@@ -290,7 +246,7 @@ fn a_host_removed_by_strict_dns_is_drained() {
     require_root();
     let (netns, cgroup) = (Netns::new(), TestCgroup::new());
     let (a, b) = ("127.0.0.41:8080", "127.0.0.42:8080");
-    let _servers = EchoServers::start(&netns, &[(a.parse().unwrap(), a), (b.parse().unwrap(), b)]);
+    let _servers = Servers::start(&netns, &[(a.parse().unwrap(), a), (b.parse().unwrap(), b)], echo_server);
     let dns = Unbound::start_in(&netns.path(), &["web.svc.test. 5 IN A 127.0.0.41"]);
     let drain = Duration::from_secs(3);
     let config = format!(

@@ -29,6 +29,7 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("unbound", "/usr/sbin/unbound"),
     ("bind9-dnsutils", "/usr/bin/dig"),
     ("curl", "/usr/bin/curl"),
+    ("nftables", "/usr/sbin/nft"),
 ];
 
 pub fn run() -> anyhow::Result<()> {

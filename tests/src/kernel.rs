@@ -293,18 +293,7 @@ impl Daemon {
             .stdout(file.try_clone().expect("dup"))
             .stderr(file);
         if let Some(ns) = &netns {
-            use std::os::{fd::AsRawFd as _, unix::process::CommandExt as _};
-            let ns_file = std::fs::File::open(ns).expect("opening the test namespace");
-            // SAFETY: between fork and exec the child only calls setns (async-signal-safe) on a
-            // descriptor the parent keeps open until spawn returns.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::setns(ns_file.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            exec_in_netns(&mut cmd, ns);
         }
         let child = cmd.spawn().expect("starting the daemon");
         let mut daemon = Self { child: Some(child), admin, netns, log, _dir: dir };
@@ -404,15 +393,26 @@ impl Drop for TempDir {
     }
 }
 
-/// Runs `f` on a thread that entered the network namespace at `path`.
+/// Runs `f` inside the network namespace at `path` and waits for its result.
 fn in_netns_path<T: Send + 'static>(path: &Path, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = path.to_owned();
-    std::thread::spawn(move || {
-        proxy::enter_netns(&path).expect("entering the test namespace");
-        f()
-    })
-    .join()
-    .expect("namespace thread panicked")
+    in_netns_at(path.to_owned(), f).join().expect("namespace thread panicked")
+}
+
+/// Makes `cmd` enter the network namespace at `ns` (only that: it keeps the host's mounts)
+/// between fork and exec.
+pub fn exec_in_netns(cmd: &mut Command, ns: &Path) {
+    use std::os::{fd::AsRawFd as _, unix::process::CommandExt as _};
+    let ns_file = std::fs::File::open(ns).unwrap_or_else(|e| panic!("cannot open {}: {e}", ns.display()));
+    // SAFETY: between fork and exec the child only calls setns (async-signal-safe) on a
+    // descriptor the closure keeps open until then.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(ns_file.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 /// A loopback address with a port that was free a moment ago.

@@ -77,19 +77,7 @@ impl Unbound {
             .stdout(Stdio::null())
             .stderr(log_file);
         if let Some(ns) = netns {
-            use std::os::{fd::AsRawFd as _, unix::process::CommandExt as _};
-            let ns_file = std::fs::File::open(ns)
-                .unwrap_or_else(|e| panic!("cannot open {}: {e}", ns.display()));
-            // SAFETY: between fork and exec the child only calls setns (async-signal-safe) on a
-            // descriptor the parent keeps open until spawn returns.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::setns(ns_file.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            crate::kernel::exec_in_netns(&mut cmd, ns);
         }
         let child = cmd
             .spawn()

@@ -6,7 +6,9 @@
 //!   socket cookie (`SOCK_ORIG_V1`) to the client's 4-tuple (`ORIG_DST_V1`), where the proxy
 //!   finds it from `accept()`; then, like `PASSIVE_ESTABLISHED_CB`, the socket is added to the
 //!   splice sockhash `SPLICE_V1` when splicing is on and both ends are on this host. The
-//!   backend's run of failures in `PASSIVE_RUN_V1` ends (the connect succeeded).
+//!   backend's run of failures in `PASSIVE_RUN_V1` ends (the connect succeeded). A socket that
+//!   dialled no service (it did not ask for `STATE_CB`) only gets the splice switch checked: the
+//!   cgroup's other connections pay one array-sized lookup here, nothing more.
 //! - `STATE_CB` to `CLOSE`: SYN_SENT -> CLOSE counts a failed connect for the backend,
 //!   ESTABLISHED or CLOSE_WAIT -> CLOSE a reset (received or sent; a FIN handshake passes through
 //!   FIN_WAIT or LAST_ACK instead), and either extends the backend's run in `PASSIVE_RUN_V1`;
@@ -34,13 +36,13 @@ use aya_ebpf::{
 use proxy_common::{
     counters,
     service::Backend,
-    socket::{PassiveCounts, SETTINGS_F_SPLICE, SockTuple},
+    socket::{PassiveCounts, SETTINGS_F_SPLICE, SETTINGS_KEY, SockTuple},
 };
 
 use crate::{
     maps::{
-        ORIG_DST_V1, PASSIVE_RUN_V1, PASSIVE_V1, SOCK_ORIG_V1, SOCK_VIP_V1, SPLICE_V1, count,
-        settings,
+        ORIG_DST_V1, PASSIVE_RUN_V1, PASSIVE_V1, SETTINGS_V1, SOCK_ORIG_V1, SOCK_VIP_V1, SPLICE_V1,
+        count,
     },
     tuple::{self, Fields},
 };
@@ -63,13 +65,19 @@ fn try_sockops(ctx: &SockOpsContext) -> Result<(), Failed> {
     match ctx.op() {
         BPF_SOCK_OPS_TCP_CONNECT_CB => watch(ctx),
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => {
+            // Only a socket that dialled a service asked for state callbacks (`watch`); every
+            // other socket of the cgroup gets here too, and must cost no more than the splice
+            // switch: no tuple, no cookie, no lookup.
+            if ctx.cb_flags() & BPF_SOCK_OPS_STATE_CB_FLAG == 0 {
+                return splice(ctx);
+            }
             let t = conn(ctx)?;
             end_run(&Backend { addr: t.remote, port: t.remote_port, family: t.family, _pad: 0 });
             // A failed re-key must not cost the splice (and the other way round).
             let rekeyed = rekey_orig_dst(ctx, &t);
-            splice(ctx, t).and(rekeyed)
+            splice(ctx).and(rekeyed)
         }
-        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => splice(ctx, conn(ctx)?),
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => splice(ctx),
         BPF_SOCK_OPS_STATE_CB if ctx.arg(1) == BPF_TCP_CLOSE => closed(ctx, ctx.arg(0)),
         _ => Ok(()),
     }
@@ -101,10 +109,15 @@ fn rekey_orig_dst(ctx: &SockOpsContext, t: &SockTuple) -> Result<(), Failed> {
     Ok(())
 }
 
-/// Adds an established local socket to the splice sockhash, when splicing is on.
+/// Adds an established local socket to the splice sockhash, when splicing is on. The switch
+/// is read first: with splicing off (the default) this is one lookup.
 #[inline(always)]
-fn splice(ctx: &SockOpsContext, mut t: SockTuple) -> Result<(), Failed> {
-    if settings().flags & SETTINGS_F_SPLICE == 0 || !tuple::is_local(&t) {
+fn splice(ctx: &SockOpsContext) -> Result<(), Failed> {
+    if !splice_on() {
+        return Ok(());
+    }
+    let mut t = conn(ctx)?;
+    if !tuple::is_local(&t) {
         return Ok(());
     }
     // SAFETY: the context pointer is valid for the duration of the program.
@@ -203,4 +216,11 @@ fn conn(ctx: &SockOpsContext) -> Result<SockTuple, Failed> {
         remote_port: ops.remote_port,
     })
     .ok_or(Failed(counters::SOCKHASH_INSERT_FAILED))
+}
+
+/// Whether the daemon turned splicing on (read in place: the settings are not copied).
+#[inline(always)]
+fn splice_on() -> bool {
+    // SAFETY: one field is read before the program returns.
+    unsafe { SETTINGS_V1.get(&SETTINGS_KEY) }.is_some_and(|s| s.flags & SETTINGS_F_SPLICE != 0)
 }

@@ -57,15 +57,18 @@ pub const PASSIVE_RESET: u32 = 23;
 pub const PASSIVE_RECORD_FAILED: u32 = 24;
 /// pair_verdict: bytes a spliced proxy socket received were redirected out of its peer.
 pub const PAIR_REDIRECTED: u32 = 25;
-/// pair_verdict: a spliced proxy socket's peer is not in `PAIR_PEER_V1`; the bytes are dropped
+/// pair_verdict: a spliced proxy socket's peer is not in `PAIR_PEER_V2`; the bytes are dropped
 /// (the daemon is tearing the pair down).
 pub const PAIR_REDIRECT_FAILED: u32 = 26;
+/// pair_verdict: bytes a spliced proxy socket received were passed to the daemon to copy (the
+/// peer used up its credit: backpressure).
+pub const PAIR_PASSED: u32 = 27;
 
 /// Number of counters; the size of `COUNTERS_V2` (room to grow without a layout change).
 pub const COUNT: u32 = 64;
 
 /// Names used by the daemon when it exports the counters, indexed like the constants above.
-pub const NAMES: [&str; 27] = [
+pub const NAMES: [&str; 28] = [
     "connect_rewritten",
     "connect_not_service",
     "connect_no_host",
@@ -93,6 +96,7 @@ pub const NAMES: [&str; 27] = [
     "passive_record_failed",
     "pair_redirected",
     "pair_redirect_failed",
+    "pair_passed",
 ];
 const _: () = assert!(NAMES.len() as u32 <= COUNT);
 
@@ -120,6 +124,7 @@ mod tests {
             "passive_record_failed"
         );
         assert_eq!(NAMES[PAIR_REDIRECT_FAILED as usize], "pair_redirect_failed");
-        assert_eq!(NAMES.len(), PAIR_REDIRECT_FAILED as usize + 1);
+        assert_eq!(NAMES[PAIR_PASSED as usize], "pair_passed");
+        assert_eq!(NAMES.len(), PAIR_PASSED as usize + 1);
     }
 }

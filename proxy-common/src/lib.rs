@@ -20,7 +20,7 @@ pub mod socket;
 mod pod {
     use crate::{
         service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey},
-        socket::{PassiveCounts, Settings, SockTuple, UdpReverseKey},
+        socket::{PairFlow, PairGrant, PassiveCounts, Settings, SockTuple, UdpReverseKey},
     };
 
     // SAFETY: each type is repr(C), made only of integers and integer arrays with explicit
@@ -42,4 +42,8 @@ mod pod {
     unsafe impl aya::Pod for UdpReverseKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for PassiveCounts {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for PairFlow {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for PairGrant {}
 }

@@ -10,7 +10,9 @@
 //! ORIG_DST_V1    SockTuple      -> ServiceKey     (proxy mode: sockops -> the daemon's accept())
 //! SPLICE_V1      SockTuple      -> socket         (sockhash: sockops inserts, sk_msg redirects)
 //! PAIR_SOCKS_V1  SockTuple      -> socket         (sockhash: the daemon arms a spliced proxy pair)
-//! PAIR_PEER_V1   SockTuple      -> peer socket    (sockhash: pair_verdict redirects to it)
+//! PAIR_PEER_V2   u64 (cookie)   -> peer socket    (sockhash: pair_verdict redirects to it)
+//! PAIR_FLOW_V1   u64 (cookie)   -> PairFlow       (pair_verdict counts what it redirected/passed)
+//! PAIR_GRANT_V1  u64 (cookie)   -> PairGrant      (the daemon's credit for pair_verdict)
 //! UDP_REV_V1     UdpReverseKey  -> ServiceKey     (sendmsg4/6 and connect4/6 -> recvmsg4/6)
 //! PASSIVE_V1     Backend        -> PassiveCounts  (per CPU: sockops -> the daemon's health)
 //! ```
@@ -43,8 +45,8 @@ pub struct Settings {
 }
 const _: () = assert!(size_of::<Settings>() == 48);
 
-/// A TCP connection as one of its ends sees it: key of `ORIG_DST_V1`, `SPLICE_V1`,
-/// `PAIR_SOCKS_V1` and `PAIR_PEER_V1`.
+/// A TCP connection as one of its ends sees it: key of `ORIG_DST_V1`, `SPLICE_V1` and
+/// `PAIR_SOCKS_V1`.
 ///
 /// The proxy listener looks a redirected connection up with (peer, local) of the accepted socket,
 /// which is (local, remote) of the client's socket: the client's view is the key.
@@ -111,3 +113,35 @@ pub struct PassiveCounts {
     pub resets: u64,
 }
 const _: () = assert!(size_of::<PassiveCounts>() == 16);
+
+/// Value of `PAIR_FLOW_V1`, by a spliced proxy socket's cookie: what `pair_verdict` did
+/// with the bytes that socket received since it was spliced. Written only by the program (the
+/// daemon inserts zeros before arming the pair, and reads).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PairFlow {
+    /// Bytes redirected out of the peer socket (the kernel's splice).
+    pub redirected: u64,
+    /// Bytes passed to the socket's own receive queue, for the daemon to copy (the peer was
+    /// behind by the whole credit, or bytes passed earlier were not copied yet).
+    pub passed: u64,
+}
+const _: () = assert!(size_of::<PairFlow>() == 16);
+
+/// Value of `PAIR_GRANT_V1`, by a spliced proxy socket's cookie: the credit the daemon
+/// gives `pair_verdict`. Written only by the daemon, whole (one map update).
+///
+/// The program redirects a buffer only while `PairFlow::redirected` plus its length stays
+/// within `granted` and every passed byte was copied (`PairFlow::passed == drained`);
+/// otherwise it passes the buffer to the socket, where the daemon copies it in order. That
+/// bounds what the kernel queues for a slow peer, and the socket's own receive buffer then
+/// closes the TCP window: backpressure.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PairGrant {
+    /// Total bytes (since splicing) the program may redirect.
+    pub granted: u64,
+    /// Passed bytes the daemon has copied to the peer.
+    pub drained: u64,
+}
+const _: () = assert!(size_of::<PairGrant>() == 16);

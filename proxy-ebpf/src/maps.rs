@@ -11,7 +11,7 @@ use aya_ebpf::{
 use proxy_common::{
     counters,
     service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey},
-    socket::{PassiveCounts, Settings, SockTuple, UdpReverseKey},
+    socket::{PairFlow, PairGrant, PassiveCounts, Settings, SockTuple, UdpReverseKey},
 };
 
 /// Services by (VIP, port, protocol); a one-host service carries its host here. Not
@@ -102,7 +102,19 @@ pub fn settings() -> Settings {
 pub static PAIR_SOCKS_V1: SockHash<SockTuple> = SockHash::pinned(65_536, 0);
 
 /// Proxy-pair splicing: the socket that bytes received by a spliced socket go out of, by the
-/// receiving socket's own 4-tuple (no program attached: the daemon fills it before it arms the
-/// pair in `PAIR_SOCKS_V1`).
+/// receiving socket's cookie (no program attached: the daemon fills it before it arms the pair
+/// in `PAIR_SOCKS_V1`). `_V2`: keyed by cookie instead of 4-tuple, which a closing socket loses
+/// (its local port reads 0 once released) while bytes may still wait for the program.
 #[map]
-pub static PAIR_PEER_V1: SockHash<SockTuple> = SockHash::pinned(65_536, 0);
+pub static PAIR_PEER_V2: SockHash<u64> = SockHash::pinned(65_536, 0);
+
+/// Proxy-pair splicing: what `pair_verdict` did with each spliced socket's bytes (redirected,
+/// passed), by the receiving socket's cookie. The daemon inserts zeros before it arms the pair
+/// and removes the entry when it takes the pair apart; only the program writes it between.
+#[map]
+pub static PAIR_FLOW_V1: HashMap<u64, PairFlow> = HashMap::pinned(65_536, 0);
+
+/// Proxy-pair splicing: the daemon's credit for each spliced socket (see `PairGrant`), by the
+/// receiving socket's cookie. Only the daemon writes it.
+#[map]
+pub static PAIR_GRANT_V1: HashMap<u64, PairGrant> = HashMap::pinned(65_536, 0);

@@ -4,33 +4,51 @@
 //! the egress of the peer socket (`bpf_sk_redirect_hash`, flags 0): the bytes leave through the
 //! peer's TCP send path without crossing into userspace.
 //!
-//! The peer is found in a second sockhash, `PAIR_PEER_V1`, under the receiving socket's own
-//! 4-tuple. That map has no program attached, so the daemon can put both peers there first and
-//! only then arm both sockets in `PAIR_SOCKS_V1`: a socket never runs this program before its
-//! peer can be found.
+//! The peer is found in a second sockhash, `PAIR_PEER_V2`, under the receiving socket's cookie
+//! (stable for the socket's life; its 4-tuple is not: a closing socket's local port reads 0
+//! while bytes may still wait for this program). That map has no program attached, so the
+//! daemon can put both peers there first and only then arm both sockets in `PAIR_SOCKS_V1`: a
+//! socket never runs this program before its peer can be found.
+//!
+//! Backpressure is a credit: the kernel queues redirected bytes for the peer without any limit
+//! of its own, so the program redirects only within the credit the daemon granted in
+//! `PAIR_GRANT_V1` (counting in `PAIR_FLOW_V1`). A buffer beyond it, or any buffer while bytes
+//! passed earlier are still uncopied, is passed to the receiving socket itself (`SK_PASS`
+//! without a redirect): it is charged to that socket's receive buffer, which closes the TCP
+//! window when nobody reads, and the daemon, woken by it, copies it to the peer in order once
+//! the peer took every redirected byte, then grants more. So the bytes of one direction are
+//! always either all in the kernel's queue or behind it, never overtaking each other.
 //!
 //! Empty buffers (a FIN's) are dropped: a FIN is passed on by the daemon, after the bytes.
 //!
-//! Contract: fail-closed for the pair: bytes whose peer is not in `PAIR_PEER_V1` (the daemon is
+//! Contract: fail-closed for the pair: bytes whose peer is not in `PAIR_PEER_V2` (the daemon is
 //! tearing the pair down, or the peer closed) are dropped and counted `pair_redirect_failed`;
-//! the daemon resets such a connection. Never touches sockets outside the two maps. Minimum
-//! kernel 5.10 (a stream verdict without a stream parser); the attachment is a prog-attach to
-//! the map, which lives as long as the pinned map. Reads `PAIR_PEER_V1`; writes `COUNTERS_V2`.
+//! the daemon resets such a connection. A socket without flow or credit entries passes its
+//! bytes to itself (counted `pair_redirect_failed` without flow entries). Never touches sockets outside the two sockhashes. Minimum kernel 5.10
+//! (a stream verdict without a stream parser; `SK_PASS` charged to the socket's receive
+//! buffer); the attachment is a prog-attach to the map, which lives as long as the pinned map.
+//! Reads `PAIR_PEER_V2`, `PAIR_GRANT_V1`; writes `PAIR_FLOW_V1`, `COUNTERS_V2`.
 
 use aya_ebpf::{
+    EbpfContext as _,
     bindings::sk_action::{SK_DROP, SK_PASS},
+    helpers::bpf_get_socket_cookie,
     macros::stream_verdict,
     programs::SkBuffContext,
 };
 use proxy_common::counters;
 
-use crate::{
-    maps::{PAIR_PEER_V1, count},
-    tuple::{self, Fields},
-};
+use crate::maps::{PAIR_FLOW_V1, PAIR_GRANT_V1, PAIR_PEER_V2, count};
 
-/// The receiving socket has no peer in `PAIR_PEER_V1`.
-struct NoPeer;
+/// What to do with a buffer.
+enum Verdict {
+    /// Redirected out of the peer.
+    Redirected,
+    /// Left to the receiving socket, for the daemon to copy.
+    Passed,
+    /// The receiving socket has no peer in `PAIR_PEER_V2`.
+    NoPeer,
+}
 
 #[stream_verdict]
 pub fn pair_verdict(ctx: SkBuffContext) -> u32 {
@@ -39,39 +57,55 @@ pub fn pair_verdict(ctx: SkBuffContext) -> u32 {
     if ctx.len() == 0 {
         return SK_DROP;
     }
-    match try_redirect(&ctx) {
-        Ok(()) => {
+    match verdict(&ctx) {
+        Verdict::Redirected => {
             count(counters::PAIR_REDIRECTED);
             SK_PASS
         }
-        Err(NoPeer) => {
+        Verdict::Passed => {
+            count(counters::PAIR_PASSED);
+            SK_PASS
+        }
+        Verdict::NoPeer => {
             count(counters::PAIR_REDIRECT_FAILED);
             SK_DROP
         }
     }
 }
 
-fn try_redirect(ctx: &SkBuffContext) -> Result<(), NoPeer> {
-    let skb = ctx.skb.skb;
-    // SAFETY: the context pointer is valid for the duration of the program; the fields are
-    // read one 4-byte word at a time, as the verifier requires.
-    let t = unsafe {
-        tuple::from_fields(&Fields {
-            family: (*skb).family,
-            local_ip4: (*skb).local_ip4,
-            remote_ip4: (*skb).remote_ip4,
-            local_ip6: tuple::words(&raw const (*skb).local_ip6),
-            remote_ip6: tuple::words(&raw const (*skb).remote_ip6),
-            local_port: (*skb).local_port,
-            remote_port: (*skb).remote_port,
-        })
+fn verdict(ctx: &SkBuffContext) -> Verdict {
+    // SAFETY: the helper only reads the context, which is valid.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let len = u64::from(ctx.len());
+    let Some(flow) = PAIR_FLOW_V1.get_ptr_mut(&cookie) else {
+        // Cannot happen while the daemon holds the pair (it inserts the entry before arming
+        // the socket): the bytes go to the socket, counted as a failure.
+        count(counters::PAIR_REDIRECT_FAILED);
+        return Verdict::Passed;
+    };
+    // SAFETY: a value of the map, valid while the program runs. One socket's buffers go
+    // through this program one at a time (the socket's receive path is serialised), and only
+    // this program writes the entry, so the plain read-modify-write below is not racy.
+    let flow = unsafe { &mut *flow };
+    if !within_credit(cookie, flow.redirected, flow.passed, len) {
+        flow.passed += len;
+        return Verdict::Passed;
     }
-    .ok_or(NoPeer)?;
     // With the redirect set, SK_PASS sends the bytes out of the peer; anything else is a drop.
-    let verdict = PAIR_PEER_V1.redirect_skb(ctx, t, 0);
-    if verdict == i64::from(SK_PASS) {
-        Ok(())
-    } else {
-        Err(NoPeer)
+    if PAIR_PEER_V2.redirect_skb(ctx, cookie, 0) != i64::from(SK_PASS) {
+        return Verdict::NoPeer;
+    }
+    flow.redirected += len;
+    Verdict::Redirected
+}
+
+/// Whether `len` more bytes may be redirected: within the granted credit, and nothing passed
+/// earlier is still waiting for the daemon (those bytes come first).
+#[inline(always)]
+fn within_credit(cookie: u64, redirected: u64, passed: u64, len: u64) -> bool {
+    // SAFETY: the value is read before the program returns.
+    match unsafe { PAIR_GRANT_V1.get(&cookie) } {
+        Some(g) => passed == g.drained && redirected + len <= g.granted,
+        None => false,
     }
 }

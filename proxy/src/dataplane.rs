@@ -17,7 +17,7 @@ pub use self::{
     error::DataplaneError,
     loader::{Dataplane, DataplaneOptions, PAIR_PROGRAM, PROGRAMS, SPLICE_PROGRAM},
     mounts::{cgroup2_mount, resolve_cgroup},
-    pair::{PairError, PairGuard, PairSplicer},
+    pair::{PAIR_CREDIT, PairError, PairGuard, PairSide, PairSplicer},
     publish::{PublishOutcome, Publisher, ServiceSpec, backend_of, service_key as publish_key},
     runtime::{OriginalDestinations, PassiveReport, RuntimeMaps},
 };

@@ -159,6 +159,35 @@ pub fn tcp_received_before_fin(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u6
     tcp_info_bytes(fd).map(|(_, received, _)| received.saturating_sub(1))
 }
 
+/// `getsockopt(SO_COOKIE)`: the socket's cookie, the key the kernel programs find it by
+/// (`bpf_get_socket_cookie`); stable for the socket's life.
+pub fn socket_cookie(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
+    use std::os::fd::AsRawFd as _;
+    let mut cookie: u64 = 0;
+    let mut len = size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `cookie` and `len` are valid for writes and outlive the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_COOKIE,
+            (&raw mut cookie).cast(),
+            &raw mut len,
+        )
+    };
+    if rc == 0 { Ok(cookie) } else { Err(io::Error::last_os_error()) }
+}
+
+/// `recv(MSG_DONTWAIT)`, with `MSG_PEEK` when `peek`: copies what the socket has queued into
+/// `buf`, taking it unless peeking (0 at its end; `WouldBlock` when nothing is queued).
+pub fn recv_now(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8], peek: bool) -> io::Result<usize> {
+    use std::os::fd::AsRawFd as _;
+    let flags = libc::MSG_DONTWAIT | if peek { libc::MSG_PEEK } else { 0 };
+    // SAFETY: `buf` is valid for writes of its length for the duration of the call.
+    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), flags) };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
 /// `setsockopt(SO_RCVLOWAT, 1)`: besides setting the low-water mark, TCP re-runs its
 /// data-ready callback for bytes already queued, which is how bytes that arrived before a
 /// socket entered a sockmap reach its stream verdict program.

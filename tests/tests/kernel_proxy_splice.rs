@@ -1,15 +1,16 @@
 //! Root: the proxy path's TCP forwarding in both `splice` modes, `copy` (the userspace loop) and
 //! `kernel` (proxy-pair splicing: the stream verdict program moves the bytes between the
 //! proxy's client and upstream sockets). Each test runs its scenario once per mode, in a fresh
-//! network namespace, with the data path opened in-process (for `PAIR_SOCKS_V1`/`PAIR_PEER_V1`
+//! network namespace, with the data path opened in-process (for `PAIR_SOCKS_V1`/`PAIR_PEER_V2`
 //! and the program) and the proxy, its servers and clients on loopback inside the namespace.
 //!
 //! Checked in both modes: a large transfer arrives intact in both directions at once (hash of
 //! what was sent equals the hash of what arrived), half-close propagates both ways, a reset
 //! propagates both ways, a reader that stops makes the sender block and then gets everything
-//! intact; and in kernel mode, that no byte went through the copy loop and that closed or reset
-//! pairs leave no entry in the two sockhashes. (Kernel mode gives no backpressure: that test
-//! reports what it saw; see ARCHITECTURE.md, "Proxy-pair splicing".)
+//! intact; and in kernel mode, that the kernel redirected the bytes (userspace copied only what
+//! the credit made the kernel pass back), that a stopped reader makes the kernel pass bytes
+//! back instead of queueing them, and that closed or reset pairs leave no entry in the
+//! sockhashes and the flow and credit maps.
 //!
 //! The transfer size is `$PROXY_TEST_TRANSFER_MIB` MiB (default 64; the VM runs use less).
 
@@ -26,8 +27,7 @@ use integration_tests::{
     kernel::{InProcess, Netns, TestCgroup, in_netns, require_root, skip_without_dataplane},
 };
 use proxy::proxy::{
-    OriginalDstTable, ProxyConfig, ProxyDeps, ProxyStatsHandle, Service, ServiceTable, SpliceMode,
-    Splicer, serve,
+    OriginalDstTable, ProxyConfig, ProxyDeps, Service, ServiceTable, SpliceMode, Splicer, serve,
 };
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -119,7 +119,6 @@ impl Env {
                 let fixture = Fixture {
                     proxy: handle.local_addrs()[0],
                     table,
-                    stats: handle.stats_handle(),
                 };
                 let outcome = tokio::time::timeout(SCENARIO, scenario(fixture)).await;
                 let stats = handle.stats();
@@ -133,11 +132,10 @@ impl Env {
     }
 }
 
-/// What a scenario gets: the proxy's address, its fake original-destination table, its stats.
+/// What a scenario gets: the proxy's address and its fake original-destination table.
 struct Fixture {
     proxy: SocketAddr,
     table: Arc<OriginalDstTable>,
-    stats: ProxyStatsHandle,
 }
 
 impl Fixture {
@@ -156,10 +154,6 @@ impl Fixture {
             .expect("client connects");
         let (upstream, _) = within(server.accept()).await.expect("server accepts");
         (client, upstream)
-    }
-
-    fn stat(&self, name: &str) -> u64 {
-        stat(&self.stats.stats(), name)
     }
 }
 
@@ -245,15 +239,14 @@ async fn read_to_end(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
 }
 
 #[test]
-fn splice_modes_large_transfer_arrives_intact_both_ways_and_bypasses_userspace() {
-    let Some(env) =
-        Env::new("splice_modes_large_transfer_arrives_intact_both_ways_and_bypasses_userspace")
-    else {
+fn splice_modes_large_transfer_arrives_intact_both_ways() {
+    let Some(env) = Env::new("splice_modes_large_transfer_arrives_intact_both_ways") else {
         return;
     };
     let total = transfer_bytes();
     for mode in MODES {
         let redirected_before = env.dp.counter("pair_redirected");
+        let passed_before = env.dp.counter("pair_passed");
         let stats = env.run(mode, move |fx| async move {
             let (client, server) = fx.pair().await;
             let ((c_rd, c_wr), (s_rd, s_wr)) = (client.into_split(), server.into_split());
@@ -264,22 +257,10 @@ fn splice_modes_large_transfer_arrives_intact_both_ways_and_bypasses_userspace()
             assert_eq!(got_up, sent_up, "{mode:?}: client -> server");
             assert_eq!(got_down, sent_down, "{mode:?}: server -> client");
             assert_eq!(sent_up.len, total);
-            // The copied-bytes counters while the connection is still open.
-            if mode == SpliceMode::Kernel {
-                assert_eq!(
-                    fx.stat("upstream_cx_tx_bytes_total"),
-                    0,
-                    "spliced bytes were copied"
-                );
-                assert_eq!(
-                    fx.stat("upstream_cx_rx_bytes_total"),
-                    0,
-                    "spliced bytes were copied"
-                );
-            }
         });
         let redirected = env.dp.counter("pair_redirected") - redirected_before;
-        eprintln!("{mode:?}: stats {stats:?}; kernel redirects {redirected}");
+        let passed = env.dp.counter("pair_passed") - passed_before;
+        eprintln!("{mode:?}: stats {stats:?}; kernel redirects {redirected}, passes {passed}");
         match mode {
             SpliceMode::Copy => {
                 assert_eq!(stat(&stats, "upstream_cx_tx_bytes_total"), total);
@@ -290,8 +271,17 @@ fn splice_modes_large_transfer_arrives_intact_both_ways_and_bypasses_userspace()
             SpliceMode::Kernel => {
                 assert_eq!(stat(&stats, "downstream_cx_splice_total"), 1);
                 assert_eq!(stat(&stats, "downstream_cx_splice_fallback"), 0);
-                assert_eq!(stat(&stats, "upstream_cx_tx_bytes_total"), 0);
-                assert_eq!(stat(&stats, "upstream_cx_rx_bytes_total"), 0);
+                // Both directions at full speed on two CPUs: the readers are the bottleneck, the
+                // credit runs out and the kernel passes bytes back (backpressure); how many
+                // crossed userspace depends on the machine, so it is reported, not judged.
+                // (`splice_kernel_mode_keeps_a_paced_transfer_in_the_kernel` judges it.)
+                let copied = stat(&stats, "upstream_cx_tx_bytes_total")
+                    + stat(&stats, "upstream_cx_rx_bytes_total");
+                eprintln!(
+                    "Kernel: {} of {} MiB crossed userspace",
+                    copied >> 20,
+                    (2 * total) >> 20
+                );
                 assert!(
                     redirected > 0,
                     "the stream verdict program redirected nothing"
@@ -306,7 +296,62 @@ fn splice_modes_large_transfer_arrives_intact_both_ways_and_bypasses_userspace()
     }
     assert_eq!(env.dp.counter("pair_redirect_failed"), 0);
     let splicer = env.dp.pair_splicer().expect("pair splicer");
-    assert_eq!(splicer.entries(), (0, 0), "the closed pair left map entries");
+    assert_eq!(
+        splicer.entries(),
+        (0, 0),
+        "the closed pair left map entries"
+    );
+    assert_eq!(
+        splicer.credit_entries(),
+        (0, 0),
+        "the closed pair left credit entries"
+    );
+}
+
+/// Kernel mode, a reader that keeps up (64 KiB requests echoed back, 16 MiB each way, four
+/// times the kernel's credit): the credit is topped up as the bytes leave, so the kernel
+/// redirects every byte and passes none back; nothing crosses userspace.
+#[test]
+fn splice_kernel_mode_keeps_a_paced_transfer_in_the_kernel() {
+    let Some(env) = Env::new("splice_kernel_mode_keeps_a_paced_transfer_in_the_kernel") else {
+        return;
+    };
+    const ROUNDS: usize = 256;
+    let (redirected_before, passed_before) = (
+        env.dp.counter("pair_redirected"),
+        env.dp.counter("pair_passed"),
+    );
+    let stats = env.run(SpliceMode::Kernel, move |fx| async move {
+        let (mut c, mut s) = fx.pair().await;
+        let echo = tokio::spawn(async move {
+            let mut buf = vec![0; CHUNK];
+            for _ in 0..ROUNDS {
+                within(s.read_exact(&mut buf)).await.expect("server reads");
+                s.write_all(&buf).await.expect("server writes");
+            }
+            s
+        });
+        let mut pattern = Pattern(7);
+        let (mut out, mut back) = (vec![0; CHUNK], vec![0; CHUNK]);
+        for round in 0..ROUNDS {
+            pattern.fill(&mut out);
+            c.write_all(&out).await.expect("client writes");
+            within(c.read_exact(&mut back)).await.expect("client reads");
+            assert!(out == back, "round {round}: the echo differs");
+        }
+        drop(echo.await.unwrap());
+    });
+    let passed = env.dp.counter("pair_passed") - passed_before;
+    let redirected = env.dp.counter("pair_redirected") - redirected_before;
+    eprintln!("kernel redirects {redirected}, passes {passed}");
+    assert_eq!(stat(&stats, "downstream_cx_splice_total"), 1);
+    assert_eq!(
+        passed, 0,
+        "the kernel passed bytes of a pair whose reader kept up"
+    );
+    assert!(redirected > 0);
+    assert_eq!(stat(&stats, "upstream_cx_tx_bytes_total"), 0);
+    assert_eq!(stat(&stats, "upstream_cx_rx_bytes_total"), 0);
 }
 
 #[test]
@@ -389,6 +434,11 @@ fn splice_modes_reset_propagates_both_ways() {
     }
     let splicer = env.dp.pair_splicer().expect("pair splicer");
     assert_eq!(splicer.entries(), (0, 0), "reset pairs left map entries");
+    assert_eq!(
+        splicer.credit_entries(),
+        (0, 0),
+        "reset pairs left credit entries"
+    );
 }
 
 /// A sender of pattern bytes over a non-blocking write half that notices when it is blocked.
@@ -444,60 +494,47 @@ impl Sender {
     }
 }
 
-/// Backpressure through a stopped reader. Copy mode: the sender blocks once the buffers on the
-/// way are full (about 10 MiB on loopback). Kernel mode: the kernel gives none on the kernels
-/// seen so far (5.10 and 6.18; see ARCHITECTURE.md): the redirect queue of the stream verdict
-/// grows with every byte the client sends, so the test pushes a bounded amount and reports what
-/// it saw.
-/// In both modes everything arrives intact, in order, once the reader resumes.
+/// Backpressure through a stopped reader: the sender blocks once the buffers on the way are
+/// full (about 10 MiB on loopback in copy mode; in kernel mode the credit of
+/// `PAIR_CREDIT` bytes queued in the kernel plus the sockets' buffers), and stays blocked. In
+/// kernel mode the kernel must have passed bytes back (the credit ran out) rather than queue
+/// them. In both modes everything arrives intact, in order, once the reader resumes.
 #[test]
 fn splice_modes_stopped_reader_backpressure_then_everything_arrives() {
     let Some(env) = Env::new("splice_modes_stopped_reader_backpressure_then_everything_arrives")
     else {
         return;
     };
-    let release = integration_tests::features::kernel_release();
     for mode in MODES {
-        let release = release.clone();
+        let passed_before = env.dp.counter("pair_passed");
         env.run(mode, move |fx| async move {
             let (client, server) = fx.pair().await;
             let (_c_rd, c_wr) = client.into_split();
             let mut sender = Sender::new(3);
             // The server reads nothing.
-            let cap = match mode {
-                SpliceMode::Copy => BACKPRESSURE_CAP,
-                SpliceMode::Kernel => transfer_bytes().max(32 << 20),
-            };
             let started = Instant::now();
-            let blocked = !sender.write(&c_wr, cap, Some(BLOCKED_AFTER)).await;
+            let blocked = !sender
+                .write(&c_wr, BACKPRESSURE_CAP, Some(BLOCKED_AFTER))
+                .await;
             let accepted = sender.sent.0;
-            if blocked {
-                eprintln!(
-                    "{mode:?}: the sender blocked after {} KiB ({:?})",
-                    accepted >> 10,
-                    started.elapsed()
-                );
-                // And stays blocked.
-                let limit = accepted + CHUNK as u64;
-                let more = sender
-                    .write(&c_wr, limit, Some(Duration::from_secs(1)))
-                    .await;
-                assert!(
-                    !more,
-                    "{mode:?}: the blocked sender could write again without a reader"
-                );
-            } else {
-                eprintln!(
-                    "{mode:?}: NO BACKPRESSURE on {release}: {} MiB went into a stopped reader \
-                     without blocking ({:?})",
-                    accepted >> 20,
-                    started.elapsed()
-                );
-            }
             assert!(
-                blocked || mode == SpliceMode::Kernel,
-                "{mode:?}: {} MiB went into a stopped reader",
+                blocked,
+                "{mode:?}: {} MiB went into a stopped reader without blocking",
                 accepted >> 20
+            );
+            eprintln!(
+                "{mode:?}: the sender blocked after {} KiB ({:?})",
+                accepted >> 10,
+                started.elapsed()
+            );
+            // And stays blocked.
+            let limit = accepted + CHUNK as u64;
+            let more = sender
+                .write(&c_wr, limit, Some(Duration::from_secs(1)))
+                .await;
+            assert!(
+                !more,
+                "{mode:?}: the blocked sender could write again without a reader"
             );
             // The reader resumes: everything sent arrives, in order, followed by more.
             let reader = tokio::spawn(receive(server));
@@ -508,5 +545,11 @@ fn splice_modes_stopped_reader_backpressure_then_everything_arrives() {
             let got = reader.await.unwrap();
             assert_eq!(got, sender.sent.finish(), "{mode:?}");
         });
+        if mode == SpliceMode::Kernel {
+            assert!(
+                env.dp.counter("pair_passed") > passed_before,
+                "the kernel never passed bytes back to a pair whose reader stopped"
+            );
+        }
     }
 }

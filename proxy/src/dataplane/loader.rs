@@ -169,6 +169,8 @@ impl Dataplane {
             Ok(()) => Ok(PairSplicer::new(
                 take_map(&mut ebpf, pair::PAIR_SOCKS)?,
                 take_map(&mut ebpf, pair::PAIR_PEER)?,
+                take_map(&mut ebpf, pair::PAIR_FLOW)?,
+                take_map(&mut ebpf, pair::PAIR_GRANT)?,
             )),
             Err(why) => Err(why),
         };

@@ -2,11 +2,14 @@
 //! of the proxy path to the kernel, which then moves the bytes between them (the stream verdict
 //! program `pair_verdict`) without copying them through userspace.
 //!
-//! [`PairSplicer::splice`] puts each socket into `PAIR_PEER_V1` under the other's 4-tuple, then
-//! arms both in `PAIR_SOCKS_V1` (where the program is attached), then kicks both receive
-//! queues so bytes that arrived before the pair was armed go through the program too. The
-//! returned [`PairGuard`] takes the entries out again when dropped (the kernel also removes a
-//! socket from both maps when it closes). One splicer serves any number of tasks.
+//! [`PairSplicer::splice`] gives each socket its flow counters (`PAIR_FLOW_V1`) and a first
+//! credit of [`PAIR_CREDIT`] bytes (`PAIR_GRANT_V1`), puts each socket into `PAIR_PEER_V2`
+//! under the other's cookie, then arms both in `PAIR_SOCKS_V1` (where the program is
+//! attached), then kicks both receive queues so bytes that arrived before the pair was armed
+//! go through the program too. The returned [`PairGuard`] reads the flow and grants more
+//! credit ([`PairGuard::flow`], [`PairGuard::regrant`]) and takes every entry out again when
+//! dropped (the kernel also removes a socket from the sockhashes when it closes). One splicer
+//! serves any number of tasks.
 
 use std::{
     net::SocketAddr,
@@ -15,20 +18,31 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use aya::maps::{MapData, SockHash};
-use proxy_common::socket::SockTuple;
+use aya::maps::{HashMap, MapData, SockHash};
+use proxy_common::socket::{PairFlow, PairGrant, SockTuple};
 use tracing::{debug, warn};
 
 use super::{DataplaneError, publish::backend_of};
 
 /// The sockhash the stream verdict program is attached to (sockets by their own 4-tuple).
 pub(super) const PAIR_SOCKS: &str = "PAIR_SOCKS_V1";
-/// The sockhash of peers: the socket to send out of, by the receiving socket's 4-tuple.
-pub(super) const PAIR_PEER: &str = "PAIR_PEER_V1";
+/// The sockhash of peers: the socket to send out of, by the receiving socket's cookie.
+pub(super) const PAIR_PEER: &str = "PAIR_PEER_V2";
+/// What the program did with each spliced socket's bytes, by its cookie.
+pub(super) const PAIR_FLOW: &str = "PAIR_FLOW_V1";
+/// The credit of each spliced socket, by its cookie.
+pub(super) const PAIR_GRANT: &str = "PAIR_GRANT_V1";
+
+/// Bytes the kernel may queue for one direction of a spliced pair beyond what the sending
+/// socket took: the credit granted at splicing and topped up to after every catch-up. Larger
+/// means fewer trips through the daemon on long transfers, smaller less memory per slow peer.
+pub const PAIR_CREDIT: u64 = 4 << 20;
 
 struct Maps {
     socks: SockHash<MapData, SockTuple>,
-    peer: SockHash<MapData, SockTuple>,
+    peer: SockHash<MapData, u64>,
+    flow: HashMap<MapData, u64, PairFlow>,
+    grant: HashMap<MapData, u64, PairGrant>,
 }
 
 /// Hands proxied socket pairs to the kernel. Cheap to clone; usable from many tasks.
@@ -40,8 +54,8 @@ pub struct PairSplicer {
 /// Why a pair could not be spliced; the caller copies in userspace instead.
 #[derive(Debug, thiserror::Error)]
 pub enum PairError {
-    /// A socket's addresses could not be read (it is not a connected TCP socket).
-    #[error("reading the addresses of a socket to splice: {0}")]
+    /// A socket's addresses or cookie could not be read (it is not a connected TCP socket).
+    #[error("reading the addresses or cookie of a socket to splice: {0}")]
     Addresses(#[source] std::io::Error),
     /// The two ends are of different families (cannot happen for IPv4 vs IPv4-mapped).
     #[error("the client and upstream sockets are of different families")]
@@ -60,10 +74,17 @@ pub enum PairError {
 impl PairSplicer {
     pub(super) fn new(
         socks: SockHash<MapData, SockTuple>,
-        peer: SockHash<MapData, SockTuple>,
+        peer: SockHash<MapData, u64>,
+        flow: HashMap<MapData, u64, PairFlow>,
+        grant: HashMap<MapData, u64, PairGrant>,
     ) -> Self {
         Self {
-            maps: Arc::new(Mutex::new(Maps { socks, peer })),
+            maps: Arc::new(Mutex::new(Maps {
+                socks,
+                peer,
+                flow,
+                grant,
+            })),
         }
     }
 
@@ -74,6 +95,8 @@ impl PairSplicer {
         Ok(Self::new(
             super::runtime::from_pin(pin_dir, PAIR_SOCKS)?,
             super::runtime::from_pin(pin_dir, PAIR_PEER)?,
+            super::runtime::from_pin(pin_dir, PAIR_FLOW)?,
+            super::runtime::from_pin(pin_dir, PAIR_GRANT)?,
         ))
     }
 
@@ -86,21 +109,35 @@ impl PairSplicer {
         if c.family != u.family {
             return Err(PairError::Family);
         }
+        let cookie = |fd| crate::sys::socket_cookie(fd).map_err(PairError::Addresses);
         let guard = PairGuard {
             maps: self.maps.clone(),
             client: c,
             upstream: u,
+            cookies: [cookie(client)?, cookie(upstream)?],
         };
+        let [cc, uc] = guard.cookies;
         {
             let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
             let err = |name| move |source| PairError::Map { name, source };
-            // Peers first: a socket runs the program from the moment it is armed, and its peer
-            // must be there by then.
+            // Counters and credit first, then peers: a socket runs the program from the moment
+            // it is armed, and all of them must be there by then. Dropping `guard` on an error
+            // takes out whatever went in.
+            let first = PairGrant {
+                granted: PAIR_CREDIT,
+                drained: 0,
+            };
+            for key in guard.cookies {
+                maps.flow
+                    .insert(key, PairFlow::default(), 0)
+                    .map_err(err(PAIR_FLOW))?;
+                maps.grant.insert(key, first, 0).map_err(err(PAIR_GRANT))?;
+            }
             maps.peer
-                .insert(c, upstream.as_raw_fd(), 0)
+                .insert(cc, upstream.as_raw_fd(), 0)
                 .map_err(err(PAIR_PEER))?;
             maps.peer
-                .insert(u, client.as_raw_fd(), 0)
+                .insert(uc, client.as_raw_fd(), 0)
                 .map_err(err(PAIR_PEER))?;
             maps.socks
                 .insert(c, client.as_raw_fd(), 0)
@@ -121,12 +158,22 @@ impl PairSplicer {
         Ok(guard)
     }
 
-    /// Entries of both maps now (two per spliced pair that is neither torn down nor closed).
+    /// Entries of the two sockhashes now (two per spliced pair that is neither torn down nor
+    /// closed).
     pub fn entries(&self) -> (usize, usize) {
         let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
         (
             maps.socks.keys().flatten().count(),
             maps.peer.keys().flatten().count(),
+        )
+    }
+
+    /// Entries of the flow and credit maps now (two each per spliced pair not torn down).
+    pub fn credit_entries(&self) -> (usize, usize) {
+        let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        (
+            maps.flow.keys().flatten().count(),
+            maps.grant.keys().flatten().count(),
         )
     }
 }
@@ -137,20 +184,70 @@ pub struct PairGuard {
     maps: Arc<Mutex<Maps>>,
     client: SockTuple,
     upstream: SockTuple,
+    /// The client's and the upstream's socket cookies.
+    cookies: [u64; 2],
+}
+
+/// One socket of a spliced pair: its received bytes are one direction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PairSide {
+    /// The accepted client socket (bytes from the client, to the upstream).
+    Client,
+    /// The upstream socket (bytes from the upstream, to the client).
+    Upstream,
+}
+
+impl PairGuard {
+    fn key(&self, side: PairSide) -> u64 {
+        match side {
+            PairSide::Client => self.cookies[0],
+            PairSide::Upstream => self.cookies[1],
+        }
+    }
+
+    /// What the program did with the bytes `side` received since splicing.
+    pub fn flow(&self, side: PairSide) -> Result<PairFlow, PairError> {
+        let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        maps.flow
+            .get(&self.key(side), 0)
+            .map_err(|source| PairError::Map {
+                name: PAIR_FLOW,
+                source,
+            })
+    }
+
+    /// Grants `side` a new credit: the program may redirect until [`PAIR_CREDIT`] bytes more
+    /// than `sent` (the redirected bytes that already went into the peer socket) are in the
+    /// kernel's queue, once the daemon copied `drained` passed bytes in all.
+    pub fn regrant(&self, side: PairSide, sent: u64, drained: u64) -> Result<(), PairError> {
+        let grant = PairGrant {
+            granted: sent.saturating_add(PAIR_CREDIT),
+            drained,
+        };
+        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        maps.grant
+            .insert(self.key(side), grant, 0)
+            .map_err(|source| PairError::Map {
+                name: PAIR_GRANT,
+                source,
+            })
+    }
 }
 
 impl Drop for PairGuard {
     fn drop(&mut self) {
         let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
-        // Disarm first, then forget the peers. A socket that already closed is gone from both
-        // maps (the kernel removed it): not an error.
+        // Disarm first, then forget the peers and the credit. A socket that already closed is
+        // gone from both sockhashes (the kernel removed it): not an error.
         for key in [self.client, self.upstream] {
             if let Err(err) = maps.socks.remove(&key) {
                 debug!(%err, "pair socket already gone from the sockhash");
             }
         }
-        for key in [self.client, self.upstream] {
+        for key in self.cookies {
             let _ = maps.peer.remove(&key);
+            let _ = maps.flow.remove(&key);
+            let _ = maps.grant.remove(&key);
         }
     }
 }

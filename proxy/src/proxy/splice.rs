@@ -1,8 +1,15 @@
 //! Kernel splicing of the TCP path (`splice: kernel`): once the upstream is connected, the pair
 //! is handed to a [`Splicer`] (the kernel's proxy-pair splicing: `dataplane::PairSplicer`) and
-//! the bytes move between the two sockets inside the kernel. Userspace reads nothing; it waits
-//! for each socket's end of stream and errors and propagates them:
+//! the bytes move between the two sockets inside the kernel. Userspace reads nothing while the
+//! peers keep up; it waits for each socket's end of stream and errors and propagates them:
 //!
+//! * Backpressure: the kernel redirects one direction's bytes only within a credit (see
+//!   `pair_verdict`). Beyond it, or while bytes passed earlier are still uncopied, it passes
+//!   them to the receiving socket, which wakes this task: once every redirected byte went into
+//!   the sending socket, the passed bytes are copied after them (waiting on the sending socket
+//!   like the copy loop does), then the credit is topped up. A stopped reader therefore stops
+//!   the writer, through the receiving socket's full buffer and TCP window, with at most the
+//!   credit queued in the kernel.
 //! * Half-close: one side's FIN is passed on with `shutdown(Write)` on the other side, but only
 //!   once every byte that side received before its FIN went out of the other socket. The kernel
 //!   tells nobody when that is, so it is read from sequence numbers: the bytes the receiving
@@ -10,21 +17,23 @@
 //!   (`tcpi_bytes_acked` + `SIOCOUTQ`), both taken relative to the moment of splicing.
 //! * Reset: an error on one side (a reset, an abort) resets the other (`SO_LINGER` 0, close).
 //! * Forced close (drain deadline, host failure, shutdown): both sides are reset.
-//! * Backpressure is the kernel's (see ARCHITECTURE.md, "Proxy-pair splicing").
 //!
-//! Byte counters (`upstream_cx_*_bytes_total`) count what the copy loop moved; spliced bytes are
-//! not in them.
+//! Byte counters (`upstream_cx_*_bytes_total`) count what userspace moved (the copy loop, and
+//! the bytes a spliced pair's kernel passed back); bytes the kernel redirected are not in them.
 
 use std::{
     future::Future,
     io,
     os::fd::AsFd as _,
+    sync::atomic::{AtomicU64, Ordering},
     time::{Duration, Instant},
 };
 
+use proxy_common::socket::PairFlow;
 use tokio::{io::Interest, net::TcpStream};
 
-use super::copy::{CopyError, abort};
+use super::copy::{CopyError, Meter, abort};
+pub use crate::dataplane::PairSide as Side;
 use crate::sys::{self, TcpBytes};
 
 /// Hands a connected client/upstream pair to something that moves bytes between them without
@@ -38,14 +47,25 @@ pub trait Splicer: Send + Sync {
 /// Why a splicer refused a pair.
 pub type SpliceError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A spliced pair: dropping it ends the splicing (always before the sockets close).
-pub struct SpliceGuard(#[expect(dead_code, reason = "held for its Drop")] Box<dyn Send>);
+/// A spliced pair: dropping it ends the splicing (always before the sockets close). While it
+/// lives, the proxy reads the kernel's flow counters and tops up its credit through it.
+pub struct SpliceGuard(Box<dyn SpliceControl>);
 
 impl SpliceGuard {
-    /// Wraps whatever undoes the splicing when dropped.
-    pub fn new(undo: impl Send + 'static) -> Self {
-        Self(Box::new(undo))
+    /// Wraps the control of a spliced pair; dropping it undoes the splicing.
+    pub fn new(control: impl SpliceControl + 'static) -> Self {
+        Self(Box::new(control))
     }
+}
+
+/// What the proxy needs from a spliced pair while it runs (see the module docs).
+pub trait SpliceControl: Send + Sync {
+    /// What the kernel did with the bytes `side` received since splicing.
+    fn flow(&self, side: Side) -> io::Result<PairFlow>;
+    /// A new credit for `side`'s bytes, counted from `sent` (its redirected bytes that already
+    /// went into the other socket); the kernel redirects only once `drained` (the passed bytes
+    /// copied in all) caught up with what it passed.
+    fn regrant(&self, side: Side, sent: u64, drained: u64) -> io::Result<()>;
 }
 
 /// The kernel's proxy-pair splicing.
@@ -57,13 +77,34 @@ impl Splicer for crate::dataplane::PairSplicer {
     }
 }
 
-/// First wait between two looks at a direction whose FIN is waiting for its bytes to leave.
-const FLUSH_POLL_FIRST: Duration = Duration::from_millis(1);
+impl SpliceControl for crate::dataplane::PairGuard {
+    fn flow(&self, side: Side) -> io::Result<PairFlow> {
+        crate::dataplane::PairGuard::flow(self, side).map_err(io::Error::other)
+    }
+
+    fn regrant(&self, side: Side, sent: u64, drained: u64) -> io::Result<()> {
+        crate::dataplane::PairGuard::regrant(self, side, sent, drained).map_err(io::Error::other)
+    }
+}
+
+/// First wait between two looks at bytes leaving the sending socket (before a half-close, or
+/// before passed bytes may follow the redirected ones).
+const POLL_FIRST: Duration = Duration::from_micros(200);
 /// The longest such wait (the delay a half-close can get on top of the transfer).
-const FLUSH_POLL_MAX: Duration = Duration::from_millis(50);
+const POLL_MAX: Duration = Duration::from_millis(50);
 /// A direction whose bytes stopped moving while nothing is queued in the sending socket for
 /// this long lost bytes in the kernel (its peer vanished mid-transfer): the pair is reset.
 const FLUSH_STALL: Duration = Duration::from_secs(2);
+/// The most passed bytes read at once.
+const COPY_CHUNK: u64 = 64 << 10;
+/// The credit is topped up once this many redirected bytes went into the other socket since
+/// the last grant (a fraction of `dataplane::PAIR_CREDIT`, so a peer that keeps up never runs
+/// out of it).
+const REFRESH_AFTER: u64 = 1 << 20;
+/// How often an active direction looks at its flow to top up the credit; doubled up to
+/// `TICK_MAX` while nothing moves.
+const TICK_FIRST: Duration = Duration::from_millis(1);
+const TICK_MAX: Duration = Duration::from_secs(1);
 
 /// Both sockets' byte counts just before splicing.
 pub(super) struct Baseline {
@@ -83,42 +124,40 @@ pub(super) fn baseline(client: &TcpStream, upstream: &TcpStream) -> io::Result<B
 struct Direction<'a> {
     from: &'a TcpStream,
     to: &'a TcpStream,
+    /// Which socket `from` is, for the kernel's flow counters.
+    side: Side,
     names: (&'static str, &'static str),
     /// Bytes of `from` that userspace took before splicing (never forwarded by the kernel).
     consumed_before: u64,
     /// Bytes written to `to` before splicing.
     written_before: u64,
-    state: State,
-}
-
-#[derive(Clone, Copy)]
-enum State {
-    /// Bytes flow; no FIN yet.
-    Open,
-    /// `from` ended; waiting until `target` bytes went out of `to`.
-    Flushing {
-        target: u64,
-        written: u64,
-        since: Instant,
-    },
-    /// The FIN was passed on.
-    Done,
+    /// Bytes the kernel passed that this direction copied to `to` since splicing.
+    copied: u64,
+    /// The stats counter of bytes this direction moves through userspace.
+    meter: &'a AtomicU64,
+    /// Redirected bytes that had gone into `to` at the last grant (the credit runs from there).
+    granted_at: u64,
 }
 
 impl<'a> Direction<'a> {
     fn new(
         from: &'a TcpStream,
         to: &'a TcpStream,
+        side: Side,
         base: (&TcpBytes, &TcpBytes),
         names: (&'static str, &'static str),
+        meter: &'a AtomicU64,
     ) -> Self {
         Self {
             from,
             to,
+            side,
             names,
             consumed_before: base.0.received.saturating_sub(base.0.unread),
             written_before: base.1.written,
-            state: State::Open,
+            copied: 0,
+            meter,
+            granted_at: 0,
         }
     }
 
@@ -127,92 +166,287 @@ impl<'a> Direction<'a> {
         CopyError::Io { side, op, source }
     }
 
-    /// `from` reached its end of stream: how many bytes the kernel has to send on.
-    fn ended(&mut self) -> Result<(), CopyError> {
+    /// Waits until `target` bytes went into `to` since splicing (redirected by the kernel or
+    /// copied here); fails when they stopped moving with nothing left queued in `to`.
+    async fn written(&self, target: u64, lost: &'static str) -> Result<(), CopyError> {
+        let mut poll = POLL_FIRST;
+        let mut last = None;
+        let mut since = Instant::now();
+        loop {
+            let (now, queued) =
+                sys::tcp_written(self.to.as_fd()).map_err(|e| self.io_error(true, "write", e))?;
+            let now = now.saturating_sub(self.written_before);
+            if now >= target {
+                return Ok(());
+            }
+            if last != Some(now) || queued > 0 {
+                last = Some(now);
+                since = Instant::now();
+            } else if since.elapsed() > FLUSH_STALL {
+                let lost = io::Error::new(io::ErrorKind::BrokenPipe, lost);
+                return Err(self.io_error(true, "write", lost));
+            }
+            tokio::time::sleep(poll).await;
+            poll = (poll * 2).min(POLL_MAX);
+        }
+    }
+
+    /// The kernel's counters of this direction, when it passed bytes not copied yet.
+    fn passed(&self, ctl: &dyn SpliceControl) -> io::Result<Option<PairFlow>> {
+        let flow = ctl.flow(self.side)?;
+        Ok((flow.passed > self.copied).then_some(flow))
+    }
+
+    /// Tops the credit up when enough redirected bytes went into `to` since the last grant.
+    /// Harmless while passed bytes wait: the grant keeps `drained` at what was copied, so the
+    /// kernel goes on passing until they are.
+    fn refresh(&mut self, ctl: &dyn SpliceControl, flow: &PairFlow) -> Result<(), CopyError> {
+        if flow.redirected < self.granted_at + REFRESH_AFTER {
+            return Ok(());
+        }
+        let (written, _) =
+            sys::tcp_written(self.to.as_fd()).map_err(|e| self.io_error(true, "write", e))?;
+        let sent = written
+            .saturating_sub(self.written_before)
+            .saturating_sub(self.copied);
+        if sent < self.granted_at + REFRESH_AFTER {
+            return Ok(());
+        }
+        ctl.regrant(self.side, sent, self.copied)
+            .map_err(|e| self.io_error(false, "read", e))?;
+        self.granted_at = sent;
+        Ok(())
+    }
+
+    /// Copies the bytes the kernel passed to `from`, after every byte it redirected, then lets
+    /// it redirect again.
+    ///
+    /// The last bytes of each round are peeked, written, granted and only then consumed:
+    /// consuming them reopens `from`'s TCP window, and a sender that slips bytes in before the
+    /// grant keeps the kernel passing (correct, but another round through userspace).
+    async fn catch_up(
+        &mut self,
+        ctl: &dyn SpliceControl,
+        mut flow: PairFlow,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), CopyError> {
+        loop {
+            // The kernel redirects nothing while passed bytes wait, so `redirected` is final
+            // until the grant below.
+            self.written(
+                flow.redirected + self.copied,
+                "spliced bytes stopped short of the bytes passed after them",
+            )
+            .await?;
+            let pending = flow.passed - self.copied;
+            let last = pending.min(COPY_CHUNK);
+            // Whatever does not fit one peek is copied plainly first.
+            let mut plain = pending - last;
+            while plain > 0 {
+                let want = plain.min(COPY_CHUNK) as usize;
+                buf.resize(want, 0);
+                let n = owed(self.from, &mut buf[..want], false)
+                    .await
+                    .map_err(|e| self.io_error(false, "read", e))?;
+                self.copy_out(buf, n).await?;
+                plain -= n as u64;
+            }
+            let last = last as usize;
+            buf.resize(last, 0);
+            owed(self.from, &mut buf[..last], true)
+                .await
+                .map_err(|e| self.io_error(false, "read", e))?;
+            self.copy_out(buf, last).await?;
+            ctl.regrant(self.side, flow.redirected, self.copied)
+                .map_err(|e| self.io_error(false, "read", e))?;
+            self.granted_at = flow.redirected;
+            let mut left = last;
+            while left > 0 {
+                left -= owed(self.from, &mut buf[..left], false)
+                    .await
+                    .map_err(|e| self.io_error(false, "read", e))?;
+            }
+            // A buffer passed between the last look and the grant keeps `passed` ahead of
+            // `drained`: the kernel goes on passing, and the next round copies it.
+            match self
+                .passed(ctl)
+                .map_err(|e| self.io_error(false, "read", e))?
+            {
+                Some(more) => flow = more,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Writes the `n` bytes read into `buf` to `to`.
+    async fn copy_out(&mut self, buf: &[u8], n: usize) -> Result<(), CopyError> {
+        write_all(self.to, &buf[..n])
+            .await
+            .map_err(|e| self.io_error(true, "write", e))?;
+        self.copied += n as u64;
+        self.meter.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// `from` reached its end of stream: passes the FIN on once every byte it received went
+    /// out of `to`. Its last bytes can still be going through the kernel (a segment's FIN is
+    /// taken before its data reaches the program): passed ones are copied as they come.
+    async fn pass_fin(
+        &mut self,
+        ctl: &dyn SpliceControl,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), CopyError> {
         let received = sys::tcp_received_before_fin(self.from.as_fd())
             .map_err(|e| self.io_error(false, "read", e))?;
         let target = received.saturating_sub(self.consumed_before);
-        self.state = State::Flushing {
-            target,
-            written: 0,
-            since: Instant::now(),
-        };
-        self.flush()
-    }
-
-    /// Passes the FIN on once every byte went out; fails when bytes stopped moving with nothing
-    /// left to send.
-    fn flush(&mut self) -> Result<(), CopyError> {
-        let State::Flushing {
-            target,
-            written,
-            since,
-        } = self.state
-        else {
-            return Ok(());
-        };
-        let (now, queued) =
-            sys::tcp_written(self.to.as_fd()).map_err(|e| self.io_error(true, "write", e))?;
-        let now = now.saturating_sub(self.written_before);
-        if now >= target {
-            socket2::SockRef::from(self.to)
-                .shutdown(std::net::Shutdown::Write)
-                .map_err(|e| self.io_error(true, "write", e))?;
-            self.state = State::Done;
-        } else if now != written || queued > 0 {
-            self.state = State::Flushing {
-                target,
-                written: now,
-                since: Instant::now(),
-            };
-        } else if since.elapsed() > FLUSH_STALL {
-            let lost = io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "spliced bytes stopped short of the half-close",
-            );
-            return Err(self.io_error(true, "write", lost));
+        let mut poll = POLL_FIRST;
+        let mut last = None;
+        let mut since = Instant::now();
+        loop {
+            if let Some(flow) = self
+                .passed(ctl)
+                .map_err(|e| self.io_error(false, "read", e))?
+            {
+                self.catch_up(ctl, flow, buf).await?;
+            }
+            let (now, queued) =
+                sys::tcp_written(self.to.as_fd()).map_err(|e| self.io_error(true, "write", e))?;
+            let now = now.saturating_sub(self.written_before);
+            if now >= target {
+                return socket2::SockRef::from(self.to)
+                    .shutdown(std::net::Shutdown::Write)
+                    .map_err(|e| self.io_error(true, "write", e));
+            }
+            if last != Some(now) || queued > 0 {
+                last = Some(now);
+                since = Instant::now();
+            } else if since.elapsed() > FLUSH_STALL {
+                let lost = io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "spliced bytes stopped short of the half-close",
+                );
+                return Err(self.io_error(true, "write", lost));
+            }
+            tokio::time::sleep(poll).await;
+            poll = (poll * 2).min(POLL_MAX);
         }
-        Ok(())
     }
 }
 
-/// What happened on one socket.
-enum Event {
-    /// The peer ended its stream.
-    Eof,
-    /// The socket failed (typically a reset).
-    Failed(io::Error),
+fn ended_early() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the stream ended before the bytes the kernel passed",
+    )
 }
 
-/// Waits for `s`'s end of stream (unless `ended` already) or error.
-async fn watch(s: &TcpStream, ended: bool) -> Event {
-    let interest = if ended {
-        Interest::ERROR
-    } else {
-        Interest::READABLE | Interest::ERROR
-    };
+/// Reads (or, with `peek`, peeks all of `buf.len()`) bytes the kernel passed to `s`: `passed`
+/// says they are owed, but they can still be on their way into the socket's queue (through the
+/// psock's work queue), and meanwhile a read sees nothing, or the end of the stream once the
+/// peer's FIN came (5.10). So this polls, from 20 us up to 1 ms, rather than trusting either,
+/// and gives up after `FLUSH_STALL`.
+async fn owed(s: &TcpStream, buf: &mut [u8], peek: bool) -> io::Result<usize> {
+    let started = Instant::now();
+    let mut poll = Duration::from_micros(20);
     loop {
-        let ready = match s.ready(interest).await {
-            Ok(r) => r,
-            Err(e) => return Event::Failed(e),
+        match sys::recv_now(s.as_fd(), buf, peek) {
+            Ok(n) if n == buf.len() || (n > 0 && !peek) => return Ok(n),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        if started.elapsed() > FLUSH_STALL {
+            return Err(ended_early());
+        }
+        tokio::time::sleep(poll).await;
+        poll = (poll * 2).min(Duration::from_millis(1));
+    }
+}
+
+/// Writes all of `buf` to `s`, waiting while its send buffer is full.
+async fn write_all(s: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        s.writable().await?;
+        match s.try_write(buf) {
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// One direction until its FIN was passed on: wakes on `from`'s data-ready (the kernel passed
+/// bytes, or a wakeup without news), its end of stream or its error, and on a timer that tops
+/// up the credit while bytes move.
+async fn run_direction(mut d: Direction<'_>, ctl: &dyn SpliceControl) -> Result<(), CopyError> {
+    let mut buf = Vec::new();
+    let mut tick = TICK_FIRST;
+    let mut last = PairFlow::default();
+    loop {
+        let ready = tokio::select! {
+            ready = d.from.ready(Interest::READABLE | Interest::ERROR) => {
+                ready.map_err(|e| d.io_error(false, "read", e))?
+            }
+            () = tokio::time::sleep(tick) => {
+                let flow = ctl.flow(d.side).map_err(|e| d.io_error(false, "read", e))?;
+                tick = if flow == last { (tick * 2).min(TICK_MAX) } else { TICK_FIRST };
+                last = flow;
+                d.refresh(ctl, &flow)?;
+                continue;
+            }
         };
-        match s.take_error() {
-            Ok(Some(e)) | Err(e) => return Event::Failed(e),
+        match d.from.take_error() {
+            Ok(Some(e)) | Err(e) => return Err(d.io_error(false, "read", e)),
             Ok(None) => {}
         }
-        if !ended && ready.is_read_closed() {
-            return Event::Eof;
+        if ready.is_read_closed() {
+            return d.pass_fin(ctl, &mut buf).await;
         }
-        // A wakeup without news (the kernel's data-ready on a spliced socket): forget it. The
-        // closed states are not cleared by this, which is why an ended side waits for errors only.
-        let _ = s.try_io(Interest::READABLE, || {
-            Err::<(), _>(io::ErrorKind::WouldBlock.into())
+        // Whether the kernel passed bytes is read inside `try_io`: a wakeup without news is
+        // forgotten, and one that comes after the look is kept.
+        let mut seen = None;
+        let passed = d.from.try_io(Interest::READABLE, || {
+            let flow = ctl.flow(d.side)?;
+            seen = Some(flow);
+            if flow.passed > d.copied {
+                Ok(flow)
+            } else {
+                Err(io::ErrorKind::WouldBlock.into())
+            }
         });
+        match passed {
+            Ok(flow) => d.catch_up(ctl, flow, &mut buf).await?,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // The kernel's data-ready after bytes it redirected: bytes move.
+                if let Some(flow) = seen {
+                    d.refresh(ctl, &flow)?;
+                    tick = TICK_FIRST;
+                }
+            }
+            Err(e) => return Err(d.io_error(false, "read", e)),
+        }
         if ready.is_error() {
-            let _ = s.try_io(Interest::ERROR, || {
+            let _ = d.from.try_io(Interest::ERROR, || {
                 Err::<(), _>(io::ErrorKind::WouldBlock.into())
             });
         }
+    }
+}
+
+/// Waits for an error on `s`, a side whose end of stream was already passed on.
+async fn failed(s: &TcpStream) -> io::Error {
+    loop {
+        if let Err(e) = s.ready(Interest::ERROR).await {
+            return e;
+        }
+        match s.take_error() {
+            Ok(Some(e)) | Err(e) => return e,
+            Ok(None) => {}
+        }
+        let _ = s.try_io(Interest::ERROR, || {
+            Err::<(), _>(io::ErrorKind::WouldBlock.into())
+        });
     }
 }
 
@@ -223,22 +457,27 @@ pub(super) async fn run(
     upstream: TcpStream,
     guard: SpliceGuard,
     base: Baseline,
+    meter: Meter<'_>,
     close: impl Future<Output = &'static str>,
 ) -> Result<(), CopyError> {
     let result = {
-        let mut up = Direction::new(
+        let up = Direction::new(
             &client,
             &upstream,
+            Side::Client,
             (&base.client, &base.upstream),
             ("client", "upstream"),
+            meter.tx,
         );
-        let mut down = Direction::new(
+        let down = Direction::new(
             &upstream,
             &client,
+            Side::Upstream,
             (&base.upstream, &base.client),
             ("upstream", "client"),
+            meter.rx,
         );
-        drive(&mut up, &mut down, close).await
+        drive(up, down, &*guard.0, close).await
     };
     if result.is_err() {
         abort(&client);
@@ -250,40 +489,35 @@ pub(super) async fn run(
 }
 
 async fn drive(
-    up: &mut Direction<'_>,
-    down: &mut Direction<'_>,
+    up: Direction<'_>,
+    down: Direction<'_>,
+    ctl: &dyn SpliceControl,
     close: impl Future<Output = &'static str>,
 ) -> Result<(), CopyError> {
-    tokio::pin!(close);
-    let mut poll = FLUSH_POLL_FIRST;
-    loop {
-        if matches!((&up.state, &down.state), (State::Done, State::Done)) {
-            return Ok(());
-        }
-        let flushing = [&up.state, &down.state]
-            .iter()
-            .any(|s| matches!(s, State::Flushing { .. }));
-        let (up_ended, down_ended) = (
-            !matches!(up.state, State::Open),
-            !matches!(down.state, State::Open),
-        );
+    let (client, upstream) = (up.from, down.from);
+    let up = run_direction(up, ctl);
+    let down = run_direction(down, ctl);
+    tokio::pin!(up, down, close);
+    let (mut up_done, mut down_done) = (false, false);
+    while !(up_done && down_done) {
         tokio::select! {
             reason = &mut close => return Err(CopyError::Closed(reason)),
-            ev = watch(up.from, up_ended) => match ev {
-                Event::Eof => up.ended()?,
-                Event::Failed(e) => return Err(up.io_error(false, "read", e)),
-            },
-            ev = watch(down.from, down_ended) => match ev {
-                Event::Eof => down.ended()?,
-                Event::Failed(e) => return Err(down.io_error(false, "read", e)),
-            },
-            () = tokio::time::sleep(poll), if flushing => {
-                up.flush()?;
-                down.flush()?;
-                poll = (poll * 2).min(FLUSH_POLL_MAX);
-                continue;
+            r = &mut up, if !up_done => {
+                r?;
+                up_done = true;
+            }
+            r = &mut down, if !down_done => {
+                r?;
+                down_done = true;
+            }
+            // A side that ended its stream can still be reset.
+            e = failed(client), if up_done => {
+                return Err(CopyError::Io { side: "client", op: "read", source: e });
+            }
+            e = failed(upstream), if down_done => {
+                return Err(CopyError::Io { side: "upstream", op: "read", source: e });
             }
         }
-        poll = FLUSH_POLL_FIRST;
     }
+    Ok(())
 }

@@ -97,7 +97,7 @@ pub(super) async fn forward(
     let (copied, result) = match hand_to_kernel(&client, &upstream, shared) {
         Some((guard, base)) => {
             tracing::Span::current().record("spliced", true);
-            let result = splice::run(client, upstream, guard, base, close).await;
+            let result = splice::run(client, upstream, guard, base, meter, close).await;
             (Copied::default(), result)
         }
         None => copy::bidirectional(client, upstream, meter, close).await,

@@ -120,9 +120,17 @@ impl PairSplicer {
         {
             let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
             let err = |name| move |source| PairError::Map { name, source };
-            // Counters and credit first, then peers: a socket runs the program from the moment
-            // it is armed, and all of them must be there by then. Dropping `guard` on an error
-            // takes out whatever went in.
+            // Peers, counters and credit, then arming: a socket runs the program from the
+            // moment it is armed, and all of them must be there by then. (Peers first: a
+            // server that answers and closes at once leaves ESTABLISHED quickly, and the
+            // kernel takes only ESTABLISHED sockets into a sockhash.) Dropping `guard` on an
+            // error takes out whatever went in.
+            maps.peer
+                .insert(cc, upstream.as_raw_fd(), 0)
+                .map_err(err(PAIR_PEER))?;
+            maps.peer
+                .insert(uc, client.as_raw_fd(), 0)
+                .map_err(err(PAIR_PEER))?;
             let first = PairGrant {
                 granted: PAIR_CREDIT,
                 drained: 0,
@@ -133,12 +141,6 @@ impl PairSplicer {
                     .map_err(err(PAIR_FLOW))?;
                 maps.grant.insert(key, first, 0).map_err(err(PAIR_GRANT))?;
             }
-            maps.peer
-                .insert(cc, upstream.as_raw_fd(), 0)
-                .map_err(err(PAIR_PEER))?;
-            maps.peer
-                .insert(uc, client.as_raw_fd(), 0)
-                .map_err(err(PAIR_PEER))?;
             maps.socks
                 .insert(c, client.as_raw_fd(), 0)
                 .map_err(err(PAIR_SOCKS))?;

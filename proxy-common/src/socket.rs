@@ -6,6 +6,8 @@
 //!
 //! ```text
 //! SETTINGS_V1    u32 (0)        -> Settings       (splice switch, proxy listener addresses)
+//! SOCK_VIP_V2    socket         -> SockVip        (socket local storage: connect4/6 -> sockops,
+//!                                                   getpeername4/6)
 //! SOCK_ORIG_V1   u64 (cookie)   -> ServiceKey     (proxy mode: connect4/6 -> sockops)
 //! ORIG_DST_V1    SockTuple      -> ServiceKey     (proxy mode: sockops -> the daemon's accept())
 //! SPLICE_V1      SockTuple      -> socket         (sockhash: sockops inserts, sk_msg redirects)
@@ -19,7 +21,23 @@
 
 use core::mem::size_of;
 
-use crate::service::Backend;
+use crate::service::{Backend, ServiceKey};
+
+/// `SockVip::flags` bit: the socket was redirected to the proxy listener (proxy mode), so its
+/// original destination moves to `ORIG_DST_V1` when it is established and is removed from there
+/// when it closes. Sockets of the kernel path skip both lookups.
+pub const SOCK_VIP_F_PROXIED: u32 = 1 << 0;
+
+/// Value of `SOCK_VIP_V2` (socket local storage): the service a socket dialled.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockVip {
+    /// The service address as the application dialled it (what getpeername shows).
+    pub key: ServiceKey,
+    /// `SOCK_VIP_F_*` bits, host byte order.
+    pub flags: u32,
+}
+const _: () = assert!(size_of::<SockVip>() == 24);
 
 /// `Settings::flags` bit: splice established local socket pairs with sk_msg (opt-in until
 /// benchmarks decide the default).

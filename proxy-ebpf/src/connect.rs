@@ -14,10 +14,11 @@
 //!   the dialled service is recorded under the socket cookie in `SOCK_ORIG_V1` for sockops.
 //!   UDP services ignore the flag and select a backend.
 //! - Minimum kernel: 4.17 for the hooks; 5.7 for `bpf_get_netns_cookie` (consistent hashing);
-//!   5.7 for attaching through bpf_link (the daemon refuses to attach without it).
-//! - Reads `SERVICES_V2`, `SLOTS_V2`, `BACKENDS_V2`, `SETTINGS_V1`; writes `SOCK_VIP_V1` (socket
-//!   cookie -> dialled service, for getpeername), `SOCK_ORIG_V1` (proxy mode), `UDP_REV_V1`
-//!   (connected UDP, for recvfrom) and `COUNTERS_V2`.
+//!   5.7 for attaching through bpf_link (the daemon refuses to attach without it); 5.3 for
+//!   `bpf_sock_addr.sk` and `bpf_sk_storage_get` in sock_addr programs (`SOCK_VIP_V2`).
+//! - Reads `SERVICES_V2`, `SLOTS_V2`, `BACKENDS_V2`, `SETTINGS_V1`; writes `SOCK_VIP_V2` (the
+//!   socket's local storage: the dialled service, for getpeername and sockops), `SOCK_ORIG_V1`
+//!   (proxy mode), `UDP_REV_V1` (connected UDP, for recvfrom) and `COUNTERS_V2`.
 
 use aya_ebpf::{
     EbpfContext as _, helpers::bpf_get_socket_cookie, macros::cgroup_sock_addr,
@@ -26,10 +27,11 @@ use aya_ebpf::{
 use proxy_common::{
     counters,
     service::{FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP, ServiceKey},
+    socket::{SOCK_VIP_F_PROXIED, SockVip},
 };
 
 use crate::{
-    maps::{SOCK_ORIG_V1, SOCK_VIP_V1, count},
+    maps::{SOCK_ORIG_V1, SOCK_VIP_V2, count},
     sendmsg::remember_reply,
     translate::{MAPPED, Outcomes, Refuse, Target, key4, key6, target, write4, write6},
 };
@@ -90,10 +92,19 @@ fn try_connect6(ctx: &SockAddrContext) -> Result<(), Refuse> {
 /// for recvfrom on a connected UDP socket (`seen` is the backend as the socket reports it).
 #[inline(always)]
 fn remember(ctx: &SockAddrContext, key: &ServiceKey, t: &Target, family: u8, seen: [u32; 4]) {
+    // SAFETY: `ctx.sock_addr.sk` is the (full) socket being connected, valid for the program.
+    // The entry is created zeroed when the socket has none; a socket that connects again (UDP)
+    // keeps its entry, so the value is always written. NULL (no memory) only costs the
+    // getpeername translation and the socket's passive health signal.
+    if let Some(vip) = unsafe { SOCK_VIP_V2.get_or_insert_ptr_mut(ctx, None).as_mut() } {
+        let flags = if t.proxied { SOCK_VIP_F_PROXIED } else { 0 };
+        *vip = SockVip { key: *key, flags };
+    }
+    if !t.proxied && key.proto != PROTO_UDP {
+        return;
+    }
     // SAFETY: the helper only reads the context, which is valid.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    // An LRU map cannot be full; an error here only costs the getpeername translation.
-    let _ = SOCK_VIP_V1.insert(&cookie, key, 0);
     if t.proxied {
         if SOCK_ORIG_V1.insert(&cookie, key, 0).is_err() {
             count(counters::ORIG_DST_RECORD_FAILED);

@@ -5,13 +5,14 @@
 
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    macros::map,
+    btf_maps::SkStorage,
+    macros::{btf_map, map},
     maps::{HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, SockHash},
 };
 use proxy_common::{
     counters,
     service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey},
-    socket::{PairFlow, PairGrant, PassiveCounts, Settings, SockTuple, UdpReverseKey},
+    socket::{PairFlow, PairGrant, PassiveCounts, Settings, SockTuple, SockVip, UdpReverseKey},
 };
 
 /// Services by (VIP, port, protocol); a one-host service carries its host here. Not
@@ -32,10 +33,16 @@ pub static SLOTS_V2: HashMap<SlotTableKey, SlotTable> =
 #[map]
 pub static BACKENDS_V2: HashMap<u32, Backend> = HashMap::pinned(262_144, BPF_F_NO_PREALLOC);
 
-/// The service address a socket dialled, by socket cookie, so getpeername can show it. LRU so it
-/// can never fill up; sockops also removes a TCP socket's entry when it closes.
-#[map]
-pub static SOCK_VIP_V1: LruHashMap<u64, ServiceKey> = LruHashMap::pinned(262_144, 0);
+/// The service address a socket dialled, kept in the socket itself (socket local storage), so
+/// getpeername can show it and sockops can tell which sockets to watch. A socket that dialled no
+/// service has no entry, and the lookup is a NULL check: no hashing, no cookie, no cache-missing
+/// bucket of a big table, for every socket of the cgroup. Its flags spare the kernel path's
+/// sockets the proxy mode's lookups. The kernel frees an entry with its
+/// socket, so nothing fills up and nothing needs removing. `_V2`: the first layout was an LRU
+/// hash by socket cookie. A BTF map (the kernel needs BTF for the value): the aya-ebpf
+/// definition has no pinning field, so the daemon's loader pins it by path.
+#[btf_map]
+pub static SOCK_VIP_V2: SkStorage<SockVip> = SkStorage::new();
 
 /// Run-time settings (one entry, `SETTINGS_KEY`): the splice switch and the proxy listener
 /// addresses. Not preallocated, so an update swaps the whole value.

@@ -2,16 +2,14 @@
 //! dialled, never the backend the kernel chose.
 //!
 //! Contract: fail-open (a socket that did not dial a service is reported as the kernel has it).
-//! Minimum kernel 5.8. Reads `SOCK_VIP_V1`; writes the syscall's address and `COUNTERS_V2`.
+//! Minimum kernel 5.8 (the hooks; `bpf_sk_storage_get` on `bpf_sock_addr.sk` is 5.3). Reads
+//! `SOCK_VIP_V2`; writes the syscall's address and `COUNTERS_V2`.
 
-use aya_ebpf::{
-    EbpfContext as _, helpers::bpf_get_socket_cookie, macros::cgroup_sock_addr,
-    programs::SockAddrContext,
-};
+use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 use proxy_common::{counters, service::FAMILY_V4};
 
 use crate::{
-    maps::{SOCK_VIP_V1, count},
+    maps::{SOCK_VIP_V2, count},
     translate::{MAPPED, set_user_ip6},
 };
 
@@ -32,10 +30,9 @@ pub fn getpeername6(ctx: SockAddrContext) -> i32 {
 
 #[inline(always)]
 fn reverse(ctx: &SockAddrContext, v6_socket: bool) {
-    // SAFETY: the helper only reads the context, which is valid.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    // SAFETY: read-only use before the program returns.
-    let Some(vip) = (unsafe { SOCK_VIP_V1.get(&cookie) }) else {
+    // SAFETY: `ctx.sock_addr.sk` is the socket of the syscall; a socket that dialled no service
+    // has no entry (NULL); the value is only read, before the program returns.
+    let Some(vip) = (unsafe { SOCK_VIP_V2.get_ptr_mut(ctx).as_ref() }).map(|v| &v.key) else {
         return;
     };
     // SAFETY: the context pointer is valid for the duration of the program.

@@ -1,25 +1,27 @@
 //! `sockops`: TCP lifecycle events of sockets in the cgroup.
 //!
-//! - `TCP_CONNECT_CB`: a socket that dialled a service (its cookie is in `SOCK_VIP_V1`) asks for
-//!   state-change callbacks, for the passive health signal and for cleanup.
-//! - `ACTIVE_ESTABLISHED_CB`: a proxy-mode connection's original destination moves from the
-//!   socket cookie (`SOCK_ORIG_V1`) to the client's 4-tuple (`ORIG_DST_V1`), where the proxy
-//!   finds it from `accept()`; then, like `PASSIVE_ESTABLISHED_CB`, the socket is added to the
-//!   splice sockhash `SPLICE_V1` when splicing is on and both ends are on this host. The
-//!   backend's run of failures in `PASSIVE_RUN_V1` ends (the connect succeeded). A socket that
-//!   dialled no service (it did not ask for `STATE_CB`) only gets the splice switch checked: the
-//!   cgroup's other connections pay one array-sized lookup here, nothing more.
+//! - `TCP_CONNECT_CB`: a socket that dialled a service (it has a `SOCK_VIP_V2` entry in its local
+//!   storage) asks for state-change callbacks, for the passive health signal and for cleanup.
+//!   For every other socket of the cgroup this is a NULL check of the socket's storage.
+//! - `ACTIVE_ESTABLISHED_CB`: a proxy-mode connection's (`SOCK_VIP_F_PROXIED` in its storage)
+//!   original destination moves from the socket cookie (`SOCK_ORIG_V1`) to the client's 4-tuple
+//!   (`ORIG_DST_V1`), where the proxy finds it from `accept()`; then, like
+//!   `PASSIVE_ESTABLISHED_CB`, the socket is added to the splice sockhash `SPLICE_V1` when
+//!   splicing is on and both ends are on this host. The backend's run of failures in
+//!   `PASSIVE_RUN_V1` ends (the connect succeeded). A socket that dialled no service (it did not
+//!   ask for `STATE_CB`) only gets the splice switch checked: the cgroup's other connections pay
+//!   one array-sized lookup here, nothing more.
 //! - `STATE_CB` to `CLOSE`: SYN_SENT -> CLOSE counts a failed connect for the backend,
 //!   ESTABLISHED or CLOSE_WAIT -> CLOSE a reset (received or sent; a FIN handshake passes through
 //!   FIN_WAIT or LAST_ACK instead), and either extends the backend's run in `PASSIVE_RUN_V1`;
-//!   the socket's `ORIG_DST_V1` and `SOCK_VIP_V1` entries are
-//!   removed, so neither grows with the number of connections.
+//!   a proxy-mode socket's `ORIG_DST_V1` entry is removed, so it does not grow with the number
+//!   of connections (the `SOCK_VIP_V2` entry goes with the socket).
 //!
 //! Contract: fail-open, always: this program never changes a connection's fate; a failure only
 //! costs the feature (counted). Minimum kernel 4.13 (sockops), 4.16 (`STATE_CB`), 4.18
-//! (sockhash), 5.7 for attaching through bpf_link. Reads `SOCK_VIP_V1`, `SOCK_ORIG_V1`,
-//! `SETTINGS_V1`; writes `ORIG_DST_V1`, `SOCK_ORIG_V1`, `SOCK_VIP_V1` (deletes), `SPLICE_V1`,
-//! `PASSIVE_V1`, `PASSIVE_RUN_V1`, `COUNTERS_V2`.
+//! (sockhash), 5.3 (`bpf_sock_ops.sk`, `bpf_sk_storage_get`), 5.7 for attaching through
+//! bpf_link. Reads `SOCK_VIP_V2`, `SOCK_ORIG_V1`, `SETTINGS_V1`; writes `ORIG_DST_V1`,
+//! `SOCK_ORIG_V1`, `SPLICE_V1`, `PASSIVE_V1`, `PASSIVE_RUN_V1`, `COUNTERS_V2`.
 
 use aya_ebpf::{
     EbpfContext as _,
@@ -29,19 +31,21 @@ use aya_ebpf::{
         BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_TCP_CLOSE, BPF_TCP_CLOSE_WAIT, BPF_TCP_ESTABLISHED,
         BPF_TCP_SYN_SENT,
     },
-    helpers::bpf_get_socket_cookie,
+    helpers::{bpf_get_socket_cookie, bpf_sk_storage_get},
     macros::sock_ops,
     programs::SockOpsContext,
 };
 use proxy_common::{
     counters,
     service::Backend,
-    socket::{PassiveCounts, SETTINGS_F_SPLICE, SETTINGS_KEY, SockTuple},
+    socket::{
+        PassiveCounts, SETTINGS_F_SPLICE, SETTINGS_KEY, SOCK_VIP_F_PROXIED, SockTuple, SockVip,
+    },
 };
 
 use crate::{
     maps::{
-        ORIG_DST_V1, PASSIVE_RUN_V1, PASSIVE_V1, SETTINGS_V1, SOCK_ORIG_V1, SOCK_VIP_V1, SPLICE_V1,
+        ORIG_DST_V1, PASSIVE_RUN_V1, PASSIVE_V1, SETTINGS_V1, SOCK_ORIG_V1, SOCK_VIP_V2, SPLICE_V1,
         count,
     },
     tuple::{self, Fields},
@@ -73,6 +77,9 @@ fn try_sockops(ctx: &SockOpsContext) -> Result<(), Failed> {
             }
             let t = conn(ctx)?;
             end_run(&Backend { addr: t.remote, port: t.remote_port, family: t.family, _pad: 0 });
+            if !proxied(ctx) {
+                return splice(ctx);
+            }
             // A failed re-key must not cost the splice (and the other way round).
             let rekeyed = rekey_orig_dst(ctx, &t);
             splice(ctx).and(rekeyed)
@@ -86,12 +93,45 @@ fn try_sockops(ctx: &SockOpsContext) -> Result<(), Failed> {
 /// Asks for state callbacks on sockets that dialled a service (others cost nothing more).
 #[inline(always)]
 fn watch(ctx: &SockOpsContext) -> Result<(), Failed> {
-    // SAFETY: read-only lookup; the helper only reads the valid context.
-    if unsafe { SOCK_VIP_V1.get(&bpf_get_socket_cookie(ctx.as_ptr())) }.is_none() {
+    if dialled(ctx).is_null() {
         return Ok(());
     }
     let flags = ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG;
     ctx.set_cb_flags(flags as i32).map_err(|_| Failed(counters::SOCKOPS_CB_FLAGS_FAILED))
+}
+
+/// The socket's `SOCK_VIP_V2` entry: NULL when it dialled no service (or is no full socket).
+/// Not hashed: the socket points at its storage, so this costs the same in a cgroup of a million
+/// connections.
+#[inline(always)]
+fn dialled(ctx: &SockOpsContext) -> *const SockVip {
+    // SAFETY: the context pointer is valid for the duration of the program; `sk` is NULL unless
+    // the kernel has a full socket here (it always has at TCP_CONNECT_CB and STATE_CB).
+    let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
+    if sk.is_null() {
+        return core::ptr::null();
+    }
+    // aya-ebpf's `SkStorage` only takes a sock_addr context, so the helper is called directly,
+    // with the map's address (relocated to the map by the loader). No flags: a read, never a
+    // create. SAFETY: `sk` is a non-NULL full socket.
+    unsafe {
+        bpf_sk_storage_get(
+            core::ptr::from_ref(&SOCK_VIP_V2).cast_mut().cast(),
+            sk.cast(),
+            core::ptr::null_mut(),
+            0,
+        )
+    }
+    .cast()
+}
+
+/// Whether the socket was redirected to the proxy: only such a socket has an original
+/// destination to move at ESTABLISHED and to remove at CLOSE (a kernel-path socket would pay
+/// a missing lookup in `SOCK_ORIG_V1` and one in `ORIG_DST_V1` for nothing).
+#[inline(always)]
+fn proxied(ctx: &SockOpsContext) -> bool {
+    // SAFETY: a value of the socket's storage, valid while the program runs; one field is read.
+    unsafe { dialled(ctx).as_ref() }.is_some_and(|v| v.flags & SOCK_VIP_F_PROXIED != 0)
 }
 
 /// Moves a proxied connection's original destination from its cookie to its 4-tuple.
@@ -133,11 +173,9 @@ fn splice(ctx: &SockOpsContext) -> Result<(), Failed> {
 #[inline(always)]
 fn closed(ctx: &SockOpsContext, old: u32) -> Result<(), Failed> {
     let t = conn(ctx)?;
-    if ORIG_DST_V1.remove(&t).is_ok() {
+    if proxied(ctx) && ORIG_DST_V1.remove(&t).is_ok() {
         count(counters::ORIG_DST_REMOVED);
     }
-    // SAFETY: the helper only reads the context, which is valid.
-    let _ = SOCK_VIP_V1.remove(&unsafe { bpf_get_socket_cookie(ctx.as_ptr()) });
     let backend = Backend { addr: t.remote, port: t.remote_port, family: t.family, _pad: 0 };
     match old {
         BPF_TCP_SYN_SENT => {

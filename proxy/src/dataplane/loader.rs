@@ -48,6 +48,12 @@ pub const SPLICE_PROGRAM: &str = "splice_msg";
 /// The sockhash the sk_msg program is attached to.
 const SPLICE_MAP: &str = "SPLICE_V1";
 
+/// Socket local storage of the dialled service (read by getpeername and sockops). A BTF map:
+/// its aya-ebpf definition cannot ask for pinning, so it is pinned here by path, like the
+/// legacy maps are by name, and a restarted daemon adopts it (the entries live in the sockets,
+/// so adopting the map keeps getpeername right for connections opened before the restart).
+const SOCK_VIP_MAP: &str = "SOCK_VIP_V2";
+
 /// The stream verdict program of proxy-pair splicing, attached to the sockhash `PAIR_SOCKS_V1`
 /// (prog-attach, like sk_msg) and pinned as `prog_pair_verdict`. Optional: when it cannot be
 /// attached the rest of the data path runs and [`Dataplane::pair_splicer`] says why.
@@ -121,6 +127,7 @@ impl Dataplane {
         }
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(pin_dir)
+            .map_pin_path(SOCK_VIP_MAP, pin_dir.join(SOCK_VIP_MAP))
             .load(EBPF_OBJECT)
             .map_err(DataplaneError::Load)?;
         let cgroup_fd = fs::File::open(&opts.cgroup).map_err(|source| DataplaneError::Io {

@@ -166,28 +166,33 @@ impl<'a> Direction<'a> {
         CopyError::Io { side, op, source }
     }
 
-    /// Waits until `target` bytes went into `to` since splicing (redirected by the kernel or
-    /// copied here); fails when they stopped moving with nothing left queued in `to`.
+    /// Bytes that stopped short of `to`: lost in the kernel (its peer vanished mid-transfer).
+    fn lost(&self, what: &'static str) -> CopyError {
+        self.io_error(
+            true,
+            "write",
+            io::Error::new(io::ErrorKind::BrokenPipe, what),
+        )
+    }
+
+    /// Bytes that went into `to` since splicing (redirected by the kernel or copied here), and
+    /// bytes still queued in it.
+    fn written_now(&self) -> Result<(u64, u64), CopyError> {
+        let (now, queued) =
+            sys::tcp_written(self.to.as_fd()).map_err(|e| self.io_error(true, "write", e))?;
+        Ok((now.saturating_sub(self.written_before), queued))
+    }
+
+    /// Waits until `target` bytes went into `to` since splicing; fails when they stopped
+    /// moving with nothing left queued in `to`.
     async fn written(&self, target: u64, lost: &'static str) -> Result<(), CopyError> {
-        let mut poll = POLL_FIRST;
-        let mut last = None;
-        let mut since = Instant::now();
+        let mut wait = Progress::new();
         loop {
-            let (now, queued) =
-                sys::tcp_written(self.to.as_fd()).map_err(|e| self.io_error(true, "write", e))?;
-            let now = now.saturating_sub(self.written_before);
+            let (now, queued) = self.written_now()?;
             if now >= target {
                 return Ok(());
             }
-            if last != Some(now) || queued > 0 {
-                last = Some(now);
-                since = Instant::now();
-            } else if since.elapsed() > FLUSH_STALL {
-                let lost = io::Error::new(io::ErrorKind::BrokenPipe, lost);
-                return Err(self.io_error(true, "write", lost));
-            }
-            tokio::time::sleep(poll).await;
-            poll = (poll * 2).min(POLL_MAX);
+            wait.step(now, queued).await.map_err(|()| self.lost(lost))?;
         }
     }
 
@@ -299,9 +304,7 @@ impl<'a> Direction<'a> {
         let received = sys::tcp_received_before_fin(self.from.as_fd())
             .map_err(|e| self.io_error(false, "read", e))?;
         let target = received.saturating_sub(self.consumed_before);
-        let mut poll = POLL_FIRST;
-        let mut last = None;
-        let mut since = Instant::now();
+        let mut wait = Progress::new();
         loop {
             if let Some(flow) = self
                 .passed(ctl)
@@ -309,27 +312,49 @@ impl<'a> Direction<'a> {
             {
                 self.catch_up(ctl, flow, buf).await?;
             }
-            let (now, queued) =
-                sys::tcp_written(self.to.as_fd()).map_err(|e| self.io_error(true, "write", e))?;
-            let now = now.saturating_sub(self.written_before);
+            let (now, queued) = self.written_now()?;
             if now >= target {
                 return socket2::SockRef::from(self.to)
                     .shutdown(std::net::Shutdown::Write)
                     .map_err(|e| self.io_error(true, "write", e));
             }
-            if last != Some(now) || queued > 0 {
-                last = Some(now);
-                since = Instant::now();
-            } else if since.elapsed() > FLUSH_STALL {
-                let lost = io::Error::new(
-                    io::ErrorKind::BrokenPipe,
-                    "spliced bytes stopped short of the half-close",
-                );
-                return Err(self.io_error(true, "write", lost));
-            }
-            tokio::time::sleep(poll).await;
-            poll = (poll * 2).min(POLL_MAX);
+            wait.step(now, queued)
+                .await
+                .map_err(|()| self.lost("spliced bytes stopped short of the half-close"))?;
         }
+    }
+}
+
+/// Waiting for bytes to leave through a socket, polled (the kernel signals nothing): from
+/// `POLL_FIRST` up to `POLL_MAX` between looks.
+struct Progress {
+    poll: Duration,
+    last: Option<u64>,
+    since: Instant,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Self {
+            poll: POLL_FIRST,
+            last: None,
+            since: Instant::now(),
+        }
+    }
+
+    /// One look found `written` bytes out and `queued` still in the socket: waits for the next
+    /// look, or fails (`Err`) when nothing moved for `FLUSH_STALL` with nothing queued (the
+    /// bytes were lost in the kernel).
+    async fn step(&mut self, written: u64, queued: u64) -> Result<(), ()> {
+        if self.last != Some(written) || queued > 0 {
+            self.last = Some(written);
+            self.since = Instant::now();
+        } else if self.since.elapsed() > FLUSH_STALL {
+            return Err(());
+        }
+        tokio::time::sleep(self.poll).await;
+        self.poll = (self.poll * 2).min(POLL_MAX);
+        Ok(())
     }
 }
 

@@ -13,7 +13,7 @@ use super::{
     ProxyProtocolMode, Service, Shared, copy,
     drain::DrainWatcher,
     http,
-    orig_dst::{ClientAddr, OrigDstAddr, so_original_dst},
+    orig_dst::{ClientAddr, OrigDstAddr, so_original_dst_at},
     proxy_protocol,
     stats::{ActiveConnection, ProxyStats},
     tcp,
@@ -44,6 +44,12 @@ pub(super) fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
 
 /// Accepts until draining starts, then drops the listener (new connects are refused).
 pub(super) async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, drain: DrainWatcher) {
+    // A listener on one address gives every accepted socket that local address: no
+    // getsockname per connection (a wildcard listener still asks each socket).
+    let local = listener
+        .local_addr()
+        .ok()
+        .filter(|a| !a.ip().is_unspecified());
     loop {
         let accepted = tokio::select! {
             biased;
@@ -55,6 +61,7 @@ pub(super) async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, drai
                 tokio::spawn(handle(
                     stream,
                     ClientAddr(peer),
+                    local,
                     shared.clone(),
                     drain.clone(),
                 ));
@@ -71,6 +78,7 @@ pub(super) async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, drai
 async fn handle(
     mut stream: TcpStream,
     client: ClientAddr,
+    local: Option<SocketAddr>,
     shared: Arc<Shared>,
     drain: DrainWatcher,
 ) {
@@ -87,8 +95,8 @@ async fn handle(
     );
     let start = Instant::now();
     async {
-        let _ = stream.set_nodelay(true);
-        let Some(orig) = original_destination(&mut stream, client, &shared).await else {
+        // TCP_NODELAY came with the socket: accept() copies it from the listener (`bind`).
+        let Some(orig) = original_destination(&mut stream, client, local, &shared).await else {
             ProxyStats::inc(&shared.stats.downstream_cx_no_original_dst);
             debug!("no original destination: refused");
             copy::abort(&stream);
@@ -123,6 +131,7 @@ async fn handle(
 async fn original_destination(
     stream: &mut TcpStream,
     client: ClientAddr,
+    local: Option<SocketAddr>,
     shared: &Shared,
 ) -> Option<OrigDstAddr> {
     let config = &shared.config;
@@ -142,11 +151,14 @@ async fn original_destination(
             }
         }
     } else {
-        let local = stream.local_addr().ok()?;
+        let local = match local {
+            Some(l) => l,
+            None => stream.local_addr().ok()?,
+        };
         shared.original_dst.lookup(client.0, local).or_else(|| {
             config
                 .iptables_redirect
-                .then(|| so_original_dst(stream))
+                .then(|| so_original_dst_at(stream, local))
                 .flatten()
         })
     };
@@ -156,4 +168,21 @@ async fn original_destination(
         return None;
     }
     Some(OrigDstAddr(dst))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn accepted_sockets_inherit_nodelay() {
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        assert!(
+            !client.unwrap().nodelay().unwrap(),
+            "a socket starts with Nagle on"
+        );
+        assert!(accepted.unwrap().0.nodelay().unwrap());
+    }
 }

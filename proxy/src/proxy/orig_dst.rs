@@ -98,8 +98,12 @@ impl OriginalDst for OriginalDstTable {
 /// `SO_ORIGINAL_DST` (IPv4) or `IP6T_SO_ORIGINAL_DST` (IPv6) of a socket accepted after an
 /// iptables `REDIRECT`; `None` when there is no NAT entry for it.
 pub fn so_original_dst(stream: &TcpStream) -> Option<SocketAddr> {
+    so_original_dst_at(stream, stream.local_addr().ok()?)
+}
+
+/// [`so_original_dst`] of a socket whose local address is known (`local` picks the option).
+pub(super) fn so_original_dst_at(stream: &TcpStream, local: SocketAddr) -> Option<SocketAddr> {
     let sock = socket2::SockRef::from(stream);
-    let local = stream.local_addr().ok()?;
     let addr = match local {
         SocketAddr::V4(_) => sock.original_dst_v4(),
         SocketAddr::V6(a) if a.ip().to_ipv4_mapped().is_some() => sock.original_dst_v4(),

@@ -161,6 +161,18 @@ pub struct BannerServers {
 impl BannerServers {
     /// Starts one server per (address, banner, udp) inside `netns`.
     pub fn start(netns: &Netns, servers: &[(SocketAddr, &str, bool)]) -> Self {
+        Self::start_styled(netns, servers, Style::CloseAtOnce)
+    }
+
+    /// Like [`BannerServers::start`], but a TCP server writes its banner [`HOLD_DELAY`] after
+    /// the accept and keeps the connection until the client closes it (at most 5 s), each on
+    /// a thread of its own: a proxy in between has its upstream connected, and can splice it,
+    /// before the banner comes, and no socket closes under it meanwhile.
+    pub fn start_holding(netns: &Netns, servers: &[(SocketAddr, &str, bool)]) -> Self {
+        Self::start_styled(netns, servers, Style::Hold)
+    }
+
+    fn start_styled(netns: &Netns, servers: &[(SocketAddr, &str, bool)], style: Style) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
         for &(addr, banner, udp) in servers {
@@ -175,7 +187,7 @@ impl BannerServers {
                 } else {
                     let listener = TcpListener::bind(addr).expect("binding a banner server");
                     ready_tx.send(()).expect("test alive");
-                    serve_tcp(&listener, &banner, &stop);
+                    serve_tcp(&listener, &banner, &stop, style);
                 }
             }));
             ready_rx.recv_timeout(Duration::from_secs(5)).expect("banner server started");
@@ -185,13 +197,38 @@ impl BannerServers {
     }
 }
 
-fn serve_tcp(listener: &TcpListener, banner: &str, stop: &AtomicBool) {
+/// How a TCP banner server treats a connection.
+#[derive(Clone, Copy)]
+enum Style {
+    /// Banner, then close, on the accepting thread.
+    CloseAtOnce,
+    /// A thread per connection: [`HOLD_DELAY`], banner, then wait for the client's close.
+    Hold,
+}
+
+/// How long a holding banner server waits before its banner.
+pub const HOLD_DELAY: Duration = Duration::from_millis(20);
+
+fn serve_tcp(listener: &TcpListener, banner: &str, stop: &AtomicBool, style: Style) {
     for conn in listener.incoming() {
         if stop.load(Ordering::SeqCst) {
             return;
         }
-        if let Ok(mut conn) = conn {
-            let _ = writeln!(conn, "{banner}");
+        let Ok(mut conn) = conn else { continue };
+        match style {
+            Style::CloseAtOnce => {
+                let _ = writeln!(conn, "{banner}");
+            }
+            Style::Hold => {
+                let banner = banner.to_owned();
+                std::thread::spawn(move || {
+                    std::thread::sleep(HOLD_DELAY);
+                    let _ = writeln!(conn, "{banner}");
+                    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+                    let mut rest = Vec::new();
+                    let _ = std::io::Read::read_to_end(&mut conn, &mut rest);
+                });
+            }
         }
     }
 }

@@ -21,7 +21,10 @@ use std::{
 };
 
 use integration_tests::kernel::{Netns, digest, in_netns, pattern, require_root};
-use proxy::proxy::{NoOriginalDst, ProxyConfig, ProxyDeps, Service, ServiceTable, serve};
+use proxy::proxy::{
+    NoOriginalDst, OriginalDst, OriginalDstTable, ProxyConfig, ProxyDeps, Service, ServiceTable,
+    serve,
+};
 use rstest::rstest;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -163,7 +166,14 @@ fn redirected_connections_use_so_original_dst(
             .enable_all()
             .build()
             .unwrap()
-            .block_on(run_case(dst, listener, client, iptables_redirect))
+            .block_on(run_case(
+                dst,
+                dst,
+                listener,
+                client,
+                iptables_redirect,
+                Arc::new(NoOriginalDst),
+            ))
     })
     .join()
     .expect("the case ran in the namespace");
@@ -184,12 +194,66 @@ fn redirected_connections_use_so_original_dst(
     }
 }
 
-/// Backend, proxy and client inside the namespace; returns what the client and the proxy saw.
+/// With `iptables_redirect` on, NAT's answer is asked first. A connection that reached the
+/// listener without NAT (as the kernel's connect hook sends it) is still followed by conntrack
+/// while a nat table is loaded, and `SO_ORIGINAL_DST` then names the listener itself: the proxy
+/// must go on to its other source (the kernel's map, here a table) rather than refuse it.
+#[rstest]
+fn unredirected_connections_fall_through_to_the_kernel_map(#[values(V4, V6)] family: Family) {
+    require_root();
+    let netns = Netns::new();
+    for cidr in family.lo_addrs {
+        netns.add_lo_addr(cidr);
+    }
+    let dst: SocketAddr = family.dst.parse().unwrap();
+    let listener: SocketAddr = family.listener.parse().unwrap();
+    // The rule matches nobody here; the table only makes conntrack follow every connection.
+    let rule = format!(
+        "{nft} saddr {client} tcp dport 1 redirect to :{lport}",
+        nft = family.nft,
+        client = family.client,
+        lport = listener.port(),
+    );
+    let _table = NftTable::load(&netns, &rule);
+    // The client dials the listener directly, from a fixed port, so the table can know it.
+    let client = SocketAddr::new(family.client.parse().unwrap(), 41_001);
+    let table = OriginalDstTable::default();
+    table.insert(client, listener, dst);
+    let seen = in_netns(&netns, move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(run_case(
+                dst,
+                listener,
+                listener,
+                client,
+                true,
+                Arc::new(table),
+            ))
+    })
+    .join()
+    .expect("the case ran in the namespace");
+    assert_eq!(
+        seen.banner,
+        dst.to_string(),
+        "reached the table's destination: {seen:?}"
+    );
+    assert!(seen.intact, "payload intact: {seen:?}");
+    assert_eq!(seen.accepted, 1, "{seen:?}");
+    assert_eq!(seen.stat("downstream_cx_no_original_dst"), 0);
+}
+
+/// Backend (at `dst`), proxy and client (dialling `dial`) inside the namespace; returns what the
+/// client and the proxy saw.
 async fn run_case(
     dst: SocketAddr,
+    dial: SocketAddr,
     listener: SocketAddr,
     client: SocketAddr,
     iptables_redirect: bool,
+    original_dst: Arc<dyn OriginalDst>,
 ) -> Seen {
     let backend = TcpListener::bind(dst).await.expect("backend binds");
     let accepted = Arc::new(AtomicU32::new(0));
@@ -214,12 +278,12 @@ async fn run_case(
         ..ProxyConfig::default()
     };
     let deps = ProxyDeps {
-        original_dst: Arc::new(NoOriginalDst),
+        original_dst,
         services,
         splicer: None,
     };
     let proxy = serve(config, deps).await.expect("proxy starts");
-    let (banner, intact) = tokio::time::timeout(WAIT, exchange(client, dst))
+    let (banner, intact) = tokio::time::timeout(WAIT, exchange(client, dial))
         .await
         .expect("the exchange ended in time");
     if !iptables_redirect {

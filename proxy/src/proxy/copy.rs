@@ -12,6 +12,7 @@ use std::{
     future::Future,
     io,
     sync::atomic::{AtomicU64, Ordering},
+    task::{Context, Poll, ready},
 };
 
 use tokio::{
@@ -129,6 +130,11 @@ pub async fn bidirectional(
 }
 
 /// One direction: read from `from`, write to `to`, until `from` ends; then FIN `to`.
+///
+/// A direction holds a buffer only while it moves data: a small buffer is let go when there is
+/// nothing more to read, and taken again (without zeroing) when the socket becomes readable. An
+/// idle connection so costs its task and sockets, not two buffers (BENCHMARKS.md, memory).
+/// Buffers that grew for bulk stay until the connection ends.
 async fn one_way(
     from: &mut OwnedReadHalf,
     to: &mut OwnedWriteHalf,
@@ -136,35 +142,62 @@ async fn one_way(
     total: &mut u64,
     (from_name, to_name): (&'static str, &'static str),
 ) -> Result<(), CopyError> {
-    let mut buf = vec![0u8; INITIAL_BUFFER_SIZE];
+    let mut size = INITIAL_BUFFER_SIZE;
+    let mut buf: Vec<u8> = Vec::new();
     let mut full_reads = 0u32;
     loop {
-        let n = from.read(&mut buf).await.map_err(|source| CopyError::Io {
-            side: from_name,
-            op: "read",
-            source,
-        })?;
+        let n = std::future::poll_fn(|cx| poll_fill(from, &mut buf, size, cx))
+            .await
+            .map_err(|source| CopyError::Io {
+                side: from_name,
+                op: "read",
+                source,
+            })?;
         if n == 0 {
             // End of stream: pass the FIN on. The peer may be gone already (it reset while we
             // read); that is not this direction's failure.
             let _ = to.shutdown().await;
             return Ok(());
         }
-        to.write_all(&buf[..n])
-            .await
-            .map_err(|source| CopyError::Io {
-                side: to_name,
-                op: "write",
-                source,
-            })?;
+        to.write_all(&buf).await.map_err(|source| CopyError::Io {
+            side: to_name,
+            op: "write",
+            source,
+        })?;
+        buf.clear();
         *total += n as u64;
         meter.fetch_add(n as u64, Ordering::Relaxed);
-        full_reads = if n == buf.len() { full_reads + 1 } else { 0 };
-        if full_reads >= FULL_READS_TO_GROW && buf.len() < LARGE_BUFFER_SIZE {
-            buf.resize(grown(buf.len()), 0);
+        if n < size {
             full_reads = 0;
+            // A short read drained the socket: the connection may go idle now, and an idle
+            // direction holds no buffer.
+            if size == INITIAL_BUFFER_SIZE {
+                buf = Vec::new();
+            }
+        } else {
+            full_reads += 1;
+            if full_reads >= FULL_READS_TO_GROW && size < LARGE_BUFFER_SIZE {
+                size = grown(size);
+                buf = Vec::with_capacity(size);
+                full_reads = 0;
+            }
         }
     }
+}
+
+/// One read into `buf`. A direction without a buffer waits for the socket to be readable
+/// before it takes one of `size` bytes (not zeroed: reads go into its spare capacity).
+fn poll_fill(
+    from: &mut OwnedReadHalf,
+    buf: &mut Vec<u8>,
+    size: usize,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    if buf.capacity() == 0 {
+        ready!(from.as_ref().poll_read_ready(cx))?;
+        *buf = Vec::with_capacity(size);
+    }
+    std::pin::pin!(from.read_buf(buf)).poll(cx)
 }
 
 /// Makes the socket's close send a reset (`SO_LINGER` 0).
@@ -255,6 +288,42 @@ mod tests {
         let (copied, result) = copy.await.unwrap();
         result.unwrap();
         assert_eq!(copied.sent, data.len() as u64);
+    }
+
+    #[tokio::test]
+    async fn small_messages_between_bursts_arrive_in_order() {
+        // Each small message ends in a short read (the buffer is let go) and the next one takes
+        // a buffer again; a burst in between grows it. Nothing may be lost or reordered.
+        let (mut app, client_side) = pair().await;
+        let (upstream_side, mut server) = pair().await;
+        let (tx, rx) = (AtomicU64::new(0), AtomicU64::new(0));
+        let copy = tokio::spawn(async move {
+            let meter = Meter { tx: &tx, rx: &rx };
+            bidirectional(client_side, upstream_side, meter, std::future::pending()).await
+        });
+        let burst: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
+        for round in 0..3u8 {
+            for i in 0..20u8 {
+                app.write_all(&[round, i]).await.unwrap();
+                let mut got = [0u8; 2];
+                server.read_exact(&mut got).await.unwrap();
+                assert_eq!(got, [round, i]);
+                server.write_all(&[i, round]).await.unwrap();
+                app.read_exact(&mut got).await.unwrap();
+                assert_eq!(got, [i, round]);
+            }
+            let (w, r) = tokio::join!(app.write_all(&burst), async {
+                let mut got = vec![0u8; burst.len()];
+                server.read_exact(&mut got).await.map(|_| got)
+            });
+            w.unwrap();
+            assert!(r.unwrap() == burst, "burst {round} arrived altered");
+        }
+        drop(app);
+        drop(server);
+        let (copied, _) = copy.await.unwrap();
+        assert_eq!(copied.sent, 3 * (40 + burst.len() as u64));
+        assert_eq!(copied.received, 3 * 40);
     }
 
     #[tokio::test]

@@ -155,12 +155,15 @@ async fn original_destination(
             Some(l) => l,
             None => stream.local_addr().ok()?,
         };
-        shared.original_dst.lookup(client.0, local).or_else(|| {
-            config
-                .iptables_redirect
-                .then(|| so_original_dst_at(stream, local))
-                .flatten()
-        })
+        // With `iptables_redirect` NAT is what the user runs, so its answer is asked first: a
+        // REDIRECTed connection then costs one getsockopt and no bpf syscall. A connection the
+        // kernel redirected has no NAT entry (or, when conntrack follows it, one whose original
+        // destination is this listener itself) and goes on to the kernel's map.
+        let nat = || so_original_dst_at(stream, local).filter(|d| *d != local);
+        match config.iptables_redirect.then(nat).flatten() {
+            Some(d) => Some(d),
+            None => shared.original_dst.lookup(client.0, local),
+        }
     };
     let dst = dst?;
     if shared.is_self(dst) {

@@ -99,6 +99,7 @@ pub struct Upstream {
     dns: Option<Arc<DnsCluster>>,
     feed_stats: Option<FeedStats>,
     drain_on_removal: bool,
+    outlier_detection: bool,
     task: JoinHandle<()>,
 }
 
@@ -138,6 +139,7 @@ impl Upstream {
         let health = ClusterHealth::new(&name, &cluster.health_config(), manager, random)
             .map_err(|source| UpstreamError::Health { cluster: name.clone(), source })?;
         let drain_on_removal = cluster.cluster_type != ClusterType::LogicalDns;
+        let outlier_detection = cluster.outlier_detection.is_some();
         let health = Arc::new(Mutex::new(health));
         let (routing_tx, routing) = watch::channel(Routing::default());
         let (passive, passive_rx) = mpsc::channel(PASSIVE_QUEUE);
@@ -146,7 +148,18 @@ impl Upstream {
         let events = manager.subscribe();
         let outputs = Outputs { routing: routing_tx, initialized: init_tx };
         let task = tokio::spawn(run(health.clone(), hosts, events, passive_rx, outputs, sweep));
-        Ok(Self { name, health, routing, initialized, passive, dns, feed_stats, drain_on_removal, task })
+        Ok(Self {
+            name,
+            health,
+            routing,
+            initialized,
+            passive,
+            dns,
+            feed_stats,
+            drain_on_removal,
+            outlier_detection,
+            task,
+        })
     }
 
     /// The cluster's name.
@@ -169,6 +182,12 @@ impl Upstream {
     /// Where the data path reports connect results for this cluster's hosts.
     pub fn passive(&self) -> mpsc::Sender<PassiveSignal> {
         self.passive.clone()
+    }
+
+    /// Whether the cluster has outlier detection: without it, connect results change nothing
+    /// and the data path need not report them.
+    pub fn outlier_detection(&self) -> bool {
+        self.outlier_detection
     }
 
     /// Whether connections to removed hosts are drained (false for LOGICAL_DNS).
@@ -333,19 +352,15 @@ async fn run(
     let initial = hosts.current();
     lock().update_hosts(initial);
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + sweep, sweep);
+    // Whether the last event may have changed the routing: a connect success or a traffic note
+    // cannot (ejection needs a failure or the sweep), and the proxy reports one per connection,
+    // so for them the routing is neither recomputed nor compared.
+    let mut changed = true;
     loop {
-        let (now, pending) = {
-            let h = lock();
-            (h.routing(), h.host_statuses().iter().any(|s| s.flags.pending_active_hc))
-        };
-        out.routing.send_if_modified(|old| {
-            let changed = *old != now;
-            *old = now;
-            changed
-        });
-        if !*out.initialized.borrow() && hosts.initialized() && !pending {
-            out.initialized.send_replace(true);
+        if changed {
+            publish(&lock(), &out, &hosts);
         }
+        changed = true;
         tokio::select! {
             next = hosts.next() => match next {
                 Some(set) => lock().update_hosts(set),
@@ -356,15 +371,42 @@ async fn run(
                 Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => { lock().pump_events(); }
                 Err(broadcast::error::RecvError::Closed) => return,
             },
-            Some(signal) = passive.recv() => {
-                let mut h = lock();
-                match signal {
-                    PassiveSignal::ConnectFailure(addr) => { h.record_connect_failure(addr); }
-                    PassiveSignal::ConnectSuccess(addr) => h.record_connect_success(addr),
-                    PassiveSignal::Traffic => h.note_traffic(),
-                }
-            }
+            Some(signal) = passive.recv() => changed = on_passive(&mut lock(), signal),
             _ = ticker.tick() => { lock().outlier_tick(); }
+        }
+    }
+}
+
+/// Sends the routing when it changed, and `initialized` once discovery delivered and no host
+/// waits for its first health check.
+fn publish(h: &ClusterHealth, out: &Outputs, hosts: &HostFeed) {
+    let now = h.routing();
+    let pending = h.host_statuses().iter().any(|s| s.flags.pending_active_hc);
+    out.routing.send_if_modified(|old| {
+        let changed = *old != now;
+        *old = now;
+        changed
+    });
+    if !*out.initialized.borrow() && hosts.initialized() && !pending {
+        out.initialized.send_replace(true);
+    }
+}
+
+/// Applies a passive signal; returns whether it may have changed the routing (a failure may
+/// eject its host).
+fn on_passive(h: &mut ClusterHealth, signal: PassiveSignal) -> bool {
+    match signal {
+        PassiveSignal::ConnectFailure(addr) => {
+            h.record_connect_failure(addr);
+            true
+        }
+        PassiveSignal::ConnectSuccess(addr) => {
+            h.record_connect_success(addr);
+            false
+        }
+        PassiveSignal::Traffic => {
+            h.note_traffic();
+            false
         }
     }
 }

@@ -97,8 +97,8 @@ impl ClusterHandle {
         }
     }
 
-    /// The proxy's view of a running cluster: its routing, its drain rule, and its passive
-    /// health channel (connect results feed outlier detection).
+    /// The proxy's view of a running cluster: its routing, its drain rule, and, when the cluster
+    /// has outlier detection, its passive health channel (connect results feed it).
     pub fn from_upstream(upstream: &Upstream, pool_idle_timeout: Duration) -> Self {
         let mut c = Self::new(
             upstream.name(),
@@ -106,7 +106,9 @@ impl ClusterHandle {
             upstream.drain_on_removal(),
             pool_idle_timeout,
         );
-        c.passive = Some(upstream.passive());
+        // Without outlier detection connect results change nothing: none are sent (one
+        // message and one wakeup of the cluster's task per connection saved).
+        c.passive = upstream.outlier_detection().then(|| upstream.passive());
         c
     }
 
@@ -375,5 +377,49 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(3600)).await;
         assert!(!never.is_finished());
         never.abort();
+    }
+
+    fn upstream(outlier_detection: &str) -> proxy_core::upstream::Upstream {
+        let yaml = format!(
+            "clusters:\n  - name: c\n{outlier_detection}    load_assignment:\n      endpoints:\n        - lb_endpoints:\n            - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: 1 }} }} }}\n            - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.2, port_value: 1 }} }} }}\n"
+        );
+        let config = proxy_core::config::Config::parse(&yaml, std::path::Path::new("t.yaml"))
+            .expect("valid config");
+        let manager = proxy_core::health::HealthCheckManager::default();
+        proxy_core::upstream::Upstream::spawn(&config.clusters[0], &manager).expect("spawns")
+    }
+
+    #[tokio::test]
+    async fn connect_failures_eject_through_outlier_detection() {
+        let up = upstream("    outlier_detection: { consecutive_5xx: 2, interval: 0.1s }\n");
+        up.initialized().wait_for(|i| *i).await.unwrap();
+        let c = ClusterHandle::from_upstream(&up, Duration::from_secs(60));
+        let bad = addr("127.0.0.2:1");
+        c.report_connect(bad, false);
+        c.report_connect(bad, false);
+        let mut routing = up.routing();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            routing.wait_for(|r| r.routable().iter().all(|h| h.addr != bad.0)),
+        )
+        .await
+        .expect("the failing host is ejected")
+        .unwrap();
+        for _ in 0..20 {
+            assert_eq!(c.pick(&[]), Some(addr("127.0.0.1:1")));
+        }
+    }
+
+    #[tokio::test]
+    async fn without_outlier_detection_nothing_is_reported() {
+        let up = upstream("");
+        up.initialized().wait_for(|i| *i).await.unwrap();
+        let c = ClusterHandle::from_upstream(&up, Duration::from_secs(60));
+        assert!(c.passive.is_none(), "no channel: connect results change nothing");
+        // Reporting is then a no-op, and both hosts stay routable.
+        c.report_connect(addr("127.0.0.2:1"), false);
+        c.report_connect(addr("127.0.0.2:1"), false);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(up.routing().borrow().routable().len(), 2);
     }
 }

@@ -132,9 +132,10 @@ pub async fn bidirectional(
 /// One direction: read from `from`, write to `to`, until `from` ends; then FIN `to`.
 ///
 /// A direction holds a buffer only while it moves data: a small buffer is let go when there is
-/// nothing more to read, and taken again (without zeroing) when the socket becomes readable. An
-/// idle connection so costs its task and sockets, not two buffers (BENCHMARKS.md, memory).
-/// Buffers that grew for bulk stay until the connection ends.
+/// nothing more to read (to the thread's [`spare`] buffers), and taken again when the socket
+/// becomes readable; reads go into its spare capacity, nothing is zeroed. An idle connection so
+/// costs its task and sockets, not two buffers (BENCHMARKS.md, memory). Buffers that grew for
+/// bulk stay until the connection ends.
 async fn one_way(
     from: &mut OwnedReadHalf,
     to: &mut OwnedWriteHalf,
@@ -172,7 +173,7 @@ async fn one_way(
             // A short read drained the socket: the connection may go idle now, and an idle
             // direction holds no buffer.
             if size == INITIAL_BUFFER_SIZE {
-                buf = Vec::new();
+                spare::put(std::mem::take(&mut buf));
             }
         } else {
             full_reads += 1;
@@ -195,9 +196,52 @@ fn poll_fill(
 ) -> Poll<io::Result<usize>> {
     if buf.capacity() == 0 {
         ready!(from.as_ref().poll_read_ready(cx))?;
-        *buf = Vec::with_capacity(size);
+        *buf = if size == INITIAL_BUFFER_SIZE {
+            spare::take()
+        } else {
+            Vec::with_capacity(size)
+        };
     }
     std::pin::pin!(from.read_buf(buf)).poll(cx)
+}
+
+/// Small buffers let go by idle directions, kept per thread for the next readable socket:
+/// request/response traffic lets go of and takes a buffer for every message, and this saves
+/// it the allocator (bounded: at most [`spare::KEPT`] buffers per thread).
+mod spare {
+    use std::cell::RefCell;
+
+    use super::INITIAL_BUFFER_SIZE;
+
+    /// Buffers kept per thread (128 KiB).
+    pub const KEPT: usize = 16;
+
+    thread_local! {
+        static SPARE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// An empty buffer of [`INITIAL_BUFFER_SIZE`] bytes' capacity.
+    pub fn take() -> Vec<u8> {
+        SPARE
+            .with_borrow_mut(Vec::pop)
+            .unwrap_or_else(|| Vec::with_capacity(INITIAL_BUFFER_SIZE))
+    }
+
+    /// Buffers kept by this thread now.
+    #[cfg(test)]
+    pub fn kept() -> usize {
+        SPARE.with_borrow(Vec::len)
+    }
+
+    /// Keeps `buf` (emptied) for [`take`], or frees it when enough are kept.
+    pub fn put(mut buf: Vec<u8>) {
+        buf.clear();
+        SPARE.with_borrow_mut(|kept| {
+            if kept.len() < KEPT && buf.capacity() == INITIAL_BUFFER_SIZE {
+                kept.push(buf);
+            }
+        });
+    }
 }
 
 /// Makes the socket's close send a reset (`SO_LINGER` 0).
@@ -324,6 +368,31 @@ mod tests {
         let (copied, _) = copy.await.unwrap();
         assert_eq!(copied.sent, 3 * (40 + burst.len() as u64));
         assert_eq!(copied.received, 3 * 40);
+    }
+
+    #[test]
+    fn spare_buffers_are_bounded_and_empty() {
+        // A test thread of its own: nothing else uses this thread's spares.
+        std::thread::spawn(|| {
+            for i in 0..(spare::KEPT as u8 + 4) {
+                let mut b = Vec::with_capacity(INITIAL_BUFFER_SIZE);
+                b.push(i);
+                spare::put(b);
+            }
+            assert_eq!(spare::kept(), spare::KEPT);
+            // A grown buffer is not kept.
+            spare::take();
+            spare::put(Vec::with_capacity(LARGE_BUFFER_SIZE));
+            assert_eq!(spare::kept(), spare::KEPT - 1);
+            for _ in 0..spare::KEPT + 2 {
+                let b = spare::take();
+                assert!(b.is_empty());
+                assert_eq!(b.capacity(), INITIAL_BUFFER_SIZE);
+            }
+            assert_eq!(spare::kept(), 0);
+        })
+        .join()
+        .unwrap();
     }
 
     #[tokio::test]

@@ -7,7 +7,7 @@ use tokio::{
     net::{TcpListener, TcpSocket, TcpStream},
     time::Instant,
 };
-use tracing::{Instrument, debug, field, info_span, warn};
+use tracing::{Instrument, debug, debug_span, field, warn};
 
 use super::{
     ProxyProtocolMode, Service, Shared, copy,
@@ -83,7 +83,9 @@ async fn handle(
     drain: DrainWatcher,
 ) {
     let _active = ActiveConnection::new(&shared.stats);
-    let span = info_span!(
+    // At debug level, like every event inside it: at the default level an enabled span would
+    // cost each connection its creation and the formatting of its fields for nothing.
+    let span = debug_span!(
         "proxy_conn",
         client = %client,
         orig_dst = field::Empty,

@@ -56,6 +56,11 @@ pub const SERVICE_F_MAGLEV: u32 = 1 << 1;
 /// reads no slot table (any slot table would name only that host, whatever the weights, and a
 /// Maglev table of one host maps every client to it).
 pub const SERVICE_F_SINGLE: u32 = 1 << 2;
+/// `Service::flags` bit: the service's connections feed the passive health signal (a cluster
+/// behind it has outlier detection). Without it sockops does not follow them: no state
+/// callbacks, no counting. Proxy-mode connections never feed it (the proxy reports its own
+/// upstream connects).
+pub const SERVICE_F_PASSIVE: u32 = 1 << 3;
 
 /// Key of `SERVICES_V2`: a service address as the application dials it.
 #[repr(C)]

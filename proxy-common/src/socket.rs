@@ -27,6 +27,10 @@ use crate::service::{Backend, ServiceKey};
 /// original destination moves to `ORIG_DST_V1` when it is established and is removed from there
 /// when it closes. Sockets of the kernel path skip both lookups.
 pub const SOCK_VIP_F_PROXIED: u32 = 1 << 0;
+/// `SockVip::flags` bit: the socket dialled a service with `SERVICE_F_PASSIVE`: sockops counts
+/// its failed connect or reset for the backend, and an established connect ends the backend's
+/// run of failures.
+pub const SOCK_VIP_F_PASSIVE: u32 = 1 << 1;
 
 /// Value of `SOCK_VIP_V2` (socket local storage): the service a socket dialled.
 #[repr(C)]

@@ -27,7 +27,7 @@ use aya_ebpf::{
 use proxy_common::{
     counters,
     service::{FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP, ServiceKey},
-    socket::{SOCK_VIP_F_PROXIED, SockVip},
+    socket::{SOCK_VIP_F_PASSIVE, SOCK_VIP_F_PROXIED, SockVip},
 };
 
 use crate::{
@@ -97,7 +97,8 @@ fn remember(ctx: &SockAddrContext, key: &ServiceKey, t: &Target, family: u8, see
     // keeps its entry, so the value is always written. NULL (no memory) only costs the
     // getpeername translation and the socket's passive health signal.
     if let Some(vip) = unsafe { SOCK_VIP_V2.get_or_insert_ptr_mut(ctx, None).as_mut() } {
-        let flags = if t.proxied { SOCK_VIP_F_PROXIED } else { 0 };
+        let flags = if t.proxied { SOCK_VIP_F_PROXIED } else { 0 }
+            | if t.passive { SOCK_VIP_F_PASSIVE } else { 0 };
         *vip = SockVip { key: *key, flags };
     }
     if !t.proxied && key.proto != PROTO_UDP {

@@ -1,21 +1,23 @@
 //! `sockops`: TCP lifecycle events of sockets in the cgroup.
 //!
 //! - `TCP_CONNECT_CB`: a socket that dialled a service (it has a `SOCK_VIP_V2` entry in its local
-//!   storage) asks for state-change callbacks, for the passive health signal and for cleanup.
-//!   For every other socket of the cgroup this is a NULL check of the socket's storage.
+//!   storage) in proxy mode (`SOCK_VIP_F_PROXIED`: cleanup) or with passive health
+//!   (`SOCK_VIP_F_PASSIVE`: its cluster has outlier detection) asks for state-change callbacks.
+//!   For every other socket of the cgroup this is a read of the socket's storage.
 //! - `ACTIVE_ESTABLISHED_CB`: a proxy-mode connection's (`SOCK_VIP_F_PROXIED` in its storage)
 //!   original destination moves from the socket cookie (`SOCK_ORIG_V1`) to the client's 4-tuple
 //!   (`ORIG_DST_V1`), where the proxy finds it from `accept()`; then, like
 //!   `PASSIVE_ESTABLISHED_CB`, the socket is added to the splice sockhash `SPLICE_V1` when
-//!   splicing is on and both ends are on this host. The backend's run of failures in
-//!   `PASSIVE_RUN_V1` ends (the connect succeeded). A socket that dialled no service (it did not
-//!   ask for `STATE_CB`) only gets the splice switch checked: the cgroup's other connections pay
-//!   one array-sized lookup here, nothing more.
-//! - `STATE_CB` to `CLOSE`: SYN_SENT -> CLOSE counts a failed connect for the backend,
-//!   ESTABLISHED or CLOSE_WAIT -> CLOSE a reset (received or sent; a FIN handshake passes through
-//!   FIN_WAIT or LAST_ACK instead), and either extends the backend's run in `PASSIVE_RUN_V1`;
-//!   a proxy-mode socket's `ORIG_DST_V1` entry is removed, so it does not grow with the number
-//!   of connections (the `SOCK_VIP_V2` entry goes with the socket).
+//!   splicing is on and both ends are on this host. For a passive socket the backend's run of
+//!   failures in `PASSIVE_RUN_V1` ends (the connect succeeded). A socket that is not followed
+//!   (it did not ask for `STATE_CB`) only gets the splice switch checked: the cgroup's other
+//!   connections pay one array-sized lookup here, nothing more.
+//! - `STATE_CB` to `CLOSE`: a proxy-mode socket's `ORIG_DST_V1` entry is removed, so it does
+//!   not grow with the number of connections (the `SOCK_VIP_V2` entry goes with the socket).
+//!   For a passive socket, SYN_SENT -> CLOSE counts a failed connect for the backend,
+//!   ESTABLISHED or CLOSE_WAIT -> CLOSE a reset (received or sent; a FIN handshake passes
+//!   through FIN_WAIT or LAST_ACK instead), and either extends the backend's run in
+//!   `PASSIVE_RUN_V1`.
 //!
 //! Contract: fail-open, always: this program never changes a connection's fate; a failure only
 //! costs the feature (counted). Minimum kernel 4.13 (sockops), 4.16 (`STATE_CB`), 4.18
@@ -39,7 +41,8 @@ use proxy_common::{
     counters,
     service::Backend,
     socket::{
-        PassiveCounts, SETTINGS_F_SPLICE, SETTINGS_KEY, SOCK_VIP_F_PROXIED, SockTuple, SockVip,
+        PassiveCounts, SETTINGS_F_SPLICE, SETTINGS_KEY, SOCK_VIP_F_PASSIVE, SOCK_VIP_F_PROXIED,
+        SockTuple, SockVip,
     },
 };
 
@@ -69,15 +72,23 @@ fn try_sockops(ctx: &SockOpsContext) -> Result<(), Failed> {
     match ctx.op() {
         BPF_SOCK_OPS_TCP_CONNECT_CB => watch(ctx),
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => {
-            // Only a socket that dialled a service asked for state callbacks (`watch`); every
-            // other socket of the cgroup gets here too, and must cost no more than the splice
-            // switch: no tuple, no cookie, no lookup.
+            // Only a socket that is followed asked for state callbacks (`watch`); every other
+            // socket of the cgroup gets here too, and must cost no more than the splice switch:
+            // no tuple, no cookie, no lookup.
             if ctx.cb_flags() & BPF_SOCK_OPS_STATE_CB_FLAG == 0 {
                 return splice(ctx);
             }
+            let flags = followed(ctx);
             let t = conn(ctx)?;
-            end_run(&Backend { addr: t.remote, port: t.remote_port, family: t.family, _pad: 0 });
-            if !proxied(ctx) {
+            if flags & SOCK_VIP_F_PASSIVE != 0 {
+                end_run(&Backend {
+                    addr: t.remote,
+                    port: t.remote_port,
+                    family: t.family,
+                    _pad: 0,
+                });
+            }
+            if flags & SOCK_VIP_F_PROXIED == 0 {
                 return splice(ctx);
             }
             // A failed re-key must not cost the splice (and the other way round).
@@ -90,10 +101,13 @@ fn try_sockops(ctx: &SockOpsContext) -> Result<(), Failed> {
     }
 }
 
-/// Asks for state callbacks on sockets that dialled a service (others cost nothing more).
+/// Asks for state callbacks on sockets that dialled a service and are followed: proxy mode
+/// (cleanup of the original destination) or passive health (`SOCK_VIP_F_PASSIVE`). Others,
+/// among them every kernel-path connection to a cluster without outlier detection, cost nothing
+/// more.
 #[inline(always)]
 fn watch(ctx: &SockOpsContext) -> Result<(), Failed> {
-    if dialled(ctx).is_null() {
+    if followed(ctx) == 0 {
         return Ok(());
     }
     let flags = ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG;
@@ -125,13 +139,16 @@ fn dialled(ctx: &SockOpsContext) -> *const SockVip {
     .cast()
 }
 
-/// Whether the socket was redirected to the proxy: only such a socket has an original
-/// destination to move at ESTABLISHED and to remove at CLOSE (a kernel-path socket would pay
-/// a missing lookup in `SOCK_ORIG_V1` and one in `ORIG_DST_V1` for nothing).
+/// What sockops follows of the socket: its `SOCK_VIP_F_PROXIED` and `SOCK_VIP_F_PASSIVE` bits
+/// (0 for a socket that dialled no service). Only a proxied socket has an original destination
+/// to move at ESTABLISHED and to remove at CLOSE (a kernel-path socket would pay a missing
+/// lookup in `SOCK_ORIG_V1` and one in `ORIG_DST_V1` for nothing), and only a passive one is
+/// counted.
 #[inline(always)]
-fn proxied(ctx: &SockOpsContext) -> bool {
+fn followed(ctx: &SockOpsContext) -> u32 {
     // SAFETY: a value of the socket's storage, valid while the program runs; one field is read.
-    unsafe { dialled(ctx).as_ref() }.is_some_and(|v| v.flags & SOCK_VIP_F_PROXIED != 0)
+    unsafe { dialled(ctx).as_ref() }
+        .map_or(0, |v| v.flags & (SOCK_VIP_F_PROXIED | SOCK_VIP_F_PASSIVE))
 }
 
 /// Moves a proxied connection's original destination from its cookie to its 4-tuple.
@@ -172,9 +189,13 @@ fn splice(ctx: &SockOpsContext) -> Result<(), Failed> {
 /// A watched socket reached CLOSE from `old`: passive health, then cleanup.
 #[inline(always)]
 fn closed(ctx: &SockOpsContext, old: u32) -> Result<(), Failed> {
+    let flags = followed(ctx);
     let t = conn(ctx)?;
-    if proxied(ctx) && ORIG_DST_V1.remove(&t).is_ok() {
+    if flags & SOCK_VIP_F_PROXIED != 0 && ORIG_DST_V1.remove(&t).is_ok() {
         count(counters::ORIG_DST_REMOVED);
+    }
+    if flags & SOCK_VIP_F_PASSIVE == 0 {
+        return Ok(());
     }
     let backend = Backend { addr: t.remote, port: t.remote_port, family: t.family, _pad: 0 };
     match old {

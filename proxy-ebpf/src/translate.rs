@@ -5,7 +5,10 @@
 use aya_ebpf::{EbpfContext as _, bindings::bpf_sock_addr, programs::SockAddrContext};
 use proxy_common::{
     counters,
-    service::{Backend, FAMILY_V4, FAMILY_V6, SERVICE_F_PROXY, ServiceKey},
+    service::{
+        Backend, FAMILY_V4, FAMILY_V6, SERVICE_F_MAGLEV, SERVICE_F_PASSIVE, SERVICE_F_PROXY,
+        ServiceKey,
+    },
 };
 
 use crate::{
@@ -32,6 +35,8 @@ pub struct Target {
     pub dest: Backend,
     /// `dest` is the proxy listener (proxy mode).
     pub proxied: bool,
+    /// The connection feeds the passive health signal (`SERVICE_F_PASSIVE`, kernel path only).
+    pub passive: bool,
 }
 
 /// Re-reads of a service whose generation moved on while a program was choosing (see
@@ -131,8 +136,13 @@ pub fn target(
     if allow_proxy && svc.flags & SERVICE_F_PROXY != 0 {
         return proxy_listener(key.family).map(Some);
     }
-    // SAFETY: the helper only reads the context, which is valid.
-    let netns = unsafe { aya_ebpf::helpers::bpf_get_netns_cookie(ctx.as_ptr()) };
+    // Only consistent hashing reads the client's network namespace.
+    let netns = if svc.flags & SERVICE_F_MAGLEV != 0 {
+        // SAFETY: the helper only reads the context, which is valid.
+        unsafe { aya_ebpf::helpers::bpf_get_netns_cookie(ctx.as_ptr()) }
+    } else {
+        0
+    };
     let mut attempt = 0;
     let dest = loop {
         match choose(svc, netns) {
@@ -166,7 +176,8 @@ pub fn target(
         return Ok(None);
     }
     count(outcomes.rewritten);
-    Ok(Some(Target { dest, proxied: false }))
+    let passive = svc.flags & SERVICE_F_PASSIVE != 0;
+    Ok(Some(Target { dest, proxied: false, passive }))
 }
 
 /// The proxy listener for clients of `family`; refused when the daemon has set none.
@@ -179,5 +190,5 @@ fn proxy_listener(family: u8) -> Result<Target, Refuse> {
         return Err(Refuse);
     }
     count(counters::CONNECT_PROXY_REDIRECTED);
-    Ok(Target { dest, proxied: true })
+    Ok(Target { dest, proxied: true, passive: false })
 }

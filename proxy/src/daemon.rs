@@ -13,7 +13,9 @@ use std::{
 };
 
 use anyhow::Context as _;
-use proxy_common::service::{PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV, SERVICE_F_PROXY};
+use proxy_common::service::{
+    PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV, SERVICE_F_PASSIVE, SERVICE_F_PROXY,
+};
 use proxy_core::{
     chain::{self, ChainPlan},
     config::{Config, LbPolicy, Protocol, Service, ServiceMode},
@@ -275,11 +277,14 @@ impl SpecTemplate {
             Protocol::Tcp => PROTO_TCP,
             Protocol::Udp => PROTO_UDP,
         };
-        let maglev = config.service_clusters(svc).iter().any(|c| {
-            config
-                .cluster(c)
-                .is_some_and(|c| c.lb_policy == LbPolicy::Maglev)
-        });
+        let clusters = config.service_clusters(svc);
+        let any_cluster = |f: &dyn Fn(&proxy_core::config::Cluster) -> bool| {
+            clusters.iter().any(|c| config.cluster(c).is_some_and(f))
+        };
+        let maglev = any_cluster(&|c| c.lb_policy == LbPolicy::Maglev);
+        // Only outlier detection reads the kernel's passive signal: without it sockops does not
+        // follow the service's connections at all.
+        let passive = any_cluster(&|c| c.outlier_detection.is_some());
         let unspecified = match svc.address {
             IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
@@ -287,6 +292,9 @@ impl SpecTemplate {
         let mut flags = if maglev { SERVICE_F_MAGLEV } else { 0 };
         if svc.mode == ServiceMode::Proxy {
             flags |= SERVICE_F_PROXY;
+        }
+        if passive {
+            flags |= SERVICE_F_PASSIVE;
         }
         Self {
             name: svc.name.clone(),
@@ -371,4 +379,31 @@ impl Signals {
 /// A service's address as `ip:port`, for tables.
 pub fn service_addr(svc: &Service) -> SocketAddr {
     SocketAddr::new(svc.address, svc.port)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    #[test]
+    fn kernel_flags_follow_the_clusters() {
+        let endpoint = "    load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 1 } } } } ] } ] }\n";
+        let yaml = format!(
+            "clusters:\n  - name: plain\n{endpoint}  - name: watched\n    outlier_detection: {{ consecutive_5xx: 3 }}\n{endpoint}  - name: hashed\n    lb_policy: MAGLEV\n{endpoint}services:\n  - {{ name: a, address: 127.77.0.1, port: 80, cluster: plain }}\n  - {{ name: b, address: 127.77.0.2, port: 80, cluster: watched }}\n  - {{ name: c, address: 127.77.0.3, port: 80, cluster: hashed }}\n  - {{ name: d, address: 127.77.0.4, port: 80, cluster: watched, mode: proxy }}\n"
+        );
+        let config = Config::parse(&yaml, Path::new("t.yaml")).expect("valid config");
+        let flags: Vec<u32> =
+            config.services.iter().map(|s| SpecTemplate::new(s, &config).flags).collect();
+        assert_eq!(
+            flags,
+            [
+                0,
+                SERVICE_F_PASSIVE,
+                SERVICE_F_MAGLEV,
+                SERVICE_F_PASSIVE | SERVICE_F_PROXY
+            ]
+        );
+    }
 }

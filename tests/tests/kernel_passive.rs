@@ -1,6 +1,7 @@
-//! The kernel's passive health signal (root): sockops counts, per backend, connects that never
-//! got established and established connections that were reset, and the daemon reads them with
-//! `Dataplane::passive_counters`.
+//! The kernel's passive health signal (root): for services published with `SERVICE_F_PASSIVE`
+//! (a cluster with outlier detection), sockops counts, per backend, connects that never got
+//! established and established connections that were reset, and the daemon reads them with
+//! `Dataplane::passive_counters`. Other services' connections are not followed at all.
 
 use std::{
     net::{SocketAddr, TcpListener},
@@ -12,6 +13,7 @@ use integration_tests::kernel::{
     skip_without_dataplane, spec, tcp_loop,
 };
 use proxy::dataplane::PassiveReport;
+use proxy_common::service::SERVICE_F_PASSIVE;
 use rstest::rstest;
 
 /// Connects per test.
@@ -57,7 +59,9 @@ fn connects_to_a_closed_port_count_as_failures_of_that_backend(#[case] fam: Fami
     let vip: SocketAddr = fam.vip.parse().unwrap();
     let closed: SocketAddr = fam.closed.parse().unwrap();
     let mut dp = InProcess::open(&cgroup);
-    dp.publisher().publish(&spec("closed", vip, false, 0, &[closed])).expect("publishing");
+    dp.publisher()
+        .publish(&spec("closed", vip, false, SERVICE_F_PASSIVE, &[closed]))
+        .expect("publishing");
     let report = run_client(&cgroup, &netns, vip);
     assert_eq!(report.errors.get("ECONNREFUSED"), Some(&CONNECTS), "{report:?}");
     let passive = report_for(&dp, closed);
@@ -78,7 +82,9 @@ fn connections_reset_by_the_server_count_as_resets_of_that_backend(#[case] fam: 
     let vip: SocketAddr = fam.vip.parse().unwrap();
     let resetting: SocketAddr = fam.resetting.parse().unwrap();
     let mut dp = InProcess::open(&cgroup);
-    dp.publisher().publish(&spec("resetting", vip, false, 0, &[resetting])).expect("publishing");
+    dp.publisher()
+        .publish(&spec("resetting", vip, false, SERVICE_F_PASSIVE, &[resetting]))
+        .expect("publishing");
     let (tx, rx) = std::sync::mpsc::channel();
     let server = in_netns(&netns, move || {
         let listener = TcpListener::bind(resetting).expect("binding the resetting server");
@@ -105,7 +111,9 @@ fn an_established_connect_ends_the_run_of_failures() {
     let vip: SocketAddr = "127.77.3.9:80".parse().unwrap();
     let backend: SocketAddr = "127.0.0.63:8080".parse().unwrap();
     let mut dp = InProcess::open(&cgroup);
-    dp.publisher().publish(&spec("flapping", vip, false, 0, &[backend])).expect("publishing");
+    dp.publisher()
+        .publish(&spec("flapping", vip, false, SERVICE_F_PASSIVE, &[backend]))
+        .expect("publishing");
     // Nothing listens yet: every connect fails and the run grows with them.
     let report = run_client(&cgroup, &netns, vip);
     assert_eq!(report.errors.get("ECONNREFUSED"), Some(&CONNECTS), "{report:?}");
@@ -129,4 +137,26 @@ fn an_established_connect_ends_the_run_of_failures() {
     assert_eq!(one.ok(), 1, "{one:?}");
     let passive = report_for(&dp, backend);
     assert_eq!((passive.connect_failures, passive.run), (u64::from(CONNECTS), 0), "{passive:?}");
+}
+
+#[test]
+fn services_without_the_passive_flag_are_not_followed() {
+    require_root();
+    if skip_without_dataplane("services_without_the_passive_flag_are_not_followed") {
+        return;
+    }
+    let netns = Netns::new();
+    let cgroup = TestCgroup::new();
+    let vip: SocketAddr = "127.77.3.11:80".parse().unwrap();
+    let closed: SocketAddr = "127.0.0.64:9".parse().unwrap();
+    let mut dp = InProcess::open(&cgroup);
+    dp.publisher().publish(&spec("unfollowed", vip, false, 0, &[closed])).expect("publishing");
+    let report = run_client(&cgroup, &netns, vip);
+    // The connects were rewritten (refused by the backend address, not by the VIP) ...
+    assert_eq!(report.errors.get("ECONNREFUSED"), Some(&CONNECTS), "{report:?}");
+    assert_eq!(dp.counter("connect_rewritten"), u64::from(CONNECTS));
+    // ... and nothing counted them: no state callbacks were asked for.
+    let counted = dp.passive_counters().expect("reading passive counters");
+    assert!(counted.iter().all(|r| r.backend != closed), "{counted:?}");
+    assert_eq!(dp.counter("passive_connect_failed"), 0);
 }

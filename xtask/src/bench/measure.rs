@@ -331,7 +331,10 @@ fn idle(ctx: &Ctx<'_>, conns: usize) -> anyhow::Result<BTreeMap<String, f64>> {
     if !line.starts_with("ready") {
         let _ = child.kill();
         let _ = child.wait();
-        bail!("the idle client did not open {conns} connections");
+        bail!(
+            "the idle client did not open {conns} connections: {}",
+            line.trim()
+        );
     }
     std::thread::sleep(Duration::from_millis(300));
     let with = sys::rss_kib(subject) as f64;

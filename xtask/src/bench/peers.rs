@@ -156,8 +156,12 @@ fn envoy_cmd(dir: &Path, net: &Net, envoy: &Path) -> anyhow::Result<Command> {
                 "stat_prefix": format!("t{p}"), "cluster": format!("c{p}")}}]}]
         }));
         let b = net.backend(p);
+        // Envoy's default circuit breaker allows 1,024 upstream connections per cluster; the
+        // idle row holds 9,000 (nginx and HAProxy get their limits raised the same way).
         clusters.push(serde_json::json!({
             "name": format!("c{p}"), "type": "STATIC", "connect_timeout": "5s",
+            "circuit_breakers": {"thresholds": [{"max_connections": 100_000,
+                "max_pending_requests": 100_000, "max_requests": 100_000}]},
             "load_assignment": {"cluster_name": format!("c{p}"), "endpoints": [{"lb_endpoints": [{"endpoint": {"address":
                 {"socket_address": {"address": b.ip().to_string(), "port_value": b.port()}}}}]}]}
         }));

@@ -97,7 +97,10 @@ pub(super) async fn forward(
     let (copied, result) = match hand_to_kernel(&client, &upstream, shared) {
         Some((guard, base)) => {
             tracing::Span::current().record("spliced", true);
-            let result = splice::run(client, upstream, guard, base, meter, close).await;
+            // Boxed: kept inline, its state would size every connection's task, spliced or
+            // not (5.7 KiB instead of 3.4 KiB per connection).
+            let result =
+                Box::pin(splice::run(client, upstream, guard, base, meter, close)).await;
             (Copied::default(), result)
         }
         None => copy::bidirectional(client, upstream, meter, close).await,

@@ -248,7 +248,12 @@ fn run_row_inner(
     backends: &[u32],
 ) -> anyhow::Result<Vec<Sample>> {
     let mut ours = backends.to_vec();
-    let (mut _daemon, mut _table, mut _peer) = (None, None, None);
+    // Dropped in reverse order: the proxy (ours or a peer) stops before its nat table goes.
+    // Packets after the table is deleted are no longer tracked, so connections the proxy
+    // closed later stayed in conntrack half-closed, with their REDIRECT binding, for minutes;
+    // a later NAT row's connect that reused such a client port was sent to the dead
+    // listener and refused (3 errors of S2 after S3 in run 20261130T202739Z).
+    let (mut _table, mut _daemon, mut _peer) = (None, None, None);
     let mut cgroup = None;
     let direct = |p: u16| net.backend(p);
     // S6's servers run inside the cgroup, on the backend ports + LOCAL_OFFSET.

@@ -145,10 +145,7 @@ fn redirected_connections_use_so_original_dst(
     #[values(true, false)] iptables_redirect: bool,
 ) {
     require_root();
-    let netns = Netns::new();
-    for cidr in family.lo_addrs {
-        netns.add_lo_addr(cidr);
-    }
+    let netns = family_netns(&family);
     let dst: SocketAddr = family.dst.parse().unwrap();
     let listener: SocketAddr = family.listener.parse().unwrap();
     let rule = format!(
@@ -161,22 +158,16 @@ fn redirected_connections_use_so_original_dst(
     );
     let _table = NftTable::load(&netns, &rule);
     let client: SocketAddr = SocketAddr::new(family.client.parse().unwrap(), 0);
-    let seen = in_netns(&netns, move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(run_case(
-                dst,
-                dst,
-                listener,
-                client,
-                iptables_redirect,
-                Arc::new(NoOriginalDst),
-            ))
-    })
-    .join()
-    .expect("the case ran in the namespace");
+    let seen = block_on_in(&netns, move || {
+        run_case(
+            dst,
+            dst,
+            listener,
+            client,
+            iptables_redirect,
+            Arc::new(NoOriginalDst),
+        )
+    });
     if iptables_redirect {
         assert_eq!(
             seen.banner,
@@ -201,10 +192,7 @@ fn redirected_connections_use_so_original_dst(
 #[rstest]
 fn unredirected_connections_fall_through_to_the_kernel_map(#[values(V4, V6)] family: Family) {
     require_root();
-    let netns = Netns::new();
-    for cidr in family.lo_addrs {
-        netns.add_lo_addr(cidr);
-    }
+    let netns = family_netns(&family);
     let dst: SocketAddr = family.dst.parse().unwrap();
     let listener: SocketAddr = family.listener.parse().unwrap();
     // The rule matches nobody here; the table only makes conntrack follow every connection.
@@ -219,22 +207,9 @@ fn unredirected_connections_fall_through_to_the_kernel_map(#[values(V4, V6)] fam
     let client = SocketAddr::new(family.client.parse().unwrap(), 41_001);
     let table = OriginalDstTable::default();
     table.insert(client, listener, dst);
-    let seen = in_netns(&netns, move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(run_case(
-                dst,
-                listener,
-                listener,
-                client,
-                true,
-                Arc::new(table),
-            ))
-    })
-    .join()
-    .expect("the case ran in the namespace");
+    let seen = block_on_in(&netns, move || {
+        run_case(dst, listener, listener, client, true, Arc::new(table))
+    });
     assert_eq!(
         seen.banner,
         dst.to_string(),
@@ -243,6 +218,31 @@ fn unredirected_connections_fall_through_to_the_kernel_map(#[values(V4, V6)] fam
     assert!(seen.intact, "payload intact: {seen:?}");
     assert_eq!(seen.accepted, 1, "{seen:?}");
     assert_eq!(seen.stat("downstream_cx_no_original_dst"), 0);
+}
+
+/// A fresh namespace with the family's extra loopback addresses.
+fn family_netns(family: &Family) -> Netns {
+    let netns = Netns::new();
+    for cidr in family.lo_addrs {
+        netns.add_lo_addr(cidr);
+    }
+    netns
+}
+
+/// Runs the case `make` builds on a current-thread runtime inside `netns`.
+fn block_on_in<F: std::future::Future<Output = Seen>>(
+    netns: &Netns,
+    make: impl FnOnce() -> F + Send + 'static,
+) -> Seen {
+    in_netns(netns, move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(make())
+    })
+    .join()
+    .expect("the case ran in the namespace")
 }
 
 /// Backend (at `dst`), proxy and client (dialling `dial`) inside the namespace; returns what the

@@ -264,18 +264,27 @@ mod tests {
         (a.unwrap(), b.unwrap().0)
     }
 
-    #[tokio::test]
-    async fn half_close_and_counts() {
-        // app <-> (client_side | proxy | upstream_side) <-> server
-        let (mut app, client_side) = pair().await;
-        let (upstream_side, mut server) = pair().await;
-        let (tx, rx) = (AtomicU64::new(0), AtomicU64::new(0));
+    /// What a copy returns, with its meter's count of bytes sent upstream.
+    type CopyOutcome = ((Copied, Result<(), CopyError>), u64);
+
+    /// app <-> (client_side | copy | upstream_side) <-> server: the outer ends, and the copy
+    /// running between them until both sides are done.
+    async fn through_copy() -> (TcpStream, TcpStream, tokio::task::JoinHandle<CopyOutcome>) {
+        let (app, client_side) = pair().await;
+        let (upstream_side, server) = pair().await;
         let copy = tokio::spawn(async move {
+            let (tx, rx) = (AtomicU64::new(0), AtomicU64::new(0));
             let meter = Meter { tx: &tx, rx: &rx };
             let out =
                 bidirectional(client_side, upstream_side, meter, std::future::pending()).await;
             (out, tx.load(Ordering::Relaxed))
         });
+        (app, server, copy)
+    }
+
+    #[tokio::test]
+    async fn half_close_and_counts() {
+        let (mut app, mut server, copy) = through_copy().await;
         app.write_all(b"ping").await.unwrap();
         app.shutdown().await.unwrap();
         let mut got = Vec::new();
@@ -304,13 +313,7 @@ mod tests {
 
     #[tokio::test]
     async fn bulk_arrives_intact_through_growing_buffers() {
-        let (mut app, client_side) = pair().await;
-        let (upstream_side, mut server) = pair().await;
-        let (tx, rx) = (AtomicU64::new(0), AtomicU64::new(0));
-        let copy = tokio::spawn(async move {
-            let meter = Meter { tx: &tx, rx: &rx };
-            bidirectional(client_side, upstream_side, meter, std::future::pending()).await
-        });
+        let (mut app, mut server, copy) = through_copy().await;
         // 8 MiB of a pattern that shifts with every byte, so a lost or repeated chunk shows.
         let data: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
         let sent = data.clone();
@@ -329,7 +332,7 @@ mod tests {
         );
         drop(server);
         drop(writer.await.unwrap());
-        let (copied, result) = copy.await.unwrap();
+        let ((copied, result), _) = copy.await.unwrap();
         result.unwrap();
         assert_eq!(copied.sent, data.len() as u64);
     }
@@ -338,13 +341,7 @@ mod tests {
     async fn small_messages_between_bursts_arrive_in_order() {
         // Each small message ends in a short read (the buffer is let go) and the next one takes
         // a buffer again; a burst in between grows it. Nothing may be lost or reordered.
-        let (mut app, client_side) = pair().await;
-        let (upstream_side, mut server) = pair().await;
-        let (tx, rx) = (AtomicU64::new(0), AtomicU64::new(0));
-        let copy = tokio::spawn(async move {
-            let meter = Meter { tx: &tx, rx: &rx };
-            bidirectional(client_side, upstream_side, meter, std::future::pending()).await
-        });
+        let (mut app, mut server, copy) = through_copy().await;
         let burst: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
         for round in 0..3u8 {
             for i in 0..20u8 {
@@ -365,7 +362,7 @@ mod tests {
         }
         drop(app);
         drop(server);
-        let (copied, _) = copy.await.unwrap();
+        let ((copied, _), _) = copy.await.unwrap();
         assert_eq!(copied.sent, 3 * (40 + burst.len() as u64));
         assert_eq!(copied.received, 3 * 40);
     }

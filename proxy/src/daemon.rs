@@ -277,14 +277,12 @@ impl SpecTemplate {
             Protocol::Tcp => PROTO_TCP,
             Protocol::Udp => PROTO_UDP,
         };
-        let clusters = config.service_clusters(svc);
-        let any_cluster = |f: &dyn Fn(&proxy_core::config::Cluster) -> bool| {
-            clusters.iter().any(|c| config.cluster(c).is_some_and(f))
-        };
-        let maglev = any_cluster(&|c| c.lb_policy == LbPolicy::Maglev);
+        let names = config.service_clusters(svc);
+        let clusters: Vec<_> = names.iter().filter_map(|c| config.cluster(c)).collect();
+        let maglev = clusters.iter().any(|c| c.lb_policy == LbPolicy::Maglev);
         // Only outlier detection reads the kernel's passive signal: without it sockops does not
         // follow the service's connections at all.
-        let passive = any_cluster(&|c| c.outlier_detection.is_some());
+        let passive = clusters.iter().any(|c| c.outlier_detection.is_some());
         let unspecified = match svc.address {
             IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),

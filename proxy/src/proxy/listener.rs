@@ -127,9 +127,9 @@ async fn handle(
     .await
 }
 
-/// The destination the client dialled: from a PROXY protocol header when configured, else the
-/// kernel's map, else (when enabled) `SO_ORIGINAL_DST`. A destination that is the proxy itself
-/// counts as unknown.
+/// The destination the client dialled: from a PROXY protocol header when configured, else
+/// (when enabled) `SO_ORIGINAL_DST`, else the kernel's map. A destination that is the proxy
+/// itself counts as unknown.
 async fn original_destination(
     stream: &mut TcpStream,
     client: ClientAddr,
@@ -162,10 +162,11 @@ async fn original_destination(
         // kernel redirected has no NAT entry (or, when conntrack follows it, one whose original
         // destination is this listener itself) and goes on to the kernel's map.
         let nat = || so_original_dst_at(stream, local).filter(|d| *d != local);
-        match config.iptables_redirect.then(nat).flatten() {
-            Some(d) => Some(d),
-            None => shared.original_dst.lookup(client.0, local),
-        }
+        config
+            .iptables_redirect
+            .then(nat)
+            .flatten()
+            .or_else(|| shared.original_dst.lookup(client.0, local))
     };
     let dst = dst?;
     if shared.is_self(dst) {

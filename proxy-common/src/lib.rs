@@ -20,7 +20,9 @@ pub mod socket;
 mod pod {
     use crate::{
         service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey},
-        socket::{PairFlow, PairGrant, PassiveCounts, Settings, SockTuple, UdpReverseKey},
+        socket::{
+            PairFlow, PairGrant, PassiveCounts, PeerSlot, Settings, SockTuple, UdpReverseKey,
+        },
     };
 
     // SAFETY: each type is repr(C), made only of integers and integer arrays with explicit
@@ -46,4 +48,6 @@ mod pod {
     unsafe impl aya::Pod for PairFlow {}
     // SAFETY: as above.
     unsafe impl aya::Pod for PairGrant {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for PeerSlot {}
 }

@@ -6,8 +6,10 @@
 //!
 //! ```text
 //! SETTINGS_V1    u32 (0)        -> Settings       (splice switch, proxy listener addresses)
-//! SOCK_VIP_V2    socket         -> SockVip        (socket local storage: connect4/6 -> sockops,
-//!                                                   getpeername4/6)
+//! SOCK_VIP_V2    socket         -> SockVip        (socket local storage, followed sockets only:
+//!                                                   connect4/6 -> sockops, getpeername4/6)
+//! SOCK_PEER_V1   cookie % 2^18  -> PeerSlot       (array: every other socket that dialled a
+//!                                                   service, connect4/6 -> getpeername4/6)
 //! SOCK_ORIG_V1   u64 (cookie)   -> ServiceKey     (proxy mode: connect4/6 -> sockops)
 //! ORIG_DST_V1    SockTuple      -> ServiceKey     (proxy mode: sockops -> the daemon's accept())
 //! SPLICE_V1      SockTuple      -> socket         (sockhash: sockops inserts, sk_msg redirects)
@@ -42,6 +44,23 @@ pub struct SockVip {
     pub flags: u32,
 }
 const _: () = assert!(size_of::<SockVip>() == 24);
+
+/// Slots of `SOCK_PEER_V1`. A power of two: a socket's slot is the low bits of its cookie.
+pub const PEER_SLOTS: u32 = 1 << 18;
+
+/// Value of `SOCK_PEER_V1`: the service the socket of `cookie` dialled. The slot belongs to the
+/// newest socket whose cookie maps to it; a reader whose cookie differs finds nothing.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerSlot {
+    /// Socket cookie of the owner (0: never written; the kernel's cookies start at 1).
+    pub cookie: u64,
+    /// The service address as the application dialled it.
+    pub key: ServiceKey,
+    /// Explicit padding, always 0.
+    pub pad: u32,
+}
+const _: () = assert!(size_of::<PeerSlot>() == 32);
 
 /// `Settings::flags` bit: splice established local socket pairs with sk_msg (opt-in until
 /// benchmarks decide the default).

@@ -16,8 +16,9 @@
 //! - Minimum kernel: 4.17 for the hooks; 5.7 for `bpf_get_netns_cookie` (consistent hashing);
 //!   5.7 for attaching through bpf_link (the daemon refuses to attach without it); 5.3 for
 //!   `bpf_sock_addr.sk` and `bpf_sk_storage_get` in sock_addr programs (`SOCK_VIP_V2`).
-//! - Reads `SERVICES_V2`, `SLOTS_V2`, `BACKENDS_V2`, `SETTINGS_V1`; writes `SOCK_VIP_V2` (the
-//!   socket's local storage: the dialled service, for getpeername and sockops), `SOCK_ORIG_V1`
+//! - Reads `SERVICES_V2`, `SLOTS_V2`, `BACKENDS_V2`, `SETTINGS_V1`; writes the dialled service
+//!   to `SOCK_VIP_V2` (the socket's local storage) for a socket sockops follows (proxy mode, or
+//!   passive health), or else to `SOCK_PEER_V1` (a slot by cookie, for getpeername); `SOCK_ORIG_V1`
 //!   (proxy mode), `UDP_REV_V1` (connected UDP, for recvfrom) and `COUNTERS_V2`.
 
 use aya_ebpf::{
@@ -32,6 +33,7 @@ use proxy_common::{
 
 use crate::{
     maps::{SOCK_ORIG_V1, SOCK_VIP_V2, count},
+    peer,
     sendmsg::remember_reply,
     translate::{MAPPED, Outcomes, Refuse, Target, key4, key6, target, write4, write6},
 };
@@ -88,21 +90,30 @@ fn try_connect6(ctx: &SockAddrContext) -> Result<(), Refuse> {
     Ok(())
 }
 
-/// Records which service the socket dialled: for getpeername, for the proxy (proxy mode), and
-/// for recvfrom on a connected UDP socket (`seen` is the backend as the socket reports it).
+/// Records which service the socket dialled: for getpeername, for sockops (followed sockets),
+/// for the proxy (proxy mode), and for recvfrom on a connected UDP socket (`seen` is the backend
+/// as the socket reports it).
 #[inline(always)]
 fn remember(ctx: &SockAddrContext, key: &ServiceKey, t: &Target, family: u8, seen: [u32; 4]) {
+    let tcp = key.proto == PROTO_TCP;
+    let flags = if t.proxied { SOCK_VIP_F_PROXIED } else { 0 }
+        | if t.passive && tcp { SOCK_VIP_F_PASSIVE } else { 0 };
     // SAFETY: `ctx.sock_addr.sk` is the (full) socket being connected, valid for the program.
-    // The entry is created zeroed when the socket has none; a socket that connects again (UDP)
-    // keeps its entry, so the value is always written. NULL (no memory) only costs the
-    // getpeername translation and the socket's passive health signal.
-    if let Some(vip) = unsafe { SOCK_VIP_V2.get_or_insert_ptr_mut(ctx, None).as_mut() } {
-        let flags = if t.proxied { SOCK_VIP_F_PROXIED } else { 0 }
-            | if t.passive { SOCK_VIP_F_PASSIVE } else { 0 };
+    // A followed socket's entry is created zeroed when it has none; NULL (no memory) only costs
+    // the getpeername translation and the socket's passive health signal. For any other socket
+    // this is a read, and a NULL check for one that was never followed.
+    let stored = unsafe {
+        if flags != 0 {
+            SOCK_VIP_V2.get_or_insert_ptr_mut(ctx, None)
+        } else {
+            SOCK_VIP_V2.get_ptr_mut(ctx)
+        }
+        .as_mut()
+    };
+    if let Some(vip) = stored {
+        // A socket that connects again (UDP, or TCP after a failed connect) and was followed
+        // before keeps its entry with the flags cleared: getpeername and sockops ignore it.
         *vip = SockVip { key: *key, flags };
-    }
-    if !t.proxied && key.proto != PROTO_UDP {
-        return;
     }
     // SAFETY: the helper only reads the context, which is valid.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
@@ -110,7 +121,12 @@ fn remember(ctx: &SockAddrContext, key: &ServiceKey, t: &Target, family: u8, see
         if SOCK_ORIG_V1.insert(&cookie, key, 0).is_err() {
             count(counters::ORIG_DST_RECORD_FAILED);
         }
-    } else if key.proto == PROTO_UDP {
+        return;
+    }
+    if flags == 0 {
+        peer::record(cookie, key);
+    }
+    if key.proto == PROTO_UDP {
         remember_reply(cookie, family, seen, t.dest.port, key);
     }
 }

@@ -3,13 +3,21 @@
 //!
 //! Contract: fail-open (a socket that did not dial a service is reported as the kernel has it).
 //! Minimum kernel 5.8 (the hooks; `bpf_sk_storage_get` on `bpf_sock_addr.sk` is 5.3). Reads
-//! `SOCK_VIP_V2`; writes the syscall's address and `COUNTERS_V2`.
+//! `SOCK_VIP_V2` (followed sockets: an entry with flags), then `SOCK_PEER_V1` (every other
+//! socket that dialled a service, by cookie); writes the syscall's address and `COUNTERS_V2`.
 
-use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
-use proxy_common::{counters, service::FAMILY_V4};
+use aya_ebpf::{
+    EbpfContext as _, helpers::bpf_get_socket_cookie, macros::cgroup_sock_addr,
+    programs::SockAddrContext,
+};
+use proxy_common::{
+    counters,
+    service::{FAMILY_V4, ServiceKey},
+};
 
 use crate::{
     maps::{SOCK_VIP_V2, count},
+    peer,
     translate::{MAPPED, set_user_ip6},
 };
 
@@ -30,9 +38,7 @@ pub fn getpeername6(ctx: SockAddrContext) -> i32 {
 
 #[inline(always)]
 fn reverse(ctx: &SockAddrContext, v6_socket: bool) {
-    // SAFETY: `ctx.sock_addr.sk` is the socket of the syscall; a socket that dialled no service
-    // has no entry (NULL); the value is only read, before the program returns.
-    let Some(vip) = (unsafe { SOCK_VIP_V2.get_ptr_mut(ctx).as_ref() }).map(|v| &v.key) else {
+    let Some(vip) = dialled(ctx) else {
         return;
     };
     // SAFETY: the context pointer is valid for the duration of the program.
@@ -46,4 +52,20 @@ fn reverse(ctx: &SockAddrContext, v6_socket: bool) {
     }
     sa.user_port = u32::from(vip.port);
     count(counters::GETPEERNAME_REWRITTEN);
+}
+
+/// The service the socket dialled: from its storage when sockops follows it (flags set: an entry
+/// whose flags were cleared is from an earlier connect of the socket), else by its cookie.
+#[inline(always)]
+fn dialled(ctx: &SockAddrContext) -> Option<ServiceKey> {
+    // SAFETY: `ctx.sock_addr.sk` is the socket of the syscall; a socket that was never followed
+    // has no entry (NULL); the value is copied out before the program returns.
+    if let Some(vip) = unsafe { SOCK_VIP_V2.get_ptr_mut(ctx).as_ref() }
+        && vip.flags != 0
+    {
+        return Some(vip.key);
+    }
+    // SAFETY: the helper only reads the context, which is valid.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    peer::lookup(cookie)
 }

@@ -4,14 +4,22 @@
 //! Asserts the rewrite, the weight distribution over a fixed number of connects, that
 //! getpeername shows the VIP, that processes outside the cgroup and destinations that are not
 //! services are untouched, that a service without hosts refuses connects, and that a bad config
-//! changes nothing.
+//! changes nothing. With the data path opened in-process: which record getpeername reads.
 
-use std::{net::SocketAddr, path::Path, process::Command};
+use std::{
+    net::SocketAddr,
+    os::fd::{AsRawFd as _, FromRawFd as _},
+    path::Path,
+    process::Command,
+    time::Duration,
+};
 
 use integration_tests::kernel::{
-    BannerServers, Daemon, Netns, Probe, TestCgroup, assert_share, proxy_bin, require_root,
-    unique,
+    BannerServers, Daemon, InCgroup, InProcess, Netns, Probe, TestCgroup, assert_share, proxy_bin,
+    require_root, skip_without_dataplane, spec, unique,
 };
+use proxy::dataplane::publish_key;
+use proxy_common::service::{PROTO_TCP, SERVICE_F_PASSIVE};
 use rstest::rstest;
 
 /// Connects per distribution test: enough that a 4.5-sigma bound is a few percent.
@@ -159,4 +167,115 @@ fn bad_config_exits_64_and_attaches_nothing() {
         assert!(stderr.contains(&want), "{sub}: {stderr}");
     }
     assert!(!Path::new("/sys/fs/bpf").join(&instance).exists(), "nothing may be pinned");
+}
+
+/// A connected socket's cookie (`SO_COOKIE`).
+fn socket_cookie(fd: std::os::fd::RawFd) -> u64 {
+    let mut cookie = 0u64;
+    let mut len = size_of::<u64>() as libc::socklen_t;
+    // SAFETY: a valid socket fd, and an out-buffer of `len` bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_COOKIE,
+            (&raw mut cookie).cast(),
+            &raw mut len,
+        )
+    };
+    assert_eq!(rc, 0, "SO_COOKIE: {}", std::io::Error::last_os_error());
+    cookie
+}
+
+/// A kernel-path socket's service is in the `SOCK_PEER_V1` slot of its cookie, and getpeername
+/// takes it only while the slot is the socket's own: a slot that a socket `PEER_SLOTS` cookies
+/// newer took over shows the backend (fail-open), never the newer socket's service.
+#[test]
+fn getpeername_takes_only_the_sockets_own_slot() {
+    use aya::maps::{Array, Map, MapData};
+    use proxy_common::socket::{PEER_SLOTS, PeerSlot};
+    require_root();
+    if skip_without_dataplane("getpeername_takes_only_the_sockets_own_slot") {
+        return;
+    }
+    let netns = Netns::new();
+    let cgroup = TestCgroup::new();
+    let vip: SocketAddr = "127.77.4.1:80".parse().unwrap();
+    let other: SocketAddr = "127.77.4.2:81".parse().unwrap();
+    let host: SocketAddr = V4.hosts[0].parse().unwrap();
+    let _servers = BannerServers::start_holding(&netns, &[(host, "h", false)]);
+    let mut dp = InProcess::open(&cgroup);
+    dp.publisher().publish(&spec("one", vip, false, 0, &[host])).expect("publishing");
+    let slots = dp.pin_dir().join("SOCK_PEER_V1");
+    let child = InCgroup::spawn(Some(cgroup.path()), &netns, move || {
+        let stream = std::net::TcpStream::connect(vip).expect("connecting to the VIP");
+        let cookie = socket_cookie(stream.as_raw_fd());
+        let map = MapData::from_pin(&slots).and_then(Map::from_map_data).expect("the pinned slots");
+        let mut map = Array::<MapData, PeerSlot>::try_from(map).expect("an array of slots");
+        let index = (cookie & u64::from(PEER_SLOTS - 1)) as u32;
+        let key = publish_key(other.ip(), other.port(), PROTO_TCP);
+        let mut seen = vec![stream.peer_addr().expect("getpeername").to_string()];
+        // A socket PEER_SLOTS cookies newer took the slot over.
+        let newer = PeerSlot { cookie: cookie + u64::from(PEER_SLOTS), key, pad: 0 };
+        map.set(index, newer, 0).expect("writing the slot");
+        seen.push(stream.peer_addr().expect("getpeername").to_string());
+        // The socket's own slot, with another service in it: that is what getpeername shows.
+        map.set(index, PeerSlot { cookie, key, pad: 0 }, 0).expect("writing the slot");
+        seen.push(stream.peer_addr().expect("getpeername").to_string());
+        seen.join(" ")
+    });
+    assert_eq!(child.wait(Duration::from_secs(10)), format!("{vip} {host} {other}"));
+}
+
+/// A TCP socket may connect again after a failed connect. One that first dialled a followed
+/// service (passive health: its VIP is in the socket's storage) and then a plain kernel-path
+/// service shows the second VIP: connect4 clears the stale storage entry.
+#[test]
+fn a_socket_that_connects_again_shows_the_service_it_reached() {
+    require_root();
+    if skip_without_dataplane("a_socket_that_connects_again_shows_the_service_it_reached") {
+        return;
+    }
+    let netns = Netns::new();
+    let cgroup = TestCgroup::new();
+    let followed: SocketAddr = "127.77.4.3:80".parse().unwrap();
+    let plain: SocketAddr = "127.77.4.4:80".parse().unwrap();
+    let closed: SocketAddr = "127.0.0.61:9".parse().unwrap();
+    let host: SocketAddr = V4.hosts[1].parse().unwrap();
+    let _servers = BannerServers::start_holding(&netns, &[(host, "h", false)]);
+    let mut dp = InProcess::open(&cgroup);
+    dp.publisher()
+        .publish(&spec("followed", followed, false, SERVICE_F_PASSIVE, &[closed]))
+        .expect("publishing");
+    dp.publisher().publish(&spec("plain", plain, false, 0, &[host])).expect("publishing");
+    let child = InCgroup::spawn(Some(cgroup.path()), &netns, move || {
+        // SAFETY: plain socket calls on a descriptor this closure owns and closes.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+            assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+            let first = connect_v4(fd, followed).map_err(|e| e.raw_os_error());
+            connect_v4(fd, plain).expect("the second connect");
+            let stream = std::net::TcpStream::from_raw_fd(fd);
+            format!("{first:?} {}", stream.peer_addr().expect("getpeername"))
+        }
+    });
+    let want = format!("Err(Some({})) {plain}", libc::ECONNREFUSED);
+    assert_eq!(child.wait(Duration::from_secs(10)), want);
+    assert_eq!(dp.counter("passive_connect_failed"), 1);
+}
+
+/// connect(2) of an IPv4 stream socket.
+fn connect_v4(fd: std::os::fd::RawFd, to: SocketAddr) -> std::io::Result<()> {
+    let SocketAddr::V4(to) = to else { panic!("an IPv4 address") };
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: to.port().to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(to.ip().octets()) },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: `sa` is a valid sockaddr_in of the length given.
+    let rc = unsafe {
+        libc::connect(fd, (&raw const sa).cast(), size_of::<libc::sockaddr_in>() as libc::socklen_t)
+    };
+    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
 }

@@ -58,6 +58,7 @@ async fn run_async(config: Config) -> anyhow::Result<()> {
         cgroup: dataplane::resolve_cgroup(&config.cgroup)?,
         bpffs: PathBuf::from(&config.bpffs),
         instance: config.instance.clone(),
+        follow_sockets: needs_sockops(&config),
     };
     let manager = HealthCheckManager::default();
     let eds = crate::xds::start(&config).context("starting the xDS clients")?;
@@ -333,6 +334,16 @@ impl SpecTemplate {
     }
 }
 
+/// Whether the data path needs sockops: a service whose connections it follows (proxy mode,
+/// or a cluster with outlier detection), or splicing of local socket pairs. Without any, sockops
+/// is not attached and the cgroup's connections pay connect4 alone.
+fn needs_sockops(config: &Config) -> bool {
+    config.splice
+        || config.services.iter().any(|svc| {
+            SpecTemplate::new(svc, config).flags & (SERVICE_F_PROXY | SERVICE_F_PASSIVE) != 0
+        })
+}
+
 /// Switches sk_msg splicing of local socket pairs on when the configuration asks for it.
 fn configure_splice(config: &Config, dp: &SharedDataplane) -> anyhow::Result<()> {
     let mut guard = dp.lock().unwrap_or_else(|e| e.into_inner());
@@ -403,5 +414,26 @@ mod tests {
                 SERVICE_F_PASSIVE | SERVICE_F_PROXY
             ]
         );
+    }
+
+    #[test]
+    fn sockops_is_attached_only_where_something_needs_it() {
+        let endpoint = "    load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 1 } } } } ] } ] }\n";
+        let clusters = format!(
+            "clusters:\n  - name: plain\n{endpoint}  - name: watched\n    outlier_detection: {{ consecutive_5xx: 3 }}\n{endpoint}"
+        );
+        let needs = |extra: &str, services: &str| {
+            let yaml = format!("{extra}{clusters}services:\n{services}");
+            needs_sockops(&Config::parse(&yaml, Path::new("t.yaml")).expect("valid config"))
+        };
+        let plain = "  - { name: a, address: 127.77.0.1, port: 80, cluster: plain }\n";
+        assert!(!needs("", plain), "plain kernel-path services only");
+        assert!(needs("splice: true\n", plain), "splicing");
+        let watched = "  - { name: b, address: 127.77.0.2, port: 80, cluster: watched }\n";
+        assert!(needs("", &format!("{plain}{watched}")), "outlier detection");
+        let proxied =
+            "  - { name: c, address: 127.77.0.3, port: 80, cluster: plain, mode: proxy }\n";
+        let listener = "proxy: { listeners: [\"127.0.0.1:15001\"] }\n";
+        assert!(needs(listener, &format!("{plain}{proxied}")), "proxy mode");
     }
 }

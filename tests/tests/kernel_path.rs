@@ -18,8 +18,8 @@ use integration_tests::kernel::{
     BannerServers, Daemon, InCgroup, InProcess, Netns, Probe, TestCgroup, assert_share, proxy_bin,
     require_root, skip_without_dataplane, spec, unique,
 };
-use proxy::dataplane::publish_key;
-use proxy_common::service::{PROTO_TCP, SERVICE_F_PASSIVE};
+use proxy::dataplane::{DataplaneError, publish_key};
+use proxy_common::service::{PROTO_TCP, SERVICE_F_PASSIVE, SERVICE_F_PROXY};
 use rstest::rstest;
 
 /// Connects per distribution test: enough that a 4.5-sigma bound is a few percent.
@@ -142,6 +142,8 @@ fn stop_removes_pins_and_the_created_cgroup() {
     let mut daemon = Daemon::start(&config(&instance, &cgroup, vip, &[(V4.hosts[0], 1)]));
     let pins = Path::new("/sys/fs/bpf").join(&instance);
     assert!(pins.join("SERVICES_V2").exists() && pins.join("link_connect4").exists());
+    // Plain kernel-path services only: nothing for sockops to follow.
+    assert!(!pins.join("link_proxy_sockops").exists(), "sockops attached without a need");
     assert!(cgroup.exists(), "the daemon creates a missing cgroup");
     assert!(daemon.stop(), "clean exit on SIGTERM:\n{}", daemon.log_text());
     assert!(!pins.exists(), "pins left behind");
@@ -278,4 +280,43 @@ fn connect_v4(fd: std::os::fd::RawFd, to: SocketAddr) -> std::io::Result<()> {
         libc::connect(fd, (&raw const sa).cast(), size_of::<libc::sockaddr_in>() as libc::socklen_t)
     };
     if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
+/// A data path opened without sockops (no service it follows, no splicing) serves the kernel
+/// path, getpeername included, and refuses what sockops is needed for, changing nothing.
+#[test]
+fn without_sockops_the_kernel_path_works_and_followed_services_are_refused() {
+    require_root();
+    if skip_without_dataplane(
+        "without_sockops_the_kernel_path_works_and_followed_services_are_refused",
+    ) {
+        return;
+    }
+    let netns = Netns::new();
+    let cgroup = TestCgroup::new();
+    let vip: SocketAddr = "127.77.4.5:80".parse().unwrap();
+    let followed: SocketAddr = "127.77.4.6:80".parse().unwrap();
+    let host: SocketAddr = V4.hosts[2].parse().unwrap();
+    let _servers = BannerServers::start(
+        &netns,
+        &[(host, "host", false), (followed, "followed-itself", false)],
+    );
+    let mut dp = InProcess::open_with(&cgroup, false);
+    assert!(!dp.follows_sockets());
+    assert!(!dp.pin_dir().join("link_proxy_sockops").exists(), "sockops is attached");
+    assert!(dp.pin_dir().join("link_connect4").exists());
+    dp.publisher().publish(&spec("plain", vip, false, 0, &[host])).expect("publishing");
+    for flags in [SERVICE_F_PASSIVE, SERVICE_F_PROXY] {
+        let refused = dp.publisher().publish(&spec("followed", followed, false, flags, &[host]));
+        assert!(matches!(refused, Err(DataplaneError::NoSockops { .. })), "{refused:?}");
+    }
+    let refused = dp.set_splice(true);
+    assert!(matches!(refused, Err(DataplaneError::NoSockops { .. })), "{refused:?}");
+    dp.set_splice(false).expect("splicing off needs nothing");
+
+    let probe = Probe::run(&netns, Some(cgroup.path()), vip, 20, false);
+    assert_eq!((probe.count("host"), &probe.peers), (20, &vec![vip.to_string()]), "{probe:?}");
+    // The refused service was not published: its address is not rewritten.
+    let probe = Probe::run(&netns, Some(cgroup.path()), followed, 5, false);
+    assert_eq!(probe.count("followed-itself"), 5, "{probe:?}");
 }

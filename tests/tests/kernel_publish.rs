@@ -239,6 +239,7 @@ fn a_dropped_data_path_keeps_both_layouts_and_the_next_adopts_them() {
         cgroup: cgroup.path().to_owned(),
         bpffs: PathBuf::from("/sys/fs/bpf"),
         instance: unique("pta"),
+        follow_sockets: true,
     };
     let _pins = PinDir(opts.bpffs.join(&opts.instance));
     let (single, table) = (V4.set_a[0], [V4.set_b[0], V4.set_b[1]]);

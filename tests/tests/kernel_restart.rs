@@ -34,7 +34,7 @@ fn config(instance: &str, cgroup: &Path) -> String {
         .collect();
     let vip: SocketAddr = VIP.parse().unwrap();
     format!(
-        "instance: {instance}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n  - name: web\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n{endpoints}services:\n  - name: web\n    address: \"{}\"\n    port: {}\n    cluster: web\n",
+        "instance: {instance}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nsplice: true\nclusters:\n  - name: web\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n{endpoints}services:\n  - name: web\n    address: \"{}\"\n    port: {}\n    cluster: web\n",
         cgroup.display(),
         vip.ip(),
         vip.port()
@@ -78,8 +78,8 @@ fn kill9_keeps_the_data_path_and_a_new_daemon_adopts_it() {
     let instance = unique("rs");
     let pins = PathBuf::from("/sys/fs/bpf").join(&instance);
     let config = config(&instance, cgroup.path());
+    // `splice: true`: sockops and sk_msg are attached, and local pairs are spliced.
     let mut first = Daemon::start(&config);
-    RuntimeMaps::open_pinned(&pins).expect("pins").set_splice(true).expect("splice on");
 
     let vip: SocketAddr = VIP.parse().unwrap();
     let client = InCgroup::spawn(Some(cgroup.path()), &netns, move || {

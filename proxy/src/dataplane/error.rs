@@ -105,4 +105,11 @@ pub enum DataplaneError {
         /// What failed when the daemon attached it.
         why: String,
     },
+    /// Something that needs sockops was asked of a data path opened without it
+    /// (`DataplaneOptions::follow_sockets`); nothing was changed.
+    #[error("{what} needs the sockops program, which this data path was opened without")]
+    NoSockops {
+        /// What was asked: a service (proxy mode or passive health), or splicing.
+        what: String,
+    },
 }

@@ -22,13 +22,16 @@ use std::{
 
 use aya::maps::{HashMap, MapData, MapError};
 use proxy_common::service::{
-    Backend, FAMILY_V4, FAMILY_V6, MAX_PRIORITIES, SERVICE_F_MAGLEV, SERVICE_F_SINGLE, SLOTS,
-    Service, ServiceKey, SlotTable, SlotTableKey,
+    Backend, FAMILY_V4, FAMILY_V6, MAX_PRIORITIES, SERVICE_F_MAGLEV, SERVICE_F_PASSIVE,
+    SERVICE_F_PROXY, SERVICE_F_SINGLE, SLOTS, Service, ServiceKey, SlotTable, SlotTableKey,
 };
 use proxy_core::lb::{self, SlotHost};
 use tracing::{debug, info};
 
 use super::DataplaneError;
+
+/// Service flags whose connections sockops follows.
+const FOLLOWED: u32 = SERVICE_F_PROXY | SERVICE_F_PASSIVE;
 use crate::sys::map_batch;
 
 /// Pinned name of the services map (`proxy-ebpf` `maps.rs`).
@@ -108,6 +111,9 @@ pub struct Publisher {
     service_ids: HashSet<u32>,
     next_backend_id: u32,
     adopted: usize,
+    /// sockops is attached: services it must follow (proxy mode, passive health) can be
+    /// published.
+    follow_sockets: bool,
     /// Generations switched away from, freed once they are older than [`RETIRE_GRACE`].
     retiring: VecDeque<Retiring>,
 }
@@ -143,6 +149,7 @@ impl Publisher {
         services: HashMap<MapData, ServiceKey, Service>,
         slots: HashMap<MapData, SlotTableKey, SlotTable>,
         backends: HashMap<MapData, u32, Backend>,
+        follow_sockets: bool,
     ) -> Result<Self, DataplaneError> {
         let mut live = BTreeMap::new();
         let mut next_service_id = 1;
@@ -170,6 +177,7 @@ impl Publisher {
             service_ids,
             next_backend_id,
             adopted,
+            follow_sockets,
             retiring: VecDeque::new(),
         })
     }
@@ -182,6 +190,11 @@ impl Publisher {
     /// Makes the kernel serve `spec`, switching generations atomically.
     pub fn publish(&mut self, spec: &ServiceSpec) -> Result<PublishOutcome, DataplaneError> {
         self.reap(false);
+        if spec.flags & FOLLOWED != 0 && !self.follow_sockets {
+            return Err(DataplaneError::NoSockops {
+                what: format!("service {} (proxy mode or passive health)", spec.name),
+            });
+        }
         if spec.priorities.len() > MAX_PRIORITIES as usize {
             return Err(DataplaneError::Capacity {
                 service: spec.name.clone(),

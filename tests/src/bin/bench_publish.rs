@@ -72,6 +72,8 @@ fn main() {
         cgroup: cgroup.clone(),
         bpffs: PathBuf::from("/sys/fs/bpf"),
         instance: format!("proxy_bench_publish_{}", std::process::id()),
+        // Plain kernel-path services, as the daemon publishes them.
+        follow_sockets: false,
     };
     let mut dp = Dataplane::open(&opts).expect("opening the data path");
     // Join the cgroup (for the flip check's connects); move back before shutdown removes it.

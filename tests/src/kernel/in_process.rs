@@ -31,12 +31,18 @@ pub struct InProcess {
 }
 
 impl InProcess {
-    /// Opens the data path on `cgroup` with pins under `/sys/fs/bpf/<unique>/`.
+    /// Opens the data path on `cgroup` with pins under `/sys/fs/bpf/<unique>/`, sockops included.
     pub fn open(cgroup: &TestCgroup) -> Self {
+        Self::open_with(cgroup, true)
+    }
+
+    /// Like [`InProcess::open`], attaching sockops only when `follow_sockets`.
+    pub fn open_with(cgroup: &TestCgroup, follow_sockets: bool) -> Self {
         let opts = proxy::dataplane::DataplaneOptions {
             cgroup: cgroup.path().to_owned(),
             bpffs: PathBuf::from("/sys/fs/bpf"),
             instance: unique("pti"),
+            follow_sockets,
         };
         let dp = proxy::dataplane::Dataplane::open(&opts)
             .unwrap_or_else(|e| panic!("opening the data path: {e:?}"));

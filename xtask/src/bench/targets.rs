@@ -124,10 +124,10 @@ pub fn verdicts(md: &mut String, t: &Table<'_>, r: &Results) {
     }
     v.push(("S4 >= S3 on connections/s", s4_vs_s3(t)));
     v.push((
-        "S5 vs S4: >= 10% better RR or p50 for <= 1 KiB, <= 5% bulk loss, zero integrity failures",
+        "S5 vs S4: on by default only with >= 10% better RR or p50 for <= 1 KiB, <= 5% bulk loss, zero integrity failures; otherwise off",
         match missing("S5") {
             Some(why) => Verdict::NotMeasured(why),
-            None => s5_vs_s4(t),
+            None => s5_vs_s4(t, default_splices()),
         },
     ));
     v.push((
@@ -270,7 +270,14 @@ fn s4_vs_s3(t: &Table<'_>) -> Verdict {
     }
 }
 
-fn s5_vs_s4(t: &Table<'_>) -> Verdict {
+/// Whether the proxy splices pairs in the kernel by default (`proxy.splice`).
+fn default_splices() -> bool {
+    proxy_core::config::ProxyConfig::default().splice == proxy_core::config::SpliceMode::Kernel
+}
+
+/// The plan's rule for S5: splicing is on by default exactly when it wins. Met when the
+/// default follows the measurement.
+fn s5_vs_s4(t: &Table<'_>, default_on: bool) -> Verdict {
     let rel = |metric: &str, key: &str| -> Option<(f64, Stat, Stat)> {
         let a = t.abs("S5 lo ours", metric, key)?;
         let b = t.abs("S4 lo ours", metric, key)?;
@@ -288,15 +295,18 @@ fn s5_vs_s4(t: &Table<'_>) -> Verdict {
     let faster = rr1.0 >= 1.10 || rr1k.0 >= 1.10 || p50.is_some_and(|p| p.0 <= 0.90);
     let intact = integrity.is_some_and(|s| s.min >= 1.0);
     let stats = [Some(rr1.1), Some(rr1.2), Some(bulk.1), Some(bulk.2), integrity];
+    let wins = faster && bulk.0 >= 0.95 && intact;
     judge(
-        faster && bulk.0 >= 0.95 && intact,
+        wins == default_on,
         format!(
-            "S5/S4: RR 1 B {:.3}×, RR 1 KiB {:.3}×, p50 at 1k/s {}, bulk {:.3}×, integrity {}",
+            "S5/S4: RR 1 B {:.3}×, RR 1 KiB {:.3}×, p50 at 1k/s {}, bulk {:.3}×, integrity {}: S5 {}; `proxy.splice` defaults to {}",
             rr1.0,
             rr1k.0,
             p50.map_or("–".into(), |p| format!("{:.3}×", p.0)),
             bulk.0,
-            if intact { "ok" } else { "FAILED or missing" }
+            if intact { "ok" } else { "FAILED or missing" },
+            if wins { "wins" } else { "does not win" },
+            if default_on { "kernel (on)" } else { "copy (off)" },
         ),
         &stats,
     )

@@ -406,6 +406,21 @@ impl Drop for Daemon {
     }
 }
 
+/// Removes a pin directory (maps and links: unpinning the links detaches the programs) on drop,
+/// for a test that leaves a data path pinned on purpose and might fail before it shuts it down.
+pub struct PinDir(pub PathBuf);
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        if let Ok(entries) = std::fs::read_dir(&self.0) {
+            for entry in entries.flatten() {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
 /// A temporary directory removed on drop.
 pub struct TempDir(pub PathBuf);
 

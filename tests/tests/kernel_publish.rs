@@ -13,7 +13,7 @@ use std::{
 };
 
 use integration_tests::kernel::{
-    BannerServers, InCgroup, InProcess, LoopReport, Netns, TestCgroup, require_root,
+    BannerServers, InCgroup, InProcess, LoopReport, Netns, PinDir, TestCgroup, require_root,
     skip_without_dataplane, spec, tcp_loop, udp_sendto_loop, unique,
 };
 use proxy::dataplane::{Dataplane, DataplaneOptions, publish_key};
@@ -193,21 +193,6 @@ fn removing_all_hosts_then_adding_them_back_works(#[case] fam: Family, #[case] u
     assert_eq!(after.ok(), 20, "{after:?}");
     for banner in before.banners.keys().chain(after.banners.keys()) {
         assert!(fam.set_a.contains(&banner.as_str()), "reached {banner}");
-    }
-}
-
-/// Removes a pin directory (maps and links: unpinning the links detaches the programs) on drop,
-/// for a test that leaves a data path pinned on purpose and might fail before it shuts it down.
-struct PinDir(PathBuf);
-
-impl Drop for PinDir {
-    fn drop(&mut self) {
-        if let Ok(entries) = std::fs::read_dir(&self.0) {
-            for entry in entries.flatten() {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
-        let _ = std::fs::remove_dir(&self.0);
     }
 }
 

@@ -10,8 +10,8 @@ use std::{
 };
 
 use integration_tests::kernel::{
-    BannerServers, Daemon, InCgroup, LoopReport, Netns, TestCgroup, framed_exchange, require_root,
-    skip_without_dataplane, tcp_loop, unique,
+    BannerServers, Daemon, InCgroup, LoopReport, Netns, PinDir, TestCgroup, framed_exchange,
+    require_root, skip_without_dataplane, tcp_loop, unique,
 };
 use proxy::dataplane::RuntimeMaps;
 
@@ -77,6 +77,8 @@ fn kill9_keeps_the_data_path_and_a_new_daemon_adopts_it() {
     let _servers = BannerServers::start(&netns, &servers);
     let instance = unique("rs");
     let pins = PathBuf::from("/sys/fs/bpf").join(&instance);
+    // kill -9 leaves the pins on purpose: they go even when an assertion below fails.
+    let _pin_guard = PinDir(pins.clone());
     let config = config(&instance, cgroup.path());
     // `splice: true`: sockops and sk_msg are attached, and local pairs are spliced.
     let mut first = Daemon::start(&config);

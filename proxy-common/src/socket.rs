@@ -49,7 +49,8 @@ const _: () = assert!(size_of::<SockVip>() == 24);
 pub const PEER_SLOTS: u32 = 1 << 18;
 
 /// Value of `SOCK_PEER_V1`: the service the socket of `cookie` dialled. The slot belongs to the
-/// newest socket whose cookie maps to it; a reader whose cookie differs finds nothing.
+/// newest socket whose cookie maps to it; a reader whose cookie differs, or whose `check` does
+/// not match what it read, finds nothing.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PeerSlot {
@@ -57,10 +58,44 @@ pub struct PeerSlot {
     pub cookie: u64,
     /// The service address as the application dialled it.
     pub key: ServiceKey,
-    /// Explicit padding, always 0.
-    pub pad: u32,
+    /// [`PeerSlot::check_of`] the two fields above: a slot that two sockets wrote at once, or
+    /// that was read while it was written, is torn, and its check tells.
+    pub check: u32,
 }
 const _: () = assert!(size_of::<PeerSlot>() == 32);
+
+impl PeerSlot {
+    /// The slot of the socket of `cookie` that dialled `key`.
+    #[inline(always)]
+    pub fn new(cookie: u64, key: ServiceKey) -> Self {
+        Self {
+            cookie,
+            key,
+            check: Self::check_of(cookie, &key),
+        }
+    }
+
+    /// FNV-1a over the 32-bit words of the cookie and the key (a torn slot matches with
+    /// probability 2^-32).
+    #[inline(always)]
+    pub fn check_of(cookie: u64, key: &ServiceKey) -> u32 {
+        let last = u32::from(key.port) | u32::from(key.proto) << 16 | u32::from(key.family) << 24;
+        let words = [
+            cookie as u32,
+            (cookie >> 32) as u32,
+            key.addr[0],
+            key.addr[1],
+            key.addr[2],
+            key.addr[3],
+            last,
+        ];
+        let mut h: u32 = 0x811c_9dc5;
+        for w in words {
+            h = (h ^ w).wrapping_mul(0x0100_0193);
+        }
+        h
+    }
+}
 
 /// `Settings::flags` bit: splice established local socket pairs with sk_msg (opt-in until
 /// benchmarks decide the default).
@@ -186,3 +221,40 @@ pub struct PairGrant {
     pub drained: u64,
 }
 const _: () = assert!(size_of::<PairGrant>() == 16);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::{FAMILY_V4, PROTO_TCP};
+
+    #[test]
+    fn a_slot_check_changes_with_every_field() {
+        let key = ServiceKey {
+            addr: [u32::from_ne_bytes([127, 77, 0, 1]), 0, 0, 0],
+            port: 80u16.to_be(),
+            proto: PROTO_TCP,
+            family: FAMILY_V4,
+        };
+        let cookie = 0x1_0000_0042;
+        let base = PeerSlot::check_of(cookie, &key);
+        assert_eq!(PeerSlot::new(cookie, key).check, base);
+        let mut variants = [0u32; 10];
+        variants[0] = PeerSlot::check_of(cookie + 1, &key);
+        variants[1] = PeerSlot::check_of(cookie + (1 << 32), &key);
+        variants[2] = PeerSlot::check_of(cookie + u64::from(PEER_SLOTS), &key);
+        for change in 0..7 {
+            let mut k = key;
+            match change {
+                0..=3 => k.addr[change] ^= 1,
+                4 => k.port ^= 1,
+                5 => k.proto ^= 1,
+                _ => k.family ^= 1,
+            }
+            variants[3 + change] = PeerSlot::check_of(cookie, &k);
+        }
+        assert!(
+            variants.iter().all(|&c| c != base),
+            "{base:#x} in {variants:x?}"
+        );
+    }
+}

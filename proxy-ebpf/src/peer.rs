@@ -1,15 +1,15 @@
 //! `SOCK_PEER_V1`: which service a socket that sockops does not follow dialled, for
 //! getpeername. A direct-mapped cache: the slot of a socket is its cookie's low bits, and the
-//! slot carries the cookie of the socket that wrote it last.
+//! slot carries the cookie of the socket that wrote it last and a check of cookie and service.
 //!
-//! A slot can change owner while its old owner reads it (a socket `PEER_SLOTS` cookies newer
-//! connects as an old one calls getpeername). The writer stores the cookie before the service,
-//! and the reader loads the service before the cookie: a reader that still finds its own cookie
-//! loaded the service before the new owner's was stored. That holds where stores and loads keep
-//! their program order among themselves (x86-64); elsewhere such a reader could see a mixed
-//! address, only for a socket that already lost its slot.
+//! A slot changes owner only when a socket `PEER_SLOTS` cookies newer connects, and nothing
+//! locks it: its old owner may read it meanwhile, and two sockets whose cookies are a multiple
+//! of `PEER_SLOTS` apart may write it at once. Either can leave a torn slot (one owner's cookie
+//! next to the other's service). The reader takes a slot only when the cookie is its own and
+//! the check matches the cookie and the service it read; anything else is fail-open
+//! (getpeername shows the backend), and a torn slot passes only by a 32-bit collision.
 
-use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
+use core::ptr::{read_volatile, write_volatile};
 
 use proxy_common::{
     service::ServiceKey,
@@ -30,20 +30,18 @@ pub fn record(cookie: u64, key: &ServiceKey) {
     let Some(slot) = slot(cookie) else {
         return;
     };
-    // SAFETY: the pointer is an element of the array, valid while the program runs; volatile
-    // keeps the cookie's store before the service's (see the module's ordering note).
-    unsafe {
-        write_volatile(addr_of_mut!((*slot).cookie), cookie);
-        write_volatile(addr_of_mut!((*slot).key), *key);
-    }
+    let value = PeerSlot::new(cookie, *key);
+    // SAFETY: the pointer is an element of the array, valid while the program runs. Volatile,
+    // so the compiler writes every field (a reader on another CPU may look at any time).
+    unsafe { write_volatile(slot, value) };
 }
 
-/// The service the socket of `cookie` dialled, if its slot is still its own.
+/// The service the socket of `cookie` dialled, if its slot is still its own and whole.
 #[inline(always)]
 pub fn lookup(cookie: u64) -> Option<ServiceKey> {
     let slot = slot(cookie)?;
-    // SAFETY: as in `record`; the service is loaded before the cookie is checked.
-    let (key, owner) =
-        unsafe { (read_volatile(addr_of!((*slot).key)), read_volatile(addr_of!((*slot).cookie))) };
-    (owner == cookie).then_some(key)
+    // SAFETY: as in `record`; the fields are copied out before they are checked.
+    let seen = unsafe { read_volatile(slot) };
+    (seen.cookie == cookie && seen.check == PeerSlot::check_of(cookie, &seen.key))
+        .then_some(seen.key)
 }

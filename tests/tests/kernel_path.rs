@@ -190,8 +190,9 @@ fn socket_cookie(fd: std::os::fd::RawFd) -> u64 {
 }
 
 /// A kernel-path socket's service is in the `SOCK_PEER_V1` slot of its cookie, and getpeername
-/// takes it only while the slot is the socket's own: a slot that a socket `PEER_SLOTS` cookies
-/// newer took over shows the backend (fail-open), never the newer socket's service.
+/// takes it only while the slot is the socket's own and whole: a slot that a socket
+/// `PEER_SLOTS` cookies newer took over, or a torn one (its check does not match), shows the
+/// backend (fail-open), never another socket's service.
 #[test]
 fn getpeername_takes_only_the_sockets_own_slot() {
     use aya::maps::{Array, Map, MapData};
@@ -218,15 +219,18 @@ fn getpeername_takes_only_the_sockets_own_slot() {
         let key = publish_key(other.ip(), other.port(), PROTO_TCP);
         let mut seen = vec![stream.peer_addr().expect("getpeername").to_string()];
         // A socket PEER_SLOTS cookies newer took the slot over.
-        let newer = PeerSlot { cookie: cookie + u64::from(PEER_SLOTS), key, pad: 0 };
+        let newer = PeerSlot::new(cookie + u64::from(PEER_SLOTS), key);
         map.set(index, newer, 0).expect("writing the slot");
         seen.push(stream.peer_addr().expect("getpeername").to_string());
+        // The socket's cookie next to the newer socket's check: torn.
+        map.set(index, PeerSlot { cookie, ..newer }, 0).expect("writing the slot");
+        seen.push(stream.peer_addr().expect("getpeername").to_string());
         // The socket's own slot, with another service in it: that is what getpeername shows.
-        map.set(index, PeerSlot { cookie, key, pad: 0 }, 0).expect("writing the slot");
+        map.set(index, PeerSlot::new(cookie, key), 0).expect("writing the slot");
         seen.push(stream.peer_addr().expect("getpeername").to_string());
         seen.join(" ")
     });
-    assert_eq!(child.wait(Duration::from_secs(10)), format!("{vip} {host} {other}"));
+    assert_eq!(child.wait(Duration::from_secs(10)), format!("{vip} {host} {host} {other}"));
 }
 
 /// A TCP socket may connect again after a failed connect. One that first dialled a followed

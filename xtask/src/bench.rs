@@ -231,6 +231,8 @@ fn execute(
     sys::catch_signals();
     sys::raise_priority();
     let started = Instant::now();
+    // Read now, next to the build: the work tree may change while the run goes on.
+    let commit = commit();
     let facts_before = sys::facts();
     if facts_before
         .nft_tables
@@ -322,7 +324,7 @@ fn execute(
     drop(pair);
     drop(lo_backends);
     let results = Results {
-        commit: commit(),
+        commit,
         date: date(),
         facts_before,
         facts_after: sys::facts(),

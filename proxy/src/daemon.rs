@@ -54,11 +54,16 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 
 async fn run_async(config: Config) -> anyhow::Result<()> {
     let mut signals = Signals::install()?;
+    let templates: Vec<SpecTemplate> = config
+        .services
+        .iter()
+        .map(|svc| SpecTemplate::new(svc, &config))
+        .collect();
     let opts = DataplaneOptions {
         cgroup: dataplane::resolve_cgroup(&config.cgroup)?,
         bpffs: PathBuf::from(&config.bpffs),
         instance: config.instance.clone(),
-        follow_sockets: needs_sockops(&config),
+        follow_sockets: needs_sockops(&config, &templates),
     };
     let manager = HealthCheckManager::default();
     let eds = crate::xds::start(&config).context("starting the xDS clients")?;
@@ -81,7 +86,7 @@ async fn run_async(config: Config) -> anyhow::Result<()> {
     };
     let (published_tx, published_rx) = watch::channel(0usize);
     let mut publishers = JoinSet::new();
-    for svc in &config.services {
+    for (svc, spec) in config.services.iter().zip(templates) {
         // A proxy-mode service is only a redirect in the kernel: the proxy reads its clusters.
         let kernel_clusters = match svc.mode {
             ServiceMode::Direct => config.service_clusters(svc),
@@ -98,7 +103,6 @@ async fn run_async(config: Config) -> anyhow::Result<()> {
                 }
             })
             .collect();
-        let spec = SpecTemplate::new(svc, &config);
         let (dp, published) = (dp.clone(), published_tx.clone());
         publishers.spawn(publish_loop(spec, inputs, dp, published));
     }
@@ -337,11 +341,11 @@ impl SpecTemplate {
 /// Whether the data path needs sockops: a service whose connections it follows (proxy mode,
 /// or a cluster with outlier detection), or splicing of local socket pairs. Without any, sockops
 /// is not attached and the cgroup's connections pay connect4 alone.
-fn needs_sockops(config: &Config) -> bool {
+fn needs_sockops(config: &Config, templates: &[SpecTemplate]) -> bool {
     config.splice
-        || config.services.iter().any(|svc| {
-            SpecTemplate::new(svc, config).flags & (SERVICE_F_PROXY | SERVICE_F_PASSIVE) != 0
-        })
+        || templates
+            .iter()
+            .any(|t| t.flags & (SERVICE_F_PROXY | SERVICE_F_PASSIVE) != 0)
 }
 
 /// Switches sk_msg splicing of local socket pairs on when the configuration asks for it.
@@ -424,7 +428,13 @@ mod tests {
         );
         let needs = |extra: &str, services: &str| {
             let yaml = format!("{extra}{clusters}services:\n{services}");
-            needs_sockops(&Config::parse(&yaml, Path::new("t.yaml")).expect("valid config"))
+            let config = Config::parse(&yaml, Path::new("t.yaml")).expect("valid config");
+            let templates: Vec<_> = config
+                .services
+                .iter()
+                .map(|svc| SpecTemplate::new(svc, &config))
+                .collect();
+            needs_sockops(&config, &templates)
         };
         let plain = "  - { name: a, address: 127.77.0.1, port: 80, cluster: plain }\n";
         assert!(!needs("", plain), "plain kernel-path services only");

@@ -29,10 +29,10 @@ use proxy_core::lb::{self, SlotHost};
 use tracing::{debug, info};
 
 use super::DataplaneError;
+use crate::sys::map_batch;
 
 /// Service flags whose connections sockops follows.
 const FOLLOWED: u32 = SERVICE_F_PROXY | SERVICE_F_PASSIVE;
-use crate::sys::map_batch;
 
 /// Pinned name of the services map (`proxy-ebpf` `maps.rs`).
 pub(super) const SERVICES_MAP: &str = "SERVICES_V2";

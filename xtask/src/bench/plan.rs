@@ -252,7 +252,7 @@ fn run_row_inner(
     // Packets after the table is deleted are no longer tracked, so connections the proxy
     // closed later stayed in conntrack half-closed, with their REDIRECT binding, for minutes;
     // a later NAT row's connect that reused such a client port was sent to the dead
-    // listener and refused (3 errors of S2 after S3 in run 20261130T202739Z).
+    // listener and refused (3 errors of S2 after S3 in run 20261130T202909Z).
     let (mut _table, mut _daemon, mut _peer) = (None, None, None);
     let mut cgroup = None;
     let direct = |p: u16| net.backend(p);

@@ -21,6 +21,8 @@ use rstest::rstest;
 
 /// How long the client loops while host sets flip.
 const FLIP_FOR: Duration = Duration::from_secs(3);
+/// How long the layout-switching test leaves each layout in place before switching again.
+const LAYOUT_DWELL: Duration = Duration::from_micros(50);
 /// Services in the scale test.
 const SERVICES: u32 = 10_000;
 /// Services of the scale test that a client actually dials.
@@ -145,6 +147,11 @@ fn switching_between_one_host_and_a_table_never_mixes_or_fails(
         let set = if flips.is_multiple_of(2) { &many } else { &one };
         dp.publisher().publish(&spec("switch", vip, udp, flags, set)).expect("republishing");
         flips += 1;
+        // Each layout holds for a while before the next switch. Without it the table layout
+        // lasted only the short step to the next one-host publish, while the one-host layout
+        // lasted through the whole table write; a slow client (76 connects in 3 s on a loaded
+        // CI machine) then saw only the one-host layout.
+        std::thread::sleep(LAYOUT_DWELL);
     }
     let report = LoopReport::parse(&running.wait(Duration::from_secs(120)));
     println!("{flips} layout switches during {} exchanges: {:?}", report.ok(), report.banners);

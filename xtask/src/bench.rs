@@ -199,6 +199,21 @@ pub fn smoke(proxy: Option<&Path>) -> anyhow::Result<()> {
     if !errors.is_empty() {
         bail!("the benchmark harness failed:\n  {}", errors.join("\n  "));
     }
+    // Every S1 measurement judged against S0 has its paired S0 measurement.
+    let unpaired: Vec<String> = results
+        .samples
+        .iter()
+        .filter(|s| s.scenario == "S1" && s.metric != "integrity" && !s.metric.starts_with("idle"))
+        .filter(|s| {
+            !results.samples.iter().any(|b| {
+                b.row == plan::paired_baseline(&s.row) && b.metric == s.metric && b.run == s.run
+            })
+        })
+        .map(|s| format!("{} {}", s.row, s.metric))
+        .collect();
+    if !unpaired.is_empty() {
+        bail!("S1 measurements without their paired S0: {}", unpaired.join(", "));
+    }
     step("benchmark harness smoke run passed (numbers are not judged)");
     Ok(())
 }
@@ -312,7 +327,7 @@ fn execute(
                 ),
             };
             let pids: Vec<u32> = backends.iter().map(topo::Proc::pid).collect();
-            samples.extend(plan::run_row(env, net, r, run, &pids));
+            samples.extend(plan::run_row(env, net, r, run, &pids, &mut rng));
         }
         samples.extend(plan::extras(env, run, publish_bin, smoke));
         fs::write(

@@ -9,6 +9,7 @@ use super::{
     measure::{self, Ctx, Metric, Sample},
     peers::{self, Peer},
     topo::{self, CONN, Daemon, NatTable, Net, Path2},
+    worker,
 };
 
 /// Port offset of the servers S6 starts inside the cgroup.
@@ -222,8 +223,15 @@ pub fn rows(smoke: bool) -> Vec<Row> {
 }
 
 /// Runs one row's metrics in `run`; set-up failures become error samples.
-pub fn run_row(env: &Env, net: &Net, r: &Row, run: u32, backends: &[u32]) -> Vec<Sample> {
-    match run_row_inner(env, net, r, run, backends) {
+pub fn run_row(
+    env: &Env,
+    net: &Net,
+    r: &Row,
+    run: u32,
+    backends: &[u32],
+    rng: &mut worker::Rng,
+) -> Vec<Sample> {
+    match run_row_inner(env, net, r, run, backends, rng) {
         Ok(s) => s,
         Err(e) => vec![Sample {
             run,
@@ -246,6 +254,7 @@ fn run_row_inner(
     r: &Row,
     run: u32,
     backends: &[u32],
+    rng: &mut worker::Rng,
 ) -> anyhow::Result<Vec<Sample>> {
     let mut ours = backends.to_vec();
     // Dropped in reverse order: the proxy (ours or a peer) stops before its nat table goes.
@@ -336,6 +345,18 @@ fn run_row_inner(
             )?);
         }
     }
+    // S1's paired baseline: the same client straight to the backend from outside the cgroup,
+    // where none of the daemon's programs runs, with the daemon up and counted as ours.
+    let baseline = Ctx {
+        worker: env.worker.as_path(),
+        net,
+        cgroup: None,
+        ours: ours.clone(),
+        secs: env.secs,
+        quiet_wait: env.quiet_wait,
+        target: &direct,
+        cps: (net.backend(CONN), 1),
+    };
     let ctx = Ctx {
         worker: env.worker.as_path(),
         net,
@@ -347,16 +368,45 @@ fn run_row_inner(
         cps,
     };
     let ready_s = _daemon.as_ref().map(|d: &Daemon| d.publish_s);
+    let paired_id = paired_baseline(&r.id);
     let mut out = Vec::new();
     for m in &r.metrics {
+        let pair = matches!(r.kind, Kind::Kernel { .. }) && is_paired(*m);
+        // The order within a pair is random, so neither side always runs warm.
+        let baseline_first = pair && rng.next() & 1 == 0;
+        let measure_baseline = |out: &mut Vec<Sample>| {
+            let s = measure::measure(&baseline, *m, run, &paired_id, "S0");
+            crate::util::detail(summary(&s));
+            out.push(s);
+        };
+        if baseline_first {
+            measure_baseline(&mut out);
+        }
         let mut s = measure::measure(&ctx, *m, run, &r.id, r.scenario);
         if let Some(t) = ready_s {
             s.values.insert("daemon_ready_s".into(), t);
         }
         crate::util::detail(summary(&s));
         out.push(s);
+        if pair && !baseline_first {
+            measure_baseline(&mut out);
+        }
     }
     Ok(out)
+}
+
+/// How the row id of a paired baseline ends.
+pub const PAIRED_SUFFIX: &str = " (paired S0)";
+
+/// Row id of the S0 measurements paired with `row`'s (see `Table::vs_s0`).
+pub fn paired_baseline(row: &str) -> String {
+    format!("{row}{PAIRED_SUFFIX}")
+}
+
+/// Whether a kernel-path metric gets a paired S0 measurement: the ones judged as ratios to S0
+/// (not the integrity check, not idle memory).
+fn is_paired(m: Metric) -> bool {
+    !matches!(m, Metric::Integrity | Metric::Idle { .. })
 }
 
 fn summary(s: &Sample) -> String {

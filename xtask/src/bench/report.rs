@@ -88,10 +88,16 @@ impl<'a> Table<'a> {
         stat(xs, self.runs)
     }
 
-    /// `f(value, baseline value)` per run, against S0 of the same path in the same run.
+    /// `f(value, baseline value)` per run, against S0 of the same path in the same run: the S0
+    /// measurement paired with this one where the row has them (S1), else the S0 row.
     fn vs_s0(&self, row: &str, metric: &str, key: &str, f: fn(f64, f64) -> f64) -> Option<Stat> {
         let path = row.split_whitespace().nth(1)?;
-        let base = format!("S0 {path}");
+        let paired = super::plan::paired_baseline(row);
+        let base = if self.has(&paired, metric) {
+            paired
+        } else {
+            format!("S0 {path}")
+        };
         let xs = self
             .runs_of(row, metric)
             .iter()
@@ -123,7 +129,11 @@ impl<'a> Table<'a> {
     pub fn rows(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
         for s in self.samples {
-            if !out.contains(&s.row) && s.row != "health" && s.row != "publish" {
+            if !out.contains(&s.row)
+                && s.row != "health"
+                && s.row != "publish"
+                && !s.row.ends_with(super::plan::PAIRED_SUFFIX)
+            {
                 out.push(s.row.clone());
             }
         }
@@ -363,6 +373,8 @@ fn header(md: &mut String, r: &Results, stamp: &str) {
     let _ = writeln!(
         md,
         "\nCells: median [min–max] over runs. Ratios are per run against S0 on the same path in the same run. \
+        S1 rows are paired: each S1 measurement has its own S0 measurement right before or after it (in random order), \
+        the same client straight to the backend from outside the cgroup while the daemon runs, and its ratio is against that one. \
         **†** = fewer than 5 valid runs went in: the figure includes runs taken while other load used more than 0.1 core, and is not a result."
     );
     if !errors.is_empty() {
@@ -505,4 +517,63 @@ fn summary_json(t: &Table<'_>) -> serde_json::Value {
         out.insert(row, m);
     }
     serde_json::to_value(out).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(row: &str, metric: &str, run: u32, value: f64) -> Sample {
+        Sample {
+            run,
+            row: row.into(),
+            scenario: row.split_whitespace().next().unwrap().into(),
+            path: "lo".into(),
+            metric: metric.into(),
+            values: [(metric.to_owned(), value)].into(),
+            other_load: 0.0,
+            unaccounted: 0.0,
+            valid: true,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn ratios_use_the_paired_baseline_where_a_row_has_one() {
+        let paired = crate::bench::plan::paired_baseline("S1 lo svc=1");
+        let samples = vec![
+            sample("S0 lo", "cps", 0, 100.0),
+            sample("S1 lo svc=1", "cps", 0, 90.0),
+            sample(&paired, "cps", 0, 90.0),
+            sample("S2 lo rules=1", "cps", 0, 80.0),
+        ];
+        let t = Table {
+            samples: &samples,
+            runs: 1,
+        };
+        assert_eq!(t.ratio("S1 lo svc=1", "cps", "cps").unwrap().median, 1.0);
+        assert_eq!(t.added("S1 lo svc=1", "cps", "cps").unwrap().median, 0.0);
+        // A row without paired measurements stays against the S0 row.
+        assert_eq!(t.ratio("S2 lo rules=1", "cps", "cps").unwrap().median, 0.8);
+        // The paired baseline is not a row of the tables.
+        assert_eq!(t.rows(), ["S0 lo", "S1 lo svc=1", "S2 lo rules=1"]);
+    }
+
+    #[test]
+    fn a_run_without_its_paired_baseline_is_left_out() {
+        let paired = crate::bench::plan::paired_baseline("S1 lo svc=1");
+        let samples = vec![
+            sample("S0 lo", "cps", 0, 100.0),
+            sample("S0 lo", "cps", 1, 100.0),
+            sample("S1 lo svc=1", "cps", 0, 90.0),
+            sample("S1 lo svc=1", "cps", 1, 50.0),
+            sample(&paired, "cps", 0, 100.0),
+        ];
+        let t = Table {
+            samples: &samples,
+            runs: 1,
+        };
+        let s = t.ratio("S1 lo svc=1", "cps", "cps").unwrap();
+        assert_eq!((s.min, s.max), (0.9, 0.9));
+    }
 }

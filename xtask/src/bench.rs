@@ -206,7 +206,10 @@ pub fn smoke(proxy: Option<&Path>) -> anyhow::Result<()> {
         .filter(|s| s.scenario == "S1" && s.metric != "integrity" && !s.metric.starts_with("idle"))
         .filter(|s| {
             !results.samples.iter().any(|b| {
-                b.row == plan::paired_baseline(&s.row) && b.metric == s.metric && b.run == s.run
+                b.row == plan::paired_baseline(&s.row)
+                    && b.metric == s.metric
+                    && b.run == s.run
+                    && b.pair == s.pair
             })
         })
         .map(|s| format!("{} {}", s.row, s.metric))

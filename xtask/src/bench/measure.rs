@@ -54,6 +54,9 @@ impl Metric {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Sample {
     pub run: u32,
+    /// Which of a run's paired measurements this is (S1 and its paired S0; 0 elsewhere).
+    #[serde(default)]
+    pub pair: u32,
     pub row: String,
     pub scenario: String,
     pub path: String,
@@ -207,6 +210,7 @@ pub fn measure(ctx: &Ctx<'_>, m: Metric, run: u32, row: &str, scenario: &str) ->
     let other_load = wait_quiet(&ctx.ours, ctx.quiet_wait);
     let mut sample = Sample {
         run,
+        pair: 0,
         row: row.to_owned(),
         scenario: scenario.to_owned(),
         path: ctx.net.path.name().to_owned(),

@@ -23,6 +23,17 @@ pub struct Stat {
     pub valid: bool,
 }
 
+/// The median of `vals` (NaN when empty), which it leaves sorted.
+fn median(vals: &mut [f64]) -> f64 {
+    vals.sort_by(f64::total_cmp);
+    let m = vals.len();
+    match m {
+        0 => f64::NAN,
+        _ if m % 2 == 1 => vals[m / 2],
+        _ => (vals[m / 2 - 1] + vals[m / 2]) / 2.0,
+    }
+}
+
 fn stat(mut xs: Vec<(f64, bool)>, want: usize) -> Option<Stat> {
     let valid: Vec<f64> = xs.iter().filter(|(_, v)| *v).map(|(x, _)| *x).collect();
     let use_valid = valid.len() >= want;
@@ -35,13 +46,8 @@ fn stat(mut xs: Vec<(f64, bool)>, want: usize) -> Option<Stat> {
     if vals.is_empty() {
         return None;
     }
-    vals.sort_by(f64::total_cmp);
+    let median = median(&mut vals);
     let m = vals.len();
-    let median = if m % 2 == 1 {
-        vals[m / 2]
-    } else {
-        (vals[m / 2 - 1] + vals[m / 2]) / 2.0
-    };
     Some(Stat {
         median,
         min: vals[0],
@@ -65,10 +71,14 @@ impl<'a> Table<'a> {
         }
     }
 
-    fn find(&self, row: &str, metric: &str, run: u32) -> Option<&Sample> {
-        self.samples
-            .iter()
-            .find(|s| s.row == row && s.metric == metric && s.run == run && s.error.is_none())
+    fn find(&self, row: &str, metric: &str, run: u32, pair: u32) -> Option<&Sample> {
+        self.samples.iter().find(|s| {
+            s.row == row
+                && s.metric == metric
+                && s.run == run
+                && s.pair == pair
+                && s.error.is_none()
+        })
     }
 
     fn runs_of(&self, row: &str, metric: &str) -> Vec<&Sample> {
@@ -78,37 +88,55 @@ impl<'a> Table<'a> {
             .collect()
     }
 
+    /// One value per run: `f` of each of the run's samples (one, or one per pair), their median
+    /// where there are several; valid only if every sample that went in was.
+    fn per_run(
+        &self,
+        row: &str,
+        metric: &str,
+        f: impl Fn(&Sample) -> Option<(f64, bool)>,
+    ) -> Vec<(f64, bool)> {
+        let mut by_run: BTreeMap<u32, Vec<(f64, bool)>> = BTreeMap::new();
+        for s in self.runs_of(row, metric) {
+            if let Some(x) = f(s) {
+                by_run.entry(s.run).or_default().push(x);
+            }
+        }
+        by_run
+            .into_values()
+            .map(|xs| {
+                let valid = xs.iter().all(|(_, v)| *v);
+                let mut vals: Vec<f64> = xs.into_iter().map(|(x, _)| x).collect();
+                (median(&mut vals), valid)
+            })
+            .collect()
+    }
+
     /// The absolute value over runs.
     pub fn abs(&self, row: &str, metric: &str, key: &str) -> Option<Stat> {
-        let xs = self
-            .runs_of(row, metric)
-            .iter()
-            .filter_map(|s| Some((*s.values.get(key)?, s.valid)))
-            .collect();
+        let xs = self.per_run(row, metric, |s| Some((*s.values.get(key)?, s.valid)));
         stat(xs, self.runs)
     }
 
     /// `f(value, baseline value)` per run, against S0 of the same path in the same run: the S0
-    /// measurement paired with this one where the row has them (S1), else the S0 row.
+    /// measurements paired with this row's where it has them (S1: the median over the run's
+    /// pairs), else the S0 row.
     fn vs_s0(&self, row: &str, metric: &str, key: &str, f: fn(f64, f64) -> f64) -> Option<Stat> {
         let path = row.split_whitespace().nth(1)?;
         let paired = super::plan::paired_baseline(row);
-        let base = if self.has(&paired, metric) {
+        let is_paired = self.has(&paired, metric);
+        let base = if is_paired {
             paired
         } else {
             format!("S0 {path}")
         };
-        let xs = self
-            .runs_of(row, metric)
-            .iter()
-            .filter_map(|s| {
-                let b = self.find(&base, metric, s.run)?;
-                Some((
-                    f(*s.values.get(key)?, *b.values.get(key)?),
-                    s.valid && b.valid,
-                ))
-            })
-            .collect();
+        let xs = self.per_run(row, metric, |s| {
+            let b = self.find(&base, metric, s.run, if is_paired { s.pair } else { 0 })?;
+            Some((
+                f(*s.values.get(key)?, *b.values.get(key)?),
+                s.valid && b.valid,
+            ))
+        });
         stat(xs, self.runs)
     }
 
@@ -373,8 +401,8 @@ fn header(md: &mut String, r: &Results, stamp: &str) {
     let _ = writeln!(
         md,
         "\nCells: median [min–max] over runs. Ratios are per run against S0 on the same path in the same run. \
-        S1 rows are paired: each S1 measurement has its own S0 measurement right before or after it (in random order), \
-        the same client straight to the backend from outside the cgroup while the daemon runs, and its ratio is against that one. \
+        S1 rows are paired: each S1 metric is measured three times per run, each next to an S0 measurement of its own (right before or after, in random order; \
+        the same client straight to the backend from outside the cgroup while the daemon runs), and the run's ratio is the median over its three pairs. \
         **†** = fewer than 5 valid runs went in: the figure includes runs taken while other load used more than 0.1 core, and is not a result."
     );
     if !errors.is_empty() {
@@ -526,6 +554,7 @@ mod tests {
     fn sample(row: &str, metric: &str, run: u32, value: f64) -> Sample {
         Sample {
             run,
+            pair: 0,
             row: row.into(),
             scenario: row.split_whitespace().next().unwrap().into(),
             path: "lo".into(),
@@ -575,5 +604,35 @@ mod tests {
         };
         let s = t.ratio("S1 lo svc=1", "cps", "cps").unwrap();
         assert_eq!((s.min, s.max), (0.9, 0.9));
+    }
+
+    #[test]
+    fn a_run_of_several_pairs_counts_once_with_the_median_of_its_pairs() {
+        let paired = crate::bench::plan::paired_baseline("S1 lo svc=1");
+        let pair = |row: &str, run, pair, value| Sample {
+            pair,
+            ..sample(row, "cps", run, value)
+        };
+        let samples = vec![
+            sample("S0 lo", "cps", 0, 1.0),
+            // Run 0: the second pair's S0 hit a slow moment; the median ignores it.
+            pair("S1 lo svc=1", 0, 0, 98.0),
+            pair(&paired, 0, 0, 100.0),
+            pair("S1 lo svc=1", 0, 1, 99.0),
+            pair(&paired, 0, 1, 50.0),
+            pair("S1 lo svc=1", 0, 2, 97.0),
+            pair(&paired, 0, 2, 100.0),
+            // Run 1: one pair.
+            pair("S1 lo svc=1", 1, 0, 90.0),
+            pair(&paired, 1, 0, 100.0),
+        ];
+        let t = Table {
+            samples: &samples,
+            runs: 2,
+        };
+        let r = t.ratio("S1 lo svc=1", "cps", "cps").unwrap();
+        assert_eq!((r.n, r.min, r.max), (2, 0.9, 0.98));
+        let a = t.abs("S1 lo svc=1", "cps", "cps").unwrap();
+        assert_eq!((a.n, a.min, a.max), (2, 90.0, 98.0));
     }
 }

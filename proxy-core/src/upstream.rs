@@ -319,14 +319,14 @@ fn start_custom(
     let bad = |message: String| UpstreamError::Custom { cluster: name.clone(), message };
     match custom.name.as_str() {
         CONSUL_CLUSTER => {
-            let cfg: ConsulConfig = serde_json::from_value(custom.typed_config.clone())
-                .map_err(|e| bad(e.to_string()))?;
+            let cfg: ConsulConfig =
+                serde_json::from_value(custom.typed_config.clone()).map_err(|e| bad(e.to_string()))?;
             let consul = spawn_consul(name.clone(), cfg).map_err(|e| bad(e.to_string()))?;
             Ok(Arc::new(consul))
         }
         DNS_SRV_CLUSTER => {
-            let cfg: DnsSrvConfig = serde_json::from_value(custom.typed_config.clone())
-                .map_err(|e| bad(e.to_string()))?;
+            let cfg: DnsSrvConfig =
+                serde_json::from_value(custom.typed_config.clone()).map_err(|e| bad(e.to_string()))?;
             let settings = cluster.dns_settings();
             let resolver = HickoryResolver::new(&settings)
                 .map_err(|source| UpstreamError::Resolver { cluster: name.clone(), source })?;

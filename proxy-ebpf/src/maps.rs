@@ -53,9 +53,9 @@ pub static SOCK_VIP_V2: SkStorage<SockVip> = SkStorage::new();
 /// getpeername: a direct-mapped cache indexed by the low bits of the socket cookie, each slot
 /// tagged with the cookie of its owner and a check of cookie and service (`PeerSlot`). A
 /// connect costs the cookie and one store into a preallocated slot: no hashing, no lock, no
-/// allocation, and nothing to free when the socket closes. Cookies are never reused and come in per-CPU runs, so a slot changes owner only
-/// after `PEER_SLOTS` (262,144) newer cookies; a socket that lost its slot is fail-open
-/// (getpeername shows the backend). 8 MiB.
+/// allocation, and nothing to free when the socket closes. Cookies are never reused and come
+/// in per-CPU runs, so a slot changes owner only after `PEER_SLOTS` (262,144) newer cookies; a
+/// socket that lost its slot is fail-open (getpeername shows the backend). 8 MiB.
 #[map]
 pub static SOCK_PEER_V1: Array<PeerSlot> = Array::pinned(PEER_SLOTS, 0);
 

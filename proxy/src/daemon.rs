@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::Context as _;
 use proxy_common::service::{
-    PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV, SERVICE_F_PASSIVE, SERVICE_F_PROXY,
+    PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV, SERVICE_F_PASSIVE, SERVICE_F_PROXY, ServiceKey,
 };
 use proxy_core::{
     chain::{self, ChainPlan},
@@ -54,11 +54,9 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 
 async fn run_async(config: Config) -> anyhow::Result<()> {
     let mut signals = Signals::install()?;
-    let templates: Vec<SpecTemplate> = config
-        .services
-        .iter()
-        .map(|svc| SpecTemplate::new(svc, &config))
-        .collect();
+    let templates = SpecTemplate::all(&config);
+    // The sweep after the first publish keeps exactly these services.
+    let keys: Vec<ServiceKey> = templates.iter().map(|t| t.key).collect();
     let opts = DataplaneOptions {
         cgroup: dataplane::resolve_cgroup(&config.cgroup)?,
         bpffs: PathBuf::from(&config.bpffs),
@@ -126,7 +124,7 @@ async fn run_async(config: Config) -> anyhow::Result<()> {
             return Err(err).context(format!("admin listener on {}", config.admin.address));
         }
     };
-    sweep_after_first_publish(&config, &dp, published_rx).await;
+    sweep_after_first_publish(&keys, &dp, published_rx).await;
     let passive = tokio::spawn(crate::passive::run(dp.clone(), upstreams.clone()));
     info!(admin = %config.admin.address, services = config.services.len(), "ready");
     signals.wait().await;
@@ -166,26 +164,21 @@ fn start_upstreams(
 }
 
 /// Waits until every service was published once (bounded), then removes services, tables and
-/// backends a previous run left that this configuration does not have. Until then, an adopted
-/// previous state keeps serving.
+/// backends a previous run left that this configuration does not have (its services are
+/// `keys`). Until then, an adopted previous state keeps serving.
 async fn sweep_after_first_publish(
-    config: &Config,
+    keys: &[ServiceKey],
     dp: &SharedDataplane,
     mut published: watch::Receiver<usize>,
 ) {
-    let all = config.services.len();
+    let all = keys.len();
     let waited = tokio::time::timeout(FIRST_PUBLISH_WAIT, published.wait_for(|n| *n >= all)).await;
     if waited.is_err() {
         warn!("not every service was published within {FIRST_PUBLISH_WAIT:?}; sweeping anyway");
     }
-    let keys: Vec<_> = config
-        .services
-        .iter()
-        .map(|s| SpecTemplate::new(s, config).key)
-        .collect();
     let mut guard = dp.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(dp) = guard.as_mut()
-        && let Err(err) = dp.publisher().sweep(&keys)
+        && let Err(err) = dp.publisher().sweep(keys)
     {
         warn!(%err, "sweeping state of a previous run failed");
     }
@@ -267,7 +260,7 @@ fn forward_changes(inputs: &[ClusterInput]) -> tokio::sync::mpsc::Receiver<()> {
 /// The parts of a service's kernel entry that do not depend on its hosts.
 struct SpecTemplate {
     name: String,
-    key: proxy_common::service::ServiceKey,
+    key: ServiceKey,
     flags: u32,
     /// The chain's plan, for a chain service.
     plan: Option<ChainPlan>,
@@ -277,6 +270,11 @@ struct SpecTemplate {
 }
 
 impl SpecTemplate {
+    /// The templates of every service of `config`, in its order.
+    fn all(config: &Config) -> Vec<Self> {
+        config.services.iter().map(|svc| Self::new(svc, config)).collect()
+    }
+
     fn new(svc: &Service, config: &Config) -> Self {
         let proto = match svc.protocol {
             Protocol::Tcp => PROTO_TCP,
@@ -429,12 +427,7 @@ mod tests {
         let needs = |extra: &str, services: &str| {
             let yaml = format!("{extra}{clusters}services:\n{services}");
             let config = Config::parse(&yaml, Path::new("t.yaml")).expect("valid config");
-            let templates: Vec<_> = config
-                .services
-                .iter()
-                .map(|svc| SpecTemplate::new(svc, &config))
-                .collect();
-            needs_sockops(&config, &templates)
+            needs_sockops(&config, &SpecTemplate::all(&config))
         };
         let plain = "  - { name: a, address: 127.77.0.1, port: 80, cluster: plain }\n";
         assert!(!needs("", plain), "plain kernel-path services only");

@@ -199,23 +199,9 @@ pub fn smoke(proxy: Option<&Path>) -> anyhow::Result<()> {
     if !errors.is_empty() {
         bail!("the benchmark harness failed:\n  {}", errors.join("\n  "));
     }
-    // Every S1 measurement judged against S0 has its paired S0 measurement.
-    let unpaired: Vec<String> = results
-        .samples
-        .iter()
-        .filter(|s| s.scenario == "S1" && s.metric != "integrity" && !s.metric.starts_with("idle"))
-        .filter(|s| {
-            !results.samples.iter().any(|b| {
-                b.row == plan::paired_baseline(&s.row)
-                    && b.metric == s.metric
-                    && b.run == s.run
-                    && b.pair == s.pair
-            })
-        })
-        .map(|s| format!("{} {}", s.row, s.metric))
-        .collect();
+    let unpaired = plan::missing_pairs(&plan::rows(true), &results.samples, 1);
     if !unpaired.is_empty() {
-        bail!("S1 measurements without their paired S0: {}", unpaired.join(", "));
+        bail!("paired measurements missing: {}", unpaired.join(", "));
     }
     step("benchmark harness smoke run passed (numbers are not judged)");
     Ok(())

@@ -372,11 +372,7 @@ fn run_row_inner(
     let paired_id = paired_baseline(&r.id);
     let mut out = Vec::new();
     for m in &r.metrics {
-        let pairs = if matches!(r.kind, Kind::Kernel { .. }) && is_paired(*m) {
-            PAIRS
-        } else {
-            0
-        };
+        let pairs = pairs_of(r, *m);
         let measure_row = |pair: u32, out: &mut Vec<Sample>| {
             let mut s = measure::measure(&ctx, *m, run, &r.id, r.scenario);
             s.pair = pair;
@@ -411,11 +407,46 @@ fn run_row_inner(
     Ok(out)
 }
 
+/// Paired S0 measurements of metric `m` of row `r` per run: [`PAIRS`] for a kernel-path (S1)
+/// metric judged as a ratio to S0 (not the integrity check, not idle memory), else none.
+fn pairs_of(r: &Row, m: Metric) -> u32 {
+    let judged = !matches!(m, Metric::Integrity | Metric::Idle { .. });
+    if matches!(r.kind, Kind::Kernel { .. }) && judged {
+        PAIRS
+    } else {
+        0
+    }
+}
+
+/// The paired measurements that `samples` of `runs` runs of `rows` lack, each side of a pair
+/// named (the smoke run's check that pairing works).
+pub fn missing_pairs(rows: &[Row], samples: &[Sample], runs: u32) -> Vec<String> {
+    let mut missing = Vec::new();
+    for r in rows {
+        for m in &r.metrics {
+            let metric = m.key();
+            for run in 0..runs {
+                for pair in 0..pairs_of(r, *m) {
+                    for row in [r.id.clone(), paired_baseline(&r.id)] {
+                        let found = samples.iter().any(|s| {
+                            s.row == row && s.metric == metric && s.run == run && s.pair == pair
+                        });
+                        if !found {
+                            missing.push(format!("{row} {metric} run {run} pair {pair}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    missing
+}
+
 /// Paired measurements per S1 metric and run. Back to back, an S1 measurement and its S0 still
 /// differed by a quarter or more when a burst of the shared host's load hit one of them
 /// (iperf3 on loopback at 13-17 instead of 24-26 Gbit/s, either side); the run's ratio is the
 /// median of its pairs, so one such burst does not decide it.
-const PAIRS: u32 = 3;
+pub const PAIRS: u32 = 3;
 
 /// How the row id of a paired baseline ends.
 pub const PAIRED_SUFFIX: &str = " (paired S0)";
@@ -423,12 +454,6 @@ pub const PAIRED_SUFFIX: &str = " (paired S0)";
 /// Row id of the S0 measurements paired with `row`'s (see `Table::vs_s0`).
 pub fn paired_baseline(row: &str) -> String {
     format!("{row}{PAIRED_SUFFIX}")
-}
-
-/// Whether a kernel-path metric gets a paired S0 measurement: the ones judged as ratios to S0
-/// (not the integrity check, not idle memory).
-fn is_paired(m: Metric) -> bool {
-    !matches!(m, Metric::Integrity | Metric::Idle { .. })
 }
 
 fn summary(s: &Sample) -> String {
@@ -616,4 +641,46 @@ fn extra_sample(
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(row: &str, metric: String, pair: u32) -> Sample {
+        Sample {
+            run: 0,
+            pair,
+            row: row.to_owned(),
+            scenario: row.split_whitespace().next().unwrap_or("").to_owned(),
+            path: "lo".into(),
+            metric,
+            values: Default::default(),
+            other_load: 0.0,
+            unaccounted: 0.0,
+            valid: true,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn the_smoke_check_names_a_missing_side_of_a_pair() {
+        let rows = rows(true);
+        let s1 = rows.iter().find(|r| r.scenario == "S1").expect("the smoke run has S1");
+        let mut samples = Vec::new();
+        for m in &s1.metrics {
+            for pair in 0..pairs_of(s1, *m) {
+                samples.push(sample(&s1.id, m.key(), pair));
+                samples.push(sample(&paired_baseline(&s1.id), m.key(), pair));
+            }
+        }
+        // S1 judges RR and connections as ratios; its idle-memory row is not paired.
+        assert_eq!(samples.len() as u32, 2 * 2 * PAIRS);
+        assert!(missing_pairs(&rows, &samples, 1).is_empty());
+        let last = samples.pop().expect("samples");
+        assert_eq!(
+            missing_pairs(&rows, &samples, 1),
+            [format!("{} {} run 0 pair {}", last.row, last.metric, PAIRS - 1)]
+        );
+    }
 }

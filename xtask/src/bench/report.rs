@@ -398,11 +398,12 @@ fn header(md: &mut String, r: &Results, stamp: &str) {
             "not available (`perf stat -e instructions` is not supported here): CPU figures come from schedstat and rusage"
         }
     );
+    let pairs = super::plan::PAIRS;
     let _ = writeln!(
         md,
         "\nCells: median [min–max] over runs. Ratios are per run against S0 on the same path in the same run. \
-        S1 rows are paired: each S1 metric is measured three times per run, each next to an S0 measurement of its own (right before or after, in random order; \
-        the same client straight to the backend from outside the cgroup while the daemon runs), and the run's ratio is the median over its three pairs. \
+        S1 rows are paired: each S1 metric is measured {pairs} times per run, each next to an S0 measurement of its own (right before or after, in random order; \
+        the same client straight to the backend from outside the cgroup while the daemon runs), and the run's ratio is the median over its {pairs} pairs. \
         **†** = fewer than 5 valid runs went in: the figure includes runs taken while other load used more than 0.1 core, and is not a result."
     );
     if !errors.is_empty() {

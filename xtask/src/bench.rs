@@ -8,7 +8,7 @@
 //! `bench-results/<timestamp>/`; the summary tables, the target verdicts and the charts go to
 //! BENCHMARKS.md and `docs/bench/`.
 //!
-//! `--smoke` runs two rows with tiny counts once and writes into a scratch directory: it is part
+//! `--smoke` runs four rows with tiny counts once and writes into a scratch directory: it is part
 //! of `cargo xtask test` so the harness cannot rot; it fails only if the harness itself fails.
 
 mod chart;
@@ -38,7 +38,7 @@ use crate::util::{self, detail, step};
 #[derive(Debug, clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
-    /// One run of two rows with tiny counts, into a scratch directory (the test suite's check).
+    /// One run of four rows with tiny counts, into a scratch directory (the test suite's check).
     #[arg(long)]
     pub smoke: bool,
     /// Runs per row (medians need at least 5).
@@ -154,8 +154,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     finish(&results)
 }
 
-/// The test suite's check: two rows, tiny counts, one run; the report goes to the scratch
-/// directory. `proxy` is the daemon binary (built if None).
+/// The test suite's check: four rows (both paths), tiny counts, one run; the report goes to the
+/// scratch directory. `proxy` is the daemon binary (built if None).
 pub fn smoke(proxy: Option<&Path>) -> anyhow::Result<()> {
     step("benchmark harness smoke run (cargo xtask bench --smoke)");
     install_tools(true)?;

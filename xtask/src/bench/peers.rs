@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::Context as _;
 
-use super::topo::{self, Net, PORTS, Proc, VIP};
+use super::topo::{self, Net, PORTS, Proc};
 
 /// Listener port of the proxy for backend port p: p + 10000.
 pub const PROXY_OFFSET: u16 = 10000;
@@ -43,19 +43,21 @@ fn listen(p: u16) -> SocketAddr {
 }
 
 /// nft rules redirecting the VIP's ports to the proxy's listeners.
-pub fn redirect_rules() -> String {
+pub fn redirect_rules(net: &Net) -> String {
     PORTS
         .iter()
         .map(|p| {
             format!(
-                "  ip daddr {VIP} tcp dport {p} redirect to :{}\n",
+                "  ip daddr {} tcp dport {p} redirect to :{}\n",
+                net.vip,
                 p + PROXY_OFFSET
             )
         })
         .collect()
 }
 
-/// Starts `peer` (two worker threads or processes, as many as cores) for `net`'s backends.
+/// Starts `peer` (two worker threads or processes, as many as cores) for `net`'s backends, in
+/// the client's namespace (on the veth path the proxy sits next to the client, as a sidecar).
 pub fn start(peer: Peer, dir: &Path, net: &Net, envoy: Option<&Path>) -> anyhow::Result<Proc> {
     let (cmd, what) = match peer {
         Peer::Haproxy => (haproxy(dir, net)?, "haproxy"),
@@ -69,15 +71,16 @@ pub fn start(peer: Peer, dir: &Path, net: &Net, envoy: Option<&Path>) -> anyhow:
             "envoy",
         ),
     };
-    let mut cmd = cmd;
+    let ns = net.client_ns.as_deref();
+    let mut cmd = topo::in_netns_cmd(cmd, ns);
     cmd.stderr(Stdio::from(fs::File::create(
         dir.join(format!("{what}.log")),
     )?));
-    let proc = topo::start(cmd, what, Some(listen(PORTS[0])), None)?;
+    let proc = topo::start(cmd, what, Some(listen(PORTS[0])), ns)?;
     for p in &PORTS[1..] {
         // Every listener must be up before measuring.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while std::net::TcpStream::connect(listen(*p)).is_err() {
+        while !topo::listens(ns, listen(*p))? {
             anyhow::ensure!(
                 std::time::Instant::now() < deadline,
                 "{what} does not listen on {}",

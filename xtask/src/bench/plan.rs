@@ -100,7 +100,7 @@ fn row(
     }
 }
 
-/// Every row of a full run, or the smoke run's two.
+/// Every row of a full run, or the smoke run's four.
 pub fn rows(smoke: bool) -> Vec<Row> {
     use Path2::{Lo, Veth};
     if smoke {
@@ -120,21 +120,32 @@ pub fn rows(smoke: bool) -> Vec<Row> {
                     Metric::Idle { conns: 100 },
                 ],
             ),
+            // The veth path's own machinery: the daemon in the client's namespace, its paired
+            // baseline, and a proxy fed by an nft REDIRECT there.
+            row(
+                "S1",
+                Veth,
+                "svc=1",
+                Kind::Kernel {
+                    services: 1,
+                    non_vip: false,
+                },
+                vec![Metric::Cps],
+            ),
+            row(
+                "S3",
+                Veth,
+                "ours",
+                Kind::RedirectOurs {
+                    tweak: proxy_redirect,
+                },
+                vec![Metric::Cps],
+            ),
         ];
     }
     let mut idle_full = full(false);
     idle_full.extend([Metric::Idle { conns: 1000 }, Metric::Idle { conns: 10000 }]);
-    let veth_set = vec![
-        Metric::Bulk { streams: 1 },
-        Metric::Bulk { streams: 4 },
-        Metric::Integrity,
-        Metric::Rr { size: 1, conns: 1 },
-        Metric::Rr {
-            size: 1024,
-            conns: 16,
-        },
-        Metric::Cps,
-    ];
+    let veth_set = veth();
     let mut rows = vec![
         row("S0", Lo, "", Kind::Direct, full(false)),
         row("S0", Veth, "", Kind::Direct, veth_set.clone()),
@@ -210,6 +221,17 @@ pub fn rows(smoke: bool) -> Vec<Row> {
             ],
         ),
     ];
+    rows.push(row(
+        "S2b",
+        Veth,
+        "",
+        Kind::NatIdle,
+        vec![
+            Metric::Bulk { streams: 1 },
+            Metric::Rr { size: 1, conns: 1 },
+            Metric::Cps,
+        ],
+    ));
     for p in Peer::ALL {
         rows.push(row(
             "S3",
@@ -218,8 +240,25 @@ pub fn rows(smoke: bool) -> Vec<Row> {
             Kind::Redirect(p),
             idle_full.clone(),
         ));
+        rows.push(row("S3", Veth, p.name(), Kind::Redirect(p), veth()));
     }
     rows
+}
+
+/// The metrics of the veth rows: bulk, the integrity check (mandatory where S5 splices), RR and
+/// connections; what the S1 and proxy targets judge on that path.
+fn veth() -> Vec<Metric> {
+    vec![
+        Metric::Bulk { streams: 1 },
+        Metric::Bulk { streams: 4 },
+        Metric::Integrity,
+        Metric::Rr { size: 1, conns: 1 },
+        Metric::Rr {
+            size: 1024,
+            conns: 16,
+        },
+        Metric::Cps,
+    ]
 }
 
 /// Runs one row's metrics in `run`; set-up failures become error samples.
@@ -333,7 +372,7 @@ fn run_row_inner(
             _daemon = Some(d);
             _table = Some(NatTable::load(
                 net.client_ns.as_deref(),
-                &peers::redirect_rules(),
+                &peers::redirect_rules(net),
             )?);
         }
         Kind::Redirect(peer) => {
@@ -342,7 +381,7 @@ fn run_row_inner(
             _peer = Some(p);
             _table = Some(NatTable::load(
                 net.client_ns.as_deref(),
-                &peers::redirect_rules(),
+                &peers::redirect_rules(net),
             )?);
         }
     }
@@ -558,15 +597,11 @@ pub fn features(
         Ok(()) => {
             let mut m = full(false);
             m.extend([Metric::Idle { conns: 1000 }, Metric::Idle { conns: 10000 }]);
-            rows.push(row(
-                "S3",
-                Path2::Lo,
-                "ours",
-                Kind::RedirectOurs {
-                    tweak: proxy_redirect,
-                },
-                m,
-            ));
+            let kind = Kind::RedirectOurs {
+                tweak: proxy_redirect,
+            };
+            rows.push(row("S3", Path2::Lo, "ours", kind.clone(), m));
+            rows.push(row("S3", Path2::Veth, "ours", kind, veth()));
         }
         Err(e) => missing.push((
             "S3 lo ours".to_owned(),
@@ -578,13 +613,13 @@ pub fn features(
             Ok(()) => {
                 let mut m = full(false);
                 m.extend([Metric::Idle { conns: 1000 }, Metric::Idle { conns: 10000 }]);
-                rows.push(row(
-                    scenario,
-                    Path2::Lo,
-                    variant,
-                    Kind::Feature { tweak, direct },
-                    m,
-                ));
+                let kind = Kind::Feature { tweak, direct };
+                rows.push(row(scenario, Path2::Lo, variant, kind.clone(), m));
+                // S6 splices pairs of local sockets; across the veth its two ends would be in
+                // different namespaces, which is not the local pair it is about.
+                if !direct {
+                    rows.push(row(scenario, Path2::Veth, variant, kind, veth()));
+                }
             }
             Err(e) => missing.push((
                 format!("{scenario} lo {variant}").trim().to_owned(),
@@ -666,16 +701,18 @@ mod tests {
     #[test]
     fn the_smoke_check_names_a_missing_side_of_a_pair() {
         let rows = rows(true);
-        let s1 = rows.iter().find(|r| r.scenario == "S1").expect("the smoke run has S1");
         let mut samples = Vec::new();
-        for m in &s1.metrics {
-            for pair in 0..pairs_of(s1, *m) {
-                samples.push(sample(&s1.id, m.key(), pair));
-                samples.push(sample(&paired_baseline(&s1.id), m.key(), pair));
+        for r in &rows {
+            for m in &r.metrics {
+                for pair in 0..pairs_of(r, *m) {
+                    samples.push(sample(&r.id, m.key(), pair));
+                    samples.push(sample(&paired_baseline(&r.id), m.key(), pair));
+                }
             }
         }
-        // S1 judges RR and connections as ratios; its idle-memory row is not paired.
-        assert_eq!(samples.len() as u32, 2 * 2 * PAIRS);
+        // Only S1 is paired: on loopback RR and connections (its idle memory is not judged
+        // as a ratio), on veth connections; S0 and S3 have no pairs.
+        assert_eq!(samples.len() as u32, 2 * (2 + 1) * PAIRS);
         assert!(missing_pairs(&rows, &samples, 1).is_empty());
         let last = samples.pop().expect("samples");
         assert_eq!(

@@ -109,6 +109,8 @@ pub fn verdicts(md: &mut String, t: &Table<'_>, r: &Results) {
     for (row, label) in [
         ("S3 lo ours", "S3 ours vs the best of HAProxy, nginx, Envoy: RR, conn/s, bulk >= 1.0x; CPU per GB and per txn <= theirs"),
         ("S4 lo ours", "S4 ours vs the best of HAProxy, nginx, Envoy: RR, conn/s, bulk >= 1.0x; CPU per GB and per txn <= theirs"),
+        ("S3 veth ours", "S3 ours vs the best of HAProxy, nginx, Envoy (veth): RR, conn/s, bulk >= 1.0x; CPU per GB and per txn <= theirs"),
+        ("S4 veth ours", "S4 ours vs the best of HAProxy, nginx, Envoy (veth): RR, conn/s, bulk >= 1.0x; CPU per GB and per txn <= theirs"),
     ] {
         let verdict = match missing(&row[..2]) {
             Some(why) => Verdict::NotMeasured(why),
@@ -200,8 +202,10 @@ fn vs_s2(t: &Table<'_>) -> Verdict {
 
 const PEERS: [&str; 3] = ["haproxy", "nginx", "envoy"];
 
-/// Ours against the best peer of S3 on each metric: higher rates, lower CPU.
+/// Ours against the best peer of S3 on the same path (`row` is "<scenario> <path> ours") on each
+/// metric: higher rates, lower CPU.
 fn vs_peers(t: &Table<'_>, row: &str) -> Verdict {
+    let path = row.split_whitespace().nth(1).unwrap_or("lo");
     let mut parts = Vec::new();
     let mut stats = Vec::new();
     let mut ok = true;
@@ -214,7 +218,7 @@ fn vs_peers(t: &Table<'_>, row: &str) -> Verdict {
     ] {
         let ours = if higher { t.ratio(row, metric, key) } else { t.abs(row, metric, key) };
         let peers = PEERS.iter().filter_map(|p| {
-            let r = format!("S3 lo {p}");
+            let r = format!("S3 {path} {p}");
             let s = if higher { t.ratio(&r, metric, key) } else { t.abs(&r, metric, key) };
             Some((*p, s?))
         });

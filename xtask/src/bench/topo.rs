@@ -95,22 +95,7 @@ pub fn start(
     }
     let addr = probe.expect("probe set");
     loop {
-        let ok = match netns {
-            None => TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok(),
-            Some(ns) => Command::new("ip")
-                .args([
-                    "netns",
-                    "exec",
-                    ns,
-                    "bash",
-                    "-c",
-                    &format!("exec 3<>/dev/tcp/{}/{}", addr.ip(), addr.port()),
-                ])
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success()),
-        };
-        if ok {
+        if listens(netns, addr)? {
             return Ok(proc);
         }
         if let Ok(Some(st)) = proc.child.try_wait() {
@@ -121,6 +106,53 @@ pub fn start(
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Whether something accepts TCP connections on `addr` in network namespace `netns`.
+pub fn listens(netns: Option<&str>, addr: SocketAddr) -> anyhow::Result<bool> {
+    in_netns(netns, || {
+        TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+    })
+}
+
+/// Runs `f` in network namespace `netns` (one of ours, under /run/netns), on a thread of its
+/// own: `setns` moves only the calling thread, and the thread ends with `f`.
+pub fn in_netns<T: Send>(netns: Option<&str>, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
+    let Some(ns) = netns else {
+        return Ok(f());
+    };
+    let path = Path::new("/run/netns").join(ns);
+    let file = fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                use std::os::fd::AsRawFd as _;
+                // SAFETY: `file` is an open namespace file for the duration of the call;
+                // CLONE_NEWNET moves only this thread, which exits after `f`.
+                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    let e = std::io::Error::last_os_error();
+                    return Err(anyhow::anyhow!("entering network namespace {ns}: {e}"));
+                }
+                Ok(f())
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("a thread in network namespace {ns} panicked"))?
+    })
+}
+
+/// `cmd` run in network namespace `netns` through nsenter, which (unlike `ip netns exec`)
+/// keeps the host's /sys, so the daemon still sees the cgroup and bpf file systems. nsenter
+/// execs the program without forking: the PID is the program's.
+pub fn in_netns_cmd(cmd: Command, netns: Option<&str>) -> Command {
+    let Some(ns) = netns else {
+        return cmd;
+    };
+    let mut c = Command::new("nsenter");
+    c.arg(format!("--net=/run/netns/{ns}"))
+        .arg("--")
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    c
 }
 
 /// Two namespaces of ours joined by a veth pair: client 10.77.0.1, server 10.77.0.2. No route
@@ -426,12 +458,17 @@ impl Daemon {
         fs::write(&file, serde_json::to_vec_pretty(&config)?)?;
         let log = fs::File::create(dir.join(format!("daemon-{n}.log")))?;
         let mut cmd = Command::new(proxy);
-        cmd.arg("run").arg("--config").arg(&file).stderr(log);
+        cmd.arg("run").arg("--config").arg(&file);
+        // On the veth path the daemon runs in the client's namespace (the sidecar's place):
+        // its proxy listeners must be reachable from the client, its upstreams across the veth.
+        let ns = net.client_ns.as_deref();
+        let mut cmd = in_netns_cmd(cmd, ns);
+        cmd.stderr(log);
         let t = Instant::now();
-        let proc = start(cmd, "the daemon", Some(admin), None)?;
+        let proc = start(cmd, "the daemon", Some(admin), ns)?;
         let pins = PathBuf::from("/sys/fs/bpf").join(&instance);
         let deadline = Instant::now() + Duration::from_secs(120);
-        while http_status(admin, "/ready") != Some(200) {
+        while in_netns(ns, || http_status(admin, "/ready"))? != Some(200) {
             if Instant::now() > deadline {
                 bail!(
                     "the daemon was not ready within 120 s (log: {})",

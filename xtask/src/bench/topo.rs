@@ -140,9 +140,10 @@ pub fn in_netns<T: Send>(netns: Option<&str>, f: impl FnOnce() -> T + Send) -> a
     })
 }
 
-/// `cmd` run in network namespace `netns` through nsenter, which (unlike `ip netns exec`)
-/// keeps the host's /sys, so the daemon still sees the cgroup and bpf file systems. nsenter
-/// execs the program without forking: the PID is the program's.
+/// `cmd`'s program and arguments (nothing else of it: set stdio on the result) run in network
+/// namespace `netns` through nsenter, which (unlike `ip netns exec`) keeps the host's /sys, so
+/// the daemon still sees the cgroup and bpf file systems. nsenter execs the program without
+/// forking: the PID is the program's.
 pub fn in_netns_cmd(cmd: Command, netns: Option<&str>) -> Command {
     let Some(ns) = netns else {
         return cmd;

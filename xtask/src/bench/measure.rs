@@ -98,7 +98,7 @@ pub fn wait_quiet(ours: &[u32], quiet_wait: Duration) -> f64 {
 }
 
 /// Worker arguments; the cgroup is joined by the shell wrapper of `Net::client`.
-fn worker_args(mode: &str, rest: Vec<String>, _cgroup: Option<&Path>) -> Vec<String> {
+fn worker_args(mode: &str, rest: Vec<String>) -> Vec<String> {
     let mut v = vec!["bench".to_owned(), "worker".to_owned(), mode.to_owned()];
     v.extend(rest);
     v
@@ -136,7 +136,6 @@ fn client_cmd(ctx: &Ctx<'_>, m: Metric) -> Command {
                     "--bytes".into(),
                     (32_u64 << 20).to_string(),
                 ],
-                None,
             );
             ctx.net.client(ctx.worker, &a, cg)
         }
@@ -153,7 +152,6 @@ fn client_cmd(ctx: &Ctx<'_>, m: Metric) -> Command {
                     "--secs".into(),
                     secs,
                 ],
-                cg,
             );
             ctx.net.client(ctx.worker, &a, cg)
         }
@@ -168,7 +166,6 @@ fn client_cmd(ctx: &Ctx<'_>, m: Metric) -> Command {
                     "--secs".into(),
                     secs,
                 ],
-                cg,
             );
             ctx.net.client(ctx.worker, &a, cg)
         }
@@ -183,7 +180,6 @@ fn client_cmd(ctx: &Ctx<'_>, m: Metric) -> Command {
                     "--secs".into(),
                     secs,
                 ],
-                cg,
             );
             ctx.net.client(ctx.worker, &a, cg)
         }
@@ -198,7 +194,6 @@ fn client_cmd(ctx: &Ctx<'_>, m: Metric) -> Command {
                     "--secs".into(),
                     "120".into(),
                 ],
-                cg,
             );
             ctx.net.client(ctx.worker, &a, cg)
         }

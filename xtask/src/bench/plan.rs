@@ -82,6 +82,11 @@ fn short() -> Vec<Metric> {
     vec![Metric::Rr { size: 1, conns: 1 }, Metric::Cps]
 }
 
+/// An S1 row: the daemon with `services` connect-rate VIPs; `non_vip` dials the backend.
+fn kernel(path: Path2, variant: &str, services: u32, non_vip: bool, metrics: Vec<Metric>) -> Row {
+    row("S1", path, variant, Kind::Kernel { services, non_vip }, metrics)
+}
+
 fn row(
     scenario: &'static str,
     path: Path2,
@@ -106,14 +111,11 @@ pub fn rows(smoke: bool) -> Vec<Row> {
     if smoke {
         return vec![
             row("S0", Lo, "", Kind::Direct, full(true)),
-            row(
-                "S1",
+            kernel(
                 Lo,
                 "svc=1",
-                Kind::Kernel {
-                    services: 1,
-                    non_vip: false,
-                },
+                1,
+                false,
                 vec![
                     Metric::Rr { size: 1, conns: 1 },
                     Metric::Cps,
@@ -122,16 +124,7 @@ pub fn rows(smoke: bool) -> Vec<Row> {
             ),
             // The veth path's own machinery: the daemon in the client's namespace, its paired
             // baseline, and a proxy fed by an nft REDIRECT there.
-            row(
-                "S1",
-                Veth,
-                "svc=1",
-                Kind::Kernel {
-                    services: 1,
-                    non_vip: false,
-                },
-                vec![Metric::Cps],
-            ),
+            kernel(Veth, "svc=1", 1, false, vec![Metric::Cps]),
             row(
                 "S3",
                 Veth,
@@ -146,59 +139,19 @@ pub fn rows(smoke: bool) -> Vec<Row> {
     let mut idle_full = full(false);
     idle_full.extend([Metric::Idle { conns: 1000 }, Metric::Idle { conns: 10000 }]);
     let veth_set = veth();
+    let nat_idle = vec![
+        Metric::Bulk { streams: 1 },
+        Metric::Rr { size: 1, conns: 1 },
+        Metric::Cps,
+    ];
     let mut rows = vec![
         row("S0", Lo, "", Kind::Direct, full(false)),
         row("S0", Veth, "", Kind::Direct, veth_set.clone()),
-        row(
-            "S1",
-            Lo,
-            "svc=1",
-            Kind::Kernel {
-                services: 1,
-                non_vip: false,
-            },
-            idle_full.clone(),
-        ),
-        row(
-            "S1",
-            Lo,
-            "svc=1000",
-            Kind::Kernel {
-                services: 1000,
-                non_vip: false,
-            },
-            short(),
-        ),
-        row(
-            "S1",
-            Lo,
-            "svc=10000",
-            Kind::Kernel {
-                services: 10000,
-                non_vip: false,
-            },
-            short(),
-        ),
-        row(
-            "S1",
-            Lo,
-            "non-VIP",
-            Kind::Kernel {
-                services: 1000,
-                non_vip: true,
-            },
-            short(),
-        ),
-        row(
-            "S1",
-            Veth,
-            "svc=1",
-            Kind::Kernel {
-                services: 1,
-                non_vip: false,
-            },
-            veth_set.clone(),
-        ),
+        kernel(Lo, "svc=1", 1, false, idle_full.clone()),
+        kernel(Lo, "svc=1000", 1000, false, short()),
+        kernel(Lo, "svc=10000", 10000, false, short()),
+        kernel(Lo, "non-VIP", 1000, true, short()),
+        kernel(Veth, "svc=1", 1, false, veth_set.clone()),
         row("S2", Lo, "rules=1", Kind::Dnat { rules: 1 }, full(false)),
         row("S2", Lo, "rules=1000", Kind::Dnat { rules: 1000 }, short()),
         row(
@@ -209,29 +162,9 @@ pub fn rows(smoke: bool) -> Vec<Row> {
             short(),
         ),
         row("S2", Veth, "rules=1", Kind::Dnat { rules: 1 }, veth_set),
-        row(
-            "S2b",
-            Lo,
-            "",
-            Kind::NatIdle,
-            vec![
-                Metric::Bulk { streams: 1 },
-                Metric::Rr { size: 1, conns: 1 },
-                Metric::Cps,
-            ],
-        ),
+        row("S2b", Lo, "", Kind::NatIdle, nat_idle.clone()),
+        row("S2b", Veth, "", Kind::NatIdle, nat_idle),
     ];
-    rows.push(row(
-        "S2b",
-        Veth,
-        "",
-        Kind::NatIdle,
-        vec![
-            Metric::Bulk { streams: 1 },
-            Metric::Rr { size: 1, conns: 1 },
-            Metric::Cps,
-        ],
-    ));
     for p in Peer::ALL {
         rows.push(row(
             "S3",

@@ -43,13 +43,22 @@ const FIRST_PUBLISH_WAIT: Duration = Duration::from_secs(10);
 pub type SharedDataplane = Arc<Mutex<Option<Dataplane>>>;
 
 /// Runs the daemon until SIGINT or SIGTERM, then detaches and removes everything it created.
-pub fn run(config: Config) -> anyhow::Result<()> {
+/// `workers` is the runtime's thread count; by default one per CPU the daemon may run on.
+pub fn run(config: Config, workers: Option<usize>) -> anyhow::Result<()> {
+    let workers = workers.unwrap_or_else(default_workers);
+    tracing::debug!(workers, "runtime");
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
     runtime.block_on(run_async(config))
+}
+
+/// One worker per CPU in the daemon's affinity mask (`sched_getaffinity`, which is what
+/// `available_parallelism` reads), or 2 if that cannot be read.
+fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(2, usize::from)
 }
 
 async fn run_async(config: Config) -> anyhow::Result<()> {

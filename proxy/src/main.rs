@@ -80,7 +80,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Run { config } => {
+        Command::Run { config, concurrency } => {
             let cfg = match config.as_deref().map(proxy::load_config) {
                 None => Config::embedded_default(),
                 Some(Ok(cfg)) => cfg,
@@ -89,7 +89,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_BAD_CONFIG);
                 }
             };
-            match daemon::run(cfg) {
+            match daemon::run(cfg, concurrency.map(usize::from)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     eprintln!("error: {err:#}");

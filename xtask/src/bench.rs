@@ -89,7 +89,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return worker::run(w);
     }
     if let Some(path) = &args.report_from {
-        let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let results: Results = serde_json::from_str(&text)
             .with_context(|| format!("{} is not the results.json of a run", path.display()))?;
         let stamp = path
@@ -98,7 +99,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .map(|n| n.to_string_lossy().into_owned())
             .context("the results file must sit in its run's directory")?;
         report::write(&results, &util::workspace_root(), &stamp)?;
-        step(format!("wrote BENCHMARKS.md and docs/bench/ from {}", path.display()));
+        step(format!(
+            "wrote BENCHMARKS.md and docs/bench/ from {}",
+            path.display()
+        ));
         return Ok(());
     }
     util::require_root("cargo xtask bench")?;

@@ -84,7 +84,13 @@ fn short() -> Vec<Metric> {
 
 /// An S1 row: the daemon with `services` connect-rate VIPs; `non_vip` dials the backend.
 fn kernel(path: Path2, variant: &str, services: u32, non_vip: bool, metrics: Vec<Metric>) -> Row {
-    row("S1", path, variant, Kind::Kernel { services, non_vip }, metrics)
+    row(
+        "S1",
+        path,
+        variant,
+        Kind::Kernel { services, non_vip },
+        metrics,
+    )
 }
 
 fn row(
@@ -275,7 +281,8 @@ fn run_row_inner(
             cgroup = Some(d.cgroup.clone());
             if *dial_direct {
                 // Both ends in the cgroup, so sockops sees (and splices) both sockets.
-                _local_backends = net.start_backends_at(&env.worker, LOCAL_OFFSET, Some(&d.cgroup))?;
+                _local_backends =
+                    net.start_backends_at(&env.worker, LOCAL_OFFSET, Some(&d.cgroup))?;
                 target = &local;
                 cps = (local(CONN), 1);
             }
@@ -650,7 +657,12 @@ mod tests {
         let last = samples.pop().expect("samples");
         assert_eq!(
             missing_pairs(&rows, &samples, 1),
-            [format!("{} {} run 0 pair {}", last.row, last.metric, PAIRS - 1)]
+            [format!(
+                "{} {} run 0 pair {}",
+                last.row,
+                last.metric,
+                PAIRS - 1
+            )]
         );
     }
 }

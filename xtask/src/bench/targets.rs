@@ -107,10 +107,22 @@ pub fn verdicts(md: &mut String, t: &Table<'_>, r: &Results) {
             .map(|(_, why)| why.clone())
     };
     for (row, label) in [
-        ("S3 lo ours", "S3 ours vs the best of HAProxy, nginx, Envoy: RR, conn/s, bulk >= 1.0x; CPU per GB and per txn <= theirs"),
-        ("S4 lo ours", "S4 ours vs the best of HAProxy, nginx, Envoy: RR, conn/s, bulk >= 1.0x; CPU per GB and per txn <= theirs"),
-        ("S3 veth ours", "S3 ours vs the best of HAProxy, nginx, Envoy (veth): RR, conn/s, bulk >= 1.0x; CPU per GB and per txn <= theirs"),
-        ("S4 veth ours", "S4 ours vs the best of HAProxy, nginx, Envoy (veth): RR, conn/s, bulk >= 1.0x; CPU per GB and per txn <= theirs"),
+        (
+            "S3 lo ours",
+            "S3 ours vs the best of HAProxy, nginx, Envoy: RR, conn/s, bulk >= 1.0x; CPU per GB and per txn <= theirs",
+        ),
+        (
+            "S4 lo ours",
+            "S4 ours vs the best of HAProxy, nginx, Envoy: RR, conn/s, bulk >= 1.0x; CPU per GB and per txn <= theirs",
+        ),
+        (
+            "S3 veth ours",
+            "S3 ours vs the best of HAProxy, nginx, Envoy (veth): RR, conn/s, bulk >= 1.0x; CPU per GB and per txn <= theirs",
+        ),
+        (
+            "S4 veth ours",
+            "S4 ours vs the best of HAProxy, nginx, Envoy (veth): RR, conn/s, bulk >= 1.0x; CPU per GB and per txn <= theirs",
+        ),
     ] {
         let verdict = match missing(&row[..2]) {
             Some(why) => Verdict::NotMeasured(why),
@@ -119,8 +131,14 @@ pub fn verdicts(md: &mut String, t: &Table<'_>, r: &Results) {
         v.push((label, verdict));
     }
     for (row, label) in [
-        ("S3 lo ours", "S3 ours added latency at 1k msg/s: p50 <= 50 us, p99 <= 150 us over S0"),
-        ("S4 lo ours", "S4 ours added latency at 1k msg/s: p50 <= 50 us, p99 <= 150 us over S0"),
+        (
+            "S3 lo ours",
+            "S3 ours added latency at 1k msg/s: p50 <= 50 us, p99 <= 150 us over S0",
+        ),
+        (
+            "S4 lo ours",
+            "S4 ours added latency at 1k msg/s: p50 <= 50 us, p99 <= 150 us over S0",
+        ),
     ] {
         v.push((label, added_latency(t, row)));
     }
@@ -216,10 +234,18 @@ fn vs_peers(t: &Table<'_>, row: &str) -> Verdict {
         ("CPU per GB", "bulk_p1", "cpu_s_per_gb", false),
         ("CPU per txn", "rr_1b_c1", "cpu_us_per_txn", false),
     ] {
-        let ours = if higher { t.ratio(row, metric, key) } else { t.abs(row, metric, key) };
+        let ours = if higher {
+            t.ratio(row, metric, key)
+        } else {
+            t.abs(row, metric, key)
+        };
         let peers = PEERS.iter().filter_map(|p| {
             let r = format!("S3 {path} {p}");
-            let s = if higher { t.ratio(&r, metric, key) } else { t.abs(&r, metric, key) };
+            let s = if higher {
+                t.ratio(&r, metric, key)
+            } else {
+                t.abs(&r, metric, key)
+            };
             Some((*p, s?))
         });
         let best = if higher {
@@ -233,10 +259,17 @@ fn vs_peers(t: &Table<'_>, row: &str) -> Verdict {
             continue;
         };
         stats.extend([Some(o), Some(b)]);
-        let good = if higher { o.median >= b.median } else { o.median <= b.median };
+        let good = if higher {
+            o.median >= b.median
+        } else {
+            o.median <= b.median
+        };
         ok &= good;
         let unit = if higher { "×S0" } else { "" };
-        parts.push(format!("{label} {:.3}{unit} vs {:.3}{unit} ({p})", o.median, b.median));
+        parts.push(format!(
+            "{label} {:.3}{unit} vs {:.3}{unit} ({p})",
+            o.median, b.median
+        ));
     }
     if stats.is_empty() {
         return Verdict::NotMeasured(format!("no samples for {row} or the S3 peers"));
@@ -298,7 +331,13 @@ fn s5_vs_s4(t: &Table<'_>, default_on: bool) -> Verdict {
     let integrity = t.abs("S5 lo ours", "integrity", "ok");
     let faster = rr1.0 >= 1.10 || rr1k.0 >= 1.10 || p50.is_some_and(|p| p.0 <= 0.90);
     let intact = integrity.is_some_and(|s| s.min >= 1.0);
-    let stats = [Some(rr1.1), Some(rr1.2), Some(bulk.1), Some(bulk.2), integrity];
+    let stats = [
+        Some(rr1.1),
+        Some(rr1.2),
+        Some(bulk.1),
+        Some(bulk.2),
+        integrity,
+    ];
     let wins = faster && bulk.0 >= 0.95 && intact;
     judge(
         wins == default_on,
@@ -310,7 +349,11 @@ fn s5_vs_s4(t: &Table<'_>, default_on: bool) -> Verdict {
             bulk.0,
             if intact { "ok" } else { "FAILED or missing" },
             if wins { "wins" } else { "does not win" },
-            if default_on { "kernel (on)" } else { "copy (off)" },
+            if default_on {
+                "kernel (on)"
+            } else {
+                "copy (off)"
+            },
         ),
         &stats,
     )

@@ -342,7 +342,11 @@ impl Net {
             iperf_cmd,
             "iperf3 server",
             Some(self.backend(IPERF + offset)),
-            if cgroup.is_some() { self.client_ns.as_deref() } else { self.server_ns.as_deref() },
+            if cgroup.is_some() {
+                self.client_ns.as_deref()
+            } else {
+                self.server_ns.as_deref()
+            },
         )?;
         Ok(vec![serve, iperf])
     }

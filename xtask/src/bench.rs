@@ -8,7 +8,7 @@
 //! `bench-results/<timestamp>/`; the summary tables, the target verdicts and the charts go to
 //! BENCHMARKS.md and `docs/bench/`.
 //!
-//! `--smoke` runs four rows with tiny counts once and writes into a scratch directory: it is part
+//! `--smoke` runs five rows with tiny counts once and writes into a scratch directory: it is part
 //! of `cargo xtask test` so the harness cannot rot; it fails only if the harness itself fails.
 
 mod chart;
@@ -38,7 +38,7 @@ use crate::util::{self, detail, step};
 #[derive(Debug, clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
-    /// One run of four rows with tiny counts, into a scratch directory (the test suite's check).
+    /// One run of five rows with tiny counts, into a scratch directory (the test suite's check).
     #[arg(long)]
     pub smoke: bool,
     /// Runs per row (medians need at least 5).
@@ -302,17 +302,16 @@ fn execute(
     let mut samples = Vec::new();
     let mut rng =
         worker::Rng::new(started.elapsed().as_nanos() as u64 ^ u64::from(std::process::id()));
+    let mut units = plan::units(rows);
     for run in 0..runs {
         step(format!("run {}/{runs}", run + 1));
-        // Fisher-Yates: a different row order every run.
-        for i in (1..rows.len()).rev() {
-            rows.swap(i, (rng.next() % (i as u64 + 1)) as usize);
-        }
-        for r in &rows {
+        // A different order every run.
+        rng.shuffle(&mut units);
+        for u in &units {
             if sys::interrupted() {
                 bail!("interrupted; everything the benchmark started has been stopped and removed");
             }
-            let (net, backends) = match r.path {
+            let (net, backends) = match u.path() {
                 topo::Path2::Lo => (&lo, &lo_backends),
                 topo::Path2::Veth => (
                     veth.as_ref().expect("veth rows need the pair"),
@@ -320,7 +319,10 @@ fn execute(
                 ),
             };
             let pids: Vec<u32> = backends.iter().map(topo::Proc::pid).collect();
-            samples.extend(plan::run_row(env, net, r, run, &pids, &mut rng));
+            samples.extend(plan::run_unit(env, net, u, run, &pids, &mut rng));
+        }
+        if sys::interrupted() {
+            bail!("interrupted; everything the benchmark started has been stopped and removed");
         }
         samples.extend(plan::extras(env, run, publish_bin, smoke));
         fs::write(

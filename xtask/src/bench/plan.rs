@@ -129,7 +129,7 @@ pub fn rows(smoke: bool) -> Vec<Row> {
                 ],
             ),
             // The veth path's own machinery: the daemon in the client's namespace, its paired
-            // baseline, and a proxy fed by an nft REDIRECT there.
+            // baseline, and a proxy fed by an nft REDIRECT there; with S4, a side-by-side unit.
             kernel(Veth, "svc=1", 1, false, vec![Metric::Cps]),
             row(
                 "S3",
@@ -139,6 +139,16 @@ pub fn rows(smoke: bool) -> Vec<Row> {
                     tweak: proxy_redirect,
                 },
                 vec![Metric::Cps],
+            ),
+            row(
+                "S4",
+                Veth,
+                "ours",
+                Kind::Feature {
+                    tweak: proxy_mode,
+                    direct: false,
+                },
+                vec![Metric::Cps, Metric::Rr { size: 1, conns: 1 }],
             ),
         ];
     }
@@ -198,6 +208,86 @@ fn veth() -> Vec<Metric> {
         },
         Metric::Cps,
     ]
+}
+
+/// What a run shuffles and runs as one: a row, or the rows that the targets compare with each
+/// other, run side by side.
+pub enum Unit {
+    Row(Row),
+    SideBySide(Vec<Row>),
+}
+
+impl Unit {
+    pub fn path(&self) -> Path2 {
+        match self {
+            Unit::Row(r) => r.path,
+            Unit::SideBySide(rows) => rows[0].path,
+        }
+    }
+}
+
+/// The proxy rows (S3's four proxies, S4, S5) are judged against each other, and the machine
+/// drifts by more than their differences over the minutes between two rows of a shuffled run
+/// (a row's ratio to S0 moved by a tenth between runs). So the proxy rows of one path run as
+/// one unit, metric by metric: each metric is measured for every row of the unit in a random
+/// order before the next metric, and the targets compare the rows run by run.
+fn side_by_side(r: &Row) -> bool {
+    matches!(r.scenario, "S3" | "S4" | "S5")
+}
+
+/// `rows` as units: every row on its own except the proxy rows, one unit per path.
+pub fn units(rows: Vec<Row>) -> Vec<Unit> {
+    let mut out = Vec::new();
+    let mut groups: Vec<Vec<Row>> = Vec::new();
+    for r in rows {
+        if !side_by_side(&r) {
+            out.push(Unit::Row(r));
+        } else if let Some(g) = groups.iter_mut().find(|g| g[0].path == r.path) {
+            g.push(r);
+        } else {
+            groups.push(vec![r]);
+        }
+    }
+    out.extend(groups.into_iter().map(Unit::SideBySide));
+    out
+}
+
+/// Runs a unit in `run`: a row's metrics, or side by side, each metric of a unit's rows for
+/// every row that measures it (in a random order), each with the row's own set-up and teardown.
+pub fn run_unit(
+    env: &Env,
+    net: &Net,
+    u: &Unit,
+    run: u32,
+    backends: &[u32],
+    rng: &mut worker::Rng,
+) -> Vec<Sample> {
+    let rows = match u {
+        Unit::Row(r) => return run_row(env, net, r, run, backends, rng),
+        Unit::SideBySide(rows) => rows,
+    };
+    let mut metrics: Vec<Metric> = Vec::new();
+    for m in rows.iter().flat_map(|r| &r.metrics) {
+        if !metrics.contains(m) {
+            metrics.push(*m);
+        }
+    }
+    let mut out = Vec::new();
+    for m in metrics {
+        let mut measuring: Vec<&Row> = rows.iter().filter(|r| r.metrics.contains(&m)).collect();
+        rng.shuffle(&mut measuring);
+        for r in measuring {
+            if super::sys::interrupted() {
+                return out;
+            }
+            let one = Row {
+                metrics: vec![m],
+                ..r.clone()
+            };
+            out.extend(run_row(env, net, &one, run, backends, rng));
+        }
+    }
+    out
 }
 
 /// Runs one row's metrics in `run`; set-up failures become error samples.
@@ -635,6 +725,30 @@ mod tests {
             unaccounted: 0.0,
             valid: true,
             error: None,
+        }
+    }
+
+    #[test]
+    fn proxy_rows_of_a_path_run_as_one_unit() {
+        let units = units(rows(false));
+        let groups: Vec<Vec<String>> = units
+            .iter()
+            .filter_map(|u| match u {
+                Unit::SideBySide(rows) => Some(rows.iter().map(|r| r.id.clone()).collect()),
+                Unit::Row(_) => None,
+            })
+            .collect();
+        assert_eq!(
+            groups,
+            [
+                ["S3 lo haproxy", "S3 lo nginx", "S3 lo envoy"],
+                ["S3 veth haproxy", "S3 veth nginx", "S3 veth envoy"],
+            ]
+        );
+        for u in &units {
+            if let Unit::Row(r) = u {
+                assert!(!side_by_side(r), "{} runs on its own", r.id);
+            }
         }
     }
 

@@ -153,6 +153,33 @@ impl<'a> Table<'a> {
         self.vs_s0(row, metric, key, |a, b| a - b)
     }
 
+    /// `row`'s value over `other`'s, per run: the proxy rows of a path are measured side by
+    /// side (metric by metric, in a random order each time), so this compares them without the
+    /// drift between either and the run's S0.
+    pub fn between(&self, row: &str, other: &str, metric: &str, key: &str) -> Option<Stat> {
+        let xs = self.per_run(row, metric, |s| {
+            let (b, b_valid) = self.per_run_of(other, metric, s.run, key)?;
+            let a = *s.values.get(key)?;
+            Some((if b > 0.0 { a / b } else { f64::NAN }, s.valid && b_valid))
+        });
+        stat(xs, self.runs)
+    }
+
+    /// `key` of `row` in `run` (the median over the run's samples), and whether all were valid.
+    fn per_run_of(&self, row: &str, metric: &str, run: u32, key: &str) -> Option<(f64, bool)> {
+        let mut vals = Vec::new();
+        let mut valid = true;
+        for s in self
+            .runs_of(row, metric)
+            .into_iter()
+            .filter(|s| s.run == run)
+        {
+            vals.push(*s.values.get(key)?);
+            valid &= s.valid;
+        }
+        (!vals.is_empty()).then(|| (median(&mut vals), valid))
+    }
+
     /// Row ids in plan order (as first seen).
     pub fn rows(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
@@ -404,6 +431,7 @@ fn header(md: &mut String, r: &Results, stamp: &str) {
         "\nCells: median [min–max] over runs. Ratios are per run against S0 on the same path in the same run. \
         S1 rows are paired: each S1 metric is measured {pairs} times per run, each next to an S0 measurement of its own (right before or after, in random order; \
         the same client straight to the backend from outside the cgroup while the daemon runs), and the run's ratio is the median over its {pairs} pairs. \
+        The proxy rows of a path (S3, S4, S5) run side by side, metric by metric in a random order, and the targets compare them run by run (one row over the other). \
         **†** = fewer than 5 valid runs went in: the figure includes runs taken while other load used more than 0.1 core, and is not a result."
     );
     if !errors.is_empty() {
@@ -566,6 +594,36 @@ mod tests {
             valid: true,
             error: None,
         }
+    }
+
+    #[test]
+    fn side_by_side_ratios_are_taken_run_by_run() {
+        // S0 moves a lot between runs; ours/nginx per run is 1.1, 0.9, 1.2 whatever S0 did.
+        let samples = vec![
+            sample("S0 lo", "cps", 0, 100.0),
+            sample("S3 lo ours", "cps", 0, 55.0),
+            sample("S3 lo nginx", "cps", 0, 50.0),
+            sample("S0 lo", "cps", 1, 200.0),
+            sample("S3 lo ours", "cps", 1, 90.0),
+            sample("S3 lo nginx", "cps", 1, 100.0),
+            sample("S0 lo", "cps", 2, 150.0),
+            sample("S3 lo ours", "cps", 2, 72.0),
+            sample("S3 lo nginx", "cps", 2, 60.0),
+            // A run the other row lacks does not count.
+            sample("S3 lo ours", "cps", 3, 1.0),
+        ];
+        let t = Table {
+            samples: &samples,
+            runs: 3,
+        };
+        let s = t
+            .between("S3 lo ours", "S3 lo nginx", "cps", "cps")
+            .unwrap();
+        assert_eq!((s.n, s.median, s.min, s.max), (3, 1.1, 0.9, 1.2));
+        assert!(
+            t.between("S3 lo ours", "S3 lo envoy", "cps", "cps")
+                .is_none()
+        );
     }
 
     #[test]

@@ -220,8 +220,10 @@ fn vs_s2(t: &Table<'_>) -> Verdict {
 
 const PEERS: [&str; 3] = ["haproxy", "nginx", "envoy"];
 
-/// Ours against the best peer of S3 on the same path (`row` is "<scenario> <path> ours") on each
-/// metric: higher rates, lower CPU.
+/// Ours against every peer of S3 on the same path (`row` is "<scenario> <path> ours") on each
+/// metric: higher rates, lower CPU. The proxy rows of a path are measured side by side, so each
+/// comparison is ours over the peer run by run ([`Table::between`]); the peer shown is the one
+/// ours does worst against, the best peer on that metric.
 fn vs_peers(t: &Table<'_>, row: &str) -> Verdict {
     let path = row.split_whitespace().nth(1).unwrap_or("lo");
     let mut parts = Vec::new();
@@ -234,47 +236,38 @@ fn vs_peers(t: &Table<'_>, row: &str) -> Verdict {
         ("CPU per GB", "bulk_p1", "cpu_s_per_gb", false),
         ("CPU per txn", "rr_1b_c1", "cpu_us_per_txn", false),
     ] {
-        let ours = if higher {
-            t.ratio(row, metric, key)
-        } else {
-            t.abs(row, metric, key)
-        };
-        let peers = PEERS.iter().filter_map(|p| {
-            let r = format!("S3 {path} {p}");
-            let s = if higher {
-                t.ratio(&r, metric, key)
-            } else {
-                t.abs(&r, metric, key)
-            };
-            Some((*p, s?))
-        });
+        let vs = PEERS
+            .iter()
+            .filter_map(|p| Some((*p, t.between(row, &format!("S3 {path} {p}"), metric, key)?)));
         let best = if higher {
-            peers.max_by(|a, b| a.1.median.total_cmp(&b.1.median))
+            vs.min_by(|a, b| a.1.median.total_cmp(&b.1.median))
         } else {
-            peers.min_by(|a, b| a.1.median.total_cmp(&b.1.median))
+            vs.max_by(|a, b| a.1.median.total_cmp(&b.1.median))
         };
-        let (Some(o), Some((p, b))) = (ours, best) else {
+        let Some((p, s)) = best else {
             ok = false;
             parts.push(format!("{label}: not measured"));
             continue;
         };
-        stats.extend([Some(o), Some(b)]);
-        let good = if higher {
-            o.median >= b.median
+        stats.push(Some(s));
+        ok &= if higher {
+            s.median >= 1.0
         } else {
-            o.median <= b.median
+            s.median <= 1.0
         };
-        ok &= good;
-        let unit = if higher { "×S0" } else { "" };
         parts.push(format!(
-            "{label} {:.3}{unit} vs {:.3}{unit} ({p})",
-            o.median, b.median
+            "{label} {:.3}× {p} [{:.3}–{:.3}]",
+            s.median, s.min, s.max
         ));
     }
     if stats.is_empty() {
         return Verdict::NotMeasured(format!("no samples for {row} or the S3 peers"));
     }
-    judge(ok, format!("{row}: {}", parts.join("; ")), &stats)
+    judge(
+        ok,
+        format!("{row} over the best peer, run by run: {}", parts.join("; ")),
+        &stats,
+    )
 }
 
 fn added_latency(t: &Table<'_>, row: &str) -> Verdict {
@@ -290,20 +283,25 @@ fn added_latency(t: &Table<'_>, row: &str) -> Verdict {
     }
 }
 
+/// S4 over S3 (ours; the best peer where ours is missing) on connections/s, run by run.
 fn s4_vs_s3(t: &Table<'_>) -> Verdict {
-    let s4 = t.ratio("S4 lo ours", "cps", "cps");
-    let s3 = t.ratio("S3 lo ours", "cps", "cps");
-    let best = PEERS
-        .iter()
-        .filter_map(|p| t.ratio(&format!("S3 lo {p}"), "cps", "cps"))
-        .max_by(|a, b| a.median.total_cmp(&b.median));
-    match (s4, s3.or(best)) {
-        (Some(a), Some(b)) => judge(
-            a.median >= b.median,
-            format!("S4 {:.3}×S0 vs S3 {:.3}×S0 conn/s", a.median, b.median),
-            &[s4, s3.or(best)],
+    let vs = |other: &str| t.between("S4 lo ours", other, "cps", "cps");
+    let against = vs("S3 lo ours").map(|s| ("S3 ours", s)).or_else(|| {
+        PEERS
+            .iter()
+            .filter_map(|p| Some((*p, vs(&format!("S3 lo {p}"))?)))
+            .min_by(|a, b| a.1.median.total_cmp(&b.1.median))
+    });
+    match against {
+        Some((what, s)) => judge(
+            s.median >= 1.0,
+            format!(
+                "S4 over {what}, run by run: {:.3}× [{:.3}–{:.3}] conn/s",
+                s.median, s.min, s.max
+            ),
+            &[Some(s)],
         ),
-        _ => Verdict::NotMeasured("S3 or S4 rows missing".into()),
+        None => Verdict::NotMeasured("S3 or S4 rows missing".into()),
     }
 }
 
@@ -315,10 +313,10 @@ fn default_splices() -> bool {
 /// The plan's rule for S5: splicing is on by default exactly when it wins. Met when the
 /// default follows the measurement.
 fn s5_vs_s4(t: &Table<'_>, default_on: bool) -> Verdict {
-    let rel = |metric: &str, key: &str| -> Option<(f64, Stat, Stat)> {
-        let a = t.abs("S5 lo ours", metric, key)?;
-        let b = t.abs("S4 lo ours", metric, key)?;
-        Some((a.median / b.median, a, b))
+    // Run by run: S4 and S5 are measured side by side.
+    let rel = |metric: &str, key: &str| -> Option<(f64, Stat)> {
+        let s = t.between("S5 lo ours", "S4 lo ours", metric, key)?;
+        Some((s.median, s))
     };
     let (Some(rr1), Some(rr1k), Some(bulk)) = (
         rel("rr_1b_c1", "tps"),
@@ -331,13 +329,7 @@ fn s5_vs_s4(t: &Table<'_>, default_on: bool) -> Verdict {
     let integrity = t.abs("S5 lo ours", "integrity", "ok");
     let faster = rr1.0 >= 1.10 || rr1k.0 >= 1.10 || p50.is_some_and(|p| p.0 <= 0.90);
     let intact = integrity.is_some_and(|s| s.min >= 1.0);
-    let stats = [
-        Some(rr1.1),
-        Some(rr1.2),
-        Some(bulk.1),
-        Some(bulk.2),
-        integrity,
-    ];
+    let stats = [Some(rr1.1), Some(rr1k.1), Some(bulk.1), integrity];
     let wins = faster && bulk.0 >= 0.95 && intact;
     judge(
         wins == default_on,

@@ -281,6 +281,12 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
+    /// Fisher-Yates: a uniformly random order of `items`.
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            items.swap(i, (self.next() % (i as u64 + 1)) as usize);
+        }
+    }
 }
 
 fn nth_addr(base: SocketAddr, i: u32) -> anyhow::Result<SocketAddr> {

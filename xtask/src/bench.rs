@@ -50,6 +50,10 @@ pub struct Args {
     /// Only rows whose id contains this (e.g. "S1", "veth").
     #[arg(long)]
     pub only: Option<String>,
+    /// Only metrics whose key contains this (e.g. "cps", "rr_1b", "bulk"); rows left without a
+    /// metric are skipped.
+    #[arg(long)]
+    pub metric: Option<String>,
     /// Seconds to wait for a quiet machine before each measurement (then it runs, marked invalid).
     #[arg(long, default_value_t = 5)]
     pub quiet_wait: u64,
@@ -149,7 +153,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.runs,
         &release.join("bench_publish"),
         false,
-        args.only.as_deref(),
+        Filter {
+            row: args.only.as_deref(),
+            metric: args.metric.as_deref(),
+        },
     )?;
     if !args.no_report {
         report::write(&results, &util::workspace_root(), &stamp)?;
@@ -188,7 +195,7 @@ pub fn smoke(proxy: Option<&Path>) -> anyhow::Result<()> {
         secs: 0.3,
         quiet_wait: Duration::ZERO,
     };
-    let results = execute(&env, plan::rows(true), 1, &publish, true, None)?;
+    let results = execute(&env, plan::rows(true), 1, &publish, true, Filter::default())?;
     report::write(&results, &dir, &stamp)?;
     let errors: Vec<_> = results
         .samples
@@ -209,6 +216,13 @@ pub fn smoke(proxy: Option<&Path>) -> anyhow::Result<()> {
     }
     step("benchmark harness smoke run passed (numbers are not judged)");
     Ok(())
+}
+
+/// Which rows and metrics a run measures (`--only`, `--metric`); `None` is all.
+#[derive(Clone, Copy, Default)]
+pub struct Filter<'a> {
+    pub row: Option<&'a str>,
+    pub metric: Option<&'a str>,
 }
 
 /// Everything one invocation measured, as kept in `bench-results/<timestamp>/results.json`.
@@ -233,7 +247,7 @@ fn execute(
     runs: u32,
     publish_bin: &Path,
     smoke: bool,
-    only: Option<&str>,
+    only: Filter<'_>,
 ) -> anyhow::Result<Results> {
     fs::create_dir_all(&env.dir)?;
     sys::catch_signals();
@@ -260,8 +274,18 @@ fn execute(
     rows.extend(
         extra
             .into_iter()
-            .filter(|r| only.is_none_or(|o| r.id.contains(o))),
+            .filter(|r| only.row.is_none_or(|o| r.id.contains(o))),
     );
+    if let Some(key) = only.metric {
+        for r in &mut rows {
+            r.metrics.retain(|m| m.key().contains(key));
+        }
+        rows.retain(|r| !r.metrics.is_empty());
+        if rows.is_empty() {
+            let _ = fs::remove_dir_all(&env.dir);
+            bail!("no row measures a metric whose key contains {key:?}");
+        }
+    }
     let nofile = sys::raise_nofile(65536);
     // 10,000 idle connections through a proxy need 20,000 descriptors in it, plus its own.
     let idle_max =
@@ -324,7 +348,13 @@ fn execute(
         if sys::interrupted() {
             bail!("interrupted; everything the benchmark started has been stopped and removed");
         }
-        samples.extend(plan::extras(env, run, publish_bin, smoke));
+        // The publish and health measurements, unless --metric names neither.
+        if only
+            .metric
+            .is_none_or(|k| ["publish_10k", "health_10k"].iter().any(|e| e.contains(k)))
+        {
+            samples.extend(plan::extras(env, run, publish_bin, smoke));
+        }
         fs::write(
             env.dir.join("samples.partial.json"),
             serde_json::to_vec(&samples)?,

@@ -50,8 +50,8 @@ pub struct Args {
     /// Only rows whose id contains this (e.g. "S1", "veth").
     #[arg(long)]
     pub only: Option<String>,
-    /// Only metrics whose key contains this (e.g. "cps", "rr_1b", "bulk"); rows left without a
-    /// metric are skipped.
+    /// Only metrics whose key contains this, or one of these if comma-separated (e.g. "cps",
+    /// "rr_1b", "bulk,cps"); rows left without a metric are skipped.
     #[arg(long)]
     pub metric: Option<String>,
     /// Seconds to wait for a quiet machine before each measurement (then it runs, marked invalid).
@@ -278,7 +278,8 @@ fn execute(
     );
     if let Some(key) = only.metric {
         for r in &mut rows {
-            r.metrics.retain(|m| m.key().contains(key));
+            r.metrics
+                .retain(|m| key.split(',').any(|k| m.key().contains(k)));
         }
         rows.retain(|r| !r.metrics.is_empty());
         if rows.is_empty() {
@@ -349,10 +350,10 @@ fn execute(
             bail!("interrupted; everything the benchmark started has been stopped and removed");
         }
         // The publish and health measurements, unless --metric names neither.
-        if only
-            .metric
-            .is_none_or(|k| ["publish_10k", "health_10k"].iter().any(|e| e.contains(k)))
-        {
+        if only.metric.is_none_or(|k| {
+            k.split(',')
+                .any(|k| ["publish_10k", "health_10k"].iter().any(|e| e.contains(k)))
+        }) {
             samples.extend(plan::extras(env, run, publish_bin, smoke));
         }
         fs::write(

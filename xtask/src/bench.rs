@@ -225,6 +225,15 @@ pub struct Filter<'a> {
     pub metric: Option<&'a str>,
 }
 
+impl Filter<'_> {
+    /// Whether metric `key` is measured: no `--metric`, or one of its comma-separated parts is
+    /// in `key`.
+    fn wants_metric(&self, key: &str) -> bool {
+        self.metric
+            .is_none_or(|keys| keys.split(',').any(|k| key.contains(k)))
+    }
+}
+
 /// Everything one invocation measured, as kept in `bench-results/<timestamp>/results.json`.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Results {
@@ -278,8 +287,7 @@ fn execute(
     );
     if let Some(key) = only.metric {
         for r in &mut rows {
-            r.metrics
-                .retain(|m| key.split(',').any(|k| m.key().contains(k)));
+            r.metrics.retain(|m| only.wants_metric(&m.key()));
         }
         rows.retain(|r| !r.metrics.is_empty());
         if rows.is_empty() {
@@ -350,10 +358,7 @@ fn execute(
             bail!("interrupted; everything the benchmark started has been stopped and removed");
         }
         // The publish and health measurements, unless --metric names neither.
-        if only.metric.is_none_or(|k| {
-            k.split(',')
-                .any(|k| ["publish_10k", "health_10k"].iter().any(|e| e.contains(k)))
-        }) {
+        if only.wants_metric("publish_10k") || only.wants_metric("health_10k") {
             samples.extend(plan::extras(env, run, publish_bin, smoke));
         }
         fs::write(

@@ -228,7 +228,7 @@ impl Unit {
 
 /// The proxy rows (S3's four proxies, S4, S5) are judged against each other, and the machine
 /// drifts by more than their differences over the minutes between two rows of a shuffled run
-/// (a row's ratio to S0 moved by a tenth between runs). So the proxy rows of one path run as
+/// (the S0 row they were divided by moved by up to a third between runs). So the proxy rows of one path run as
 /// one unit, metric by metric: each metric is measured for every row of the unit in a random
 /// order before the next metric, and the targets compare the rows run by run.
 fn side_by_side(r: &Row) -> bool {

@@ -36,7 +36,7 @@ use std::{
     sync::{Arc, atomic::Ordering},
 };
 
-use tokio::{net::TcpListener, task::JoinHandle};
+use tokio::task::JoinHandle;
 use tracing::info;
 
 pub use proxy_core::config::proxy::{ProxyConfig, ProxyProtocolMode, SpliceMode, defaults};
@@ -114,6 +114,12 @@ impl ServiceTable {
             })
             .collect()
     }
+}
+
+/// The current connection's span, when debug logging is on: `Span::current` asks the
+/// subscriber, which every connection would pay for at the default level for nothing.
+fn conn_span() -> Option<tracing::Span> {
+    tracing::enabled!(tracing::Level::DEBUG).then(tracing::Span::current)
 }
 
 fn canonical(a: SocketAddr) -> SocketAddr {
@@ -236,6 +242,7 @@ pub async fn serve(config: ProxyConfig, deps: ProxyDeps) -> Result<ProxyHandle, 
     for &addr in &config.listeners {
         let l = listener::bind(addr).map_err(|source| ProxyError::Bind { addr, source })?;
         let local = l
+            .get_ref()
             .local_addr()
             .map_err(|source| ProxyError::Bind { addr, source })?;
         bound.push((l, local));
@@ -254,7 +261,7 @@ pub async fn serve(config: ProxyConfig, deps: ProxyDeps) -> Result<ProxyHandle, 
     let (trigger, watcher) = drain::channel();
     let accept_tasks = bound
         .into_iter()
-        .map(|(l, _): (TcpListener, _)| {
+        .map(|(l, _): (listener::Listener, _)| {
             tokio::spawn(listener::accept_loop(l, shared.clone(), watcher.clone()))
         })
         .collect();

@@ -11,6 +11,7 @@
 use std::{
     future::Future,
     io,
+    os::fd::AsFd,
     sync::atomic::{AtomicU64, Ordering},
     task::{Context, Poll, ready},
 };
@@ -78,10 +79,13 @@ pub struct Meter<'a> {
 }
 
 /// Copies until both directions are done, a side fails, or `close` resolves with a reason.
-/// Returns the bytes moved either way, with the error if it did not end cleanly.
+/// `unsent` holds bytes already read from the client and not yet written upstream (see
+/// [`read_now`]): they go first. Returns the bytes moved either way (`unsent` counted when
+/// written), with the error if it did not end cleanly.
 pub async fn bidirectional(
     client: TcpStream,
     upstream: TcpStream,
+    unsent: Vec<u8>,
     meter: Meter<'_>,
     close: impl Future<Output = &'static str>,
 ) -> (Copied, Result<(), CopyError>) {
@@ -92,6 +96,7 @@ pub async fn bidirectional(
         let up = one_way(
             &mut client_rd,
             &mut upstream_wr,
+            unsent,
             meter.tx,
             &mut copied.sent,
             ("client", "upstream"),
@@ -99,6 +104,7 @@ pub async fn bidirectional(
         let down = one_way(
             &mut upstream_rd,
             &mut client_wr,
+            Vec::new(),
             meter.rx,
             &mut copied.received,
             ("upstream", "client"),
@@ -129,7 +135,8 @@ pub async fn bidirectional(
     (copied, result)
 }
 
-/// One direction: read from `from`, write to `to`, until `from` ends; then FIN `to`.
+/// One direction: write what `buf` holds, then read from `from` and write to `to` until
+/// `from` ends; then FIN `to`.
 ///
 /// A direction holds a buffer only while it moves data: a small buffer is let go when there is
 /// nothing more to read (to the thread's [`spare`] buffers), and taken again when the socket
@@ -139,21 +146,25 @@ pub async fn bidirectional(
 async fn one_way(
     from: &mut OwnedReadHalf,
     to: &mut OwnedWriteHalf,
+    mut buf: Vec<u8>,
     meter: &AtomicU64,
     total: &mut u64,
     (from_name, to_name): (&'static str, &'static str),
 ) -> Result<(), CopyError> {
     let mut size = INITIAL_BUFFER_SIZE;
-    let mut buf: Vec<u8> = Vec::new();
     let mut full_reads = 0u32;
     loop {
-        let n = std::future::poll_fn(|cx| poll_fill(from, &mut buf, size, cx))
-            .await
-            .map_err(|source| CopyError::Io {
-                side: from_name,
-                op: "read",
-                source,
-            })?;
+        let n = if buf.is_empty() {
+            std::future::poll_fn(|cx| poll_fill(from, &mut buf, size, cx))
+                .await
+                .map_err(|source| CopyError::Io {
+                    side: from_name,
+                    op: "read",
+                    source,
+                })?
+        } else {
+            buf.len()
+        };
         if n == 0 {
             // End of stream: pass the FIN on. The peer may be gone already (it reset while we
             // read); that is not this direction's failure.
@@ -244,9 +255,38 @@ mod spare {
     }
 }
 
+/// What the client has sent already, read without waiting for the event loop: a buffer from
+/// the thread's spare ones, or an empty one when nothing is there yet or the stream has ended
+/// (the copy's first read then finds the end again). An error (a reset) is returned: the
+/// kernel reports it once, so the caller must act on it as the copy would.
+pub fn read_now(client: &impl AsFd) -> io::Result<Vec<u8>> {
+    let mut buf = spare::take();
+    let sock = socket2::SockRef::from(client);
+    match sock.recv_with_flags(buf.spare_capacity_mut(), libc::MSG_DONTWAIT) {
+        // SAFETY: recv initialised the first `n` bytes of the spare capacity.
+        Ok(n) if n > 0 => unsafe { buf.set_len(n) },
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+        Err(e) => {
+            spare::put(buf);
+            return Err(e);
+        }
+    }
+    if buf.is_empty() {
+        spare::put(buf);
+        return Ok(Vec::new());
+    }
+    Ok(buf)
+}
+
+/// Gives a buffer from [`read_now`] back to the thread's spare ones.
+pub fn recycle(buf: Vec<u8>) {
+    spare::put(buf);
+}
+
 /// Makes the socket's close send a reset (`SO_LINGER` 0).
-pub fn abort(stream: &TcpStream) {
-    let _ = stream.set_zero_linger();
+pub fn abort(stream: &impl AsFd) {
+    let _ = socket2::SockRef::from(stream).set_linger(Some(std::time::Duration::ZERO));
 }
 
 #[cfg(test)]
@@ -275,8 +315,14 @@ mod tests {
         let copy = tokio::spawn(async move {
             let (tx, rx) = (AtomicU64::new(0), AtomicU64::new(0));
             let meter = Meter { tx: &tx, rx: &rx };
-            let out =
-                bidirectional(client_side, upstream_side, meter, std::future::pending()).await;
+            let out = bidirectional(
+                client_side,
+                upstream_side,
+                Vec::new(),
+                meter,
+                std::future::pending(),
+            )
+            .await;
             (out, tx.load(Ordering::Relaxed))
         });
         (app, server, copy)
@@ -393,12 +439,76 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn unsent_bytes_go_first_and_are_counted() {
+        let (mut app, client_side) = pair().await;
+        let (upstream_side, mut server) = pair().await;
+        let copy = tokio::spawn(async move {
+            let (tx, rx) = (AtomicU64::new(0), AtomicU64::new(0));
+            let meter = Meter { tx: &tx, rx: &rx };
+            let unsent = b"early".to_vec();
+            let out = bidirectional(
+                client_side,
+                upstream_side,
+                unsent,
+                meter,
+                std::future::pending(),
+            )
+            .await;
+            (out, tx.load(Ordering::Relaxed))
+        });
+        app.write_all(b" and late").await.unwrap();
+        app.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        server.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"early and late");
+        drop(server);
+        let ((copied, result), tx) = copy.await.unwrap();
+        result.unwrap();
+        assert_eq!((copied.sent, tx), (14, 14));
+    }
+
+    #[tokio::test]
+    async fn read_now_takes_what_is_there_and_reports_a_reset() {
+        let (mut app, client_side) = pair().await;
+        assert!(
+            read_now(&client_side).unwrap().is_empty(),
+            "nothing sent yet"
+        );
+        app.write_all(b"hello").await.unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let got = loop {
+            let got = read_now(&client_side).unwrap();
+            if !got.is_empty() || std::time::Instant::now() > deadline {
+                break got;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        };
+        assert_eq!(got, b"hello");
+        app.set_zero_linger().unwrap();
+        drop(app);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let err = loop {
+            match read_now(&client_side) {
+                Err(e) => break e,
+                Ok(b) if b.is_empty() && std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                Ok(b) => panic!("no reset reported (got {b:?})"),
+            }
+        };
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionReset);
+    }
+
+    #[tokio::test]
     async fn forced_close_resets_both() {
         let (mut app, client_side) = pair().await;
         let (upstream_side, mut server) = pair().await;
         let (tx, rx) = (AtomicU64::new(0), AtomicU64::new(0));
         let meter = Meter { tx: &tx, rx: &rx };
-        let (_, result) = bidirectional(client_side, upstream_side, meter, async { "test" }).await;
+        let (_, result) = bidirectional(client_side, upstream_side, Vec::new(), meter, async {
+            "test"
+        })
+        .await;
         assert!(matches!(result, Err(CopyError::Closed("test"))));
         let mut b = [0u8; 1];
         let e = app.read(&mut b).await.unwrap_err();

@@ -1,10 +1,18 @@
 //! The listener: accepts redirected connections, finds each one's original destination, refuses
 //! what has none, and hands the rest to the TCP or HTTP path, each in a span of its own.
 
-use std::{io, net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    io,
+    net::SocketAddr,
+    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd},
+    sync::Arc,
+    time::Duration,
+};
 
+use socket2::{Domain, SockAddr, Socket, Type};
 use tokio::{
-    net::{TcpListener, TcpSocket, TcpStream},
+    io::{Interest, unix::AsyncFd},
+    net::TcpStream,
     time::Instant,
 };
 use tracing::{Instrument, debug, debug_span, field, warn};
@@ -21,62 +29,139 @@ use super::{
 
 /// Pending connections the kernel queues per listener before `accept()` (redirected
 /// connections arrive in bursts when an application opens a pool).
-const BACKLOG: u32 = 1024;
+const BACKLOG: i32 = 1024;
 /// Pause after a failed `accept()` (EMFILE and the like) so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
+/// A bound listener, registered with the event loop for readability; the sockets it accepts
+/// are not (see [`Client`]).
+pub(super) type Listener = AsyncFd<std::net::TcpListener>;
+
 /// Binds one listener address (IPv6 addresses are v6-only, so `[::]` and `0.0.0.0` can both be
 /// configured).
-pub(super) fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
-    let socket = match addr {
-        SocketAddr::V4(_) => TcpSocket::new_v4()?,
-        SocketAddr::V6(_) => {
-            let s = TcpSocket::new_v6()?;
-            socket2::SockRef::from(&s).set_only_v6(true)?;
-            s
+pub(super) fn bind(addr: SocketAddr) -> io::Result<Listener> {
+    let socket = Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM.nonblocking().cloexec(),
+        None,
+    )?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.set_tcp_nodelay(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(BACKLOG)?;
+    let listener: std::net::TcpListener = socket.into();
+    // SAFETY: the std listener owns its descriptor, which stays open and the same until the
+    // AsyncFd (its only owner from here) is dropped.
+    Ok(unsafe { AsyncFd::register_with_interest(listener, Interest::READABLE) }?)
+}
+
+/// An accepted connection's socket. It joins the event loop only when a task first waits on
+/// it: the TCP path reads what the client has sent already and passes it on before that, so a
+/// socket whose first bytes were taken that way brings no stale readiness (and no wasted
+/// wakeup) with it.
+pub(super) enum Client {
+    /// Not registered yet.
+    Raw(std::net::TcpStream),
+    /// Registered (a PROXY protocol header was read from it).
+    Registered(TcpStream),
+}
+
+impl Client {
+    /// The socket, registered with the event loop.
+    pub(super) fn register(self) -> io::Result<TcpStream> {
+        match self {
+            Self::Raw(s) => TcpStream::from_std(s),
+            Self::Registered(s) => Ok(s),
         }
+    }
+}
+
+impl AsFd for Client {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Self::Raw(s) => s.as_fd(),
+            Self::Registered(s) => s.as_fd(),
+        }
+    }
+}
+
+/// `accept4()` with `SOCK_NONBLOCK`: the socket is ready for the event loop without another
+/// system call, and is not registered with it yet.
+fn accept_now(listener: &std::net::TcpListener) -> io::Result<(std::net::TcpStream, SocketAddr)> {
+    // SAFETY: accept4 writes at most `len` bytes of address into the storage it is given and
+    // returns a new descriptor (owned by the TcpStream from here) or -1.
+    let (fd, peer) = unsafe {
+        SockAddr::try_init(|storage, len| {
+            let fd = libc::accept4(
+                listener.as_raw_fd(),
+                storage.cast(),
+                len,
+                libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            );
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(std::net::TcpStream::from_raw_fd(fd))
+        })?
     };
-    socket.set_reuseaddr(true)?;
-    socket.set_nodelay(true)?;
-    socket.bind(addr)?;
-    socket.listen(BACKLOG)
+    let peer = peer
+        .as_socket()
+        .ok_or_else(|| io::Error::other("accepted a connection from a non-IP address"))?;
+    Ok((fd, peer))
 }
 
 /// Accepts until draining starts, then drops the listener (new connects are refused).
-pub(super) async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, drain: DrainWatcher) {
+pub(super) async fn accept_loop(listener: Listener, shared: Arc<Shared>, drain: DrainWatcher) {
     // A listener on one address gives every accepted socket that local address: no
     // getsockname per connection (a wildcard listener still asks each socket).
     let local = listener
+        .get_ref()
         .local_addr()
         .ok()
         .filter(|a| !a.ip().is_unspecified());
+    // One wait for the drain, not one per accept: each new one would register with the
+    // phase channel and leave it again.
+    let draining = drain.draining();
+    tokio::pin!(draining);
     loop {
-        let accepted = tokio::select! {
+        let mut ready = tokio::select! {
             biased;
-            () = drain.draining() => return,
-            accepted = listener.accept() => accepted,
+            () = &mut draining => return,
+            ready = listener.readable() => match ready {
+                Ok(guard) => guard,
+                Err(err) => {
+                    warn!(%err, "waiting on the proxy listener failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
         };
-        match accepted {
-            Ok((stream, peer)) => {
+        match ready.try_io(|l| accept_now(l.get_ref())) {
+            Ok(Ok((stream, peer))) => {
                 tokio::spawn(handle(
-                    stream,
+                    Client::Raw(stream),
                     ClientAddr(peer),
                     local,
                     shared.clone(),
                     drain.clone(),
                 ));
             }
-            Err(err) => {
+            Ok(Err(err)) => {
                 warn!(%err, "accept on the proxy listener failed");
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
             }
+            // Nothing left to accept: the readiness was cleared, wait for the next.
+            Err(_would_block) => {}
         }
     }
 }
 
 /// One accepted connection, from its original destination to its end.
 async fn handle(
-    mut stream: TcpStream,
+    stream: Client,
     client: ClientAddr,
     local: Option<SocketAddr>,
     shared: Arc<Shared>,
@@ -95,16 +180,28 @@ async fn handle(
         spliced = field::Empty,
         duration_ms = field::Empty,
     );
-    let start = Instant::now();
+    // The span's fields are filled in only when it is enabled: the default level pays neither
+    // the clock nor the subscriber's lookup of the current span.
+    let start = (!span.is_disabled()).then(Instant::now);
+    let recorder = span.clone();
     async {
         // TCP_NODELAY came with the socket: accept() copies it from the listener (`bind`).
-        let Some(orig) = original_destination(&mut stream, client, local, &shared).await else {
+        let (stream, orig) = match original_destination(stream, client, local, &shared).await {
+            Ok(found) => found,
+            Err(err) => {
+                warn!(%err, "could not register a connection with the event loop");
+                return;
+            }
+        };
+        let Some(orig) = orig else {
             ProxyStats::inc(&shared.stats.downstream_cx_no_original_dst);
             debug!("no original destination: refused");
             copy::abort(&stream);
             return;
         };
-        tracing::Span::current().record("orig_dst", field::display(orig));
+        if start.is_some() {
+            recorder.record("orig_dst", field::display(orig));
+        }
         match shared.services.get(orig.0).cloned() {
             None => {
                 ProxyStats::inc(&shared.stats.downstream_cx_no_route);
@@ -117,10 +214,14 @@ async fn handle(
             Some(Service::Tcp(cluster)) => {
                 tcp::forward(stream, tcp::Target::Cluster(cluster), &shared, &drain).await;
             }
-            Some(service) => http::serve(stream, orig, service, shared.clone(), &drain).await,
+            Some(service) => match stream.register() {
+                Ok(stream) => http::serve(stream, orig, service, shared.clone(), &drain).await,
+                Err(err) => warn!(%err, "could not register a connection with the event loop"),
+            },
         }
-        let ms = start.elapsed().as_millis() as u64;
-        tracing::Span::current().record("duration_ms", ms);
+        if let Some(start) = start {
+            recorder.record("duration_ms", start.elapsed().as_millis() as u64);
+        }
         debug!("connection closed");
     }
     .instrument(span)
@@ -129,66 +230,87 @@ async fn handle(
 
 /// The destination the client dialled: from a PROXY protocol header when configured, else
 /// (when enabled) `SO_ORIGINAL_DST`, else the kernel's map. A destination that is the proxy
-/// itself counts as unknown.
+/// itself counts as unknown. An error means the socket could not join the event loop to read
+/// the PROXY header (it is closed).
 async fn original_destination(
-    stream: &mut TcpStream,
+    stream: Client,
     client: ClientAddr,
     local: Option<SocketAddr>,
     shared: &Shared,
-) -> Option<OrigDstAddr> {
+) -> io::Result<(Client, Option<OrigDstAddr>)> {
     let config = &shared.config;
-    let dst = if config.proxy_protocol != ProxyProtocolMode::Off {
+    let (stream, dst) = if config.proxy_protocol != ProxyProtocolMode::Off {
+        let mut stream = stream.register()?;
         let header = proxy_protocol::read_header(
-            stream,
+            &mut stream,
             config.proxy_protocol,
             config.proxy_protocol_timeout,
         )
         .await;
-        match header {
+        let dst = match header {
             Ok(h) => h.destination,
             Err(err) => {
                 ProxyStats::inc(&shared.stats.downstream_cx_proxy_proto_error);
                 debug!(%err, "PROXY protocol header rejected");
                 None
             }
-        }
+        };
+        (Client::Registered(stream), dst)
     } else {
         let local = match local {
-            Some(l) => l,
-            None => stream.local_addr().ok()?,
+            Some(l) => Some(l),
+            None => socket2::SockRef::from(&stream)
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_socket()),
+        };
+        let Some(local) = local else {
+            return Ok((stream, None));
         };
         // With `iptables_redirect` NAT is what the user runs, so its answer is asked first: a
         // REDIRECTed connection then costs one getsockopt and no bpf syscall. A connection the
         // kernel redirected has no NAT entry (or, when conntrack follows it, one whose original
         // destination is this listener itself) and goes on to the kernel's map.
-        let nat = || so_original_dst_at(stream, local).filter(|d| *d != local);
-        config
+        let nat = || so_original_dst_at(&stream, local).filter(|d| *d != local);
+        let dst = config
             .iptables_redirect
             .then(nat)
             .flatten()
-            .or_else(|| shared.original_dst.lookup(client.0, local))
+            .or_else(|| shared.original_dst.lookup(client.0, local));
+        (stream, dst)
     };
-    let dst = dst?;
-    if shared.is_self(dst) {
-        debug!(%dst, "original destination is the proxy itself: refused");
-        return None;
-    }
-    Some(OrigDstAddr(dst))
+    let dst = match dst {
+        Some(dst) if shared.is_self(dst) => {
+            debug!(%dst, "original destination is the proxy itself: refused");
+            None
+        }
+        dst => dst.map(OrigDstAddr),
+    };
+    Ok((stream, dst))
 }
 
 #[cfg(test)]
 mod tests {
+    use std::io::Read;
+
     use super::*;
 
     #[tokio::test]
-    async fn accepted_sockets_inherit_nodelay() {
+    async fn accepted_sockets_inherit_nodelay_and_are_nonblocking() {
         let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
-        assert!(
-            !client.unwrap().nodelay().unwrap(),
-            "a socket starts with Nagle on"
-        );
-        assert!(accepted.unwrap().0.nodelay().unwrap());
+        let addr = listener.get_ref().local_addr().unwrap();
+        let client = TcpStream::connect(addr).await.unwrap();
+        assert!(!client.nodelay().unwrap(), "a socket starts with Nagle on");
+        let mut ready = listener.readable().await.unwrap();
+        let (accepted, peer) = ready
+            .try_io(|l| accept_now(l.get_ref()))
+            .expect("readable")
+            .expect("accepted");
+        assert_eq!(peer, client.local_addr().unwrap());
+        assert!(accepted.nodelay().unwrap());
+        let mut buf = [0u8; 1];
+        let err = (&accepted).read(&mut buf).expect_err("nothing sent yet");
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock, "SOCK_NONBLOCK");
+        assert!(Client::Raw(accepted).register().is_ok());
     }
 }

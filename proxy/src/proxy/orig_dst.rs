@@ -102,7 +102,10 @@ pub fn so_original_dst(stream: &TcpStream) -> Option<SocketAddr> {
 }
 
 /// [`so_original_dst`] of a socket whose local address is known (`local` picks the option).
-pub(super) fn so_original_dst_at(stream: &TcpStream, local: SocketAddr) -> Option<SocketAddr> {
+pub(super) fn so_original_dst_at(
+    stream: &impl std::os::fd::AsFd,
+    local: SocketAddr,
+) -> Option<SocketAddr> {
     let sock = socket2::SockRef::from(stream);
     let addr = match local {
         SocketAddr::V4(_) => sock.original_dst_v4(),

@@ -229,8 +229,19 @@ pub async fn connect_tcp(
     stats: &ProxyStats,
 ) -> Result<TcpStream, ConnectError> {
     ProxyStats::inc(&stats.upstream_cx_total);
-    let result = match tokio::time::timeout(timeout, TcpStream::connect(host.0)).await {
-        Ok(Ok(stream)) => return Ok(stream),
+    within_connect_timeout(host, timeout, stats, TcpStream::connect(host.0)).await
+}
+
+/// Awaits a connect to `host` for at most `timeout`; a failure is counted
+/// (`upstream_cx_connect_fail`, and `upstream_cx_connect_timeout` for a timeout).
+pub(super) async fn within_connect_timeout<T>(
+    host: BackendAddr,
+    timeout: Duration,
+    stats: &ProxyStats,
+    connecting: impl Future<Output = io::Result<T>>,
+) -> Result<T, ConnectError> {
+    let result = match tokio::time::timeout(timeout, connecting).await {
+        Ok(Ok(connected)) => return Ok(connected),
         Ok(Err(source)) => ConnectError::Connect { host, source },
         Err(_) => {
             ProxyStats::inc(&stats.upstream_cx_connect_timeout);

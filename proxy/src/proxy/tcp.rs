@@ -15,7 +15,7 @@ use super::{
     drain::DrainWatcher,
     listener::Client,
     orig_dst::{BackendAddr, HostLease, OrigDstAddr},
-    pool::{ConnectError, connect_tcp},
+    pool::{ConnectError, connect_tcp, within_connect_timeout},
     splice::{self, Baseline, SpliceError, SpliceGuard},
     stats::ProxyStats,
 };
@@ -230,18 +230,15 @@ async fn connect_with_first_bytes(
     }
     let upstream = TcpStream::from_std(socket.into()).map_err(failed)?;
     if !connected {
-        match tokio::time::timeout(timeout, upstream.writable()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(failed(e)),
-            Err(_) => {
-                ProxyStats::inc(&stats.upstream_cx_connect_timeout);
-                ProxyStats::inc(&stats.upstream_cx_connect_fail);
-                return Err(ConnectError::Timeout { host, timeout });
+        // tokio's connect: writable, then the connect's outcome from SO_ERROR.
+        let handshake = async {
+            upstream.writable().await?;
+            match upstream.take_error()? {
+                Some(e) => Err(e),
+                None => Ok(()),
             }
-        }
-        if let Some(e) = upstream.take_error().map_err(failed)? {
-            return Err(failed(e));
-        }
+        };
+        within_connect_timeout(host, timeout, stats, handshake).await?;
     }
     Ok(Started::Connected {
         upstream,

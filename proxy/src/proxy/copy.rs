@@ -76,6 +76,9 @@ pub struct Meter<'a> {
     pub tx: &'a AtomicU64,
     /// Bytes read from the upstream.
     pub rx: &'a AtomicU64,
+    /// Connections ended by a failed side (`upstream_cx_destroy_with_reset`). Counted before
+    /// the other side is reset, so whoever sees the reset also sees it counted.
+    pub resets: &'a AtomicU64,
 }
 
 /// Copies until both directions are done, a side fails, or `close` resolves with a reason.
@@ -123,6 +126,7 @@ pub async fn bidirectional(
         // The side whose read or write failed is dead already (a reset, an error): only the
         // other one needs SO_LINGER 0 to pass the reset on.
         Err(CopyError::Io { side, .. }) => {
+            meter.resets.fetch_add(1, Ordering::Relaxed);
             let alive = if *side == "client" {
                 &upstream
             } else {
@@ -291,7 +295,7 @@ pub fn abort(stream: &impl AsFd) {
 
 #[cfg(test)]
 mod tests {
-    use std::net::SocketAddr;
+    use std::{net::SocketAddr, sync::Arc};
 
     use tokio::net::TcpListener;
 
@@ -313,8 +317,12 @@ mod tests {
         let (app, client_side) = pair().await;
         let (upstream_side, server) = pair().await;
         let copy = tokio::spawn(async move {
-            let (tx, rx) = (AtomicU64::new(0), AtomicU64::new(0));
-            let meter = Meter { tx: &tx, rx: &rx };
+            let (tx, rx, resets) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+            let meter = Meter {
+                tx: &tx,
+                rx: &rx,
+                resets: &resets,
+            };
             let out = bidirectional(
                 client_side,
                 upstream_side,
@@ -443,8 +451,12 @@ mod tests {
         let (mut app, client_side) = pair().await;
         let (upstream_side, mut server) = pair().await;
         let copy = tokio::spawn(async move {
-            let (tx, rx) = (AtomicU64::new(0), AtomicU64::new(0));
-            let meter = Meter { tx: &tx, rx: &rx };
+            let (tx, rx, resets) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+            let meter = Meter {
+                tx: &tx,
+                rx: &rx,
+                resets: &resets,
+            };
             let unsent = b"early".to_vec();
             let out = bidirectional(
                 client_side,
@@ -503,17 +515,63 @@ mod tests {
     async fn forced_close_resets_both() {
         let (mut app, client_side) = pair().await;
         let (upstream_side, mut server) = pair().await;
-        let (tx, rx) = (AtomicU64::new(0), AtomicU64::new(0));
-        let meter = Meter { tx: &tx, rx: &rx };
+        let (tx, rx, resets) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+        let meter = Meter {
+            tx: &tx,
+            rx: &rx,
+            resets: &resets,
+        };
         let (_, result) = bidirectional(client_side, upstream_side, Vec::new(), meter, async {
             "test"
         })
         .await;
         assert!(matches!(result, Err(CopyError::Closed("test"))));
+        assert_eq!(resets.load(Ordering::Relaxed), 0, "a close is not a reset");
         let mut b = [0u8; 1];
         let e = app.read(&mut b).await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
         let e = server.read(&mut b).await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+    }
+
+    // Two workers: on one, the copy would run to its end before the test read the count.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reset_is_counted_before_the_other_side_sees_it() {
+        for app_resets in [true, false] {
+            let (app, client_side) = pair().await;
+            let (upstream_side, server) = pair().await;
+            let resets = Arc::new(AtomicU64::new(0));
+            let copy = tokio::spawn({
+                let resets = resets.clone();
+                async move {
+                    let (tx, rx) = (AtomicU64::new(0), AtomicU64::new(0));
+                    let meter = Meter {
+                        tx: &tx,
+                        rx: &rx,
+                        resets: &resets,
+                    };
+                    let close = std::future::pending();
+                    bidirectional(client_side, upstream_side, Vec::new(), meter, close).await
+                }
+            });
+            let (resetter, mut other) = if app_resets {
+                (app, server)
+            } else {
+                (server, app)
+            };
+            resetter.set_zero_linger().unwrap();
+            drop(resetter);
+            let mut b = [0u8; 1];
+            let e = other.read(&mut b).await.unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+            // No wait: the count came first.
+            assert_eq!(
+                resets.load(Ordering::Relaxed),
+                1,
+                "app resets: {app_resets}"
+            );
+            let (_, result) = copy.await.unwrap();
+            assert!(matches!(result, Err(CopyError::Io { .. })), "{result:?}");
+        }
     }
 }

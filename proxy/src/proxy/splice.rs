@@ -504,6 +504,9 @@ pub(super) async fn run(
         );
         drive(up, down, &*guard.0, close).await
     };
+    if let Err(CopyError::Io { .. }) = result {
+        meter.resets.fetch_add(1, Ordering::Relaxed);
+    }
     if result.is_err() {
         abort(&client);
         abort(&upstream);

@@ -74,7 +74,6 @@ pub(super) async fn forward(client: Client, target: Target, shared: &Shared, dra
             sent,
         }) => (upstream, unsent, sent),
         Ok(Started::ClientFailed(err)) => {
-            ProxyStats::inc(&stats.upstream_cx_destroy_with_reset);
             debug!(%err, "client failed before the upstream connection started: reset");
             return;
         }
@@ -126,6 +125,7 @@ pub(super) async fn forward(client: Client, target: Target, shared: &Shared, dra
     let meter = Meter {
         tx: &stats.upstream_cx_tx_bytes_total,
         rx: &stats.upstream_cx_rx_bytes_total,
+        resets: &stats.upstream_cx_destroy_with_reset,
     };
     let (copied, result) = match hand_to_kernel(&client, &upstream, shared) {
         Some((guard, base)) => {
@@ -151,10 +151,8 @@ pub(super) async fn forward(client: Client, target: Target, shared: &Shared, dra
     match result {
         Ok(()) => {}
         Err(CopyError::Closed(why)) => debug!(why, "connection closed by the proxy"),
-        Err(err @ CopyError::Io { .. }) => {
-            ProxyStats::inc(&stats.upstream_cx_destroy_with_reset);
-            debug!(%err, "connection reset");
-        }
+        // Counted in `upstream_cx_destroy_with_reset` by the copy, before the reset went on.
+        Err(err @ CopyError::Io { .. }) => debug!(%err, "connection reset"),
     }
 }
 
@@ -168,7 +166,7 @@ enum Started {
         sent: u64,
     },
     /// The client's socket failed (a reset) while the connection started; the upstream one
-    /// was reset.
+    /// was reset, and counted in `upstream_cx_destroy_with_reset`.
     ClientFailed(io::Error),
 }
 
@@ -205,6 +203,8 @@ async fn connect_with_first_bytes(
     let mut unsent = match copy::read_now(client) {
         Ok(bytes) => bytes,
         Err(err) => {
+            // Counted before the upstream socket closes with the reset.
+            ProxyStats::inc(&stats.upstream_cx_destroy_with_reset);
             let _ = socket.set_linger(Some(Duration::ZERO));
             return Ok(Started::ClientFailed(err));
         }
@@ -385,5 +385,9 @@ mod tests {
         };
         assert_eq!(err.kind(), io::ErrorKind::ConnectionReset);
         assert_eq!(stats.upstream_cx_tx_bytes_total.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            stats.upstream_cx_destroy_with_reset.load(Ordering::Relaxed),
+            1
+        );
     }
 }

@@ -30,8 +30,9 @@ pub enum Command {
         /// (the demo's: one STATIC cluster of three loopback hosts behind 127.77.0.1:80) is used.
         #[arg(long, short)]
         config: Option<PathBuf>,
-        /// Worker threads of the daemon's runtime, which runs the proxy, discovery and health
-        /// checking (Envoy's --concurrency). Default: the CPUs the daemon may run on.
+        /// Worker threads of the daemon's runtime (discovery, health checking, HTTP proxying),
+        /// and threads of the proxy's epoll engine (plain TCP proxying), each (Envoy's
+        /// --concurrency). Default: the CPUs the daemon may run on.
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
         concurrency: Option<u16>,
     },
@@ -128,7 +129,10 @@ mod tests {
     fn run_takes_a_worker_count_from_1_to_1024_and_defaults_to_none() {
         assert_eq!(concurrency(&[]).expect("no flag"), None);
         assert_eq!(concurrency(&["--concurrency", "1"]).expect("1"), Some(1));
-        assert_eq!(concurrency(&["--concurrency", "1024"]).expect("1024"), Some(1024));
+        assert_eq!(
+            concurrency(&["--concurrency", "1024"]).expect("1024"),
+            Some(1024)
+        );
         for bad in ["0", "1025", "two"] {
             let err = concurrency(&["--concurrency", bad]).expect_err(bad);
             assert!(err.to_string().contains("--concurrency"), "{bad}: {err}");

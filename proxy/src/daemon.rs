@@ -45,6 +45,9 @@ pub type SharedDataplane = Arc<Mutex<Option<Dataplane>>>;
 /// Runs the daemon until SIGINT or SIGTERM, then detaches and removes everything it created.
 /// `workers` is the runtime's thread count; by default one per CPU the daemon may run on.
 pub fn run(config: Config, workers: Option<usize>) -> anyhow::Result<()> {
+    if let Some(n) = workers {
+        crate::proxy::set_engine_threads(n);
+    }
     let workers = workers.unwrap_or_else(default_workers);
     tracing::debug!(workers, "runtime");
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -281,7 +284,11 @@ struct SpecTemplate {
 impl SpecTemplate {
     /// The templates of every service of `config`, in its order.
     fn all(config: &Config) -> Vec<Self> {
-        config.services.iter().map(|svc| Self::new(svc, config)).collect()
+        config
+            .services
+            .iter()
+            .map(|svc| Self::new(svc, config))
+            .collect()
     }
 
     fn new(svc: &Service, config: &Config) -> Self {
@@ -414,8 +421,11 @@ mod tests {
             "clusters:\n  - name: plain\n{endpoint}  - name: watched\n    outlier_detection: {{ consecutive_5xx: 3 }}\n{endpoint}  - name: hashed\n    lb_policy: MAGLEV\n{endpoint}services:\n  - {{ name: a, address: 127.77.0.1, port: 80, cluster: plain }}\n  - {{ name: b, address: 127.77.0.2, port: 80, cluster: watched }}\n  - {{ name: c, address: 127.77.0.3, port: 80, cluster: hashed }}\n  - {{ name: d, address: 127.77.0.4, port: 80, cluster: watched, mode: proxy }}\n"
         );
         let config = Config::parse(&yaml, Path::new("t.yaml")).expect("valid config");
-        let flags: Vec<u32> =
-            config.services.iter().map(|s| SpecTemplate::new(s, &config).flags).collect();
+        let flags: Vec<u32> = config
+            .services
+            .iter()
+            .map(|s| SpecTemplate::new(s, &config).flags)
+            .collect();
         assert_eq!(
             flags,
             [

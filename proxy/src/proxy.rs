@@ -20,6 +20,7 @@
 mod cluster;
 mod copy;
 mod drain;
+mod engine;
 mod http;
 mod listener;
 mod orig_dst;
@@ -36,10 +37,11 @@ use std::{
     sync::{Arc, atomic::Ordering},
 };
 
+pub use proxy_core::config::proxy::{
+    EventLoop, ProxyConfig, ProxyProtocolMode, SpliceMode, defaults,
+};
 use tokio::task::JoinHandle;
 use tracing::info;
-
-pub use proxy_core::config::proxy::{ProxyConfig, ProxyProtocolMode, SpliceMode, defaults};
 
 pub use self::{
     cluster::{ClusterHandle, DrainPolicy, HostClose, HostState, host_state},
@@ -161,6 +163,9 @@ pub enum ProxyError {
     /// No listener address was configured.
     #[error("no proxy listener address configured")]
     NoListener,
+    /// The epoll engine's threads could not start.
+    #[error("starting the proxy's epoll engine: {0}")]
+    Engine(#[source] std::io::Error),
 }
 
 /// State every connection task shares.
@@ -198,6 +203,7 @@ pub struct ProxyHandle {
     trigger: Option<DrainTrigger>,
     accept_tasks: Vec<JoinHandle<()>>,
     background: Vec<JoinHandle<()>>,
+    engine: Option<engine::Engine>,
     local_addrs: Vec<SocketAddr>,
 }
 
@@ -230,6 +236,22 @@ impl ProxyStatsHandle {
     }
 }
 
+/// Threads of the epoll engine (0: one per CPU the process may run on).
+static ENGINE_THREADS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Sets how many threads the epoll engine of proxies started from now on runs (the daemon's
+/// `--concurrency`); by default one per CPU the process may run on.
+pub fn set_engine_threads(n: usize) {
+    ENGINE_THREADS.store(n, Ordering::Relaxed);
+}
+
+fn engine_threads() -> usize {
+    match ENGINE_THREADS.load(Ordering::Relaxed) {
+        0 => std::thread::available_parallelism().map_or(2, usize::from),
+        n => n,
+    }
+}
+
 /// Binds the configured listeners and starts serving. Must run inside a tokio runtime.
 pub async fn serve(config: ProxyConfig, deps: ProxyDeps) -> Result<ProxyHandle, ProxyError> {
     if config.splice == SpliceMode::Kernel && deps.splicer.is_none() {
@@ -238,16 +260,33 @@ pub async fn serve(config: ProxyConfig, deps: ProxyDeps) -> Result<ProxyHandle, 
     if config.listeners.is_empty() {
         return Err(ProxyError::NoListener);
     }
+    // Plain TCP runs on the epoll engine; PROXY protocol listeners and kernel splicing keep
+    // the tokio path (HTTP services are handed to it from the engine's accept).
+    let engine_threads = (config.event_loop == EventLoop::Epoll
+        && config.splice == SpliceMode::Copy
+        && config.proxy_protocol == ProxyProtocolMode::Off)
+        .then(engine_threads);
     let mut bound = Vec::new();
+    let mut engine_sockets: Vec<Vec<std::net::TcpListener>> = Vec::new();
+    let mut local_addrs = Vec::new();
     for &addr in &config.listeners {
-        let l = listener::bind(addr).map_err(|source| ProxyError::Bind { addr, source })?;
-        let local = l
-            .get_ref()
-            .local_addr()
-            .map_err(|source| ProxyError::Bind { addr, source })?;
-        bound.push((l, local));
+        let bind_error = |source| ProxyError::Bind { addr, source };
+        match engine_threads {
+            Some(n) => {
+                let sockets = listener::bind_reuseport(addr, n).map_err(bind_error)?;
+                local_addrs.push(sockets[0].local_addr().map_err(bind_error)?);
+                engine_sockets.resize_with(sockets.len(), Vec::new);
+                for (thread, socket) in engine_sockets.iter_mut().zip(sockets) {
+                    thread.push(socket);
+                }
+            }
+            None => {
+                let l = listener::bind(addr).map_err(bind_error)?;
+                local_addrs.push(l.get_ref().local_addr().map_err(bind_error)?);
+                bound.push(l);
+            }
+        }
     }
-    let local_addrs: Vec<SocketAddr> = bound.iter().map(|(_, a)| *a).collect();
     let orig_dst_cluster = Arc::new(OriginalDstCluster::new(config.cleanup_interval));
     let shared = Arc::new(Shared {
         stats: Arc::default(),
@@ -261,21 +300,28 @@ pub async fn serve(config: ProxyConfig, deps: ProxyDeps) -> Result<ProxyHandle, 
     let (trigger, watcher) = drain::channel();
     let accept_tasks = bound
         .into_iter()
-        .map(|(l, _): (listener::Listener, _)| {
-            tokio::spawn(listener::accept_loop(l, shared.clone(), watcher.clone()))
-        })
+        .map(|l| tokio::spawn(listener::accept_loop(l, shared.clone(), watcher.clone())))
         .collect();
-    drop(watcher);
-    let background = vec![
+    let mut background = vec![
         tokio::spawn(orig_dst_cluster.run_cleanup()),
         tokio::spawn(sweep_pools(shared.clone())),
     ];
+    let engine = if engine_sockets.is_empty() {
+        None
+    } else {
+        let (engine, tasks) = engine::Engine::start(engine_sockets, shared.clone(), &watcher)
+            .map_err(ProxyError::Engine)?;
+        background.extend(tasks);
+        Some(engine)
+    };
+    drop(watcher);
     info!(listeners = ?local_addrs, "proxy listening");
     Ok(ProxyHandle {
         shared,
         trigger: Some(trigger),
         accept_tasks,
         background,
+        engine,
         local_addrs,
     })
 }
@@ -337,6 +383,9 @@ impl ProxyHandle {
         for t in self.accept_tasks.drain(..).chain(self.background.drain(..)) {
             t.abort();
         }
+        if let Some(engine) = self.engine.take() {
+            engine.stop();
+        }
         info!(?outcome, "proxy stopped");
         outcome
     }
@@ -347,6 +396,9 @@ impl Drop for ProxyHandle {
         // Without a graceful shutdown: stop accepting; the dropped trigger closes connections.
         for t in self.accept_tasks.iter().chain(&self.background) {
             t.abort();
+        }
+        if let Some(engine) = &self.engine {
+            engine.stop();
         }
     }
 }

@@ -153,20 +153,23 @@ async fn client_reset_reaches_the_server() {
 async fn unknown_original_destination_is_refused_never_relayed() {
     let server = TcpServer::start().await;
     let proxy = TestProxy::start(ProxyConfig::default(), passthrough()).await;
-    // Not in the table: what a direct connect to the listener looks like.
-    let mut direct = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    let _ = direct.write_all(b"GET / HTTP/1.1\r\n\r\n").await;
+    // Not in the table: what a direct connect to the listener looks like. A refusal may
+    // reach the connect itself (see `try_connect`).
     let mut b = [0u8; 16];
-    let r = tokio::time::timeout(WAIT, direct.read(&mut b))
-        .await
-        .expect("closed in time");
-    assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+    if let Ok(mut direct) = tokio::net::TcpStream::connect(proxy.addr).await {
+        let _ = direct.write_all(b"GET / HTTP/1.1\r\n\r\n").await;
+        let r = tokio::time::timeout(WAIT, direct.read(&mut b))
+            .await
+            .expect("closed in time");
+        assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+    }
     // A destination that is the proxy itself would loop: refused too.
-    let mut looped = proxy.connect(proxy.addr).await;
-    let r = tokio::time::timeout(WAIT, looped.read(&mut b))
-        .await
-        .expect("closed in time");
-    assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+    if let Ok(mut looped) = proxy.try_connect(proxy.addr).await {
+        let r = tokio::time::timeout(WAIT, looped.read(&mut b))
+            .await
+            .expect("closed in time");
+        assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+    }
     proxy.wait_stat("downstream_cx_no_original_dst", 2).await;
     assert_eq!(proxy.stat("upstream_cx_total"), 0);
     assert!(!server.accepts_within(Duration::from_millis(200)).await);
@@ -176,12 +179,13 @@ async fn unknown_original_destination_is_refused_never_relayed() {
 async fn destination_without_a_service_is_refused() {
     let server = TcpServer::start().await;
     let proxy = TestProxy::start(ProxyConfig::default(), ServiceTable::new()).await;
-    let mut c = proxy.connect(server.addr).await;
-    let mut b = [0u8; 1];
-    let r = tokio::time::timeout(WAIT, c.read(&mut b))
-        .await
-        .expect("closed in time");
-    assert!(matches!(r, Ok(0) | Err(_)));
+    if let Ok(mut c) = proxy.try_connect(server.addr).await {
+        let mut b = [0u8; 1];
+        let r = tokio::time::timeout(WAIT, c.read(&mut b))
+            .await
+            .expect("closed in time");
+        assert!(matches!(r, Ok(0) | Err(_)));
+    }
     proxy.wait_stat("downstream_cx_no_route", 1).await;
     assert!(!server.accepts_within(Duration::from_millis(200)).await);
 }
@@ -263,12 +267,13 @@ async fn original_dst_hosts_are_flushed_after_cleanup_interval() {
 async fn original_dst_unreachable_opens_nothing_and_resets_the_client() {
     let dead = proxy_support::dead_addr();
     let proxy = TestProxy::start(ProxyConfig::default(), passthrough()).await;
-    let mut c = proxy.connect(dead).await;
-    let mut b = [0u8; 1];
-    let r = tokio::time::timeout(WAIT, c.read(&mut b))
-        .await
-        .expect("closed in time");
-    assert!(matches!(r, Ok(0) | Err(_)));
+    if let Ok(mut c) = proxy.try_connect(dead).await {
+        let mut b = [0u8; 1];
+        let r = tokio::time::timeout(WAIT, c.read(&mut b))
+            .await
+            .expect("closed in time");
+        assert!(matches!(r, Ok(0) | Err(_)));
+    }
     proxy.wait_stat("upstream_cx_connect_fail", 1).await;
 }
 
@@ -457,4 +462,82 @@ async fn splice_kernel_mode_copies_when_the_splicer_refuses() {
     assert_eq!(stat("downstream_cx_splice_fallback"), 1);
     assert_eq!(stat("downstream_cx_splice_total"), 0);
     assert_eq!(stat("upstream_cx_tx_bytes_total"), 4);
+}
+
+#[tokio::test]
+async fn health_failure_closes_connections_only_when_configured() {
+    use proxy_core::{
+        discovery::Host,
+        health::{HostClass, Routing},
+    };
+    for close in [true, false] {
+        let (a, b) = (TcpServer::start().await, TcpServer::start().await);
+        let (hosts, checked) = cluster("checked", &[a.addr], true);
+        let vip = "127.77.0.3:80".parse().unwrap();
+        let mut services = ServiceTable::new();
+        services.insert(vip, Service::Tcp(checked));
+        let config = ProxyConfig {
+            close_connections_on_host_health_failure: close,
+            ..ProxyConfig::default()
+        };
+        let proxy = TestProxy::start(config, services).await;
+        let mut conn = proxy.connect(vip).await;
+        let mut up = a.accept().await;
+        // `a` fails its checks; `b` keeps the cluster out of panic.
+        hosts.send_replace(Routing::compute(
+            &[
+                (Host::new(a.addr), HostClass::Unhealthy),
+                (Host::new(b.addr), HostClass::Healthy),
+            ],
+            50.0,
+        ));
+        if close {
+            assert_eq!(
+                read_err_kind(&mut conn).await,
+                std::io::ErrorKind::ConnectionReset
+            );
+            proxy.wait_stat("upstream_cx_health_close", 1).await;
+        } else {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            conn.write_all(b"still").await.unwrap();
+            let mut buf = [0u8; 5];
+            up.read_exact(&mut buf).await.unwrap();
+            assert_eq!(&buf, b"still");
+            assert_eq!(proxy.stat("upstream_cx_health_close"), 0);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_connect_that_hangs_times_out_and_resets_the_client() {
+    // A listener whose accept queue is full drops further SYNs: connects to it hang.
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let full = socket.listen(0).unwrap();
+    let host = full.local_addr().unwrap();
+    let mut queued = Vec::new();
+    for _ in 0..2 {
+        if let Ok(Ok(s)) =
+            tokio::time::timeout(Duration::from_millis(300), TcpStream::connect(host)).await
+        {
+            queued.push(s);
+        }
+    }
+    let config = ProxyConfig {
+        connect_timeout: Duration::from_millis(300),
+        ..ProxyConfig::default()
+    };
+    let proxy = TestProxy::start(config, passthrough()).await;
+    let mut conn = proxy.connect(host).await;
+    let started = std::time::Instant::now();
+    let kind = read_err_kind(&mut conn).await;
+    assert_eq!(kind, std::io::ErrorKind::ConnectionReset);
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        started.elapsed()
+    );
+    proxy.wait_stat("upstream_cx_connect_timeout", 1).await;
+    assert_eq!(proxy.stat("upstream_cx_connect_fail"), 1);
+    drop((full, queued));
 }

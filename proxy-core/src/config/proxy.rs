@@ -107,6 +107,12 @@ pub struct ProxyConfig {
     /// the copy loop as the fallback when the kernel refuses a pair; HTTP is always copied).
     #[serde(default)]
     pub splice: SpliceMode,
+    /// What runs plain TCP connections (`splice: copy`, no PROXY protocol): `epoll` (default;
+    /// the proxy's own event loop, one thread per `--concurrency`, each with its own
+    /// `SO_REUSEPORT` socket per listener) or `tokio` (a task per connection on the daemon's
+    /// runtime). HTTP, PROXY protocol and `splice: kernel` always run on tokio.
+    #[serde(default)]
+    pub event_loop: EventLoop,
     /// The cluster for connections whose original destination is not a service (those that
     /// iptables `REDIRECT` or a PROXY header brought): typically an ORIGINAL_DST cluster. Unset:
     /// they are refused and counted `downstream_cx_no_route`.
@@ -129,6 +135,7 @@ impl Default for ProxyConfig {
             connect_timeout: defaults::connect_timeout(),
             pool_idle_timeout: defaults::pool_idle_timeout(),
             splice: SpliceMode::Copy,
+            event_loop: EventLoop::Epoll,
             fallback_cluster: None,
         }
     }
@@ -160,6 +167,17 @@ pub enum SpliceMode {
     Kernel,
 }
 
+/// What runs plain TCP connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventLoop {
+    /// The proxy's epoll engine.
+    #[default]
+    Epoll,
+    /// A tokio task per connection.
+    Tokio,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,10 +187,15 @@ mod tests {
         let c: ProxyConfig = serde_json::from_str("{}").unwrap();
         assert_eq!(c, ProxyConfig::default());
         assert_eq!(c.cleanup_interval, Duration::from_millis(5000));
-        let text = r#"{"drain_timeout": "250ms", "proxy_protocol": "v2", "listeners": ["127.0.0.1:1"]}"#;
+        let text =
+            r#"{"drain_timeout": "250ms", "proxy_protocol": "v2", "listeners": ["127.0.0.1:1"]}"#;
         let c: ProxyConfig = serde_json::from_str(text).unwrap();
         assert_eq!(c.drain_timeout, Duration::from_millis(250));
         assert_eq!(c.proxy_protocol, ProxyProtocolMode::V2);
+        assert_eq!(c.event_loop, EventLoop::Epoll);
+        let tokio: ProxyConfig = serde_json::from_str(r#"{"event_loop": "tokio"}"#).unwrap();
+        assert_eq!(tokio.event_loop, EventLoop::Tokio);
+        assert!(serde_json::from_str::<ProxyConfig>(r#"{"event_loop": "uring"}"#).is_err());
         assert_eq!(c.listeners, vec![SocketAddr::from(([127, 0, 0, 1], 1))]);
         let err = serde_json::from_str::<ProxyConfig>(r#"{"drain_timeoutt": "1s"}"#).unwrap_err();
         assert!(err.to_string().contains("unknown field"), "{err}");

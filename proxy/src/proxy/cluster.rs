@@ -135,6 +135,21 @@ impl ClusterHandle {
         &self.pool
     }
 
+    /// Whether `other` sees the same routing (the same cluster, not narrowed differently).
+    pub fn same_routing(&self, other: &Self) -> bool {
+        self.routing.same_channel(&other.routing)
+    }
+
+    /// A receiver of the routing, for a task that follows its changes.
+    pub fn routing_watch(&self) -> watch::Receiver<Routing> {
+        self.routing.clone()
+    }
+
+    /// Whether connections to a removed host are drained (not for LOGICAL_DNS).
+    pub fn drains_on_removal(&self) -> bool {
+        self.drain_on_removal
+    }
+
     /// Picks a host by weight (priorities and health as the kernel tables see them), avoiding
     /// `tried` when another host is available.
     pub fn pick(&self, tried: &[BackendAddr]) -> Option<BackendAddr> {
@@ -415,7 +430,10 @@ mod tests {
         let up = upstream("");
         up.initialized().wait_for(|i| *i).await.unwrap();
         let c = ClusterHandle::from_upstream(&up, Duration::from_secs(60));
-        assert!(c.passive.is_none(), "no channel: connect results change nothing");
+        assert!(
+            c.passive.is_none(),
+            "no channel: connect results change nothing"
+        );
         // Reporting is then a no-op, and both hosts stay routable.
         c.report_connect(addr("127.0.0.2:1"), false);
         c.report_connect(addr("127.0.0.2:1"), false);

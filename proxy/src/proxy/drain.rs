@@ -95,11 +95,35 @@ impl DrainWatcher {
     }
 
     async fn reached(&self, phase: Phase) {
-        let mut rx = self.phase.clone();
-        // A dropped trigger (the proxy is gone without a shutdown) counts as closing: an error
-        // here resolves just like reaching the phase.
-        let _ = rx.wait_for(|p| *p >= phase).await;
+        reached(&self.phase, phase).await
     }
+
+    /// The phases alone, for a task that passes them on and must not hold the shutdown up.
+    pub fn phases(&self) -> PhaseWatcher {
+        PhaseWatcher(self.phase.clone())
+    }
+}
+
+/// Sees the shutdown's phases like a [`DrainWatcher`], without being waited for.
+pub struct PhaseWatcher(watch::Receiver<Phase>);
+
+impl PhaseWatcher {
+    /// Resolves once draining has started.
+    pub async fn draining(&self) {
+        reached(&self.0, Phase::Draining).await
+    }
+
+    /// Resolves once the deadline has passed (or the trigger is gone).
+    pub async fn closing(&self) {
+        reached(&self.0, Phase::Closing).await
+    }
+}
+
+async fn reached(phase_rx: &watch::Receiver<Phase>, phase: Phase) {
+    let mut rx = phase_rx.clone();
+    // A dropped trigger (the proxy is gone without a shutdown) counts as closing: an error
+    // here resolves just like reaching the phase.
+    let _ = rx.wait_for(|p| *p >= phase).await;
 }
 
 #[cfg(test)]

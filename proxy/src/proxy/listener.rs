@@ -40,6 +40,26 @@ pub(super) type Listener = AsyncFd<std::net::TcpListener>;
 /// Binds one listener address (IPv6 addresses are v6-only, so `[::]` and `0.0.0.0` can both be
 /// configured).
 pub(super) fn bind(addr: SocketAddr) -> io::Result<Listener> {
+    let listener = bind_std(addr, false)?;
+    // SAFETY: the std listener owns its descriptor, which stays open and the same until the
+    // AsyncFd (its only owner from here) is dropped.
+    Ok(unsafe { AsyncFd::register_with_interest(listener, Interest::READABLE) }?)
+}
+
+/// The sockets of one listener address for `n` engine threads: `SO_REUSEPORT`, so the kernel
+/// spreads new connections over them, each accepted by one thread only. Port 0 becomes the
+/// first socket's port for all.
+pub(super) fn bind_reuseport(addr: SocketAddr, n: usize) -> io::Result<Vec<std::net::TcpListener>> {
+    let first = bind_std(addr, true)?;
+    let addr = first.local_addr()?;
+    let mut all = vec![first];
+    for _ in 1..n.max(1) {
+        all.push(bind_std(addr, true)?);
+    }
+    Ok(all)
+}
+
+fn bind_std(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net::TcpListener> {
     let socket = Socket::new(
         Domain::for_address(addr),
         Type::STREAM.nonblocking().cloexec(),
@@ -49,13 +69,13 @@ pub(super) fn bind(addr: SocketAddr) -> io::Result<Listener> {
         socket.set_only_v6(true)?;
     }
     socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
     socket.set_tcp_nodelay(true)?;
     socket.bind(&addr.into())?;
     socket.listen(BACKLOG)?;
-    let listener: std::net::TcpListener = socket.into();
-    // SAFETY: the std listener owns its descriptor, which stays open and the same until the
-    // AsyncFd (its only owner from here) is dropped.
-    Ok(unsafe { AsyncFd::register_with_interest(listener, Interest::READABLE) }?)
+    Ok(socket.into())
 }
 
 /// An accepted connection's socket. It joins the event loop only when a task first waits on
@@ -90,7 +110,9 @@ impl AsFd for Client {
 
 /// `accept4()` with `SOCK_NONBLOCK`: the socket is ready for the event loop without another
 /// system call, and is not registered with it yet.
-fn accept_now(listener: &std::net::TcpListener) -> io::Result<(std::net::TcpStream, SocketAddr)> {
+pub(super) fn accept_now(
+    listener: &std::net::TcpListener,
+) -> io::Result<(std::net::TcpStream, SocketAddr)> {
     // SAFETY: accept4 writes at most `len` bytes of address into the storage it is given and
     // returns a new descriptor (owned by the TcpStream from here) or -1.
     let (fd, peer) = unsafe {
@@ -257,36 +279,82 @@ async fn original_destination(
         };
         (Client::Registered(stream), dst)
     } else {
-        let local = match local {
-            Some(l) => Some(l),
-            None => socket2::SockRef::from(&stream)
-                .local_addr()
-                .ok()
-                .and_then(|a| a.as_socket()),
-        };
-        let Some(local) = local else {
-            return Ok((stream, None));
-        };
-        // With `iptables_redirect` NAT is what the user runs, so its answer is asked first: a
-        // REDIRECTed connection then costs one getsockopt and no bpf syscall. A connection the
-        // kernel redirected has no NAT entry (or, when conntrack follows it, one whose original
-        // destination is this listener itself) and goes on to the kernel's map.
-        let nat = || so_original_dst_at(&stream, local).filter(|d| *d != local);
-        let dst = config
-            .iptables_redirect
-            .then(nat)
-            .flatten()
-            .or_else(|| shared.original_dst.lookup(client.0, local));
+        let dst = nat_or_map(&stream, client, local, shared);
         (stream, dst)
     };
-    let dst = match dst {
+    Ok((stream, not_self(dst, shared)))
+}
+
+/// The original destination of a connection without a PROXY protocol header (the engine's
+/// accept; see [`original_destination`]).
+pub(super) fn redirected_destination(
+    stream: &impl AsFd,
+    client: ClientAddr,
+    local: Option<SocketAddr>,
+    shared: &Shared,
+) -> Option<OrigDstAddr> {
+    not_self(nat_or_map(stream, client, local, shared), shared)
+}
+
+fn nat_or_map(
+    stream: &impl AsFd,
+    client: ClientAddr,
+    local: Option<SocketAddr>,
+    shared: &Shared,
+) -> Option<SocketAddr> {
+    let local = match local {
+        Some(l) => Some(l),
+        None => socket2::SockRef::from(stream)
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket()),
+    };
+    let local = local?;
+    // With `iptables_redirect` NAT is what the user runs, so its answer is asked first: a
+    // REDIRECTed connection then costs one getsockopt and no bpf syscall. A connection the
+    // kernel redirected has no NAT entry (or, when conntrack follows it, one whose original
+    // destination is this listener itself) and goes on to the kernel's map.
+    let nat = || so_original_dst_at(stream, local).filter(|d| *d != local);
+    shared
+        .config
+        .iptables_redirect
+        .then(nat)
+        .flatten()
+        .or_else(|| shared.original_dst.lookup(client.0, local))
+}
+
+/// A destination that is the proxy itself counts as unknown (a connection to it would loop).
+fn not_self(dst: Option<SocketAddr>, shared: &Shared) -> Option<OrigDstAddr> {
+    match dst {
         Some(dst) if shared.is_self(dst) => {
             debug!(%dst, "original destination is the proxy itself: refused");
             None
         }
         dst => dst.map(OrigDstAddr),
-    };
-    Ok((stream, dst))
+    }
+}
+
+/// A connection the engine accepted for an HTTP service: the tokio path from here, like one
+/// accepted by [`accept_loop`].
+pub(super) async fn serve_http_accepted(
+    stream: std::net::TcpStream,
+    client: ClientAddr,
+    orig: OrigDstAddr,
+    service: Service,
+    shared: Arc<Shared>,
+    drain: DrainWatcher,
+) {
+    let _active = ActiveConnection::new(&shared.stats);
+    let span = debug_span!("proxy_conn", client = %client, orig_dst = %orig);
+    async {
+        match TcpStream::from_std(stream) {
+            Ok(stream) => http::serve(stream, orig, service, shared.clone(), &drain).await,
+            Err(err) => warn!(%err, "could not register a connection with the event loop"),
+        }
+        debug!("connection closed");
+    }
+    .instrument(span)
+    .await
 }
 
 #[cfg(test)]

@@ -67,6 +67,13 @@ impl TestProxy {
 
     /// Connects to the proxy as if the kernel had redirected a connect to `dst`.
     pub async fn connect(&self, dst: SocketAddr) -> TcpStream {
+        self.try_connect(dst).await.unwrap()
+    }
+
+    /// [`Self::connect`] for a connection the proxy refuses: its reset may arrive before the
+    /// connect has returned (the proxy's threads accept while this one waits), and then the
+    /// connect reports it.
+    pub async fn try_connect(&self, dst: SocketAddr) -> std::io::Result<TcpStream> {
         let socket = TcpSocket::new_v4().unwrap();
         socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let local = socket.local_addr().unwrap();
@@ -74,7 +81,6 @@ impl TestProxy {
         tokio::time::timeout(WAIT, socket.connect(self.addr))
             .await
             .expect("connect in time")
-            .unwrap()
     }
 
     /// A stat by name.

@@ -1,0 +1,931 @@
+//! The epoll engine: plain TCP connections (`splice: copy`, no PROXY protocol) run on a few
+//! threads of their own, each with an epoll instance and its own `SO_REUSEPORT` socket of every
+//! listener, instead of one tokio task per connection. An epoll event goes straight to the
+//! connection it belongs to: no task, no waker, no scheduler, no deregistration before close.
+//! A connection-rate test spends about a quarter less CPU per connection this way
+//! (BENCHMARKS.md, the follow-up of run 20261202T002841Z).
+//!
+//! What the engine does is what the tokio TCP path does (`tcp.rs`, `copy.rs`): the same start
+//! (accept, original destination, the client's first bytes sent with the connect), the same
+//! copy rules (half-close passed on, a reset passed on as a reset), the same stats, and the
+//! same ends: drain deadline of a removed host, close on health failure, shutdown's drain and
+//! deadline. HTTP services go to the tokio path from the engine's accept; the routing and
+//! shutdown signals come in from tokio tasks through a mailbox (a queue and an eventfd).
+
+use std::{
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap},
+    io,
+    net::SocketAddr,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+    sync::{Arc, Mutex, atomic::Ordering},
+    time::{Duration, Instant},
+};
+
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
+use tracing::{debug, warn};
+
+use super::{
+    Service, Shared,
+    cluster::{ClusterHandle, HostState},
+    copy,
+    drain::DrainWatcher,
+    listener,
+    orig_dst::{BackendAddr, ClientAddr, HostLease},
+    stats::ProxyStats,
+};
+
+/// Events taken per `epoll_wait`.
+const EVENTS: usize = 256;
+/// Bytes read per `recv`; a partial send keeps only what is left.
+const SCRATCH: usize = 64 * 1024;
+/// Pause after a failed `accept()` (EMFILE and the like), as the tokio accept loop does.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// The eventfd's token; listeners are `LISTENER | i`, connections `index << 1 | side`.
+const MAILBOX: u64 = u64::MAX;
+const LISTENER: u64 = 1 << 62;
+
+/// A message from the tokio side to an engine thread.
+#[derive(Debug, Clone, Copy)]
+enum Cmd {
+    /// Shutdown started: stop accepting.
+    Drain,
+    /// Shutdown's deadline passed: reset every connection.
+    Close,
+    /// The routing of cluster `i` changed.
+    Routing(usize),
+    /// Leave the thread.
+    Stop,
+}
+
+/// A queue of commands and the eventfd that wakes the thread for them.
+struct Mailbox {
+    eventfd: OwnedFd,
+    cmds: Mutex<Vec<Cmd>>,
+}
+
+impl Mailbox {
+    fn new() -> io::Result<Self> {
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self {
+            // SAFETY: a fresh descriptor that nothing else owns.
+            eventfd: unsafe { OwnedFd::from_raw_fd(fd) },
+            cmds: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn send(&self, cmd: Cmd) {
+        self.cmds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(cmd);
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live buffer to our own eventfd.
+        unsafe { libc::write(self.eventfd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+    }
+
+    fn take(&self) -> Vec<Cmd> {
+        let mut counter = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into a live buffer (resets the eventfd's counter).
+        unsafe { libc::read(self.eventfd.as_raw_fd(), counter.as_mut_ptr().cast(), 8) };
+        std::mem::take(&mut *self.cmds.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// Where a destination's connections go.
+enum Route {
+    /// A host of the engine's cluster `i`.
+    Cluster(usize),
+    /// ORIGINAL_DST over TCP.
+    Original,
+    /// An HTTP service: the tokio path.
+    Tokio(Service),
+}
+
+/// The services as the engine sees them, and the distinct clusters behind them.
+struct Routes {
+    by_addr: HashMap<SocketAddr, Route>,
+    fallback: Option<Route>,
+    clusters: Vec<ClusterHandle>,
+}
+
+impl Routes {
+    fn new(shared: &Shared) -> Self {
+        let mut clusters: Vec<ClusterHandle> = Vec::new();
+        let mut by_name: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut route = |service: &Service| match service {
+            Service::Tcp(c) => {
+                let same = by_name.entry(c.name().to_owned()).or_default();
+                let i = match same.iter().find(|&&i| clusters[i].same_routing(c)) {
+                    Some(&i) => i,
+                    None => {
+                        clusters.push(c.clone());
+                        same.push(clusters.len() - 1);
+                        clusters.len() - 1
+                    }
+                };
+                Route::Cluster(i)
+            }
+            Service::OriginalDst { http: false } => Route::Original,
+            other => Route::Tokio(other.clone()),
+        };
+        let services = &shared.services;
+        let by_addr = services
+            .by_addr
+            .iter()
+            .map(|(a, s)| (*a, route(s)))
+            .collect();
+        let fallback = services.fallback.as_ref().map(&mut route);
+        Self {
+            by_addr,
+            fallback,
+            clusters,
+        }
+    }
+
+    fn get(&self, addr: SocketAddr) -> Option<&Route> {
+        self.by_addr
+            .get(&super::canonical(addr))
+            .or(self.fallback.as_ref())
+    }
+}
+
+/// The running engine: its threads' mailboxes.
+pub(super) struct Engine {
+    mailboxes: Vec<Arc<Mailbox>>,
+}
+
+impl Engine {
+    /// Starts one thread per element of `listeners` (each holds one `SO_REUSEPORT` socket of
+    /// every listener address), and the tokio tasks that pass shutdown and routing changes on.
+    /// Returns the engine and those tasks.
+    pub(super) fn start(
+        listeners: Vec<Vec<std::net::TcpListener>>,
+        shared: Arc<Shared>,
+        watcher: &DrainWatcher,
+    ) -> io::Result<(Self, Vec<tokio::task::JoinHandle<()>>)> {
+        let routes = Arc::new(Routes::new(&shared));
+        let rt = tokio::runtime::Handle::current();
+        let mut mailboxes = Vec::new();
+        let mut workers = Vec::new();
+        for sockets in listeners {
+            let mailbox = Arc::new(Mailbox::new()?);
+            workers.push(Worker::new(
+                sockets,
+                mailbox.clone(),
+                shared.clone(),
+                routes.clone(),
+                rt.clone(),
+                watcher.clone(),
+            )?);
+            mailboxes.push(mailbox);
+        }
+        for (i, worker) in workers.into_iter().enumerate() {
+            std::thread::Builder::new()
+                .name(format!("proxy-engine-{i}"))
+                .spawn(move || worker.run())?;
+        }
+        let mut tasks = Vec::new();
+        let phases = watcher.phases();
+        let boxes = mailboxes.clone();
+        tasks.push(tokio::spawn(async move {
+            phases.draining().await;
+            boxes.iter().for_each(|m| m.send(Cmd::Drain));
+            phases.closing().await;
+            boxes.iter().for_each(|m| m.send(Cmd::Close));
+        }));
+        for (i, cluster) in routes.clusters.iter().enumerate() {
+            let mut routing = cluster.routing_watch();
+            let boxes = mailboxes.clone();
+            tasks.push(tokio::spawn(async move {
+                while routing.changed().await.is_ok() {
+                    boxes.iter().for_each(|m| m.send(Cmd::Routing(i)));
+                }
+            }));
+        }
+        Ok((Self { mailboxes }, tasks))
+    }
+
+    /// Lets the threads go (they reset what is still open).
+    pub(super) fn stop(&self) {
+        for m in &self.mailboxes {
+            m.send(Cmd::Close);
+            m.send(Cmd::Stop);
+        }
+    }
+}
+
+/// One direction of a connection.
+#[derive(Default)]
+struct Dir {
+    /// Read but not yet written (the destination was full).
+    pending: Vec<u8>,
+    /// The source has ended.
+    eof: bool,
+    /// The end was passed on (FIN).
+    shut: bool,
+    /// The source may have bytes (or its end) to read: set by its events, cleared when a read
+    /// found it empty.
+    readable: bool,
+}
+
+/// Which socket of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Client = 0,
+    Upstream = 1,
+}
+
+struct Conn {
+    serial: u64,
+    client: std::net::TcpStream,
+    upstream: std::net::TcpStream,
+    host: BackendAddr,
+    cluster: Option<usize>,
+    _lease: Option<HostLease>,
+    /// Set while the connect is on: its deadline.
+    connecting: Option<Instant>,
+    /// Set while the host is removed: when the connection closes.
+    drain_deadline: Option<Instant>,
+    /// client -> upstream, upstream -> client.
+    dirs: [Dir; 2],
+    /// Per side: an end or error was announced (see [`Worker::ready`]).
+    ended: [bool; 2],
+}
+
+/// How a connection ended.
+enum End {
+    /// Both directions ended.
+    Done,
+    /// `side` failed (a reset, an error): the other is reset.
+    Failed(Side, &'static str, io::Error),
+}
+
+enum Timer {
+    Conn(usize, u64),
+    Listener(usize),
+}
+
+struct Worker {
+    ep: OwnedFd,
+    listeners: Vec<Option<(std::net::TcpListener, Option<SocketAddr>)>>,
+    mailbox: Arc<Mailbox>,
+    shared: Arc<Shared>,
+    routes: Arc<Routes>,
+    rt: tokio::runtime::Handle,
+    watcher: Option<DrainWatcher>,
+    draining: bool,
+    conns: Vec<Option<Conn>>,
+    vacant: Vec<usize>,
+    live: usize,
+    serial: u64,
+    timers: BinaryHeap<Reverse<(Instant, u64, usize, bool)>>,
+    scratch: Vec<u8>,
+}
+
+fn epoll_add(ep: RawFd, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events, u64: token };
+    // SAFETY: both descriptors are open; the event is a live local.
+    if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn epoll_del(ep: RawFd, fd: RawFd) {
+    let mut ev = libc::epoll_event { events: 0, u64: 0 };
+    // SAFETY: as above; a failure (not registered) changes nothing.
+    unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_DEL, fd, &mut ev) };
+}
+
+const CONN_EVENTS: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
+
+impl Worker {
+    fn new(
+        sockets: Vec<std::net::TcpListener>,
+        mailbox: Arc<Mailbox>,
+        shared: Arc<Shared>,
+        routes: Arc<Routes>,
+        rt: tokio::runtime::Handle,
+        watcher: DrainWatcher,
+    ) -> io::Result<Self> {
+        // SAFETY: epoll_create1 returns a new descriptor or -1.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor that nothing else owns.
+        let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+        epoll_add(
+            ep.as_raw_fd(),
+            mailbox.eventfd.as_raw_fd(),
+            libc::EPOLLIN as u32,
+            MAILBOX,
+        )?;
+        let mut listeners = Vec::new();
+        for (i, l) in sockets.into_iter().enumerate() {
+            epoll_add(
+                ep.as_raw_fd(),
+                l.as_raw_fd(),
+                libc::EPOLLIN as u32,
+                LISTENER | i as u64,
+            )?;
+            // A listener on one address gives its sockets that address: no getsockname.
+            let local = l.local_addr().ok().filter(|a| !a.ip().is_unspecified());
+            listeners.push(Some((l, local)));
+        }
+        Ok(Self {
+            ep,
+            listeners,
+            mailbox,
+            shared,
+            routes,
+            rt,
+            watcher: Some(watcher),
+            draining: false,
+            conns: Vec::new(),
+            vacant: Vec::new(),
+            live: 0,
+            serial: 0,
+            timers: BinaryHeap::new(),
+            scratch: vec![0; SCRATCH],
+        })
+    }
+
+    fn run(mut self) {
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS];
+        loop {
+            let timeout = self.next_timeout();
+            // SAFETY: the buffer holds EVENTS entries.
+            let n = unsafe {
+                libc::epoll_wait(
+                    self.ep.as_raw_fd(),
+                    events.as_mut_ptr(),
+                    EVENTS as i32,
+                    timeout,
+                )
+            };
+            if n < 0 {
+                let err = io::Error::last_os_error();
+                if err.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                warn!(%err, "the proxy engine's epoll_wait failed; its connections are reset");
+                self.close_all("the engine failed");
+                return;
+            }
+            for ev in &events[..n as usize] {
+                let (token, flags) = (ev.u64, ev.events);
+                if token == MAILBOX {
+                    for cmd in self.mailbox.take() {
+                        if self.command(cmd) {
+                            return;
+                        }
+                    }
+                } else if token & LISTENER != 0 {
+                    self.accept((token & !LISTENER) as usize);
+                } else {
+                    let side = if token & 1 == 0 {
+                        Side::Client
+                    } else {
+                        Side::Upstream
+                    };
+                    self.ready((token >> 1) as usize, side, flags);
+                }
+            }
+            self.fire_timers();
+            if self.draining && self.live == 0 {
+                // The last connection is gone: shutdown may complete.
+                self.watcher = None;
+            }
+        }
+    }
+
+    /// Acts on a command; true means leave.
+    fn command(&mut self, cmd: Cmd) -> bool {
+        match cmd {
+            Cmd::Drain => {
+                self.draining = true;
+                // Closing the sockets takes them out of epoll and the reuseport group.
+                self.listeners.iter_mut().for_each(|l| *l = None);
+            }
+            Cmd::Close => {
+                self.draining = true;
+                self.listeners.iter_mut().for_each(|l| *l = None);
+                self.close_all("shutdown deadline passed");
+            }
+            Cmd::Routing(ci) => self.routing_changed(ci),
+            Cmd::Stop => {
+                self.close_all("the proxy stopped");
+                return true;
+            }
+        }
+        false
+    }
+
+    fn next_timeout(&mut self) -> i32 {
+        match self.timers.peek() {
+            None => -1,
+            Some(Reverse((at, ..))) => {
+                let left = at.saturating_duration_since(Instant::now());
+                // Rounded up: waking a millisecond early would just wait again.
+                left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+            }
+        }
+    }
+
+    fn add_timer(&mut self, at: Instant, t: Timer) {
+        let (serial, index, listener) = match t {
+            Timer::Conn(i, s) => (s, i, false),
+            Timer::Listener(i) => (0, i, true),
+        };
+        self.timers.push(Reverse((at, serial, index, listener)));
+    }
+
+    fn fire_timers(&mut self) {
+        if self.timers.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        while let Some(Reverse((at, serial, index, listener))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            if listener {
+                if let Some(Some((l, _))) = self.listeners.get(index) {
+                    let _ = epoll_add(
+                        self.ep.as_raw_fd(),
+                        l.as_raw_fd(),
+                        libc::EPOLLIN as u32,
+                        LISTENER | index as u64,
+                    );
+                }
+                continue;
+            }
+            let Some(Some(conn)) = self.conns.get(index) else {
+                continue;
+            };
+            if conn.serial != serial {
+                continue;
+            }
+            let stats = &self.shared.stats;
+            if conn.connecting.is_some_and(|d| d <= now) {
+                ProxyStats::inc(&stats.upstream_cx_connect_timeout);
+                ProxyStats::inc(&stats.upstream_cx_connect_fail);
+                if let Some(ci) = conn.cluster {
+                    self.routes.clusters[ci].report_connect(conn.host, false);
+                }
+                debug!(host = %conn.host, "upstream connect timed out: client reset");
+                copy::abort(&conn.client);
+                self.free(index);
+            } else if conn.drain_deadline.is_some_and(|d| d <= now) {
+                ProxyStats::inc(&stats.upstream_cx_drain_close);
+                debug!(host = %conn.host, "host removed and drain timeout passed");
+                self.reset_both(index);
+            }
+        }
+    }
+
+    fn accept(&mut self, li: usize) {
+        loop {
+            let Some(Some((listener, local))) = self.listeners.get(li) else {
+                return;
+            };
+            let local = *local;
+            match listener::accept_now(listener) {
+                Ok((stream, peer)) => self.start(stream, ClientAddr(peer), local),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => {
+                    // Level-triggered: taken out of epoll for a moment so the loop does not
+                    // spin on an error that persists (EMFILE).
+                    warn!(%err, "accept on the proxy listener failed");
+                    epoll_del(self.ep.as_raw_fd(), listener.as_raw_fd());
+                    self.add_timer(Instant::now() + ACCEPT_BACKOFF, Timer::Listener(li));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A new connection: its original destination, its route, and the upstream connect with
+    /// the client's first bytes.
+    fn start(&mut self, client: std::net::TcpStream, peer: ClientAddr, local: Option<SocketAddr>) {
+        // Field borrows, not clones: an Arc's count is a cache line the threads would share.
+        let stats = &*self.shared.stats;
+        let Some(orig) = listener::redirected_destination(&client, peer, local, &self.shared)
+        else {
+            ProxyStats::inc(&stats.downstream_cx_total);
+            ProxyStats::inc(&stats.downstream_cx_destroy);
+            ProxyStats::inc(&stats.downstream_cx_no_original_dst);
+            debug!(client = %peer, "no original destination: refused");
+            copy::abort(&client);
+            return;
+        };
+        let routes = &*self.routes;
+        let (host, cluster, lease) = match routes.get(orig.0) {
+            None => {
+                ProxyStats::inc(&stats.downstream_cx_total);
+                ProxyStats::inc(&stats.downstream_cx_destroy);
+                ProxyStats::inc(&stats.downstream_cx_no_route);
+                debug!(client = %peer, %orig, "no service at the original destination: refused");
+                copy::abort(&client);
+                return;
+            }
+            Some(Route::Tokio(service)) => {
+                let Some(watcher) = self.watcher.clone() else {
+                    copy::abort(&client);
+                    return;
+                };
+                self.rt.spawn(listener::serve_http_accepted(
+                    client,
+                    peer,
+                    orig,
+                    service.clone(),
+                    self.shared.clone(),
+                    watcher,
+                ));
+                return;
+            }
+            Some(Route::Original) => {
+                let host = BackendAddr(orig.0);
+                (host, None, Some(self.shared.orig_dst_cluster.lease(host)))
+            }
+            Some(Route::Cluster(ci)) => match routes.clusters[*ci].pick(&[]) {
+                Some(host) => (host, Some(*ci), None),
+                None => {
+                    ProxyStats::inc(&stats.downstream_cx_total);
+                    ProxyStats::inc(&stats.downstream_cx_destroy);
+                    ProxyStats::inc(&stats.upstream_cx_none_healthy);
+                    debug!(
+                        cluster = routes.clusters[*ci].name(),
+                        "no healthy host: refused"
+                    );
+                    copy::abort(&client);
+                    return;
+                }
+            },
+        };
+        ProxyStats::inc(&stats.downstream_cx_total);
+        ProxyStats::inc(&stats.downstream_cx_active);
+        ProxyStats::inc(&stats.upstream_cx_total);
+        let report = |ok: bool| {
+            if let Some(ci) = cluster {
+                routes.clusters[ci].report_connect(host, ok);
+            }
+        };
+        let refuse = |err: io::Error| {
+            ProxyStats::inc(&stats.upstream_cx_connect_fail);
+            report(false);
+            debug!(%host, %err, "upstream connect failed: client reset");
+            copy::abort(&client);
+            stats.downstream_cx_active.fetch_sub(1, Ordering::Relaxed);
+            ProxyStats::inc(&stats.downstream_cx_destroy);
+        };
+        let upstream = match connect(host) {
+            Ok(s) => s,
+            Err(err) => return refuse(err),
+        };
+        // What the client sent already goes out with the connect (see tcp.rs).
+        let first = match recv_flags(&client, &mut self.scratch, libc::MSG_DONTWAIT) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+            Err(err) => {
+                ProxyStats::inc(&stats.upstream_cx_destroy_with_reset);
+                copy::abort(&upstream);
+                debug!(%err, "client failed before the upstream connection started: reset");
+                stats.downstream_cx_active.fetch_sub(1, Ordering::Relaxed);
+                ProxyStats::inc(&stats.downstream_cx_destroy);
+                return;
+            }
+        };
+        let mut dirs: [Dir; 2] = Default::default();
+        let mut connecting = Some(Instant::now() + self.shared.config.connect_timeout);
+        if first > 0 {
+            match send(&upstream, &self.scratch[..first]) {
+                Ok(n) => {
+                    connecting = None;
+                    stats
+                        .upstream_cx_tx_bytes_total
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                    dirs[0].pending.extend_from_slice(&self.scratch[n..first]);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    dirs[0].pending.extend_from_slice(&self.scratch[..first]);
+                }
+                Err(err) => return refuse(err),
+            }
+        }
+        if connecting.is_none() {
+            report(true);
+        }
+        self.serial += 1;
+        let serial = self.serial;
+        let conns = &mut self.conns;
+        let index = self.vacant.pop().unwrap_or_else(|| {
+            conns.push(None);
+            conns.len() - 1
+        });
+        let ep = self.ep.as_raw_fd();
+        let token = (index as u64) << 1;
+        if let Err(err) = epoll_add(ep, client.as_raw_fd(), CONN_EVENTS, token)
+            .and_then(|()| epoll_add(ep, upstream.as_raw_fd(), CONN_EVENTS, token | 1))
+        {
+            warn!(%err, "could not register a connection with the proxy engine");
+            copy::abort(&client);
+            copy::abort(&upstream);
+            self.vacant.push(index);
+            stats.downstream_cx_active.fetch_sub(1, Ordering::Relaxed);
+            ProxyStats::inc(&stats.downstream_cx_destroy);
+            return;
+        }
+        if let Some(at) = connecting {
+            self.timers.push(Reverse((at, serial, index, false)));
+        }
+        self.conns[index] = Some(Conn {
+            serial,
+            client,
+            upstream,
+            host,
+            cluster,
+            _lease: lease,
+            connecting,
+            drain_deadline: None,
+            dirs,
+            ended: [false; 2],
+        });
+        self.live += 1;
+    }
+
+    /// An event on one of a connection's sockets.
+    fn ready(&mut self, index: usize, side: Side, flags: u32) {
+        let Some(Some(conn)) = self.conns.get_mut(index) else {
+            return;
+        };
+        // An end (or an error) is announced once: from here this side is read until the
+        // kernel says so, not only until a short read.
+        let end = (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32;
+        if flags & end != 0 {
+            conn.ended[side as usize] = true;
+        }
+        // Only the direction this side feeds is read; the other is written to only when it
+        // holds bytes. No read is made on a socket without an event for it.
+        if flags & (end | libc::EPOLLIN as u32) != 0 {
+            conn.dirs[side as usize].readable = true;
+        }
+        if conn.connecting.is_some() {
+            if side == Side::Client {
+                // Read once connected (edge-triggered: what is queued stays readable).
+                return;
+            }
+            let failed = flags & (libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0;
+            let err = match conn.upstream.take_error() {
+                Ok(None) if !failed => {
+                    if flags & libc::EPOLLOUT as u32 == 0 {
+                        return;
+                    }
+                    None
+                }
+                Ok(Some(e)) | Err(e) => Some(e),
+                Ok(None) => Some(io::Error::from(io::ErrorKind::ConnectionRefused)),
+            };
+            let (host, cluster) = (conn.host, conn.cluster);
+            if let Some(ci) = cluster {
+                self.routes.clusters[ci].report_connect(host, err.is_none());
+            }
+            if let Some(err) = err {
+                ProxyStats::inc(&self.shared.stats.upstream_cx_connect_fail);
+                debug!(%host, %err, "upstream connect failed: client reset");
+                copy::abort(&conn.client);
+                self.free(index);
+                return;
+            }
+            conn.connecting = None;
+        }
+        self.pump(index);
+    }
+
+    /// Moves bytes both ways until both sockets would block; ends the connection when both
+    /// directions are done or a side failed.
+    fn pump(&mut self, index: usize) {
+        let Some(Some(conn)) = self.conns.get_mut(index) else {
+            return;
+        };
+        let stats = &self.shared.stats;
+        let scratch = &mut self.scratch;
+        let mut end = None;
+        'dirs: for (d, (from, to)) in [
+            (Side::Client, Side::Upstream),
+            (Side::Upstream, Side::Client),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (src, dst) = match from {
+                Side::Client => (&conn.client, &conn.upstream),
+                Side::Upstream => (&conn.upstream, &conn.client),
+            };
+            let meter = if d == 0 {
+                &stats.upstream_cx_tx_bytes_total
+            } else {
+                &stats.upstream_cx_rx_bytes_total
+            };
+            let dir = &mut conn.dirs[d];
+            loop {
+                if !dir.pending.is_empty() {
+                    match send(dst, &dir.pending) {
+                        Ok(n) => {
+                            meter.fetch_add(n as u64, Ordering::Relaxed);
+                            dir.pending.drain(..n);
+                            if !dir.pending.is_empty() {
+                                continue 'dirs;
+                            }
+                            // A drained buffer is not kept: idle connections hold none.
+                            dir.pending = Vec::new();
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue 'dirs,
+                        Err(e) => {
+                            end = Some(End::Failed(to, "write", e));
+                            break 'dirs;
+                        }
+                    }
+                }
+                if dir.eof {
+                    if !dir.shut {
+                        dir.shut = true;
+                        let _ = SockRef::from(dst).shutdown(std::net::Shutdown::Write);
+                    }
+                    continue 'dirs;
+                }
+                if !dir.readable {
+                    continue 'dirs;
+                }
+                match recv(src, scratch) {
+                    Ok(0) => dir.eof = true,
+                    Ok(n) => {
+                        let sent = match send(dst, &scratch[..n]) {
+                            Ok(sent) => sent,
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+                            Err(e) => {
+                                end = Some(End::Failed(to, "write", e));
+                                break 'dirs;
+                            }
+                        };
+                        meter.fetch_add(sent as u64, Ordering::Relaxed);
+                        if sent < n {
+                            dir.pending.extend_from_slice(&scratch[sent..n]);
+                            continue 'dirs;
+                        }
+                        if n < scratch.len() && !conn.ended[from as usize] {
+                            // A short read emptied the socket; new bytes, an end or an error
+                            // bring a new edge.
+                            dir.readable = false;
+                            continue 'dirs;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        dir.readable = false;
+                        continue 'dirs;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        end = Some(End::Failed(from, "read", e));
+                        break 'dirs;
+                    }
+                }
+            }
+        }
+        if end.is_none() && conn.dirs.iter().all(|d| d.shut) {
+            end = Some(End::Done);
+        }
+        match end {
+            None => {}
+            Some(End::Done) => self.free(index),
+            Some(End::Failed(side, op, err)) => {
+                // Counted before the surviving side's reset goes out (see copy.rs).
+                ProxyStats::inc(&stats.upstream_cx_destroy_with_reset);
+                debug!(?side, op, %err, "connection reset");
+                let alive = match side {
+                    Side::Client => &conn.upstream,
+                    Side::Upstream => &conn.client,
+                };
+                copy::abort(alive);
+                self.free(index);
+            }
+        }
+    }
+
+    /// The routing of cluster `ci` changed: drain or close its connections whose host left.
+    fn routing_changed(&mut self, ci: usize) {
+        let cluster = &self.routes.clusters[ci];
+        let policy = self.shared.drain_policy();
+        let now = Instant::now();
+        let mut close = Vec::new();
+        let mut timers = Vec::new();
+        for (i, slot) in self.conns.iter_mut().enumerate() {
+            let Some(conn) = slot else { continue };
+            if conn.cluster != Some(ci) {
+                continue;
+            }
+            match cluster.host_state(conn.host) {
+                HostState::Unhealthy if policy.close_on_health_failure => close.push(i),
+                HostState::Removed if cluster.drains_on_removal() => {
+                    if conn.drain_deadline.is_none() {
+                        let at = now + policy.drain_timeout;
+                        conn.drain_deadline = Some(at);
+                        timers.push((at, i, conn.serial));
+                    }
+                }
+                _ => conn.drain_deadline = None,
+            }
+        }
+        for (at, i, serial) in timers {
+            self.add_timer(at, Timer::Conn(i, serial));
+        }
+        for i in close {
+            ProxyStats::inc(&self.shared.stats.upstream_cx_health_close);
+            debug!("host failed health checking: connection closed");
+            self.reset_both(i);
+        }
+    }
+
+    fn close_all(&mut self, why: &'static str) {
+        for i in 0..self.conns.len() {
+            if self.conns[i].is_some() {
+                ProxyStats::inc(&self.shared.stats.upstream_cx_shutdown_close);
+                debug!(why, "connection closed by the proxy");
+                self.reset_both(i);
+            }
+        }
+    }
+
+    fn reset_both(&mut self, index: usize) {
+        if let Some(Some(conn)) = self.conns.get(index) {
+            copy::abort(&conn.client);
+            copy::abort(&conn.upstream);
+        }
+        self.free(index);
+    }
+
+    /// Closes a connection's sockets (which takes them out of epoll) and frees its slot.
+    fn free(&mut self, index: usize) {
+        if let Some(conn) = self.conns.get_mut(index).and_then(Option::take) {
+            drop(conn);
+            self.vacant.push(index);
+            self.live -= 1;
+            let stats = &self.shared.stats;
+            stats.downstream_cx_active.fetch_sub(1, Ordering::Relaxed);
+            ProxyStats::inc(&stats.downstream_cx_destroy);
+        }
+    }
+}
+
+/// A non-blocking connect to `host` (in progress or done when this returns).
+fn connect(host: BackendAddr) -> io::Result<std::net::TcpStream> {
+    let socket = Socket::new(
+        Domain::for_address(host.0),
+        Type::STREAM.nonblocking().cloexec(),
+        Some(Protocol::TCP),
+    )?;
+    socket.set_tcp_nodelay(true)?;
+    match socket.connect(&host.0.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    Ok(socket.into())
+}
+
+fn recv(s: &std::net::TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    recv_flags(s, buf, 0)
+}
+
+fn recv_flags(s: &std::net::TcpStream, buf: &mut [u8], flags: i32) -> io::Result<usize> {
+    // SAFETY: writes at most buf.len() bytes into a live buffer.
+    let n = unsafe { libc::recv(s.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), flags) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+fn send(s: &std::net::TcpStream, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: reads at most buf.len() bytes from a live buffer.
+    let n = unsafe {
+        libc::send(
+            s.as_raw_fd(),
+            buf.as_ptr().cast(),
+            buf.len(),
+            libc::MSG_NOSIGNAL,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}

@@ -427,7 +427,29 @@ impl Worker {
         false
     }
 
+    /// Whether a connection's timer still stands: a connect that finished, a host that came
+    /// back or a connection that ended leave theirs behind.
+    fn timer_stands(&self, at: Instant, serial: u64, index: usize, listener: bool) -> bool {
+        if listener {
+            return true;
+        }
+        match self.conns.get(index) {
+            Some(Some(c)) => {
+                c.serial == serial && (c.connecting == Some(at) || c.drain_deadline == Some(at))
+            }
+            _ => false,
+        }
+    }
+
     fn next_timeout(&mut self) -> i32 {
+        // Stale timers are dropped here rather than waited for: most connects finish at once
+        // and would otherwise wake the thread at their deadline for nothing.
+        while let Some(Reverse((at, serial, index, listener))) = self.timers.peek().copied() {
+            if self.timer_stands(at, serial, index, listener) {
+                break;
+            }
+            self.timers.pop();
+        }
         match self.timers.peek() {
             None => -1,
             Some(Reverse((at, ..))) => {
@@ -456,6 +478,9 @@ impl Worker {
                 break;
             }
             self.timers.pop();
+            if !self.timer_stands(at, serial, index, listener) {
+                continue;
+            }
             if listener {
                 if let Some(Some((l, _))) = self.listeners.get(index) {
                     let _ = epoll_add(

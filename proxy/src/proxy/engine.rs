@@ -22,7 +22,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use socket2::{Domain, Protocol, SockRef, Socket, Type};
+use socket2::SockRef;
 use tracing::{debug, warn};
 
 use super::{
@@ -33,6 +33,7 @@ use super::{
     listener,
     orig_dst::{BackendAddr, ClientAddr, HostLease},
     stats::ProxyStats,
+    tcp,
 };
 
 /// Events taken per `epoll_wait`.
@@ -619,7 +620,7 @@ impl Worker {
             stats.downstream_cx_active.fetch_sub(1, Ordering::Relaxed);
             ProxyStats::inc(&stats.downstream_cx_destroy);
         };
-        let upstream = match connect(host) {
+        let upstream = match tcp::start_connect(host).map(std::net::TcpStream::from) {
             Ok(s) => s,
             Err(err) => return refuse(err),
         };
@@ -915,22 +916,6 @@ impl Worker {
             ProxyStats::inc(&stats.downstream_cx_destroy);
         }
     }
-}
-
-/// A non-blocking connect to `host` (in progress or done when this returns).
-fn connect(host: BackendAddr) -> io::Result<std::net::TcpStream> {
-    let socket = Socket::new(
-        Domain::for_address(host.0),
-        Type::STREAM.nonblocking().cloexec(),
-        Some(Protocol::TCP),
-    )?;
-    socket.set_tcp_nodelay(true)?;
-    match socket.connect(&host.0.into()) {
-        Ok(()) => {}
-        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
-        Err(e) => return Err(e),
-    }
-    Ok(socket.into())
 }
 
 fn recv(s: &std::net::TcpStream, buf: &mut [u8]) -> io::Result<usize> {

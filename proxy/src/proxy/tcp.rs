@@ -188,18 +188,7 @@ async fn connect_with_first_bytes(
         ProxyStats::inc(&stats.upstream_cx_connect_fail);
         ConnectError::Connect { host, source }
     };
-    let socket = Socket::new(
-        Domain::for_address(host.0),
-        Type::STREAM.nonblocking().cloexec(),
-        Some(Protocol::TCP),
-    )
-    .map_err(failed)?;
-    socket.set_tcp_nodelay(true).map_err(failed)?;
-    match socket.connect(&host.0.into()) {
-        Ok(()) => {}
-        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
-        Err(e) => return Err(failed(e)),
-    }
+    let socket = start_connect(host).map_err(failed)?;
     let mut unsent = match copy::read_now(client) {
         Ok(bytes) => bytes,
         Err(err) => {
@@ -245,6 +234,24 @@ async fn connect_with_first_bytes(
         unsent,
         sent,
     })
+}
+
+/// Starts a non-blocking connect to `host` with `TCP_NODELAY` set: when this returns, the
+/// connect is done (a local host) or in progress (`EINPROGRESS`; the socket turns writable when
+/// it ends, and `SO_ERROR` tells how). The tokio path and the epoll engine both connect this way.
+pub(super) fn start_connect(host: BackendAddr) -> io::Result<Socket> {
+    let socket = Socket::new(
+        Domain::for_address(host.0),
+        Type::STREAM.nonblocking().cloexec(),
+        Some(Protocol::TCP),
+    )?;
+    socket.set_tcp_nodelay(true)?;
+    match socket.connect(&host.0.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    Ok(socket)
 }
 
 /// With `splice: kernel`, hands the pair to the splicer; `None` means copy (copy mode, or the

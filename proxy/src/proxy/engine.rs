@@ -44,6 +44,11 @@ const EVENTS: usize = 256;
 const SCRATCH: usize = 1024 * 1024;
 /// Pause after a failed `accept()` (EMFILE and the like), as the tokio accept loop does.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// A yield after idle that is not given back within this long means another task keeps the
+/// CPU busy (it was not a waker about to block): the thread stops yielding for
+/// [`YIELD_BACKOFF`].
+const YIELD_HELD: Duration = Duration::from_micros(200);
+const YIELD_BACKOFF: Duration = Duration::from_secs(1);
 /// The eventfd's token; listeners are `LISTENER | i`, connections `index << 1 | side`.
 const MAILBOX: u64 = u64::MAX;
 const LISTENER: u64 = 1 << 62;
@@ -227,6 +232,55 @@ impl Engine {
     }
 }
 
+/// `proxy.yield_after_idle`: after a long enough sleep in `epoll_wait`, the thread gives way
+/// once before it handles its events (ARCHITECTURE.md, "The epoll engine").
+///
+/// A wakeup from idle usually comes from a client or backend on the same CPU that has just
+/// written and is about to wait for the answer. If the woken thread preempts it, that task is
+/// still runnable when the thread writes on, so the next task of the exchange is placed on
+/// another CPU, which is idle and, after a long sleep, slow to wake. Giving way lets the waker
+/// block first; the exchange then stays on one CPU. A busy thread (short sleeps) never yields.
+struct IdleYield {
+    /// The sleep that makes a wakeup count as from idle; zero: never.
+    after: Duration,
+    /// Set after a yield that was held too long: no yield before then.
+    off_until: Option<Instant>,
+}
+
+impl IdleYield {
+    fn new(after: Duration) -> Self {
+        Self {
+            after,
+            off_until: None,
+        }
+    }
+
+    /// Whether a thread that went to sleep at `asleep` and woke with events at `now` gives way.
+    fn due(&mut self, asleep: Instant, now: Instant) -> bool {
+        if self.after.is_zero() || now.saturating_duration_since(asleep) < self.after {
+            return false;
+        }
+        match self.off_until {
+            Some(until) if now < until => false,
+            _ => {
+                self.off_until = None;
+                true
+            }
+        }
+    }
+
+    /// The yield made at `at` came back at `now`.
+    fn gave_way(&mut self, at: Instant, now: Instant) {
+        if now.saturating_duration_since(at) > YIELD_HELD {
+            debug!(
+                held_us = now.saturating_duration_since(at).as_micros() as u64,
+                "the CPU is busy: no yield after idle for a second"
+            );
+            self.off_until = Some(now + YIELD_BACKOFF);
+        }
+    }
+}
+
 /// One direction of a connection.
 #[derive(Default)]
 struct Dir {
@@ -293,6 +347,7 @@ struct Worker {
     serial: u64,
     timers: BinaryHeap<Reverse<(Instant, u64, usize, bool)>>,
     scratch: Vec<u8>,
+    idle_yield: IdleYield,
 }
 
 fn epoll_add(ep: RawFd, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
@@ -350,7 +405,6 @@ impl Worker {
             ep,
             listeners,
             mailbox,
-            shared,
             routes,
             rt,
             watcher: Some(watcher),
@@ -361,6 +415,8 @@ impl Worker {
             serial: 0,
             timers: BinaryHeap::new(),
             scratch: vec![0; SCRATCH],
+            idle_yield: IdleYield::new(shared.config.yield_after_idle),
+            shared,
         })
     }
 
@@ -368,6 +424,7 @@ impl Worker {
         let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS];
         loop {
             let timeout = self.next_timeout();
+            let asleep = (!self.idle_yield.after.is_zero()).then(Instant::now);
             // SAFETY: the buffer holds EVENTS entries.
             let n = unsafe {
                 libc::epoll_wait(
@@ -385,6 +442,16 @@ impl Worker {
                 warn!(%err, "the proxy engine's epoll_wait failed; its connections are reset");
                 self.close_all("the engine failed");
                 return;
+            }
+            if n > 0
+                && let Some(asleep) = asleep
+            {
+                let now = Instant::now();
+                if self.idle_yield.due(asleep, now) {
+                    // SAFETY: no arguments; it only reschedules the calling thread.
+                    unsafe { libc::sched_yield() };
+                    self.idle_yield.gave_way(now, Instant::now());
+                }
             }
             for ev in &events[..n as usize] {
                 let (token, flags) = (ev.u64, ev.events);
@@ -945,4 +1012,41 @@ fn send(s: &std::net::TcpStream, buf: &[u8]) -> io::Result<usize> {
         return Err(io::Error::last_os_error());
     }
     Ok(n as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: Duration = Duration::from_micros(1);
+
+    #[test]
+    fn yields_only_after_a_long_enough_sleep() {
+        let mut y = IdleYield::new(50 * US);
+        let t = Instant::now();
+        assert!(
+            !y.due(t, t + 49 * US),
+            "a busy thread runs its events at once"
+        );
+        assert!(y.due(t, t + 50 * US));
+        assert!(y.due(t, t + 1000 * US));
+        let mut off = IdleYield::new(Duration::ZERO);
+        assert!(!off.due(t, t + Duration::from_secs(10)), "0s turns it off");
+    }
+
+    #[test]
+    fn a_yield_held_too_long_stops_yielding_for_a_while() {
+        let mut y = IdleYield::new(50 * US);
+        let t = Instant::now();
+        // The waker blocked soon: the CPU came back at once, yielding goes on.
+        y.gave_way(t, t + 30 * US);
+        assert!(y.due(t, t + 100 * US));
+        // Another task held the CPU: no yield until the backoff has passed.
+        let back = t + 100 * US + YIELD_HELD + US;
+        y.gave_way(t + 100 * US, back);
+        assert!(!y.due(back, back + Duration::from_millis(5)));
+        assert!(!y.due(back, back + YIELD_BACKOFF - US));
+        assert!(y.due(back, back + YIELD_BACKOFF));
+        assert!(y.off_until.is_none(), "the backoff is over");
+    }
 }

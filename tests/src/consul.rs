@@ -4,7 +4,10 @@
 //! Each [`Consul`] picks free loopback ports for every listener (HTTP, DNS, gRPC, serf LAN/WAN,
 //! server RPC), keeps its data and log in a fresh temp dir, disables the update check (no
 //! traffic leaves the machine), waits until the agent has elected itself leader, and kills the
-//! child by its PID on drop. The binary is `PROXY_TEST_CONSUL`, else `target/tools/consul`
+//! child by its PID on drop. The ports were free a moment before the agent binds them; another
+//! process's outgoing connection may take one of them in between (they are in the ephemeral
+//! range), so a start that fails with "address already in use" is retried on fresh ports, a
+//! bounded number of times. The binary is `PROXY_TEST_CONSUL`, else `target/tools/consul`
 //! (where `cargo xtask setup` installs it), else `consul` on PATH; none of them is a test
 //! failure, never a skip.
 
@@ -24,6 +27,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Bound of one API call.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the agent logs when one of its ports was taken before it could bind it.
+const PORT_TAKEN: &str = "address already in use";
 
 /// Where `cargo xtask setup` installs the binary, relative to the workspace root.
 const INSTALL_PATH: &str = "target/tools/consul";
@@ -70,6 +76,20 @@ impl Consul {
     /// Starts a dev agent whose datacenter is `datacenter` and waits until it serves the
     /// catalog.
     pub async fn start(datacenter: &str) -> Self {
+        const ATTEMPTS: usize = 4;
+        for attempt in 1..=ATTEMPTS {
+            match Self::try_start(datacenter).await {
+                Ok(consul) => return consul,
+                Err(log) if attempt < ATTEMPTS && log.contains(PORT_TAKEN) => continue,
+                Err(log) => panic!("consul did not start (attempt {attempt}):\n{log}"),
+            }
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    /// One start; `Err` with the reason and the agent's log when it exited or elected no leader
+    /// in time (the agent is killed and its directory removed on the way out).
+    async fn try_start(datacenter: &str) -> Result<Self, String> {
         let binary = consul_binary();
         let dir = temp_dir();
         let ports = free_ports(6);
@@ -108,14 +128,14 @@ impl Consul {
             .stderr(stderr)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
-        let consul = Self {
+        let mut consul = Self {
             dir,
             http: SocketAddr::from(([127, 0, 0, 1], ports[0])),
             datacenter: datacenter.to_owned(),
             child: Some(child),
         };
-        consul.wait_until_leader().await;
-        consul
+        consul.wait_until_leader().await?;
+        Ok(consul)
     }
 
     /// The HTTP API address.
@@ -175,7 +195,9 @@ impl Consul {
         );
     }
 
-    async fn wait_until_leader(&self) {
+    /// Polls `/v1/status/leader` until the agent names one; `Err` with the log if the agent
+    /// exits first (a port taken, say) or no leader comes within [`START_TIMEOUT`].
+    async fn wait_until_leader(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + START_TIMEOUT;
         let address = self.http.to_string();
         loop {
@@ -185,13 +207,24 @@ impl Consul {
                 .filter(|r| r.status == 200)
                 .and_then(|r| serde_json::from_slice::<String>(&r.body).ok());
             if leader.is_some_and(|l| !l.is_empty()) {
-                return;
+                return Ok(());
             }
-            assert!(
-                Instant::now() < deadline,
-                "consul on {address} elected no leader within {START_TIMEOUT:?}\nlog: {}",
-                self.log()
-            );
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                return Err(format!(
+                    "consul on {address} exited ({status}) before electing a leader\nlog: {}",
+                    self.log()
+                ));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "consul on {address} elected no leader within {START_TIMEOUT:?}\nlog: {}",
+                    self.log()
+                ));
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }

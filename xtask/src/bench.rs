@@ -64,7 +64,8 @@ pub struct Args {
     #[arg(long)]
     pub no_build: bool,
     /// Measure nothing: rewrite BENCHMARKS.md and docs/bench/ from the raw results of an
-    /// earlier run (`bench-results/<timestamp>/results.json`), e.g. after a change of the report.
+    /// earlier run (`bench-results/<timestamp>/results.json`, or its copy
+    /// `docs/bench/results-<timestamp>.json`), e.g. after a change of the report.
     #[arg(long, value_name = "RESULTS_JSON")]
     pub report_from: Option<PathBuf>,
     #[command(subcommand)]
@@ -97,11 +98,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let results: Results = serde_json::from_str(&text)
             .with_context(|| format!("{} is not the results.json of a run", path.display()))?;
-        let stamp = path
-            .parent()
-            .and_then(|d| d.file_name())
-            .map(|n| n.to_string_lossy().into_owned())
-            .context("the results file must sit in its run's directory")?;
+        let stamp = run_stamp(path).with_context(|| {
+            format!(
+                "{}: name it results-<timestamp>.json or keep it in its run's directory",
+                path.display()
+            )
+        })?;
         report::write(&results, &util::workspace_root(), &stamp)?;
         step(format!(
             "wrote BENCHMARKS.md and docs/bench/ from {}",
@@ -540,6 +542,22 @@ fn commit() -> String {
     if dirty { format!("{head}+dirty") } else { head }
 }
 
+/// The run's timestamp from where its results are: `docs/bench/results-<timestamp>.json` (the
+/// kept copy) or `bench-results/<timestamp>/results.json` (the run's directory).
+fn run_stamp(path: &std::path::Path) -> Option<String> {
+    let name = path.file_name()?.to_str()?;
+    if let Some(stamp) = name
+        .strip_prefix("results-")
+        .and_then(|n| n.strip_suffix(".json"))
+        .filter(|s| !s.is_empty())
+    {
+        return Some(stamp.to_owned());
+    }
+    path.parent()?
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+}
+
 /// Whether hardware counters work (`perf stat -e instructions true` counts something).
 fn perf_available() -> bool {
     Command::new("perf")
@@ -548,4 +566,20 @@ fn perf_available() -> bool {
         .is_ok_and(|o| {
             o.status.success() && !String::from_utf8_lossy(&o.stderr).contains("not supported")
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::run_stamp;
+
+    #[test]
+    fn the_run_stamp_comes_from_the_kept_copy_or_the_run_directory() {
+        let kept = Path::new("docs/bench/results-20261202T090822Z.json");
+        assert_eq!(run_stamp(kept).as_deref(), Some("20261202T090822Z"));
+        let run = Path::new("bench-results/20261202T090822Z/results.json");
+        assert_eq!(run_stamp(run).as_deref(), Some("20261202T090822Z"));
+        assert_eq!(run_stamp(Path::new("results.json")), None);
+    }
 }

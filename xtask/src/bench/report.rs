@@ -388,6 +388,11 @@ fn header(md: &mut String, r: &Results, stamp: &str) {
     let _ = writeln!(md, "| | |\n|---|---|");
     let _ = writeln!(md, "| commit | `{}` |", r.commit);
     let _ = writeln!(md, "| kernel | {} |", r.facts_before.kernel);
+    let _ = writeln!(
+        md,
+        "| machine | {} |",
+        r.facts_before.machine.as_deref().unwrap_or("not recorded")
+    );
     let _ = writeln!(md, "| date | {} |", r.date);
     let _ = writeln!(
         md,

@@ -258,6 +258,10 @@ pub fn raise_priority() {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Facts {
     pub kernel: String,
+    /// CPU model, CPU count, cpuidle driver and clocksource: figures from different machines
+    /// are not comparable, and idle exits shape the latency rows. Absent in older results.
+    #[serde(default)]
+    pub machine: Option<String>,
     pub conntrack_count: Option<u64>,
     pub nft_tables: Vec<String>,
     pub bpf_prog_ids: Vec<u64>,
@@ -273,10 +277,40 @@ pub fn facts() -> Facts {
         .and_then(|s| s.trim().parse().ok());
     Facts {
         kernel,
+        machine: Some(machine()),
         conntrack_count,
         nft_tables: nft_tables(),
         bpf_prog_ids: bpf_prog_ids(),
     }
+}
+
+/// "AMD EPYC, 2 CPUs, cpuidle haltpoll, clocksource tsc"; "unknown" for what cannot be read.
+fn machine() -> String {
+    let read = |path: &str| {
+        fs::read_to_string(path)
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "unknown".to_owned())
+    };
+    let model = fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| cpu_model(&info))
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
+    format!(
+        "{model}, {cpus} CPUs, cpuidle {}, clocksource {}",
+        read("/sys/devices/system/cpu/cpuidle/current_driver"),
+        read("/sys/devices/system/clocksource/clocksource0/current_clocksource"),
+    )
+}
+
+/// The first `model name` of /proc/cpuinfo.
+fn cpu_model(cpuinfo: &str) -> Option<String> {
+    cpuinfo.lines().find_map(|l| {
+        let (key, value) = l.split_once(':')?;
+        (key.trim() == "model name").then(|| value.trim().to_owned())
+    })
 }
 
 /// `nft list tables` as lines ("table ip nat").
@@ -348,4 +382,25 @@ pub fn nofile() -> u64 {
     // SAFETY: cur is valid for writes.
     unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut cur) };
     cur.rlim_cur
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cpu_model_is_the_first_model_name() {
+        let info = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\n\n\
+                    processor\t: 1\nmodel name\t: Other\n";
+        assert_eq!(cpu_model(info).as_deref(), Some("AMD EPYC"));
+        assert_eq!(cpu_model("processor\t: 0\n"), None);
+    }
+
+    #[test]
+    fn results_from_before_the_machine_was_recorded_still_load() {
+        let old =
+            r#"{"kernel": "6.18", "conntrack_count": 1, "nft_tables": [], "bpf_prog_ids": []}"#;
+        let facts: Facts = serde_json::from_str(old).unwrap();
+        assert_eq!(facts.machine, None);
+    }
 }

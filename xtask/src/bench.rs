@@ -50,8 +50,9 @@ pub struct Args {
     /// Only rows whose id contains this (e.g. "S1", "veth").
     #[arg(long)]
     pub only: Option<String>,
-    /// Only metrics whose key contains this, or one of these if comma-separated (e.g. "cps",
-    /// "rr_1b", "bulk,cps"); rows left without a metric are skipped.
+    /// Only metrics whose key contains this, or any one of these if comma-separated (e.g.
+    /// "cps", "rr_1b", "bulk,cps"; "ol_1000" also selects ol_10000); rows left without a metric
+    /// are skipped.
     #[arg(long)]
     pub metric: Option<String>,
     /// Seconds to wait for a quiet machine before each measurement (then it runs, marked invalid).

@@ -17,6 +17,9 @@ use super::{sys, topo::Net};
 
 /// Other load above this many cores before a measurement makes it invalid.
 pub const OTHER_LOAD_LIMIT: f64 = 0.10;
+/// The value key of the cores stolen by the hypervisor during a measurement (steal time in
+/// /proc/stat), recorded with every client-driven metric.
+pub const STEAL: &str = "steal_cores";
 
 /// What one client run measures.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -65,7 +68,7 @@ pub struct Sample {
     /// Cores busy outside the benchmark just before the measurement.
     pub other_load: f64,
     /// Cores busy during the measurement that no process of ours accounts for (kernel threads,
-    /// softirq run outside our processes, or other load); informative.
+    /// softirq run outside our processes, or other load; steal is not in it); informative.
     pub unaccounted: f64,
     pub valid: bool,
     pub error: Option<String>,
@@ -249,8 +252,8 @@ fn client_run(
         Duration::from_secs_f64(ctx.secs * 4.0 + 30.0),
     )?;
     let ours_cpu = sys::cpu_ns(&ctx.ours).saturating_sub(ours0) as f64 / 1e9;
-    let (busy, wall) = mark.since();
-    sample.unaccounted = ((busy - ours_cpu - reaped.cpu_s) / wall).max(0.0);
+    let b = mark.since();
+    sample.unaccounted = ((b.busy_s - b.steal_s - ours_cpu - reaped.cpu_s) / b.wall_s).max(0.0);
     if !reaped.success {
         bail!("{} client failed: {}", m.key(), reaped.stdout.trim());
     }
@@ -265,6 +268,8 @@ fn client_run(
     let cpu = reaped.cpu_s + ours_cpu;
     v.insert("cpu_client_s".into(), reaped.cpu_s);
     v.insert("cpu_others_s".into(), ours_cpu);
+    // Informative: time the machine's CPUs wanted to run and the hypervisor ran others.
+    v.insert(STEAL.into(), b.steal_s / b.wall_s);
     match m {
         Metric::Bulk { .. } => {
             let sum = &out["end"]["sum_received"];

@@ -550,8 +550,13 @@ fn summary(s: &Sample) -> String {
     } else {
         s.run.to_string()
     };
+    let steal = s
+        .values
+        .get(measure::STEAL)
+        .map(|v| format!(", steal {v:.2}"))
+        .unwrap_or_default();
     format!(
-        "run {run:<3} {:<30} {:<12} {main} (other load {:.2} cores){flag}{err}",
+        "run {run:<3} {:<30} {:<12} {main} (other load {:.2} cores{steal}){flag}{err}",
         s.row, s.metric, s.other_load
     )
 }

@@ -73,27 +73,40 @@ pub fn rss_kib(root: u32) -> u64 {
         .sum()
 }
 
-/// Busy and total jiffies over all CPUs from the `cpu` line of /proc/stat.
-fn proc_stat() -> (u64, u64) {
-    let text = fs::read_to_string("/proc/stat").unwrap_or_default();
+/// Jiffies over all CPUs from the `cpu` line of /proc/stat.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct CpuJiffies {
+    /// Everything but idle and iowait (steal included: it is time the CPUs were not ours).
+    busy: u64,
+    /// Time a virtual CPU wanted to run and the hypervisor ran something else.
+    steal: u64,
+}
+
+fn proc_stat() -> CpuJiffies {
+    parse_proc_stat(&fs::read_to_string("/proc/stat").unwrap_or_default())
+}
+
+fn parse_proc_stat(text: &str) -> CpuJiffies {
     let fields: Vec<u64> = text
         .lines()
-        .next()
+        .find(|l| l.split_whitespace().next() == Some("cpu"))
         .unwrap_or("")
         .split_whitespace()
         .skip(1)
-        .filter_map(|f| f.parse().ok())
+        .map(|f| f.parse().unwrap_or(0))
         .collect();
-    // user nice system idle iowait irq softirq steal guest guest_nice
-    let busy: u64 = fields
+    // user nice system idle iowait irq softirq steal (guest and guest_nice are within user)
+    let busy = fields
         .iter()
         .take(8)
         .enumerate()
         .filter(|(i, _)| *i != 3 && *i != 4)
         .map(|(_, v)| v)
         .sum();
-    let total: u64 = fields.iter().take(8).sum();
-    (busy, total)
+    CpuJiffies {
+        busy,
+        steal: fields.get(7).copied().unwrap_or(0),
+    }
 }
 
 /// Jiffies per second (USER_HZ).
@@ -103,25 +116,38 @@ fn user_hz() -> f64 {
     if hz > 0 { hz as f64 } else { 100.0 }
 }
 
-/// Machine-wide busy time, read at two points.
+/// Machine-wide busy and stolen time, read at two points.
 #[derive(Clone, Copy)]
 pub struct BusyMark {
-    busy: u64,
+    at_start: CpuJiffies,
     at: Instant,
+}
+
+/// What a [`BusyMark`] saw since it was taken.
+pub struct Busy {
+    /// CPU seconds the whole machine was busy (steal included).
+    pub busy_s: f64,
+    /// CPU seconds the hypervisor kept this machine's CPUs from running.
+    pub steal_s: f64,
+    pub wall_s: f64,
 }
 
 impl BusyMark {
     pub fn now() -> Self {
         Self {
-            busy: proc_stat().0,
+            at_start: proc_stat(),
             at: Instant::now(),
         }
     }
 
-    /// CPU seconds the whole machine was busy since this mark, and the wall seconds.
-    pub fn since(&self) -> (f64, f64) {
-        let busy = proc_stat().0.saturating_sub(self.busy) as f64 / user_hz();
-        (busy, self.at.elapsed().as_secs_f64())
+    pub fn since(&self) -> Busy {
+        let now = proc_stat();
+        let hz = user_hz();
+        Busy {
+            busy_s: now.busy.saturating_sub(self.at_start.busy) as f64 / hz,
+            steal_s: now.steal.saturating_sub(self.at_start.steal) as f64 / hz,
+            wall_s: self.at.elapsed().as_secs_f64(),
+        }
     }
 }
 
@@ -131,8 +157,8 @@ pub fn other_load(ours: &[u32], window: Duration) -> f64 {
     let ours_before = cpu_ns(ours);
     thread::sleep(window);
     let ours_cpu = cpu_ns(ours).saturating_sub(ours_before) as f64 / 1e9;
-    let (busy, wall) = mark.since();
-    ((busy - ours_cpu) / wall).max(0.0)
+    let b = mark.since();
+    ((b.busy_s - ours_cpu) / b.wall_s).max(0.0)
 }
 
 /// A child's exit and its CPU time (user + system of all its threads, from wait4's rusage:
@@ -387,6 +413,17 @@ pub fn nofile() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proc_stat_busy_counts_steal_and_leaves_out_idle_and_iowait() {
+        let text = "cpu  100 2 30 5000 7 1 9 40 0 0\ncpu0 50 1 15 2500 3 0 4 20 0 0\nintr 1\n";
+        let j = parse_proc_stat(text);
+        assert_eq!(j.busy, 100 + 2 + 30 + 1 + 9 + 40);
+        assert_eq!(j.steal, 40);
+        // A kernel without a steal column (or an unreadable file) reads as none.
+        assert_eq!(parse_proc_stat("cpu  1 2 3 4\n").steal, 0);
+        assert_eq!(parse_proc_stat(""), CpuJiffies::default());
+    }
 
     #[test]
     fn the_cpu_model_is_the_first_model_name() {

@@ -324,9 +324,16 @@ fn machine() -> String {
         .and_then(|info| cpu_model(&info))
         .unwrap_or_else(|| "unknown CPU".to_owned());
     let cpus = std::thread::available_parallelism().map_or(0, usize::from);
+    let driver = read("/sys/devices/system/cpu/cpuidle/current_driver");
+    // A guest's haltpoll driver polls this long before it halts the vCPU to the host; at 0
+    // every idle halts, and the wake-up waits on the host's scheduler (counted as steal).
+    let poll = fs::read_to_string("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+        .ok()
+        .filter(|_| driver == "haltpoll")
+        .map(|ns| format!(" (guest_halt_poll_ns {})", ns.trim()))
+        .unwrap_or_default();
     format!(
-        "{model}, {cpus} CPUs, cpuidle {}, clocksource {}",
-        read("/sys/devices/system/cpu/cpuidle/current_driver"),
+        "{model}, {cpus} CPUs, cpuidle {driver}{poll}, clocksource {}",
         read("/sys/devices/system/clocksource/clocksource0/current_clocksource"),
     )
 }

@@ -58,6 +58,12 @@ pub struct Args {
     /// Seconds to wait for a quiet machine before each measurement (then it runs, marked invalid).
     #[arg(long, default_value_t = 5)]
     pub quiet_wait: u64,
+    /// Measure a sample again (up to 2 more times) when the hypervisor stole more than this
+    /// many cores during it (steal time in /proc/stat); a sample still over it is marked
+    /// invalid. A paired S1/S0 measurement is repeated as a pair. Without it steal is only
+    /// recorded. For virtual machines whose vCPUs are often descheduled (e.g. 0.25).
+    #[arg(long, value_name = "CORES")]
+    pub steal_limit: Option<f64>,
     /// Do not rewrite BENCHMARKS.md and docs/bench/ (raw results are still kept).
     #[arg(long)]
     pub no_report: bool,
@@ -88,6 +94,8 @@ pub struct Env {
     pub dir: PathBuf,
     pub secs: f64,
     pub quiet_wait: Duration,
+    /// `--steal-limit`: cores of steal above which a measurement is taken again.
+    pub steal_limit: Option<f64>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -145,6 +153,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         dir,
         secs: args.secs,
         quiet_wait: Duration::from_secs(args.quiet_wait),
+        steal_limit: args.steal_limit,
     };
     let rows: Vec<_> = plan::rows(false)
         .into_iter()
@@ -197,6 +206,7 @@ pub fn smoke(proxy: Option<&Path>) -> anyhow::Result<()> {
         dir: dir.clone(),
         secs: 0.3,
         quiet_wait: Duration::ZERO,
+        steal_limit: None,
     };
     let results = execute(&env, plan::rows(true), 1, &publish, true, Filter::default())?;
     report::write(&results, &dir, &stamp)?;
@@ -251,6 +261,9 @@ pub struct Results {
     pub not_measured: Vec<(String, String)>,
     pub perf_available: bool,
     pub wall_s: f64,
+    /// `--steal-limit` of the run, if one was given.
+    #[serde(default)]
+    pub steal_limit: Option<f64>,
 }
 
 fn execute(
@@ -383,6 +396,7 @@ fn execute(
         not_measured,
         perf_available: perf_available(),
         wall_s: started.elapsed().as_secs_f64(),
+        steal_limit: env.steal_limit,
     };
     if results
         .facts_after
@@ -408,7 +422,7 @@ fn finish(results: &Results) -> anyhow::Result<()> {
     let invalid = results.samples.iter().filter(|s| !s.valid).count();
     let errors = results.samples.iter().filter(|s| s.error.is_some()).count();
     step(format!(
-        "{} samples, {invalid} invalid (other load or errors), {errors} errors, {:.0} s",
+        "{} samples, {invalid} invalid (other load, steal over `--steal-limit`, or errors), {errors} errors, {:.0} s",
         results.samples.len(),
         results.wall_s
     ));

@@ -20,6 +20,46 @@ pub const OTHER_LOAD_LIMIT: f64 = 0.10;
 /// The value key of the cores stolen by the hypervisor during a measurement (steal time in
 /// /proc/stat), recorded with every client-driven metric.
 pub const STEAL: &str = "steal_cores";
+/// How many times a measurement stolen over `--steal-limit` is taken again.
+pub const STEAL_RETRIES: u32 = 2;
+/// The value key of how many times a kept sample's measurement was taken again for steal.
+pub const REMEASURED: &str = "steal_remeasured";
+
+/// Whether the hypervisor stole more than `limit` cores during `s` (never without a limit, or
+/// for a sample that recorded no steal).
+pub fn stolen(s: &Sample, limit: Option<f64>) -> bool {
+    matches!((limit, s.values.get(STEAL)), (Some(l), Some(v)) if *v > l)
+}
+
+/// Takes a measurement with `take` (one sample, or a pair that stands or falls together) until
+/// no sample of it was stolen over `limit`, at most 1 + [`STEAL_RETRIES`] times; `show` sees
+/// every sample taken. Samples still over the limit after the last try are marked invalid;
+/// kept samples record how often they were taken again.
+pub fn steal_checked(
+    limit: Option<f64>,
+    mut take: impl FnMut() -> Vec<Sample>,
+    mut show: impl FnMut(&Sample),
+) -> Vec<Sample> {
+    let mut again = 0;
+    loop {
+        let mut v = take();
+        v.iter().for_each(&mut show);
+        let over = v.iter().any(|s| stolen(s, limit));
+        if over && again < STEAL_RETRIES {
+            again += 1;
+            continue;
+        }
+        for s in &mut v {
+            if stolen(s, limit) {
+                s.valid = false;
+            }
+            if again > 0 {
+                s.values.insert(REMEASURED.into(), f64::from(again));
+            }
+        }
+        return v;
+    }
+}
 
 /// What one client run measures.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -350,4 +390,83 @@ fn idle(ctx: &Ctx<'_>, conns: usize) -> anyhow::Result<BTreeMap<String, f64>> {
     v.insert("rss_idle_mib".into(), before / 1024.0);
     v.insert("kib_per_conn".into(), (with - before) / conns as f64);
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(steal: Option<f64>) -> Sample {
+        Sample {
+            run: 0,
+            pair: 0,
+            row: "S0 lo".into(),
+            scenario: "S0".into(),
+            path: "lo".into(),
+            metric: "cps".into(),
+            values: steal.map(|v| (STEAL.to_owned(), v)).into_iter().collect(),
+            other_load: 0.0,
+            unaccounted: 0.0,
+            valid: true,
+            error: None,
+        }
+    }
+
+    /// Runs `steal_checked` over measurements whose steal comes from `seq`, `per` samples each.
+    fn check(limit: Option<f64>, seq: &[f64], per: usize) -> (Vec<Sample>, usize) {
+        let mut it = seq.iter();
+        let mut shown = 0;
+        let kept = steal_checked(
+            limit,
+            || (0..per).map(|_| sample(it.next().copied())).collect(),
+            |_| shown += 1,
+        );
+        (kept, shown)
+    }
+
+    #[test]
+    fn without_a_limit_one_measurement_is_kept_whatever_the_steal() {
+        let (kept, shown) = check(None, &[0.9], 1);
+        assert_eq!(shown, 1);
+        assert!(kept[0].valid);
+        assert!(!kept[0].values.contains_key(REMEASURED));
+    }
+
+    #[test]
+    fn a_stolen_measurement_is_taken_again_until_it_is_under_the_limit() {
+        let (kept, shown) = check(Some(0.25), &[0.6, 0.2, 0.9], 1);
+        assert_eq!(shown, 2);
+        assert!(kept[0].valid);
+        assert_eq!(kept[0].values[STEAL], 0.2);
+        assert_eq!(kept[0].values[REMEASURED], 1.0);
+    }
+
+    #[test]
+    fn a_measurement_stolen_every_time_is_kept_invalid_after_the_last_try() {
+        let (kept, shown) = check(Some(0.25), &[0.6, 0.7, 0.8, 0.1], 1);
+        assert_eq!(shown, 1 + STEAL_RETRIES as usize);
+        assert!(!kept[0].valid);
+        assert_eq!(kept[0].values[STEAL], 0.8);
+        assert_eq!(kept[0].values[REMEASURED], f64::from(STEAL_RETRIES));
+    }
+
+    #[test]
+    fn a_pair_stands_or_falls_together() {
+        // One side stolen: both are taken again; the second pair is clean.
+        let (kept, shown) = check(Some(0.25), &[0.1, 0.5, 0.2, 0.1], 2);
+        assert_eq!(shown, 4);
+        assert_eq!(kept.len(), 2);
+        assert!(kept.iter().all(|s| s.valid && s.values[REMEASURED] == 1.0));
+        // Stolen to the end: only the side over the limit is invalid.
+        let (kept, _) = check(Some(0.25), &[0.1, 0.5, 0.1, 0.5, 0.1, 0.5], 2);
+        assert!(kept[0].valid);
+        assert!(!kept[1].valid);
+    }
+
+    #[test]
+    fn a_sample_without_steal_is_never_stolen() {
+        assert!(!stolen(&sample(None), Some(0.0)));
+        assert!(stolen(&sample(Some(0.3)), Some(0.25)));
+        assert!(!stolen(&sample(Some(0.25)), Some(0.25)));
+    }
 }

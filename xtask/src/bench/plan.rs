@@ -442,35 +442,51 @@ fn run_row_inner(
     let mut out = Vec::new();
     for m in &r.metrics {
         let pairs = pairs_of(r, *m);
-        let measure_row = |pair: u32, out: &mut Vec<Sample>| {
+        let measure_row = |pair: u32| {
             let mut s = measure::measure(&ctx, *m, run, &r.id, r.scenario);
             s.pair = pair;
             if let Some(t) = ready_s {
                 s.values.insert("daemon_ready_s".into(), t);
             }
-            crate::util::detail(summary(&s));
-            out.push(s);
+            s
+        };
+        let measure_baseline = |pair: u32| {
+            let mut s = measure::measure(&baseline, *m, run, &paired_id, "S0");
+            s.pair = pair;
+            s
+        };
+        let show = |s: &Sample| {
+            crate::util::detail(summary(s));
+            if measure::stolen(s, env.steal_limit) {
+                crate::util::detail(format!(
+                    "steal over the limit of {:.2} cores (`--steal-limit`)",
+                    env.steal_limit.unwrap_or_default()
+                ));
+            }
         };
         if pairs == 0 {
-            measure_row(0, &mut out);
+            out.extend(measure::steal_checked(
+                env.steal_limit,
+                || vec![measure_row(0)],
+                show,
+            ));
             continue;
         }
         for pair in 0..pairs {
             // The order within a pair is random, so neither side always runs warm.
             let baseline_first = rng.next() & 1 == 0;
-            let measure_baseline = |out: &mut Vec<Sample>| {
-                let mut s = measure::measure(&baseline, *m, run, &paired_id, "S0");
-                s.pair = pair;
-                crate::util::detail(summary(&s));
-                out.push(s);
+            let take_pair = || {
+                let mut v = Vec::with_capacity(2);
+                if baseline_first {
+                    v.push(measure_baseline(pair));
+                }
+                v.push(measure_row(pair));
+                if !baseline_first {
+                    v.push(measure_baseline(pair));
+                }
+                v
             };
-            if baseline_first {
-                measure_baseline(&mut out);
-            }
-            measure_row(pair, &mut out);
-            if !baseline_first {
-                measure_baseline(&mut out);
-            }
+            out.extend(measure::steal_checked(env.steal_limit, take_pair, show));
         }
     }
     Ok(out)

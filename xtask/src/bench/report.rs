@@ -434,9 +434,20 @@ fn header(md: &mut String, r: &Results, stamp: &str) {
         "| runs x seconds per measurement | {} x {} s (wall time {:.0} s) |",
         r.runs, r.secs, r.wall_s
     );
+    let steal_rule = r.steal_limit.map_or(String::new(), |l| {
+        let again = r
+            .samples
+            .iter()
+            .filter(|s| s.values.contains_key(super::measure::REMEASURED))
+            .count();
+        format!(
+            ", steal during it ≤ {l} core after up to {} more tries (`--steal-limit`; {again} kept samples were taken again)",
+            super::measure::STEAL_RETRIES
+        )
+    });
     let _ = writeln!(
         md,
-        "| valid samples | {valid} of {total} (other load before a measurement ≤ 0.1 core; highest seen {max_load:.2} cores) |"
+        "| valid samples | {valid} of {total} (other load before a measurement ≤ 0.1 core{steal_rule}; highest other load seen {max_load:.2} cores) |"
     );
     let _ = writeln!(
         md,
@@ -477,7 +488,7 @@ fn header(md: &mut String, r: &Results, stamp: &str) {
         S1 rows are paired: each S1 metric is measured {pairs} times per run, each next to an S0 measurement of its own (right before or after, in random order; \
         the same client straight to the backend from outside the cgroup while the daemon runs), and the run's ratio is the median over its {pairs} pairs. \
         The proxy rows of a path (S3, S4, S5) run side by side, metric by metric in a random order, and the targets compare them run by run (one row over the other). \
-        **†** = fewer than 5 valid runs went in: the figure includes runs taken while other load used more than 0.1 core, and is not a result."
+        **†** = fewer than 5 valid runs went in: the figure includes runs taken while other load used more than 0.1 core (or, with `--steal-limit`, under more steal than that), and is not a result."
     );
     if !errors.is_empty() {
         let _ = writeln!(md, "\nErrors ({}):\n", errors.len());

@@ -62,7 +62,7 @@ pub struct Args {
     /// many cores during it (steal time in /proc/stat); a sample still over it is marked
     /// invalid. A paired S1/S0 measurement is repeated as a pair. Without it steal is only
     /// recorded. For virtual machines whose vCPUs are often descheduled (e.g. 0.25).
-    #[arg(long, value_name = "CORES")]
+    #[arg(long, value_name = "CORES", value_parser = cores)]
     pub steal_limit: Option<f64>,
     /// Do not rewrite BENCHMARKS.md and docs/bench/ (raw results are still kept).
     #[arg(long)]
@@ -77,6 +77,16 @@ pub struct Args {
     pub report_from: Option<PathBuf>,
     #[command(subcommand)]
     pub worker: Option<Worker>,
+}
+
+/// A number of cores: finite and not negative.
+fn cores(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!(
+            "{s:?} is not a number of cores (a non-negative number such as 0.25)"
+        )),
+    }
 }
 
 /// Internal: the benchmark's own client and server processes.
@@ -587,7 +597,16 @@ fn perf_available() -> bool {
 mod tests {
     use std::path::Path;
 
-    use super::run_stamp;
+    use super::{cores, run_stamp};
+
+    #[test]
+    fn a_steal_limit_is_a_non_negative_number_of_cores() {
+        assert_eq!(cores("0.25"), Ok(0.25));
+        assert_eq!(cores("0"), Ok(0.0));
+        for bad in ["-0.1", "abc", "NaN", "inf", ""] {
+            assert!(cores(bad).is_err(), "{bad} accepted");
+        }
+    }
 
     #[test]
     fn the_run_stamp_comes_from_the_kept_copy_or_the_run_directory() {

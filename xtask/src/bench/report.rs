@@ -360,10 +360,16 @@ pub fn write(r: &Results, root: &Path, stamp: &str) -> anyhow::Result<()> {
         ],
     );
     if r.samples.iter().any(|s| s.values.contains_key(STEAL)) {
+        let title = match r.steal_limit {
+            Some(l) => format!(
+                "Hypervisor steal during the measurements (cores; kept samples; over {l} makes a sample invalid)"
+            ),
+            None => "Hypervisor steal during the measurements (cores; informative: not part of validity)".into(),
+        };
         table(
             &mut md,
             &t,
-            "Hypervisor steal during the measurements (cores; informative: not part of validity)",
+            &title,
             &[
                 ("bulk, 1 stream", "bulk_p1", STEAL, Abs),
                 ("RR 1 B, 1 conn", "rr_1b_c1", STEAL, Abs),

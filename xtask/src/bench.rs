@@ -274,6 +274,10 @@ pub struct Results {
     /// `--steal-limit` of the run, if one was given.
     #[serde(default)]
     pub steal_limit: Option<f64>,
+    /// The attempts `--steal-limit` took again, as measured (each `superseded`); not in the
+    /// report.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steal_dropped: Vec<measure::Sample>,
 }
 
 fn execute(
@@ -395,6 +399,7 @@ fn execute(
     drop(veth_backends);
     drop(pair);
     drop(lo_backends);
+    let (steal_dropped, samples) = samples.into_iter().partition(|s| s.superseded);
     let results = Results {
         commit,
         date: date(),
@@ -407,6 +412,7 @@ fn execute(
         perf_available: perf_available(),
         wall_s: started.elapsed().as_secs_f64(),
         steal_limit: env.steal_limit,
+        steal_dropped,
     };
     if results
         .facts_after

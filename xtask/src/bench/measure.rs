@@ -34,19 +34,26 @@ pub fn stolen(s: &Sample, limit: Option<f64>) -> bool {
 /// Takes a measurement with `take` (one sample, or a pair that stands or falls together) until
 /// no sample of it was stolen over `limit`, at most 1 + [`STEAL_RETRIES`] times; `show` sees
 /// every sample taken. Samples still over the limit after the last try are marked invalid;
-/// kept samples record how often they were taken again.
+/// kept samples record how often they were taken again. The attempts taken again come first
+/// in the result, marked `superseded` and invalid, so the raw results keep them.
 pub fn steal_checked(
     limit: Option<f64>,
     mut take: impl FnMut() -> Vec<Sample>,
     mut show: impl FnMut(&Sample),
 ) -> Vec<Sample> {
     let mut again = 0;
+    let mut dropped = Vec::new();
     loop {
         let mut v = take();
         v.iter().for_each(&mut show);
         let over = v.iter().any(|s| stolen(s, limit));
         if over && again < STEAL_RETRIES {
             again += 1;
+            dropped.extend(v.into_iter().map(|mut s| {
+                s.valid = false;
+                s.superseded = true;
+                s
+            }));
             continue;
         }
         for s in &mut v {
@@ -57,7 +64,8 @@ pub fn steal_checked(
                 s.values.insert(REMEASURED.into(), f64::from(again));
             }
         }
-        return v;
+        dropped.extend(v);
+        return dropped;
     }
 }
 
@@ -112,6 +120,10 @@ pub struct Sample {
     pub unaccounted: f64,
     pub valid: bool,
     pub error: Option<String>,
+    /// An attempt that `--steal-limit` took again: the raw results keep it apart
+    /// (`Results::steal_dropped`), the report leaves it out.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub superseded: bool,
 }
 
 /// What a measurement needs to know about its surroundings.
@@ -258,6 +270,7 @@ pub fn measure(ctx: &Ctx<'_>, m: Metric, run: u32, row: &str, scenario: &str) ->
         unaccounted: 0.0,
         valid: other_load <= OTHER_LOAD_LIMIT,
         error: None,
+        superseded: false,
     };
     let result = if let Metric::Idle { conns } = m {
         idle(ctx, conns)
@@ -409,18 +422,27 @@ mod tests {
             unaccounted: 0.0,
             valid: true,
             error: None,
+            superseded: false,
         }
     }
 
     /// Runs `steal_checked` over measurements whose steal comes from `seq`, `per` samples each.
+    /// Returns the kept samples and how many were shown; checks that the attempts taken again
+    /// come back too, before the kept ones, superseded and invalid.
     fn check(limit: Option<f64>, seq: &[f64], per: usize) -> (Vec<Sample>, usize) {
         let mut it = seq.iter();
         let mut shown = 0;
-        let kept = steal_checked(
+        let mut all = steal_checked(
             limit,
             || (0..per).map(|_| sample(it.next().copied())).collect(),
             |_| shown += 1,
         );
+        assert_eq!(all.len(), shown, "every attempt is returned");
+        let kept = all.split_off(shown - per);
+        assert!(all.iter().all(|s| s.superseded && !s.valid));
+        assert!(kept.iter().all(|s| !s.superseded));
+        let stolen: Vec<f64> = all.iter().map(|s| s.values[STEAL]).collect();
+        assert_eq!(stolen, seq[..shown - per], "dropped in the order taken");
         (kept, shown)
     }
 

@@ -313,6 +313,7 @@ pub fn run_row(
             unaccounted: 0.0,
             valid: false,
             error: Some(format!("{e:#}")),
+            superseded: false,
         }],
     }
 }
@@ -718,6 +719,7 @@ fn extra_sample(
         unaccounted: 0.0,
         valid: other_load <= measure::OTHER_LOAD_LIMIT,
         error: None,
+        superseded: false,
     };
     match f() {
         Ok(v) => s.values = v,
@@ -746,6 +748,7 @@ mod tests {
             unaccounted: 0.0,
             valid: true,
             error: None,
+            superseded: false,
         }
     }
 

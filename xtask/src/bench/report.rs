@@ -447,8 +447,9 @@ fn header(md: &mut String, r: &Results, stamp: &str) {
             .filter(|s| s.values.contains_key(super::measure::REMEASURED))
             .count();
         format!(
-            ", steal during it ≤ {l} core after up to {} more tries (`--steal-limit`; {again} kept samples were taken again)",
-            super::measure::STEAL_RETRIES
+            ", steal during it ≤ {l} core after up to {} more tries (`--steal-limit`; {again} kept samples were taken again; the {} attempts taken again are in the raw JSON's `steal_dropped`)",
+            super::measure::STEAL_RETRIES,
+            r.steal_dropped.len()
         )
     });
     let _ = writeln!(
@@ -655,6 +656,7 @@ mod tests {
             unaccounted: 0.0,
             valid: true,
             error: None,
+            superseded: false,
         }
     }
 

@@ -446,10 +446,14 @@ fn header(md: &mut String, r: &Results, stamp: &str) {
             .iter()
             .filter(|s| s.values.contains_key(super::measure::REMEASURED))
             .count();
+        // Runs before `steal_dropped` existed re-measured without keeping the attempts.
+        let dropped = match r.steal_dropped.len() {
+            0 if again > 0 => "the attempts taken again were not kept then".to_owned(),
+            n => format!("the {n} attempts taken again are in the raw JSON's `steal_dropped`"),
+        };
         format!(
-            ", steal during it ≤ {l} core after up to {} more tries (`--steal-limit`; {again} kept samples were taken again; the {} attempts taken again are in the raw JSON's `steal_dropped`)",
-            super::measure::STEAL_RETRIES,
-            r.steal_dropped.len()
+            ", steal during it ≤ {l} core after up to {} more tries (`--steal-limit`; {again} kept samples were taken again; {dropped})",
+            super::measure::STEAL_RETRIES
         )
     });
     let _ = writeln!(

@@ -28,9 +28,6 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bound of one API call.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// What the agent logs when one of its ports was taken before it could bind it.
-const PORT_TAKEN: &str = "address already in use";
-
 /// Where `cargo xtask setup` installs the binary, relative to the workspace root.
 const INSTALL_PATH: &str = "target/tools/consul";
 
@@ -76,15 +73,7 @@ impl Consul {
     /// Starts a dev agent whose datacenter is `datacenter` and waits until it serves the
     /// catalog.
     pub async fn start(datacenter: &str) -> Self {
-        const ATTEMPTS: usize = 4;
-        for attempt in 1..=ATTEMPTS {
-            match Self::try_start(datacenter).await {
-                Ok(consul) => return consul,
-                Err(log) if attempt < ATTEMPTS && log.contains(PORT_TAKEN) => continue,
-                Err(log) => panic!("consul did not start (attempt {attempt}):\n{log}"),
-            }
-        }
-        unreachable!("the last attempt returns or panics")
+        crate::start_retrying_async("consul", 4, async || Self::try_start(datacenter).await).await
     }
 
     /// One start; `Err` with the reason and the agent's log when it exited or elected no leader

@@ -301,15 +301,7 @@ impl Daemon {
     }
 
     fn start_with(config: &str, netns: Option<PathBuf>) -> Self {
-        const ATTEMPTS: usize = 4;
-        for attempt in 1..=ATTEMPTS {
-            match Self::try_start(config, netns.clone()) {
-                Ok(daemon) => return daemon,
-                Err(log) if attempt < ATTEMPTS && log.contains("Address already in use") => continue,
-                Err(log) => panic!("daemon exited (attempt {attempt}):\n{log}"),
-            }
-        }
-        unreachable!("the last attempt returns or panics")
+        crate::start_retrying("the daemon", 4, || Self::try_start(config, netns.clone()))
     }
 
     /// One start; `Err` with the daemon's log if it exited before it was ready.

@@ -47,15 +47,7 @@ impl Unbound {
     }
 
     fn start_with(records: &[&str], netns: Option<&Path>) -> Self {
-        const ATTEMPTS: usize = 5;
-        for attempt in 1..=ATTEMPTS {
-            match Self::try_start(records, netns) {
-                Ok(unbound) => return unbound,
-                Err(log) if attempt < ATTEMPTS && log.contains("Address already in use") => continue,
-                Err(log) => panic!("unbound exited at start (attempt {attempt}):\n{log}"),
-            }
-        }
-        unreachable!("the last attempt returns or panics")
+        crate::start_retrying("unbound", 5, || Self::try_start(records, netns))
     }
 
     /// One start; `Err` with unbound's log when it exited before serving.
@@ -141,7 +133,9 @@ impl Unbound {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Ok(Some(_)) = self.child.try_wait() {
-                return Err(std::fs::read_to_string(self.dir.join("unbound.log")).unwrap_or_default());
+                return Err(
+                    std::fs::read_to_string(self.dir.join("unbound.log")).unwrap_or_default()
+                );
             }
             match self.control(&["status"]) {
                 Ok(_) => return Ok(()),

@@ -179,11 +179,42 @@ pub fn send_framed(stream: &mut TcpStream, data: &[u8]) -> std::io::Result<()> {
 
 /// Receives one length-prefixed message and returns its digest and length.
 pub fn recv_framed(stream: &mut TcpStream) -> std::io::Result<(u64, usize)> {
+    let deadline = Instant::now() + Duration::from_secs(20);
     let mut len = [0u8; 8];
-    stream.read_exact(&mut len)?;
+    let mut eagain = read_exact_until(stream, &mut len, deadline)?;
     let mut data = vec![0u8; u64::from_be_bytes(len) as usize];
-    stream.read_exact(&mut data)?;
+    eagain += read_exact_until(stream, &mut data, deadline)?;
+    if eagain > 0 {
+        eprintln!(
+            "note: a blocking read returned EAGAIN {eagain} time(s) before its timeout \
+             (the sockmap receive path; ARCHITECTURE.md, Splicing)"
+        );
+    }
     Ok((digest(&data), data.len()))
+}
+
+/// `read_exact` on a blocking socket that reads on through EAGAIN until `deadline`, returning how
+/// many times it saw one. A socket in a sockmap can get EAGAIN from a blocking read on a wake-up
+/// without data (the kernel's `tcp_bpf_recvmsg_parser`); that is documented socket behaviour under
+/// splicing, while these tests check the bytes.
+fn read_exact_until(
+    stream: &mut TcpStream,
+    mut buf: &mut [u8],
+    deadline: Instant,
+) -> std::io::Result<u64> {
+    let mut eagain = 0;
+    while !buf.is_empty() {
+        match stream.read(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => buf = &mut buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                eagain += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(eagain)
 }
 
 /// One connection between two processes inside `cgroup` and `netns`: a server bound at `listen`

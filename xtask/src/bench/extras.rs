@@ -86,13 +86,14 @@ pub fn health(env: &Env, endpoints: u32) -> anyhow::Result<BTreeMap<String, f64>
     let before = sys::cpu_ns(&[server.pid()]);
     let child = topo::Net::in_ns(Some(&ns.0), &env.worker, &args)
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .context("starting the health worker")?;
     let reaped = sys::reap(child, "health worker", Duration::from_secs_f64(secs + 60.0))?;
     let listener_cpu = sys::cpu_ns(&[server.pid()]).saturating_sub(before) as f64 / 1e9;
     drop(server);
     if !reaped.success {
-        bail!("the health worker failed");
+        bail!("the health worker failed ({})", reaped.failure);
     }
     let mut v = json_values(&reaped.stdout)?;
     v.insert("listener_cpu_s".into(), listener_cpu);

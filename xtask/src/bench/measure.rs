@@ -297,6 +297,7 @@ fn client_run(
     let child = client_cmd(ctx, m)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .context("starting the client")?;
     let reaped = sys::reap(
@@ -308,7 +309,12 @@ fn client_run(
     let b = mark.since();
     sample.unaccounted = ((b.busy_s - b.steal_s - ours_cpu - reaped.cpu_s) / b.wall_s).max(0.0);
     if !reaped.success {
-        bail!("{} client failed: {}", m.key(), reaped.stdout.trim());
+        bail!(
+            "{} client failed ({}); its output: {:?}",
+            m.key(),
+            reaped.failure,
+            reaped.stdout.trim()
+        );
     }
     let out: serde_json::Value = serde_json::from_str(reaped.stdout.trim()).with_context(|| {
         format!(
@@ -345,6 +351,8 @@ fn client_run(
                     0.0
                 },
             );
+            // EAGAIN returned to a blocking read before its timeout (see the worker).
+            v.insert("eagain".into(), out["eagain"].as_f64().unwrap_or(0.0));
         }
         Metric::Rr { .. } => {
             let n = out["transactions"].as_f64().unwrap_or(0.0);

@@ -293,6 +293,7 @@ pub fn write(r: &Results, root: &Path, stamp: &str) -> anyhow::Result<()> {
             ("4 streams ×S0", "bulk_p4", "gbps", Ratio),
             ("CPU s/GB (1 stream)", "bulk_p1", "cpu_s_per_gb", Abs),
             ("integrity (1 = hashes equal)", "integrity", "ok", Abs),
+            ("EAGAIN to a blocking read", "integrity", "eagain", Abs),
         ],
     );
     table(

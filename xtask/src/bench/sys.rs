@@ -167,19 +167,24 @@ pub struct Reaped {
     pub success: bool,
     pub cpu_s: f64,
     pub stdout: String,
+    /// How it ended ("exit status 1", "signal 9") and its stderr if that was piped: what a
+    /// failed client said, for the sample's error.
+    pub failure: String,
 }
 
-/// Waits for `child` with wait4 and collects its stdout (piped) and rusage.
+/// Waits for `child` with wait4 and collects its stdout and stderr (where piped) and rusage.
 pub fn reap(mut child: Child, what: &str, limit: Duration) -> anyhow::Result<Reaped> {
-    use std::io::Read as _;
-    let mut out = child.stdout.take();
-    let reader = thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(o) = out.as_mut() {
-            let _ = o.read_to_string(&mut s);
-        }
-        s
-    });
+    fn drain(pipe: Option<impl std::io::Read + Send + 'static>) -> thread::JoinHandle<String> {
+        thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_string(&mut s);
+            }
+            s
+        })
+    }
+    let reader = drain(child.stdout.take());
+    let err_reader = drain(child.stderr.take());
     let pid = child.id() as libc::pid_t;
     let deadline = Instant::now() + limit;
     let mut status = 0;
@@ -204,11 +209,27 @@ pub fn reap(mut child: Child, what: &str, limit: Duration) -> anyhow::Result<Rea
     }
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     let stdout = reader.join().unwrap_or_default();
+    let stderr = err_reader.join().unwrap_or_default();
     let success = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    let ended = if libc::WIFSIGNALED(status) {
+        format!("killed by signal {}", libc::WTERMSIG(status))
+    } else {
+        format!("exit status {}", libc::WEXITSTATUS(status))
+    };
+    // The first 2,000 characters: the error, not a whole backtrace.
+    let stderr = match stderr.trim().char_indices().nth(2000) {
+        Some((i, _)) => format!("{} [...]", &stderr.trim()[..i]),
+        None => stderr.trim().to_owned(),
+    };
     Ok(Reaped {
         success,
         cpu_s: tv(usage.ru_utime) + tv(usage.ru_stime),
         stdout,
+        failure: if stderr.is_empty() {
+            ended
+        } else {
+            format!("{ended}: {stderr}")
+        },
     })
 }
 

@@ -327,8 +327,12 @@ fn s5_vs_s4(t: &Table<'_>, default_on: bool) -> Verdict {
     };
     let p50 = rel("ol_1000", "p50_us");
     let integrity = t.abs("S5 lo ours", "integrity", "ok");
+    // EAGAIN returned to the client's blocking read (the sockmap receive path's early return,
+    // see the worker): a change of socket semantics is a failure of the splice too. Runs older
+    // than the count have none recorded and are judged on the hashes alone.
+    let eagain = t.abs("S5 lo ours", "integrity", "eagain");
     let faster = rr1.0 >= 1.10 || rr1k.0 >= 1.10 || p50.is_some_and(|p| p.0 <= 0.90);
-    let intact = integrity.is_some_and(|s| s.min >= 1.0);
+    let intact = integrity.is_some_and(|s| s.min >= 1.0) && eagain.is_none_or(|s| s.max == 0.0);
     let stats = [Some(rr1.1), Some(rr1k.1), Some(bulk.1), integrity];
     let wins = faster && bulk.0 >= 0.95 && intact;
     judge(
@@ -339,7 +343,13 @@ fn s5_vs_s4(t: &Table<'_>, default_on: bool) -> Verdict {
             rr1k.0,
             p50.map_or("–".into(), |p| format!("{:.3}×", p.0)),
             bulk.0,
-            if intact { "ok" } else { "FAILED or missing" },
+            if intact {
+                "ok"
+            } else if eagain.is_some_and(|s| s.max > 0.0) {
+                "EAGAIN seen by a blocking read"
+            } else {
+                "FAILED or missing"
+            },
             if wins { "wins" } else { "does not win" },
             if default_on {
                 "kernel (on)"
@@ -366,5 +376,59 @@ fn publish(t: &Table<'_>) -> Verdict {
             &[Some(a), Some(b)],
         ),
         _ => Verdict::NotMeasured("no publish samples at 10,000 hosts".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// S4 and S5 loopback rows in which S5 is 20% faster at 1-byte RR and as fast on bulk, with
+    /// intact hashes and `eagain` EAGAINs seen by the integrity client's blocking read.
+    fn s5_results(eagain: f64) -> Results {
+        let facts = serde_json::json!({"kernel": "k", "nft_tables": [], "bpf_prog_ids": []});
+        let sample = |row: &str, metric: &str, values: serde_json::Value| {
+            serde_json::json!({
+                "run": 0, "pair": 0, "row": row, "scenario": &row[..2], "path": "lo",
+                "metric": metric, "values": values, "other_load": 0.0, "unaccounted": 0.0,
+                "valid": true, "error": null, "superseded": false,
+            })
+        };
+        let mut samples = Vec::new();
+        for (row, tps) in [("S4 lo ours", 100.0), ("S5 lo ours", 120.0)] {
+            samples.push(sample(row, "rr_1b_c1", serde_json::json!({"tps": tps})));
+            samples.push(sample(row, "rr_1024b_c1", serde_json::json!({"tps": tps})));
+            samples.push(sample(row, "bulk_p1", serde_json::json!({"gbps": 10.0})));
+        }
+        samples.push(sample(
+            "S5 lo ours",
+            "integrity",
+            serde_json::json!({"ok": 1.0, "eagain": eagain}),
+        ));
+        serde_json::from_value(serde_json::json!({
+            "commit": "c", "date": "d", "runs": 1, "secs": 2.0, "wall_s": 1.0,
+            "perf_available": false, "not_measured": [],
+            "facts_before": facts, "facts_after": facts, "samples": samples,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn s5_wins_only_without_eagain_to_a_blocking_read() {
+        let clean = s5_results(0.0);
+        let t = Table::new(&clean);
+        assert!(matches!(s5_vs_s4(&t, true), Verdict::Met(d) if d.contains("S5 wins")));
+        assert!(matches!(s5_vs_s4(&t, false), Verdict::NotMet(_)));
+
+        let eagain = s5_results(1.0);
+        let t = Table::new(&eagain);
+        match s5_vs_s4(&t, false) {
+            Verdict::Met(d) => {
+                assert!(d.contains("EAGAIN seen by a blocking read"), "{d}");
+                assert!(d.contains("does not win"), "{d}");
+            }
+            _ => panic!("faster but changing socket semantics must not win"),
+        }
+        assert!(matches!(s5_vs_s4(&t, true), Verdict::NotMet(_)));
     }
 }

@@ -58,12 +58,16 @@ pub struct Args {
     /// Seconds to wait for a quiet machine before each measurement (then it runs, marked invalid).
     #[arg(long, default_value_t = 5)]
     pub quiet_wait: u64,
-    /// Measure a sample again (up to 2 more times) when the hypervisor stole more than this
-    /// many cores during it (steal time in /proc/stat); a sample still over it is marked
-    /// invalid. A paired S1/S0 measurement is repeated as a pair. Without it steal is only
-    /// recorded. For virtual machines whose vCPUs are often descheduled (e.g. 0.25).
+    /// Measure a sample again (up to `--steal-retries` more times) when the hypervisor stole
+    /// more than this many cores during it (steal time in /proc/stat); a sample still over it is
+    /// marked invalid. A paired S1/S0 measurement is repeated as a pair. Without it steal is
+    /// only recorded. For virtual machines whose vCPUs are often descheduled (e.g. 0.25).
     #[arg(long, value_name = "CORES", value_parser = cores)]
     pub steal_limit: Option<f64>,
+    /// How many more times `--steal-limit` may take one measurement (a larger budget keeps
+    /// more cells at five valid runs on a noisy host, at the cost of wall time).
+    #[arg(long, value_name = "N", default_value_t = measure::STEAL_RETRIES, requires = "steal_limit")]
+    pub steal_retries: u32,
     /// Do not rewrite BENCHMARKS.md and docs/bench/ (raw results are still kept).
     #[arg(long)]
     pub no_report: bool,
@@ -106,6 +110,8 @@ pub struct Env {
     pub quiet_wait: Duration,
     /// `--steal-limit`: cores of steal above which a measurement is taken again.
     pub steal_limit: Option<f64>,
+    /// `--steal-retries`: how many more times at most.
+    pub steal_retries: u32,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -164,6 +170,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         secs: args.secs,
         quiet_wait: Duration::from_secs(args.quiet_wait),
         steal_limit: args.steal_limit,
+        steal_retries: args.steal_retries,
     };
     let rows: Vec<_> = plan::rows(false)
         .into_iter()
@@ -217,6 +224,7 @@ pub fn smoke(proxy: Option<&Path>) -> anyhow::Result<()> {
         secs: 0.3,
         quiet_wait: Duration::ZERO,
         steal_limit: None,
+        steal_retries: 0,
     };
     let results = execute(&env, plan::rows(true), 1, &publish, true, Filter::default())?;
     report::write(&results, &dir, &stamp)?;
@@ -274,10 +282,17 @@ pub struct Results {
     /// `--steal-limit` of the run, if one was given.
     #[serde(default)]
     pub steal_limit: Option<f64>,
+    /// `--steal-retries` of the run (runs before the option had the default).
+    #[serde(default = "default_steal_retries")]
+    pub steal_retries: u32,
     /// The attempts `--steal-limit` took again, as measured (each `superseded`); not in the
     /// report.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steal_dropped: Vec<measure::Sample>,
+}
+
+fn default_steal_retries() -> u32 {
+    measure::STEAL_RETRIES
 }
 
 fn execute(
@@ -412,6 +427,7 @@ fn execute(
         perf_available: perf_available(),
         wall_s: started.elapsed().as_secs_f64(),
         steal_limit: env.steal_limit,
+        steal_retries: env.steal_retries,
         steal_dropped,
     };
     if results

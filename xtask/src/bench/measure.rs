@@ -20,7 +20,8 @@ pub const OTHER_LOAD_LIMIT: f64 = 0.10;
 /// The value key of the cores stolen by the hypervisor during a measurement (steal time in
 /// /proc/stat), recorded with every client-driven metric.
 pub const STEAL: &str = "steal_cores";
-/// How many times a measurement stolen over `--steal-limit` is taken again.
+/// How many times a measurement stolen over `--steal-limit` is taken again (the default of
+/// `--steal-retries`).
 pub const STEAL_RETRIES: u32 = 2;
 /// The value key of how many times a kept sample's measurement was taken again for steal.
 pub const REMEASURED: &str = "steal_remeasured";
@@ -32,12 +33,13 @@ pub fn stolen(s: &Sample, limit: Option<f64>) -> bool {
 }
 
 /// Takes a measurement with `take` (one sample, or a pair that stands or falls together) until
-/// no sample of it was stolen over `limit`, at most 1 + [`STEAL_RETRIES`] times; `show` sees
+/// no sample of it was stolen over `limit`, at most 1 + `retries` times; `show` sees
 /// every sample taken. Samples still over the limit after the last try are marked invalid;
 /// kept samples record how often they were taken again. The attempts taken again come first
 /// in the result, marked `superseded` and invalid, so the raw results keep them.
 pub fn steal_checked(
     limit: Option<f64>,
+    retries: u32,
     mut take: impl FnMut() -> Vec<Sample>,
     mut show: impl FnMut(&Sample),
 ) -> Vec<Sample> {
@@ -47,7 +49,7 @@ pub fn steal_checked(
         let mut v = take();
         v.iter().for_each(&mut show);
         let over = v.iter().any(|s| stolen(s, limit));
-        if over && again < STEAL_RETRIES {
+        if over && again < retries {
             again += 1;
             dropped.extend(v.into_iter().map(|mut s| {
                 s.valid = false;
@@ -442,6 +444,7 @@ mod tests {
         let mut shown = 0;
         let mut all = steal_checked(
             limit,
+            STEAL_RETRIES,
             || (0..per).map(|_| sample(it.next().copied())).collect(),
             |_| shown += 1,
         );
@@ -478,6 +481,25 @@ mod tests {
         assert!(!kept[0].valid);
         assert_eq!(kept[0].values[STEAL], 0.8);
         assert_eq!(kept[0].values[REMEASURED], f64::from(STEAL_RETRIES));
+    }
+
+    #[test]
+    fn a_larger_retry_budget_takes_more_tries() {
+        let seq = [0.6, 0.7, 0.8, 0.9, 0.1];
+        let mut it = seq.iter();
+        let mut shown = 0;
+        let all = steal_checked(
+            Some(0.25),
+            4,
+            || vec![sample(it.next().copied())],
+            |_| shown += 1,
+        );
+        assert_eq!(shown, 5);
+        let kept = all.last().unwrap();
+        assert!(kept.valid && !kept.superseded);
+        assert_eq!(kept.values[STEAL], 0.1);
+        assert_eq!(kept.values[REMEASURED], 4.0);
+        assert_eq!(all.iter().filter(|s| s.superseded).count(), 4);
     }
 
     #[test]

@@ -468,6 +468,7 @@ fn run_row_inner(
         if pairs == 0 {
             out.extend(measure::steal_checked(
                 env.steal_limit,
+                env.steal_retries,
                 || vec![measure_row(0)],
                 show,
             ));
@@ -487,7 +488,12 @@ fn run_row_inner(
                 }
                 v
             };
-            out.extend(measure::steal_checked(env.steal_limit, take_pair, show));
+            out.extend(measure::steal_checked(
+                env.steal_limit,
+                env.steal_retries,
+                take_pair,
+                show,
+            ));
         }
     }
     Ok(out)

@@ -454,7 +454,7 @@ fn header(md: &mut String, r: &Results, stamp: &str) {
         };
         format!(
             ", steal during it ≤ {l} core after up to {} more tries (`--steal-limit`; {again} kept samples were taken again; {dropped})",
-            super::measure::STEAL_RETRIES
+            r.steal_retries
         )
     });
     let _ = writeln!(

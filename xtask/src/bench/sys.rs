@@ -167,7 +167,7 @@ pub struct Reaped {
     pub success: bool,
     pub cpu_s: f64,
     pub stdout: String,
-    /// How it ended ("exit status 1", "signal 9") and its stderr if that was piped: what a
+    /// How it ended ("exit status 1", "killed by signal 9") and its stderr if that was piped: what a
     /// failed client said, for the sample's error.
     pub failure: String,
 }
@@ -217,19 +217,17 @@ pub fn reap(mut child: Child, what: &str, limit: Duration) -> anyhow::Result<Rea
         format!("exit status {}", libc::WEXITSTATUS(status))
     };
     // The first 2,000 characters: the error, not a whole backtrace.
-    let stderr = match stderr.trim().char_indices().nth(2000) {
-        Some((i, _)) => format!("{} [...]", &stderr.trim()[..i]),
-        None => stderr.trim().to_owned(),
+    let stderr = stderr.trim();
+    let failure = match stderr.char_indices().nth(2000) {
+        _ if stderr.is_empty() => ended,
+        Some((i, _)) => format!("{ended}: {} [...]", &stderr[..i]),
+        None => format!("{ended}: {stderr}"),
     };
     Ok(Reaped {
         success,
         cpu_s: tv(usage.ru_utime) + tv(usage.ru_stime),
         stdout,
-        failure: if stderr.is_empty() {
-            ended
-        } else {
-            format!("{ended}: {stderr}")
-        },
+        failure,
     })
 }
 

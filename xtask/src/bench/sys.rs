@@ -167,8 +167,8 @@ pub struct Reaped {
     pub success: bool,
     pub cpu_s: f64,
     pub stdout: String,
-    /// How it ended ("exit status 1", "killed by signal 9") and its stderr if that was piped: what a
-    /// failed client said, for the sample's error.
+    /// How it ended ("exit status 1", "killed by signal 9") and its stderr if that was piped:
+    /// what a failed client said, for the sample's error.
     pub failure: String,
 }
 

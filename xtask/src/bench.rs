@@ -68,6 +68,13 @@ pub struct Args {
     /// more cells at five valid runs on a noisy host, at the cost of wall time).
     #[arg(long, value_name = "N", default_value_t = measure::STEAL_RETRIES, requires = "steal_limit")]
     pub steal_retries: u32,
+    /// In a KVM guest whose cpuidle driver is haltpoll: poll this many nanoseconds before an
+    /// idle vCPU halts to the host, for the run (`guest_halt_poll_ns`, put back afterwards).
+    /// At 0 every idle vCPU halts at once and its wake-up waits on the host's scheduler, which
+    /// shows as steal and decides rows that sleep per message (1-connection RR, conn/s);
+    /// 200000 is the kernel's default. The machine line of the report shows the value in force.
+    #[arg(long, value_name = "NS")]
+    pub halt_poll_ns: Option<u64>,
     /// Do not rewrite BENCHMARKS.md and docs/bench/ (raw results are still kept).
     #[arg(long)]
     pub no_report: bool,
@@ -112,6 +119,8 @@ pub struct Env {
     pub steal_limit: Option<f64>,
     /// `--steal-retries`: how many more times at most.
     pub steal_retries: u32,
+    /// `--halt-poll-ns`, if the run set the haltpoll poll time.
+    pub halt_poll_ns: Option<u64>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -141,6 +150,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return smoke(None);
     }
     install_tools(false)?;
+    // Before the build, so a machine without haltpoll fails at once; dropped (put back) when
+    // this function returns, whatever way it does.
+    let halt_poll = args.halt_poll_ns.map(sys::HaltPoll::set).transpose()?;
+    if let (Some(ns), Some(guard)) = (args.halt_poll_ns, &halt_poll) {
+        detail(format!(
+            "guest_halt_poll_ns {ns} for the run (was {}; put back at the end)",
+            guard.before()
+        ));
+    }
     if !args.no_build {
         step("building the daemon, the workers and the publish benchmark (release)");
         util::run(
@@ -171,6 +189,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         quiet_wait: Duration::from_secs(args.quiet_wait),
         steal_limit: args.steal_limit,
         steal_retries: args.steal_retries,
+        halt_poll_ns: args.halt_poll_ns,
     };
     let rows: Vec<_> = plan::rows(false)
         .into_iter()
@@ -225,6 +244,7 @@ pub fn smoke(proxy: Option<&Path>) -> anyhow::Result<()> {
         quiet_wait: Duration::ZERO,
         steal_limit: None,
         steal_retries: 0,
+        halt_poll_ns: None,
     };
     let results = execute(&env, plan::rows(true), 1, &publish, true, Filter::default())?;
     report::write(&results, &dir, &stamp)?;
@@ -285,6 +305,10 @@ pub struct Results {
     /// `--steal-retries` of the run (runs before the option had the default).
     #[serde(default = "default_steal_retries")]
     pub steal_retries: u32,
+    /// `--halt-poll-ns` of the run, if one was given (the machine facts show the value in
+    /// force either way).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halt_poll_ns: Option<u64>,
     /// The attempts `--steal-limit` took again, as measured (each `superseded`); not in the
     /// report.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -428,6 +452,7 @@ fn execute(
         wall_s: started.elapsed().as_secs_f64(),
         steal_limit: env.steal_limit,
         steal_retries: env.steal_retries,
+        halt_poll_ns: env.halt_poll_ns,
         steal_dropped,
     };
     if results

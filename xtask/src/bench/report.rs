@@ -430,9 +430,12 @@ fn header(md: &mut String, r: &Results, stamp: &str) {
     let _ = writeln!(md, "| | |\n|---|---|");
     let _ = writeln!(md, "| commit | `{}` |", r.commit);
     let _ = writeln!(md, "| kernel | {} |", r.facts_before.kernel);
+    let set_poll = r.halt_poll_ns.map_or(String::new(), |ns| {
+        format!(" (poll time {ns} ns set for the run by `--halt-poll-ns`)")
+    });
     let _ = writeln!(
         md,
-        "| machine | {} |",
+        "| machine | {}{set_poll} |",
         r.facts_before.machine.as_deref().unwrap_or("not recorded")
     );
     let _ = writeln!(md, "| date | {} |", r.date);

@@ -346,7 +346,7 @@ fn machine() -> String {
     let driver = read("/sys/devices/system/cpu/cpuidle/current_driver");
     // A guest's haltpoll driver polls this long before it halts the vCPU to the host; at 0
     // every idle halts, and the wake-up waits on the host's scheduler (counted as steal).
-    let poll = fs::read_to_string("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+    let poll = fs::read_to_string(HALT_POLL_NS)
         .ok()
         .filter(|_| driver == "haltpoll")
         .map(|ns| format!(" (guest_halt_poll_ns {})", ns.trim()))
@@ -355,6 +355,64 @@ fn machine() -> String {
         "{model}, {cpus} CPUs, cpuidle {driver}{poll}, clocksource {}",
         read("/sys/devices/system/clocksource/clocksource0/current_clocksource"),
     )
+}
+
+/// Where a KVM guest's haltpoll cpuidle driver keeps its poll time.
+pub const HALT_POLL_NS: &str = "/sys/module/haltpoll/parameters/guest_halt_poll_ns";
+
+/// `--halt-poll-ns`: the haltpoll poll time set for the run, and the value that was there,
+/// written back on drop (also when the run fails or is interrupted).
+pub struct HaltPoll {
+    path: std::path::PathBuf,
+    before: String,
+}
+
+impl HaltPoll {
+    /// Sets the poll time of this machine's haltpoll driver; an error if the machine's cpuidle
+    /// driver is another (bare metal, or a guest without haltpoll) or the value is refused.
+    pub fn set(ns: u64) -> anyhow::Result<Self> {
+        let driver = fs::read_to_string("/sys/devices/system/cpu/cpuidle/current_driver")
+            .map(|d| d.trim().to_owned())
+            .unwrap_or_else(|_| "none".to_owned());
+        if driver != "haltpoll" {
+            bail!(
+                "--halt-poll-ns: this machine's cpuidle driver is {driver}, not haltpoll (the \
+                 driver of a KVM guest); there is no poll time to set"
+            );
+        }
+        Self::set_at(std::path::Path::new(HALT_POLL_NS), ns)
+    }
+
+    /// `set` on the parameter file at `path`.
+    fn set_at(path: &std::path::Path, ns: u64) -> anyhow::Result<Self> {
+        let before = fs::read_to_string(path)
+            .with_context(|| format!("--halt-poll-ns: reading {}", path.display()))?
+            .trim()
+            .to_owned();
+        fs::write(path, ns.to_string())
+            .with_context(|| format!("--halt-poll-ns: writing {ns} to {}", path.display()))?;
+        Ok(Self {
+            path: path.to_owned(),
+            before,
+        })
+    }
+
+    /// The value the run found and puts back.
+    pub fn before(&self) -> &str {
+        &self.before
+    }
+}
+
+impl Drop for HaltPoll {
+    fn drop(&mut self) {
+        if let Err(e) = fs::write(&self.path, &self.before) {
+            eprintln!(
+                "could not put {} back to {}: {e}; write it by hand",
+                self.path.display(),
+                self.before
+            );
+        }
+    }
 }
 
 /// The first `model name` of /proc/cpuinfo.
@@ -457,6 +515,26 @@ mod tests {
                     processor\t: 1\nmodel name\t: Other\n";
         assert_eq!(cpu_model(info).as_deref(), Some("AMD EPYC"));
         assert_eq!(cpu_model("processor\t: 0\n"), None);
+    }
+
+    #[test]
+    fn the_halt_poll_time_is_set_for_the_run_and_put_back() {
+        let dir = std::env::temp_dir().join(format!("halt-poll-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("guest_halt_poll_ns");
+        fs::write(&file, "0\n").unwrap();
+        {
+            let guard = HaltPoll::set_at(&file, 200_000).unwrap();
+            assert_eq!(guard.before(), "0");
+            assert_eq!(fs::read_to_string(&file).unwrap(), "200000");
+        }
+        assert_eq!(fs::read_to_string(&file).unwrap(), "0");
+        // A missing parameter is an error that names it, and nothing is written.
+        let missing = dir.join("absent");
+        let err = HaltPoll::set_at(&missing, 1).err().unwrap();
+        assert!(format!("{err:#}").contains("absent"), "{err:#}");
+        assert!(!missing.exists());
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -152,13 +152,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     install_tools(false)?;
     // Before the build, so a machine without haltpoll fails at once; dropped (put back) when
     // this function returns, whatever way it does.
-    let halt_poll = args.halt_poll_ns.map(sys::HaltPoll::set).transpose()?;
-    if let (Some(ns), Some(guard)) = (args.halt_poll_ns, &halt_poll) {
-        detail(format!(
-            "guest_halt_poll_ns {ns} for the run (was {}; put back at the end)",
-            guard.before()
-        ));
-    }
+    let _halt_poll = match args.halt_poll_ns {
+        Some(ns) => {
+            let guard = sys::HaltPoll::set(ns)?;
+            detail(format!(
+                "guest_halt_poll_ns {ns} for the run (was {}; put back at the end)",
+                guard.before()
+            ));
+            Some(guard)
+        }
+        None => None,
+    };
     if !args.no_build {
         step("building the daemon, the workers and the publish benchmark (release)");
         util::run(

@@ -343,7 +343,7 @@ fn machine() -> String {
         .and_then(|info| cpu_model(&info))
         .unwrap_or_else(|| "unknown CPU".to_owned());
     let cpus = std::thread::available_parallelism().map_or(0, usize::from);
-    let driver = read("/sys/devices/system/cpu/cpuidle/current_driver");
+    let driver = read(CPUIDLE_DRIVER);
     // A guest's haltpoll driver polls this long before it halts the vCPU to the host; at 0
     // every idle halts, and the wake-up waits on the host's scheduler (counted as steal).
     let poll = fs::read_to_string(HALT_POLL_NS)
@@ -356,6 +356,9 @@ fn machine() -> String {
         read("/sys/devices/system/clocksource/clocksource0/current_clocksource"),
     )
 }
+
+/// The cpuidle driver in use ("haltpoll" in a KVM guest that has it).
+const CPUIDLE_DRIVER: &str = "/sys/devices/system/cpu/cpuidle/current_driver";
 
 /// Where a KVM guest's haltpoll cpuidle driver keeps its poll time.
 pub const HALT_POLL_NS: &str = "/sys/module/haltpoll/parameters/guest_halt_poll_ns";
@@ -371,7 +374,7 @@ impl HaltPoll {
     /// Sets the poll time of this machine's haltpoll driver; an error if the machine's cpuidle
     /// driver is another (bare metal, or a guest without haltpoll) or the value is refused.
     pub fn set(ns: u64) -> anyhow::Result<Self> {
-        let driver = fs::read_to_string("/sys/devices/system/cpu/cpuidle/current_driver")
+        let driver = fs::read_to_string(CPUIDLE_DRIVER)
             .map(|d| d.trim().to_owned())
             .unwrap_or_else(|_| "none".to_owned());
         if driver != "haltpoll" {

@@ -3,7 +3,9 @@
 use std::{env, path::Path};
 
 fn main() {
-    let Some(path) = env::var_os("PATH") else { return };
+    let Some(path) = env::var_os("PATH") else {
+        return;
+    };
     for dir in env::split_paths(&path) {
         let linker = dir.join("bpf-linker");
         if Path::new(&linker).exists() {

@@ -29,7 +29,8 @@ use crate::{
 };
 
 /// A share of traffic that must fail: the publisher writes it as refusing slots.
-pub const REFUSE: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0);
+pub const REFUSE: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0);
 
 /// Weight units per percent of traffic when legs are merged into one level.
 const UNITS_PER_PERCENT: f64 = 10_000.0;
@@ -120,7 +121,10 @@ impl ChainPlan {
         }
         let to_planned = |t: &TargetLeg| -> Result<PlannedTarget, ChainExecError> {
             let cluster = target_cluster(t, local_dc, &has_cluster)?;
-            Ok(PlannedTarget { cluster, target: t.clone() })
+            Ok(PlannedTarget {
+                cluster,
+                target: t.clone(),
+            })
         };
         let legs = chain
             .legs()?
@@ -130,7 +134,10 @@ impl ChainPlan {
                     .chain(&leg.failover)
                     .map(to_planned)
                     .collect::<Result<_, _>>()?;
-                Ok(PlannedLeg { weight: f64::from(leg.weight), targets })
+                Ok(PlannedLeg {
+                    weight: f64::from(leg.weight),
+                    targets,
+                })
             })
             .collect::<Result<_, ChainExecError>>()?;
         Ok(Self { legs, options })
@@ -138,7 +145,10 @@ impl ChainPlan {
 
     /// Every cluster the plan reads.
     pub fn clusters(&self) -> BTreeSet<String> {
-        self.legs.iter().flat_map(|l| l.targets.iter().map(|t| t.cluster.clone())).collect()
+        self.legs
+            .iter()
+            .flat_map(|l| l.targets.iter().map(|t| t.cluster.clone()))
+            .collect()
     }
 
     /// Kernel levels from the current routing of the plan's clusters.
@@ -165,9 +175,16 @@ impl ChainPlan {
             }
         }
         if refused > 0.0 && !self.options.health_aware_splits && !level.is_empty() {
-            level.push((REFUSE, (refused * UNITS_PER_PERCENT).round().max(1.0) as u32));
+            level.push((
+                REFUSE,
+                (refused * UNITS_PER_PERCENT).round().max(1.0) as u32,
+            ));
         }
-        if level.is_empty() { Vec::new() } else { vec![level] }
+        if level.is_empty() {
+            Vec::new()
+        } else {
+            vec![level]
+        }
     }
 
     /// The routable hosts of a target's subset with their load weights, or none when the target
@@ -177,12 +194,24 @@ impl ChainPlan {
         t: &PlannedTarget,
         routing: &dyn Fn(&str) -> Option<Routing>,
     ) -> Vec<(SocketAddr, u32)> {
-        let Some(routing) = routing(&t.cluster) else { return Vec::new() };
+        let Some(routing) = routing(&t.cluster) else {
+            return Vec::new();
+        };
         // A target with no healthy instance in its subset fails over, as Envoy's aggregate
         // cluster does (the cluster's own panic mode does not keep it); with the opt-in
         // threshold, so does one whose healthy share is below it.
-        let in_subset = |h: &&Host| t.target.filter.as_ref().is_none_or(|f| f.matches(&as_chain_host(h)));
-        let all = routing.priorities.iter().flat_map(|p| &p.all).filter(in_subset).count();
+        let in_subset = |h: &&Host| {
+            t.target
+                .filter
+                .as_ref()
+                .is_none_or(|f| f.matches(&as_chain_host(h)))
+        };
+        let all = routing
+            .priorities
+            .iter()
+            .flat_map(|p| &p.all)
+            .filter(in_subset)
+            .count();
         let usable = routing
             .priorities
             .iter()
@@ -193,7 +222,9 @@ impl ChainPlan {
         if usable == 0 || usable * 100 < threshold * all {
             return Vec::new();
         }
-        let Some(level) = lb::kernel_levels(&routing).into_iter().next() else { return Vec::new() };
+        let Some(level) = lb::kernel_levels(&routing).into_iter().next() else {
+            return Vec::new();
+        };
         let hosts: std::collections::HashMap<SocketAddr, &Host> = routing
             .priorities
             .iter()
@@ -202,7 +233,11 @@ impl ChainPlan {
             .collect();
         level
             .into_iter()
-            .filter(|(addr, _)| hosts.get(addr).is_some_and(|h| t.target.admits(&as_chain_host(h))))
+            .filter(|(addr, _)| {
+                hosts
+                    .get(addr)
+                    .is_some_and(|h| t.target.admits(&as_chain_host(h)))
+            })
             .collect()
     }
 }
@@ -223,7 +258,10 @@ pub fn target_cluster(
         format!("{}.{}", t.service, t.datacenter)
     };
     if !has_cluster(&cluster) {
-        return Err(ChainExecError::NoCluster { target: t.id.clone(), cluster });
+        return Err(ChainExecError::NoCluster {
+            target: t.id.clone(),
+            cluster,
+        });
     }
     Ok(cluster)
 }
@@ -254,7 +292,11 @@ pub fn route_clusters(
 /// whole cluster; a priority left without hosts routes nothing.
 pub fn target_routing(target: &TargetLeg, routing: &Routing) -> Routing {
     let admits = |hosts: &[Host]| -> Vec<Host> {
-        hosts.iter().filter(|h| target.admits(&as_chain_host(h))).cloned().collect()
+        hosts
+            .iter()
+            .filter(|h| target.admits(&as_chain_host(h)))
+            .cloned()
+            .collect()
     };
     Routing {
         priorities: routing
@@ -275,7 +317,14 @@ fn scale(hosts: &[(SocketAddr, u32)], percent: f64) -> Vec<(SocketAddr, u32)> {
     let total: f64 = hosts.iter().map(|(_, w)| f64::from(*w)).sum();
     hosts
         .iter()
-        .map(|(a, w)| (*a, ((percent * UNITS_PER_PERCENT * f64::from(*w) / total).round().max(1.0)) as u32))
+        .map(|(a, w)| {
+            (
+                *a,
+                ((percent * UNITS_PER_PERCENT * f64::from(*w) / total)
+                    .round()
+                    .max(1.0)) as u32,
+            )
+        })
         .collect()
 }
 

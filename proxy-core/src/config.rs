@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 pub use self::{
     cluster::{
         Address, CONSUL_CLUSTER, Cluster, ClusterType, CustomClusterType, DNS_SRV_CLUSTER,
-        DnsSrvConfig, Endpoint, LbEndpoint, LbPolicy, LoadAssignment, LocalityLbEndpoints, Metadata, OriginalDstLbConfig,
-        SocketAddress,
+        DnsSrvConfig, Endpoint, LbEndpoint, LbPolicy, LoadAssignment, LocalityLbEndpoints,
+        Metadata, OriginalDstLbConfig, SocketAddress,
     },
     error::ConfigError,
     proxy::{ProxyConfig, ProxyProtocolMode, SpliceMode},
@@ -157,7 +157,8 @@ impl Config {
             .map_err(|err| ConfigError::from_serde(file, text, err))?;
         validate::validate(&config).map_err(|invalid| invalid.locate(file, text))?;
         let base = file.parent().unwrap_or(Path::new("."));
-        config.chains = validate::compile_chains(&config, base).map_err(|e| e.locate(file, text))?;
+        config.chains =
+            validate::compile_chains(&config, base).map_err(|e| e.locate(file, text))?;
         Ok(config)
     }
 
@@ -203,13 +204,15 @@ impl Config {
 
     /// Whether the cluster named `name` is an ORIGINAL_DST cluster.
     pub fn is_original_dst(&self, name: &str) -> bool {
-        self.cluster(name)
-            .is_some_and(|c| c.cluster_type == ClusterType::OriginalDst && c.custom_cluster_type.is_none())
+        self.cluster(name).is_some_and(|c| {
+            c.cluster_type == ClusterType::OriginalDst && c.custom_cluster_type.is_none()
+        })
     }
 
     /// Whether the proxy path runs: a service uses it or it has a fallback cluster.
     pub fn uses_proxy(&self) -> bool {
-        self.services.iter().any(|s| s.mode == ServiceMode::Proxy) || self.proxy.fallback_cluster.is_some()
+        self.services.iter().any(|s| s.mode == ServiceMode::Proxy)
+            || self.proxy.fallback_cluster.is_some()
     }
 
     /// The proxy path's settings, with the ORIGINAL_DST ones taken from the ORIGINAL_DST
@@ -217,8 +220,13 @@ impl Config {
     pub fn effective_proxy(&self) -> ProxyConfig {
         let mut proxy = self.proxy.clone();
         if let Some(c) = self.clusters.iter().find(|c| self.is_original_dst(&c.name)) {
-            proxy.cleanup_interval = c.cleanup_interval.unwrap_or(proxy::defaults::cleanup_interval());
-            proxy.use_http_header = c.original_dst_lb_config.as_ref().is_some_and(|o| o.use_http_header);
+            proxy.cleanup_interval = c
+                .cleanup_interval
+                .unwrap_or(proxy::defaults::cleanup_interval());
+            proxy.use_http_header = c
+                .original_dst_lb_config
+                .as_ref()
+                .is_some_and(|o| o.use_http_header);
         }
         proxy
     }

@@ -29,7 +29,12 @@ pub fn kernel_levels(routing: &Routing) -> Vec<Vec<(SocketAddr, u32)>> {
     for p in &routing.priorities {
         if p.healthy_load + p.degraded_load == 0 {
             if !p.healthy.is_empty() {
-                standby.push(p.healthy.iter().map(|h| (h.addr, h.weight.max(1))).collect());
+                standby.push(
+                    p.healthy
+                        .iter()
+                        .map(|h| (h.addr, h.weight.max(1)))
+                        .collect(),
+                );
             }
             continue;
         }
@@ -84,7 +89,10 @@ pub fn quotas(weights: &[u32], m: usize) -> Vec<usize> {
         quota[i] = 1;
     }
     let rest = m - guaranteed;
-    let total: u128 = order[..guaranteed].iter().map(|&i| u128::from(weights[i])).sum();
+    let total: u128 = order[..guaranteed]
+        .iter()
+        .map(|&i| u128::from(weights[i]))
+        .sum();
     if rest == 0 || total == 0 {
         return quota;
     }
@@ -136,7 +144,11 @@ pub fn maglev_table(hosts: &[SlotHost], m: usize) -> Vec<u32> {
         .map(|h| {
             let seed = hash_addr(&h.addr);
             let offset = (seed % m as u64) as usize;
-            let skip = if m > 1 { ((seed >> 32) % (m as u64 - 1)) as usize + 1 } else { 1 };
+            let skip = if m > 1 {
+                ((seed >> 32) % (m as u64 - 1)) as usize + 1
+            } else {
+                1
+            };
             (offset, skip)
         })
         .collect();
@@ -192,7 +204,10 @@ mod tests {
     };
 
     fn host(last: u8, priority: u32) -> Host {
-        Host { priority, ..Host::new(SocketAddr::from(([127, 0, 0, last], 80))) }
+        Host {
+            priority,
+            ..Host::new(SocketAddr::from(([127, 0, 0, last], 80)))
+        }
     }
 
     #[test]
@@ -218,7 +233,12 @@ mod tests {
         ];
         let levels = kernel_levels(&Routing::compute(&hosts, 0.0));
         assert_eq!(levels.len(), 1);
-        let weight = |last| levels[0].iter().find(|(a, _)| *a == host(last, 0).addr).map(|x| x.1);
+        let weight = |last| {
+            levels[0]
+                .iter()
+                .find(|(a, _)| *a == host(last, 0).addr)
+                .map(|x| x.1)
+        };
         assert_eq!(weight(1), Some(700_000));
         assert_eq!(weight(3), Some(300_000));
         assert_eq!(weight(2), None);
@@ -332,7 +352,10 @@ mod tests {
             .filter(|(b, a)| **b != 4 && b != a)
             .count();
         // Maglev is not perfectly minimal; allow a few percent of collateral movement.
-        assert!(moved as f64 / M as f64 <= 0.05, "collateral movement {moved}/{M}");
+        assert!(
+            moved as f64 / M as f64 <= 0.05,
+            "collateral movement {moved}/{M}"
+        );
     }
 
     #[test]
@@ -343,6 +366,9 @@ mod tests {
         assert_eq!(maglev_table(&h, M), maglev_table(&h, M));
         // Order of hosts in the input may shift a few slots but the quotas stay exact.
         let t = maglev_table(&reversed, M);
-        assert_eq!(t.iter().filter(|&&id| id == 3).count(), quotas(&[1, 2, 3], M)[2]);
+        assert_eq!(
+            t.iter().filter(|&&id| id == 3).count(),
+            quotas(&[1, 2, 3], M)[2]
+        );
     }
 }

@@ -124,7 +124,13 @@ impl Upstream {
         feed: watch::Receiver<FeedUpdate>,
         stats: FeedStats,
     ) -> Result<Self, UpstreamError> {
-        Self::start(cluster, manager, HostFeed::External(feed), None, Some(stats))
+        Self::start(
+            cluster,
+            manager,
+            HostFeed::External(feed),
+            None,
+            Some(stats),
+        )
     }
 
     fn start(
@@ -136,18 +142,35 @@ impl Upstream {
     ) -> Result<Self, UpstreamError> {
         let name = cluster.name.clone();
         let random = Arc::new(SeededRandom::from_entropy());
-        let health = ClusterHealth::new(&name, &cluster.health_config(), manager, random)
-            .map_err(|source| UpstreamError::Health { cluster: name.clone(), source })?;
+        let health = ClusterHealth::new(&name, &cluster.health_config(), manager, random).map_err(
+            |source| UpstreamError::Health {
+                cluster: name.clone(),
+                source,
+            },
+        )?;
         let drain_on_removal = cluster.cluster_type != ClusterType::LogicalDns;
         let outlier_detection = cluster.outlier_detection.is_some();
         let health = Arc::new(Mutex::new(health));
         let (routing_tx, routing) = watch::channel(Routing::default());
         let (passive, passive_rx) = mpsc::channel(PASSIVE_QUEUE);
-        let sweep = cluster.outlier_detection.as_ref().map_or(IDLE_SWEEP, |o| o.interval);
+        let sweep = cluster
+            .outlier_detection
+            .as_ref()
+            .map_or(IDLE_SWEEP, |o| o.interval);
         let (init_tx, initialized) = watch::channel(false);
         let events = manager.subscribe();
-        let outputs = Outputs { routing: routing_tx, initialized: init_tx };
-        let task = tokio::spawn(run(health.clone(), hosts, events, passive_rx, outputs, sweep));
+        let outputs = Outputs {
+            routing: routing_tx,
+            initialized: init_tx,
+        };
+        let task = tokio::spawn(run(
+            health.clone(),
+            hosts,
+            events,
+            passive_rx,
+            outputs,
+            sweep,
+        ));
         Ok(Self {
             name,
             health,
@@ -203,8 +226,13 @@ impl Upstream {
     /// Envoy-named stats: discovery (`update_*`), membership, health checks, outlier detection.
     pub fn stats(&self) -> Vec<(String, u64)> {
         // Discovery stats first; health's membership gauges win where both name one.
-        let mut stats: std::collections::BTreeMap<String, u64> =
-            self.dns.as_ref().map(|d| d.named_stats()).unwrap_or_default().into_iter().collect();
+        let mut stats: std::collections::BTreeMap<String, u64> = self
+            .dns
+            .as_ref()
+            .map(|d| d.named_stats())
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
         if let Some(feed) = &self.feed_stats {
             stats.extend(feed());
         }
@@ -232,7 +260,10 @@ pub type FeedStats = Arc<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
 /// Where a cluster's hosts come from.
 enum HostFeed {
     /// Fixed hosts; the sender is kept so the channel stays open.
-    Static { _sender: watch::Sender<HostSet>, rx: watch::Receiver<HostSet> },
+    Static {
+        _sender: watch::Sender<HostSet>,
+        rx: watch::Receiver<HostSet>,
+    },
     /// A DNS cluster's updates (the `Upstream` keeps the cluster, and so its tasks, alive).
     Dns(watch::Receiver<Update>),
     /// An external source.
@@ -285,22 +316,32 @@ fn start_source(cluster: &Cluster) -> Result<(HostFeed, Option<Arc<DnsCluster>>)
         }
         ClusterType::StrictDns | ClusterType::LogicalDns => {
             let settings = cluster.dns_settings();
-            let resolver = HickoryResolver::new(&settings)
-                .map_err(|source| UpstreamError::Resolver { cluster: name.clone(), source })?;
+            let resolver =
+                HickoryResolver::new(&settings).map_err(|source| UpstreamError::Resolver {
+                    cluster: name.clone(),
+                    source,
+                })?;
             let endpoints = cluster.dns_endpoints();
             let spawn = if cluster.cluster_type == ClusterType::StrictDns {
                 spawn_strict_dns
             } else {
                 spawn_logical_dns
             };
-            let dns = spawn(name, settings, endpoints, Arc::new(resolver))
-                .map_err(|source| UpstreamError::Dns { cluster: name.clone(), source })?;
+            let dns = spawn(name, settings, endpoints, Arc::new(resolver)).map_err(|source| {
+                UpstreamError::Dns {
+                    cluster: name.clone(),
+                    source,
+                }
+            })?;
             let rx = dns.updates();
             let dns = Arc::new(dns);
             Ok((HostFeed::Dns(rx), Some(dns)))
         }
         // EDS hosts come from the xDS client, which the daemon starts (spawn_with_feed).
-        kind => Err(UpstreamError::Unsupported { cluster: name.clone(), kind }),
+        kind => Err(UpstreamError::Unsupported {
+            cluster: name.clone(),
+            kind,
+        }),
     }
 }
 
@@ -316,23 +357,38 @@ fn start_custom(
     custom: &CustomClusterType,
 ) -> Result<Arc<dyn DiscoverySource>, UpstreamError> {
     let name = &cluster.name;
-    let bad = |message: String| UpstreamError::Custom { cluster: name.clone(), message };
+    let bad = |message: String| UpstreamError::Custom {
+        cluster: name.clone(),
+        message,
+    };
     match custom.name.as_str() {
         CONSUL_CLUSTER => {
-            let cfg: ConsulConfig =
-                serde_json::from_value(custom.typed_config.clone()).map_err(|e| bad(e.to_string()))?;
+            let cfg: ConsulConfig = serde_json::from_value(custom.typed_config.clone())
+                .map_err(|e| bad(e.to_string()))?;
             let consul = spawn_consul(name.clone(), cfg).map_err(|e| bad(e.to_string()))?;
             Ok(Arc::new(consul))
         }
         DNS_SRV_CLUSTER => {
-            let cfg: DnsSrvConfig =
-                serde_json::from_value(custom.typed_config.clone()).map_err(|e| bad(e.to_string()))?;
+            let cfg: DnsSrvConfig = serde_json::from_value(custom.typed_config.clone())
+                .map_err(|e| bad(e.to_string()))?;
             let settings = cluster.dns_settings();
-            let resolver = HickoryResolver::new(&settings)
-                .map_err(|source| UpstreamError::Resolver { cluster: name.clone(), source })?;
-            let services = cfg.service_names.iter().map(|n| SrvService::new(n.clone())).collect();
-            let dns = spawn_dns_srv(name, settings, services, Arc::new(resolver))
-                .map_err(|source| UpstreamError::Dns { cluster: name.clone(), source })?;
+            let resolver =
+                HickoryResolver::new(&settings).map_err(|source| UpstreamError::Resolver {
+                    cluster: name.clone(),
+                    source,
+                })?;
+            let services = cfg
+                .service_names
+                .iter()
+                .map(|n| SrvService::new(n.clone()))
+                .collect();
+            let dns =
+                spawn_dns_srv(name, settings, services, Arc::new(resolver)).map_err(|source| {
+                    UpstreamError::Dns {
+                        cluster: name.clone(),
+                        source,
+                    }
+                })?;
             Ok(Arc::new(DnsSource::new(dns)))
         }
         other => Err(bad(format!("unknown cluster type {other:?}"))),
@@ -419,7 +475,10 @@ mod tests {
     use crate::config::Config;
 
     fn cluster(yaml: &str) -> Cluster {
-        Config::parse(yaml, Path::new("t.yaml")).expect("valid").clusters.remove(0)
+        Config::parse(yaml, Path::new("t.yaml"))
+            .expect("valid")
+            .clusters
+            .remove(0)
     }
 
     #[tokio::test]
@@ -435,7 +494,11 @@ mod tests {
         // Priority 0 is fully healthy, so it takes all the load.
         assert_eq!(hosts, ["127.0.0.1:1"]);
         assert_eq!(up.host_statuses().len(), 2);
-        assert!(up.stats().iter().any(|(k, v)| k == "cluster.c.membership_total" && *v == 2));
+        assert!(
+            up.stats()
+                .iter()
+                .any(|(k, v)| k == "cluster.c.membership_total" && *v == 2)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -448,19 +511,35 @@ mod tests {
         routing.wait_for(|r| r.routable().len() == 2).await.unwrap();
         let bad = "127.0.0.2:1".parse().unwrap();
         for _ in 0..2 {
-            up.passive().send(PassiveSignal::ConnectFailure(bad)).await.unwrap();
+            up.passive()
+                .send(PassiveSignal::ConnectFailure(bad))
+                .await
+                .unwrap();
         }
-        let r = routing.wait_for(|r| r.routable().len() == 1).await.unwrap().clone();
+        let r = routing
+            .wait_for(|r| r.routable().len() == 1)
+            .await
+            .unwrap()
+            .clone();
         assert_eq!(r.routable()[0].addr.to_string(), "127.0.0.1:1");
-        let flags: Vec<String> = up.host_statuses().iter().map(|s| s.flags.render()).collect();
-        assert!(flags.iter().any(|f| f.contains("failed_outlier_check")), "{flags:?}");
+        let flags: Vec<String> = up
+            .host_statuses()
+            .iter()
+            .map(|s| s.flags.render())
+            .collect();
+        assert!(
+            flags.iter().any(|f| f.contains("failed_outlier_check")),
+            "{flags:?}"
+        );
     }
 
     #[tokio::test]
     async fn unsupported_type_is_a_clear_error() {
         let mut c = cluster("clusters:\n  - name: c\n");
         c.cluster_type = ClusterType::OriginalDst;
-        let err = Upstream::spawn(&c, &HealthCheckManager::default()).err().unwrap();
+        let err = Upstream::spawn(&c, &HealthCheckManager::default())
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("not implemented yet"), "{err}");
     }
 }

@@ -85,7 +85,11 @@ fn try_connect6(ctx: &SockAddrContext) -> Result<(), Refuse> {
         return Ok(());
     };
     write6(sa, mapped, &t.dest);
-    let seen = if mapped { [0, 0, MAPPED, t.dest.addr[0]] } else { t.dest.addr };
+    let seen = if mapped {
+        [0, 0, MAPPED, t.dest.addr[0]]
+    } else {
+        t.dest.addr
+    };
     remember(ctx, &key, &t, FAMILY_V6, seen);
     Ok(())
 }
@@ -97,7 +101,11 @@ fn try_connect6(ctx: &SockAddrContext) -> Result<(), Refuse> {
 fn remember(ctx: &SockAddrContext, key: &ServiceKey, t: &Target, family: u8, seen: [u32; 4]) {
     let tcp = key.proto == PROTO_TCP;
     let flags = if t.proxied { SOCK_VIP_F_PROXIED } else { 0 }
-        | if t.passive && tcp { SOCK_VIP_F_PASSIVE } else { 0 };
+        | if t.passive && tcp {
+            SOCK_VIP_F_PASSIVE
+        } else {
+            0
+        };
     // SAFETY: `ctx.sock_addr.sk` is the (full) socket being connected, valid for the program.
     // A followed socket's entry is created zeroed when it has none; NULL (no memory) only costs
     // the getpeername translation and the socket's passive health signal. For any other socket

@@ -23,14 +23,12 @@ use proxy_common::{
 /// period, so a concurrent reader never sees it reused. `_V2`: `Service` gained `backend` (the
 /// three service maps are versioned together).
 #[map]
-pub static SERVICES_V2: HashMap<ServiceKey, Service> =
-    HashMap::pinned(65_536, BPF_F_NO_PREALLOC);
+pub static SERVICES_V2: HashMap<ServiceKey, Service> = HashMap::pinned(65_536, BPF_F_NO_PREALLOC);
 
 /// Slot tables by (service, generation, priority), only for services of two or more hosts. Two
 /// generations of one service coexist only while it is republished.
 #[map]
-pub static SLOTS_V2: HashMap<SlotTableKey, SlotTable> =
-    HashMap::pinned(262_144, BPF_F_NO_PREALLOC);
+pub static SLOTS_V2: HashMap<SlotTableKey, SlotTable> = HashMap::pinned(262_144, BPF_F_NO_PREALLOC);
 
 /// Backend addresses by id; ids are allocated by the daemon and referenced from slot tables.
 #[map]

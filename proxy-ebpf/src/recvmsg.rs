@@ -76,5 +76,11 @@ fn reverse6(ctx: &SockAddrContext) {
 fn reverse_key(ctx: &SockAddrContext, family: u8, addr: [u32; 4], port: u16) -> UdpReverseKey {
     // SAFETY: the helper only reads the context, which is valid.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    UdpReverseKey { cookie, addr, port, family, _pad: [0; 5] }
+    UdpReverseKey {
+        cookie,
+        addr,
+        port,
+        family,
+        _pad: [0; 5],
+    }
 }

@@ -64,7 +64,13 @@ fn try_sendmsg4(ctx: &SockAddrContext) -> Result<(), Refuse> {
     write4(sa, &t.dest);
     // SAFETY: the helper only reads the context, which is valid.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    remember_reply(cookie, FAMILY_V4, [t.dest.addr[0], 0, 0, 0], t.dest.port, &key);
+    remember_reply(
+        cookie,
+        FAMILY_V4,
+        [t.dest.addr[0], 0, 0, 0],
+        t.dest.port,
+        &key,
+    );
     Ok(())
 }
 
@@ -78,7 +84,11 @@ fn try_sendmsg6(ctx: &SockAddrContext) -> Result<(), Refuse> {
     write6(sa, mapped, &t.dest);
     // SAFETY: the helper only reads the context, which is valid.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let seen = if mapped { [0, 0, MAPPED, t.dest.addr[0]] } else { t.dest.addr };
+    let seen = if mapped {
+        [0, 0, MAPPED, t.dest.addr[0]]
+    } else {
+        t.dest.addr
+    };
     remember_reply(cookie, FAMILY_V6, seen, t.dest.port, &key);
     Ok(())
 }
@@ -87,7 +97,13 @@ fn try_sendmsg6(ctx: &SockAddrContext) -> Result<(), Refuse> {
 /// and `addr` are the socket's view (recvmsg4 or recvmsg6 sees the same words).
 #[inline(always)]
 pub fn remember_reply(cookie: u64, family: u8, addr: [u32; 4], port: u16, vip: &ServiceKey) {
-    let key = UdpReverseKey { cookie, addr, port, family, _pad: [0; 5] };
+    let key = UdpReverseKey {
+        cookie,
+        addr,
+        port,
+        family,
+        _pad: [0; 5],
+    };
     // SAFETY: read-only use before the program returns.
     if unsafe { UDP_REV_V1.get(&key) } == Some(vip) {
         return;

@@ -48,5 +48,9 @@ fn try_redirect(ctx: &SkMsgContext) -> Result<(), NotSpliced> {
     })
     .ok_or(NotSpliced)?;
     let verdict = SPLICE_V1.redirect_msg(ctx, t.reversed(), u64::from(BPF_F_INGRESS));
-    if verdict == i64::from(SK_PASS) { Ok(()) } else { Err(NotSpliced) }
+    if verdict == i64::from(SK_PASS) {
+        Ok(())
+    } else {
+        Err(NotSpliced)
+    }
 }

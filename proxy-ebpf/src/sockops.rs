@@ -111,7 +111,8 @@ fn watch(ctx: &SockOpsContext) -> Result<(), Failed> {
         return Ok(());
     }
     let flags = ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG;
-    ctx.set_cb_flags(flags as i32).map_err(|_| Failed(counters::SOCKOPS_CB_FLAGS_FAILED))
+    ctx.set_cb_flags(flags as i32)
+        .map_err(|_| Failed(counters::SOCKOPS_CB_FLAGS_FAILED))
 }
 
 /// The socket's `SOCK_VIP_V2` entry: NULL when it dialled no service (or is no full socket).
@@ -161,7 +162,9 @@ fn rekey_orig_dst(ctx: &SockOpsContext, t: &SockTuple) -> Result<(), Failed> {
         return Ok(());
     };
     let _ = SOCK_ORIG_V1.remove(&cookie);
-    ORIG_DST_V1.insert(t, &vip, 0).map_err(|_| Failed(counters::ORIG_DST_REKEY_FAILED))?;
+    ORIG_DST_V1
+        .insert(t, &vip, 0)
+        .map_err(|_| Failed(counters::ORIG_DST_REKEY_FAILED))?;
     count(counters::ORIG_DST_REKEYED);
     Ok(())
 }
@@ -197,17 +200,34 @@ fn closed(ctx: &SockOpsContext, old: u32) -> Result<(), Failed> {
     if flags & SOCK_VIP_F_PASSIVE == 0 {
         return Ok(());
     }
-    let backend = Backend { addr: t.remote, port: t.remote_port, family: t.family, _pad: 0 };
+    let backend = Backend {
+        addr: t.remote,
+        port: t.remote_port,
+        family: t.family,
+        _pad: 0,
+    };
     match old {
         BPF_TCP_SYN_SENT => {
             count(counters::PASSIVE_CONNECT_FAILED);
             extend_run(&backend);
-            passive(&backend, PassiveCounts { connect_failures: 1, resets: 0 })
+            passive(
+                &backend,
+                PassiveCounts {
+                    connect_failures: 1,
+                    resets: 0,
+                },
+            )
         }
         BPF_TCP_ESTABLISHED | BPF_TCP_CLOSE_WAIT => {
             count(counters::PASSIVE_RESET);
             extend_run(&backend);
-            passive(&backend, PassiveCounts { connect_failures: 0, resets: 1 })
+            passive(
+                &backend,
+                PassiveCounts {
+                    connect_failures: 0,
+                    resets: 1,
+                },
+            )
         }
         _ => Ok(()),
     }
@@ -222,7 +242,10 @@ fn extend_run(backend: &Backend) {
         unsafe { *run += 1 };
         return;
     }
-    if PASSIVE_RUN_V1.insert(backend, &1, u64::from(BPF_NOEXIST)).is_err() {
+    if PASSIVE_RUN_V1
+        .insert(backend, &1, u64::from(BPF_NOEXIST))
+        .is_err()
+    {
         count(counters::PASSIVE_RECORD_FAILED);
     }
 }
@@ -253,7 +276,10 @@ fn passive(backend: &Backend, delta: PassiveCounts) -> Result<(), Failed> {
             return Ok(());
         }
         // A concurrent insert on another CPU may win; then the second lookup finds it.
-        if PASSIVE_V1.insert(backend, &delta, u64::from(BPF_NOEXIST)).is_ok() {
+        if PASSIVE_V1
+            .insert(backend, &delta, u64::from(BPF_NOEXIST))
+            .is_ok()
+        {
             return Ok(());
         }
     }

@@ -177,18 +177,30 @@ pub fn target(
     }
     count(outcomes.rewritten);
     let passive = svc.flags & SERVICE_F_PASSIVE != 0;
-    Ok(Some(Target { dest, proxied: false, passive }))
+    Ok(Some(Target {
+        dest,
+        proxied: false,
+        passive,
+    }))
 }
 
 /// The proxy listener for clients of `family`; refused when the daemon has set none.
 #[inline(always)]
 fn proxy_listener(family: u8) -> Result<Target, Refuse> {
     let s = settings();
-    let dest = if family == FAMILY_V4 { s.proxy_v4 } else { s.proxy_v6 };
+    let dest = if family == FAMILY_V4 {
+        s.proxy_v4
+    } else {
+        s.proxy_v6
+    };
     if dest.family != family {
         count(counters::CONNECT_PROXY_NO_LISTENER);
         return Err(Refuse);
     }
     count(counters::CONNECT_PROXY_REDIRECTED);
-    Ok(Target { dest, proxied: true, passive: false })
+    Ok(Target {
+        dest,
+        proxied: true,
+        passive: false,
+    })
 }

@@ -31,9 +31,11 @@ pub struct Fields {
 pub fn from_fields(f: &Fields) -> Option<SockTuple> {
     let (family, local, remote) = match f.family {
         AF_INET => (FAMILY_V4, [f.local_ip4, 0, 0, 0], [f.remote_ip4, 0, 0, 0]),
-        AF_INET6 if is_mapped(&f.local_ip6) && is_mapped(&f.remote_ip6) => {
-            (FAMILY_V4, [f.local_ip6[3], 0, 0, 0], [f.remote_ip6[3], 0, 0, 0])
-        }
+        AF_INET6 if is_mapped(&f.local_ip6) && is_mapped(&f.remote_ip6) => (
+            FAMILY_V4,
+            [f.local_ip6[3], 0, 0, 0],
+            [f.remote_ip6[3], 0, 0, 0],
+        ),
         AF_INET6 => (FAMILY_V6, f.local_ip6, f.remote_ip6),
         _ => return None,
     };

@@ -10,8 +10,8 @@ pub mod daemon;
 pub mod dataplane;
 pub mod passive;
 pub mod probe;
-pub mod status;
 pub mod proxy;
+pub mod status;
 mod sys;
 pub mod xds;
 
@@ -19,10 +19,14 @@ pub use sys::enter_netns;
 
 /// Loads and validates a configuration file, including the parts that only this crate can check
 /// (the xDS sections of EDS clusters).
-pub fn load_config(path: &std::path::Path) -> Result<proxy_core::config::Config, proxy_core::config::ConfigError> {
+pub fn load_config(
+    path: &std::path::Path,
+) -> Result<proxy_core::config::Config, proxy_core::config::ConfigError> {
     use proxy_core::config::{Config, ConfigError};
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| ConfigError::Read { file: path.to_owned(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        file: path.to_owned(),
+        source,
+    })?;
     let config = Config::parse(&text, path)?;
     xds::validate(&config, path, &text)?;
     Ok(config)

@@ -29,9 +29,15 @@ fn main() -> ExitCode {
                 ExitCode::from(EXIT_BAD_CONFIG)
             }
         },
-        Command::Probe { target, count, cgroup, netns, udp, timeout_ms, json } => {
-            probe(target, count, cgroup, netns, udp, timeout_ms, json)
-        }
+        Command::Probe {
+            target,
+            count,
+            cgroup,
+            netns,
+            udp,
+            timeout_ms,
+            json,
+        } => probe(target, count, cgroup, netns, udp, timeout_ms, json),
         Command::Chain(ChainCommand::Compile {
             entries,
             service,
@@ -45,12 +51,15 @@ fn main() -> ExitCode {
                 Ok(proxy_chain::Overrides {
                     protocol: override_protocol.unwrap_or_default(),
                     connect_timeout: match override_connect_timeout {
-                        Some(d) => proxy_chain::GoDuration::parse(&d)
-                            .map_err(|e| anyhow::anyhow!("--override-connect-timeout {d:?}: {e}"))?,
+                        Some(d) => proxy_chain::GoDuration::parse(&d).map_err(|e| {
+                            anyhow::anyhow!("--override-connect-timeout {d:?}: {e}")
+                        })?,
                         None => proxy_chain::GoDuration::default(),
                     },
                     mesh_gateway: match override_mesh_gateway {
-                        Some(m) => m.parse().map_err(|e| anyhow::anyhow!("--override-mesh-gateway: {e}"))?,
+                        Some(m) => m
+                            .parse()
+                            .map_err(|e| anyhow::anyhow!("--override-mesh-gateway: {e}"))?,
                         None => proxy_chain::MeshGatewayMode::default(),
                     },
                     trust_domain,
@@ -59,7 +68,8 @@ fn main() -> ExitCode {
             let result = overrides().and_then(|o| {
                 let text = std::fs::read_to_string(&entries)
                     .map_err(|e| anyhow::anyhow!("{}: {e}", entries.display()))?;
-                proxy_chain::compile_json_cli(&text, &service, &datacenter, o).map_err(anyhow::Error::from)
+                proxy_chain::compile_json_cli(&text, &service, &datacenter, o)
+                    .map_err(anyhow::Error::from)
             });
             match result {
                 Ok(json) => {
@@ -80,7 +90,10 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Run { config, concurrency } => {
+        Command::Run {
+            config,
+            concurrency,
+        } => {
             let cfg = match config.as_deref().map(proxy::load_config) {
                 None => Config::embedded_default(),
                 Some(Ok(cfg)) => cfg,
@@ -115,8 +128,9 @@ fn probe(
         }
         if let Some(name) = netns {
             let path = std::path::Path::new("/run/netns").join(&name);
-            proxy::enter_netns(&path)
-                .map_err(|e| anyhow::anyhow!("entering network namespace {}: {e}", path.display()))?;
+            proxy::enter_netns(&path).map_err(|e| {
+                anyhow::anyhow!("entering network namespace {}: {e}", path.display())
+            })?;
         }
         Ok(())
     };

@@ -39,7 +39,15 @@ fn read(dp: &SharedDataplane) -> Option<HashMap<SocketAddr, Reading>> {
     Some(
         reports
             .into_iter()
-            .map(|r| (r.backend, Reading { total: r.connect_failures + r.resets, run: r.run }))
+            .map(|r| {
+                (
+                    r.backend,
+                    Reading {
+                        total: r.connect_failures + r.resets,
+                        run: r.run,
+                    },
+                )
+            })
             .collect(),
     )
 }
@@ -77,7 +85,11 @@ pub async fn run(dp: SharedDataplane, upstreams: BTreeMap<String, Arc<Upstream>>
                 continue;
             }
             for upstream in upstreams.values() {
-                if !upstream.host_statuses().iter().any(|s| s.host.addr == *backend) {
+                if !upstream
+                    .host_statuses()
+                    .iter()
+                    .any(|s| s.host.addr == *backend)
+                {
                     continue;
                 }
                 debug!(%backend, cluster = upstream.name(), ?signals, "passive signals");

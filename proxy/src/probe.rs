@@ -53,7 +53,11 @@ pub fn run(opts: &ProbeOptions) -> ProbeReport {
     let started = Instant::now();
     let mut report = ProbeReport::default();
     for _ in 0..opts.count {
-        let outcome = if opts.udp { probe_udp(opts) } else { probe_tcp(opts) };
+        let outcome = if opts.udp {
+            probe_udp(opts)
+        } else {
+            probe_tcp(opts)
+        };
         match outcome {
             Ok((peer, banner)) => {
                 let peer = peer.to_string();
@@ -96,7 +100,11 @@ fn probe_udp(opts: &ProbeOptions) -> io::Result<(SocketAddr, String)> {
 
 fn banner(line: &str) -> String {
     let line = line.trim();
-    if line.is_empty() { "(no banner)".to_owned() } else { line.to_owned() }
+    if line.is_empty() {
+        "(no banner)".to_owned()
+    } else {
+        line.to_owned()
+    }
 }
 
 fn error_name(err: &io::Error) -> String {

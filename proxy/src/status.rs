@@ -58,10 +58,15 @@ pub fn run(admin: SocketAddr, out: &mut impl std::io::Write) -> anyhow::Result<(
 }
 
 fn get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
-        .with_context(|| format!("connecting to the admin interface at {addr} (is the daemon running? --admin)"))?;
+    let mut stream =
+        TcpStream::connect_timeout(&addr, Duration::from_secs(2)).with_context(|| {
+            format!("connecting to the admin interface at {addr} (is the daemon running? --admin)")
+        })?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(stream, "GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n")?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n"
+    )?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));

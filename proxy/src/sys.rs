@@ -18,7 +18,11 @@ pub fn mount_bpffs(target: &Path) -> io::Result<()> {
             std::ptr::null(),
         )
     };
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// Lifts the locked-memory limit, which kernels before 5.11 charge BPF maps against.
@@ -29,7 +33,11 @@ pub fn raise_memlock_rlimit() -> io::Result<()> {
     };
     // SAFETY: `limit` is a valid rlimit that outlives the call.
     let rc = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// Moves the calling thread into the network namespace at `path` (e.g. /run/netns/NAME).
@@ -40,7 +48,11 @@ pub fn enter_netns(path: &Path) -> io::Result<()> {
     // SAFETY: the fd is valid for the duration of the call; CLONE_NEWNET only changes this
     // thread's network namespace.
     let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// Byte counts of a TCP socket, for proxy-pair splicing: what the kernel moves between two
@@ -175,7 +187,11 @@ pub fn socket_cookie(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
             &raw mut len,
         )
     };
-    if rc == 0 { Ok(cookie) } else { Err(io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(cookie)
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// `recv(MSG_DONTWAIT)`, with `MSG_PEEK` when `peek`: copies what the socket has queued into
@@ -204,7 +220,11 @@ pub fn kick_receive_queue(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
             size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// `BPF_MAP_UPDATE_BATCH` and `BPF_MAP_DELETE_BATCH` (Linux 5.6+, hash maps): many elements per
@@ -261,7 +281,10 @@ pub mod map_batch {
         map: &mut HashMap<MapData, K, V>,
         keys: &[K],
     ) -> io::Result<()> {
-        let mut attr = BatchAttr { keys: keys.as_ptr() as u64, ..BatchAttr::default() };
+        let mut attr = BatchAttr {
+            keys: keys.as_ptr() as u64,
+            ..BatchAttr::default()
+        };
         run(BPF_MAP_DELETE_BATCH, map, keys.len(), &mut attr)
     }
 
@@ -290,6 +313,10 @@ pub mod map_batch {
                 size_of::<BatchAttr>() as libc::c_uint,
             )
         };
-        if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
     }
 }

@@ -23,7 +23,11 @@ fn parse<T: DeserializeOwned>(
 ) -> Result<T, ConfigError> {
     serde_path_to_error::deserialize(value).map_err(|err| {
         let inner = err.path().to_string();
-        let field = if inner == "." { at.to_owned() } else { format!("{at}.{inner}") };
+        let field = if inner == "." {
+            at.to_owned()
+        } else {
+            format!("{at}.{inner}")
+        };
         invalid(file, text, field, err.into_inner().to_string())
     })
 }
@@ -53,9 +57,15 @@ fn parse_all(config: &Config, file: &Path, text: &str) -> Result<Parsed, ConfigE
         if c.cluster_type != ClusterType::Eds {
             continue;
         }
-        let value = c.eds_cluster_config.as_ref().unwrap_or(&serde_json::Value::Null);
+        let value = c
+            .eds_cluster_config
+            .as_ref()
+            .unwrap_or(&serde_json::Value::Null);
         let at = format!("clusters[{i}].eds_cluster_config");
-        clusters.push((c.name.clone(), parse::<EdsClusterConfig>(value, &at, file, text)?));
+        clusters.push((
+            c.name.clone(),
+            parse::<EdsClusterConfig>(value, &at, file, text)?,
+        ));
     }
     Ok(Parsed { xds, clusters })
 }
@@ -63,7 +73,11 @@ fn parse_all(config: &Config, file: &Path, text: &str) -> Result<Parsed, ConfigE
 /// The address of a STATIC cluster's first host: how `envoy_grpc: {cluster_name}` and REST
 /// cluster names reach their server.
 fn resolver(config: &Config) -> impl Fn(&str) -> Option<SocketAddr> + '_ {
-    |name| config.cluster(name).and_then(|c| c.static_hosts().first().map(|h| h.addr))
+    |name| {
+        config
+            .cluster(name)
+            .and_then(|c| c.static_hosts().first().map(|h| h.addr))
+    }
 }
 
 /// Checks the xDS parts of a parsed config: types, and that every EDS cluster has a source.
@@ -73,7 +87,12 @@ pub fn validate(config: &Config, file: &Path, text: &str) -> Result<(), ConfigEr
         return Ok(());
     }
     let Some(xds) = &parsed.xds else {
-        return Err(invalid(file, text, "xds".to_owned(), "EDS clusters need an `xds` section with the node identity".to_owned()));
+        return Err(invalid(
+            file,
+            text,
+            "xds".to_owned(),
+            "EDS clusters need an `xds` section with the node identity".to_owned(),
+        ));
     };
     proxy_xds::plan(xds, &parsed.clusters, &resolver(config))
         .map(|_| ())
@@ -98,8 +117,13 @@ impl EdsFeeds {
 /// Starts the xDS clients of a validated config. Must run inside a tokio runtime.
 pub fn start(config: &Config) -> anyhow::Result<EdsFeeds> {
     let parsed = parse_all(config, Path::new("<config>"), "")?;
-    let mut out = EdsFeeds { clients: Vec::new(), feeds: BTreeMap::new() };
-    let Some(xds) = parsed.xds else { return Ok(out) };
+    let mut out = EdsFeeds {
+        clients: Vec::new(),
+        feeds: BTreeMap::new(),
+    };
+    let Some(xds) = parsed.xds else {
+        return Ok(out);
+    };
     if parsed.clusters.is_empty() {
         return Ok(out);
     }
@@ -107,9 +131,15 @@ pub fn start(config: &Config) -> anyhow::Result<EdsFeeds> {
         let names: Vec<String> = watches.iter().map(|w| w.cluster.clone()).collect();
         let client = Arc::new(proxy_xds::spawn_eds(source, watches)?);
         for name in names {
-            let Some(mut updates) = client.updates(&name) else { continue };
+            let Some(mut updates) = client.updates(&name) else {
+                continue;
+            };
             let first = updates.borrow_and_update().clone();
-            let feed = |u: proxy_xds::EdsUpdate| FeedUpdate { version: u.version, initialized: u.initialized, hosts: u.hosts };
+            let feed = |u: proxy_xds::EdsUpdate| FeedUpdate {
+                version: u.version,
+                initialized: u.initialized,
+                hosts: u.hosts,
+            };
             let (tx, rx) = watch::channel(feed(first));
             tokio::spawn(async move {
                 while updates.changed().await.is_ok() {
@@ -118,7 +148,11 @@ pub fn start(config: &Config) -> anyhow::Result<EdsFeeds> {
             });
             let (stats_client, prefix) = (client.clone(), format!("cluster.{name}."));
             let stats: FeedStats = Arc::new(move || {
-                stats_client.named_stats().into_iter().filter(|(k, _)| k.starts_with(&prefix)).collect()
+                stats_client
+                    .named_stats()
+                    .into_iter()
+                    .filter(|(k, _)| k.starts_with(&prefix))
+                    .collect()
             });
             out.feeds.insert(name, (rx, stats));
         }

@@ -115,7 +115,8 @@ impl Feature {
     }
 
     fn min_text(self) -> String {
-        self.min_kernel().map_or_else(|| "unknown".to_owned(), |(a, b)| format!("{a}.{b}"))
+        self.min_kernel()
+            .map_or_else(|| "unknown".to_owned(), |(a, b)| format!("{a}.{b}"))
     }
 }
 
@@ -126,7 +127,11 @@ pub fn kernel_version() -> (u32, u32, u32) {
         .split(|c: char| !c.is_ascii_digit())
         .filter(|p| !p.is_empty())
         .map(|p| p.parse().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+    (
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+    )
 }
 
 /// `uname -r`.
@@ -138,7 +143,9 @@ pub fn kernel_release() -> String {
         return String::new();
     }
     // SAFETY: the kernel NUL-terminates `release` within its length.
-    unsafe { CStr::from_ptr(uts.release.as_ptr()) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(uts.release.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Why the kernel lacks one of `features`, or `None` when it has them all.
@@ -219,13 +226,18 @@ fn probe(feature: Feature) -> Result<(), String> {
         Feature::SockReleaseHook => {
             load(PROG_CGROUP_SOCK, ATTACH_INET_SOCK_RELEASE, None).map(drop)
         }
-        Feature::NetnsCookie => {
-            load(PROG_CGROUP_SOCK_ADDR, ATTACH_INET4_CONNECT, Some(FUNC_GET_NETNS_COOKIE)).map(drop)
-        }
-        Feature::SocketCookie => {
-            load(PROG_CGROUP_SOCK_ADDR, ATTACH_INET4_CONNECT, Some(FUNC_GET_SOCKET_COOKIE))
-                .map(drop)
-        }
+        Feature::NetnsCookie => load(
+            PROG_CGROUP_SOCK_ADDR,
+            ATTACH_INET4_CONNECT,
+            Some(FUNC_GET_NETNS_COOKIE),
+        )
+        .map(drop),
+        Feature::SocketCookie => load(
+            PROG_CGROUP_SOCK_ADDR,
+            ATTACH_INET4_CONNECT,
+            Some(FUNC_GET_SOCKET_COOKIE),
+        )
+        .map(drop),
         Feature::SockOps => load(PROG_SOCK_OPS, ATTACH_CGROUP_SOCK_OPS, None).map(drop),
         Feature::SkMsg => load(PROG_SK_MSG, ATTACH_SK_MSG_VERDICT, None).map(drop),
         Feature::SkSkbVerdict => stream_verdict(),
@@ -254,8 +266,10 @@ fn stream_verdict() -> Result<(), String> {
 fn raise_memlock() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let unlimited =
-            libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+        let unlimited = libc::rlimit {
+            rlim_cur: libc::RLIM_INFINITY,
+            rlim_max: libc::RLIM_INFINITY,
+        };
         // SAFETY: setrlimit reads a valid rlimit; failing leaves the limit as it was.
         unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
     });
@@ -329,18 +343,43 @@ fn judge(what: &str, err: &io::Error, log: &str) -> String {
         "feature probe {what} failed for another reason than a missing feature (root?): \
          {err}\n{log}"
     );
-    let first = log.lines().find(|l| !l.trim().is_empty()).unwrap_or_default();
-    format!("{what}: {err}{}", if first.is_empty() { String::new() } else { format!(" ({first})") })
+    let first = log
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default();
+    format!(
+        "{what}: {err}{}",
+        if first.is_empty() {
+            String::new()
+        } else {
+            format!(" ({first})")
+        }
+    )
 }
 
 /// Loads `r0 = 1; exit` (with a helper call first when given) as `prog_type` for `attach`.
 fn load(prog_type: u32, attach: u32, helper: Option<i32>) -> Result<OwnedFd, String> {
     let mut insns = Vec::new();
     if let Some(id) = helper {
-        insns.push(Insn { code: 0x85, regs: 0, off: 0, imm: id }); // call id (r1 = ctx)
+        insns.push(Insn {
+            code: 0x85,
+            regs: 0,
+            off: 0,
+            imm: id,
+        }); // call id (r1 = ctx)
     }
-    insns.push(Insn { code: 0xb7, regs: 0, off: 0, imm: 1 }); // r0 = 1
-    insns.push(Insn { code: 0x95, regs: 0, off: 0, imm: 0 }); // exit
+    insns.push(Insn {
+        code: 0xb7,
+        regs: 0,
+        off: 0,
+        imm: 1,
+    }); // r0 = 1
+    insns.push(Insn {
+        code: 0x95,
+        regs: 0,
+        off: 0,
+        imm: 0,
+    }); // exit
     let mut log = vec![0u8; 4096];
     let mut attr = ProgLoadAttr {
         prog_type,
@@ -358,7 +397,9 @@ fn load(prog_type: u32, attach: u32, helper: Option<i32>) -> Result<OwnedFd, Str
         tail: [0; 8],
     };
     bpf(BPF_PROG_LOAD, &mut attr).map_err(|err| {
-        let log = String::from_utf8_lossy(&log).trim_end_matches('\0').to_owned();
+        let log = String::from_utf8_lossy(&log)
+            .trim_end_matches('\0')
+            .to_owned();
         let what = match helper {
             Some(id) => format!("helper {id} in program type {prog_type}"),
             None => format!("program type {prog_type} with attach type {attach}"),
@@ -379,8 +420,14 @@ fn create_map(
     value_size: u32,
     max_entries: u32,
 ) -> Result<(), String> {
-    let mut attr =
-        MapCreateAttr { map_type, key_size, value_size, max_entries, map_flags: 0, tail: [0; 15] };
+    let mut attr = MapCreateAttr {
+        map_type,
+        key_size,
+        value_size,
+        max_entries,
+        map_flags: 0,
+        tail: [0; 15],
+    };
     bpf(BPF_MAP_CREATE, &mut attr)
         .map(drop)
         .map_err(|err| judge(&format!("map type {map_type}"), &err, ""))
@@ -409,13 +456,27 @@ fn cgroup_link() -> Result<(), String> {
 fn veth() -> Result<(), String> {
     let netns = Netns::new();
     let out = Command::new("ip")
-        .args(["-n", netns.name(), "link", "add", "pv0", "type", "veth", "peer", "name", "pv1"])
+        .args([
+            "-n",
+            netns.name(),
+            "link",
+            "add",
+            "pv0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "pv1",
+        ])
         .output()
         .unwrap_or_else(|e| panic!("running ip: {e}"));
     if out.status.success() {
         return Ok(());
     }
-    Err(format!("ip link add type veth: {}", String::from_utf8_lossy(&out.stderr).trim()))
+    Err(format!(
+        "ip link add type veth: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    ))
 }
 
 #[cfg(test)]
@@ -425,7 +486,9 @@ mod tests {
     #[test]
     fn what_the_kernel_does_not_know_probes_as_missing() {
         crate::kernel::require_root();
-        let attach = load(PROG_CGROUP_SOCK_ADDR, 9999, None).map(drop).unwrap_err();
+        let attach = load(PROG_CGROUP_SOCK_ADDR, 9999, None)
+            .map(drop)
+            .unwrap_err();
         assert!(attach.contains("attach type 9999"), "{attach}");
         let helper = load(PROG_CGROUP_SOCK_ADDR, ATTACH_INET4_CONNECT, Some(99_999)).map(drop);
         assert!(helper.unwrap_err().contains("helper 99999"));

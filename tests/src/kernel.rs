@@ -21,15 +21,19 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 
 /// A name unique to this test process and call, e.g. `pt-4242-3`.
 pub fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::SeqCst))
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    )
 }
 
 /// The `proxy` binary under test: `$PROXY_BIN` (set by `cargo xtask test`), else
 /// `target/debug/proxy` of this workspace.
 pub fn proxy_bin() -> PathBuf {
-    let path = std::env::var_os("PROXY_BIN").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/proxy")
-    });
+    let path = std::env::var_os("PROXY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/proxy"));
     assert!(
         path.exists(),
         "the proxy binary is not at {} (run `cargo xtask test`, which builds it and sets PROXY_BIN)",
@@ -42,12 +46,19 @@ pub fn proxy_bin() -> PathBuf {
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
-    assert_eq!(euid, 0, "kernel tests need root; run them through `cargo xtask test` as root");
+    assert_eq!(
+        euid, 0,
+        "kernel tests need root; run them through `cargo xtask test` as root"
+    );
 }
 
 pub(crate) fn sh(cmd: &mut Command) {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A network namespace with only `lo`, up.
@@ -96,7 +107,9 @@ impl Default for Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
     }
 }
 
@@ -190,10 +203,17 @@ impl BannerServers {
                     serve_tcp(&listener, &banner, &stop, style);
                 }
             }));
-            ready_rx.recv_timeout(Duration::from_secs(5)).expect("banner server started");
+            ready_rx
+                .recv_timeout(Duration::from_secs(5))
+                .expect("banner server started");
         }
         let wakers = servers.iter().map(|&(a, _, udp)| (a, udp)).collect();
-        Self { stop, wakers, netns: netns.path(), threads }
+        Self {
+            stop,
+            wakers,
+            netns: netns.path(),
+            threads,
+        }
     }
 }
 
@@ -253,9 +273,13 @@ impl Drop for BannerServers {
             }
             for (addr, udp) in wakers {
                 if udp {
-                    let any: SocketAddr = if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }
-                        .parse()
-                        .expect("literal");
+                    let any: SocketAddr = if addr.is_ipv4() {
+                        "0.0.0.0:0"
+                    } else {
+                        "[::]:0"
+                    }
+                    .parse()
+                    .expect("literal");
                     if let Ok(s) = UdpSocket::bind(any) {
                         let _ = s.send_to(b"stop", addr);
                     }
@@ -312,7 +336,8 @@ impl Daemon {
             None => free_port(),
         };
         let path = dir.0.join("config.yaml");
-        std::fs::write(&path, config.replace("{admin}", &admin.to_string())).expect("writing config");
+        std::fs::write(&path, config.replace("{admin}", &admin.to_string()))
+            .expect("writing config");
         let log = dir.0.join("daemon.log");
         let file = std::fs::File::create(&log).expect("creating the daemon log");
         let mut cmd = Command::new(proxy_bin());
@@ -325,7 +350,13 @@ impl Daemon {
             exec_in_netns(&mut cmd, ns);
         }
         let child = cmd.spawn().expect("starting the daemon");
-        let mut daemon = Self { child: Some(child), admin, netns, log, _dir: dir };
+        let mut daemon = Self {
+            child: Some(child),
+            admin,
+            netns,
+            log,
+            _dir: dir,
+        };
         daemon.wait_ready()?;
         Ok(daemon)
     }
@@ -376,7 +407,9 @@ impl Daemon {
 
     /// SIGTERM and wait (at most 10 s, then SIGKILL); returns whether it exited cleanly.
     pub fn stop(&mut self) -> bool {
-        let Some(mut child) = self.child.take() else { return true };
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
         // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
         unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -439,14 +472,17 @@ impl Drop for TempDir {
 
 /// Runs `f` inside the network namespace at `path` and waits for its result.
 fn in_netns_path<T: Send + 'static>(path: &Path, f: impl FnOnce() -> T + Send + 'static) -> T {
-    in_netns_at(path.to_owned(), f).join().expect("namespace thread panicked")
+    in_netns_at(path.to_owned(), f)
+        .join()
+        .expect("namespace thread panicked")
 }
 
 /// Makes `cmd` enter the network namespace at `ns` (only that: it keeps the host's mounts)
 /// between fork and exec.
 pub fn exec_in_netns(cmd: &mut Command, ns: &Path) {
     use std::os::{fd::AsRawFd as _, unix::process::CommandExt as _};
-    let ns_file = std::fs::File::open(ns).unwrap_or_else(|e| panic!("cannot open {}: {e}", ns.display()));
+    let ns_file =
+        std::fs::File::open(ns).unwrap_or_else(|e| panic!("cannot open {}: {e}", ns.display()));
     // SAFETY: between fork and exec the child only calls setns (async-signal-safe) on a
     // descriptor the closure keeps open until then.
     unsafe {
@@ -461,18 +497,27 @@ pub fn exec_in_netns(cmd: &mut Command, ns: &Path) {
 
 /// A loopback address with a port that was free a moment ago.
 pub fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("binding port 0")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding port 0")
 }
 
 /// A GET on the host's loopback; returns (status, body).
 pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n").ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut text = String::new();
     stream.read_to_string(&mut text).ok()?;
     let code = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
     Some((code, body))
 }
 
@@ -489,9 +534,21 @@ pub struct Probe {
 
 impl Probe {
     /// Runs `proxy probe` in `netns`, inside `cgroup` when given.
-    pub fn run(netns: &Netns, cgroup: Option<&Path>, target: SocketAddr, count: u32, udp: bool) -> Self {
+    pub fn run(
+        netns: &Netns,
+        cgroup: Option<&Path>,
+        target: SocketAddr,
+        count: u32,
+        udp: bool,
+    ) -> Self {
         let mut cmd = Command::new(proxy_bin());
-        cmd.args(["probe", &target.to_string(), "--json", "--timeout-ms", "1000"]);
+        cmd.args([
+            "probe",
+            &target.to_string(),
+            "--json",
+            "--timeout-ms",
+            "1000",
+        ]);
         cmd.args(["--count", &count.to_string(), "--netns", netns.name()]);
         if let Some(cg) = cgroup {
             cmd.arg("--cgroup").arg(cg);
@@ -500,7 +557,11 @@ impl Probe {
             cmd.arg("--udp");
         }
         let out = cmd.output().expect("running proxy probe");
-        assert!(out.status.success(), "probe failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "probe failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         serde_json::from_slice(&out.stdout).expect("probe JSON")
     }
 
@@ -512,7 +573,13 @@ impl Probe {
 
 /// Probes `vip` from `cgroup` in `netns` (40 connects at a time) until every connect succeeds
 /// and exactly the banners `want` answer; panics after `within`.
-pub fn wait_for_backends(netns: &Netns, cgroup: &TestCgroup, vip: SocketAddr, want: &[&str], within: Duration) {
+pub fn wait_for_backends(
+    netns: &Netns,
+    cgroup: &TestCgroup,
+    vip: SocketAddr,
+    want: &[&str],
+    within: Duration,
+) {
     let deadline = Instant::now() + within;
     loop {
         let probe = Probe::run(netns, Some(cgroup.path()), vip, 40, false);
@@ -520,7 +587,10 @@ pub fn wait_for_backends(netns: &Netns, cgroup: &TestCgroup, vip: SocketAddr, wa
         if probe.errors.is_empty() && seen == want {
             return;
         }
-        assert!(Instant::now() < deadline, "connects never reached only {want:?}: {probe:?}");
+        assert!(
+            Instant::now() < deadline,
+            "connects never reached only {want:?}: {probe:?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -32,14 +32,19 @@ fn endpoint(addr: SocketAddr, version: &str) -> String {
 }
 
 fn cluster(name: &str, endpoints: &str, extra: &str) -> String {
-    format!("  - name: {name}\n{extra}    load_assignment:\n      endpoints:\n        - lb_endpoints:\n{endpoints}")
+    format!(
+        "  - name: {name}\n{extra}    load_assignment:\n      endpoints:\n        - lb_endpoints:\n{endpoints}"
+    )
 }
 
 #[test]
 fn split_by_subset_follows_the_weights() {
     require_root();
     let (netns, cgroup) = (Netns::new(), TestCgroup::new());
-    let (v1, v2): (SocketAddr, SocketAddr) = ("127.0.0.11:8081".parse().unwrap(), "127.0.0.12:8082".parse().unwrap());
+    let (v1, v2): (SocketAddr, SocketAddr) = (
+        "127.0.0.11:8081".parse().unwrap(),
+        "127.0.0.12:8082".parse().unwrap(),
+    );
     let _servers = BannerServers::start(&netns, &[(v1, "v1", false), (v2, "v2", false)]);
     let config = format!(
         "{}clusters:\n{}config_entries:\n  - {{ Kind: service-defaults, Name: web, Protocol: http }}\n  - Kind: service-splitter\n    Name: web\n    Splits: [{{ Weight: 90, ServiceSubset: v1 }}, {{ Weight: 10, ServiceSubset: v2 }}]\n  - Kind: service-resolver\n    Name: web\n    Subsets:\n      v1: {{ Filter: \"Service.Meta.version == v1\" }}\n      v2: {{ Filter: \"Service.Meta.version == v2\" }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, chain: web }}\n",
@@ -57,14 +62,20 @@ fn split_by_subset_follows_the_weights() {
     assert_eq!(code, 200);
     let chain: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(chain["StartNode"], "splitter:web.default.default");
-    assert_eq!(chain["Targets"]["v2.web.default.default.dc1"]["ServiceSubset"], "v2");
+    assert_eq!(
+        chain["Targets"]["v2.web.default.default.dc1"]["ServiceSubset"],
+        "v2"
+    );
 }
 
 #[test]
 fn redirect_sends_connects_to_the_redirected_service() {
     require_root();
     let (netns, cgroup) = (Netns::new(), TestCgroup::new());
-    let (web, other): (SocketAddr, SocketAddr) = ("127.0.0.11:8081".parse().unwrap(), "127.0.0.13:8083".parse().unwrap());
+    let (web, other): (SocketAddr, SocketAddr) = (
+        "127.0.0.11:8081".parse().unwrap(),
+        "127.0.0.13:8083".parse().unwrap(),
+    );
     let _servers = BannerServers::start(&netns, &[(web, "web", false), (other, "other", false)]);
     let config = format!(
         "{}clusters:\n{}{}config_entries:\n  - {{ Kind: service-resolver, Name: web, Redirect: {{ Service: other }} }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, chain: web }}\n",
@@ -89,7 +100,10 @@ fn failover_when_the_primary_fails_health_checks_and_back() {
     let primary = free_port();
     let backup: SocketAddr = "127.0.0.22:8082".parse().unwrap();
     let health_target = TcpListener::bind(backup).expect("backup health endpoint on the host");
-    let _servers = BannerServers::start(&netns, &[(primary, "primary", false), (backup, "backup", false)]);
+    let _servers = BannerServers::start(
+        &netns,
+        &[(primary, "primary", false), (backup, "backup", false)],
+    );
     let config = format!(
         "{}clusters:\n{}{}config_entries:\n  - Kind: service-resolver\n    Name: web\n    Failover:\n      '*': {{ Service: backup }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, chain: web }}\n",
         header(&cgroup),
@@ -109,7 +123,10 @@ fn failover_when_the_primary_fails_health_checks_and_back() {
         if probe.count("primary") == 10 {
             break;
         }
-        assert!(Instant::now() < deadline, "traffic did not return to the primary: {probe:?}");
+        assert!(
+            Instant::now() < deadline,
+            "traffic did not return to the primary: {probe:?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     drop(health_target);
@@ -119,11 +136,17 @@ fn failover_when_the_primary_fails_health_checks_and_back() {
 fn a_split_leg_without_hosts_fails_its_share_unless_health_aware() {
     require_root();
     let (netns, cgroup) = (Netns::new(), TestCgroup::new());
-    let (web, canary): (SocketAddr, SocketAddr) = ("127.0.0.11:8081".parse().unwrap(), "127.0.0.14:8084".parse().unwrap());
+    let (web, canary): (SocketAddr, SocketAddr) = (
+        "127.0.0.11:8081".parse().unwrap(),
+        "127.0.0.14:8084".parse().unwrap(),
+    );
     let _servers = BannerServers::start(&netns, &[(web, "web", false), (canary, "canary", false)]);
     let entries = "config_entries:\n  - { Kind: service-defaults, Name: web, Protocol: http }\n  - { Kind: service-defaults, Name: canary, Protocol: http }\n  - Kind: service-splitter\n    Name: web\n    Splits: [{ Weight: 80, Service: web }, { Weight: 20, Service: canary }]\n";
     // The canary's only host is marked UNHEALTHY: that leg has nowhere to go.
-    let canary_endpoint = endpoint(canary, "c").replace("              metadata:", "              health_status: UNHEALTHY\n              metadata:");
+    let canary_endpoint = endpoint(canary, "c").replace(
+        "              metadata:",
+        "              health_status: UNHEALTHY\n              metadata:",
+    );
     let config = |options: &str| {
         format!(
             "{}clusters:\n{}{}{entries}services:\n  - {{ name: web, address: 127.77.0.1, port: 80, chain: web{options} }}\n",
@@ -143,5 +166,9 @@ fn a_split_leg_without_hosts_fails_its_share_unless_health_aware() {
     }
     let _daemon = Daemon::start(&config(", chain_options: { health_aware_splits: true }"));
     let probe = Probe::run(&netns, Some(cgroup.path()), vip, 200, false);
-    assert_eq!(probe.count("web"), 200, "health-aware: the canary's share goes to web: {probe:?}");
+    assert_eq!(
+        probe.count("web"),
+        200,
+        "health-aware: the canary's share goes to web: {probe:?}"
+    );
 }

@@ -35,7 +35,10 @@ fn wait_for_backends(netns: &Netns, cgroup: &TestCgroup, want: &[&str]) -> Probe
         if probe.errors.is_empty() && seen == want {
             return probe;
         }
-        assert!(Instant::now() < deadline, "connects never reached only {want:?}: {probe:?}");
+        assert!(
+            Instant::now() < deadline,
+            "connects never reached only {want:?}: {probe:?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -47,7 +50,11 @@ fn eds_versions_drive_the_kernel_and_a_bad_one_is_nacked() {
     let (a, b, c) = ("127.0.0.31:8081", "127.0.0.32:8082", "127.0.0.33:8083");
     let _servers = BannerServers::start(
         &netns,
-        &[(a.parse().unwrap(), a, false), (b.parse().unwrap(), b, false), (c.parse().unwrap(), c, false)],
+        &[
+            (a.parse().unwrap(), a, false),
+            (b.parse().unwrap(), b, false),
+            (c.parse().unwrap(), c, false),
+        ],
     );
     let server = XdsServer::start();
     server.push("web", "1", endpoints(&[a, b]));
@@ -69,7 +76,10 @@ fn eds_versions_drive_the_kernel_and_a_bad_one_is_nacked() {
     let nack = server.wait_request("the daemon's NACK", before, |r| {
         r["node"] == node.as_str() && !r["error_detail"].is_null()
     });
-    assert!(nack["error_detail"].to_string().contains("port 0"), "{nack}");
+    assert!(
+        nack["error_detail"].to_string().contains("port 0"),
+        "{nack}"
+    );
     let probe = wait_for_backends(&netns, &cgroup, &[c]);
     assert_eq!(probe.count(c), 40, "the last good version stays live");
 

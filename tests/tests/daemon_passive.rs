@@ -7,7 +7,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration_tests::kernel::{BannerServers, Daemon, Netns, Probe, TestCgroup, require_root, unique};
+use integration_tests::kernel::{
+    BannerServers, Daemon, Netns, Probe, TestCgroup, require_root, unique,
+};
 
 #[test]
 fn connect_failures_eject_the_host() {
@@ -18,7 +20,11 @@ fn connect_failures_eject_the_host() {
     let _servers = BannerServers::start(&netns, &[(good.parse().unwrap(), good, false)]);
     let endpoint = |a: &str| {
         let a: SocketAddr = a.parse().unwrap();
-        format!("            - endpoint: {{ address: {{ socket_address: {{ address: \"{}\", port_value: {} }} }} }}\n", a.ip(), a.port())
+        format!(
+            "            - endpoint: {{ address: {{ socket_address: {{ address: \"{}\", port_value: {} }} }} }}\n",
+            a.ip(),
+            a.port()
+        )
     };
     let config = format!(
         "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n  - name: web\n    outlier_detection: {{ consecutive_5xx: 2, interval: 0.2s, max_ejection_percent: 50 }}\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n{}{}services:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web }}\n",
@@ -35,7 +41,10 @@ fn connect_failures_eject_the_host() {
         if probe.errors.is_empty() && probe.count(good) == 20 {
             break;
         }
-        assert!(Instant::now() < deadline, "the refusing host was never ejected: {probe:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the refusing host was never ejected: {probe:?}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }

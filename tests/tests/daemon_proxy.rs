@@ -43,14 +43,19 @@ fn endpoint(addr: SocketAddr) -> String {
 }
 
 fn cluster(name: &str, endpoints: &str) -> String {
-    format!("  - name: {name}\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n{endpoints}")
+    format!(
+        "  - name: {name}\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n{endpoints}"
+    )
 }
 
 #[test]
 fn proxy_mode_forwards_to_the_cluster_and_the_application_sees_the_vip() {
     require_root();
     let (netns, cgroup) = (Netns::new(), TestCgroup::new());
-    let (a, b): (SocketAddr, SocketAddr) = ("127.0.0.11:8081".parse().unwrap(), "127.0.0.12:8082".parse().unwrap());
+    let (a, b): (SocketAddr, SocketAddr) = (
+        "127.0.0.11:8081".parse().unwrap(),
+        "127.0.0.12:8082".parse().unwrap(),
+    );
     let _servers = BannerServers::start(&netns, &[(a, "a", false), (b, "b", false)]);
     let config = format!(
         "{}clusters:\n{}services:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web, mode: proxy }}\n",
@@ -62,7 +67,10 @@ fn proxy_mode_forwards_to_the_cluster_and_the_application_sees_the_vip() {
     let probe = Probe::run(&netns, Some(cgroup.path()), VIP.parse().unwrap(), n, false);
     assert!(probe.errors.is_empty(), "{probe:?}");
     assert_eq!(probe.count("a") + probe.count("b"), n, "{probe:?}");
-    assert!(probe.count("a") > 0 && probe.count("b") > 0, "both hosts serve: {probe:?}");
+    assert!(
+        probe.count("a") > 0 && probe.count("b") > 0,
+        "both hosts serve: {probe:?}"
+    );
     // getpeername in the application shows what it dialled, not the proxy listener.
     assert!(probe.peers.iter().all(|p| p == VIP), "{:?}", probe.peers);
     assert!(daemon.stat("proxy.downstream_cx_total") >= u64::from(n));
@@ -105,10 +113,17 @@ impl Servers {
                     }
                 }
             }));
-            ready_rx.recv_timeout(Duration::from_secs(5)).expect("test server started");
+            ready_rx
+                .recv_timeout(Duration::from_secs(5))
+                .expect("test server started");
         }
         let addrs = servers.iter().map(|&(a, _)| a).collect();
-        Self { stop, addrs, netns: netns.path(), threads }
+        Self {
+            stop,
+            addrs,
+            netns: netns.path(),
+            threads,
+        }
     }
 }
 
@@ -142,7 +157,11 @@ fn http_server(mut conn: TcpStream, name: &str) {
             _ => break,
         }
     }
-    let path = String::from_utf8_lossy(&head).split_whitespace().nth(1).unwrap_or_default().to_owned();
+    let path = String::from_utf8_lossy(&head)
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned();
     let body = format!("{name} {path}");
     let _ = write!(
         conn,
@@ -176,23 +195,36 @@ fn get_in_cgroup(netns: &Netns, cgroup: &TestCgroup, paths: &[&str]) -> Vec<Stri
                 let vip: SocketAddr = VIP.parse().expect("literal");
                 let mut s = TcpStream::connect_timeout(&vip, Duration::from_secs(2))?;
                 s.set_read_timeout(Some(Duration::from_secs(5)))?;
-                write!(s, "GET {path} HTTP/1.1\r\nhost: web\r\nconnection: close\r\n\r\n")?;
+                write!(
+                    s,
+                    "GET {path} HTTP/1.1\r\nhost: web\r\nconnection: close\r\n\r\n"
+                )?;
                 let mut text = String::new();
                 s.read_to_string(&mut text)?;
-                Ok(text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or(text))
+                Ok(text
+                    .split_once("\r\n\r\n")
+                    .map(|(_, b)| b.to_owned())
+                    .unwrap_or(text))
             })();
             out.push(body.unwrap_or_else(|e| format!("error: {e}")));
         }
         out.join("\n")
     });
-    child.wait(Duration::from_secs(30)).lines().map(str::to_owned).collect()
+    child
+        .wait(Duration::from_secs(30))
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }
 
 #[test]
 fn service_router_chain_routes_http_by_path() {
     require_root();
     let (netns, cgroup) = (Netns::new(), TestCgroup::new());
-    let (web, api): (SocketAddr, SocketAddr) = ("127.0.0.21:8081".parse().unwrap(), "127.0.0.22:8082".parse().unwrap());
+    let (web, api): (SocketAddr, SocketAddr) = (
+        "127.0.0.21:8081".parse().unwrap(),
+        "127.0.0.22:8082".parse().unwrap(),
+    );
     let _servers = Servers::start(&netns, &[(web, "web"), (api, "api")], http_server);
     let config = format!(
         "{}clusters:\n{}{}config_entries:\n  - {{ Kind: service-defaults, Name: web, Protocol: http }}\n  - {{ Kind: service-defaults, Name: api, Protocol: http }}\n  - Kind: service-router\n    Name: web\n    Routes:\n      - Match: {{ HTTP: {{ PathPrefix: /api }} }}\n        Destination: {{ Service: api, PrefixRewrite: /v2 }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, chain: web, mode: proxy }}\n",
@@ -201,12 +233,22 @@ fn service_router_chain_routes_http_by_path() {
         cluster("api", &endpoint(api)),
     );
     let daemon = Daemon::start_in(&netns, &config);
-    let bodies = get_in_cgroup(&netns, &cgroup, &["/api/users", "/", "/apix", "/index.html"]);
-    assert_eq!(bodies, ["api /v2/users", "web /", "api /v2x", "web /index.html"]);
+    let bodies = get_in_cgroup(
+        &netns,
+        &cgroup,
+        &["/api/users", "/", "/apix", "/index.html"],
+    );
+    assert_eq!(
+        bodies,
+        ["api /v2/users", "web /", "api /v2x", "web /index.html"]
+    );
     assert!(daemon.stat("proxy.downstream_rq_total") >= 4);
     let (code, chain) = daemon.get("/chain/web").expect("admin");
     assert_eq!(code, 200);
-    assert!(chain.contains("\"StartNode\": \"router:web.default.default\""), "{chain}");
+    assert!(
+        chain.contains("\"StartNode\": \"router:web.default.default\""),
+        "{chain}"
+    );
 }
 
 #[test]
@@ -222,11 +264,18 @@ fn original_dst_forwards_to_the_dialled_address_and_flushes_unused_hosts() {
     let daemon = Daemon::start_in(&netns, &config);
     let probe = Probe::run(&netns, Some(cgroup.path()), real, 20, false);
     assert_eq!(probe.count("real"), 20, "{probe:?}");
-    assert!(probe.peers.iter().all(|p| *p == real.to_string()), "{:?}", probe.peers);
+    assert!(
+        probe.peers.iter().all(|p| *p == real.to_string()),
+        "{:?}",
+        probe.peers
+    );
     // Through the proxy, not straight: every connection was accepted by the listener.
     assert!(daemon.stat("proxy.downstream_cx_total") >= 20);
     let (_, clusters) = daemon.get("/clusters").expect("admin");
-    assert!(clusters.contains("passthrough::127.0.0.31:9000::routable::true"), "{clusters}");
+    assert!(
+        clusters.contains("passthrough::127.0.0.31:9000::routable::true"),
+        "{clusters}"
+    );
     // Unused for cleanup_interval, the host is flushed (at the next cleanup, so within 2x).
     let deadline = Instant::now() + Duration::from_secs(10);
     while daemon.stat("proxy.original_dst_hosts") != 0 {
@@ -238,7 +287,10 @@ fn original_dst_forwards_to_the_dialled_address_and_flushes_unused_hosts() {
 }
 
 fn epoch_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_millis() as u64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64
 }
 
 #[test]
@@ -246,7 +298,11 @@ fn a_host_removed_by_strict_dns_is_drained() {
     require_root();
     let (netns, cgroup) = (Netns::new(), TestCgroup::new());
     let (a, b) = ("127.0.0.41:8080", "127.0.0.42:8080");
-    let _servers = Servers::start(&netns, &[(a.parse().unwrap(), a), (b.parse().unwrap(), b)], echo_server);
+    let _servers = Servers::start(
+        &netns,
+        &[(a.parse().unwrap(), a), (b.parse().unwrap(), b)],
+        echo_server,
+    );
     let dns = Unbound::start_in(&netns.path(), &["web.svc.test. 5 IN A 127.0.0.41"]);
     let drain = Duration::from_secs(3);
     let config = format!(
@@ -262,8 +318,10 @@ fn a_host_removed_by_strict_dns_is_drained() {
     // (bounded at 20 s) and reports when that happened.
     let child = InCgroup::spawn(Some(cgroup.path()), &netns, move || {
         let run = || -> Result<(String, u64, u32), String> {
-            let mut s = TcpStream::connect_timeout(&vip, Duration::from_secs(2)).map_err(|e| e.to_string())?;
-            s.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.to_string())?;
+            let mut s = TcpStream::connect_timeout(&vip, Duration::from_secs(2))
+                .map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))
+                .map_err(|e| e.to_string())?;
             let mut banner = [0u8; 16];
             let n = s.read(&mut banner).map_err(|e| e.to_string())?;
             let banner = String::from_utf8_lossy(&banner[..n]).trim().to_owned();
@@ -295,7 +353,10 @@ fn a_host_removed_by_strict_dns_is_drained() {
     assert_eq!(fields.first(), Some(&a), "{report}");
     let ended: u64 = fields[1].parse().expect("end time");
     let rounds: u32 = fields[2].parse().expect("rounds");
-    assert!(moved < ended, "new connections moved to b only after the old one ended: {report}");
+    assert!(
+        moved < ended,
+        "new connections moved to b only after the old one ended: {report}"
+    );
     let open_after_removal = ended.saturating_sub(removed);
     let drain_ms = drain.as_millis() as u64;
     assert!(
@@ -334,7 +395,17 @@ fn splice_kernel_hands_proxied_pairs_to_the_kernel() {
     assert_eq!(probe.count("a"), n, "{probe:?}");
     let spliced = daemon.stat("proxy.downstream_cx_splice_total");
     let fallback = daemon.stat("proxy.downstream_cx_splice_fallback");
-    assert_eq!(spliced + fallback, u64::from(n), "every connection was spliced or copied");
-    assert_eq!(fallback, 0, "the kernel took every pair: {spliced} spliced, {fallback} copied");
-    assert!(daemon.counter("pair_redirected") > 0, "the verdict program moved the banners");
+    assert_eq!(
+        spliced + fallback,
+        u64::from(n),
+        "every connection was spliced or copied"
+    );
+    assert_eq!(
+        fallback, 0,
+        "the kernel took every pair: {spliced} spliced, {fallback} copied"
+    );
+    assert!(
+        daemon.counter("pair_redirected") > 0,
+        "the verdict program moved the banners"
+    );
 }

@@ -19,21 +19,33 @@ fn probes_agree_with_the_kernel_version() {
         let min = feature.min_kernel();
         eprintln!(
             "FEATURE {release} {feature:?}: {}",
-            missing.as_deref().map_or("present".to_owned(), |why| format!("missing: {why}"))
+            missing
+                .as_deref()
+                .map_or("present".to_owned(), |why| format!("missing: {why}"))
         );
         if let (Some(why), Some(min)) = (&missing, min)
             && (major, minor) >= min
         {
-            wrong.push(format!("{feature:?} (mainline {}.{}+): {why}", min.0, min.1));
+            wrong.push(format!(
+                "{feature:?} (mainline {}.{}+): {why}",
+                min.0, min.1
+            ));
         }
     }
-    assert!(wrong.is_empty(), "probes report features missing on {release}: {wrong:#?}");
+    assert!(
+        wrong.is_empty(),
+        "probes report features missing on {release}: {wrong:#?}"
+    );
 }
 
 #[test]
 fn skip_unless_is_silent_when_every_feature_is_there() {
     require_root();
-    let basics = [Feature::ConnectHooks, Feature::GetpeernameHooks, Feature::CgroupLink];
+    let basics = [
+        Feature::ConnectHooks,
+        Feature::GetpeernameHooks,
+        Feature::CgroupLink,
+    ];
     if features::missing(&basics).is_none() {
         assert!(!features::skip_unless("skip_unless_is_silent", &basics));
     }

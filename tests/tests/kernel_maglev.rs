@@ -9,8 +9,13 @@ use integration_tests::kernel::{
 };
 use proxy_common::service::SERVICE_F_MAGLEV;
 
-const HOSTS: [&str; 5] =
-    ["127.0.0.71:8080", "127.0.0.72:8080", "127.0.0.73:8080", "127.0.0.74:8080", "127.0.0.75:8080"];
+const HOSTS: [&str; 5] = [
+    "127.0.0.71:8080",
+    "127.0.0.72:8080",
+    "127.0.0.73:8080",
+    "127.0.0.74:8080",
+    "127.0.0.75:8080",
+];
 const CLIENT_NAMESPACES: usize = 12;
 
 /// The one backend each namespace reaches; panics if a namespace reaches more than one.
@@ -20,7 +25,11 @@ fn placement(namespaces: &[Netns], cgroup: &TestCgroup, vip: SocketAddr) -> Vec<
         .map(|ns| {
             let probe = Probe::run(ns, Some(cgroup.path()), vip, 10, false);
             assert!(probe.errors.is_empty(), "{probe:?}");
-            assert_eq!(probe.backends.len(), 1, "one namespace, one host: {probe:?}");
+            assert_eq!(
+                probe.backends.len(),
+                1,
+                "one namespace, one host: {probe:?}"
+            );
             probe.backends.keys().next().unwrap().clone()
         })
         .collect()
@@ -41,17 +50,28 @@ fn maglev_keeps_clients_and_moves_only_those_of_a_removed_host() {
         .collect();
     let vip: SocketAddr = "127.77.0.9:80".parse().unwrap();
     let mut dp = InProcess::open(&cgroup);
-    dp.publisher().publish(&spec("maglev", vip, false, SERVICE_F_MAGLEV, &hosts)).unwrap();
+    dp.publisher()
+        .publish(&spec("maglev", vip, false, SERVICE_F_MAGLEV, &hosts))
+        .unwrap();
     let before = placement(&namespaces, &cgroup, vip);
     let spread: BTreeMap<&String, usize> = before.iter().fold(BTreeMap::new(), |mut m, h| {
         *m.entry(h).or_default() += 1;
         m
     });
-    assert!(spread.len() > 1, "namespaces must spread over hosts: {spread:?}");
+    assert!(
+        spread.len() > 1,
+        "namespaces must spread over hosts: {spread:?}"
+    );
 
     let removed = HOSTS[2];
-    let fewer: Vec<SocketAddr> = hosts.iter().copied().filter(|h| h.to_string() != removed).collect();
-    dp.publisher().publish(&spec("maglev", vip, false, SERVICE_F_MAGLEV, &fewer)).unwrap();
+    let fewer: Vec<SocketAddr> = hosts
+        .iter()
+        .copied()
+        .filter(|h| h.to_string() != removed)
+        .collect();
+    dp.publisher()
+        .publish(&spec("maglev", vip, false, SERVICE_F_MAGLEV, &fewer))
+        .unwrap();
     let after = placement(&namespaces, &cgroup, vip);
     let mut collateral = 0;
     for (b, a) in before.iter().zip(&after) {
@@ -61,5 +81,8 @@ fn maglev_keeps_clients_and_moves_only_those_of_a_removed_host() {
         }
     }
     // Maglev is not perfectly minimal; with 1021 slots a few percent of slots move.
-    assert!(collateral <= 2, "{collateral} clients of remaining hosts moved: {before:?} -> {after:?}");
+    assert!(
+        collateral <= 2,
+        "{collateral} clients of remaining hosts moved: {before:?} -> {after:?}"
+    );
 }

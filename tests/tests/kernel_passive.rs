@@ -25,9 +25,16 @@ struct Family {
     resetting: &'static str,
 }
 
-const V4: Family =
-    Family { vip: "127.77.3.1:80", closed: "127.0.0.61:9", resetting: "127.0.0.62:8080" };
-const V6: Family = Family { vip: "[fd77::3:1]:80", closed: "[::1]:9", resetting: "[::1]:8080" };
+const V4: Family = Family {
+    vip: "127.77.3.1:80",
+    closed: "127.0.0.61:9",
+    resetting: "127.0.0.62:8080",
+};
+const V6: Family = Family {
+    vip: "[fd77::3:1]:80",
+    closed: "[::1]:9",
+    resetting: "[::1]:8080",
+};
 
 fn report_for(dp: &InProcess, backend: SocketAddr) -> PassiveReport {
     dp.passive_counters()
@@ -63,9 +70,17 @@ fn connects_to_a_closed_port_count_as_failures_of_that_backend(#[case] fam: Fami
         .publish(&spec("closed", vip, false, SERVICE_F_PASSIVE, &[closed]))
         .expect("publishing");
     let report = run_client(&cgroup, &netns, vip);
-    assert_eq!(report.errors.get("ECONNREFUSED"), Some(&CONNECTS), "{report:?}");
+    assert_eq!(
+        report.errors.get("ECONNREFUSED"),
+        Some(&CONNECTS),
+        "{report:?}"
+    );
     let passive = report_for(&dp, closed);
-    assert_eq!((passive.connect_failures, passive.resets), (u64::from(CONNECTS), 0), "{passive:?}");
+    assert_eq!(
+        (passive.connect_failures, passive.resets),
+        (u64::from(CONNECTS), 0),
+        "{passive:?}"
+    );
     assert_eq!(dp.counter("passive_connect_failed"), u64::from(CONNECTS));
 }
 
@@ -83,7 +98,13 @@ fn connections_reset_by_the_server_count_as_resets_of_that_backend(#[case] fam: 
     let resetting: SocketAddr = fam.resetting.parse().unwrap();
     let mut dp = InProcess::open(&cgroup);
     dp.publisher()
-        .publish(&spec("resetting", vip, false, SERVICE_F_PASSIVE, &[resetting]))
+        .publish(&spec(
+            "resetting",
+            vip,
+            false,
+            SERVICE_F_PASSIVE,
+            &[resetting],
+        ))
         .expect("publishing");
     let (tx, rx) = std::sync::mpsc::channel();
     let server = in_netns(&netns, move || {
@@ -91,12 +112,17 @@ fn connections_reset_by_the_server_count_as_resets_of_that_backend(#[case] fam: 
         tx.send(()).expect("test alive");
         reset_on_accept(&listener, CONNECTS, Duration::from_secs(30));
     });
-    rx.recv_timeout(Duration::from_secs(5)).expect("server started");
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("server started");
     let report = run_client(&cgroup, &netns, vip);
     server.join().expect("server thread");
     assert_eq!(report.ok() + report.failed(), CONNECTS, "{report:?}");
     let passive = report_for(&dp, resetting);
-    assert_eq!((passive.connect_failures, passive.resets), (0, u64::from(CONNECTS)), "{passive:?}");
+    assert_eq!(
+        (passive.connect_failures, passive.resets),
+        (0, u64::from(CONNECTS)),
+        "{passive:?}"
+    );
     assert_eq!(dp.counter("passive_reset"), u64::from(CONNECTS));
 }
 
@@ -116,9 +142,16 @@ fn an_established_connect_ends_the_run_of_failures() {
         .expect("publishing");
     // Nothing listens yet: every connect fails and the run grows with them.
     let report = run_client(&cgroup, &netns, vip);
-    assert_eq!(report.errors.get("ECONNREFUSED"), Some(&CONNECTS), "{report:?}");
+    assert_eq!(
+        report.errors.get("ECONNREFUSED"),
+        Some(&CONNECTS),
+        "{report:?}"
+    );
     let passive = report_for(&dp, backend);
-    assert_eq!((passive.connect_failures, passive.run), (u64::from(CONNECTS), u64::from(CONNECTS)));
+    assert_eq!(
+        (passive.connect_failures, passive.run),
+        (u64::from(CONNECTS), u64::from(CONNECTS))
+    );
     // The backend comes up: one established connect ends the run; the totals stay.
     let (tx, rx) = std::sync::mpsc::channel();
     let server = in_netns(&netns, move || {
@@ -126,7 +159,8 @@ fn an_established_connect_ends_the_run_of_failures() {
         tx.send(()).expect("test alive");
         let _ = listener.accept();
     });
-    rx.recv_timeout(Duration::from_secs(5)).expect("server started");
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("server started");
     let one = LoopReport::parse(
         &InCgroup::spawn(Some(cgroup.path()), &netns, move || {
             serde_json::to_string(&tcp_loop(vip, 1, Duration::from_secs(10))).unwrap()
@@ -136,7 +170,11 @@ fn an_established_connect_ends_the_run_of_failures() {
     server.join().expect("server thread");
     assert_eq!(one.ok(), 1, "{one:?}");
     let passive = report_for(&dp, backend);
-    assert_eq!((passive.connect_failures, passive.run), (u64::from(CONNECTS), 0), "{passive:?}");
+    assert_eq!(
+        (passive.connect_failures, passive.run),
+        (u64::from(CONNECTS), 0),
+        "{passive:?}"
+    );
 }
 
 #[test]
@@ -150,10 +188,16 @@ fn services_without_the_passive_flag_are_not_followed() {
     let vip: SocketAddr = "127.77.3.11:80".parse().unwrap();
     let closed: SocketAddr = "127.0.0.64:9".parse().unwrap();
     let mut dp = InProcess::open(&cgroup);
-    dp.publisher().publish(&spec("unfollowed", vip, false, 0, &[closed])).expect("publishing");
+    dp.publisher()
+        .publish(&spec("unfollowed", vip, false, 0, &[closed]))
+        .expect("publishing");
     let report = run_client(&cgroup, &netns, vip);
     // The connects were rewritten (refused by the backend address, not by the VIP) ...
-    assert_eq!(report.errors.get("ECONNREFUSED"), Some(&CONNECTS), "{report:?}");
+    assert_eq!(
+        report.errors.get("ECONNREFUSED"),
+        Some(&CONNECTS),
+        "{report:?}"
+    );
     assert_eq!(dp.counter("connect_rewritten"), u64::from(CONNECTS));
     // ... and nothing counted them: no state callbacks were asked for.
     let counted = dp.passive_counters().expect("reading passive counters");

@@ -73,8 +73,11 @@ fn connect_rewrites_by_weight_and_getpeername_shows_the_vip(#[case] fam: Family)
     let cgroup = TestCgroup::new();
     let vip: SocketAddr = fam.vip.parse().unwrap();
     let weights = [5, 3, 2];
-    let mut servers: Vec<(SocketAddr, &str, bool)> =
-        fam.hosts.iter().map(|h| (h.parse().unwrap(), *h, false)).collect();
+    let mut servers: Vec<(SocketAddr, &str, bool)> = fam
+        .hosts
+        .iter()
+        .map(|h| (h.parse().unwrap(), *h, false))
+        .collect();
     // Something on the VIP itself and on a plain address, so an untouched connect succeeds and
     // says where it went.
     if vip.is_ipv6() {
@@ -87,19 +90,50 @@ fn connect_rewrites_by_weight_and_getpeername_shows_the_vip(#[case] fam: Family)
     let daemon = Daemon::start(&config(&unique("t"), cgroup.path(), vip, &hosts));
 
     let inside = Probe::run(&netns, Some(cgroup.path()), vip, CONNECTS, false);
-    assert!(inside.errors.is_empty(), "connect errors: {:?}", inside.errors);
-    assert_eq!(inside.count("vip-itself"), 0, "a connect in the cgroup was not rewritten");
+    assert!(
+        inside.errors.is_empty(),
+        "connect errors: {:?}",
+        inside.errors
+    );
+    assert_eq!(
+        inside.count("vip-itself"),
+        0,
+        "a connect in the cgroup was not rewritten"
+    );
     for (host, weight) in &hosts {
-        assert_share(host, inside.count(host), CONNECTS, f64::from(*weight) / 10.0);
+        assert_share(
+            host,
+            inside.count(host),
+            CONNECTS,
+            f64::from(*weight) / 10.0,
+        );
     }
-    assert_eq!(inside.peers, [vip.to_string()], "getpeername must show the VIP");
+    assert_eq!(
+        inside.peers,
+        [vip.to_string()],
+        "getpeername must show the VIP"
+    );
     assert_eq!(daemon.counter("connect_rewritten"), u64::from(CONNECTS));
 
     let outside = Probe::run(&netns, None, vip, 20, false);
-    assert_eq!(outside.count("vip-itself"), 20, "outside the cgroup: {outside:?}");
+    assert_eq!(
+        outside.count("vip-itself"),
+        20,
+        "outside the cgroup: {outside:?}"
+    );
 
-    let plain = Probe::run(&netns, Some(cgroup.path()), fam.not_a_service.parse().unwrap(), 20, false);
-    assert_eq!(plain.count("not-a-service"), 20, "a non-service destination: {plain:?}");
+    let plain = Probe::run(
+        &netns,
+        Some(cgroup.path()),
+        fam.not_a_service.parse().unwrap(),
+        20,
+        false,
+    );
+    assert_eq!(
+        plain.count("not-a-service"),
+        20,
+        "a non-service destination: {plain:?}"
+    );
     assert!(daemon.counter("connect_not_service") >= 20);
 }
 
@@ -124,8 +158,10 @@ fn udp_connect_is_rewritten_for_udp_services() {
     let vip: SocketAddr = "127.77.0.53:53".parse().unwrap();
     let host = "127.0.0.31:5353";
     let _servers = BannerServers::start(&netns, &[(host.parse().unwrap(), host, true)]);
-    let cfg = config(&unique("t"), cgroup.path(), vip, &[(host, 1)])
-        .replace("    cluster: web\n", "    cluster: web\n    protocol: UDP\n");
+    let cfg = config(&unique("t"), cgroup.path(), vip, &[(host, 1)]).replace(
+        "    cluster: web\n",
+        "    cluster: web\n    protocol: UDP\n",
+    );
     let _daemon = Daemon::start(&cfg);
     let probe = Probe::run(&netns, Some(cgroup.path()), vip, 20, true);
     assert_eq!(probe.count(host), 20, "{probe:?}");
@@ -143,11 +179,21 @@ fn stop_removes_pins_and_the_created_cgroup() {
     let pins = Path::new("/sys/fs/bpf").join(&instance);
     assert!(pins.join("SERVICES_V2").exists() && pins.join("link_connect4").exists());
     // Plain kernel-path services only: nothing for sockops to follow.
-    assert!(!pins.join("link_proxy_sockops").exists(), "sockops attached without a need");
+    assert!(
+        !pins.join("link_proxy_sockops").exists(),
+        "sockops attached without a need"
+    );
     assert!(cgroup.exists(), "the daemon creates a missing cgroup");
-    assert!(daemon.stop(), "clean exit on SIGTERM:\n{}", daemon.log_text());
+    assert!(
+        daemon.stop(),
+        "clean exit on SIGTERM:\n{}",
+        daemon.log_text()
+    );
     assert!(!pins.exists(), "pins left behind");
-    assert!(!cgroup.exists(), "the cgroup the daemon created is left behind");
+    assert!(
+        !cgroup.exists(),
+        "the cgroup the daemon created is left behind"
+    );
 }
 
 #[test]
@@ -162,13 +208,20 @@ fn bad_config_exits_64_and_attaches_nothing() {
     )
     .unwrap();
     for sub in ["check", "run"] {
-        let out = Command::new(proxy_bin()).args([sub, "--config"]).arg(&path).output().unwrap();
+        let out = Command::new(proxy_bin())
+            .args([sub, "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(64), "{sub}: {stderr}");
         let want = format!("{}:4:5: clusters[0].lb_policy:", path.display());
         assert!(stderr.contains(&want), "{sub}: {stderr}");
     }
-    assert!(!Path::new("/sys/fs/bpf").join(&instance).exists(), "nothing may be pinned");
+    assert!(
+        !Path::new("/sys/fs/bpf").join(&instance).exists(),
+        "nothing may be pinned"
+    );
 }
 
 /// A connected socket's cookie (`SO_COOKIE`).
@@ -208,12 +261,16 @@ fn getpeername_takes_only_the_sockets_own_slot() {
     let host: SocketAddr = V4.hosts[0].parse().unwrap();
     let _servers = BannerServers::start_holding(&netns, &[(host, "h", false)]);
     let mut dp = InProcess::open(&cgroup);
-    dp.publisher().publish(&spec("one", vip, false, 0, &[host])).expect("publishing");
+    dp.publisher()
+        .publish(&spec("one", vip, false, 0, &[host]))
+        .expect("publishing");
     let slots = dp.pin_dir().join("SOCK_PEER_V1");
     let child = InCgroup::spawn(Some(cgroup.path()), &netns, move || {
         let stream = std::net::TcpStream::connect(vip).expect("connecting to the VIP");
         let cookie = socket_cookie(stream.as_raw_fd());
-        let map = MapData::from_pin(&slots).and_then(Map::from_map_data).expect("the pinned slots");
+        let map = MapData::from_pin(&slots)
+            .and_then(Map::from_map_data)
+            .expect("the pinned slots");
         let mut map = Array::<MapData, PeerSlot>::try_from(map).expect("an array of slots");
         let index = (cookie & u64::from(PEER_SLOTS - 1)) as u32;
         let key = publish_key(other.ip(), other.port(), PROTO_TCP);
@@ -223,14 +280,19 @@ fn getpeername_takes_only_the_sockets_own_slot() {
         map.set(index, newer, 0).expect("writing the slot");
         seen.push(stream.peer_addr().expect("getpeername").to_string());
         // The socket's cookie next to the newer socket's check: torn.
-        map.set(index, PeerSlot { cookie, ..newer }, 0).expect("writing the slot");
+        map.set(index, PeerSlot { cookie, ..newer }, 0)
+            .expect("writing the slot");
         seen.push(stream.peer_addr().expect("getpeername").to_string());
         // The socket's own slot, with another service in it: that is what getpeername shows.
-        map.set(index, PeerSlot::new(cookie, key), 0).expect("writing the slot");
+        map.set(index, PeerSlot::new(cookie, key), 0)
+            .expect("writing the slot");
         seen.push(stream.peer_addr().expect("getpeername").to_string());
         seen.join(" ")
     });
-    assert_eq!(child.wait(Duration::from_secs(10)), format!("{vip} {host} {host} {other}"));
+    assert_eq!(
+        child.wait(Duration::from_secs(10)),
+        format!("{vip} {host} {host} {other}")
+    );
 }
 
 /// A TCP socket may connect again after a failed connect. One that first dialled a followed
@@ -251,9 +313,17 @@ fn a_socket_that_connects_again_shows_the_service_it_reached() {
     let _servers = BannerServers::start_holding(&netns, &[(host, "h", false)]);
     let mut dp = InProcess::open(&cgroup);
     dp.publisher()
-        .publish(&spec("followed", followed, false, SERVICE_F_PASSIVE, &[closed]))
+        .publish(&spec(
+            "followed",
+            followed,
+            false,
+            SERVICE_F_PASSIVE,
+            &[closed],
+        ))
         .expect("publishing");
-    dp.publisher().publish(&spec("plain", plain, false, 0, &[host])).expect("publishing");
+    dp.publisher()
+        .publish(&spec("plain", plain, false, 0, &[host]))
+        .expect("publishing");
     let child = InCgroup::spawn(Some(cgroup.path()), &netns, move || {
         // SAFETY: plain socket calls on a descriptor this closure owns and closes.
         unsafe {
@@ -272,18 +342,30 @@ fn a_socket_that_connects_again_shows_the_service_it_reached() {
 
 /// connect(2) of an IPv4 stream socket.
 fn connect_v4(fd: std::os::fd::RawFd, to: SocketAddr) -> std::io::Result<()> {
-    let SocketAddr::V4(to) = to else { panic!("an IPv4 address") };
+    let SocketAddr::V4(to) = to else {
+        panic!("an IPv4 address")
+    };
     let sa = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: to.port().to_be(),
-        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(to.ip().octets()) },
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(to.ip().octets()),
+        },
         sin_zero: [0; 8],
     };
     // SAFETY: `sa` is a valid sockaddr_in of the length given.
     let rc = unsafe {
-        libc::connect(fd, (&raw const sa).cast(), size_of::<libc::sockaddr_in>() as libc::socklen_t)
+        libc::connect(
+            fd,
+            (&raw const sa).cast(),
+            size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
     };
-    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// A data path opened without sockops (no service it follows, no splicing) serves the kernel
@@ -307,19 +389,36 @@ fn without_sockops_the_kernel_path_works_and_followed_services_are_refused() {
     );
     let mut dp = InProcess::open_with(&cgroup, false);
     assert!(!dp.follows_sockets());
-    assert!(!dp.pin_dir().join("link_proxy_sockops").exists(), "sockops is attached");
+    assert!(
+        !dp.pin_dir().join("link_proxy_sockops").exists(),
+        "sockops is attached"
+    );
     assert!(dp.pin_dir().join("link_connect4").exists());
-    dp.publisher().publish(&spec("plain", vip, false, 0, &[host])).expect("publishing");
+    dp.publisher()
+        .publish(&spec("plain", vip, false, 0, &[host]))
+        .expect("publishing");
     for flags in [SERVICE_F_PASSIVE, SERVICE_F_PROXY] {
-        let refused = dp.publisher().publish(&spec("followed", followed, false, flags, &[host]));
-        assert!(matches!(refused, Err(DataplaneError::NoSockops { .. })), "{refused:?}");
+        let refused = dp
+            .publisher()
+            .publish(&spec("followed", followed, false, flags, &[host]));
+        assert!(
+            matches!(refused, Err(DataplaneError::NoSockops { .. })),
+            "{refused:?}"
+        );
     }
     let refused = dp.set_splice(true);
-    assert!(matches!(refused, Err(DataplaneError::NoSockops { .. })), "{refused:?}");
+    assert!(
+        matches!(refused, Err(DataplaneError::NoSockops { .. })),
+        "{refused:?}"
+    );
     dp.set_splice(false).expect("splicing off needs nothing");
 
     let probe = Probe::run(&netns, Some(cgroup.path()), vip, 20, false);
-    assert_eq!((probe.count("host"), &probe.peers), (20, &vec![vip.to_string()]), "{probe:?}");
+    assert_eq!(
+        (probe.count("host"), &probe.peers),
+        (20, &vec![vip.to_string()]),
+        "{probe:?}"
+    );
     // The refused service was not published: its address is not rewritten.
     let probe = Probe::run(&netns, Some(cgroup.path()), followed, 5, false);
     assert_eq!(probe.count("followed-itself"), 5, "{probe:?}");

@@ -25,7 +25,10 @@ use rstest::rstest;
 /// Connections in the growth test: 100,000 (about 12 s in a debug build), or
 /// `$PROXY_TEST_CONNECTIONS` (the number is a million, about two minutes).
 fn many() -> u32 {
-    std::env::var("PROXY_TEST_CONNECTIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000)
+    std::env::var("PROXY_TEST_CONNECTIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000)
 }
 
 struct Family {
@@ -34,9 +37,16 @@ struct Family {
     host: &'static str,
 }
 
-const V4: Family =
-    Family { vip: "127.77.1.1:80", listener: "127.0.0.1:15001", host: "127.0.0.41:8080" };
-const V6: Family = Family { vip: "[fd77::1:1]:80", listener: "[::1]:15001", host: "[::1]:8080" };
+const V4: Family = Family {
+    vip: "127.77.1.1:80",
+    listener: "127.0.0.1:15001",
+    host: "127.0.0.41:8080",
+};
+const V6: Family = Family {
+    vip: "[fd77::1:1]:80",
+    listener: "[::1]:15001",
+    host: "[::1]:8080",
+};
 
 /// A stand-in for the proxy listener: answers every connection with `orig=<address>` (what the
 /// kernel recorded) and closes.
@@ -63,12 +73,20 @@ impl Listener {
                 let (Ok(peer), Ok(local)) = (conn.peer_addr(), conn.local_addr()) else {
                     continue;
                 };
-                let found = orig.lookup(peer, local).map_or("none".to_owned(), |a| a.to_string());
+                let found = orig
+                    .lookup(peer, local)
+                    .map_or("none".to_owned(), |a| a.to_string());
                 let _ = writeln!(conn, "orig={found}");
             }
         });
-        rx.recv_timeout(Duration::from_secs(5)).expect("listener started");
-        Self { stop, addr, netns: netns.path(), thread: Some(thread) }
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("listener started");
+        Self {
+            stop,
+            addr,
+            netns: netns.path(),
+            thread: Some(thread),
+        }
     }
 }
 
@@ -122,19 +140,36 @@ fn proxy_mode_redirects_to_the_listener_which_finds_the_original_destination(#[c
         return;
     }
     let (netns, cgroup, mut dp, vip, listener) = setup(&fam);
-    dp.set_proxy_listener(listener).expect("setting the listener");
-    let _listener = Listener::start(&netns, listener, dp.original_destinations().expect("handle"));
+    dp.set_proxy_listener(listener)
+        .expect("setting the listener");
+    let _listener = Listener::start(
+        &netns,
+        listener,
+        dp.original_destinations().expect("handle"),
+    );
     let report = LoopReport::parse(
         &InCgroup::spawn(Some(cgroup.path()), &netns, move || {
             serde_json::to_string(&tcp_loop(vip, 50, Duration::from_secs(20))).unwrap()
         })
         .wait(Duration::from_secs(60)),
     );
-    assert_eq!(report.banners.get(&format!("orig={vip}")), Some(&50), "{report:?}");
-    assert_eq!(report.peers.iter().collect::<Vec<_>>(), [&vip.to_string()], "getpeername");
+    assert_eq!(
+        report.banners.get(&format!("orig={vip}")),
+        Some(&50),
+        "{report:?}"
+    );
+    assert_eq!(
+        report.peers.iter().collect::<Vec<_>>(),
+        [&vip.to_string()],
+        "getpeername"
+    );
     assert_eq!(dp.counter("connect_proxy_redirected"), 50);
     assert_eq!(dp.counter("orig_dst_rekeyed"), 50);
-    assert_eq!(wait_empty(&dp.original_destinations().unwrap()), 0, "entries left after close");
+    assert_eq!(
+        wait_empty(&dp.original_destinations().unwrap()),
+        0,
+        "entries left after close"
+    );
 }
 
 #[rstest]
@@ -164,8 +199,13 @@ fn original_destinations_do_not_grow_over_many_connections() {
     }
     let (netns, cgroup, mut dp, vip, listener) = setup(&V4);
     widen_port_range(&netns);
-    dp.set_proxy_listener(listener).expect("setting the listener");
-    let _listener = Listener::start(&netns, listener, dp.original_destinations().expect("handle"));
+    dp.set_proxy_listener(listener)
+        .expect("setting the listener");
+    let _listener = Listener::start(
+        &netns,
+        listener,
+        dp.original_destinations().expect("handle"),
+    );
     let many = many();
     let started = Instant::now();
     let report = LoopReport::parse(
@@ -177,11 +217,24 @@ fn original_destinations_do_not_grow_over_many_connections() {
         })
         .wait(Duration::from_secs(1000)),
     );
-    println!("{many} proxied connections in {:.1} s", started.elapsed().as_secs_f64());
-    assert_eq!(report.banners.get(&format!("orig={vip}")), Some(&many), "{report:?}");
+    println!(
+        "{many} proxied connections in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        report.banners.get(&format!("orig={vip}")),
+        Some(&many),
+        "{report:?}"
+    );
     let left = wait_empty(&dp.original_destinations().unwrap());
-    assert_eq!(left, 0, "ORIG_DST_V1 kept {left} entries after {many} closed connections");
+    assert_eq!(
+        left, 0,
+        "ORIG_DST_V1 kept {left} entries after {many} closed connections"
+    );
     assert_eq!(dp.counter("orig_dst_rekeyed"), u64::from(many));
     assert_eq!(dp.counter("orig_dst_removed"), u64::from(many));
-    assert_eq!(dp.counter("orig_dst_rekey_failed") + dp.counter("orig_dst_record_failed"), 0);
+    assert_eq!(
+        dp.counter("orig_dst_rekey_failed") + dp.counter("orig_dst_record_failed"),
+        0
+    );
 }

@@ -62,8 +62,12 @@ fn setup(fam: &Family, udp: bool) -> (Netns, TestCgroup, InProcess, BannerServer
     if let Some(cidr) = fam.vip_cidr {
         netns.add_lo_addr(cidr);
     }
-    let mut servers: Vec<(SocketAddr, &str, bool)> =
-        fam.set_a.iter().chain(&fam.set_b).map(|h| (h.parse().unwrap(), *h, udp)).collect();
+    let mut servers: Vec<(SocketAddr, &str, bool)> = fam
+        .set_a
+        .iter()
+        .chain(&fam.set_b)
+        .map(|h| (h.parse().unwrap(), *h, udp))
+        .collect();
     servers.push((fam.vip.parse().unwrap(), "vip-itself", udp));
     let servers = BannerServers::start(&netns, &servers);
     let dp = InProcess::open(&cgroup);
@@ -79,7 +83,11 @@ fn client(
     within: Duration,
 ) -> InCgroup {
     InCgroup::spawn(Some(cgroup.path()), netns, move || {
-        let report = if udp { udp_sendto_loop(vip, count) } else { tcp_loop(vip, count, within) };
+        let report = if udp {
+            udp_sendto_loop(vip, count)
+        } else {
+            tcp_loop(vip, count, within)
+        };
         serde_json::to_string(&report).unwrap()
     })
 }
@@ -97,7 +105,9 @@ fn alternating_host_sets_never_mix_or_fail(#[case] fam: Family, #[case] udp: boo
     let (netns, cgroup, mut dp, _servers) = setup(&fam, udp);
     let vip: SocketAddr = fam.vip.parse().unwrap();
     let (a, b) = (addrs(&fam.set_a), addrs(&fam.set_b));
-    dp.publisher().publish(&spec("flip", vip, udp, 0, &a)).expect("publishing A");
+    dp.publisher()
+        .publish(&spec("flip", vip, udp, 0, &a))
+        .expect("publishing A");
     // UDP is bounded by count (each datagram waits for its answer), TCP by time.
     let count = if udp { 20_000 } else { 1_000_000 };
     let running = client(&cgroup, &netns, vip, udp, count, FLIP_FOR);
@@ -105,17 +115,29 @@ fn alternating_host_sets_never_mix_or_fail(#[case] fam: Family, #[case] udp: boo
     let mut flips = 0u32;
     while started.elapsed() < FLIP_FOR {
         let set = if flips.is_multiple_of(2) { &b } else { &a };
-        dp.publisher().publish(&spec("flip", vip, udp, 0, set)).expect("republishing");
+        dp.publisher()
+            .publish(&spec("flip", vip, udp, 0, set))
+            .expect("republishing");
         flips += 1;
     }
     let report = LoopReport::parse(&running.wait(Duration::from_secs(120)));
-    println!("{flips} publishes during {} exchanges: {:?}", report.ok(), report.banners);
+    println!(
+        "{flips} publishes during {} exchanges: {:?}",
+        report.ok(),
+        report.banners
+    );
     assert_eq!(report.failed(), 0, "{report:?}");
     let allowed: BTreeSet<&str> = fam.set_a.iter().chain(&fam.set_b).copied().collect();
     for banner in report.banners.keys() {
-        assert!(allowed.contains(banner.as_str()), "reached {banner}, in neither set: {report:?}");
+        assert!(
+            allowed.contains(banner.as_str()),
+            "reached {banner}, in neither set: {report:?}"
+        );
     }
-    assert!(report.ok() > 0 && flips > 10, "too little happened: {flips} flips, {report:?}");
+    assert!(
+        report.ok() > 0 && flips > 10,
+        "too little happened: {flips} flips, {report:?}"
+    );
 }
 
 /// One host is published inside the service entry, two or more as a slot table: switching
@@ -138,14 +160,18 @@ fn switching_between_one_host_and_a_table_never_mixes_or_fails(
     let vip: SocketAddr = fam.vip.parse().unwrap();
     // set_a[1] is in neither set: reaching it would mean a stale or mixed host set.
     let (one, many) = (addrs(&fam.set_a[..1]), addrs(&fam.set_b));
-    dp.publisher().publish(&spec("switch", vip, udp, flags, &one)).expect("publishing one host");
+    dp.publisher()
+        .publish(&spec("switch", vip, udp, flags, &one))
+        .expect("publishing one host");
     let count = if udp { 20_000 } else { 1_000_000 };
     let running = client(&cgroup, &netns, vip, udp, count, FLIP_FOR);
     let started = Instant::now();
     let mut flips = 0u32;
     while started.elapsed() < FLIP_FOR {
         let set = if flips.is_multiple_of(2) { &many } else { &one };
-        dp.publisher().publish(&spec("switch", vip, udp, flags, set)).expect("republishing");
+        dp.publisher()
+            .publish(&spec("switch", vip, udp, flags, set))
+            .expect("republishing");
         flips += 1;
         // Each layout holds for a while before the next switch. Without it the table layout
         // lasted only the short step to the next one-host publish, while the one-host layout
@@ -154,15 +180,25 @@ fn switching_between_one_host_and_a_table_never_mixes_or_fails(
         std::thread::sleep(LAYOUT_DWELL);
     }
     let report = LoopReport::parse(&running.wait(Duration::from_secs(120)));
-    println!("{flips} layout switches during {} exchanges: {:?}", report.ok(), report.banners);
+    println!(
+        "{flips} layout switches during {} exchanges: {:?}",
+        report.ok(),
+        report.banners
+    );
     assert_eq!(report.failed(), 0, "{report:?}");
     let allowed: BTreeSet<&str> = fam.set_a[..1].iter().chain(&fam.set_b).copied().collect();
     for banner in report.banners.keys() {
-        assert!(allowed.contains(banner.as_str()), "reached {banner}, in neither set: {report:?}");
+        assert!(
+            allowed.contains(banner.as_str()),
+            "reached {banner}, in neither set: {report:?}"
+        );
     }
     assert!(flips > 10, "too little happened: {flips} flips, {report:?}");
     // Both layouts served connects (the loop is long against the switch interval).
-    assert!(report.banners.contains_key(fam.set_a[0]), "the one-host layout never served: {report:?}");
+    assert!(
+        report.banners.contains_key(fam.set_a[0]),
+        "the one-host layout never served: {report:?}"
+    );
     assert!(
         fam.set_b.iter().any(|b| report.banners.contains_key(*b)),
         "the table layout never served: {report:?}"
@@ -189,13 +225,19 @@ fn removing_all_hosts_then_adding_them_back_works(#[case] fam: Family, #[case] u
         )
     };
 
-    dp.publisher().publish(&spec("svc", vip, udp, 0, &a)).expect("publishing");
+    dp.publisher()
+        .publish(&spec("svc", vip, udp, 0, &a))
+        .expect("publishing");
     let before = run(20);
     assert_eq!(before.ok(), 20, "{before:?}");
-    dp.publisher().publish(&spec("svc", vip, udp, 0, &[])).expect("removing every host");
+    dp.publisher()
+        .publish(&spec("svc", vip, udp, 0, &[]))
+        .expect("removing every host");
     let none = run(5);
     assert_eq!(none.errors.get("EPERM"), Some(&5), "{none:?}");
-    dp.publisher().publish(&spec("svc", vip, udp, 0, &a)).expect("adding them back");
+    dp.publisher()
+        .publish(&spec("svc", vip, udp, 0, &a))
+        .expect("adding them back");
     let after = run(20);
     assert_eq!(after.ok(), 20, "{after:?}");
     for banner in before.banners.keys().chain(after.banners.keys()) {
@@ -210,7 +252,11 @@ fn banners_of(cgroup: &TestCgroup, netns: &Netns, vips: Vec<SocketAddr>) -> Vec<
             .iter()
             .map(|vip| {
                 let r = tcp_loop(*vip, 1, Duration::from_secs(5));
-                r.banners.keys().next().cloned().unwrap_or_else(|| format!("{:?}", r.errors))
+                r.banners
+                    .keys()
+                    .next()
+                    .cloned()
+                    .unwrap_or_else(|| format!("{:?}", r.errors))
             })
             .collect();
         serde_json::to_string(&seen).unwrap()
@@ -235,41 +281,79 @@ fn a_dropped_data_path_keeps_both_layouts_and_the_next_adopts_them() {
     };
     let _pins = PinDir(opts.bpffs.join(&opts.instance));
     let (single, table) = (V4.set_a[0], [V4.set_b[0], V4.set_b[1]]);
-    let hosts: Vec<(SocketAddr, &str, bool)> =
-        [single].iter().chain(&table).map(|h| (h.parse().unwrap(), *h, false)).collect();
+    let hosts: Vec<(SocketAddr, &str, bool)> = [single]
+        .iter()
+        .chain(&table)
+        .map(|h| (h.parse().unwrap(), *h, false))
+        .collect();
     let _servers = BannerServers::start(&netns, &hosts);
-    let (vip1, vip2): (SocketAddr, SocketAddr) =
-        ("127.77.6.1:80".parse().unwrap(), "127.77.6.2:80".parse().unwrap());
+    let (vip1, vip2): (SocketAddr, SocketAddr) = (
+        "127.77.6.1:80".parse().unwrap(),
+        "127.77.6.2:80".parse().unwrap(),
+    );
     let (one, many) = (addrs(&[single]), addrs(&table));
 
     let mut first = Dataplane::open(&opts).expect("opening the first data path");
-    first.publisher().publish(&spec("one", vip1, false, 0, &one)).expect("publishing one host");
-    first.publisher().publish(&spec("many", vip2, false, 0, &many)).expect("publishing a table");
+    first
+        .publisher()
+        .publish(&spec("one", vip1, false, 0, &one))
+        .expect("publishing one host");
+    first
+        .publisher()
+        .publish(&spec("many", vip2, false, 0, &many))
+        .expect("publishing a table");
     // Dropped without shutdown, as by `kill -9`: the pins keep programs and maps.
     drop(first);
     let seen = banners_of(&cgroup, &netns, vec![vip1, vip2]);
-    assert_eq!(seen[0], single, "the one-host service after the drop: {seen:?}");
-    assert!(table.contains(&seen[1].as_str()), "the table service after the drop: {seen:?}");
+    assert_eq!(
+        seen[0], single,
+        "the one-host service after the drop: {seen:?}"
+    );
+    assert!(
+        table.contains(&seen[1].as_str()),
+        "the table service after the drop: {seen:?}"
+    );
 
     let mut second = Dataplane::open(&opts).expect("opening the second data path");
     assert_eq!(second.publisher().adopted(), 2);
     // Swap the layouts of the adopted services, then sweep what the first run left.
-    second.publisher().publish(&spec("one", vip1, false, 0, &many)).expect("one -> table");
-    second.publisher().publish(&spec("many", vip2, false, 0, &one)).expect("table -> one");
+    second
+        .publisher()
+        .publish(&spec("one", vip1, false, 0, &many))
+        .expect("one -> table");
+    second
+        .publisher()
+        .publish(&spec("many", vip2, false, 0, &one))
+        .expect("table -> one");
     let tcp = proxy_common::service::PROTO_TCP;
-    let keys: Vec<_> = [vip1, vip2].iter().map(|v| publish_key(v.ip(), v.port(), tcp)).collect();
+    let keys: Vec<_> = [vip1, vip2]
+        .iter()
+        .map(|v| publish_key(v.ip(), v.port(), tcp))
+        .collect();
     second.publisher().sweep(&keys).expect("sweeping");
     let seen = banners_of(&cgroup, &netns, vec![vip1, vip2, vip1, vip2]);
     second.shutdown();
-    assert!(table.contains(&seen[0].as_str()), "the adopted service now a table: {seen:?}");
-    assert_eq!(seen[1], single, "the adopted table service now one host: {seen:?}");
-    assert!(table.contains(&seen[2].as_str()) && seen[3] == single, "{seen:?}");
+    assert!(
+        table.contains(&seen[0].as_str()),
+        "the adopted service now a table: {seen:?}"
+    );
+    assert_eq!(
+        seen[1], single,
+        "the adopted table service now one host: {seen:?}"
+    );
+    assert!(
+        table.contains(&seen[2].as_str()) && seen[3] == single,
+        "{seen:?}"
+    );
 }
 
 /// Service `i` of the scale test: its VIP and its one host.
 fn scale_pair(i: u32) -> (SocketAddr, SocketAddr) {
     let (hi, lo) = ((i >> 8) as u8, (i & 0xff) as u8);
-    (SocketAddr::from(([127, 100, hi, lo], 80)), SocketAddr::from(([127, 101, hi, lo], 9000)))
+    (
+        SocketAddr::from(([127, 100, hi, lo], 80)),
+        SocketAddr::from(([127, 101, hi, lo], 9000)),
+    )
 }
 
 #[test]
@@ -317,10 +401,18 @@ fn ten_thousand_services_publish_and_select_their_own_host() {
         "published 100 services x 100 hosts in {:.1} ms",
         started.elapsed().as_secs_f64() * 1e3
     );
-    let sample: Vec<u32> = (0..SAMPLE).map(|k| k * (SERVICES / SAMPLE) + k % 7).collect();
-    let banners: Vec<String> = sample.iter().map(|i| scale_pair(*i).1.to_string()).collect();
-    let servers: Vec<(SocketAddr, &str, bool)> =
-        sample.iter().zip(&banners).map(|(i, b)| (scale_pair(*i).1, b.as_str(), false)).collect();
+    let sample: Vec<u32> = (0..SAMPLE)
+        .map(|k| k * (SERVICES / SAMPLE) + k % 7)
+        .collect();
+    let banners: Vec<String> = sample
+        .iter()
+        .map(|i| scale_pair(*i).1.to_string())
+        .collect();
+    let servers: Vec<(SocketAddr, &str, bool)> = sample
+        .iter()
+        .zip(&banners)
+        .map(|(i, b)| (scale_pair(*i).1, b.as_str(), false))
+        .collect();
     let _servers = BannerServers::start(&netns, &servers);
     let vips: Vec<SocketAddr> = sample.iter().map(|i| scale_pair(*i).0).collect();
     let got = InCgroup::spawn(Some(cgroup.path()), &netns, move || {
@@ -328,12 +420,19 @@ fn ten_thousand_services_publish_and_select_their_own_host() {
             .iter()
             .map(|vip| {
                 let r = tcp_loop(*vip, 1, Duration::from_secs(5));
-                r.banners.keys().next().cloned().unwrap_or_else(|| format!("{:?}", r.errors))
+                r.banners
+                    .keys()
+                    .next()
+                    .cloned()
+                    .unwrap_or_else(|| format!("{:?}", r.errors))
             })
             .collect();
         serde_json::to_string(&seen).unwrap()
     })
     .wait(Duration::from_secs(60));
     let seen: Vec<String> = serde_json::from_str(&got).expect("JSON");
-    assert_eq!(seen, banners, "each sampled service must reach its own host");
+    assert_eq!(
+        seen, banners,
+        "each sampled service must reach its own host"
+    );
 }

@@ -43,7 +43,10 @@ fn config(instance: &str, cgroup: &Path) -> String {
 
 fn counter(pins: &Path, name: &str) -> u64 {
     let maps = RuntimeMaps::open_pinned(pins).expect("opening the pinned maps");
-    maps.counters().into_iter().find_map(|(n, v)| (n == name).then_some(v)).expect("counter")
+    maps.counters()
+        .into_iter()
+        .find_map(|(n, v)| (n == name).then_some(v))
+        .expect("counter")
 }
 
 /// The daemon's log without terminal colour codes.
@@ -72,8 +75,10 @@ fn kill9_keeps_the_data_path_and_a_new_daemon_adopts_it() {
     }
     let netns = Netns::new();
     let cgroup = TestCgroup::new();
-    let servers: Vec<(SocketAddr, &str, bool)> =
-        HOSTS.iter().map(|h| (h.parse().unwrap(), *h, false)).collect();
+    let servers: Vec<(SocketAddr, &str, bool)> = HOSTS
+        .iter()
+        .map(|h| (h.parse().unwrap(), *h, false))
+        .collect();
     let _servers = BannerServers::start(&netns, &servers);
     let instance = unique("rs");
     let pins = PathBuf::from("/sys/fs/bpf").join(&instance);
@@ -89,7 +94,10 @@ fn kill9_keeps_the_data_path_and_a_new_daemon_adopts_it() {
     });
     std::thread::sleep(Duration::from_secs(1));
     first.kill9();
-    assert!(pins.join("link_connect4").exists(), "kill -9 must leave the pins");
+    assert!(
+        pins.join("link_connect4").exists(),
+        "kill -9 must leave the pins"
+    );
 
     // No daemon now: a local pair is still spliced through the pinned sockhash.
     let redirected = counter(&pins, "sk_msg_redirected");
@@ -112,7 +120,10 @@ fn kill9_keeps_the_data_path_and_a_new_daemon_adopts_it() {
         assert!(HOSTS.contains(&banner.as_str()), "reached {banner}");
     }
     let log = strip_ansi(&second.log_text());
-    assert!(log.contains("adopted=1"), "the new daemon did not adopt the service:\n{log}");
+    assert!(
+        log.contains("adopted=1"),
+        "the new daemon did not adopt the service:\n{log}"
+    );
     assert!(second.counter("connect_rewritten") > 0);
     drop(second);
     assert!(!pins.exists(), "a graceful stop removes the pins");

@@ -19,8 +19,14 @@ struct Family {
     server: &'static str,
 }
 
-const V4: Family = Family { vip: "127.77.2.1:80", server: "127.0.0.51:8080" };
-const V6: Family = Family { vip: "[fd77::2:1]:80", server: "[::1]:8080" };
+const V4: Family = Family {
+    vip: "127.77.2.1:80",
+    server: "127.0.0.51:8080",
+};
+const V6: Family = Family {
+    vip: "[fd77::2:1]:80",
+    server: "[::1]:8080",
+};
 
 #[rstest]
 #[case::ipv4_spliced(V4, true)]
@@ -40,13 +46,21 @@ fn bytes_arrive_intact_both_ways(#[case] fam: Family, #[case] splice: bool) {
     // Switching on and then off must leave it off (the default is off as well).
     dp.set_splice(true).expect("switching splicing on");
     dp.set_splice(splice).expect("setting the splice switch");
-    assert_eq!(dp.runtime().settings().flags & SETTINGS_F_SPLICE != 0, splice);
-    dp.publisher().publish(&spec("local", vip, false, 0, &[server])).expect("publishing");
+    assert_eq!(
+        dp.runtime().settings().flags & SETTINGS_F_SPLICE != 0,
+        splice
+    );
+    dp.publisher()
+        .publish(&spec("local", vip, false, 0, &[server]))
+        .expect("publishing");
 
     let (up, down) = framed_exchange(cgroup.path(), &netns, server, vip, SIZE);
     assert!(up, "client -> server bytes differ (splice {splice})");
     assert!(down, "server -> client bytes differ (splice {splice})");
-    let (inserted, redirected) = (dp.counter("sockhash_inserted"), dp.counter("sk_msg_redirected"));
+    let (inserted, redirected) = (
+        dp.counter("sockhash_inserted"),
+        dp.counter("sk_msg_redirected"),
+    );
     println!("splice {splice}: sockhash_inserted {inserted}, sk_msg_redirected {redirected}");
     if splice {
         assert_eq!(inserted, 2, "both ends belong in the sockhash");

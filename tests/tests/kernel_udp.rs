@@ -20,8 +20,11 @@ struct Family {
     hosts: [&'static str; 2],
 }
 
-const V4: Family =
-    Family { vip: "127.77.0.53:53", vip_cidr: None, hosts: ["127.0.0.21:5301", "127.0.0.22:5302"] };
+const V4: Family = Family {
+    vip: "127.77.0.53:53",
+    vip_cidr: None,
+    hosts: ["127.0.0.21:5301", "127.0.0.22:5302"],
+};
 
 const V6: Family = Family {
     vip: "[fd77::53]:53",
@@ -46,12 +49,17 @@ fn unconnected_udp_is_translated_per_datagram_and_replies_come_from_the_vip(#[ca
     }
     let vip: SocketAddr = fam.vip.parse().unwrap();
     let hosts: Vec<SocketAddr> = fam.hosts.iter().map(|h| h.parse().unwrap()).collect();
-    let mut servers: Vec<(SocketAddr, &str, bool)> =
-        hosts.iter().zip(fam.hosts).map(|(a, b)| (*a, b, true)).collect();
+    let mut servers: Vec<(SocketAddr, &str, bool)> = hosts
+        .iter()
+        .zip(fam.hosts)
+        .map(|(a, b)| (*a, b, true))
+        .collect();
     servers.push((vip, "vip-itself", true));
     let _servers = BannerServers::start(&netns, &servers);
     let mut dp = InProcess::open(&cgroup);
-    dp.publisher().publish(&spec("dns", vip, true, 0, &hosts)).expect("publishing");
+    dp.publisher()
+        .publish(&spec("dns", vip, true, 0, &hosts))
+        .expect("publishing");
 
     let inside = LoopReport::parse(
         &InCgroup::spawn(Some(cgroup.path()), &netns, move || {

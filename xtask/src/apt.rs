@@ -47,17 +47,26 @@ impl Suite {
     /// A suite such as `bullseye`, `bookworm` or `bookworm-backports`, with the `main` component.
     pub fn new(name: &str) -> anyhow::Result<Self> {
         let dir = util::target_dir()?.join("apt").join(name);
-        Ok(Self { name: name.to_owned(), dir })
+        Ok(Self {
+            name: name.to_owned(),
+            dir,
+        })
     }
 
     fn apt(&self) -> Command {
         let mut cmd = Command::new("apt-get");
         cmd.arg("-q")
             .arg("-o")
-            .arg(format!("Dir::Etc::SourceList={}", self.dir.join("sources.list").display()))
+            .arg(format!(
+                "Dir::Etc::SourceList={}",
+                self.dir.join("sources.list").display()
+            ))
             .args(["-o", "Dir::Etc::SourceParts=/dev/null"])
             .arg("-o")
-            .arg(format!("Dir::State::Lists={}", self.dir.join("lists").display()))
+            .arg(format!(
+                "Dir::State::Lists={}",
+                self.dir.join("lists").display()
+            ))
             .arg("-o")
             .arg(format!("Dir::Cache={}", self.dir.join("cache").display()))
             .args(["-o", "APT::Sandbox::User=root"])
@@ -70,7 +79,8 @@ impl Suite {
     fn update(&self) -> anyhow::Result<()> {
         let lists = self.dir.join("lists");
         let has_index = |d: fs::ReadDir| {
-            d.flatten().any(|e| e.file_name().to_string_lossy().contains("_Packages"))
+            d.flatten()
+                .any(|e| e.file_name().to_string_lossy().contains("_Packages"))
         };
         if fs::read_dir(&lists).is_ok_and(has_index) {
             return Ok(());
@@ -78,10 +88,19 @@ impl Suite {
         fs::create_dir_all(lists.join("partial"))?;
         fs::create_dir_all(self.dir.join("cache/archives/partial"))?;
         let mirror = mirror()?;
-        fs::write(self.dir.join("sources.list"), format!("deb {mirror} {} main\n", self.name))?;
-        step(format!("fetching the package lists of Debian {}", self.name));
-        util::run(self.apt().arg("update"), &format!("apt-get update ({})", self.name))
-            .with_context(|| format!("could not reach the Debian mirror for {}", self.name))
+        fs::write(
+            self.dir.join("sources.list"),
+            format!("deb {mirror} {} main\n", self.name),
+        )?;
+        step(format!(
+            "fetching the package lists of Debian {}",
+            self.name
+        ));
+        util::run(
+            self.apt().arg("update"),
+            &format!("apt-get update ({})", self.name),
+        )
+        .with_context(|| format!("could not reach the Debian mirror for {}", self.name))
     }
 
     /// Downloads `package` (a name, optionally `name=version`) into `target/apt/<suite>/debs/`
@@ -104,7 +123,10 @@ impl Suite {
         };
         if fetch().is_err() {
             // Cached lists may name a version the mirror has dropped since: refresh once.
-            detail(format!("refreshing the package lists of Debian {} and retrying", self.name));
+            detail(format!(
+                "refreshing the package lists of Debian {} and retrying",
+                self.name
+            ));
             let _ = fs::remove_dir_all(self.dir.join("lists"));
             self.update()?;
             fetch().with_context(|| {
@@ -120,10 +142,16 @@ impl Suite {
         self.update()?;
         let mut cmd = Command::new("apt-cache");
         cmd.arg("-o")
-            .arg(format!("Dir::Etc::SourceList={}", self.dir.join("sources.list").display()))
+            .arg(format!(
+                "Dir::Etc::SourceList={}",
+                self.dir.join("sources.list").display()
+            ))
             .args(["-o", "Dir::Etc::SourceParts=/dev/null"])
             .arg("-o")
-            .arg(format!("Dir::State::Lists={}", self.dir.join("lists").display()))
+            .arg(format!(
+                "Dir::State::Lists={}",
+                self.dir.join("lists").display()
+            ))
             .arg("-o")
             .arg(format!("Dir::Cache={}", self.dir.join("cache").display()))
             .args(["pkgnames", prefix]);
@@ -166,6 +194,9 @@ fn find_deb(dir: &Path, package: &str) -> Option<PathBuf> {
 /// Extracts a .deb's files into `dest` (no maintainer scripts run, nothing is installed).
 pub fn extract(deb: &Path, dest: &Path) -> anyhow::Result<()> {
     fs::create_dir_all(dest)?;
-    util::run(Command::new("dpkg-deb").arg("-x").arg(deb).arg(dest), "dpkg-deb -x")
-        .with_context(|| format!("extracting {}", deb.display()))
+    util::run(
+        Command::new("dpkg-deb").arg("-x").arg(deb).arg(dest),
+        "dpkg-deb -x",
+    )
+    .with_context(|| format!("extracting {}", deb.display()))
 }

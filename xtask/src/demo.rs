@@ -35,7 +35,10 @@ pub fn run(count: u32) -> anyhow::Result<()> {
     util::require_root("the demo")?;
     let proxy = util::build_proxy()?;
     let config = Config::embedded_default();
-    let service = config.services.first().context("the default config has a service")?;
+    let service = config
+        .services
+        .first()
+        .context("the default config has a service")?;
     let vip = SocketAddr::new(service.address, service.port);
     let hosts = config
         .cluster(&service.cluster)
@@ -45,7 +48,10 @@ pub fn run(count: u32) -> anyhow::Result<()> {
     step(format!("starting {} backends", hosts.len()));
     let backends = Backends::start(hosts.iter().map(|h| h.addr))?;
     let log_path = util::target_dir()?.join("demo-daemon.log");
-    step(format!("starting the daemon (embedded default config; log: {})", log_path.display()));
+    step(format!(
+        "starting the daemon (embedded default config; log: {})",
+        log_path.display()
+    ));
     let mut daemon = Daemon::start(&proxy, &log_path, config.admin.address)?;
     let result = exercise(&proxy, &config, vip, &hosts, count, config.admin.address);
     step("stopping the daemon (SIGTERM)");
@@ -64,33 +70,55 @@ fn exercise(
     count: u32,
     admin: SocketAddr,
 ) -> anyhow::Result<()> {
-    step(format!("client in cgroup {:?}: {count} connections to {vip}", config.cgroup));
+    step(format!(
+        "client in cgroup {:?}: {count} connections to {vip}",
+        config.cgroup
+    ));
     let report = probe(proxy, vip, count, Some(&config.cgroup))?;
     let total_weight: u32 = hosts.iter().map(|h| h.weight).sum();
     println!();
-    println!("  {:<22} {:>6} {:>9} {:>8} {:>9}", "backend", "weight", "expected", "conns", "observed");
+    println!(
+        "  {:<22} {:>6} {:>9} {:>8} {:>9}",
+        "backend", "weight", "expected", "conns", "observed"
+    );
     let mut off = Vec::new();
     for host in hosts {
-        let got = report["backends"][host.addr.to_string()].as_u64().unwrap_or(0);
+        let got = report["backends"][host.addr.to_string()]
+            .as_u64()
+            .unwrap_or(0);
         let p = f64::from(host.weight) / f64::from(total_weight);
         let (expected, observed) = (100.0 * p, 100.0 * got as f64 / f64::from(count));
         // Random selection: the share is binomial; 4.5 standard deviations is a bound that a
         // correct data path exceeds about once in 150,000 runs.
         let tolerance = 100.0 * 4.5 * (p * (1.0 - p) / f64::from(count)).sqrt();
         if (expected - observed).abs() > tolerance {
-            off.push(format!("{}: {observed:.1}% vs {expected:.1}% +- {tolerance:.1}", host.addr));
+            off.push(format!(
+                "{}: {observed:.1}% vs {expected:.1}% +- {tolerance:.1}",
+                host.addr
+            ));
         }
-        println!("  {:<22} {:>6} {:>8.1}% {:>8} {:>8.1}%", host.addr, host.weight, expected, got, observed);
+        println!(
+            "  {:<22} {:>6} {:>8.1}% {:>8} {:>8.1}%",
+            host.addr, host.weight, expected, got, observed
+        );
     }
-    let peers: Vec<&str> =
-        report["peers"].as_array().into_iter().flatten().filter_map(|p| p.as_str()).collect();
+    let peers: Vec<&str> = report["peers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.as_str())
+        .collect();
     println!("  getpeername() in the client showed: {}", peers.join(", "));
     let errors = &report["errors"];
     let outside = probe(proxy, vip, 1, None)?;
     let outside_result = outside["errors"]
         .as_object()
         .and_then(|e| e.keys().next().cloned())
-        .or_else(|| outside["backends"].as_object().and_then(|b| b.keys().next().cloned()))
+        .or_else(|| {
+            outside["backends"]
+                .as_object()
+                .and_then(|b| b.keys().next().cloned())
+        })
         .unwrap_or_default();
     println!("  the same connect from outside the cgroup: {outside_result} (not rewritten)");
     println!("  kernel counters: {}", kernel_counters(admin)?);
@@ -102,17 +130,34 @@ fn exercise(
         bail!("getpeername showed {peers:?}, not the VIP {vip}");
     }
     if !off.is_empty() {
-        bail!("the distribution does not follow the weights: {}", off.join("; "));
+        bail!(
+            "the distribution does not follow the weights: {}",
+            off.join("; ")
+        );
     }
-    if outside["backends"].as_object().is_some_and(|b| !b.is_empty()) {
+    if outside["backends"]
+        .as_object()
+        .is_some_and(|b| !b.is_empty())
+    {
         bail!("a process outside the cgroup reached a backend through the VIP");
     }
     Ok(())
 }
 
-fn probe(proxy: &Path, vip: SocketAddr, count: u32, cgroup: Option<&str>) -> anyhow::Result<serde_json::Value> {
+fn probe(
+    proxy: &Path,
+    vip: SocketAddr,
+    count: u32,
+    cgroup: Option<&str>,
+) -> anyhow::Result<serde_json::Value> {
     let mut cmd = Command::new(proxy);
-    cmd.args(["probe", &vip.to_string(), "--count", &count.to_string(), "--json"]);
+    cmd.args([
+        "probe",
+        &vip.to_string(),
+        "--count",
+        &count.to_string(),
+        "--json",
+    ]);
     cmd.args(["--timeout-ms", "500"]);
     if let Some(cgroup) = cgroup {
         cmd.args(["--cgroup", cgroup]);
@@ -135,7 +180,10 @@ fn kernel_counters(admin: SocketAddr) -> anyhow::Result<String> {
 fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    write!(stream, "GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n")?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n"
+    )?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
@@ -202,7 +250,10 @@ impl Daemon {
             }
             if Instant::now() > deadline {
                 daemon.stop()?;
-                bail!("the daemon was not ready within {READY_TIMEOUT:?}; see {}", log.display());
+                bail!(
+                    "the daemon was not ready within {READY_TIMEOUT:?}; see {}",
+                    log.display()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -243,7 +294,10 @@ impl Backends {
             let listener =
                 TcpListener::bind(addr).with_context(|| format!("binding backend {addr}"))?;
             let stop = stop.clone();
-            threads.push((addr, std::thread::spawn(move || serve(&listener, addr, &stop))));
+            threads.push((
+                addr,
+                std::thread::spawn(move || serve(&listener, addr, &stop)),
+            ));
             detail(format!("backend listening on {addr}"));
         }
         Ok(Self { stop, threads })

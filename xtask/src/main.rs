@@ -76,15 +76,20 @@ fn main() -> anyhow::Result<()> {
         Task::Demo { count } => demo::run(count),
         Task::Test { filter } => test::run(filter.as_deref()),
         Task::Bench(args) => bench::run(args),
-        Task::Vm { kernel, filter, accel, timeout, binary_timeout, memory } => {
-            vm::run(&vm::Options {
-                filter: filter.as_deref(),
-                accel,
-                timeout: std::time::Duration::from_secs(timeout),
-                binary_timeout: std::time::Duration::from_secs(binary_timeout),
-                memory_mib: memory,
-                ..vm::Options::new(kernel)
-            })
-        }
+        Task::Vm {
+            kernel,
+            filter,
+            accel,
+            timeout,
+            binary_timeout,
+            memory,
+        } => vm::run(&vm::Options {
+            filter: filter.as_deref(),
+            accel,
+            timeout: std::time::Duration::from_secs(timeout),
+            binary_timeout: std::time::Duration::from_secs(binary_timeout),
+            memory_mib: memory,
+            ..vm::Options::new(kernel)
+        }),
     }
 }

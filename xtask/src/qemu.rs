@@ -36,18 +36,27 @@ pub fn ensure_qemu() -> anyhow::Result<()> {
         add_backports()?;
         install.args(["-t", "bookworm-backports"]);
     } else {
-        util::run(Command::new("apt-get").args(["update", "-q"]), "apt-get update")?;
+        util::run(
+            Command::new("apt-get").args(["update", "-q"]),
+            "apt-get update",
+        )?;
     }
-    step(format!("installing qemu-system-x86 (Debian {codename}); about a minute"));
+    step(format!(
+        "installing qemu-system-x86 (Debian {codename}); about a minute"
+    ));
     util::run(
-        install.arg("qemu-system-x86").env("DEBIAN_FRONTEND", "noninteractive"),
+        install
+            .arg("qemu-system-x86")
+            .env("DEBIAN_FRONTEND", "noninteractive"),
         "apt-get install",
     )
     .context(
         "apt-get could not install qemu-system-x86; check access to the Debian mirror, then \
              rerun `cargo xtask setup`",
     )?;
-    find_qemu().map(drop).with_context(|| format!("qemu-system-x86 installed no {QEMU}"))
+    find_qemu()
+        .map(drop)
+        .with_context(|| format!("qemu-system-x86 installed no {QEMU}"))
 }
 
 /// The path of `qemu-system-x86_64` on PATH, if any.

@@ -66,8 +66,10 @@ impl Toolchain {
                 .map(|v| v.trim().to_owned())
                 .with_context(|| format!("rustc -vV has no `{key}` line"))
         };
-        let sysroot =
-            util::output(Command::new("rustc").args(["--print", "sysroot"]), "rustc --print sysroot")?;
+        let sysroot = util::output(
+            Command::new("rustc").args(["--print", "sysroot"]),
+            "rustc --print sysroot",
+        )?;
         Ok(Self {
             name,
             release: field("release:")?,
@@ -95,13 +97,18 @@ impl Toolchain {
             .collect::<Vec<_>>();
         found.sort();
         found.into_iter().next().with_context(|| {
-            format!("{} has no libLLVM.so.*: this toolchain cannot host bpf-linker", lib.display())
+            format!(
+                "{} has no libLLVM.so.*: this toolchain cannot host bpf-linker",
+                lib.display()
+            )
         })
     }
 }
 
 fn ensure_rust_src(tc: &Toolchain) -> anyhow::Result<()> {
-    let core = tc.sysroot.join("lib/rustlib/src/rust/library/core/Cargo.toml");
+    let core = tc
+        .sysroot
+        .join("lib/rustlib/src/rust/library/core/Cargo.toml");
     if core.exists() {
         detail("rust-src: installed");
         return Ok(());
@@ -118,16 +125,20 @@ fn ensure_rust_src(tc: &Toolchain) -> anyhow::Result<()> {
 }
 
 fn cargo_home() -> PathBuf {
-    std::env::var_os("CARGO_HOME").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cargo")
-    })
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cargo")
+        })
 }
 
 fn ensure_bpf_linker(tc: &Toolchain) -> anyhow::Result<()> {
     let soname = tc.libllvm()?;
     let linker = cargo_home().join("bin/bpf-linker");
     if linker.exists() && links_against(&linker, &soname)? {
-        detail(format!("bpf-linker {BPF_LINKER_VERSION}: installed, uses {soname}"));
+        detail(format!(
+            "bpf-linker {BPF_LINKER_VERSION}: installed, uses {soname}"
+        ));
         return Ok(());
     }
     let major = tc.llvm_major()?;
@@ -148,8 +159,19 @@ fn ensure_bpf_linker(tc: &Toolchain) -> anyhow::Result<()> {
     }
     util::run(
         util::cargo()
-            .args(["install", "bpf-linker", "--locked", "--force", "--no-default-features"])
-            .args(["--version", BPF_LINKER_VERSION, "--features", &format!("llvm-{major}")])
+            .args([
+                "install",
+                "bpf-linker",
+                "--locked",
+                "--force",
+                "--no-default-features",
+            ])
+            .args([
+                "--version",
+                BPF_LINKER_VERSION,
+                "--features",
+                &format!("llvm-{major}"),
+            ])
             .env("LLVM_PREFIX", &prefix),
         "cargo install bpf-linker",
     )
@@ -158,14 +180,20 @@ fn ensure_bpf_linker(tc: &Toolchain) -> anyhow::Result<()> {
          crate registry and rerun `cargo xtask setup`",
     )?;
     if !links_against(&linker, &soname)? {
-        bail!("the new bpf-linker at {} does not load {soname}", linker.display());
+        bail!(
+            "the new bpf-linker at {} does not load {soname}",
+            linker.display()
+        );
     }
     Ok(())
 }
 
 /// Whether `binary` resolves its libLLVM to exactly `soname` (ldd prints `name => path`).
 fn links_against(binary: &Path, soname: &str) -> anyhow::Result<bool> {
-    let out = Command::new("ldd").arg(binary).output().context("running ldd")?;
+    let out = Command::new("ldd")
+        .arg(binary)
+        .output()
+        .context("running ldd")?;
     let text = String::from_utf8_lossy(&out.stdout);
     Ok(text.lines().any(|l| {
         let l = l.trim();
@@ -180,17 +208,26 @@ fn ensure_debian_packages() -> anyhow::Result<()> {
         .map(|(pkg, _)| *pkg)
         .collect();
     if missing.is_empty() {
-        detail(format!("Debian packages: installed ({})", DEBIAN_PACKAGES.len()));
+        detail(format!(
+            "Debian packages: installed ({})",
+            DEBIAN_PACKAGES.len()
+        ));
         return Ok(());
     }
     if !util::is_root() {
-        bail!("missing Debian packages {missing:?}; run `cargo xtask setup` as root, or `apt-get install -y {}`", missing.join(" "));
+        bail!(
+            "missing Debian packages {missing:?}; run `cargo xtask setup` as root, or `apt-get install -y {}`",
+            missing.join(" ")
+        );
     }
     step(format!("installing Debian packages: {}", missing.join(" ")));
     let _policy = NoServiceStarts::install();
     let install = |update: bool| -> anyhow::Result<()> {
         if update {
-            util::run(Command::new("apt-get").args(["update", "-q"]), "apt-get update")?;
+            util::run(
+                Command::new("apt-get").args(["update", "-q"]),
+                "apt-get update",
+            )?;
         }
         util::run(
             Command::new("apt-get")
@@ -218,11 +255,14 @@ impl NoServiceStarts {
         if path.exists() {
             return Self(None);
         }
-        let written = fs::write(&path, "#!/bin/sh\n# written by cargo xtask setup\nexit 101\n")
-            .and_then(|()| {
-                use std::os::unix::fs::PermissionsExt as _;
-                fs::set_permissions(&path, fs::Permissions::from_mode(0o755))
-            });
+        let written = fs::write(
+            &path,
+            "#!/bin/sh\n# written by cargo xtask setup\nexit 101\n",
+        )
+        .and_then(|()| {
+            use std::os::unix::fs::PermissionsExt as _;
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o755))
+        });
         Self(written.is_ok().then_some(path))
     }
 }
@@ -250,7 +290,10 @@ fn ensure_python_venv() -> anyhow::Result<()> {
     }
     step("creating the Python venv .venv for the test servers");
     if !venv.join("bin/python").exists() {
-        util::run(Command::new("python3").args(["-m", "venv"]).arg(&venv), "python3 -m venv")?;
+        util::run(
+            Command::new("python3").args(["-m", "venv"]).arg(&venv),
+            "python3 -m venv",
+        )?;
     }
     util::run(
         Command::new(venv.join("bin/pip"))

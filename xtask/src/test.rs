@@ -14,7 +14,14 @@ pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
     setup::run()?;
     step("unit tests (all crates but the kernel programs and the root-only suite)");
     let mut unit = util::cargo();
-    unit.args(["test", "--workspace", "--exclude", "proxy-ebpf", "--exclude", "integration-tests"]);
+    unit.args([
+        "test",
+        "--workspace",
+        "--exclude",
+        "proxy-ebpf",
+        "--exclude",
+        "integration-tests",
+    ]);
     unit.args(filter.map(|f| vec!["--", f]).unwrap_or_default());
     util::run(&mut unit, "unit tests")?;
 
@@ -33,7 +40,10 @@ pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
     // The kernel tests again on the oldest supported kernel, in QEMU (about a minute, plus the
     // kernel download on a fresh target directory), whatever the host's own kernel is.
     step("kernel tests on Linux 5.10 in QEMU (cargo xtask vm --kernel 5.10)");
-    let vm = vm::run(&vm::Options { filter, ..vm::Options::new(vm::KernelChoice::V5_10) });
+    let vm = vm::run(&vm::Options {
+        filter,
+        ..vm::Options::new(vm::KernelChoice::V5_10)
+    });
     // The benchmark harness, once with tiny counts, so it cannot rot; numbers are not judged.
     let smoke = bench::smoke(Some(&proxy));
     integrated?;

@@ -62,7 +62,9 @@ pub fn is_root() -> bool {
 /// Fails with a clear message unless running as root.
 pub fn require_root(task: &str) -> anyhow::Result<()> {
     if !is_root() {
-        bail!("{task} needs root (it loads eBPF programs, creates cgroups and network namespaces); run it as root");
+        bail!(
+            "{task} needs root (it loads eBPF programs, creates cgroups and network namespaces); run it as root"
+        );
     }
     Ok(())
 }
@@ -83,6 +85,9 @@ pub fn target_dir() -> anyhow::Result<PathBuf> {
 /// Builds the daemon (and with it the kernel programs) and returns the binary's path.
 pub fn build_proxy() -> anyhow::Result<PathBuf> {
     step("building the daemon and its kernel programs (a cold build takes a few minutes)");
-    run(cargo().args(["build", "--package", "proxy"]), "cargo build -p proxy")?;
+    run(
+        cargo().args(["build", "--package", "proxy"]),
+        "cargo build -p proxy",
+    )?;
     Ok(target_dir()?.join("debug").join("proxy"))
 }

@@ -135,11 +135,19 @@ pub fn run(opts: &Options<'_>) -> anyhow::Result<()> {
             echo: Some(&prefix),
         };
         let (boot, _) = machine.run(boot::RESULT_MARKER)?;
-        let outcome = Outcome { label: line.label(), package: kernel.package, accel, boot };
+        let outcome = Outcome {
+            label: line.label(),
+            package: kernel.package,
+            accel,
+            boot,
+        };
         step(format!("kernel {}: {}", line.label(), outcome.summary()));
         outcomes.push(outcome);
     }
-    step(format!("VM matrix ({:.0} s in all)", start.elapsed().as_secs_f64()));
+    step(format!(
+        "VM matrix ({:.0} s in all)",
+        start.elapsed().as_secs_f64()
+    ));
     for outcome in &outcomes {
         eprintln!("    {}", outcome.summary());
     }
@@ -148,7 +156,11 @@ pub fn run(opts: &Options<'_>) -> anyhow::Result<()> {
         (p + op, f + of, s + os)
     });
     eprintln!("vm: {pass} passed, {fail} failed, {skip} skipped");
-    let failed: Vec<&str> = outcomes.iter().filter(|o| !o.passed()).map(|o| o.label).collect();
+    let failed: Vec<&str> = outcomes
+        .iter()
+        .filter(|o| !o.passed())
+        .map(|o| o.label)
+        .collect();
     if !failed.is_empty() {
         bail!("the VM suite failed on kernel {}", failed.join(", "));
     }

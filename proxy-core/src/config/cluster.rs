@@ -12,7 +12,9 @@ use super::defaults;
 use crate::{
     discovery::{
         EdsHealth, Host, HostSet,
-        dns::{DnsEndpoint, DnsLookupFamily, DnsResolverAddress, DnsSettings, RefreshRate, duration},
+        dns::{
+            DnsEndpoint, DnsLookupFamily, DnsResolverAddress, DnsSettings, RefreshRate, duration,
+        },
     },
     health::{ClusterHealthConfig, CommonLbConfig, HealthCheck, OutlierDetection},
 };
@@ -38,7 +40,11 @@ pub struct Cluster {
     /// ConsulConfig`: `address`, `service`, `datacenter`, `tag`, `wait`, `only_passing`, ...) or
     /// `proxy.clusters.dns_srv` (typed_config: `{service_names: ["_web._tcp.example"]}`, with the
     /// cluster's DNS fields).
-    #[serde(rename = "cluster_type", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "cluster_type",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub custom_cluster_type: Option<CustomClusterType>,
     /// EDS clusters: Envoy's `eds_cluster_config` (`service_name`, `eds_config` with `ads: {}`
     /// or an `api_config_source`). Checked by `proxy check` against
@@ -58,7 +64,11 @@ pub struct Cluster {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns_failure_refresh_rate: Option<RefreshRate>,
     /// DNS clusters: a random delay in [0, dns_jitter) added to each refresh after a success.
-    #[serde(default, with = "duration::option", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "duration::option",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub dns_jitter: Option<Duration>,
     /// DNS clusters: AUTO (default: IPv6, falling back to IPv4), V4_ONLY, V6_ONLY,
     /// V4_PREFERRED or ALL.
@@ -79,7 +89,11 @@ pub struct Cluster {
     pub common_lb_config: CommonLbConfig,
     /// ORIGINAL_DST clusters: hosts unused for this long are flushed with their pooled
     /// connections. Default 5000 ms (Envoy's).
-    #[serde(default, with = "duration::option", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "duration::option",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub cleanup_interval: Option<Duration>,
     /// ORIGINAL_DST clusters: Envoy's `original_dst_lb_config`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -59,7 +59,11 @@ impl ConfigError {
         {
             message = rest.to_owned();
         }
-        let field = if field == "." { "(document)".to_owned() } else { field };
+        let field = if field == "." {
+            "(document)".to_owned()
+        } else {
+            field
+        };
         Self::Invalid {
             file: file.to_owned(),
             at,

@@ -114,7 +114,11 @@ fn segments(path: &str) -> impl Iterator<Item = Segment<'_>> {
 enum Frame {
     Seq(Position, Vec<Node>),
     /// The pending key, if a key was read and its value is still to come.
-    Map(Position, Vec<(String, Position, Node)>, Option<(String, Position)>),
+    Map(
+        Position,
+        Vec<(String, Position, Node)>,
+        Option<(String, Position)>,
+    ),
     Done(Node),
 }
 
@@ -184,14 +188,23 @@ list:
     fn finds_keys_and_items() {
         let l = Locator::new(DOC);
         assert_eq!(l.find("a"), Some(Position { line: 1, column: 1 }));
-        assert_eq!(l.find("list[1].name"), Some(Position { line: 4, column: 5 }));
-        assert_eq!(l.find("list[1].inner.deep"), Some(Position { line: 6, column: 7 }));
+        assert_eq!(
+            l.find("list[1].name"),
+            Some(Position { line: 4, column: 5 })
+        );
+        assert_eq!(
+            l.find("list[1].inner.deep"),
+            Some(Position { line: 6, column: 7 })
+        );
     }
 
     #[test]
     fn missing_tail_reports_deepest_existing_node() {
         let l = Locator::new(DOC);
-        assert_eq!(l.find("list[1].nope"), Some(Position { line: 4, column: 5 }));
+        assert_eq!(
+            l.find("list[1].nope"),
+            Some(Position { line: 4, column: 5 })
+        );
         assert_eq!(l.find("list[7]"), Some(Position { line: 2, column: 1 }));
     }
 }

@@ -13,7 +13,12 @@ fn invalid(text: &str) -> (String, usize, usize, String) {
     match parse(text) {
         Err(err @ ConfigError::Invalid { .. }) => {
             let at = err.position().unwrap();
-            (err.field().unwrap().to_owned(), at.line, at.column, err.to_string())
+            (
+                err.field().unwrap().to_owned(),
+                at.line,
+                at.column,
+                err.to_string(),
+            )
         }
         other => panic!("expected an Invalid error, got {other:?}"),
     }
@@ -22,7 +27,9 @@ fn invalid(text: &str) -> (String, usize, usize, String) {
 #[test]
 fn examples_parse() {
     for name in ["demo.yaml", "static.yaml", "proxy.yaml"] {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name);
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../examples")
+            .join(name);
         let config = Config::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(!config.services.is_empty(), "{name} has services");
     }
@@ -35,7 +42,12 @@ fn embedded_default_is_the_demo() {
     let hosts = config.cluster("web").unwrap().static_hosts();
     let weights: Vec<u32> = hosts.iter().map(|h| h.weight).collect();
     assert_eq!(weights, [5, 3, 2]);
-    assert!(config.services[0].address.to_string().starts_with("127.77."));
+    assert!(
+        config.services[0]
+            .address
+            .to_string()
+            .starts_with("127.77.")
+    );
 }
 
 #[test]
@@ -52,12 +64,16 @@ fn unknown_field_names_line_column_and_field() {
     let (field, line, column, msg) = invalid(text);
     assert_eq!(field, "clusters[0].typo");
     assert_eq!((line, column), (4, 5));
-    assert!(msg.starts_with("test.yaml:4:5: clusters[0].typo: unknown field `typo`"), "{msg}");
+    assert!(
+        msg.starts_with("test.yaml:4:5: clusters[0].typo: unknown field `typo`"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn wrong_type_is_located() {
-    let text = "services:\n  - name: s\n    address: 127.77.0.1\n    port: eighty\n    cluster: c\n";
+    let text =
+        "services:\n  - name: s\n    address: 127.77.0.1\n    port: eighty\n    cluster: c\n";
     let (field, line, _, msg) = invalid(text);
     assert_eq!(field, "services[0].port");
     assert_eq!(line, 4);
@@ -76,8 +92,16 @@ fn missing_cluster_reference_is_located() {
 #[test]
 fn semantic_errors_name_the_field() {
     let cases = [
-        ("clusters:\n  - name: a\n  - name: a\n", "clusters[1].name", "duplicate"),
-        ("clusters:\n  - name: a\n    lb_policy: ROUND_ROBIN\n", "clusters[0].lb_policy", "RANDOM"),
+        (
+            "clusters:\n  - name: a\n  - name: a\n",
+            "clusters[1].name",
+            "duplicate",
+        ),
+        (
+            "clusters:\n  - name: a\n    lb_policy: ROUND_ROBIN\n",
+            "clusters[0].lb_policy",
+            "RANDOM",
+        ),
         (
             "clusters:\n  - name: a\n    type: ORIGINAL_DST\n    load_assignment: {}\n",
             "clusters[0].load_assignment",
@@ -88,7 +112,11 @@ fn semantic_errors_name_the_field() {
             "clusters[0].lb_policy",
             "CLUSTER_PROVIDED",
         ),
-        ("clusters:\n  - name: a\n    cleanup_interval: 1s\n", "clusters[0].cleanup_interval", "only ORIGINAL_DST"),
+        (
+            "clusters:\n  - name: a\n    cleanup_interval: 1s\n",
+            "clusters[0].cleanup_interval",
+            "only ORIGINAL_DST",
+        ),
         (
             "clusters:\n  - name: a\n    type: ORIGINAL_DST\n  - name: b\n    type: ORIGINAL_DST\n    cleanup_interval: 1s\n",
             "clusters[1].cleanup_interval",
@@ -104,14 +132,26 @@ fn semantic_errors_name_the_field() {
             "services[0].mode",
             "UDP",
         ),
-        ("proxy:\n  fallback_cluster: nope\n", "proxy.fallback_cluster", "no cluster named"),
+        (
+            "proxy:\n  fallback_cluster: nope\n",
+            "proxy.fallback_cluster",
+            "no cluster named",
+        ),
         (
             "clusters:\n  - name: a\nservices:\n  - {name: s, address: 127.77.0.1, port: 80, cluster: a, mode: proxy}\nproxy:\n  listeners: []\n",
             "proxy.listeners",
             "listener",
         ),
-        ("proxy:\n  cleanup_interval: 1s\n", "proxy.cleanup_interval", "unknown field"),
-        ("clusters:\n  - name: a\n    type: EDS\n", "clusters[0].eds_cluster_config", "need eds_cluster_config"),
+        (
+            "proxy:\n  cleanup_interval: 1s\n",
+            "proxy.cleanup_interval",
+            "unknown field",
+        ),
+        (
+            "clusters:\n  - name: a\n    type: EDS\n",
+            "clusters[0].eds_cluster_config",
+            "need eds_cluster_config",
+        ),
         (
             "clusters:\n  - name: a\n    type: STRICT_DNS\n    dns_failure_refresh_rate: { base_interval: 2s, max_interval: 1s }\n",
             "clusters[0].dns_failure_refresh_rate",
@@ -191,7 +231,10 @@ clusters:
     let endpoints = cluster.dns_endpoints();
     assert_eq!(endpoints[0].address, "web.svc.test");
     assert_eq!(endpoints[0].health, crate::discovery::EdsHealth::Degraded);
-    assert_eq!(cluster.dns_settings().dns_refresh_rate, std::time::Duration::from_secs(1));
+    assert_eq!(
+        cluster.dns_settings().dns_refresh_rate,
+        std::time::Duration::from_secs(1)
+    );
     assert!(cluster.health_config().validate("web").unwrap().is_some());
 }
 
@@ -217,7 +260,10 @@ fn chain_service_compiles_at_load() {
     let chain = &config.chains["web"];
     assert_eq!(chain.start_node, "resolver:web.default.default.dc1");
     let plan = config.chain_plan(&config.services[0]).unwrap();
-    assert_eq!(plan.clusters().into_iter().collect::<Vec<_>>(), ["backup", "web"]);
+    assert_eq!(
+        plan.clusters().into_iter().collect::<Vec<_>>(),
+        ["backup", "web"]
+    );
 }
 
 #[test]
@@ -227,7 +273,8 @@ fn chain_errors_are_located() {
     assert_eq!((field.as_str(), line), ("services[0].chain", 12));
     assert!(msg.contains("needs a cluster named \"backup\""), "{msg}");
 
-    let bad_entry = CHAIN_CONFIG.replace("Failover:\n      '*': { Service: backup }", "Redirect: {}");
+    let bad_entry =
+        CHAIN_CONFIG.replace("Failover:\n      '*': { Service: backup }", "Redirect: {}");
     let (field, line, _, msg) = invalid(&bad_entry);
     assert_eq!((field.as_str(), line), ("config_entries[0]", 5));
     assert!(msg.contains("Redirect is empty"), "{msg}");
@@ -288,13 +335,23 @@ splice: true
     let proxy = config.effective_proxy();
     assert_eq!(proxy.listeners, vec!["127.0.0.1:15901".parse().unwrap()]);
     assert_eq!(proxy.drain_timeout, std::time::Duration::from_secs(2));
-    assert_eq!(proxy.cleanup_interval, std::time::Duration::from_millis(250));
+    assert_eq!(
+        proxy.cleanup_interval,
+        std::time::Duration::from_millis(250)
+    );
     assert!(proxy.use_http_header);
     assert_eq!(proxy.fallback_cluster.as_deref(), Some("passthrough"));
     // Without a proxy section: Envoy's ORIGINAL_DST default and the default listeners.
-    let plain = Config::parse("clusters:\n  - name: o\n    type: ORIGINAL_DST\n", Path::new("t.yaml")).unwrap();
+    let plain = Config::parse(
+        "clusters:\n  - name: o\n    type: ORIGINAL_DST\n",
+        Path::new("t.yaml"),
+    )
+    .unwrap();
     assert!(!plain.uses_proxy());
-    assert_eq!(plain.effective_proxy().cleanup_interval, std::time::Duration::from_millis(5000));
+    assert_eq!(
+        plain.effective_proxy().cleanup_interval,
+        std::time::Duration::from_millis(5000)
+    );
     assert_eq!(plain.effective_proxy().listeners.len(), 2);
 }
 
@@ -318,7 +375,8 @@ services:
     let (field, _, _, msg) = invalid(&router.replace("MODE", "direct"));
     assert_eq!(field, "services[0].chain");
     assert!(msg.contains("need the proxy path (mode: proxy)"), "{msg}");
-    let config = Config::parse(&router.replace("MODE", "proxy"), Path::new("t.yaml")).expect("valid");
+    let config =
+        Config::parse(&router.replace("MODE", "proxy"), Path::new("t.yaml")).expect("valid");
     assert_eq!(config.service_clusters(&config.services[0]), ["api", "web"]);
     assert!(config.chain_plan(&config.services[0]).is_none());
 

@@ -26,7 +26,10 @@ fn validate_names(config: &Config) -> Result<(), Invalid> {
     let mut seen = HashSet::new();
     for (i, cluster) in config.clusters.iter().enumerate() {
         if cluster.name.is_empty() {
-            return Err(Invalid::new(format!("clusters[{i}].name"), "must not be empty"));
+            return Err(Invalid::new(
+                format!("clusters[{i}].name"),
+                "must not be empty",
+            ));
         }
         if !seen.insert(cluster.name.as_str()) {
             return Err(Invalid::new(
@@ -48,14 +51,20 @@ fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
         ClusterType::StrictDns | ClusterType::LogicalDns => true,
         ClusterType::Eds => {
             if cluster.eds_cluster_config.is_none() {
-                return Err(Invalid::new(at("eds_cluster_config"), "EDS clusters need eds_cluster_config"));
+                return Err(Invalid::new(
+                    at("eds_cluster_config"),
+                    "EDS clusters need eds_cluster_config",
+                ));
             }
             false
         }
         ClusterType::OriginalDst => return validate_original_dst(i, cluster),
     };
     if cluster.cleanup_interval.is_some() {
-        return Err(Invalid::new(at("cleanup_interval"), "only ORIGINAL_DST clusters have a cleanup_interval"));
+        return Err(Invalid::new(
+            at("cleanup_interval"),
+            "only ORIGINAL_DST clusters have a cleanup_interval",
+        ));
     }
     if cluster.original_dst_lb_config.is_some() {
         return Err(Invalid::new(
@@ -67,7 +76,11 @@ fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
         validate_dns(i, cluster)?;
     }
     if let Err(err) = cluster.health_config().validate(&cluster.name) {
-        let field = if cluster.health_checks.is_empty() { "outlier_detection" } else { "health_checks[0]" };
+        let field = if cluster.health_checks.is_empty() {
+            "outlier_detection"
+        } else {
+            "health_checks[0]"
+        };
         return Err(Invalid::new(at(field), err.to_string()));
     }
     match cluster.lb_policy {
@@ -99,7 +112,10 @@ fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
             if !dns && sa.address.parse::<IpAddr>().is_err() {
                 return Err(Invalid::new(
                     at("endpoint.address.socket_address.address"),
-                    format!("{:?} is not an IP address (STATIC clusters take IPs)", sa.address),
+                    format!(
+                        "{:?} is not an IP address (STATIC clusters take IPs)",
+                        sa.address
+                    ),
                 ));
             }
             if sa.port_value == 0 {
@@ -109,7 +125,10 @@ fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
                 ));
             }
             if lb.load_balancing_weight == 0 {
-                return Err(Invalid::new(at("load_balancing_weight"), "must be at least 1"));
+                return Err(Invalid::new(
+                    at("load_balancing_weight"),
+                    "must be at least 1",
+                ));
             }
         }
     }
@@ -128,19 +147,31 @@ fn validate_original_dst(i: usize, cluster: &super::Cluster) -> Result<(), Inval
         ));
     }
     if !cluster.health_checks.is_empty() {
-        return Err(Invalid::new(at("health_checks"), "ORIGINAL_DST hosts are not health-checked"));
+        return Err(Invalid::new(
+            at("health_checks"),
+            "ORIGINAL_DST hosts are not health-checked",
+        ));
     }
     if cluster.outlier_detection.is_some() {
-        return Err(Invalid::new(at("outlier_detection"), "ORIGINAL_DST hosts have no outlier detection"));
+        return Err(Invalid::new(
+            at("outlier_detection"),
+            "ORIGINAL_DST hosts have no outlier detection",
+        ));
     }
-    if !matches!(cluster.lb_policy, LbPolicy::Random | LbPolicy::ClusterProvided) {
+    if !matches!(
+        cluster.lb_policy,
+        LbPolicy::Random | LbPolicy::ClusterProvided
+    ) {
         return Err(Invalid::new(
             at("lb_policy"),
             "ORIGINAL_DST clusters choose no host; use CLUSTER_PROVIDED (or leave lb_policy out)",
         ));
     }
     if cluster.cleanup_interval.is_some_and(|d| d.is_zero()) {
-        return Err(Invalid::new(at("cleanup_interval"), "must be greater than 0"));
+        return Err(Invalid::new(
+            at("cleanup_interval"),
+            "must be greater than 0",
+        ));
     }
     Ok(())
 }
@@ -163,14 +194,17 @@ fn validate_original_dst_agree(config: &Config) -> Result<(), Invalid> {
                 format!(
                     "ORIGINAL_DST clusters share one host pool; cleanup_interval must equal that \
                      of clusters[{j}] ({:?})",
-                    f.cleanup_interval.unwrap_or(super::proxy::defaults::cleanup_interval())
+                    f.cleanup_interval
+                        .unwrap_or(super::proxy::defaults::cleanup_interval())
                 ),
             ));
         }
         if f.original_dst_lb_config != c.original_dst_lb_config {
             return Err(Invalid::new(
                 format!("clusters[{i}].original_dst_lb_config"),
-                format!("ORIGINAL_DST clusters share one host pool; must equal that of clusters[{j}]"),
+                format!(
+                    "ORIGINAL_DST clusters share one host pool; must equal that of clusters[{j}]"
+                ),
             ));
         }
     }
@@ -185,7 +219,11 @@ fn validate_custom(
 ) -> Result<(), Invalid> {
     let at = |field: &str| format!("clusters[{i}].cluster_type.{field}");
     let typed = |inner: String, msg: String| {
-        let field = if inner == "." { at("typed_config") } else { at(&format!("typed_config.{inner}")) };
+        let field = if inner == "." {
+            at("typed_config")
+        } else {
+            at(&format!("typed_config.{inner}"))
+        };
         Invalid::new(field, msg)
     };
     match custom.name.as_str() {
@@ -193,20 +231,27 @@ fn validate_custom(
             let cfg: crate::discovery::consul::ConsulConfig =
                 serde_path_to_error::deserialize(&custom.typed_config)
                     .map_err(|e| typed(e.path().to_string(), e.into_inner().to_string()))?;
-            cfg.validate().map_err(|e| Invalid::new(at("typed_config"), e.to_string()))?;
+            cfg.validate()
+                .map_err(|e| Invalid::new(at("typed_config"), e.to_string()))?;
         }
         super::DNS_SRV_CLUSTER => {
-            let cfg: super::DnsSrvConfig = serde_path_to_error::deserialize(&custom.typed_config)
-                .map_err(|e| typed(e.path().to_string(), e.into_inner().to_string()))?;
+            let cfg: super::DnsSrvConfig =
+                serde_path_to_error::deserialize(&custom.typed_config)
+                    .map_err(|e| typed(e.path().to_string(), e.into_inner().to_string()))?;
             if cfg.service_names.is_empty() {
-                return Err(Invalid::new(at("typed_config.service_names"), "must not be empty"));
+                return Err(Invalid::new(
+                    at("typed_config.service_names"),
+                    "must not be empty",
+                ));
             }
             validate_dns(i, cluster)?;
         }
         other => {
             return Err(Invalid::new(
                 at("name"),
-                format!("unknown cluster type {other:?}; this build has proxy.clusters.consul and proxy.clusters.dns_srv"),
+                format!(
+                    "unknown cluster type {other:?}; this build has proxy.clusters.consul and proxy.clusters.dns_srv"
+                ),
             ));
         }
     }
@@ -243,36 +288,54 @@ fn validate_services(config: &Config) -> Result<(), Invalid> {
     for (i, svc) in config.services.iter().enumerate() {
         let at = |field: &str| format!("services[{i}].{field}");
         if !names.insert(svc.name.as_str()) {
-            return Err(Invalid::new(at("name"), format!("duplicate service name {:?}", svc.name)));
+            return Err(Invalid::new(
+                at("name"),
+                format!("duplicate service name {:?}", svc.name),
+            ));
         }
         if !addrs.insert((svc.address, svc.port, svc.protocol)) {
             return Err(Invalid::new(
                 at("address"),
-                format!("{}:{} {:?} is already a service", svc.address, svc.port, svc.protocol),
+                format!(
+                    "{}:{} {:?} is already a service",
+                    svc.address, svc.port, svc.protocol
+                ),
             ));
         }
         if svc.port == 0 {
             return Err(Invalid::new(at("port"), "must not be 0"));
         }
         if svc.address.is_unspecified() {
-            return Err(Invalid::new(at("address"), "must not be the unspecified address"));
+            return Err(Invalid::new(
+                at("address"),
+                "must not be the unspecified address",
+            ));
         }
         match (&svc.chain, svc.cluster.is_empty()) {
             (Some(_), false) | (None, true) => {
-                return Err(Invalid::new(at("cluster"), "set exactly one of `cluster` and `chain`"));
+                return Err(Invalid::new(
+                    at("cluster"),
+                    "set exactly one of `cluster` and `chain`",
+                ));
             }
             (Some(_), true) => {}
             (None, false) if config.cluster(&svc.cluster).is_none() => {
-                return Err(Invalid::new(at("cluster"), format!("no cluster named {:?}", svc.cluster)));
+                return Err(Invalid::new(
+                    at("cluster"),
+                    format!("no cluster named {:?}", svc.cluster),
+                ));
             }
             (None, false) => {}
         }
-        let original_dst = config
-            .cluster(&svc.cluster)
-            .is_some_and(|c| c.cluster_type == ClusterType::OriginalDst && c.custom_cluster_type.is_none());
+        let original_dst = config.cluster(&svc.cluster).is_some_and(|c| {
+            c.cluster_type == ClusterType::OriginalDst && c.custom_cluster_type.is_none()
+        });
         match svc.mode {
             ServiceMode::Proxy if svc.protocol == super::Protocol::Udp => {
-                return Err(Invalid::new(at("mode"), "the proxy path serves TCP; UDP services use mode: direct"));
+                return Err(Invalid::new(
+                    at("mode"),
+                    "the proxy path serves TCP; UDP services use mode: direct",
+                ));
             }
             ServiceMode::Direct if original_dst => {
                 return Err(Invalid::new(
@@ -286,12 +349,18 @@ fn validate_services(config: &Config) -> Result<(), Invalid> {
     if let Some(name) = &config.proxy.fallback_cluster
         && config.cluster(name).is_none()
     {
-        return Err(Invalid::new("proxy.fallback_cluster", format!("no cluster named {name:?}")));
+        return Err(Invalid::new(
+            "proxy.fallback_cluster",
+            format!("no cluster named {name:?}"),
+        ));
     }
     let proxied = config.services.iter().any(|s| s.mode == ServiceMode::Proxy)
         || config.proxy.fallback_cluster.is_some();
     if proxied && config.proxy.listeners.is_empty() {
-        return Err(Invalid::new("proxy.listeners", "services use the proxy path; give it a listener address"));
+        return Err(Invalid::new(
+            "proxy.listeners",
+            "services use the proxy path; give it a listener address",
+        ));
     }
     validate_original_dst_agree(config)
 }
@@ -327,19 +396,31 @@ pub(super) fn compile_chains(
         let at = format!("services[{i}].chain");
         let request = proxy_chain::CompileRequest {
             allow_tcp_splitting: svc.chain_options.tcp_splits,
-            ..proxy_chain::CompileRequest::new(name, &config.datacenter, proxy_chain::DEFAULT_TRUST_DOMAIN)
+            ..proxy_chain::CompileRequest::new(
+                name,
+                &config.datacenter,
+                proxy_chain::DEFAULT_TRUST_DOMAIN,
+            )
         };
-        let chain = proxy_chain::compile(&request, &entries).map_err(|e| Invalid::new(&at, e.to_string()))?;
+        let chain = proxy_chain::compile(&request, &entries)
+            .map_err(|e| Invalid::new(&at, e.to_string()))?;
         // A target must map to a cluster that discovers hosts (not ORIGINAL_DST).
         let has_cluster = |c: &str| {
-            config.cluster(c).is_some_and(|c| c.cluster_type != ClusterType::OriginalDst || c.custom_cluster_type.is_some())
+            config.cluster(c).is_some_and(|c| {
+                c.cluster_type != ClusterType::OriginalDst || c.custom_cluster_type.is_some()
+            })
         };
         let checked = match svc.mode {
-            ServiceMode::Direct => {
-                crate::chain::ChainPlan::new(&chain, &config.datacenter, svc.chain_options.clone(), has_cluster)
-                    .map(|_| ())
+            ServiceMode::Direct => crate::chain::ChainPlan::new(
+                &chain,
+                &config.datacenter,
+                svc.chain_options.clone(),
+                has_cluster,
+            )
+            .map(|_| ()),
+            ServiceMode::Proxy => {
+                crate::chain::route_clusters(&chain, &config.datacenter, &has_cluster).map(|_| ())
             }
-            ServiceMode::Proxy => crate::chain::route_clusters(&chain, &config.datacenter, &has_cluster).map(|_| ()),
         };
         checked.map_err(|e| Invalid::new(&at, e.to_string()))?;
         chains.insert(svc.name.clone(), chain);

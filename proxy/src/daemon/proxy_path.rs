@@ -44,9 +44,10 @@ pub async fn start(
             .context("opening the original-destination map")?;
         let splicer: Option<Arc<dyn Splicer>> = match proxy_config.splice {
             SpliceMode::Copy => None,
-            SpliceMode::Kernel => Some(Arc::new(dp.pair_splicer().context(
-                "proxy.splice: kernel needs the kernel's proxy-pair splicing",
-            )?)),
+            SpliceMode::Kernel => Some(Arc::new(
+                dp.pair_splicer()
+                    .context("proxy.splice: kernel needs the kernel's proxy-pair splicing")?,
+            )),
         };
         (original_dst, splicer)
     };

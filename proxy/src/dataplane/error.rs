@@ -6,7 +6,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum DataplaneError {
     /// No cgroup v2 hierarchy is mounted.
-    #[error("no cgroup v2 filesystem in /proc/mounts; mount one (mount -t cgroup2 none /sys/fs/cgroup) or give an absolute cgroup path")]
+    #[error(
+        "no cgroup v2 filesystem in /proc/mounts; mount one (mount -t cgroup2 none /sys/fs/cgroup) or give an absolute cgroup path"
+    )]
     NoCgroup2,
     /// An absolute cgroup path outside every cgroup v2 mount.
     #[error(
@@ -43,7 +45,9 @@ pub enum DataplaneError {
         source: aya::programs::ProgramError,
     },
     /// The kernel attached the program without a bpf_link (before 5.7), which cannot be pinned.
-    #[error("program {name}: the kernel has no bpf_link for cgroup programs (needs 5.7); the data path could not survive a restart, so it is not attached")]
+    #[error(
+        "program {name}: the kernel has no bpf_link for cgroup programs (needs 5.7); the data path could not survive a restart, so it is not attached"
+    )]
     NoBpfLink {
         /// The program.
         name: &'static str,
@@ -100,7 +104,9 @@ pub enum DataplaneError {
     },
     /// The proxy-pair splicing program could not be attached (the rest of the data path works;
     /// `splice: kernel` cannot).
-    #[error("proxy-pair splicing is not available: {why} (needs kernel 5.10+ with CONFIG_BPF_STREAM_PARSER; use `splice: copy`)")]
+    #[error(
+        "proxy-pair splicing is not available: {why} (needs kernel 5.10+ with CONFIG_BPF_STREAM_PARSER; use `splice: copy`)"
+    )]
     PairUnavailable {
         /// What failed when the daemon attached it.
         why: String,

@@ -329,7 +329,11 @@ fn ensure_bpffs(bpffs: &Path) -> Result<(), DataplaneError> {
     Ok(())
 }
 
-fn attach(ebpf: &mut Ebpf, name: &'static str, cgroup: &fs::File) -> Result<FdLink, DataplaneError> {
+fn attach(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    cgroup: &fs::File,
+) -> Result<FdLink, DataplaneError> {
     let err = |source| DataplaneError::Program { name, source };
     // Through bpf_link (5.7+) the kernel takes no attach flags and always allows several
     // programs per hook, which lets a new daemon attach next to the one it replaces.

@@ -62,7 +62,11 @@ pub fn resolve_cgroup(configured: &str) -> Result<PathBuf, DataplaneError> {
     } else {
         Err(DataplaneError::NotCgroup2 {
             path: path.to_owned(),
-            mounts: mounts.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(", "),
+            mounts: mounts
+                .iter()
+                .map(|m| m.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
         })
     }
 }
@@ -80,7 +84,11 @@ mod tests {
     fn an_absolute_cgroup_outside_cgroup2_is_refused() {
         let err = resolve_cgroup("/tmp/not-a-cgroup").unwrap_err();
         assert!(matches!(err, DataplaneError::NotCgroup2 { .. }), "{err}");
-        assert!(err.to_string().contains("/tmp/not-a-cgroup is not in a cgroup v2 hierarchy"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("/tmp/not-a-cgroup is not in a cgroup v2 hierarchy"),
+            "{err}"
+        );
     }
 
     #[test]

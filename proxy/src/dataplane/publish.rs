@@ -75,16 +75,26 @@ enum Layout<'a> {
     /// One routable host, carried in the service entry ([`SERVICE_F_SINGLE`]).
     Single(SocketAddr),
     /// Two or more hosts: a slot table at `priority`.
-    Table { priority: u32, hosts: &'a [(SocketAddr, u32)] },
+    Table {
+        priority: u32,
+        hosts: &'a [(SocketAddr, u32)],
+    },
 }
 
 /// The layout of `spec`: the first priority level with a host decides.
 fn layout(spec: &ServiceSpec) -> Layout<'_> {
-    let first = spec.priorities.iter().enumerate().find(|(_, hosts)| !hosts.is_empty());
+    let first = spec
+        .priorities
+        .iter()
+        .enumerate()
+        .find(|(_, hosts)| !hosts.is_empty());
     match first {
         None => Layout::Empty,
         Some((_, hosts)) if hosts.len() == 1 => Layout::Single(hosts[0].0),
-        Some((priority, hosts)) => Layout::Table { priority: priority as u32, hosts },
+        Some((priority, hosts)) => Layout::Table {
+            priority: priority as u32,
+            hosts,
+        },
     }
 }
 
@@ -154,11 +164,25 @@ impl Publisher {
         let mut live = BTreeMap::new();
         let mut next_service_id = 1;
         for entry in services.iter() {
-            let (key, service) =
-                entry.map_err(|source| DataplaneError::Map { name: SERVICES_MAP, source })?;
+            let (key, service) = entry.map_err(|source| DataplaneError::Map {
+                name: SERVICES_MAP,
+                source,
+            })?;
             next_service_id = next_service_id.max(service.id.wrapping_add(1));
-            let tables = if service.flags & SERVICE_F_SINGLE != 0 { 0 } else { ALL_TABLES };
-            live.insert(key, Live { spec: None, service, backends: Vec::new(), tables });
+            let tables = if service.flags & SERVICE_F_SINGLE != 0 {
+                0
+            } else {
+                ALL_TABLES
+            };
+            live.insert(
+                key,
+                Live {
+                    spec: None,
+                    service,
+                    backends: Vec::new(),
+                    tables,
+                },
+            );
         }
         let mut next_backend_id = 1;
         for id in backends.keys().flatten() {
@@ -218,16 +242,29 @@ impl Publisher {
             flags: spec.flags & !SERVICE_F_SINGLE,
             backend: Backend::default(),
         };
-        let Written { tables, referenced, new_backends } = self.write_layout(spec, &mut service)?;
+        let Written {
+            tables,
+            referenced,
+            new_backends,
+        } = self.write_layout(spec, &mut service)?;
         if let Err(source) = self.services.insert(spec.key, service, 0) {
             self.uncount(&referenced);
             self.undo(&service, tables, &new_backends);
             return Err(publish_err(spec, SERVICES_MAP, source));
         }
         // The switch happened; everything below only frees what nobody reads any more.
-        let now_live = Live { spec: Some(spec.clone()), service, backends: referenced, tables };
+        let now_live = Live {
+            spec: Some(spec.clone()),
+            service,
+            backends: referenced,
+            tables,
+        };
         if let Some(old) = self.live.insert(spec.key, now_live) {
-            self.retiring.push_back(Retiring { since: Instant::now(), live: old, free_id: false });
+            self.retiring.push_back(Retiring {
+                since: Instant::now(),
+                live: old,
+                free_id: false,
+            });
         }
         debug!(service = %spec.name, generation, "published");
         Ok(PublishOutcome::Published)
@@ -235,11 +272,20 @@ impl Publisher {
 
     /// Removes a service: connects to its address proceed untouched from now on.
     pub fn remove(&mut self, key: &ServiceKey) -> Result<(), DataplaneError> {
-        let Some(live) = self.live.remove(key) else { return Ok(()) };
+        let Some(live) = self.live.remove(key) else {
+            return Ok(());
+        };
         self.services
             .remove(key)
-            .map_err(|source| DataplaneError::Map { name: SERVICES_MAP, source })?;
-        self.retiring.push_back(Retiring { since: Instant::now(), live, free_id: true });
+            .map_err(|source| DataplaneError::Map {
+                name: SERVICES_MAP,
+                source,
+            })?;
+        self.retiring.push_back(Retiring {
+            since: Instant::now(),
+            live,
+            free_id: true,
+        });
         Ok(())
     }
 
@@ -266,14 +312,21 @@ impl Publisher {
     /// After a start that adopted pinned maps: removes services that are not in `keep`, then
     /// slot tables of dead generations and backends nothing references.
     pub fn sweep(&mut self, keep: &[ServiceKey]) -> Result<(), DataplaneError> {
-        let stale: Vec<ServiceKey> =
-            self.live.keys().filter(|k| !keep.contains(k)).copied().collect();
+        let stale: Vec<ServiceKey> = self
+            .live
+            .keys()
+            .filter(|k| !keep.contains(k))
+            .copied()
+            .collect();
         for key in &stale {
             self.remove(key)?;
         }
         self.reap(true);
-        let live: HashSet<(u32, u32)> =
-            self.live.values().map(|l| (l.service.id, l.service.generation)).collect();
+        let live: HashSet<(u32, u32)> = self
+            .live
+            .values()
+            .map(|l| (l.service.id, l.service.generation))
+            .collect();
         let dead: Vec<SlotTableKey> = self
             .slots
             .keys()
@@ -293,7 +346,12 @@ impl Publisher {
             let _ = self.backends.remove(id);
         }
         if !stale.is_empty() || !dead.is_empty() || !orphans.is_empty() {
-            info!(services = stale.len(), tables = dead.len(), backends = orphans.len(), "swept state left by a previous run");
+            info!(
+                services = stale.len(),
+                tables = dead.len(),
+                backends = orphans.len(),
+                "swept state left by a previous run"
+            );
         }
         Ok(())
     }
@@ -346,16 +404,26 @@ impl Publisher {
                 weight: weight.max(1),
             })
             .collect();
-        self.insert_backends(new_backends).map_err(|e| publish_err(spec, BACKENDS_MAP, e))?;
+        self.insert_backends(new_backends)
+            .map_err(|e| publish_err(spec, BACKENDS_MAP, e))?;
         let slots = if spec.flags & SERVICE_F_MAGLEV != 0 {
             lb::maglev_table(&slot_hosts, SLOTS)
         } else {
             lb::random_table(&slot_hosts, SLOTS)
         };
-        let mut table = SlotTable { len: slots.len() as u32, ..SlotTable::default() };
+        let mut table = SlotTable {
+            len: slots.len() as u32,
+            ..SlotTable::default()
+        };
         table.slots[..slots.len()].copy_from_slice(&slots);
-        let key = SlotTableKey { service_id: service.id, generation: service.generation, priority };
-        self.slots.insert(key, table, 0).map_err(|e| publish_err(spec, SLOTS_MAP, e))?;
+        let key = SlotTableKey {
+            service_id: service.id,
+            generation: service.generation,
+            priority,
+        };
+        self.slots
+            .insert(key, table, 0)
+            .map_err(|e| publish_err(spec, SLOTS_MAP, e))?;
         // Count references only once everything is written, so `undo` has nothing to uncount.
         let referenced: Vec<u32> = slot_hosts.iter().map(|h| h.id).collect();
         for id in &referenced {
@@ -386,7 +454,11 @@ impl Publisher {
     fn insert_backends(&mut self, ids: &[u32]) -> Result<(), MapError> {
         let (keys, values): (Vec<u32>, Vec<Backend>) = ids
             .iter()
-            .filter_map(|id| self.backend_refs.get(id).map(|(backend, _)| (*id, *backend)))
+            .filter_map(|id| {
+                self.backend_refs
+                    .get(id)
+                    .map(|(backend, _)| (*id, *backend))
+            })
             .unzip();
         if keys.len() > 1 && map_batch::update(&mut self.backends, &keys, &values).is_ok() {
             return Ok(());
@@ -438,7 +510,9 @@ impl Publisher {
     fn retire(&mut self, old: &Live, dead_backends: &mut Vec<u32>) {
         self.delete_tables(&old.service, old.tables);
         for id in &old.backends {
-            let Some((backend, refs)) = self.backend_refs.get_mut(id) else { continue };
+            let Some((backend, refs)) = self.backend_refs.get_mut(id) else {
+                continue;
+            };
             *refs = refs.saturating_sub(1);
             if *refs == 0 {
                 let backend = *backend;
@@ -472,19 +546,33 @@ impl Publisher {
 }
 
 fn publish_err(spec: &ServiceSpec, map: &'static str, source: MapError) -> DataplaneError {
-    DataplaneError::Publish { service: spec.name.clone(), map, source }
+    DataplaneError::Publish {
+        service: spec.name.clone(),
+        map,
+        source,
+    }
 }
 
 /// The kernel's view of a socket address: network byte order, IPv4 in the first word.
 pub fn backend_of(addr: SocketAddr) -> Backend {
     let (addr_words, family) = ip_words(addr.ip());
-    Backend { addr: addr_words, port: addr.port().to_be(), family, _pad: 0 }
+    Backend {
+        addr: addr_words,
+        port: addr.port().to_be(),
+        family,
+        _pad: 0,
+    }
 }
 
 /// A service key for `ip:port` over `proto`.
 pub fn service_key(ip: IpAddr, port: u16, proto: u8) -> ServiceKey {
     let (addr, family) = ip_words(ip);
-    ServiceKey { addr, port: port.to_be(), proto, family }
+    ServiceKey {
+        addr,
+        port: port.to_be(),
+        proto,
+        family,
+    }
 }
 
 /// Address words as the kernel stores them: each u32 holds 4 bytes in network order.
@@ -535,7 +623,10 @@ mod tests {
 
     #[test]
     fn one_host_in_the_first_level_with_hosts_is_single_whatever_its_weight_or_lower_levels() {
-        assert_eq!(layout(&spec_of(vec![vec![host(1, 7)]])), Layout::Single(host(1, 7).0));
+        assert_eq!(
+            layout(&spec_of(vec![vec![host(1, 7)]])),
+            Layout::Single(host(1, 7).0)
+        );
         let failover = spec_of(vec![vec![], vec![host(2, 1)], vec![host(3, 1), host(4, 1)]]);
         assert_eq!(layout(&failover), Layout::Single(host(2, 1).0));
         let standby = spec_of(vec![vec![host(5, 100)], vec![host(6, 1), host(7, 1)]]);
@@ -546,13 +637,31 @@ mod tests {
     fn two_or_more_hosts_get_a_table_at_their_own_priority() {
         let hosts = vec![host(1, 1), host(2, 3)];
         let top = spec_of(vec![hosts.clone(), vec![host(9, 1)]]);
-        assert_eq!(layout(&top), Layout::Table { priority: 0, hosts: &hosts });
+        assert_eq!(
+            layout(&top),
+            Layout::Table {
+                priority: 0,
+                hosts: &hosts
+            }
+        );
         let lower = spec_of(vec![vec![], vec![], hosts.clone()]);
-        assert_eq!(layout(&lower), Layout::Table { priority: 2, hosts: &hosts });
+        assert_eq!(
+            layout(&lower),
+            Layout::Table {
+                priority: 2,
+                hosts: &hosts
+            }
+        );
         // The same address twice is still a table (the weights add up in its slots).
         let twice = vec![host(1, 1), host(1, 1)];
         let dup = spec_of(vec![twice.clone()]);
-        assert_eq!(layout(&dup), Layout::Table { priority: 0, hosts: &twice });
+        assert_eq!(
+            layout(&dup),
+            Layout::Table {
+                priority: 0,
+                hosts: &twice
+            }
+        );
     }
 
     #[test]

@@ -50,7 +50,9 @@ pub struct OriginalDestinations {
 impl OriginalDestinations {
     /// Opens the pinned map of the instance at `pin_dir` (e.g. for the proxy's own task).
     pub fn open_pinned(pin_dir: &Path) -> Result<Self, DataplaneError> {
-        Ok(Self { map: from_pin(pin_dir, ORIG_DST)? })
+        Ok(Self {
+            map: from_pin(pin_dir, ORIG_DST)?,
+        })
     }
 
     pub(super) fn new(map: HashMap<MapData, SockTuple, ServiceKey>) -> Self {
@@ -139,7 +141,11 @@ impl RuntimeMaps {
     /// established from now on; spliced ones stay spliced until they close.
     pub fn set_splice(&mut self, on: bool) -> Result<(), DataplaneError> {
         let mut s = self.settings();
-        s.flags = if on { s.flags | SETTINGS_F_SPLICE } else { s.flags & !SETTINGS_F_SPLICE };
+        s.flags = if on {
+            s.flags | SETTINGS_F_SPLICE
+        } else {
+            s.flags & !SETTINGS_F_SPLICE
+        };
         self.write_settings(s)
     }
 
@@ -169,7 +175,10 @@ impl RuntimeMaps {
     fn write_settings(&mut self, s: Settings) -> Result<(), DataplaneError> {
         self.settings
             .insert(SETTINGS_KEY, s, 0)
-            .map_err(|source| DataplaneError::Map { name: SETTINGS, source })
+            .map_err(|source| DataplaneError::Map {
+                name: SETTINGS,
+                source,
+            })
     }
 
     /// Original destinations of proxied connections.
@@ -181,8 +190,10 @@ impl RuntimeMaps {
     pub fn passive_counters(&self) -> Result<Vec<PassiveReport>, DataplaneError> {
         let mut out = Vec::new();
         for entry in self.passive.iter() {
-            let (backend, per_cpu) =
-                entry.map_err(|source| DataplaneError::Map { name: PASSIVE, source })?;
+            let (backend, per_cpu) = entry.map_err(|source| DataplaneError::Map {
+                name: PASSIVE,
+                source,
+            })?;
             let mut report = PassiveReport {
                 backend: socket_addr(backend.addr, backend.port, backend.family),
                 connect_failures: 0,

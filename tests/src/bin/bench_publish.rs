@@ -43,7 +43,10 @@ fn v4(base: Ipv4Addr, i: u32, port: u16) -> SocketAddr {
 
 /// Nanoseconds this thread has run on a CPU, user and kernel time (`CLOCK_THREAD_CPUTIME_ID`).
 fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid timespec that outlives the call; the clock id is a constant.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     if rc != 0 {

@@ -85,16 +85,26 @@ fn tcp_once(target: SocketAddr) -> std::io::Result<(SocketAddr, String)> {
     let peer = stream.peer_addr()?;
     let mut text = String::new();
     stream.read_to_string(&mut text)?;
-    Ok((peer, text.lines().next().unwrap_or("(no banner)").to_owned()))
+    Ok((
+        peer,
+        text.lines().next().unwrap_or("(no banner)").to_owned(),
+    ))
 }
 
 /// Unconnected UDP: `sendto(target)` and `recvfrom` on one socket, `count` times; the peer
 /// recorded is recvfrom's source address.
 pub fn udp_sendto_loop(target: SocketAddr, count: u32) -> LoopReport {
-    let any: SocketAddr =
-        if target.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal");
+    let any: SocketAddr = if target.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    }
+    .parse()
+    .expect("literal");
     let socket = UdpSocket::bind(any).expect("binding a UDP client");
-    socket.set_read_timeout(Some(Duration::from_secs(1))).expect("timeout");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .expect("timeout");
     let mut report = LoopReport::default();
     let mut buf = [0u8; 512];
     for _ in 0..count {
@@ -119,7 +129,10 @@ pub fn reset_on_accept(listener: &TcpListener, count: u32, within: Duration) {
             std::thread::sleep(Duration::from_millis(1));
             continue;
         };
-        let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
         // SAFETY: a valid socket fd and a linger struct that outlives the call.
         unsafe {
             libc::setsockopt(
@@ -163,9 +176,9 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
 
 /// A 64-bit FNV-1a digest, to compare what was sent with what arrived.
 pub fn digest(bytes: &[u8]) -> u64 {
-    bytes
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// Sends `data` with an 8-byte length prefix.
@@ -240,7 +253,8 @@ pub fn framed_exchange(
             }
         };
         conn.set_nonblocking(false).expect("blocking");
-        conn.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+        conn.set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
         let (d, n) = recv_framed(&mut conn).expect("receiving from the client");
         send_framed(&mut conn, &pattern(2, size)).expect("sending to the client");
         let mut rest = Vec::new();
@@ -258,7 +272,8 @@ pub fn framed_exchange(
                 Err(e) => panic!("connecting to {dial}: {e}"),
             }
         };
-        conn.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+        conn.set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
         send_framed(&mut conn, &pattern(1, size)).expect("sending to the server");
         let (d, n) = recv_framed(&mut conn).expect("receiving from the server");
         format!("{d} {n}")

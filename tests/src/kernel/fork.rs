@@ -79,7 +79,10 @@ impl InCgroup {
             std::fs::File::from_raw_fd(fds[0])
         };
         drop(guard);
-        Self { pid, out: Some(out) }
+        Self {
+            pid,
+            out: Some(out),
+        }
     }
 
     /// Waits (at most `timeout`) for the child's result; panics on a timeout or a panic.

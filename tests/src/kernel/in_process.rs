@@ -87,10 +87,16 @@ pub fn spec(
     flags: u32,
     hosts: &[SocketAddr],
 ) -> proxy::dataplane::ServiceSpec {
-    let proto =
-        if udp { proxy_common::service::PROTO_UDP } else { proxy_common::service::PROTO_TCP };
-    let priorities =
-        if hosts.is_empty() { Vec::new() } else { vec![hosts.iter().map(|h| (*h, 1)).collect()] };
+    let proto = if udp {
+        proxy_common::service::PROTO_UDP
+    } else {
+        proxy_common::service::PROTO_TCP
+    };
+    let priorities = if hosts.is_empty() {
+        Vec::new()
+    } else {
+        vec![hosts.iter().map(|h| (*h, 1)).collect()]
+    };
     proxy::dataplane::ServiceSpec {
         name: name.to_owned(),
         key: proxy::dataplane::publish_key(vip.ip(), vip.port(), proto),

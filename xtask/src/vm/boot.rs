@@ -69,12 +69,22 @@ impl Machine<'_> {
             Accel::Tcg | Accel::Auto => cmd.args(["-accel", "tcg", "-cpu", "max"]),
         };
         cmd.args(["-smp", "2", "-m", &self.memory_mib.to_string()])
-            .args(["-nographic", "-monitor", "none", "-no-reboot", "-nic", "none"])
+            .args([
+                "-nographic",
+                "-monitor",
+                "none",
+                "-no-reboot",
+                "-nic",
+                "none",
+            ])
             .arg("-kernel")
             .arg(self.vmlinuz)
             .arg("-initrd")
             .arg(self.initrd)
-            .args(["-append", "console=ttyS0 panic=-1 quiet random.trust_cpu=on"])
+            .args([
+                "-append",
+                "console=ttyS0 panic=-1 quiet random.trust_cpu=on",
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -85,11 +95,20 @@ impl Machine<'_> {
     /// QEMU exits, or until the timeout, when QEMU is killed by its PID.
     pub fn run(&self, marker: &str) -> anyhow::Result<(Boot, Vec<String>)> {
         let start = Instant::now();
-        let mut child = self.command().spawn().with_context(|| format!("starting {QEMU}"))?;
+        let mut child = self
+            .command()
+            .spawn()
+            .with_context(|| format!("starting {QEMU}"))?;
         let (tx, rx) = mpsc::channel();
         for pipe in [
-            child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
-            child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+            child
+                .stdout
+                .take()
+                .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
         ]
         .into_iter()
         .flatten()
@@ -121,8 +140,10 @@ impl Machine<'_> {
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    problem =
-                        Some(format!("timed out after {} s; QEMU killed", self.timeout.as_secs()));
+                    problem = Some(format!(
+                        "timed out after {} s; QEMU killed",
+                        self.timeout.as_secs()
+                    ));
                     let _ = child.kill();
                     break;
                 }
@@ -130,9 +151,15 @@ impl Machine<'_> {
         }
         let status = wait_bounded(&mut child);
         if result.is_none() && problem.is_none() {
-            problem = Some(format!("QEMU exited ({status}) without printing `{marker}`"));
+            problem = Some(format!(
+                "QEMU exited ({status}) without printing `{marker}`"
+            ));
         }
-        let boot = Boot { result, problem, elapsed: start.elapsed() };
+        let boot = Boot {
+            result,
+            problem,
+            elapsed: start.elapsed(),
+        };
         Ok((boot, lines))
     }
 }
@@ -170,14 +197,19 @@ fn wait_bounded(child: &mut std::process::Child) -> String {
         std::thread::sleep(Duration::from_millis(50));
     }
     let _ = child.kill();
-    child.wait().map_or_else(|e| e.to_string(), |s| s.to_string())
+    child
+        .wait()
+        .map_or_else(|e| e.to_string(), |s| s.to_string())
 }
 
 /// `pass 3 fail 0 skip 1` -> (3, 0, 1); missing numbers count as a failure.
 fn parse_counts(text: &str) -> (u32, u32, u32) {
     let words: Vec<&str> = text.split_whitespace().collect();
     let get = |key: &str| {
-        words.iter().position(|w| *w == key).and_then(|i| words.get(i + 1)?.parse().ok())
+        words
+            .iter()
+            .position(|w| *w == key)
+            .and_then(|i| words.get(i + 1)?.parse().ok())
     };
     match (get("pass"), get("fail"), get("skip")) {
         (Some(p), Some(f), Some(s)) => (p, f, s),
@@ -191,7 +223,12 @@ pub fn choose_accel(wanted: Accel, vmlinuz: &Path, dir: &Path) -> anyhow::Result
     if wanted != Accel::Auto {
         return Ok(wanted);
     }
-    if fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_err() {
+    if fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_err()
+    {
         detail("accelerator: TCG (/dev/kvm is missing or not usable)");
         return Ok(Accel::Tcg);
     }
@@ -201,11 +238,20 @@ pub fn choose_accel(wanted: Accel, vmlinuz: &Path, dir: &Path) -> anyhow::Result
         .ok()
         .and_then(|t| t.strip_prefix(boot_id.trim()).map(|a| a.trim().to_owned()))
     {
-        let accel = if answer == "kvm" { Accel::Kvm } else { Accel::Tcg };
-        detail(format!("accelerator: {accel:?} (probed earlier since this host booted)"));
+        let accel = if answer == "kvm" {
+            Accel::Kvm
+        } else {
+            Accel::Tcg
+        };
+        detail(format!(
+            "accelerator: {accel:?} (probed earlier since this host booted)"
+        ));
         return Ok(accel);
     }
-    step(format!("probing KVM: a minimal boot must finish within {} s", PROBE_TIMEOUT.as_secs()));
+    step(format!(
+        "probing KVM: a minimal boot must finish within {} s",
+        PROBE_TIMEOUT.as_secs()
+    ));
     let image = initramfs::probe_image(dir, PROBE_MARKER)?;
     let machine = Machine {
         vmlinuz,
@@ -227,8 +273,11 @@ pub fn choose_accel(wanted: Accel, vmlinuz: &Path, dir: &Path) -> anyhow::Result
         "accelerator: {accel:?} (KVM probe {why}, {:.1} s)",
         boot.elapsed.as_secs_f64()
     ));
-    fs::write(&cache, format!("{} {}\n", boot_id.trim(), if works { "kvm" } else { "tcg" }))
-        .context("caching the KVM probe")?;
+    fs::write(
+        &cache,
+        format!("{} {}\n", boot_id.trim(), if works { "kvm" } else { "tcg" }),
+    )
+    .context("caching the KVM probe")?;
     Ok(accel)
 }
 

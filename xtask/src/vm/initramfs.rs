@@ -41,7 +41,10 @@ impl Payload {
     pub fn build(filter: Option<&str>, binary_timeout: Duration) -> anyhow::Result<Self> {
         let proxy = util::build_proxy()?;
         let tests = build_kernel_tests()?;
-        let mut payload = Self { files: BTreeMap::new(), tests: Vec::new() };
+        let mut payload = Self {
+            files: BTreeMap::new(),
+            tests: Vec::new(),
+        };
         step("gathering the VM's files (busybox, ip, proxy, tests, libraries)");
         payload.add_file("bin/busybox", 0o755, fs::read(busybox()?)?);
         let ip =
@@ -55,7 +58,10 @@ impl Payload {
         }
         payload.add_file(PROXY_PATH, 0o755, stripped(&proxy)?);
         for test in &tests {
-            let name = test.file_name().and_then(|n| n.to_str()).context("test binary name")?;
+            let name = test
+                .file_name()
+                .and_then(|n| n.to_str())
+                .context("test binary name")?;
             payload.add_file(&format!("tests/{name}"), 0o755, stripped(test)?);
             payload.tests.push(name.to_owned());
             dynamic.push(test.clone());
@@ -65,11 +71,19 @@ impl Payload {
             payload.add_file(lib.to_string_lossy().trim_start_matches('/'), 0o755, bytes);
         }
         payload.add_file("init", 0o755, INIT.as_bytes().to_vec());
-        payload.add_file("etc/vm-filter", 0o644, filter.unwrap_or_default().as_bytes().to_vec());
+        payload.add_file(
+            "etc/vm-filter",
+            0o644,
+            filter.unwrap_or_default().as_bytes().to_vec(),
+        );
         let limit = binary_timeout.as_secs().to_string();
         payload.add_file("etc/vm-binary-timeout", 0o644, limit.into_bytes());
         let size: usize = payload.files.values().map(|(_, b)| b.len()).sum();
-        detail(format!("{} files, {} MiB before compression", payload.files.len(), size >> 20));
+        detail(format!(
+            "{} files, {} MiB before compression",
+            payload.files.len(),
+            size >> 20
+        ));
         Ok(payload)
     }
 
@@ -82,7 +96,11 @@ impl Payload {
         let mut files = self.files.clone();
         let modules = kernel.modules()?;
         let names: Vec<&str> = modules.iter().map(|(n, _)| n.as_str()).collect();
-        detail(format!("modules for {}: {}", kernel.release, names.join(" ")));
+        detail(format!(
+            "modules for {}: {}",
+            kernel.release,
+            names.join(" ")
+        ));
         let mut order = String::new();
         for (name, bytes) in modules {
             order.push_str(&name);
@@ -136,11 +154,15 @@ fn build_kernel_tests() -> anyhow::Result<Vec<PathBuf>> {
     for line in out.lines().filter(|l| l.starts_with('{')) {
         let msg: serde_json::Value = serde_json::from_str(line).context("cargo's JSON output")?;
         let target = &msg["target"];
-        let is_test = target["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "test"));
+        let is_test = target["kind"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|k| k == "test"));
         let name = target["name"].as_str().unwrap_or_default();
-        if let (true, true, Some(exe)) =
-            (is_test, name.starts_with("kernel_"), msg["executable"].as_str())
-        {
+        if let (true, true, Some(exe)) = (
+            is_test,
+            name.starts_with("kernel_"),
+            msg["executable"].as_str(),
+        ) {
             tests.push(PathBuf::from(exe));
         }
     }
@@ -225,7 +247,11 @@ fn write_image(files: &BTreeMap<String, (u32, Vec<u8>)>, path: &Path) -> anyhow:
         .stdout(file)
         .spawn()
         .context("starting gzip")?;
-    gzip.stdin.take().context("gzip stdin")?.write_all(&cpio.0).context("writing to gzip")?;
+    gzip.stdin
+        .take()
+        .context("gzip stdin")?
+        .write_all(&cpio.0)
+        .context("writing to gzip")?;
     let status = gzip.wait().context("waiting for gzip")?;
     if !status.success() {
         bail!("gzip failed ({status}) writing {}", path.display());
@@ -243,7 +269,9 @@ impl Cpio {
         let nlink = if mode & 0o170_000 == 0o040_000 { 2 } else { 1 };
         let size = u32::try_from(data.len()).expect("a file in the initramfs is under 4 GiB");
         let namesize = u32::try_from(name.len() + 1).expect("short name");
-        let fields = [ino, mode, 0, 0, nlink, 0, size, 0, 0, rdev.0, rdev.1, namesize, 0];
+        let fields = [
+            ino, mode, 0, 0, nlink, 0, size, 0, 0, rdev.0, rdev.1, namesize, 0,
+        ];
         self.0.extend_from_slice(b"070701");
         for field in fields {
             self.0.extend_from_slice(format!("{field:08x}").as_bytes());

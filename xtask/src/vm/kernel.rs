@@ -79,13 +79,24 @@ pub fn fetch(line: KernelLine) -> anyhow::Result<Kernel> {
         apt::extract(&deb, &root)?;
         fs::write(&stamp, "").context("writing the extraction stamp")?;
     }
-    let release = package.strip_prefix("linux-image-").unwrap_or(&package).to_owned();
+    let release = package
+        .strip_prefix("linux-image-")
+        .unwrap_or(&package)
+        .to_owned();
     let vmlinuz = root.join("boot").join(format!("vmlinuz-{release}"));
     if !vmlinuz.is_file() {
-        bail!("{package} has no boot/vmlinuz-{release} (extracted under {})", root.display());
+        bail!(
+            "{package} has no boot/vmlinuz-{release} (extracted under {})",
+            root.display()
+        );
     }
     let modules = root.join("lib/modules").join(&release);
-    Ok(Kernel { package, release, vmlinuz, modules })
+    Ok(Kernel {
+        package,
+        release,
+        vmlinuz,
+        modules,
+    })
 }
 
 impl Kernel {
@@ -121,10 +132,16 @@ impl Kernel {
             return Ok(());
         }
         let path = index.get(name).with_context(|| {
-            format!("{}: module {name} is neither built in nor shipped", self.package)
+            format!(
+                "{}: module {name} is neither built in nor shipped",
+                self.package
+            )
         })?;
         let bytes = read_module(path)?;
-        for dep in modinfo(&bytes, "depends").split(',').filter(|d| !d.is_empty()) {
+        for dep in modinfo(&bytes, "depends")
+            .split(',')
+            .filter(|d| !d.is_empty())
+        {
             self.resolve(&normalize(dep), builtin, index, seen, order)?;
         }
         order.push((name.to_owned(), bytes));
@@ -172,7 +189,10 @@ fn read_module(path: &Path) -> anyhow::Result<Vec<u8>> {
                 .output()
                 .with_context(|| format!("running {tool} (is it installed?)"))?;
             if !out.status.success() {
-                bail!("{tool} -dc {name} failed: {}", String::from_utf8_lossy(&out.stderr));
+                bail!(
+                    "{tool} -dc {name} failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
             }
             Ok(out.stdout)
         }
@@ -200,8 +220,11 @@ fn modinfo_section(elf: &[u8]) -> Option<&[u8]> {
         return None;
     }
     let shoff = usize::try_from(u64_at(0x28)?).ok()?;
-    let (shentsize, shnum, shstrndx) =
-        (usize::from(u16_at(0x3a)?), usize::from(u16_at(0x3c)?), usize::from(u16_at(0x3e)?));
+    let (shentsize, shnum, shstrndx) = (
+        usize::from(u16_at(0x3a)?),
+        usize::from(u16_at(0x3c)?),
+        usize::from(u16_at(0x3e)?),
+    );
     let header = |i: usize| -> Option<(usize, usize, usize)> {
         let h = shoff + i * shentsize;
         let name = usize::try_from(u32_at(h)?).ok()?;

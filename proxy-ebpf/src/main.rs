@@ -9,6 +9,7 @@
 mod connect;
 mod maps;
 mod pair;
+mod passive;
 mod peer;
 mod recvmsg;
 mod select;

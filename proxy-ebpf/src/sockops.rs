@@ -17,7 +17,7 @@
 //!   For a passive socket, SYN_SENT -> CLOSE counts a failed connect for the backend,
 //!   ESTABLISHED or CLOSE_WAIT -> CLOSE a reset (received or sent; a FIN handshake passes
 //!   through FIN_WAIT or LAST_ACK instead), and either extends the backend's run in
-//!   `PASSIVE_RUN_V1`.
+//!   `PASSIVE_RUN_V1` (the accounting is in [`crate::passive`]).
 //!
 //! Contract: fail-open, always: this program never changes a connection's fate; a failure only
 //! costs the feature (counted). Minimum kernel 4.13 (sockops), 4.16 (`STATE_CB`), 4.18
@@ -28,10 +28,9 @@
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{
-        BPF_ANY, BPF_NOEXIST, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
-        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
-        BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_TCP_CLOSE, BPF_TCP_CLOSE_WAIT, BPF_TCP_ESTABLISHED,
-        BPF_TCP_SYN_SENT,
+        BPF_ANY, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
+        BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_TCP_CONNECT_CB,
+        BPF_TCP_CLOSE,
     },
     helpers::{bpf_get_socket_cookie, bpf_sk_storage_get},
     macros::sock_ops,
@@ -41,16 +40,13 @@ use proxy_common::{
     counters,
     service::Backend,
     socket::{
-        PassiveCounts, SETTINGS_F_SPLICE, SETTINGS_KEY, SOCK_VIP_F_PASSIVE, SOCK_VIP_F_PROXIED,
-        SockTuple, SockVip,
+        SETTINGS_F_SPLICE, SETTINGS_KEY, SOCK_VIP_F_PASSIVE, SOCK_VIP_F_PROXIED, SockTuple, SockVip,
     },
 };
 
 use crate::{
-    maps::{
-        ORIG_DST_V1, PASSIVE_RUN_V1, PASSIVE_V1, SETTINGS_V1, SOCK_ORIG_V1, SOCK_VIP_V2, SPLICE_V1,
-        count,
-    },
+    maps::{ORIG_DST_V1, SETTINGS_V1, SOCK_ORIG_V1, SOCK_VIP_V2, SPLICE_V1, count},
+    passive,
     tuple::{self, Fields},
 };
 
@@ -81,12 +77,7 @@ fn try_sockops(ctx: &SockOpsContext) -> Result<(), Failed> {
             let flags = followed(ctx);
             let t = conn(ctx)?;
             if flags & SOCK_VIP_F_PASSIVE != 0 {
-                end_run(&Backend {
-                    addr: t.remote,
-                    port: t.remote_port,
-                    family: t.family,
-                    _pad: 0,
-                });
+                passive::end_run(&backend_of(&t));
             }
             if flags & SOCK_VIP_F_PROXIED == 0 {
                 return splice(ctx);
@@ -189,7 +180,8 @@ fn splice(ctx: &SockOpsContext) -> Result<(), Failed> {
     Ok(())
 }
 
-/// A watched socket reached CLOSE from `old`: passive health, then cleanup.
+/// A watched socket reached CLOSE from `old`: cleanup of the original destination, then the
+/// passive health signal.
 #[inline(always)]
 fn closed(ctx: &SockOpsContext, old: u32) -> Result<(), Failed> {
     let flags = followed(ctx);
@@ -200,90 +192,19 @@ fn closed(ctx: &SockOpsContext, old: u32) -> Result<(), Failed> {
     if flags & SOCK_VIP_F_PASSIVE == 0 {
         return Ok(());
     }
-    let backend = Backend {
+    passive::closed(&backend_of(&t), old)
+        .map_err(|passive::NotRecorded| Failed(counters::PASSIVE_RECORD_FAILED))
+}
+
+/// The remote end of a connection, as the backend the passive signal is kept for.
+#[inline(always)]
+fn backend_of(t: &SockTuple) -> Backend {
+    Backend {
         addr: t.remote,
         port: t.remote_port,
         family: t.family,
         _pad: 0,
-    };
-    match old {
-        BPF_TCP_SYN_SENT => {
-            count(counters::PASSIVE_CONNECT_FAILED);
-            extend_run(&backend);
-            passive(
-                &backend,
-                PassiveCounts {
-                    connect_failures: 1,
-                    resets: 0,
-                },
-            )
-        }
-        BPF_TCP_ESTABLISHED | BPF_TCP_CLOSE_WAIT => {
-            count(counters::PASSIVE_RESET);
-            extend_run(&backend);
-            passive(
-                &backend,
-                PassiveCounts {
-                    connect_failures: 0,
-                    resets: 1,
-                },
-            )
-        }
-        _ => Ok(()),
     }
-}
-
-/// One more failure in `backend`'s current run. The increment is not atomic: two CPUs failing
-/// at the same instant may count one (the run only decides when outlier detection ejects).
-#[inline(always)]
-fn extend_run(backend: &Backend) {
-    if let Some(run) = PASSIVE_RUN_V1.get_ptr_mut(backend) {
-        // SAFETY: a value of the map, valid while the program runs.
-        unsafe { *run += 1 };
-        return;
-    }
-    if PASSIVE_RUN_V1
-        .insert(backend, &1, u64::from(BPF_NOEXIST))
-        .is_err()
-    {
-        count(counters::PASSIVE_RECORD_FAILED);
-    }
-}
-
-/// A connect to `backend` got established: its run of failures ends (no entry: nothing to do).
-#[inline(always)]
-fn end_run(backend: &Backend) {
-    if let Some(run) = PASSIVE_RUN_V1.get_ptr_mut(backend) {
-        // SAFETY: a value of the map, valid while the program runs.
-        unsafe {
-            if *run != 0 {
-                *run = 0;
-            }
-        }
-    }
-}
-
-/// Adds `delta` to this CPU's counters of `backend`.
-#[inline(always)]
-fn passive(backend: &Backend, delta: PassiveCounts) -> Result<(), Failed> {
-    for _ in 0..2 {
-        if let Some(c) = PASSIVE_V1.get_ptr_mut(backend) {
-            // SAFETY: a per-CPU value of this CPU, valid while the program runs.
-            unsafe {
-                (*c).connect_failures += delta.connect_failures;
-                (*c).resets += delta.resets;
-            }
-            return Ok(());
-        }
-        // A concurrent insert on another CPU may win; then the second lookup finds it.
-        if PASSIVE_V1
-            .insert(backend, &delta, u64::from(BPF_NOEXIST))
-            .is_ok()
-        {
-            return Ok(());
-        }
-    }
-    Err(Failed(counters::PASSIVE_RECORD_FAILED))
 }
 
 /// The connection as this socket sees it.

@@ -7,7 +7,7 @@ use proxy_common::{
     counters,
     service::{
         Backend, FAMILY_V4, FAMILY_V6, SERVICE_F_MAGLEV, SERVICE_F_PASSIVE, SERVICE_F_PROXY,
-        ServiceKey,
+        Service, ServiceKey,
     },
 };
 
@@ -129,7 +129,7 @@ pub fn target(
     allow_proxy: bool,
 ) -> Result<Option<Target>, Refuse> {
     // SAFETY: read-only use before the program returns; the map is not preallocated.
-    let Some(mut svc) = (unsafe { SERVICES_V2.get(key) }) else {
+    let Some(svc) = (unsafe { SERVICES_V2.get(key) }) else {
         count(outcomes.not_service);
         return Ok(None);
     };
@@ -143,45 +143,58 @@ pub fn target(
     } else {
         0
     };
-    let mut attempt = 0;
-    let dest = loop {
-        match choose(svc, netns) {
-            Ok(backend) => break *backend,
-            Err(NoBackend::NoHost) => {
-                // The daemon frees a generation's tables a grace period after switching away
-                // from it; a program that read the service long before that (preempted) finds
-                // them gone. Then the service has a newer generation: read it again.
-                // SAFETY: as above.
-                match unsafe { SERVICES_V2.get(key) } {
-                    Some(again) if again.generation != svc.generation && attempt < RETRIES => {
-                        svc = again;
-                        attempt += 1;
-                    }
-                    Some(_) => {
-                        count(outcomes.no_host);
-                        return Err(Refuse);
-                    }
-                    // Removed meanwhile: no longer a service.
-                    None => return Ok(None),
-                }
-            }
-            Err(NoBackend::Missing) => {
-                count(counters::CONNECT_BACKEND_MISSING);
-                return Ok(None);
-            }
-        }
+    let Some((dest, flags)) = backend(key, svc, netns, outcomes)? else {
+        return Ok(None);
     };
     if dest.family != key.family {
         count(counters::CONNECT_FAMILY_MISMATCH);
         return Ok(None);
     }
     count(outcomes.rewritten);
-    let passive = svc.flags & SERVICE_F_PASSIVE != 0;
     Ok(Some(Target {
         dest,
         proxied: false,
-        passive,
+        passive: flags & SERVICE_F_PASSIVE != 0,
     }))
+}
+
+/// A backend of `svc` (and the flags of the service entry it was chosen from); `Ok(None)` when
+/// the service went away or names a backend that is not there (fail-open, counted).
+///
+/// The daemon frees a generation's tables a grace period after switching away from it; a
+/// program that read the service long before that (preempted) finds them gone. Then the
+/// service has a newer generation: it is read again, up to [`RETRIES`] times.
+#[inline(always)]
+fn backend(
+    key: &ServiceKey,
+    mut svc: &Service,
+    netns: u64,
+    outcomes: &Outcomes,
+) -> Result<Option<(Backend, u32)>, Refuse> {
+    let mut attempt = 0;
+    loop {
+        match choose(svc, netns) {
+            Ok(backend) => return Ok(Some((*backend, svc.flags))),
+            Err(NoBackend::Missing) => {
+                count(counters::CONNECT_BACKEND_MISSING);
+                return Ok(None);
+            }
+            Err(NoBackend::NoHost) => {}
+        }
+        // SAFETY: read-only use before the program returns.
+        match unsafe { SERVICES_V2.get(key) } {
+            Some(again) if again.generation != svc.generation && attempt < RETRIES => {
+                svc = again;
+                attempt += 1;
+            }
+            Some(_) => {
+                count(outcomes.no_host);
+                return Err(Refuse);
+            }
+            // Removed meanwhile: no longer a service.
+            None => return Ok(None),
+        }
+    }
 }
 
 /// The proxy listener for clients of `family`; refused when the daemon has set none.

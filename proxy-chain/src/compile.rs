@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use crate::{
     duration::GoDuration,
-    entries::{Entries, MeshGatewayMode, ServiceRoute},
+    entries::{Entries, MeshGatewayMode, ProxyDefaults, ServiceRoute},
     error::ChainError,
     output::{
         CompiledDiscoveryChain, DiscoveryGraphNode, DiscoveryRoute, DiscoveryTarget, NodeType,
@@ -164,7 +164,7 @@ impl<'a> Compiler<'a> {
             None => self
                 .entries
                 .proxy_defaults()
-                .and_then(|p| p.protocol())
+                .and_then(ProxyDefaults::protocol)
                 .unwrap_or_default(),
         };
         let protocol = if protocol.is_empty() {

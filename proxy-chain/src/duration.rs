@@ -1,7 +1,7 @@
 //! Go `time.Duration` as Consul writes it: parsed from `"15s"`-style strings (or integer
 //! nanoseconds) and printed exactly like Go's `Duration.String()` (`"5s"`, `"1m0s"`, `"1.5ms"`).
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 
@@ -126,9 +126,9 @@ impl fmt::Display for GoDuration {
         let secs = nanos / NANOS_PER_SEC;
         let (hours, minutes) = (secs / 3600, (secs / 60) % 60);
         if hours > 0 {
-            out.push_str(&format!("{hours}h{minutes}m"));
+            let _ = write!(out, "{hours}h{minutes}m");
         } else if minutes > 0 {
-            out.push_str(&format!("{minutes}m"));
+            let _ = write!(out, "{minutes}m");
         }
         push_scaled(
             &mut out,

@@ -1,6 +1,11 @@
 //! Consul `TestCompile` corpus: redirect, failover, defaults, service meta, error, override and
 //! circular-reference cases, each asserting the full chain JSON or the exact error text.
 
+#![allow(
+    clippy::needless_pass_by_value,
+    reason = "the case builders take json! literals by value, for short call sites"
+)]
+
 mod support;
 
 use proxy_chain::{GoDuration, MeshGatewayMode, compile};
@@ -483,7 +488,7 @@ fn compiled_with(
 #[test]
 fn resolver_with_protocol_from_override() {
     let actual = compiled_with(json!([protocol("main", "grpc")]), true, |r| {
-        r.override_protocol = "http2".into()
+        r.override_protocol = "http2".into();
     });
     let expect = default_chain(single(
         "http2",
@@ -496,7 +501,7 @@ fn resolver_with_protocol_from_override() {
 #[test]
 fn resolver_with_protocol_from_override_ignored() {
     let actual = compiled_with(json!([protocol("main", "http2")]), false, |r| {
-        r.override_protocol = "http2".into()
+        r.override_protocol = "http2".into();
     });
     let expect = default_chain(single(
         "http2",

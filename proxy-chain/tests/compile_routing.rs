@@ -1,6 +1,11 @@
 //! Consul `TestCompile` corpus, routing and splitting cases, load-balancer cases and "all the
 //! bells and whistles": each compiles Consul-shaped entries and compares the full chain JSON.
 
+#![allow(
+    clippy::needless_pass_by_value,
+    reason = "the case builders take json! literals by value, for short call sites"
+)]
+
 mod support;
 
 use serde_json::json;

@@ -10,7 +10,7 @@ use proxy_chain::{
 use serde_json::json;
 use support::*;
 
-const YAML: &str = r#"
+const YAML: &str = r"
 - Kind: service-defaults
   Name: web
   Protocol: http
@@ -35,7 +35,7 @@ const YAML: &str = r#"
       Targets:
         - ServiceSubset: v1
         - Datacenter: dc2
-"#;
+";
 
 #[test]
 fn yaml_entries_compile_like_json() {
@@ -100,8 +100,8 @@ fn duplicates_invalid_entries_and_bad_json_are_rejected() {
 
 #[test]
 fn request_fields_are_required() {
-    let set = Entries::new();
     type Clear = fn(&mut CompileRequest);
+    let set = Entries::new();
     let cases: [(Clear, &str); 5] = [
         (|r| r.service_name.clear(), "serviceName is required"),
         (

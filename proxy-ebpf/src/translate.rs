@@ -79,10 +79,10 @@ pub fn user_ip6(sa: &bpf_sock_addr) -> [u32; 4] {
     // SAFETY: each pointer is a field of the valid context; volatile keeps the 4-byte loads.
     unsafe {
         [
-            core::ptr::read_volatile(&sa.user_ip6[0]),
-            core::ptr::read_volatile(&sa.user_ip6[1]),
-            core::ptr::read_volatile(&sa.user_ip6[2]),
-            core::ptr::read_volatile(&sa.user_ip6[3]),
+            core::ptr::read_volatile(&raw const sa.user_ip6[0]),
+            core::ptr::read_volatile(&raw const sa.user_ip6[1]),
+            core::ptr::read_volatile(&raw const sa.user_ip6[2]),
+            core::ptr::read_volatile(&raw const sa.user_ip6[3]),
         ]
     }
 }
@@ -112,10 +112,10 @@ pub fn write6(sa: &mut bpf_sock_addr, mapped: bool, dest: &Backend) {
 pub fn set_user_ip6(sa: &mut bpf_sock_addr, words: [u32; 4]) {
     // SAFETY: each pointer is a field of the valid context; volatile keeps the 4-byte stores.
     unsafe {
-        core::ptr::write_volatile(&mut sa.user_ip6[0], words[0]);
-        core::ptr::write_volatile(&mut sa.user_ip6[1], words[1]);
-        core::ptr::write_volatile(&mut sa.user_ip6[2], words[2]);
-        core::ptr::write_volatile(&mut sa.user_ip6[3], words[3]);
+        core::ptr::write_volatile(&raw mut sa.user_ip6[0], words[0]);
+        core::ptr::write_volatile(&raw mut sa.user_ip6[1], words[1]);
+        core::ptr::write_volatile(&raw mut sa.user_ip6[2], words[2]);
+        core::ptr::write_volatile(&raw mut sa.user_ip6[3], words[3]);
     }
 }
 

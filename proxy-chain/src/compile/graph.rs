@@ -43,7 +43,7 @@ impl Compiler<'_> {
             let (next_node, resolver_lb) = self.split_next_node(service, split)?;
             // Only one hash policy can apply to a split route: the first one wins.
             if load_balancer.is_none() {
-                load_balancer = resolver_lb.filter(|lb| lb.is_hash_based());
+                load_balancer = resolver_lb.filter(LoadBalancer::is_hash_based);
             }
             splits.push(DiscoverySplit {
                 definition: split.clone(),

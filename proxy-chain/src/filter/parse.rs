@@ -230,26 +230,26 @@ impl Parser {
                 let value = self.value()?;
                 let not_equal = op == Token::NotEqual;
                 let op_text = if not_equal { "!=" } else { "==" };
-                self.finish(&text, quoted, Op::Equal(value), op_text, not_equal)
+                Self::finish(&text, quoted, Op::Equal(value), op_text, not_equal)
             }
             Token::Word(w) if w == "is" && !negated => {
                 let not = self.empty_tail()?;
-                self.finish(&text, quoted, Op::IsEmpty, "is empty", not)
+                Self::finish(&text, quoted, Op::IsEmpty, "is empty", not)
             }
             Token::Word(w) if w == "in" => {
                 let (sel_offset, selector) = self.next("a selector")?;
                 let Token::Word(selector) = selector else {
                     return Err(Self::unexpected(sel_offset, &selector, "a selector"));
                 };
-                self.finish(&selector, false, Op::Contains(text), "in", negated)
+                Self::finish(&selector, false, Op::Contains(text), "in", negated)
             }
             Token::Word(w) if w == "contains" => {
                 let value = self.value()?;
-                self.finish(&text, quoted, Op::Contains(value), "contains", negated)
+                Self::finish(&text, quoted, Op::Contains(value), "contains", negated)
             }
             Token::Word(w) if w == "matches" => {
                 let re = self.regex()?;
-                self.finish(&text, quoted, Op::Matches(re), "matches", negated)
+                Self::finish(&text, quoted, Op::Matches(re), "matches", negated)
             }
             other => Err(Self::unexpected(
                 op_offset,
@@ -291,7 +291,6 @@ impl Parser {
 
     /// Resolves the selector and checks the operator fits it.
     fn finish(
-        &self,
         selector: &str,
         quoted: bool,
         op: Op,

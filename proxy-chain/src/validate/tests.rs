@@ -1,5 +1,10 @@
 //! One test per Consul validation message, asserting the exact text.
 
+#![allow(
+    clippy::needless_pass_by_value,
+    reason = "the entry builders take json! literals by value, for short call sites"
+)]
+
 use serde_json::{Value, json};
 
 use super::{Edition, validate_entry};

@@ -2,6 +2,10 @@
 //! the expected JSON that mirror the helpers of Consul's `compile_test.go` (`newTarget`, ...).
 
 #![allow(dead_code)]
+#![allow(
+    clippy::needless_pass_by_value,
+    reason = "the builders take json! literals by value, for short call sites"
+)]
 
 use proxy_chain::{CompileRequest, Entries, compile};
 use serde_json::{Value, json};

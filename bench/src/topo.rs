@@ -324,7 +324,6 @@ impl Net {
     ) -> anyhow::Result<Vec<Proc>> {
         let a = |p: u16| self.backend(p + offset).to_string();
         let serve_args = [
-            "bench",
             "worker",
             "serve",
             "--echo",

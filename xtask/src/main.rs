@@ -1,7 +1,7 @@
 //! `cargo xtask`: what cargo alone cannot do. `setup` installs the toolchain pieces and packages
 //! the project needs, `demo` runs the embedded default end to end, `test` runs every test, `vm`
 //! runs the kernel tests in QEMU, and `bench` runs the benchmark harness (the `proxy-bench`
-//! crate).
+//! crate). xtask links no crate of the product: it builds and runs the binaries.
 
 mod apt;
 mod bench;

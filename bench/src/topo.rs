@@ -202,7 +202,7 @@ impl VethPair {
         // Connect-rate runs leave the proxies' upstream sockets in TIME_WAIT (the peers close
         // upstream with a FIN; ours resets when the client does). Outside loopback the kernel
         // does not reuse them by default, and a second run within the minute finds the even
-        // ports that connect() prefers taken: every proxy then fell to about 500 conn/s.
+        // ports that connect() prefers taken: every proxy's connection rate then collapsed.
         // Reuse (with timestamps, after 1 s) is what loopback gets already.
         ip(&[
             "netns",

@@ -6,8 +6,8 @@
 //! a random order per run, on loopback and across a veth pair between two namespaces of ours,
 //! and removes everything it set up. Each measurement first checks that the machine is quiet
 //! (other load <= 0.1 core) and is marked invalid if not. Raw samples go to
-//! `bench-results/<timestamp>/`; the summary tables, the target verdicts and the charts go to
-//! BENCHMARKS.md and `docs/bench/`.
+//! `bench-results/<timestamp>/` (git-ignored); the summary tables, the target verdicts and the
+//! charts of the latest run go to BENCHMARKS.md and `docs/bench/`.
 //!
 //! `--smoke` runs five rows with tiny counts once and writes into a scratch directory: it is part
 //! of `cargo xtask test` so the harness cannot rot; it fails only if the harness itself fails.
@@ -89,8 +89,8 @@ pub struct Args {
     #[arg(long)]
     pub no_build: bool,
     /// Measure nothing: rewrite BENCHMARKS.md and docs/bench/ from the raw results of an
-    /// earlier run (`bench-results/<timestamp>/results.json`, or its copy
-    /// `docs/bench/results-<timestamp>.json`), e.g. after a change of the report.
+    /// earlier run (`bench-results/<timestamp>/results.json`, or a copy of it named
+    /// `results-<timestamp>.json`), e.g. after a change of the report.
     #[arg(long, value_name = "RESULTS_JSON")]
     pub report_from: Option<PathBuf>,
     #[command(subcommand)]
@@ -629,8 +629,8 @@ fn commit() -> String {
     if dirty { format!("{head}+dirty") } else { head }
 }
 
-/// The run's timestamp from where its results are: `docs/bench/results-<timestamp>.json` (the
-/// kept copy) or `bench-results/<timestamp>/results.json` (the run's directory).
+/// The run's timestamp from where its results are: a copy named `results-<timestamp>.json`, or
+/// `bench-results/<timestamp>/results.json` (the run's directory).
 fn run_stamp(path: &std::path::Path) -> Option<String> {
     let name = path.file_name()?.to_str()?;
     if let Some(stamp) = name
@@ -671,11 +671,11 @@ mod tests {
     }
 
     #[test]
-    fn the_run_stamp_comes_from_the_kept_copy_or_the_run_directory() {
-        let kept = Path::new("docs/bench/results-20261202T090822Z.json");
-        assert_eq!(run_stamp(kept).as_deref(), Some("20261202T090822Z"));
-        let run = Path::new("bench-results/20261202T090822Z/results.json");
-        assert_eq!(run_stamp(run).as_deref(), Some("20261202T090822Z"));
+    fn the_run_stamp_comes_from_a_named_copy_or_the_run_directory() {
+        let kept = Path::new("/tmp/results-20990101T000000Z.json");
+        assert_eq!(run_stamp(kept).as_deref(), Some("20990101T000000Z"));
+        let run = Path::new("bench-results/20990101T000000Z/results.json");
+        assert_eq!(run_stamp(run).as_deref(), Some("20990101T000000Z"));
         assert_eq!(run_stamp(Path::new("results.json")), None);
     }
 }

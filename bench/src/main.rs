@@ -43,7 +43,11 @@ use crate::util::{detail, step};
 /// nft DNAT; medians of `--runs` runs as ratios to S0; writes BENCHMARKS.md and charts.
 /// Run it as `cargo xtask bench`.
 #[derive(Debug, clap::Parser)]
-#[command(name = "proxy-bench", args_conflicts_with_subcommands = true)]
+#[command(
+    name = "proxy-bench",
+    bin_name = "cargo xtask bench",
+    args_conflicts_with_subcommands = true
+)]
 pub struct Args {
     /// One run of five rows with tiny counts, into a scratch directory (the test suite's check).
     #[arg(long)]

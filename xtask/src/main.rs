@@ -39,7 +39,8 @@ enum Task {
     },
     /// Benchmarks against the peers (root): S0-S6 on loopback and veth, HAProxy, nginx, Envoy,
     /// nft DNAT; medians of `--runs` runs as ratios to S0; writes BENCHMARKS.md and charts.
-    /// Runs the harness (`bench/`, package proxy-bench) with these arguments; `--help` lists them.
+    /// Runs the harness (`bench/`, package proxy-bench) with the arguments given; `cargo xtask
+    /// bench --help` lists them.
     #[command(disable_help_flag = true)]
     Bench {
         /// The harness's options (`cargo xtask bench --help`).

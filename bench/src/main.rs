@@ -14,6 +14,8 @@
 //!
 //! The same binary is the benchmark's client and server processes (`proxy-bench worker ...`).
 
+#![deny(unsafe_code)]
+
 mod chart;
 mod extras;
 mod health;
@@ -21,6 +23,10 @@ mod measure;
 mod peers;
 mod plan;
 mod report;
+#[expect(
+    unsafe_code,
+    reason = "the libc calls of the harness, each with its SAFETY note"
+)]
 mod sys;
 mod targets;
 mod topo;

@@ -126,13 +126,8 @@ pub fn in_netns<T: Send>(netns: Option<&str>, f: impl FnOnce() -> T + Send) -> a
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
-                use std::os::fd::AsRawFd as _;
-                // SAFETY: `file` is an open namespace file for the duration of the call;
-                // CLONE_NEWNET moves only this thread, which exits after `f`.
-                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    let e = std::io::Error::last_os_error();
-                    return Err(anyhow::anyhow!("entering network namespace {ns}: {e}"));
-                }
+                sys::enter_netns(&file)
+                    .with_context(|| format!("entering network namespace {ns}"))?;
                 Ok(f())
             })
             .join()

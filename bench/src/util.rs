@@ -54,15 +54,9 @@ pub fn output(cmd: &mut Command, what: &str) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Whether we run as root.
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// Fails with a clear message unless running as root.
 pub fn require_root(task: &str) -> anyhow::Result<()> {
-    if !is_root() {
+    if !crate::sys::is_root() {
         bail!(
             "{task} needs root (it loads eBPF programs, creates cgroups and network namespaces); run it as root"
         );

@@ -5,6 +5,11 @@
 //! from inside the attached cgroup, prints connections per backend against their weights and
 //! what `getpeername` showed, then stops everything it started and checks that the daemon
 //! removed its cgroup and pins.
+//!
+//! The demo links no crate of the product. What it needs before the daemon runs (the admin
+//! address, the VIP, the hosts and their weights) it reads from the file the daemon embeds as
+//! its default, `examples/demo.yaml`; where the daemon attaches and pins (its effective config,
+//! defaults included) it asks the running daemon (`/config_dump`).
 
 use std::{
     io::{Read as _, Write as _},
@@ -20,7 +25,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use proxy_core::config::Config;
+use serde::Deserialize;
 
 use crate::{
     setup,
@@ -34,47 +39,179 @@ pub fn run(count: u32) -> anyhow::Result<()> {
     setup::run()?;
     util::require_root("the demo")?;
     let proxy = util::build_proxy()?;
-    let config = Config::embedded_default();
-    let service = config
-        .services
-        .first()
-        .context("the default config has a service")?;
-    let vip = SocketAddr::new(service.address, service.port);
-    let hosts = config
-        .cluster(&service.cluster)
-        .context("the default service has a cluster")?
-        .static_hosts();
+    let demo = Demo::embedded()?;
 
-    step(format!("starting {} backends", hosts.len()));
-    let backends = Backends::start(hosts.iter().map(|h| h.addr))?;
+    step(format!("starting {} backends", demo.hosts.len()));
+    let backends = Backends::start(demo.hosts.iter().map(|h| h.addr))?;
     let log_path = util::target_dir()?.join("demo-daemon.log");
     step(format!(
         "starting the daemon (embedded default config; log: {})",
         log_path.display()
     ));
-    let mut daemon = Daemon::start(&proxy, &log_path, config.admin.address)?;
-    let result = exercise(&proxy, &config, vip, &hosts, count, config.admin.address);
+    let mut daemon = Daemon::start(&proxy, &log_path, demo.admin)?;
+    let placement = Placement::of(demo.admin);
+    let result = match &placement {
+        Ok(placement) => exercise(&proxy, &demo, &placement.cgroup, count),
+        Err(_) => Ok(()),
+    };
     step("stopping the daemon (SIGTERM)");
     daemon.stop()?;
     backends.stop();
-    let cleanup = check_cleanup(&config);
+    let placement = placement?;
+    let cleanup = check_cleanup(&placement);
     result?;
     cleanup
 }
 
-fn exercise(
-    proxy: &Path,
-    config: &Config,
-    vip: SocketAddr,
-    hosts: &[proxy_core::discovery::Host],
-    count: u32,
+/// The embedded default as the demo reads it: only the fields it uses, unknown ones ignored
+/// (`proxy check` validates the file; the daemon's unit tests parse it).
+#[derive(Debug, Deserialize)]
+struct DemoFile {
+    admin: DemoAdmin,
+    clusters: Vec<DemoCluster>,
+    services: Vec<DemoService>,
+}
+
+#[derive(Debug, Deserialize)]
+struct DemoAdmin {
+    address: SocketAddr,
+}
+
+/// A STATIC cluster in Envoy's `load_assignment` shape.
+#[derive(Debug, Deserialize)]
+struct DemoCluster {
+    name: String,
+    load_assignment: LoadAssignment,
+}
+
+#[derive(Debug, Deserialize)]
+struct LoadAssignment {
+    endpoints: Vec<LocalityEndpoints>,
+}
+
+#[derive(Debug, Deserialize)]
+struct LocalityEndpoints {
+    lb_endpoints: Vec<LbEndpoint>,
+}
+
+/// The demo file states every weight (the demo compares the traffic with them).
+#[derive(Debug, Deserialize)]
+struct LbEndpoint {
+    endpoint: Endpoint,
+    load_balancing_weight: u32,
+}
+
+#[derive(Debug, Deserialize)]
+struct Endpoint {
+    address: EndpointAddress,
+}
+
+#[derive(Debug, Deserialize)]
+struct EndpointAddress {
+    socket_address: SocketAddress,
+}
+
+#[derive(Debug, Deserialize)]
+struct SocketAddress {
+    address: std::net::IpAddr,
+    port_value: u16,
+}
+
+#[derive(Debug, Deserialize)]
+struct DemoService {
+    address: std::net::IpAddr,
+    port: u16,
+    cluster: String,
+}
+
+/// One backend of the demo's cluster.
+#[derive(Debug, PartialEq)]
+struct DemoHost {
+    addr: SocketAddr,
+    weight: u32,
+}
+
+/// What the demo needs before the daemon runs: its first service and that service's hosts.
+#[derive(Debug)]
+struct Demo {
     admin: SocketAddr,
-) -> anyhow::Result<()> {
+    vip: SocketAddr,
+    hosts: Vec<DemoHost>,
+}
+
+impl Demo {
+    /// The file `proxy run` uses without `--config`.
+    const FILE: &str = include_str!("../../examples/demo.yaml");
+
+    fn embedded() -> anyhow::Result<Self> {
+        Self::parse(Self::FILE).context("reading examples/demo.yaml (the embedded default)")
+    }
+
+    fn parse(text: &str) -> anyhow::Result<Self> {
+        let file: DemoFile = serde_yaml::from_str(text)?;
+        let service = file.services.first().context("the file has no service")?;
+        let cluster = file
+            .clusters
+            .iter()
+            .find(|c| c.name == service.cluster)
+            .with_context(|| format!("no cluster {:?} for the first service", service.cluster))?;
+        let hosts: Vec<DemoHost> = cluster
+            .load_assignment
+            .endpoints
+            .iter()
+            .flat_map(|e| &e.lb_endpoints)
+            .map(|lb| {
+                let a = &lb.endpoint.address.socket_address;
+                DemoHost {
+                    addr: SocketAddr::new(a.address, a.port_value),
+                    weight: lb.load_balancing_weight,
+                }
+            })
+            .collect();
+        if hosts.is_empty() || hosts.iter().any(|h| h.weight == 0) {
+            bail!(
+                "cluster {:?} needs hosts with weights of at least 1",
+                cluster.name
+            );
+        }
+        Ok(Self {
+            admin: file.admin.address,
+            vip: SocketAddr::new(service.address, service.port),
+            hosts,
+        })
+    }
+}
+
+/// Where the running daemon attaches and pins, from its effective config (`/config_dump`).
+struct Placement {
+    /// The cgroup as configured: absolute, or relative to the cgroup v2 mount.
+    cgroup: String,
+    /// `<bpffs>/<instance>`.
+    pins: PathBuf,
+}
+
+impl Placement {
+    fn of(admin: SocketAddr) -> anyhow::Result<Self> {
+        let dump: serde_json::Value = serde_json::from_str(&http_get(admin, "/config_dump")?)
+            .context("parsing the daemon's /config_dump")?;
+        let field = |key: &str| {
+            dump[key]
+                .as_str()
+                .with_context(|| format!("/config_dump has no string {key:?}"))
+        };
+        Ok(Self {
+            cgroup: field("cgroup")?.to_owned(),
+            pins: Path::new(field("bpffs")?).join(field("instance")?),
+        })
+    }
+}
+
+fn exercise(proxy: &Path, demo: &Demo, cgroup: &str, count: u32) -> anyhow::Result<()> {
+    let (vip, hosts, admin) = (demo.vip, &demo.hosts, demo.admin);
     step(format!(
-        "client in cgroup {:?}: {count} connections to {vip}",
-        config.cgroup
+        "client in cgroup {cgroup:?}: {count} connections to {vip}"
     ));
-    let report = probe(proxy, vip, count, Some(&config.cgroup))?;
+    let report = probe(proxy, vip, count, Some(cgroup))?;
     let total_weight: u32 = hosts.iter().map(|h| h.weight).sum();
     println!();
     println!(
@@ -193,12 +330,11 @@ fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
     Ok(body.to_owned())
 }
 
-fn check_cleanup(config: &Config) -> anyhow::Result<()> {
-    let pins = PathBuf::from(&config.bpffs).join(&config.instance);
-    let cgroup = proxy_cgroup(&config.cgroup);
+fn check_cleanup(placement: &Placement) -> anyhow::Result<()> {
+    let cgroup = proxy_cgroup(&placement.cgroup);
     let mut left = Vec::new();
-    if pins.exists() {
-        left.push(pins.display().to_string());
+    if placement.pins.exists() {
+        left.push(placement.pins.display().to_string());
     }
     if let Some(cg) = cgroup.filter(|c| c.exists()) {
         left.push(cg.display().to_string());
@@ -321,5 +457,37 @@ fn serve(listener: &TcpListener, addr: SocketAddr, stop: &AtomicBool) {
         if let Ok(mut conn) = conn {
             let _ = writeln!(conn, "{addr}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_demo_reads_its_service_and_weighted_hosts_from_the_embedded_default() {
+        let demo = Demo::embedded().unwrap();
+        let file: serde_yaml::Value = serde_yaml::from_str(Demo::FILE).unwrap();
+        let service = &file["services"][0];
+        assert_eq!(
+            demo.vip.to_string(),
+            format!(
+                "{}:{}",
+                service["address"].as_str().unwrap(),
+                service["port"].as_u64().unwrap()
+            )
+        );
+        assert!(demo.hosts.len() > 1, "{demo:?}");
+        assert!(demo.hosts.iter().all(|h| h.weight >= 1), "{demo:?}");
+    }
+
+    #[test]
+    fn a_host_without_a_weight_is_refused() {
+        let text = Demo::FILE.replace("load_balancing_weight", "weight_typo");
+        let err = Demo::parse(&text).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("load_balancing_weight"),
+            "{err:#}"
+        );
     }
 }

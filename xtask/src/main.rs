@@ -1,5 +1,7 @@
 //! `cargo xtask`: what cargo alone cannot do. `setup` installs the toolchain pieces and packages
-//! the project needs, `demo` runs the embedded default end to end, `test` runs every test.
+//! the project needs, `demo` runs the embedded default end to end, `test` runs every test, `vm`
+//! runs the kernel tests in QEMU, and `bench` runs the benchmark harness (the `proxy-bench`
+//! crate). xtask links no crate of the product: it builds and runs the binaries.
 
 mod apt;
 mod bench;
@@ -37,7 +39,14 @@ enum Task {
     },
     /// Benchmarks against the peers (root): S0-S6 on loopback and veth, HAProxy, nginx, Envoy,
     /// nft DNAT; medians of `--runs` runs as ratios to S0; writes BENCHMARKS.md and charts.
-    Bench(bench::Args),
+    /// Runs the harness (`bench/`, package proxy-bench) with the arguments given; `cargo xtask
+    /// bench --help` lists them.
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// The harness's options (`cargo xtask bench --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Every test: setup, unit tests of all crates, then the root-only integration tests
     /// (real kernel, real eBPF object, real servers). Fails if any test fails.
     Test {
@@ -75,7 +84,7 @@ fn main() -> anyhow::Result<()> {
         Task::Setup => setup::run(),
         Task::Demo { count } => demo::run(count),
         Task::Test { filter } => test::run(filter.as_deref()),
-        Task::Bench(args) => bench::run(args),
+        Task::Bench { args } => bench::run(&args),
         Task::Vm {
             kernel,
             filter,

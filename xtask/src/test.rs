@@ -45,7 +45,7 @@ pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
         ..vm::Options::new(vm::KernelChoice::V5_10)
     });
     // The benchmark harness, once with tiny counts, so it cannot rot; numbers are not judged.
-    let smoke = bench::smoke(Some(&proxy));
+    let smoke = bench::smoke(&proxy);
     integrated?;
     vm.context("the kernel tests failed on Linux 5.10 in QEMU")?;
     smoke.context("the benchmark harness smoke run (cargo xtask bench --smoke) failed")?;

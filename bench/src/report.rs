@@ -727,7 +727,7 @@ mod tests {
 
     #[test]
     fn ratios_use_the_paired_baseline_where_a_row_has_one() {
-        let paired = crate::bench::plan::paired_baseline("S1 lo svc=1");
+        let paired = crate::plan::paired_baseline("S1 lo svc=1");
         let samples = vec![
             sample("S0 lo", "cps", 0, 100.0),
             sample("S1 lo svc=1", "cps", 0, 90.0),
@@ -748,7 +748,7 @@ mod tests {
 
     #[test]
     fn a_run_without_its_paired_baseline_is_left_out() {
-        let paired = crate::bench::plan::paired_baseline("S1 lo svc=1");
+        let paired = crate::plan::paired_baseline("S1 lo svc=1");
         let samples = vec![
             sample("S0 lo", "cps", 0, 100.0),
             sample("S0 lo", "cps", 1, 100.0),
@@ -766,7 +766,7 @@ mod tests {
 
     #[test]
     fn a_run_of_several_pairs_counts_once_with_the_median_of_its_pairs() {
-        let paired = crate::bench::plan::paired_baseline("S1 lo svc=1");
+        let paired = crate::plan::paired_baseline("S1 lo svc=1");
         let pair = |row: &str, run, pair, value| Sample {
             pair,
             ..sample(row, "cps", run, value)

@@ -156,7 +156,7 @@ pub fn wait_quiet(ours: &[u32], quiet_wait: Duration) -> f64 {
 
 /// Worker arguments; the cgroup is joined by the shell wrapper of `Net::client`.
 fn worker_args(mode: &str, rest: Vec<String>) -> Vec<String> {
-    let mut v = vec!["bench".to_owned(), "worker".to_owned(), mode.to_owned()];
+    let mut v = vec!["worker".to_owned(), mode.to_owned()];
     v.extend(rest);
     v
 }

@@ -160,7 +160,8 @@ fn envoy_cmd(dir: &Path, net: &Net, envoy: &Path) -> anyhow::Result<Command> {
         }));
         let b = net.backend(p);
         // Envoy's default circuit breaker allows 1,024 upstream connections per cluster; the
-        // idle row holds 9,000 (nginx and HAProxy get their limits raised the same way).
+        // large idle row holds several thousand (nginx and HAProxy get their limits raised the
+        // same way).
         clusters.push(serde_json::json!({
             "name": format!("c{p}"), "type": "STATIC", "connect_timeout": "5s",
             "circuit_breakers": {"thresholds": [{"max_connections": 100_000,

@@ -126,13 +126,8 @@ pub fn in_netns<T: Send>(netns: Option<&str>, f: impl FnOnce() -> T + Send) -> a
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
-                use std::os::fd::AsRawFd as _;
-                // SAFETY: `file` is an open namespace file for the duration of the call;
-                // CLONE_NEWNET moves only this thread, which exits after `f`.
-                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    let e = std::io::Error::last_os_error();
-                    return Err(anyhow::anyhow!("entering network namespace {ns}: {e}"));
-                }
+                sys::enter_netns(&file)
+                    .with_context(|| format!("entering network namespace {ns}"))?;
                 Ok(f())
             })
             .join()
@@ -202,7 +197,7 @@ impl VethPair {
         // Connect-rate runs leave the proxies' upstream sockets in TIME_WAIT (the peers close
         // upstream with a FIN; ours resets when the client does). Outside loopback the kernel
         // does not reuse them by default, and a second run within the minute finds the even
-        // ports that connect() prefers taken: every proxy then fell to about 500 conn/s.
+        // ports that connect() prefers taken: every proxy's connection rate then collapsed.
         // Reuse (with timestamps, after 1 s) is what loopback gets already.
         ip(&[
             "netns",
@@ -324,7 +319,6 @@ impl Net {
     ) -> anyhow::Result<Vec<Proc>> {
         let a = |p: u16| self.backend(p + offset).to_string();
         let serve_args = [
-            "bench",
             "worker",
             "serve",
             "--echo",

@@ -1,6 +1,8 @@
 //! Process and machine accounting for the benchmarks: CPU time per process from
 //! `/proc/PID/task/*/schedstat`, machine-wide busy time from `/proc/stat`, RSS, rusage of a
 //! reaped child, and the facts every run records (kernel, conntrack, nat tables, BPF programs).
+//! Every system call the harness makes through libc is here (the crate denies unsafe code
+//! elsewhere), each with its `SAFETY:` note.
 
 use std::{
     fs,
@@ -473,6 +475,24 @@ static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBoo
 
 extern "C" fn on_signal(_: libc::c_int) {
     INTERRUPTED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether we run as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Moves the calling thread (only it) into the network namespace of `file`, an open
+/// `/run/netns` entry.
+pub fn enter_netns(file: &fs::File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: `file` is an open namespace file for the duration of the call; CLONE_NEWNET moves
+    // only the calling thread.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// SIGINT/SIGTERM only set a flag: the benchmark stops between measurements and its drops

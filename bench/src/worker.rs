@@ -1,4 +1,4 @@
-//! The benchmark's own clients and servers, run as `xtask bench worker ...` in their own
+//! The benchmark's own clients and servers, run as `proxy-bench worker ...` in their own
 //! processes (so their CPU is theirs, and the client alone joins the benchmark cgroup).
 //!
 //! Clients print one JSON object on stdout. Every loop is bounded by a duration or a count.

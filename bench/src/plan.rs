@@ -228,9 +228,9 @@ impl Unit {
 
 /// The proxy rows (S3's four proxies, S4, S5) are judged against each other, and the machine
 /// drifts by more than their differences over the minutes between two rows of a shuffled run
-/// (the S0 row they were divided by moved by up to a third between runs). So the proxy rows of one path run as
-/// one unit, metric by metric: each metric is measured for every row of the unit in a random
-/// order before the next metric, and the targets compare the rows run by run.
+/// (so does the S0 row they would be divided by). So the proxy rows of one path run as one
+/// unit, metric by metric: each metric is measured for every row of the unit in a random order
+/// before the next metric, and the targets compare the rows run by run.
 fn side_by_side(r: &Row) -> bool {
     matches!(r.scenario, "S3" | "S4" | "S5")
 }
@@ -331,7 +331,7 @@ fn run_row_inner(
     // Packets after the table is deleted are no longer tracked, so connections the proxy
     // closed later stayed in conntrack half-closed, with their REDIRECT binding, for minutes;
     // a later NAT row's connect that reused such a client port was sent to the dead
-    // listener and refused (3 errors of S2 after S3 in run 20261130T202909Z).
+    // listener and refused (seen as S2 errors right after an S3 row).
     let (mut _table, mut _daemon, mut _peer) = (None, None, None);
     let mut cgroup = None;
     let direct = |p: u16| net.backend(p);
@@ -534,10 +534,10 @@ pub fn missing_pairs(rows: &[Row], samples: &[Sample], runs: u32) -> Vec<String>
     missing
 }
 
-/// Paired measurements per S1 metric and run. Back to back, an S1 measurement and its S0 still
-/// differed by a quarter or more when a burst of the shared host's load hit one of them
-/// (iperf3 on loopback at 13-17 instead of 24-26 Gbit/s, either side); the run's ratio is the
-/// median of its pairs, so one such burst does not decide it.
+/// Paired measurements per S1 metric and run. Back to back, an S1 measurement and its S0 can
+/// still differ by far more than the S1 targets allow when a burst of a shared host's load hits
+/// one of them (either side); the run's ratio is the median of its pairs, so one such burst
+/// does not decide it.
 pub const PAIRS: u32 = 3;
 
 /// How the row id of a paired baseline ends.

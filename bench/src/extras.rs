@@ -47,7 +47,6 @@ pub fn health(env: &Env, endpoints: u32) -> anyhow::Result<BTreeMap<String, f64>
     )?;
     let port = 18001_u16;
     let serve_args = [
-        "bench",
         "worker",
         "serve",
         "--echo",
@@ -70,7 +69,6 @@ pub fn health(env: &Env, endpoints: u32) -> anyhow::Result<BTreeMap<String, f64>
         (env.secs * 2.0).max(5.0)
     };
     let args = [
-        "bench",
         "worker",
         "health",
         "--endpoints",

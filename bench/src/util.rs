@@ -1,0 +1,88 @@
+//! Small helpers: the workspace root, running commands with progress lines, root checks.
+//! xtask has its own copy: it runs this crate as a program and links none of it.
+
+use std::{
+    path::PathBuf,
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, bail};
+
+/// The workspace root (the parent of this crate's directory).
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the benchmark crate lives in the workspace")
+        .to_owned()
+}
+
+/// Prints a progress line for a step.
+pub fn step(msg: impl std::fmt::Display) {
+    eprintln!("==> {msg}");
+}
+
+/// Prints a detail line under a step.
+pub fn detail(msg: impl std::fmt::Display) {
+    eprintln!("    {msg}");
+}
+
+/// The cargo that runs us (so nested builds use the same toolchain).
+pub fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+/// Runs `cmd` with inherited output; fails with `what` when it exits non-zero.
+pub fn run(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
+    let status = cmd.status().with_context(|| format!("starting {what}"))?;
+    if !status.success() {
+        bail!("{what} failed ({status})");
+    }
+    Ok(())
+}
+
+/// Runs `cmd` and returns its stdout; stderr is inherited.
+pub fn output(cmd: &mut Command, what: &str) -> anyhow::Result<String> {
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("starting {what}"))?;
+    if !out.status.success() {
+        bail!("{what} failed ({})", out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Fails with a clear message unless running as root.
+pub fn require_root(task: &str) -> anyhow::Result<()> {
+    if !crate::sys::is_root() {
+        bail!(
+            "{task} needs root (it loads eBPF programs, creates cgroups and network namespaces); run it as root"
+        );
+    }
+    Ok(())
+}
+
+/// The cargo target directory of the workspace.
+pub fn target_dir() -> anyhow::Result<PathBuf> {
+    let out = output(
+        cargo().args(["metadata", "--format-version", "1", "--no-deps"]),
+        "cargo metadata",
+    )?;
+    let meta: serde_json::Value = serde_json::from_str(&out).context("parsing cargo metadata")?;
+    let dir = meta["target_directory"]
+        .as_str()
+        .context("cargo metadata has no target_directory")?;
+    Ok(PathBuf::from(dir))
+}
+
+/// Builds the daemon (and with it the kernel programs) and returns the binary's path.
+pub fn build_proxy() -> anyhow::Result<PathBuf> {
+    step("building the daemon and its kernel programs (a cold build takes a few minutes)");
+    run(
+        cargo().args(["build", "--package", "proxy"]),
+        "cargo build -p proxy",
+    )?;
+    Ok(target_dir()?.join("debug").join("proxy"))
+}

@@ -7,6 +7,7 @@ mod apt;
 mod bench;
 mod consul;
 mod demo;
+mod lint;
 mod qemu;
 mod setup;
 mod test;
@@ -47,8 +48,11 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
-    /// Every test: setup, unit tests of all crates, then the root-only integration tests
-    /// (real kernel, real eBPF object, real servers). Fails if any test fails.
+    /// The style gates alone: nightly rustfmt --check with the repository's rustfmt.toml, and
+    /// clippy with the workspace lint set on every crate (the kernel programs on their target).
+    Lint,
+    /// Every test: setup, unit tests of all crates, then the root-only integration tests (real
+    /// kernel, real eBPF object, real servers). Fails if any test fails.
     Test {
         /// Only run tests whose name contains this (passed to the test harnesses).
         filter: Option<String>,
@@ -83,6 +87,7 @@ fn main() -> anyhow::Result<()> {
     match cli.task {
         Task::Setup => setup::run(),
         Task::Demo { count } => demo::run(count),
+        Task::Lint => setup::run().and_then(|()| lint::run()),
         Task::Test { filter } => test::run(filter.as_deref()),
         Task::Bench { args } => bench::run(&args),
         Task::Vm {

@@ -7,6 +7,7 @@
 //!    toolchain's libLLVM.
 //! 3. The Debian packages the tests use.
 //! 4. A Python venv (`.venv`) with the packages of `tests/xds/requirements.txt`.
+//! 5. rustfmt of the nightly toolchain, which the style gate formats with (see `lint.rs`).
 //!
 //! Each step checks first and skips when there is nothing to do, so a second run takes seconds.
 
@@ -40,6 +41,7 @@ pub fn run() -> anyhow::Result<()> {
     ));
     ensure_rust_src(&toolchain)?;
     ensure_bpf_linker(&toolchain)?;
+    ensure_nightly_rustfmt()?;
     ensure_debian_packages()?;
     ensure_python_venv()?;
     crate::qemu::ensure_qemu()?;
@@ -121,6 +123,51 @@ fn ensure_rust_src(tc: &Toolchain) -> anyhow::Result<()> {
     .context(
         "rustup could not download rust-src; check that the machine reaches rustup's download \
          server, then rerun `cargo xtask setup`",
+    )
+}
+
+/// The style gate's formatter: nightly rustfmt (the repository's rustfmt.toml uses options that
+/// only nightly applies). Installed with the minimal profile when the toolchain or the component
+/// is missing.
+fn ensure_nightly_rustfmt() -> anyhow::Result<()> {
+    let tc = crate::lint::FMT_TOOLCHAIN;
+    let present = Command::new("rustup")
+        .args(["run", tc, "rustfmt", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if present {
+        detail(format!("rustfmt ({tc}): installed"));
+        return Ok(());
+    }
+    let have_toolchain = Command::new("rustup")
+        .args(["run", tc, "rustc", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    // An installed nightly only gets the component: `toolchain install` would also move it to
+    // today's nightly.
+    let mut rustup = Command::new("rustup");
+    if have_toolchain {
+        step(format!(
+            "installing rustfmt for the installed {tc} toolchain"
+        ));
+        rustup.args(["component", "add", "rustfmt", "--toolchain", tc]);
+    } else {
+        step(format!(
+            "installing the {tc} toolchain (minimal) with rustfmt"
+        ));
+        rustup.args([
+            "toolchain",
+            "install",
+            tc,
+            "--profile",
+            "minimal",
+            "--component",
+            "rustfmt",
+        ]);
+    }
+    util::run(&mut rustup, "rustup (nightly rustfmt)").context(
+        "rustup could not download nightly rustfmt; check that the machine reaches rustup's \
+         download server, then rerun `cargo xtask setup`",
     )
 }
 

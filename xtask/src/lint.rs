@@ -1,0 +1,83 @@
+//! Style gates of `cargo xtask test` (and `cargo xtask lint` alone): formatting with the
+//! repository's `rustfmt.toml`, and clippy with the workspace lint set (`[workspace.lints]` in
+//! the root Cargo.toml) on every crate, the kernel programs included.
+//!
+//! Formatting needs nightly rustfmt: `group_imports` and `imports_granularity` are unstable
+//! options that stable rustfmt ignores with a warning, so a stable check would pass code the
+//! nightly formatter rewrites. `cargo xtask setup` installs the component when it is missing.
+//!
+//! The kernel programs are linted on their own target: `cargo clippy --workspace` would build
+//! `proxy-ebpf` for the host, where its `#![no_std]` panic handler clashes with std's.
+
+use std::process::Command;
+
+use anyhow::bail;
+
+use crate::util::{self, step};
+
+/// The toolchain whose rustfmt formats the repository.
+pub const FMT_TOOLCHAIN: &str = "nightly";
+
+/// Runs every gate and reports all failures at once, so one run shows everything to fix.
+pub fn run() -> anyhow::Result<()> {
+    let mut failed = Vec::new();
+    step(format!(
+        "style: cargo +{FMT_TOOLCHAIN} fmt --all --check (the repository's rustfmt.toml)"
+    ));
+    if util::run(&mut fmt_check(), "rustfmt --check").is_err() {
+        failed.push(format!(
+            "formatting (fix with: cargo +{FMT_TOOLCHAIN} fmt --all)"
+        ));
+    }
+    step("style: clippy on the userspace crates, all targets, warnings denied");
+    let mut host = util::cargo();
+    host.args([
+        "clippy",
+        "--workspace",
+        "--exclude",
+        "proxy-ebpf",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    if util::run(&mut host, "clippy (userspace)").is_err() {
+        failed.push("clippy on the userspace crates".to_owned());
+    }
+    step("style: clippy on the kernel programs (bpfel-unknown-none), warnings denied");
+    if util::run(&mut ebpf_clippy(), "clippy (kernel programs)").is_err() {
+        failed.push("clippy on proxy-ebpf".to_owned());
+    }
+    if !failed.is_empty() {
+        bail!("style gates failed: {}", failed.join("; "));
+    }
+    Ok(())
+}
+
+fn fmt_check() -> Command {
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(util::workspace_root())
+        .arg(format!("+{FMT_TOOLCHAIN}"))
+        .args(["fmt", "--all", "--check"]);
+    cmd
+}
+
+/// Clippy for the BPF target with the active (stable) toolchain: `-Z build-std=core` is
+/// accepted on stable through `RUSTC_BOOTSTRAP=1`, exactly as `proxy/build.rs` builds the
+/// object.
+fn ebpf_clippy() -> Command {
+    let mut cmd = util::cargo();
+    cmd.env("RUSTC_BOOTSTRAP", "1").args([
+        "clippy",
+        "--package",
+        "proxy-ebpf",
+        "--target",
+        "bpfel-unknown-none",
+        "-Z",
+        "build-std=core",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    cmd
+}

@@ -344,6 +344,60 @@ fn default_steal_retries() -> u32 {
     measure::STEAL_RETRIES
 }
 
+/// Adds the feature rows (unless `smoke`) that `only` keeps and drops the metrics it does not
+/// want; returns the features not measured, with the reason.
+fn select_rows(
+    env: &Env,
+    rows: &mut Vec<plan::Row>,
+    smoke: bool,
+    only: Filter<'_>,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let (extra, not_measured) = if smoke {
+        (Vec::new(), Vec::new())
+    } else {
+        plan::features(&env.proxy, &env.dir)
+    };
+    rows.extend(
+        extra
+            .into_iter()
+            .filter(|r| only.row.is_none_or(|o| r.id.contains(o))),
+    );
+    if let Some(key) = only.metric {
+        for r in &mut *rows {
+            r.metrics.retain(|m| only.wants_metric(&m.key()));
+        }
+        rows.retain(|r| !r.metrics.is_empty());
+        if rows.is_empty() {
+            let _ = fs::remove_dir_all(&env.dir);
+            bail!("no row measures a metric whose key contains {key:?}");
+        }
+    }
+    Ok(not_measured)
+}
+
+/// Raises RLIMIT_NOFILE and sizes the large idle-connection rows (over 1,000) to what it allows,
+/// at most 10,000 connections.
+fn cap_idle_conns(rows: &mut [plan::Row]) {
+    let nofile = sys::raise_nofile(65536);
+    // 10,000 idle connections through a proxy need 20,000 descriptors in it, plus its own.
+    let idle_max =
+        (((nofile.saturating_sub(1000)) / 2).min(10_000) / 1000 * 1000).max(1000) as usize;
+    if idle_max < 10_000 {
+        detail(format!(
+            "the largest idle-connection row uses {idle_max} connections (descriptor limit {nofile})"
+        ));
+    }
+    for r in rows {
+        for m in &mut r.metrics {
+            if let measure::Metric::Idle { conns } = m
+                && *conns > 1000
+            {
+                *conns = idle_max;
+            }
+        }
+    }
+}
+
 fn execute(
     env: &Env,
     mut rows: Vec<plan::Row>,
@@ -369,44 +423,8 @@ fn execute(
             topo::NAT_TABLE
         );
     }
-    let (extra, not_measured) = if smoke {
-        (Vec::new(), Vec::new())
-    } else {
-        plan::features(&env.proxy, &env.dir)
-    };
-    rows.extend(
-        extra
-            .into_iter()
-            .filter(|r| only.row.is_none_or(|o| r.id.contains(o))),
-    );
-    if let Some(key) = only.metric {
-        for r in &mut rows {
-            r.metrics.retain(|m| only.wants_metric(&m.key()));
-        }
-        rows.retain(|r| !r.metrics.is_empty());
-        if rows.is_empty() {
-            let _ = fs::remove_dir_all(&env.dir);
-            bail!("no row measures a metric whose key contains {key:?}");
-        }
-    }
-    let nofile = sys::raise_nofile(65536);
-    // 10,000 idle connections through a proxy need 20,000 descriptors in it, plus its own.
-    let idle_max =
-        (((nofile.saturating_sub(1000)) / 2).min(10_000) / 1000 * 1000).max(1000) as usize;
-    if idle_max < 10_000 {
-        detail(format!(
-            "the largest idle-connection row uses {idle_max} connections (descriptor limit {nofile})"
-        ));
-    }
-    for r in &mut rows {
-        for m in &mut r.metrics {
-            if let measure::Metric::Idle { conns } = m
-                && *conns > 1000
-            {
-                *conns = idle_max;
-            }
-        }
-    }
+    let not_measured = select_rows(env, &mut rows, smoke, only)?;
+    cap_idle_conns(&mut rows);
     step(format!(
         "{} rows x {runs} runs, {} s per measurement; results in {}",
         rows.len(),
@@ -480,6 +498,13 @@ fn execute(
         halt_poll_ns: env.halt_poll_ns,
         steal_dropped,
     };
+    save(env, &results)?;
+    Ok(results)
+}
+
+/// Checks that the run left no nat table behind and writes results.json in place of the
+/// partial samples.
+fn save(env: &Env, results: &Results) -> anyhow::Result<()> {
     if results
         .facts_after
         .nft_tables
@@ -494,10 +519,10 @@ fn execute(
     }
     fs::write(
         env.dir.join("results.json"),
-        serde_json::to_vec_pretty(&results)?,
+        serde_json::to_vec_pretty(results)?,
     )?;
     let _ = fs::remove_file(env.dir.join("samples.partial.json"));
-    Ok(results)
+    Ok(())
 }
 
 fn finish(results: &Results) -> anyhow::Result<()> {
@@ -602,8 +627,7 @@ pub fn cgroup2_mount() -> anyhow::Result<PathBuf> {
 
 fn timestamp() -> String {
     sys::sh(Command::new("date").args(["-u", "+%Y%m%dT%H%M%SZ"]), "date")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|_| "now".into())
+        .map_or_else(|_| "now".into(), |s| s.trim().to_owned())
 }
 
 fn date() -> String {
@@ -625,8 +649,7 @@ fn commit() -> String {
             .args(["rev-parse", "--short", "HEAD"]),
         "git rev-parse",
     )
-    .map(|s| s.trim().to_owned())
-    .unwrap_or_else(|_| "unknown".into());
+    .map_or_else(|_| "unknown".into(), |s| s.trim().to_owned());
     let dirty = sys::sh(
         Command::new("git").arg("-C").arg(&root).args([
             "status",

@@ -466,6 +466,10 @@ mod tests {
     }
 
     #[test]
+    #[expect(
+        clippy::float_cmp,
+        reason = "the values are copied from the inputs or are whole retry counts, so exact"
+    )]
     fn a_stolen_measurement_is_taken_again_until_it_is_under_the_limit() {
         let (kept, shown) = check(Some(0.25), &[0.6, 0.2, 0.9], 1);
         assert_eq!(shown, 2);
@@ -475,6 +479,10 @@ mod tests {
     }
 
     #[test]
+    #[expect(
+        clippy::float_cmp,
+        reason = "the values are copied from the inputs or are whole retry counts, so exact"
+    )]
     fn a_measurement_stolen_every_time_is_kept_invalid_after_the_last_try() {
         let (kept, shown) = check(Some(0.25), &[0.6, 0.7, 0.8, 0.1], 1);
         assert_eq!(shown, 1 + STEAL_RETRIES as usize);
@@ -484,6 +492,10 @@ mod tests {
     }
 
     #[test]
+    #[expect(
+        clippy::float_cmp,
+        reason = "the values are copied from the inputs or are whole retry counts, so exact"
+    )]
     fn a_larger_retry_budget_takes_more_tries() {
         let seq = [0.6, 0.7, 0.8, 0.9, 0.1];
         let mut it = seq.iter();
@@ -503,6 +515,10 @@ mod tests {
     }
 
     #[test]
+    #[expect(
+        clippy::float_cmp,
+        reason = "the values are copied from the inputs or are whole retry counts, so exact"
+    )]
     fn a_pair_stands_or_falls_together() {
         // One side stolen: both are taken again; the second pair is clean.
         let (kept, shown) = check(Some(0.25), &[0.1, 0.5, 0.2, 0.1], 2);

@@ -6,6 +6,7 @@
 //! lookup per connection, which favours the peers slightly).
 
 use std::{
+    fmt::Write as _,
     fs,
     net::{Ipv4Addr, SocketAddr, SocketAddrV4},
     path::{Path, PathBuf},
@@ -44,16 +45,15 @@ fn listen(p: u16) -> SocketAddr {
 
 /// nft rules redirecting the VIP's ports to the proxy's listeners.
 pub fn redirect_rules(net: &Net) -> String {
-    PORTS
-        .iter()
-        .map(|p| {
-            format!(
-                "  ip daddr {} tcp dport {p} redirect to :{}\n",
-                net.vip,
-                p + PROXY_OFFSET
-            )
-        })
-        .collect()
+    PORTS.iter().fold(String::new(), |mut rules, p| {
+        let _ = writeln!(
+            rules,
+            "  ip daddr {} tcp dport {p} redirect to :{}",
+            net.vip,
+            p + PROXY_OFFSET
+        );
+        rules
+    })
 }
 
 /// Starts `peer` (two worker threads or processes, as many as cores) for `net`'s backends, in
@@ -99,11 +99,12 @@ fn haproxy(dir: &Path, net: &Net) -> anyhow::Result<Command> {
         "global\n  nbthread 2\n  maxconn {maxconn}\n\ndefaults\n  mode tcp\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n  maxconn {maxconn}\n",
     );
     for p in PORTS {
-        c += &format!(
+        write!(
+            c,
             "\nfrontend f{p}\n  bind {}\n  default_backend b{p}\n\nbackend b{p}\n  server s {}\n",
             listen(p),
             net.backend(p)
-        );
+        )?;
     }
     let file = dir.join("haproxy.cfg");
     fs::write(&file, c)?;
@@ -126,11 +127,12 @@ fn nginx(dir: &Path, net: &Net) -> anyhow::Result<Command> {
         log = prefix.join("logs/error.log").display()
     );
     for p in PORTS {
-        c += &format!(
-            "  server {{ listen {}; proxy_pass {}; proxy_timeout 60s; proxy_half_close on; }}\n",
+        writeln!(
+            c,
+            "  server {{ listen {}; proxy_pass {}; proxy_timeout 60s; proxy_half_close on; }}",
             listen(p),
             net.backend(p)
-        );
+        )?;
     }
     c += "}\n";
     let file = prefix.join("nginx.conf");

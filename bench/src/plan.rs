@@ -2,7 +2,10 @@
 //! metrics each measures, and running one row: set up its state (daemon, nft table, proxy
 //! peer), measure, tear it down.
 
-use std::net::{SocketAddr, SocketAddrV4};
+use std::{
+    collections::BTreeMap,
+    net::{SocketAddr, SocketAddrV4},
+};
 
 use super::{
     Env,
@@ -308,7 +311,7 @@ pub fn run_row(
             scenario: r.scenario.to_owned(),
             path: r.path.name().to_owned(),
             metric: "setup".into(),
-            values: Default::default(),
+            values: BTreeMap::default(),
             other_load: 0.0,
             unaccounted: 0.0,
             valid: false,
@@ -332,7 +335,7 @@ fn run_row_inner(
     // closed later stayed in conntrack half-closed, with their REDIRECT binding, for minutes;
     // a later NAT row's connect that reused such a client port was sent to the dead
     // listener and refused (seen as S2 errors right after an S3 row).
-    let (mut _table, mut _daemon, mut _peer) = (None, None, None);
+    let (mut _table, mut daemon, mut _peer) = (None, None, None);
     let mut cgroup = None;
     let direct = |p: u16| net.backend(p);
     // S6's servers run inside the cgroup, on the backend ports + LOCAL_OFFSET.
@@ -361,7 +364,7 @@ fn run_row_inner(
                     *services,
                 );
             }
-            _daemon = Some(d);
+            daemon = Some(d);
         }
         Kind::Feature {
             tweak,
@@ -377,21 +380,18 @@ fn run_row_inner(
                 target = &local;
                 cps = (local(CONN), 1);
             }
-            _daemon = Some(d);
+            daemon = Some(d);
         }
         Kind::Dnat { rules } => {
-            _table = Some(NatTable::load(
-                net.client_ns.as_deref(),
-                &topo::dnat_rules(net, *rules),
-            )?);
+            _table = Some(nat_table(net, &topo::dnat_rules(net, *rules))?);
             cps = (
                 SocketAddr::V4(SocketAddrV4::new(net.vip_n(0), CONN)),
                 *rules,
             );
         }
         Kind::NatIdle => {
-            _table = Some(NatTable::load(
-                net.client_ns.as_deref(),
+            _table = Some(nat_table(
+                net,
                 "  ip daddr 127.77.255.254 tcp dport 1 dnat to 127.0.0.1:1\n",
             )?);
             target = &direct;
@@ -400,20 +400,14 @@ fn run_row_inner(
         Kind::RedirectOurs { tweak } => {
             let d = Daemon::start(&env.proxy, dir, net, 0, tweak)?;
             ours.push(d.proc.pid());
-            _daemon = Some(d);
-            _table = Some(NatTable::load(
-                net.client_ns.as_deref(),
-                &peers::redirect_rules(net),
-            )?);
+            daemon = Some(d);
+            _table = Some(nat_table(net, &peers::redirect_rules(net))?);
         }
         Kind::Redirect(peer) => {
             let p = peers::start(*peer, dir, net, env.envoy.as_deref())?;
             ours.push(p.pid());
             _peer = Some(p);
-            _table = Some(NatTable::load(
-                net.client_ns.as_deref(),
-                &peers::redirect_rules(net),
-            )?);
+            _table = Some(nat_table(net, &peers::redirect_rules(net))?);
         }
     }
     // S1's paired baseline: the same client straight to the backend from outside the cgroup,
@@ -438,13 +432,32 @@ fn run_row_inner(
         target,
         cps,
     };
-    let ready_s = _daemon.as_ref().map(|d: &Daemon| d.publish_s);
+    let ready_s = daemon.as_ref().map(|d: &Daemon| d.publish_s);
+    Ok(measure_metrics(env, r, run, &ctx, &baseline, ready_s, rng))
+}
+
+/// Loads `rules` as the benchmark's nat table in the client's namespace of `net`.
+fn nat_table(net: &Net, rules: &str) -> anyhow::Result<NatTable> {
+    NatTable::load(net.client_ns.as_deref(), rules)
+}
+
+/// Measures each metric of row `r` in `ctx`, with the paired S0 measurements in `baseline`
+/// that [`pairs_of`] asks for, each taken again while stolen (`--steal-limit`).
+fn measure_metrics(
+    env: &Env,
+    r: &Row,
+    run: u32,
+    ctx: &Ctx<'_>,
+    baseline: &Ctx<'_>,
+    ready_s: Option<f64>,
+    rng: &mut worker::Rng,
+) -> Vec<Sample> {
     let paired_id = paired_baseline(&r.id);
     let mut out = Vec::new();
     for m in &r.metrics {
         let pairs = pairs_of(r, *m);
         let measure_row = |pair: u32| {
-            let mut s = measure::measure(&ctx, *m, run, &r.id, r.scenario);
+            let mut s = measure::measure(ctx, *m, run, &r.id, r.scenario);
             s.pair = pair;
             if let Some(t) = ready_s {
                 s.values.insert("daemon_ready_s".into(), t);
@@ -452,7 +465,7 @@ fn run_row_inner(
             s
         };
         let measure_baseline = |pair: u32| {
-            let mut s = measure::measure(&baseline, *m, run, &paired_id, "S0");
+            let mut s = measure::measure(baseline, *m, run, &paired_id, "S0");
             s.pair = pair;
             s
         };
@@ -496,7 +509,7 @@ fn run_row_inner(
             ));
         }
     }
-    Ok(out)
+    out
 }
 
 /// Paired S0 measurements of metric `m` of row `r` per run: [`PAIRS`] for a kernel-path (S1)
@@ -619,7 +632,6 @@ pub fn features(
     proxy: &std::path::Path,
     dir: &std::path::Path,
 ) -> (Vec<Row>, Vec<(String, String)>) {
-    let lo = topo::Net::lo();
     type Candidate = (
         &'static str,
         &'static str,
@@ -627,6 +639,7 @@ pub fn features(
         bool,
         &'static str,
     );
+    let lo = topo::Net::lo();
     let candidates: [Candidate; 3] = [
         (
             "S4",
@@ -720,7 +733,7 @@ fn extra_sample(
         scenario: row.to_owned(),
         path: "lo".into(),
         metric: metric.to_owned(),
-        values: Default::default(),
+        values: BTreeMap::default(),
         other_load,
         unaccounted: 0.0,
         valid: other_load <= measure::OTHER_LOAD_LIMIT,
@@ -749,7 +762,7 @@ mod tests {
             scenario: row.split_whitespace().next().unwrap_or("").to_owned(),
             path: "lo".into(),
             metric,
-            values: Default::default(),
+            values: BTreeMap::default(),
             other_load: 0.0,
             unaccounted: 0.0,
             valid: true,

@@ -33,7 +33,7 @@ fn median(vals: &mut [f64]) -> f64 {
     match m {
         0 => f64::NAN,
         _ if m % 2 == 1 => vals[m / 2],
-        _ => (vals[m / 2 - 1] + vals[m / 2]) / 2.0,
+        _ => f64::midpoint(vals[m / 2 - 1], vals[m / 2]),
     }
 }
 
@@ -281,105 +281,8 @@ pub fn write(r: &Results, root: &Path, stamp: &str) -> anyhow::Result<()> {
     let drew = super::chart::draw(&t, &charts);
     let mut md = String::new();
     header(&mut md, r, stamp);
-    use Kind::{Abs, Added, Ratio};
-    table(
-        &mut md,
-        &t,
-        "Bulk throughput (iperf3; Gbit/s, ratio to S0, CPU seconds per GB of all processes)",
-        &[
-            ("1 stream Gbit/s", "bulk_p1", "gbps", Abs),
-            ("1 stream ×S0", "bulk_p1", "gbps", Ratio),
-            ("4 streams Gbit/s", "bulk_p4", "gbps", Abs),
-            ("4 streams ×S0", "bulk_p4", "gbps", Ratio),
-            ("CPU s/GB (1 stream)", "bulk_p1", "cpu_s_per_gb", Abs),
-            ("integrity (1 = hashes equal)", "integrity", "ok", Abs),
-            ("EAGAIN to a blocking read", "integrity", "eagain", Abs),
-        ],
-    );
-    table(
-        &mut md,
-        &t,
-        "Request/response, closed loop (transactions/s, ratio to S0)",
-        &[
-            ("1 B, 1 conn", "rr_1b_c1", "tps", Abs),
-            ("×S0", "rr_1b_c1", "tps", Ratio),
-            ("1 B, 16 conns ×S0", "rr_1b_c16", "tps", Ratio),
-            ("1 KiB, 1 conn ×S0", "rr_1024b_c1", "tps", Ratio),
-            ("1 KiB, 16 conns ×S0", "rr_1024b_c16", "tps", Ratio),
-            (
-                "CPU µs/txn (1 B, 1 conn)",
-                "rr_1b_c1",
-                "cpu_us_per_txn",
-                Abs,
-            ),
-            ("CPU µs/txn ×S0", "rr_1b_c1", "cpu_us_per_txn", Ratio),
-        ],
-    );
-    table(
-        &mut md,
-        &t,
-        "Latency (µs): closed-loop RTT, and open loop at fixed rates (from the scheduled send time)",
-        &[
-            ("RR 1 B p50", "rr_1b_c1", "p50_us", Abs),
-            ("RR 1 B p99", "rr_1b_c1", "p99_us", Abs),
-            ("1k/s p50", "ol_1000", "p50_us", Abs),
-            ("1k/s p99", "ol_1000", "p99_us", Abs),
-            ("1k/s p50 added over S0", "ol_1000", "p50_us", Added),
-            ("1k/s p99 added over S0", "ol_1000", "p99_us", Added),
-            ("10k/s p50", "ol_10000", "p50_us", Abs),
-            ("10k/s p99", "ol_10000", "p99_us", Abs),
-        ],
-    );
-    table(
-        &mut md,
-        &t,
-        "Connections (connect, 1-byte hello, close; one client thread)",
-        &[
-            ("conn/s", "cps", "cps", Abs),
-            ("×S0", "cps", "cps", Ratio),
-            ("connect() p50 µs", "cps", "connect_p50_us", Abs),
-            ("p50 added over S0 µs", "cps", "connect_p50_us", Added),
-            ("connect() p99 µs", "cps", "connect_p99_us", Abs),
-            ("CPU µs/conn", "cps", "cpu_us_per_conn", Abs),
-        ],
-    );
-    table(
-        &mut md,
-        &t,
-        "Memory of the proxy (or of the daemon on the kernel path) with idle connections (MiB RSS)",
-        &[
-            ("no connections", "idle_1000", "rss_idle_mib", Abs),
-            ("1,000 idle", "idle_1000", "rss_mib", Abs),
-            ("large row: connections", "idle_10k", "conns", Abs),
-            ("large row RSS", "idle_10k", "rss_mib", Abs),
-            (
-                "KiB per connection (large row)",
-                "idle_10k",
-                "kib_per_conn",
-                Abs,
-            ),
-        ],
-    );
-    if r.samples.iter().any(|s| s.values.contains_key(STEAL)) {
-        let title = match r.steal_limit {
-            Some(l) => format!(
-                "Hypervisor steal during the measurements (cores; kept samples; over {l} makes a sample invalid)"
-            ),
-            None => "Hypervisor steal during the measurements (cores; informative: not part of validity)".into(),
-        };
-        table(
-            &mut md,
-            &t,
-            &title,
-            &[
-                ("bulk, 1 stream", "bulk_p1", STEAL, Abs),
-                ("RR 1 B, 1 conn", "rr_1b_c1", STEAL, Abs),
-                ("RR 1 B, 16 conns", "rr_1b_c16", STEAL, Abs),
-                ("open loop 1k/s", "ol_1000", STEAL, Abs),
-                ("conn/s", "cps", STEAL, Abs),
-            ],
-        );
-    }
+    main_tables(&mut md, &t);
+    steal_table(&mut md, &t, r);
     extras(&mut md, &t);
     not_measured(&mut md, r);
     super::targets::verdicts(&mut md, &t, r);
@@ -400,6 +303,119 @@ pub fn write(r: &Results, root: &Path, stamp: &str) -> anyhow::Result<()> {
     };
     fs::write(file, new)?;
     Ok(())
+}
+
+/// The tables of the five measurement families: bulk, request/response, latency, connections,
+/// memory.
+fn main_tables(md: &mut String, t: &Table<'_>) {
+    use Kind::{Abs, Added, Ratio};
+    table(
+        md,
+        t,
+        "Bulk throughput (iperf3; Gbit/s, ratio to S0, CPU seconds per GB of all processes)",
+        &[
+            ("1 stream Gbit/s", "bulk_p1", "gbps", Abs),
+            ("1 stream ×S0", "bulk_p1", "gbps", Ratio),
+            ("4 streams Gbit/s", "bulk_p4", "gbps", Abs),
+            ("4 streams ×S0", "bulk_p4", "gbps", Ratio),
+            ("CPU s/GB (1 stream)", "bulk_p1", "cpu_s_per_gb", Abs),
+            ("integrity (1 = hashes equal)", "integrity", "ok", Abs),
+            ("EAGAIN to a blocking read", "integrity", "eagain", Abs),
+        ],
+    );
+    table(
+        md,
+        t,
+        "Request/response, closed loop (transactions/s, ratio to S0)",
+        &[
+            ("1 B, 1 conn", "rr_1b_c1", "tps", Abs),
+            ("×S0", "rr_1b_c1", "tps", Ratio),
+            ("1 B, 16 conns ×S0", "rr_1b_c16", "tps", Ratio),
+            ("1 KiB, 1 conn ×S0", "rr_1024b_c1", "tps", Ratio),
+            ("1 KiB, 16 conns ×S0", "rr_1024b_c16", "tps", Ratio),
+            (
+                "CPU µs/txn (1 B, 1 conn)",
+                "rr_1b_c1",
+                "cpu_us_per_txn",
+                Abs,
+            ),
+            ("CPU µs/txn ×S0", "rr_1b_c1", "cpu_us_per_txn", Ratio),
+        ],
+    );
+    table(
+        md,
+        t,
+        "Latency (µs): closed-loop RTT, and open loop at fixed rates (from the scheduled send time)",
+        &[
+            ("RR 1 B p50", "rr_1b_c1", "p50_us", Abs),
+            ("RR 1 B p99", "rr_1b_c1", "p99_us", Abs),
+            ("1k/s p50", "ol_1000", "p50_us", Abs),
+            ("1k/s p99", "ol_1000", "p99_us", Abs),
+            ("1k/s p50 added over S0", "ol_1000", "p50_us", Added),
+            ("1k/s p99 added over S0", "ol_1000", "p99_us", Added),
+            ("10k/s p50", "ol_10000", "p50_us", Abs),
+            ("10k/s p99", "ol_10000", "p99_us", Abs),
+        ],
+    );
+    table(
+        md,
+        t,
+        "Connections (connect, 1-byte hello, close; one client thread)",
+        &[
+            ("conn/s", "cps", "cps", Abs),
+            ("×S0", "cps", "cps", Ratio),
+            ("connect() p50 µs", "cps", "connect_p50_us", Abs),
+            ("p50 added over S0 µs", "cps", "connect_p50_us", Added),
+            ("connect() p99 µs", "cps", "connect_p99_us", Abs),
+            ("CPU µs/conn", "cps", "cpu_us_per_conn", Abs),
+        ],
+    );
+    table(
+        md,
+        t,
+        "Memory of the proxy (or of the daemon on the kernel path) with idle connections (MiB RSS)",
+        &[
+            ("no connections", "idle_1000", "rss_idle_mib", Abs),
+            ("1,000 idle", "idle_1000", "rss_mib", Abs),
+            ("large row: connections", "idle_10k", "conns", Abs),
+            ("large row RSS", "idle_10k", "rss_mib", Abs),
+            (
+                "KiB per connection (large row)",
+                "idle_10k",
+                "kib_per_conn",
+                Abs,
+            ),
+        ],
+    );
+}
+
+/// The hypervisor steal of the kept samples, when the run recorded it.
+fn steal_table(md: &mut String, t: &Table<'_>, r: &Results) {
+    use Kind::Abs;
+    if !r.samples.iter().any(|s| s.values.contains_key(STEAL)) {
+        return;
+    }
+    let title = match r.steal_limit {
+        Some(l) => format!(
+            "Hypervisor steal during the measurements (cores; kept samples; over {l} makes a sample invalid)"
+        ),
+        None => {
+            "Hypervisor steal during the measurements (cores; informative: not part of validity)"
+                .into()
+        }
+    };
+    table(
+        md,
+        t,
+        &title,
+        &[
+            ("bulk, 1 stream", "bulk_p1", STEAL, Abs),
+            ("RR 1 B, 1 conn", "rr_1b_c1", STEAL, Abs),
+            ("RR 1 B, 16 conns", "rr_1b_c16", STEAL, Abs),
+            ("open loop 1k/s", "ol_1000", STEAL, Abs),
+            ("conn/s", "cps", STEAL, Abs),
+        ],
+    );
 }
 
 /// The steal time of a run's measurements: median and highest, in cores.
@@ -726,6 +742,10 @@ mod tests {
     }
 
     #[test]
+    #[expect(
+        clippy::float_cmp,
+        reason = "one IEEE division or subtraction of round values gives the literal exactly"
+    )]
     fn ratios_use_the_paired_baseline_where_a_row_has_one() {
         let paired = crate::plan::paired_baseline("S1 lo svc=1");
         let samples = vec![

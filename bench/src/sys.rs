@@ -38,7 +38,7 @@ pub fn tree(pid: u32) -> Vec<u32> {
                 continue;
             };
             // The command name may hold spaces: fields start after the last ')'.
-            let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
             if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|f| f.parse().ok()) {
                 parents.push((p, ppid));
             }
@@ -126,6 +126,10 @@ pub struct BusyMark {
 }
 
 /// What a [`BusyMark`] saw since it was taken.
+#[expect(
+    clippy::struct_field_names,
+    reason = "`_s` is the unit (seconds) of each field, as in the report's columns"
+)]
 pub struct Busy {
     /// CPU seconds the whole machine was busy (steal included).
     pub busy_s: f64,
@@ -194,7 +198,7 @@ pub fn reap(mut child: Child, what: &str, limit: Duration) -> anyhow::Result<Rea
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     loop {
         // SAFETY: pid is our own unreaped child; status and usage are valid for writes.
-        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        let r = unsafe { libc::wait4(pid, &raw mut status, libc::WNOHANG, &raw mut usage) };
         if r == pid {
             break;
         }
@@ -204,7 +208,7 @@ pub fn reap(mut child: Child, what: &str, limit: Duration) -> anyhow::Result<Rea
         if Instant::now() > deadline {
             let _ = child.kill();
             // SAFETY: as above, blocking this time.
-            unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+            unsafe { libc::wait4(pid, &raw mut status, 0, &raw mut usage) };
             bail!("{what} did not finish within {limit:?}; killed it");
         }
         thread::sleep(Duration::from_millis(5));
@@ -275,19 +279,19 @@ pub fn raise_nofile(want: u64) -> u64 {
         rlim_max: want,
     };
     // SAFETY: lim is a valid rlimit; failure leaves the limit as it was.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } == 0 {
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const lim) } == 0 {
         return want;
     }
     // SAFETY: an all-zero rlimit is valid; getrlimit fills it.
     let mut cur: libc::rlimit = unsafe { std::mem::zeroed() };
     // SAFETY: cur is valid for writes.
-    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut cur) };
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut cur) };
     let soft = libc::rlimit {
         rlim_cur: cur.rlim_max,
         rlim_max: cur.rlim_max,
     };
     // SAFETY: as above; raising the soft limit to the hard one needs no privilege.
-    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &soft) };
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const soft) };
     crate::util::detail(format!(
         "RLIMIT_NOFILE cannot go to {want}; using the hard limit {}",
         cur.rlim_max
@@ -377,8 +381,7 @@ impl HaltPoll {
     /// driver is another (bare metal, or a guest without haltpoll) or the value is refused.
     pub fn set(ns: u64) -> anyhow::Result<Self> {
         let driver = fs::read_to_string(CPUIDLE_DRIVER)
-            .map(|d| d.trim().to_owned())
-            .unwrap_or_else(|_| "none".to_owned());
+            .map_or_else(|_| "none".to_owned(), |d| d.trim().to_owned());
         if driver != "haltpoll" {
             bail!(
                 "--halt-poll-ns: this machine's cpuidle driver is {driver}, not haltpoll (the \
@@ -513,7 +516,7 @@ pub fn nofile() -> u64 {
     // SAFETY: an all-zero rlimit is valid; getrlimit fills it.
     let mut cur: libc::rlimit = unsafe { std::mem::zeroed() };
     // SAFETY: cur is valid for writes.
-    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut cur) };
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut cur) };
     cur.rlim_cur
 }
 

@@ -50,56 +50,7 @@ fn all_at_least(t: &Table<'_>, row: &str, items: &[(&str, &str)], min: f64) -> V
 }
 
 pub fn verdicts(md: &mut String, t: &Table<'_>, r: &Results) {
-    let mut v: Vec<(&str, Verdict)> = Vec::new();
-    let bulk_rr = [
-        ("bulk_p1", "gbps"),
-        ("bulk_p4", "gbps"),
-        ("rr_1b_c1", "tps"),
-        ("rr_1b_c16", "tps"),
-        ("rr_1024b_c1", "tps"),
-        ("rr_1024b_c16", "tps"),
-    ];
-    v.push((
-        "S1 bulk and RR >= 0.97 x S0 (loopback)",
-        all_at_least(t, "S1 lo svc=1", &bulk_rr, 0.97),
-    ));
-    v.push((
-        "S1 bulk and RR >= 0.97 x S0 (veth)",
-        all_at_least(t, "S1 veth svc=1", &bulk_rr, 0.97),
-    ));
-    v.push((
-        "S1 connections/s >= 0.95 x S0",
-        all_at_least(t, "S1 lo svc=1", &[("cps", "cps")], 0.95),
-    ));
-    let added = t.added("S1 lo svc=1", "cps", "connect_p50_us");
-    v.push((
-        "S1 connect() p50 adds <= 2 us",
-        match added {
-            None => Verdict::NotMeasured("no samples".into()),
-            Some(s) => judge(
-                s.median <= 2.0,
-                format!("adds {:.2} us [{:.2}–{:.2}]", s.median, s.min, s.max),
-                &[added],
-            ),
-        },
-    ));
-    v.push((
-        "S1 scaling flat (+-5%) from 1 to 10,000 services",
-        scaling(t),
-    ));
-    v.push((
-        "S1 beats S2 at 10,000 services; not worse than S2 at 1",
-        vs_s2(t),
-    ));
-    v.push((
-        "S1 on connects to non-VIPs >= 0.99 x S0",
-        all_at_least(
-            t,
-            "S1 lo non-VIP",
-            &[("cps", "cps"), ("rr_1b_c1", "tps")],
-            0.99,
-        ),
-    ));
+    let mut v = s1_verdicts(t);
     let missing = |prefix: &str| {
         r.not_measured
             .iter()
@@ -154,6 +105,66 @@ pub fn verdicts(md: &mut String, t: &Table<'_>, r: &Results) {
         "publish 10,000 hosts into the maps < 50 ms, no connect sees a half-written set",
         publish(t),
     ));
+    verdict_table(md, v);
+}
+
+/// The S1 targets: kernel path against S0, scaling over services, against S2.
+fn s1_verdicts(t: &Table<'_>) -> Vec<(&'static str, Verdict)> {
+    let mut v = Vec::new();
+    let bulk_rr = [
+        ("bulk_p1", "gbps"),
+        ("bulk_p4", "gbps"),
+        ("rr_1b_c1", "tps"),
+        ("rr_1b_c16", "tps"),
+        ("rr_1024b_c1", "tps"),
+        ("rr_1024b_c16", "tps"),
+    ];
+    v.push((
+        "S1 bulk and RR >= 0.97 x S0 (loopback)",
+        all_at_least(t, "S1 lo svc=1", &bulk_rr, 0.97),
+    ));
+    v.push((
+        "S1 bulk and RR >= 0.97 x S0 (veth)",
+        all_at_least(t, "S1 veth svc=1", &bulk_rr, 0.97),
+    ));
+    v.push((
+        "S1 connections/s >= 0.95 x S0",
+        all_at_least(t, "S1 lo svc=1", &[("cps", "cps")], 0.95),
+    ));
+    let added = t.added("S1 lo svc=1", "cps", "connect_p50_us");
+    v.push((
+        "S1 connect() p50 adds <= 2 us",
+        match added {
+            None => Verdict::NotMeasured("no samples".into()),
+            Some(s) => judge(
+                s.median <= 2.0,
+                format!("adds {:.2} us [{:.2}–{:.2}]", s.median, s.min, s.max),
+                &[added],
+            ),
+        },
+    ));
+    v.push((
+        "S1 scaling flat (+-5%) from 1 to 10,000 services",
+        scaling(t),
+    ));
+    v.push((
+        "S1 beats S2 at 10,000 services; not worse than S2 at 1",
+        vs_s2(t),
+    ));
+    v.push((
+        "S1 on connects to non-VIPs >= 0.99 x S0",
+        all_at_least(
+            t,
+            "S1 lo non-VIP",
+            &[("cps", "cps"), ("rr_1b_c1", "tps")],
+            0.99,
+        ),
+    ));
+    v
+}
+
+/// Writes the targets section: one line per target with its verdict and what was measured.
+fn verdict_table(md: &mut String, v: Vec<(&str, Verdict)>) {
     let _ = writeln!(
         md,
         "\n### Targets\n\n| target | verdict | measured |\n|---|---|---|"
@@ -206,11 +217,11 @@ fn vs_s2(t: &Table<'_>) -> Verdict {
         get("S2 lo rules=10000"),
     );
     match (s1a, s1b, s2a, s2b) {
-        (Some(a), Some(b), Some(c), Some(d)) => judge(
-            b.median > d.median && a.median >= c.median,
+        (Some(s1_one), Some(s1_many), Some(s2_one), Some(s2_many)) => judge(
+            s1_many.median > s2_many.median && s1_one.median >= s2_one.median,
             format!(
                 "conn/s ×S0 at 10,000: S1 {:.3} vs S2 {:.3}; at 1: S1 {:.3} vs S2 {:.3}",
-                b.median, d.median, a.median, c.median
+                s1_many.median, s2_many.median, s1_one.median, s2_one.median
             ),
             &[s1a, s1b, s2a, s2b],
         ),
@@ -362,19 +373,21 @@ fn s5_vs_s4(t: &Table<'_>, default_on: bool) -> Verdict {
 }
 
 fn publish(t: &Table<'_>) -> Verdict {
-    let a = t.abs("publish", "publish_10k", "services_x1_ms");
-    let b = t.abs("publish", "publish_10k", "hosts_x1000_ms");
-    let f = t.abs("publish", "publish_10k", "flip_connect_failures");
-    let n = t.abs("publish", "publish_10k", "hosts");
-    match (a, b, f, n) {
-        (Some(a), Some(b), Some(f), Some(n)) if n.median >= 10_000.0 => judge(
-            b.median < 50.0 && a.median < 50.0 && f.max == 0.0,
-            format!(
-                "10,000 services x 1 host {:.1} ms; 10 services x 1,000 hosts {:.1} ms; failed connects during flips {}",
-                a.median, b.median, f.max
-            ),
-            &[Some(a), Some(b)],
-        ),
+    let services = t.abs("publish", "publish_10k", "services_x1_ms");
+    let hosts = t.abs("publish", "publish_10k", "hosts_x1000_ms");
+    let failures = t.abs("publish", "publish_10k", "flip_connect_failures");
+    let count = t.abs("publish", "publish_10k", "hosts");
+    match (services, hosts, failures, count) {
+        (Some(services), Some(hosts), Some(failures), Some(count)) if count.median >= 10_000.0 => {
+            judge(
+                hosts.median < 50.0 && services.median < 50.0 && failures.max == 0.0,
+                format!(
+                    "10,000 services x 1 host {:.1} ms; 10 services x 1,000 hosts {:.1} ms; failed connects during flips {}",
+                    services.median, hosts.median, failures.max
+                ),
+                &[Some(services), Some(hosts)],
+            )
+        }
         _ => Verdict::NotMeasured("no publish samples at 10,000 hosts".into()),
     }
 }

@@ -4,6 +4,7 @@
 //! leaves the machine as it was.
 
 use std::{
+    fmt::Write as _,
     fs,
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream},
@@ -419,13 +420,14 @@ pub fn dnat_rules(net: &Net, n: u32) -> String {
     let b = net.backend;
     let mut s = String::new();
     for i in 0..n {
-        s += &format!(
-            "  ip daddr {} tcp dport {CONN} dnat to {b}:{CONN}\n",
+        let _ = writeln!(
+            s,
+            "  ip daddr {} tcp dport {CONN} dnat to {b}:{CONN}",
             net.vip_n(i)
         );
     }
     for p in [ECHO, SINK, IPERF, CONN] {
-        s += &format!("  ip daddr {} tcp dport {p} dnat to {b}:{p}\n", net.vip);
+        let _ = writeln!(s, "  ip daddr {} tcp dport {p} dnat to {b}:{p}", net.vip);
     }
     s
 }

@@ -220,8 +220,8 @@ fn rr(target: SocketAddr, size: usize, conns: usize, secs: f64) -> anyhow::Resul
 fn open_loop(target: SocketAddr, rate: u32, secs: f64) -> anyhow::Result<()> {
     let s = TcpStream::connect(target).with_context(|| format!("connecting to {target}"))?;
     s.set_nodelay(true)?;
-    let total = (rate as f64 * secs) as u64;
-    let period = Duration::from_secs_f64(1.0 / rate as f64);
+    let total = (f64::from(rate) * secs) as u64;
+    let period = Duration::from_secs_f64(1.0 / f64::from(rate));
     let start = Instant::now() + Duration::from_millis(20);
     let mut reader = s.try_clone()?;
     reader.set_read_timeout(Some(Duration::from_secs(2)))?;
@@ -245,7 +245,7 @@ fn open_loop(target: SocketAddr, rate: u32, secs: f64) -> anyhow::Result<()> {
         if due > now {
             let wait = due - now;
             if wait > Duration::from_micros(80) {
-                thread::sleep(wait - Duration::from_micros(60));
+                thread::sleep(wait.saturating_sub(Duration::from_micros(60)));
             }
             while Instant::now() < due {
                 std::hint::spin_loop();

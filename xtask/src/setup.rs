@@ -172,11 +172,10 @@ fn ensure_nightly_rustfmt() -> anyhow::Result<()> {
 }
 
 fn cargo_home() -> PathBuf {
-    std::env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cargo")
-        })
+    std::env::var_os("CARGO_HOME").map_or_else(
+        || PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cargo"),
+        PathBuf::from,
+    )
 }
 
 fn ensure_bpf_linker(tc: &Toolchain) -> anyhow::Result<()> {

@@ -14,6 +14,7 @@ use integration_tests::kernel::{
     require_root, skip_without_dataplane, tcp_loop, unique,
 };
 use proxy::dataplane::RuntimeMaps;
+use proxy_common::abi::pins;
 
 const VIP: &str = "127.77.5.1:80";
 const HOSTS: [&str; 2] = ["127.0.0.81:8081", "127.0.0.82:8082"];
@@ -95,7 +96,7 @@ fn kill9_keeps_the_data_path_and_a_new_daemon_adopts_it() {
     std::thread::sleep(Duration::from_secs(1));
     first.kill9();
     assert!(
-        pins.join("link_connect4").exists(),
+        pins.join(pins::LINK_CONNECT4).exists(),
         "kill -9 must leave the pins"
     );
 

@@ -11,6 +11,7 @@ mod error;
 mod loader;
 mod mounts;
 mod pair;
+mod pins;
 mod publish;
 mod runtime;
 
@@ -19,6 +20,7 @@ pub use self::{
     loader::{Dataplane, DataplaneOptions},
     mounts::{cgroup2_mount, resolve_cgroup},
     pair::{PAIR_CREDIT, PairError, PairGuard, PairSide, PairSplicer},
+    pins::RetiredPins,
     publish::{PublishOutcome, Publisher, ServiceSpec, backend_of, service_key as publish_key},
     runtime::{OriginalDestinations, PassiveReport, RuntimeMaps},
 };

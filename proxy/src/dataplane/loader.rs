@@ -24,6 +24,7 @@ use tracing::{debug, info, warn};
 use super::{
     DataplaneError, EBPF_OBJECT, mounts,
     pair::PairSplicer,
+    pins::{self as pin_files, RetiredPins},
     publish::Publisher,
     runtime::{OriginalDestinations, PassiveReport, RuntimeMaps},
 };
@@ -96,7 +97,7 @@ impl Dataplane {
         let result = Self::open_in(opts, &pin_dir, created_cgroup);
         if result.is_err() {
             if created_pin_dir {
-                remove_pins(&pin_dir);
+                pin_files::remove_ours(&pin_dir);
             }
             if created_cgroup {
                 let _ = fs::remove_dir(&opts.cgroup);
@@ -146,12 +147,12 @@ impl Dataplane {
         }
         if !opts.follow_sockets {
             // A previous run's sockops goes, as its other links are replaced below.
-            replace_old_link(&pin_dir.join(pins::LINK_SOCKOPS));
+            pin_files::replace_old_link(&pin_dir.join(pins::LINK_SOCKOPS));
         }
         let mut links = Vec::new();
         for (name, pin, link) in fd_links {
             let path = pin_dir.join(pin);
-            replace_old_link(&path);
+            pin_files::replace_old_link(&path);
             let pinned = link.pin(&path).map_err(|source| DataplaneError::PinLink {
                 name,
                 path: path.clone(),
@@ -261,8 +262,18 @@ impl Dataplane {
         &self.pin_dir
     }
 
-    /// Detaches every program, removes every pin, and removes the cgroup if this daemon created
-    /// it (and it is empty). After this the kernel holds nothing of this instance.
+    /// Unpins what an earlier version of the daemon left in this instance's directory
+    /// (`proxy_common::abi::RETIRED`), and logs pins this version does not know (which stay).
+    /// Call it once this daemon serves: its programs are attached (done by [`Dataplane::open`],
+    /// which replaced the old links) and every service was published once. Until then the old
+    /// pins keep what a rollback to the old version would adopt.
+    pub fn remove_retired_pins(&self) -> RetiredPins {
+        pin_files::remove_retired(&self.pin_dir)
+    }
+
+    /// Detaches every program, removes every pin of this and earlier versions, and removes the
+    /// cgroup if this daemon created it (and it is empty). After this the kernel holds nothing of
+    /// this instance; pins this version does not know stay, with their directory.
     pub fn shutdown(self) {
         let Self {
             _ebpf,
@@ -283,7 +294,7 @@ impl Dataplane {
         }
         // Dropping the object detaches sk_msg from the sockhash; removing the pins frees the maps.
         drop((publisher, runtime, pair, _ebpf));
-        remove_pins(&pin_dir);
+        pin_files::remove_ours(&pin_dir);
         if created_cgroup && let Err(err) = fs::remove_dir(&cgroup) {
             warn!(cgroup = %cgroup.display(), %err, "cgroup not removed (processes still in it?)");
         }
@@ -408,26 +419,6 @@ fn attach_pair(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<(), DataplaneError> {
     Ok(())
 }
 
-/// Removes the pinned link of a previous run, which detaches its program (ours is already
-/// attached next to it).
-fn replace_old_link(path: &Path) {
-    if !path.exists() {
-        return;
-    }
-    match PinnedLink::from_pin(path) {
-        Ok(old) => {
-            if let Ok(fd) = old.unpin() {
-                drop(fd);
-                info!(link = %path.display(), "replaced the link of a previous run");
-            }
-        }
-        Err(err) => {
-            warn!(link = %path.display(), %err, "stale pin is not a link; removing it");
-            let _ = fs::remove_file(path);
-        }
-    }
-}
-
 fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError>
 where
     T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
@@ -439,18 +430,4 @@ where
         },
     })?;
     T::try_from(map).map_err(|source| DataplaneError::Map { name, source })
-}
-
-/// Removes every pin in `dir` and the directory itself.
-fn remove_pins(dir: &Path) {
-    if let Ok(entries) = fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            if let Err(err) = fs::remove_file(entry.path()) {
-                warn!(pin = %entry.path().display(), %err, "pin not removed");
-            }
-        }
-    }
-    if let Err(err) = fs::remove_dir(dir) {
-        warn!(dir = %dir.display(), %err, "pin directory not removed");
-    }
 }

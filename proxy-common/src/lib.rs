@@ -1,4 +1,5 @@
-//! Map keys and values shared by the kernel programs (`proxy-ebpf`) and the daemon (`proxy`).
+//! The kernel ABI shared by the kernel programs (`proxy-ebpf`) and the daemon (`proxy`): map keys
+//! and values, and the names of maps, programs and pins ([`abi`], with the version policy).
 //!
 //! Every type is `#[repr(C)]`, made of fixed-width integers and arrays only, with explicit padding
 //! and a compile-time size assertion, so the kernel and userspace layouts cannot drift. Byte order
@@ -7,6 +8,7 @@
 #![no_std]
 #![deny(unsafe_code)]
 
+pub mod abi;
 pub mod counters;
 pub mod service;
 pub mod socket;

@@ -177,7 +177,9 @@ fn start_upstreams(
 
 /// Waits until every service was published once (bounded), then removes services, tables and
 /// backends a previous run left that this configuration does not have (its services are
-/// `keys`). Until then, an adopted previous state keeps serving.
+/// `keys`), and the pins an earlier version of the daemon left (`proxy_common::abi::RETIRED`).
+/// Until then, an adopted previous state keeps serving, and a rollback to the earlier version
+/// would still find its maps.
 async fn sweep_after_first_publish(
     keys: &[ServiceKey],
     dp: &SharedDataplane,
@@ -189,10 +191,11 @@ async fn sweep_after_first_publish(
         warn!("not every service was published within {FIRST_PUBLISH_WAIT:?}; sweeping anyway");
     }
     let mut guard = dp.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(dp) = guard.as_mut()
-        && let Err(err) = dp.publisher().sweep(keys)
-    {
-        warn!(%err, "sweeping state of a previous run failed");
+    if let Some(dp) = guard.as_mut() {
+        if let Err(err) = dp.publisher().sweep(keys) {
+            warn!(%err, "sweeping state of a previous run failed");
+        }
+        dp.remove_retired_pins();
     }
 }
 

@@ -1,6 +1,7 @@
 //! The kernel's passive health signal, fed to outlier detection: sockops counts, per backend,
-//! connects that failed and connections that were reset (`PASSIVE_V1`, cumulative), and keeps
-//! the backend's current run of failures since its last established connect (`PASSIVE_RUN_V1`).
+//! connects that failed and connections that were reset (`abi::maps::PASSIVE`, cumulative), and
+//! keeps the backend's current run of failures since its last established connect
+//! (`abi::maps::PASSIVE_RUN`).
 //! This task turns each period's change into `PassiveSignal`s for every cluster that has the
 //! backend: failures as `ConnectFailure`; a run that ended (a connect got established) as a
 //! `ConnectSuccess` followed by the failures of the new run, so "consecutive" means what it

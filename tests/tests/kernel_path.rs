@@ -19,7 +19,10 @@ use integration_tests::kernel::{
     require_root, skip_without_dataplane, spec, unique,
 };
 use proxy::dataplane::{DataplaneError, publish_key};
-use proxy_common::service::{PROTO_TCP, SERVICE_F_PASSIVE, SERVICE_F_PROXY};
+use proxy_common::{
+    abi::{maps, pins},
+    service::{PROTO_TCP, SERVICE_F_PASSIVE, SERVICE_F_PROXY},
+};
 use rstest::rstest;
 
 /// Connects per distribution test: enough that a 4.5-sigma bound is a few percent.
@@ -176,11 +179,11 @@ fn stop_removes_pins_and_the_created_cgroup() {
     let instance = unique("t");
     let vip: SocketAddr = V4.vip.parse().unwrap();
     let mut daemon = Daemon::start(&config(&instance, &cgroup, vip, &[(V4.hosts[0], 1)]));
-    let pins = Path::new("/sys/fs/bpf").join(&instance);
-    assert!(pins.join("SERVICES_V2").exists() && pins.join("link_connect4").exists());
+    let pin_dir = Path::new("/sys/fs/bpf").join(&instance);
+    assert!(pin_dir.join(maps::SERVICES).exists() && pin_dir.join(pins::LINK_CONNECT4).exists());
     // Plain kernel-path services only: nothing for sockops to follow.
     assert!(
-        !pins.join("link_proxy_sockops").exists(),
+        !pin_dir.join(pins::LINK_SOCKOPS).exists(),
         "sockops attached without a need"
     );
     assert!(cgroup.exists(), "the daemon creates a missing cgroup");
@@ -189,7 +192,7 @@ fn stop_removes_pins_and_the_created_cgroup() {
         "clean exit on SIGTERM:\n{}",
         daemon.log_text()
     );
-    assert!(!pins.exists(), "pins left behind");
+    assert!(!pin_dir.exists(), "pins left behind");
     assert!(
         !cgroup.exists(),
         "the cgroup the daemon created is left behind"
@@ -242,7 +245,7 @@ fn socket_cookie(fd: std::os::fd::RawFd) -> u64 {
     cookie
 }
 
-/// A kernel-path socket's service is in the `SOCK_PEER_V1` slot of its cookie, and getpeername
+/// A kernel-path socket's service is in the `maps::SOCK_PEER` slot of its cookie, and getpeername
 /// takes it only while the slot is the socket's own and whole: a slot that a socket
 /// `PEER_SLOTS` cookies newer took over, or a torn one (its check does not match), shows the
 /// backend (fail-open), never another socket's service.
@@ -264,7 +267,7 @@ fn getpeername_takes_only_the_sockets_own_slot() {
     dp.publisher()
         .publish(&spec("one", vip, false, 0, &[host]))
         .expect("publishing");
-    let slots = dp.pin_dir().join("SOCK_PEER_V1");
+    let slots = dp.pin_dir().join(maps::SOCK_PEER);
     let child = InCgroup::spawn(Some(cgroup.path()), &netns, move || {
         let stream = std::net::TcpStream::connect(vip).expect("connecting to the VIP");
         let cookie = socket_cookie(stream.as_raw_fd());
@@ -390,10 +393,10 @@ fn without_sockops_the_kernel_path_works_and_followed_services_are_refused() {
     let mut dp = InProcess::open_with(&cgroup, false);
     assert!(!dp.follows_sockets());
     assert!(
-        !dp.pin_dir().join("link_proxy_sockops").exists(),
+        !dp.pin_dir().join(pins::LINK_SOCKOPS).exists(),
         "sockops is attached"
     );
-    assert!(dp.pin_dir().join("link_connect4").exists());
+    assert!(dp.pin_dir().join(pins::LINK_CONNECT4).exists());
     dp.publisher()
         .publish(&spec("plain", vip, false, 0, &[host]))
         .expect("publishing");

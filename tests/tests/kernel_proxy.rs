@@ -228,8 +228,10 @@ fn original_destinations_do_not_grow_over_many_connections() {
     );
     let left = wait_empty(&dp.original_destinations().unwrap());
     assert_eq!(
-        left, 0,
-        "ORIG_DST_V1 kept {left} entries after {many} closed connections"
+        left,
+        0,
+        "{} kept {left} entries after {many} closed connections",
+        proxy_common::abi::maps::ORIG_DST
     );
     assert_eq!(dp.counter("orig_dst_rekeyed"), u64::from(many));
     assert_eq!(dp.counter("orig_dst_removed"), u64::from(many));

@@ -2,18 +2,34 @@
 //! sockhash with its sk_msg attachment in place; connections to the VIP keep working on the last
 //! published state, splicing keeps working, and a new daemon adopts the pins. A client connects
 //! in a loop across the kill and the restart: not one connect may fail.
+//!
+//! Upgrade: pins an earlier version left (`proxy_common::abi::RETIRED`) survive the start of the
+//! data path and go once every service was published; pins the daemon does not know stay, even
+//! through a graceful stop.
 
 use std::{
+    mem::size_of,
     net::SocketAddr,
     path::{Path, PathBuf},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
+use aya::maps::MapData;
+use aya_obj::{
+    EbpfSectionKind,
+    generated::bpf_map_type,
+    maps::{LegacyMap, PinningType, bpf_map_def},
+};
 use integration_tests::kernel::{
-    BannerServers, Daemon, InCgroup, LoopReport, Netns, PinDir, TestCgroup, framed_exchange,
-    require_root, skip_without_dataplane, tcp_loop, unique,
+    BannerServers, Daemon, InCgroup, InProcess, LoopReport, Netns, PinDir, TestCgroup,
+    framed_exchange, require_root, skip_without_dataplane, tcp_loop, unique,
 };
 use proxy::dataplane::RuntimeMaps;
+use proxy_common::{
+    abi::{RETIRED, maps, pins},
+    service::{Backend, ServiceKey},
+    socket::SockTuple,
+};
 
 const VIP: &str = "127.77.5.1:80";
 const HOSTS: [&str; 2] = ["127.0.0.81:8081", "127.0.0.82:8082"];
@@ -95,7 +111,7 @@ fn kill9_keeps_the_data_path_and_a_new_daemon_adopts_it() {
     std::thread::sleep(Duration::from_secs(1));
     first.kill9();
     assert!(
-        pins.join("link_connect4").exists(),
+        pins.join(pins::LINK_CONNECT4).exists(),
         "kill -9 must leave the pins"
     );
 
@@ -127,4 +143,180 @@ fn kill9_keeps_the_data_path_and_a_new_daemon_adopts_it() {
     assert!(second.counter("connect_rewritten") > 0);
     drop(second);
     assert!(!pins.exists(), "a graceful stop removes the pins");
+}
+
+/// Pins under an instance directory that are not this version's: an unknown name shaped like a
+/// newer version of one of our maps, and another tool's.
+const UNKNOWN: [&str; 2] = ["SERVICES_V99", "another_tools_map"];
+
+/// Whether `a` and `b` name versions of the same map (`NAME_V<n>`).
+fn same_map(a: &str, b: &str) -> bool {
+    let base = |n: &str| n.rsplit_once("_V").map_or(n, |(base, _)| base).to_owned();
+    base(a) == base(b)
+}
+
+/// Creates a map like the one an earlier version pinned as `name` (its kind and key size) and
+/// pins it under `dir`.
+fn plant(dir: &Path, name: &str) {
+    let (kind, key, value) = if same_map(name, maps::PAIR_PEER) {
+        (
+            bpf_map_type::BPF_MAP_TYPE_SOCKHASH,
+            size_of::<SockTuple>(),
+            4,
+        )
+    } else if same_map(name, maps::COUNTERS) {
+        (bpf_map_type::BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8)
+    } else if same_map(name, maps::SOCK_VIP) {
+        (
+            bpf_map_type::BPF_MAP_TYPE_LRU_HASH,
+            8,
+            size_of::<ServiceKey>(),
+        )
+    } else if same_map(name, maps::BACKENDS) {
+        (bpf_map_type::BPF_MAP_TYPE_HASH, 4, size_of::<Backend>())
+    } else {
+        (bpf_map_type::BPF_MAP_TYPE_HASH, size_of::<ServiceKey>(), 16)
+    };
+    let def = bpf_map_def {
+        map_type: kind as u32,
+        key_size: key as u32,
+        value_size: value as u32,
+        max_entries: 16,
+        map_flags: 0,
+        id: 0,
+        pinning: PinningType::None,
+    };
+    let map = aya_obj::Map::Legacy(LegacyMap {
+        def,
+        inner_def: None,
+        section_index: 0,
+        section_kind: EbpfSectionKind::Maps,
+        symbol_index: None,
+        data: Vec::new(),
+    });
+    let map = MapData::create(map, name, None).unwrap_or_else(|e| panic!("creating {name}: {e}"));
+    map.pin(dir.join(name))
+        .unwrap_or_else(|e| panic!("pinning {name}: {e}"));
+}
+
+/// An instance directory holding what an earlier version left, and pins that are not ours.
+fn plant_earlier_version(dir: &Path) {
+    std::fs::create_dir_all(dir).expect("creating the instance directory");
+    for name in RETIRED.iter().chain(&UNKNOWN) {
+        plant(dir, name);
+    }
+}
+
+/// The file names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("reading the instance directory")
+        .map(|e| e.expect("entry").file_name().into_string().expect("UTF-8"))
+        .collect();
+    names.sort();
+    names
+}
+
+fn sorted(names: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    v.sort();
+    v
+}
+
+/// Opening the data path leaves an earlier version's pins (a rollback would adopt them);
+/// `remove_retired_pins` unpins exactly those, and a graceful stop leaves unknown pins and
+/// their directory.
+#[test]
+fn open_keeps_an_earlier_versions_pins_until_they_are_retired() {
+    require_root();
+    if skip_without_dataplane("open_keeps_an_earlier_versions_pins_until_they_are_retired") {
+        return;
+    }
+    let cgroup = TestCgroup::new();
+    let instance = unique("ru");
+    let dir = PathBuf::from("/sys/fs/bpf").join(&instance);
+    let _pin_guard = PinDir(dir.clone());
+    plant_earlier_version(&dir);
+
+    let dp = InProcess::open_instance(&cgroup, &instance, true);
+    for name in RETIRED.iter().chain(&UNKNOWN) {
+        assert!(
+            dir.join(name).exists(),
+            "{name} removed when the data path opened"
+        );
+    }
+    assert!(dir.join(maps::SERVICES).exists() && dir.join(pins::LINK_CONNECT4).exists());
+
+    let found = dp.remove_retired_pins();
+    assert_eq!(found.removed, sorted(&RETIRED), "{found:?}");
+    assert!(found.failed.is_empty(), "{found:?}");
+    assert_eq!(found.unknown, sorted(&UNKNOWN), "{found:?}");
+    for name in RETIRED {
+        assert!(!dir.join(name).exists(), "{name} still pinned");
+    }
+    assert!(dir.join(maps::SERVICES).exists() && dir.join(pins::LINK_CONNECT4).exists());
+
+    drop(dp);
+    assert_eq!(
+        names(&dir),
+        sorted(&UNKNOWN),
+        "a graceful stop touches only ours"
+    );
+}
+
+/// The daemon on a directory an earlier version left: once every service was published, the
+/// earlier version's pins are gone, unknown ones stay (and are logged), and a graceful stop
+/// leaves them and their directory.
+#[test]
+fn a_new_daemon_removes_an_earlier_versions_pins_after_the_first_publish() {
+    require_root();
+    if skip_without_dataplane(
+        "a_new_daemon_removes_an_earlier_versions_pins_after_the_first_publish",
+    ) {
+        return;
+    }
+    let cgroup = TestCgroup::new();
+    let instance = unique("rv");
+    let dir = PathBuf::from("/sys/fs/bpf").join(&instance);
+    let _pin_guard = PinDir(dir.clone());
+    plant_earlier_version(&dir);
+
+    let mut daemon = Daemon::start(&config(&instance, cgroup.path()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while RETIRED.iter().any(|name| dir.join(name).exists()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left = names(&dir);
+    for name in RETIRED {
+        assert!(
+            !left.iter().any(|l| l == name),
+            "{name} still pinned: {left:?}"
+        );
+    }
+    for name in UNKNOWN {
+        assert!(left.iter().any(|l| l == name), "{name} removed: {left:?}");
+    }
+    assert!(
+        left.iter().any(|l| l == maps::SERVICES) && left.iter().any(|l| l == pins::LINK_CONNECT4)
+    );
+    let log = strip_ansi(&daemon.log_text());
+    assert!(
+        log.contains("unpinned what an earlier version left"),
+        "no log of the clean-up:\n{log}"
+    );
+    assert!(
+        log.contains("does not know"),
+        "unknown pins not logged:\n{log}"
+    );
+
+    assert!(
+        daemon.stop(),
+        "clean exit on SIGTERM:\n{}",
+        daemon.log_text()
+    );
+    assert_eq!(
+        names(&dir),
+        sorted(&UNKNOWN),
+        "a graceful stop touches only ours"
+    );
 }

@@ -2,9 +2,10 @@
 //! configuration (TCP to a cluster, HTTP routes of a discovery chain, ORIGINAL_DST), the
 //! listener, and the kernel's redirect target.
 //!
-//! Order matters for the kernel: the listener is bound and published (`SETTINGS_V1`) before any
-//! service is published with `SERVICE_F_PROXY`, and on shutdown the listener is withdrawn first,
-//! so a connect is either redirected to a live listener or refused, never sent nowhere.
+//! Order matters for the kernel: the listener is bound and published (`abi::maps::SETTINGS`)
+//! before any service is published with `SERVICE_F_PROXY`, and on shutdown the listener is
+//! withdrawn first, so a connect is either redirected to a live listener or refused, never sent
+//! nowhere.
 
 use std::{collections::BTreeMap, net::SocketAddr, sync::Arc};
 

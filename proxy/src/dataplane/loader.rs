@@ -15,6 +15,7 @@ use aya::{
     },
 };
 use proxy_common::{
+    abi::{maps, pins, programs},
     service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey},
     socket::SockTuple,
 };
@@ -22,46 +23,26 @@ use tracing::{debug, info, warn};
 
 use super::{
     DataplaneError, EBPF_OBJECT, mounts,
-    pair::{self, PairSplicer},
+    pair::PairSplicer,
+    pins::{self as pin_files, RetiredPins},
     publish::Publisher,
-    runtime::{self, OriginalDestinations, PassiveReport, RuntimeMaps},
+    runtime::{OriginalDestinations, PassiveReport, RuntimeMaps},
 };
 
-/// The cgroup programs (sock_addr hooks and sockops), attached through bpf_link in this order
-/// and detached in reverse. Their links are pinned as `link_<name>`.
-pub const PROGRAMS: [&str; 9] = [
-    "connect4",
-    "connect6",
-    "getpeername4",
-    "getpeername6",
-    "sendmsg4",
-    "sendmsg6",
-    "recvmsg4",
-    "recvmsg6",
-    "proxy_sockops",
-];
-
-/// The sockops program: attached only when the data path follows sockets
-/// ([`DataplaneOptions::follow_sockets`]).
-pub const SOCKOPS_PROGRAM: &str = "proxy_sockops";
-
-/// The sk_msg program, attached to the sockhash `SPLICE_V1` (prog-attach: aya 0.14 has no
-/// bpf_link for sockmaps). The attachment lives as long as the map, which is pinned; the program
-/// is pinned as `prog_splice_msg` too, so it can be inspected and is removed with the instance.
-pub const SPLICE_PROGRAM: &str = "splice_msg";
-/// The sockhash the sk_msg program is attached to.
-const SPLICE_MAP: &str = "SPLICE_V1";
-
-/// Socket local storage of the dialled service (read by getpeername and sockops). A BTF map:
-/// its aya-ebpf definition cannot ask for pinning, so it is pinned here by path, like the
-/// legacy maps are by name, and a restarted daemon adopts it (the entries live in the sockets,
-/// so adopting the map keeps getpeername right for connections opened before the restart).
-const SOCK_VIP_MAP: &str = "SOCK_VIP_V2";
-
-/// The stream verdict program of proxy-pair splicing, attached to the sockhash `PAIR_SOCKS_V1`
-/// (prog-attach, like sk_msg) and pinned as `prog_pair_verdict`. Optional: when it cannot be
-/// attached the rest of the data path runs and [`Dataplane::pair_splicer`] says why.
-pub const PAIR_PROGRAM: &str = "pair_verdict";
+// The programs and maps by role (names in `proxy_common::abi`):
+// - the cgroup programs (`programs::CGROUP`: sock_addr hooks and sockops) are attached through
+//   bpf_link in that order, detached in reverse, and their links pinned (`pins::LINKS`); sockops
+//   only when the data path follows sockets (`DataplaneOptions::follow_sockets`);
+// - the sk_msg program is attached to the sockhash `maps::SPLICE` (prog-attach: aya 0.14 has no
+//   bpf_link for sockmaps); the attachment lives as long as the map, which is pinned; the program
+//   is pinned too (`pins::PROG_SPLICE`), so it can be inspected and is removed with the instance;
+// - the stream verdict program of proxy-pair splicing is attached to `maps::PAIR_SOCKS` the same
+//   way and pinned (`pins::PROG_PAIR`). Optional: when it cannot be attached the rest of the data
+//   path runs and `Dataplane::pair_splicer` says why;
+// - `maps::SOCK_VIP` is socket local storage, a BTF map: its aya-ebpf definition cannot ask for
+//   pinning, so it is pinned here by path, like the legacy maps are by name, and a restarted
+//   daemon adopts it (the entries live in the sockets, so adopting the map keeps getpeername
+//   right for connections opened before the restart).
 
 /// Where and as what the data path runs.
 #[derive(Clone, Debug)]
@@ -116,7 +97,7 @@ impl Dataplane {
         let result = Self::open_in(opts, &pin_dir, created_cgroup);
         if result.is_err() {
             if created_pin_dir {
-                remove_pins(&pin_dir);
+                pin_files::remove_ours(&pin_dir);
             }
             if created_cgroup {
                 let _ = fs::remove_dir(&opts.cgroup);
@@ -139,7 +120,7 @@ impl Dataplane {
         }
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(pin_dir)
-            .map_pin_path(SOCK_VIP_MAP, pin_dir.join(SOCK_VIP_MAP))
+            .map_pin_path(maps::SOCK_VIP, pin_dir.join(maps::SOCK_VIP))
             .load(EBPF_OBJECT)
             .map_err(DataplaneError::Load)?;
         let cgroup_fd = fs::File::open(&opts.cgroup).map_err(|source| DataplaneError::Io {
@@ -158,20 +139,20 @@ impl Dataplane {
         // Attach everything first (links are detached on drop if anything below fails), then
         // replace the pins of a previous run, so that the hand-over has no gap.
         let mut fd_links = Vec::new();
-        for name in PROGRAMS {
-            if name == SOCKOPS_PROGRAM && !opts.follow_sockets {
+        for (name, pin) in pins::LINKS {
+            if name == programs::SOCKOPS && !opts.follow_sockets {
                 continue;
             }
-            fd_links.push((name, attach(&mut ebpf, name, &cgroup_fd)?));
+            fd_links.push((name, pin, attach(&mut ebpf, name, &cgroup_fd)?));
         }
         if !opts.follow_sockets {
             // A previous run's sockops goes, as its other links are replaced below.
-            replace_old_link(&pin_dir.join(format!("link_{SOCKOPS_PROGRAM}")));
+            pin_files::replace_old_link(&pin_dir.join(pins::LINK_SOCKOPS));
         }
         let mut links = Vec::new();
-        for (name, link) in fd_links {
-            let path = pin_dir.join(format!("link_{name}"));
-            replace_old_link(&path);
+        for (name, pin, link) in fd_links {
+            let path = pin_dir.join(pin);
+            pin_files::replace_old_link(&path);
             let pinned = link.pin(&path).map_err(|source| DataplaneError::PinLink {
                 name,
                 path: path.clone(),
@@ -180,24 +161,24 @@ impl Dataplane {
             links.push((name, pinned));
         }
         let publisher = Publisher::new(
-            take_map::<HashMap<MapData, ServiceKey, Service>>(&mut ebpf, "SERVICES_V2")?,
-            take_map::<HashMap<MapData, SlotTableKey, SlotTable>>(&mut ebpf, "SLOTS_V2")?,
-            take_map::<HashMap<MapData, u32, Backend>>(&mut ebpf, "BACKENDS_V2")?,
+            take_map::<HashMap<MapData, ServiceKey, Service>>(&mut ebpf, maps::SERVICES)?,
+            take_map::<HashMap<MapData, SlotTableKey, SlotTable>>(&mut ebpf, maps::SLOTS)?,
+            take_map::<HashMap<MapData, u32, Backend>>(&mut ebpf, maps::BACKENDS)?,
             opts.follow_sockets,
         )?;
         let runtime = RuntimeMaps::new(
-            take_map(&mut ebpf, runtime::SETTINGS)?,
-            take_map(&mut ebpf, runtime::COUNTERS)?,
-            take_map(&mut ebpf, runtime::ORIG_DST)?,
-            take_map(&mut ebpf, runtime::PASSIVE)?,
-            take_map(&mut ebpf, runtime::PASSIVE_RUN)?,
+            take_map(&mut ebpf, maps::SETTINGS)?,
+            take_map(&mut ebpf, maps::COUNTERS)?,
+            take_map(&mut ebpf, maps::ORIG_DST)?,
+            take_map(&mut ebpf, maps::PASSIVE)?,
+            take_map(&mut ebpf, maps::PASSIVE_RUN)?,
         );
         let pair = match pair_attached {
             Ok(()) => Ok(PairSplicer::new(
-                take_map(&mut ebpf, pair::PAIR_SOCKS)?,
-                take_map(&mut ebpf, pair::PAIR_PEER)?,
-                take_map(&mut ebpf, pair::PAIR_FLOW)?,
-                take_map(&mut ebpf, pair::PAIR_GRANT)?,
+                take_map(&mut ebpf, maps::PAIR_SOCKS)?,
+                take_map(&mut ebpf, maps::PAIR_PEER)?,
+                take_map(&mut ebpf, maps::PAIR_FLOW)?,
+                take_map(&mut ebpf, maps::PAIR_GRANT)?,
             )),
             Err(why) => Err(why),
         };
@@ -281,8 +262,18 @@ impl Dataplane {
         &self.pin_dir
     }
 
-    /// Detaches every program, removes every pin, and removes the cgroup if this daemon created
-    /// it (and it is empty). After this the kernel holds nothing of this instance.
+    /// Unpins what an earlier version of the daemon left in this instance's directory
+    /// (`proxy_common::abi::RETIRED`), and logs pins this version does not know (which stay).
+    /// Call it once this daemon serves: its programs are attached (done by [`Dataplane::open`],
+    /// which replaced the old links) and every service was published once. Until then the old
+    /// pins keep what a rollback to the old version would adopt.
+    pub fn remove_retired_pins(&self) -> RetiredPins {
+        pin_files::remove_retired(&self.pin_dir)
+    }
+
+    /// Detaches every program, removes every pin of this and earlier versions, and removes the
+    /// cgroup if this daemon created it (and it is empty). After this the kernel holds nothing of
+    /// this instance; pins this version does not know stay, with their directory.
     pub fn shutdown(self) {
         let Self {
             _ebpf,
@@ -303,7 +294,7 @@ impl Dataplane {
         }
         // Dropping the object detaches sk_msg from the sockhash; removing the pins frees the maps.
         drop((publisher, runtime, pair, _ebpf));
-        remove_pins(&pin_dir);
+        pin_files::remove_ours(&pin_dir);
         if created_cgroup && let Err(err) = fs::remove_dir(&cgroup) {
             warn!(cgroup = %cgroup.display(), %err, "cgroup not removed (processes still in it?)");
         }
@@ -360,22 +351,22 @@ fn attach(
 /// Attaches sk_msg to the sockhash (replacing the program a previous run attached: existing
 /// sockets keep the program they were inserted with) and pins the program.
 fn attach_splice(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<(), DataplaneError> {
-    let name = SPLICE_PROGRAM;
+    let name = programs::SPLICE;
     let err = |source| DataplaneError::Program { name, source };
     // Borrowed, not taken: the programs loaded after this one refer to the map by its fd.
-    let map = ebpf.map(SPLICE_MAP).ok_or(DataplaneError::Map {
-        name: SPLICE_MAP,
+    let map = ebpf.map(maps::SPLICE).ok_or(DataplaneError::Map {
+        name: maps::SPLICE,
         source: aya::maps::MapError::InvalidName {
-            name: SPLICE_MAP.to_owned(),
+            name: maps::SPLICE.to_owned(),
         },
     })?;
     let map = SockHash::<_, SockTuple>::try_from(map).map_err(|source| DataplaneError::Map {
-        name: SPLICE_MAP,
+        name: maps::SPLICE,
         source,
     })?;
     let map_fd = map.fd().try_clone().map_err(|source| DataplaneError::Io {
         what: "duplicating the sockhash fd of",
-        path: pin_dir.join(SPLICE_MAP),
+        path: pin_dir.join(maps::SPLICE),
         source,
     })?;
     let Some(Program::SkMsg(program)) = ebpf.program_mut(name) else {
@@ -383,7 +374,7 @@ fn attach_splice(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<(), DataplaneError> 
     };
     program.load().map_err(err)?;
     program.attach(&map_fd).map_err(err)?;
-    let path = pin_dir.join(format!("prog_{name}"));
+    let path = pin_dir.join(pins::PROG_SPLICE);
     if path.exists() {
         let _ = fs::remove_file(&path);
     }
@@ -392,24 +383,24 @@ fn attach_splice(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<(), DataplaneError> 
         .map_err(|source| DataplaneError::PinProgram { name, path, source })
 }
 
-/// Attaches the pair stream verdict program to `PAIR_SOCKS_V1` and pins it; on error nothing of
-/// it stays attached or pinned.
+/// Attaches the pair stream verdict program to `maps::PAIR_SOCKS` and pins it; on error nothing
+/// of it stays attached or pinned.
 fn attach_pair(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<(), DataplaneError> {
-    let name = PAIR_PROGRAM;
+    let name = programs::PAIR;
     let err = |source| DataplaneError::Program { name, source };
-    let map = ebpf.map(pair::PAIR_SOCKS).ok_or(DataplaneError::Map {
-        name: pair::PAIR_SOCKS,
+    let map = ebpf.map(maps::PAIR_SOCKS).ok_or(DataplaneError::Map {
+        name: maps::PAIR_SOCKS,
         source: aya::maps::MapError::InvalidName {
-            name: pair::PAIR_SOCKS.to_owned(),
+            name: maps::PAIR_SOCKS.to_owned(),
         },
     })?;
     let map = SockHash::<_, SockTuple>::try_from(map).map_err(|source| DataplaneError::Map {
-        name: pair::PAIR_SOCKS,
+        name: maps::PAIR_SOCKS,
         source,
     })?;
     let map_fd = map.fd().try_clone().map_err(|source| DataplaneError::Io {
         what: "duplicating the sockhash fd of",
-        path: pin_dir.join(pair::PAIR_SOCKS),
+        path: pin_dir.join(maps::PAIR_SOCKS),
         source,
     })?;
     let Some(Program::SkSkb(program)) = ebpf.program_mut(name) else {
@@ -417,7 +408,7 @@ fn attach_pair(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<(), DataplaneError> {
     };
     program.load().map_err(err)?;
     let id = program.attach(&map_fd).map_err(err)?;
-    let path = pin_dir.join(format!("prog_{name}"));
+    let path = pin_dir.join(pins::PROG_PAIR);
     if path.exists() {
         let _ = fs::remove_file(&path);
     }
@@ -426,26 +417,6 @@ fn attach_pair(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<(), DataplaneError> {
         return Err(DataplaneError::PinProgram { name, path, source });
     }
     Ok(())
-}
-
-/// Removes the pinned link of a previous run, which detaches its program (ours is already
-/// attached next to it).
-fn replace_old_link(path: &Path) {
-    if !path.exists() {
-        return;
-    }
-    match PinnedLink::from_pin(path) {
-        Ok(old) => {
-            if let Ok(fd) = old.unpin() {
-                drop(fd);
-                info!(link = %path.display(), "replaced the link of a previous run");
-            }
-        }
-        Err(err) => {
-            warn!(link = %path.display(), %err, "stale pin is not a link; removing it");
-            let _ = fs::remove_file(path);
-        }
-    }
 }
 
 fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError>
@@ -459,18 +430,4 @@ where
         },
     })?;
     T::try_from(map).map_err(|source| DataplaneError::Map { name, source })
-}
-
-/// Removes every pin in `dir` and the directory itself.
-fn remove_pins(dir: &Path) {
-    if let Ok(entries) = fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            if let Err(err) = fs::remove_file(entry.path()) {
-                warn!(pin = %entry.path().display(), %err, "pin not removed");
-            }
-        }
-    }
-    if let Err(err) = fs::remove_dir(dir) {
-        warn!(dir = %dir.display(), %err, "pin directory not removed");
-    }
 }

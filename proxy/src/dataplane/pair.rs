@@ -2,9 +2,9 @@
 //! of the proxy path to the kernel, which then moves the bytes between them (the stream verdict
 //! program `pair_verdict`) without copying them through userspace.
 //!
-//! [`PairSplicer::splice`] gives each socket its flow counters (`PAIR_FLOW_V1`) and a first
-//! credit of [`PAIR_CREDIT`] bytes (`PAIR_GRANT_V1`), puts each socket into `PAIR_PEER_V2`
-//! under the other's cookie, then arms both in `PAIR_SOCKS_V1` (where the program is
+//! [`PairSplicer::splice`] gives each socket its flow counters ([`PAIR_FLOW`]) and a first
+//! credit of [`PAIR_CREDIT`] bytes ([`PAIR_GRANT`]), puts each socket into [`PAIR_PEER`] under
+//! the other's cookie, then arms both in [`PAIR_SOCKS`] (where the program is
 //! attached), then kicks both receive queues so bytes that arrived before the pair was armed
 //! go through the program too. The returned [`PairGuard`] reads the flow and grants more
 //! credit ([`PairGuard::flow`], [`PairGuard::regrant`]) and takes every entry out again when
@@ -19,19 +19,13 @@ use std::{
 };
 
 use aya::maps::{HashMap, MapData, SockHash};
-use proxy_common::socket::{PairFlow, PairGrant, SockTuple};
+use proxy_common::{
+    abi::maps::{PAIR_FLOW, PAIR_GRANT, PAIR_PEER, PAIR_SOCKS},
+    socket::{PairFlow, PairGrant, SockTuple},
+};
 use tracing::{debug, warn};
 
 use super::{DataplaneError, publish::backend_of};
-
-/// The sockhash the stream verdict program is attached to (sockets by their own 4-tuple).
-pub(super) const PAIR_SOCKS: &str = "PAIR_SOCKS_V1";
-/// The sockhash of peers: the socket to send out of, by the receiving socket's cookie.
-pub(super) const PAIR_PEER: &str = "PAIR_PEER_V2";
-/// What the program did with each spliced socket's bytes, by its cookie.
-pub(super) const PAIR_FLOW: &str = "PAIR_FLOW_V1";
-/// The credit of each spliced socket, by its cookie.
-pub(super) const PAIR_GRANT: &str = "PAIR_GRANT_V1";
 
 /// Bytes the kernel may queue for one direction of a spliced pair beyond what the sending
 /// socket took: the credit granted at splicing and topped up to after every catch-up. Larger

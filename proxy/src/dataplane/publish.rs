@@ -21,9 +21,12 @@ use std::{
 };
 
 use aya::maps::{HashMap, MapData, MapError};
-use proxy_common::service::{
-    Backend, FAMILY_V4, FAMILY_V6, MAX_PRIORITIES, SERVICE_F_MAGLEV, SERVICE_F_PASSIVE,
-    SERVICE_F_PROXY, SERVICE_F_SINGLE, SLOTS, Service, ServiceKey, SlotTable, SlotTableKey,
+use proxy_common::{
+    abi::maps,
+    service::{
+        Backend, FAMILY_V4, FAMILY_V6, MAX_PRIORITIES, SERVICE_F_MAGLEV, SERVICE_F_PASSIVE,
+        SERVICE_F_PROXY, SERVICE_F_SINGLE, SLOTS, Service, ServiceKey, SlotTable, SlotTableKey,
+    },
 };
 use proxy_core::lb::{self, SlotHost};
 use tracing::{debug, info};
@@ -33,13 +36,6 @@ use crate::sys::map_batch;
 
 /// Service flags whose connections sockops follows.
 const FOLLOWED: u32 = SERVICE_F_PROXY | SERVICE_F_PASSIVE;
-
-/// Pinned name of the services map (`proxy-ebpf` `maps.rs`).
-pub(super) const SERVICES_MAP: &str = "SERVICES_V2";
-/// Pinned name of the slot table map.
-pub(super) const SLOTS_MAP: &str = "SLOTS_V2";
-/// Pinned name of the backends map.
-pub(super) const BACKENDS_MAP: &str = "BACKENDS_V2";
 
 /// `Live::tables` of a service adopted from a previous run: which priorities have a table is
 /// unknown, so retiring it tries all of them.
@@ -107,7 +103,7 @@ struct Live {
     tables: u8,
 }
 
-/// Writes service host sets into `SERVICES_V2`, `SLOTS_V2` and `BACKENDS_V2`.
+/// Writes service host sets into [`maps::SERVICES`], [`maps::SLOTS`] and [`maps::BACKENDS`].
 pub struct Publisher {
     services: HashMap<MapData, ServiceKey, Service>,
     slots: HashMap<MapData, SlotTableKey, SlotTable>,
@@ -165,7 +161,7 @@ impl Publisher {
         let mut next_service_id = 1;
         for entry in services.iter() {
             let (key, service) = entry.map_err(|source| DataplaneError::Map {
-                name: SERVICES_MAP,
+                name: maps::SERVICES,
                 source,
             })?;
             next_service_id = next_service_id.max(service.id.wrapping_add(1));
@@ -250,7 +246,7 @@ impl Publisher {
         if let Err(source) = self.services.insert(spec.key, service, 0) {
             self.uncount(&referenced);
             self.undo(&service, tables, &new_backends);
-            return Err(publish_err(spec, SERVICES_MAP, source));
+            return Err(publish_err(spec, maps::SERVICES, source));
         }
         // The switch happened; everything below only frees what nobody reads any more.
         let now_live = Live {
@@ -278,7 +274,7 @@ impl Publisher {
         self.services
             .remove(key)
             .map_err(|source| DataplaneError::Map {
-                name: SERVICES_MAP,
+                name: maps::SERVICES,
                 source,
             })?;
         self.retiring.push_back(Retiring {
@@ -405,7 +401,7 @@ impl Publisher {
             })
             .collect();
         self.insert_backends(new_backends)
-            .map_err(|e| publish_err(spec, BACKENDS_MAP, e))?;
+            .map_err(|e| publish_err(spec, maps::BACKENDS, e))?;
         let slots = if spec.flags & SERVICE_F_MAGLEV != 0 {
             lb::maglev_table(&slot_hosts, SLOTS)
         } else {
@@ -423,7 +419,7 @@ impl Publisher {
         };
         self.slots
             .insert(key, table, 0)
-            .map_err(|e| publish_err(spec, SLOTS_MAP, e))?;
+            .map_err(|e| publish_err(spec, maps::SLOTS, e))?;
         // Count references only once everything is written, so `undo` has nothing to uncount.
         let referenced: Vec<u32> = slot_hosts.iter().map(|h| h.id).collect();
         for id in &referenced {

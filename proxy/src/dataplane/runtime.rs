@@ -13,19 +13,13 @@ use std::{
 
 use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap};
 use proxy_common::{
+    abi::maps::{COUNTERS, ORIG_DST, PASSIVE, PASSIVE_RUN, SETTINGS},
     counters,
     service::{Backend, FAMILY_V4, FAMILY_V6, ServiceKey},
     socket::{PassiveCounts, SETTINGS_F_SPLICE, SETTINGS_KEY, Settings, SockTuple},
 };
 
 use super::{DataplaneError, publish::backend_of};
-
-/// Maps of the run-time state, by pin name.
-pub(super) const SETTINGS: &str = "SETTINGS_V1";
-pub(super) const COUNTERS: &str = "COUNTERS_V2";
-pub(super) const ORIG_DST: &str = "ORIG_DST_V1";
-pub(super) const PASSIVE: &str = "PASSIVE_V1";
-pub(super) const PASSIVE_RUN: &str = "PASSIVE_RUN_V1";
 
 /// What the kernel saw of one backend (summed over CPUs, cumulative since the maps were
 /// created; a consumer keeps the previous reading and acts on the difference).

@@ -38,10 +38,16 @@ impl InProcess {
 
     /// Like [`InProcess::open`], attaching sockops only when `follow_sockets`.
     pub fn open_with(cgroup: &TestCgroup, follow_sockets: bool) -> Self {
+        Self::open_instance(cgroup, &unique("pti"), follow_sockets)
+    }
+
+    /// Like [`InProcess::open_with`], with pins under `/sys/fs/bpf/<instance>/` (which may hold
+    /// pins already).
+    pub fn open_instance(cgroup: &TestCgroup, instance: &str, follow_sockets: bool) -> Self {
         let opts = proxy::dataplane::DataplaneOptions {
             cgroup: cgroup.path().to_owned(),
             bpffs: PathBuf::from("/sys/fs/bpf"),
-            instance: unique("pti"),
+            instance: instance.to_owned(),
             follow_sockets,
         };
         let dp = proxy::dataplane::Dataplane::open(&opts)

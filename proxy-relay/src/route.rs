@@ -18,7 +18,7 @@ use proxy_chain::{
 use regex::Regex;
 
 pub use self::retry::{AttemptFailure, RetryPolicy, backoff};
-use super::cluster::{ClusterHandle, random_u64};
+use crate::cluster::{ClusterHandle, random_u64};
 
 /// Why routes could not be built.
 #[derive(Debug, thiserror::Error)]

@@ -216,6 +216,12 @@ impl Engine {
         Ok((Self { mailboxes }, tasks))
     }
 
+    /// How many threads the engine runs.
+    #[cfg(test)]
+    pub(crate) fn threads(&self) -> usize {
+        self.mailboxes.len()
+    }
+
     /// Lets the threads go (they reset what is still open).
     pub(crate) fn stop(&self) {
         for m in &self.mailboxes {

@@ -314,3 +314,37 @@ impl Drop for ProxyHandle {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroUsize;
+
+    use super::*;
+
+    fn deps() -> ProxyDeps {
+        ProxyDeps {
+            original_dst: Arc::new(NoOriginalDst),
+            services: ServiceTable::new(),
+            splicer: None,
+        }
+    }
+
+    #[test]
+    fn the_engine_runs_one_thread_per_cpu_by_default() {
+        let cpus = std::thread::available_parallelism().map_or(2, usize::from);
+        assert_eq!(engine_threads(&ProxyConfig::default()), cpus);
+    }
+
+    #[tokio::test]
+    async fn the_engine_runs_the_configured_thread_count() {
+        let config = ProxyConfig {
+            listeners: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
+            engine_threads: NonZeroUsize::new(3),
+            ..ProxyConfig::default()
+        };
+        let handle = serve(config, deps()).await.expect("serving");
+        let threads = handle.engine.as_ref().map(engine::Engine::threads);
+        assert_eq!(threads, Some(3), "one engine thread per configured thread");
+        handle.shutdown().await;
+    }
+}

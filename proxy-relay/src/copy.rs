@@ -30,8 +30,8 @@ use crate::sys;
 /// connection costs little (two of these per proxied connection).
 pub const INITIAL_BUFFER_SIZE: usize = 8 * 1024;
 /// Largest buffer, for bulk transfers: one read drains what the socket holds (as Envoy's 1 MiB
-/// per-connection buffer limit). Against 64 KiB, one loopback stream through the proxy moved
-/// 20-70 % more per second with 20-30 % less daemon CPU (BENCHMARKS.md).
+/// per-connection buffer limit), so a bulk stream takes fewer reads and writes than with a
+/// smaller one (BENCHMARKS.md has the measurement).
 pub const LARGE_BUFFER_SIZE: usize = 1024 * 1024;
 /// Completely filled reads in a row after which a direction's buffer grows ([`grown`]): only a
 /// sender that keeps the socket full climbs from [`INITIAL_BUFFER_SIZE`] to

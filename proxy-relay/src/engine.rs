@@ -1,9 +1,8 @@
 //! The epoll engine: plain TCP connections (`splice: copy`, no PROXY protocol) run on a few
 //! threads of their own, each with an epoll instance and its own `SO_REUSEPORT` socket of every
 //! listener, instead of one tokio task per connection. An epoll event goes straight to the
-//! connection it belongs to: no task, no waker, no scheduler, no deregistration before close.
-//! A connection-rate test spends about a quarter less CPU per connection this way
-//! (BENCHMARKS.md, the follow-up of run 20261202T002841Z).
+//! connection it belongs to: no task, no waker, no scheduler, no deregistration before close,
+//! which costs less CPU per connection (BENCHMARKS.md has the measurement).
 //!
 //! What the engine does is what the tokio TCP path does (`tcp.rs`, `copy.rs`): the same start
 //! (accept, original destination, the client's first bytes sent with the connect), the same
@@ -42,8 +41,8 @@ use crate::{
 /// Events taken per `epoll_wait`.
 const EVENTS: usize = 256;
 /// Bytes read per `recv`, in one buffer per thread; a partial send keeps only what is left.
-/// As large as the tokio copy loop's largest buffer: with 64 KiB, loopback bulk through the
-/// engine ran at 0.77x Envoy's, with 1 MiB at 1.18x (S3 loopback, 3 runs each).
+/// As large as the tokio copy loop's largest buffer, for the same reason: one read drains
+/// what a bulk sender queued (a smaller one measurably slowed loopback bulk; BENCHMARKS.md).
 const SCRATCH: usize = 1024 * 1024;
 /// Pause after a failed `accept()` (EMFILE and the like), as the tokio accept loop does.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);

@@ -32,7 +32,7 @@ pub struct State {
     dataplane: SharedDataplane,
     upstreams: BTreeMap<String, Arc<Upstream>>,
     published: watch::Receiver<usize>,
-    proxy: Option<crate::proxy::ProxyStatsHandle>,
+    proxy: Option<proxy_relay::ProxyStatsHandle>,
 }
 
 impl State {
@@ -54,7 +54,7 @@ impl State {
     }
 
     /// Adds the proxy path's stats (`proxy.*`) and ORIGINAL_DST hosts.
-    pub fn with_proxy(mut self, proxy: crate::proxy::ProxyStatsHandle) -> Self {
+    pub fn with_proxy(mut self, proxy: proxy_relay::ProxyStatsHandle) -> Self {
         self.proxy = Some(proxy);
         self
     }

@@ -44,10 +44,9 @@ pub type SharedDataplane = Arc<Mutex<Option<Dataplane>>>;
 
 /// Runs the daemon until SIGINT or SIGTERM, then detaches and removes everything it created.
 /// `workers` is the runtime's thread count; by default one per CPU the daemon may run on.
-pub fn run(config: Config, workers: Option<usize>) -> anyhow::Result<()> {
-    if let Some(n) = workers {
-        crate::proxy::set_engine_threads(n);
-    }
+pub fn run(mut config: Config, workers: Option<usize>) -> anyhow::Result<()> {
+    // The proxy's epoll engine runs as many threads as the runtime.
+    config.proxy.engine_threads = workers.and_then(std::num::NonZeroUsize::new);
     let workers = workers.unwrap_or_else(default_workers);
     tracing::debug!(workers, "runtime");
     let runtime = tokio::runtime::Builder::new_multi_thread()

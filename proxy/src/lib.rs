@@ -2,7 +2,10 @@
 //! host sets and publishes them into the maps the kernel reads, and serves the admin interface.
 //!
 //! Pure logic (configuration, load assignment, discovery, health) lives in `proxy-core` and the
-//! Consul discovery chain in `proxy-chain`; this crate wires them to the kernel and sockets.
+//! Consul discovery chain in `proxy-chain`, and the userspace proxy path in `proxy-relay`; this
+//! crate wires them to the kernel and sockets. Its only `unsafe` code is in the `sys` module.
+
+#![deny(unsafe_code)]
 
 pub mod admin;
 pub mod cli;
@@ -10,8 +13,11 @@ pub mod daemon;
 pub mod dataplane;
 pub mod passive;
 pub mod probe;
-pub mod proxy;
 pub mod status;
+#[allow(
+    unsafe_code,
+    reason = "the daemon's system calls without a safe binding, each with its SAFETY note"
+)]
 mod sys;
 pub mod xds;
 

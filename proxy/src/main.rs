@@ -1,5 +1,7 @@
 //! The `proxy` binary: parses the command line and hands over to the library.
 
+#![forbid(unsafe_code)]
+
 use std::{io::Write as _, process::ExitCode};
 
 use clap::Parser as _;

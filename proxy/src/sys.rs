@@ -55,122 +55,6 @@ pub fn enter_netns(path: &Path) -> io::Result<()> {
     }
 }
 
-/// Byte counts of a TCP socket, for proxy-pair splicing: what the kernel moves between two
-/// spliced sockets is only visible in their sequence numbers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TcpBytes {
-    /// Data bytes received in sequence (`tcpi_bytes_received`, without the FIN's one).
-    pub received: u64,
-    /// Bytes received and not yet taken from the receive queue (`SIOCINQ`).
-    pub unread: u64,
-    /// Bytes written to the socket: acknowledged (`tcpi_bytes_acked`) plus still queued
-    /// (`SIOCOUTQ`).
-    pub written: u64,
-}
-
-/// The start of `struct tcp_info` up to `tcpi_bytes_received` (Linux 4.1+); the kernel copies
-/// `min(len, its size)` bytes, so a prefix is enough.
-#[repr(C)]
-#[derive(Default)]
-struct TcpInfoPrefix {
-    /// `tcpi_state` (`TCP_ESTABLISHED` = 1, ...).
-    state: u8,
-    /// ca_state .. delivery_rate_app_limited: seven u8 fields.
-    _flags: [u8; 7],
-    /// rto .. total_retrans: twenty-four u32 fields.
-    _u32s: [u32; 24],
-    _pacing_rate: u64,
-    _max_pacing_rate: u64,
-    bytes_acked: u64,
-    bytes_received: u64,
-}
-const _: () = assert!(size_of::<TcpInfoPrefix>() == 136);
-
-/// `getsockopt(TCP_INFO)`: (bytes acked, bytes received, state). A received FIN takes a
-/// sequence number, which `tcpi_bytes_received` counts.
-fn tcp_info_bytes(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<(u64, u64, u8)> {
-    use std::os::fd::AsRawFd as _;
-    let mut info = TcpInfoPrefix::default();
-    let mut len = size_of::<TcpInfoPrefix>() as libc::socklen_t;
-    // SAFETY: `info` is a writable buffer of `len` bytes that outlives the call; the kernel
-    // writes at most `len` bytes and updates `len`.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&raw mut info).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if (len as usize) < size_of::<TcpInfoPrefix>() {
-        return Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "tcp_info without tcpi_bytes_received (kernel before 4.1)",
-        ));
-    }
-    Ok((info.bytes_acked, info.bytes_received, info.state))
-}
-
-/// `ioctl(SIOCINQ = FIONREAD | SIOCOUTQ = TIOCOUTQ)`.
-fn sock_ioctl(fd: std::os::fd::BorrowedFd<'_>, request: libc::Ioctl) -> io::Result<u64> {
-    use std::os::fd::AsRawFd as _;
-    let mut value: libc::c_int = 0;
-    // SAFETY: both requests write one int to the pointer, which is valid for the call.
-    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), request, &mut value) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(u64::try_from(value).unwrap_or(0))
-}
-
-/// Byte counts of a TCP socket. `unread` is exact only while the socket is in no sockmap (from
-/// 6.6 a sockmap socket's `SIOCINQ` reports its sockmap queue instead). The counts are read with
-/// more than one call: `received` and `unread` are read until `received` is the same before and
-/// after, and `written` reads the acknowledged bytes before the queued ones, so it can only be
-/// too small, never too large.
-pub fn tcp_bytes(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<TcpBytes> {
-    // The states that come only after a FIN was received, for a socket that did not send one:
-    // CLOSE_WAIT (8) and, once it did, LAST_ACK (9).
-    let data = |(_, received, state): (u64, u64, u8)| {
-        received.saturating_sub(u64::from(matches!(state, 8 | 9)))
-    };
-    let mut last = tcp_info_bytes(fd)?;
-    for _ in 0..8 {
-        let unread = sock_ioctl(fd, libc::FIONREAD)?;
-        let outq = sock_ioctl(fd, libc::TIOCOUTQ)?;
-        let now = tcp_info_bytes(fd)?;
-        if now.1 == last.1 {
-            return Ok(TcpBytes {
-                received: data(now),
-                unread,
-                written: last.0 + outq,
-            });
-        }
-        last = now;
-    }
-    Err(io::Error::new(
-        io::ErrorKind::WouldBlock,
-        "tcp byte counts kept moving",
-    ))
-}
-
-/// Bytes written to a TCP socket (acknowledged plus queued, never more than the true count)
-/// and bytes still queued (`SIOCOUTQ`).
-pub fn tcp_written(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<(u64, u64)> {
-    let (acked, _, _) = tcp_info_bytes(fd)?;
-    let outq = sock_ioctl(fd, libc::TIOCOUTQ)?;
-    Ok((acked + outq, outq))
-}
-
-/// Data bytes received in sequence by a TCP socket that received its peer's FIN.
-pub fn tcp_received_before_fin(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
-    tcp_info_bytes(fd).map(|(_, received, _)| received.saturating_sub(1))
-}
-
 /// `getsockopt(SO_COOKIE)`: the socket's cookie, the key the kernel programs find it by
 /// (`bpf_get_socket_cookie`); stable for the socket's life.
 pub fn socket_cookie(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
@@ -192,16 +76,6 @@ pub fn socket_cookie(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
     } else {
         Err(io::Error::last_os_error())
     }
-}
-
-/// `recv(MSG_DONTWAIT)`, with `MSG_PEEK` when `peek`: copies what the socket has queued into
-/// `buf`, taking it unless peeking (0 at its end; `WouldBlock` when nothing is queued).
-pub fn recv_now(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8], peek: bool) -> io::Result<usize> {
-    use std::os::fd::AsRawFd as _;
-    let flags = libc::MSG_DONTWAIT | if peek { libc::MSG_PEEK } else { 0 };
-    // SAFETY: `buf` is valid for writes of its length for the duration of the call.
-    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), flags) };
-    usize::try_from(n).map_err(|_| io::Error::last_os_error())
 }
 
 /// `setsockopt(SO_RCVLOWAT, 1)`: besides setting the low-water mark, TCP re-runs its

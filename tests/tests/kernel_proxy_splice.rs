@@ -26,7 +26,7 @@ use integration_tests::{
     features::{Feature, skip_unless},
     kernel::{InProcess, Netns, TestCgroup, in_netns, require_root, skip_without_dataplane},
 };
-use proxy::proxy::{
+use proxy_relay::{
     OriginalDstTable, ProxyConfig, ProxyDeps, Service, ServiceTable, SpliceMode, Splicer, serve,
 };
 use tokio::{

@@ -12,8 +12,8 @@ use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use proxy::proxy::{ClusterHandle, DrainOutcome, ProxyConfig, RouteTable, Service, ServiceTable};
 use proxy_chain::{CompileRequest, Entries, compile};
+use proxy_relay::{ClusterHandle, DrainOutcome, ProxyConfig, RouteTable, Service, ServiceTable};
 use proxy_support::{
     HttpServer, TestProxy, WAIT, cluster, dead_addr, get, http1_client, payload, request,
     scripted::{Scripted, echo_line, send},

@@ -1,6 +1,6 @@
 //! Root: the proxy path behind the real kernel redirect. A proxy-mode service's connects are
 //! sent by connect4 to the proxy listener, sockops re-keys the original destination by 4-tuple,
-//! and the proxy (`proxy::proxy::serve` with the kernel's `OriginalDestinations` as its
+//! and the proxy (`proxy_relay::serve` with the kernel's `OriginalDestinations` as its
 //! `OriginalDst`) finds it from `accept()` and forwards to the service's cluster. Fresh network
 //! namespace and cgroup; everything runs inside the namespace.
 
@@ -10,12 +10,12 @@ use integration_tests::kernel::{
     InCgroup, InProcess, LoopReport, Netns, TestCgroup, in_netns, require_root,
     skip_without_dataplane, spec, tcp_loop,
 };
-use proxy::proxy::{ClusterHandle, ProxyConfig, ProxyDeps, Service, ServiceTable, serve};
 use proxy_common::service::SERVICE_F_PROXY;
 use proxy_core::{
     discovery::Host,
     health::{HostClass, Routing},
 };
+use proxy_relay::{ClusterHandle, ProxyConfig, ProxyDeps, Service, ServiceTable, serve};
 use tokio::io::AsyncWriteExt;
 
 const CONNECTIONS: u32 = 20;

@@ -21,7 +21,7 @@ use std::{
 };
 
 use integration_tests::kernel::{Netns, digest, in_netns, pattern, require_root};
-use proxy::proxy::{
+use proxy_relay::{
     NoOriginalDst, OriginalDst, OriginalDstTable, ProxyConfig, ProxyDeps, Service, ServiceTable,
     serve,
 };

@@ -8,7 +8,7 @@ mod proxy_support;
 
 use std::time::Duration;
 
-use proxy::proxy::{
+use proxy_relay::{
     DrainOutcome, NoOriginalDst, OriginalDstTable, ProxyConfig, ProxyDeps, ProxyProtocolMode,
     Service, ServiceTable, SpliceError, SpliceGuard, SpliceMode, Splicer, encode_v2, serve,
 };

@@ -3,7 +3,7 @@
 //! has a named default. ORIGINAL_DST settings (`cleanup_interval`,
 //! `original_dst_lb_config.use_http_header`) are set on the ORIGINAL_DST cluster, as in Envoy.
 
-use std::{net::SocketAddr, time::Duration};
+use std::{net::SocketAddr, num::NonZeroUsize, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
@@ -128,6 +128,10 @@ pub struct ProxyConfig {
     /// yielding for a second.
     #[serde(default = "defaults::yield_after_idle", with = "duration")]
     pub yield_after_idle: Duration,
+    /// Threads of the epoll engine; `None` (default): one per CPU the process may run on. Not
+    /// read from the `proxy:` section: the daemon takes it from `--concurrency`.
+    #[serde(skip)]
+    pub engine_threads: Option<NonZeroUsize>,
     /// The cluster for connections whose original destination is not a service (those that
     /// iptables `REDIRECT` or a PROXY header brought): typically an ORIGINAL_DST cluster. Unset:
     /// they are refused and counted `downstream_cx_no_route`.
@@ -152,6 +156,7 @@ impl Default for ProxyConfig {
             splice: SpliceMode::Copy,
             event_loop: EventLoop::Epoll,
             yield_after_idle: defaults::yield_after_idle(),
+            engine_threads: None,
             fallback_cluster: None,
         }
     }

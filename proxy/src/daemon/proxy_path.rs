@@ -1,6 +1,7 @@
 //! Starting and stopping the proxy path inside the daemon: the service table from the
 //! configuration (TCP to a cluster, HTTP routes of a discovery chain, ORIGINAL_DST), the
-//! listener, and the kernel's redirect target.
+//! listener, and the kernel's redirect target; and the proxy path's traits implemented for the
+//! data path's types (the kernel's original-destination map, proxy-pair splicing).
 //!
 //! Order matters for the kernel: the listener is bound and published (`abi::maps::SETTINGS`)
 //! before any service is published with `SERVICE_F_PROXY`, and on shutdown the listener is
@@ -11,19 +12,22 @@ use std::{collections::BTreeMap, net::SocketAddr, sync::Arc};
 
 use anyhow::Context as _;
 use proxy_chain::TargetLeg;
+use proxy_common::socket::PairFlow;
 use proxy_core::{
     chain,
     config::{Config, ServiceMode},
     upstream::Upstream,
 };
-use tokio::sync::watch;
+use proxy_relay::{
+    self as proxy_path, ClusterHandle, OriginalDst, PairSide, ProxyConfig, ProxyDeps, ProxyHandle,
+    RouteTable, Service, ServiceTable, SpliceControl, SpliceError, SpliceGuard, SpliceMode,
+    Splicer,
+};
+use tokio::{net::TcpStream, sync::watch};
 use tracing::{info, warn};
 
 use super::SharedDataplane;
-use crate::proxy::{
-    self as proxy_path, ClusterHandle, ProxyConfig, ProxyDeps, ProxyHandle, RouteTable, Service,
-    ServiceTable, SpliceMode, Splicer,
-};
+use crate::dataplane::{OriginalDestinations, PairGuard, PairSplicer};
 
 /// Starts the proxy path when the configuration uses it (`None` otherwise), and points the
 /// kernel's proxy-mode redirect at its listeners.
@@ -190,4 +194,30 @@ fn narrowed(
         }
     });
     rx
+}
+
+/// The kernel's map (connect4/6 record the destination, sockops re-keys it by 4-tuple).
+impl OriginalDst for OriginalDestinations {
+    fn lookup(&self, peer: SocketAddr, local: SocketAddr) -> Option<SocketAddr> {
+        OriginalDestinations::lookup(self, peer, local)
+    }
+}
+
+/// The kernel's proxy-pair splicing.
+impl Splicer for PairSplicer {
+    fn splice(&self, client: &TcpStream, upstream: &TcpStream) -> Result<SpliceGuard, SpliceError> {
+        PairSplicer::splice(self, client, upstream)
+            .map(SpliceGuard::new)
+            .map_err(Into::into)
+    }
+}
+
+impl SpliceControl for PairGuard {
+    fn flow(&self, side: PairSide) -> std::io::Result<PairFlow> {
+        PairGuard::flow(self, side).map_err(std::io::Error::other)
+    }
+
+    fn regrant(&self, side: PairSide, sent: u64, drained: u64) -> std::io::Result<()> {
+        PairGuard::regrant(self, side, sent, drained).map_err(std::io::Error::other)
+    }
 }

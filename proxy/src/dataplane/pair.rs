@@ -184,14 +184,8 @@ pub struct PairGuard {
     cookies: [u64; 2],
 }
 
-/// One socket of a spliced pair: its received bytes are one direction.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PairSide {
-    /// The accepted client socket (bytes from the client, to the upstream).
-    Client,
-    /// The upstream socket (bytes from the upstream, to the client).
-    Upstream,
-}
+/// One socket of a spliced pair (the proxy path's type: it asks by side).
+pub use proxy_relay::PairSide;
 
 impl PairGuard {
     fn key(&self, side: PairSide) -> u64 {

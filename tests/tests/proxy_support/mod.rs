@@ -23,12 +23,12 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response, body::Incoming, service::service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use proxy::proxy::{
-    ClusterHandle, OriginalDstTable, ProxyConfig, ProxyDeps, ProxyHandle, ServiceTable, serve,
-};
 use proxy_core::{
     discovery::Host,
     health::{HostClass, Routing},
+};
+use proxy_relay::{
+    ClusterHandle, OriginalDstTable, ProxyConfig, ProxyDeps, ProxyHandle, ServiceTable, serve,
 };
 use tokio::{
     net::{TcpListener, TcpSocket, TcpStream},

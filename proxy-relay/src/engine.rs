@@ -1,9 +1,8 @@
 //! The epoll engine: plain TCP connections (`splice: copy`, no PROXY protocol) run on a few
 //! threads of their own, each with an epoll instance and its own `SO_REUSEPORT` socket of every
 //! listener, instead of one tokio task per connection. An epoll event goes straight to the
-//! connection it belongs to: no task, no waker, no scheduler, no deregistration before close.
-//! A connection-rate test spends about a quarter less CPU per connection this way
-//! (BENCHMARKS.md, the follow-up of run 20261202T002841Z).
+//! connection it belongs to: no task, no waker, no scheduler, no deregistration before close,
+//! which costs less CPU per connection (BENCHMARKS.md has the measurement).
 //!
 //! What the engine does is what the tokio TCP path does (`tcp.rs`, `copy.rs`): the same start
 //! (accept, original destination, the client's first bytes sent with the connect), the same
@@ -17,7 +16,7 @@ use std::{
     collections::{BinaryHeap, HashMap},
     io,
     net::SocketAddr,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+    os::fd::AsFd,
     sync::{Arc, Mutex, atomic::Ordering},
     time::{Duration, Instant},
 };
@@ -25,22 +24,25 @@ use std::{
 use socket2::SockRef;
 use tracing::{debug, warn};
 
-use super::{
-    Service, Shared,
+use crate::{
+    addr::{BackendAddr, ClientAddr, canonical},
     cluster::{ClusterHandle, HostState},
     copy,
     drain::DrainWatcher,
     listener,
-    orig_dst::{BackendAddr, ClientAddr, HostLease},
+    orig_dst::HostLease,
+    service::Service,
+    shared::Shared,
     stats::ProxyStats,
+    sys::{self, Epoll, EpollEvent, EventFd},
     tcp,
 };
 
 /// Events taken per `epoll_wait`.
 const EVENTS: usize = 256;
 /// Bytes read per `recv`, in one buffer per thread; a partial send keeps only what is left.
-/// As large as the tokio copy loop's largest buffer: with 64 KiB, loopback bulk through the
-/// engine ran at 0.77x Envoy's, with 1 MiB at 1.18x (S3 loopback, 3 runs each).
+/// As large as the tokio copy loop's largest buffer, for the same reason: one read drains
+/// what a bulk sender queued (a smaller one measurably slowed loopback bulk; BENCHMARKS.md).
 const SCRATCH: usize = 1024 * 1024;
 /// Pause after a failed `accept()` (EMFILE and the like), as the tokio accept loop does.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
@@ -68,20 +70,14 @@ enum Cmd {
 
 /// A queue of commands and the eventfd that wakes the thread for them.
 struct Mailbox {
-    eventfd: OwnedFd,
+    eventfd: EventFd,
     cmds: Mutex<Vec<Cmd>>,
 }
 
 impl Mailbox {
     fn new() -> io::Result<Self> {
-        // SAFETY: eventfd returns a new descriptor or -1.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
         Ok(Self {
-            // SAFETY: a fresh descriptor that nothing else owns.
-            eventfd: unsafe { OwnedFd::from_raw_fd(fd) },
+            eventfd: EventFd::new()?,
             cmds: Mutex::new(Vec::new()),
         })
     }
@@ -91,15 +87,11 @@ impl Mailbox {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(cmd);
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: writes 8 bytes from a live buffer to our own eventfd.
-        unsafe { libc::write(self.eventfd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        self.eventfd.notify();
     }
 
     fn take(&self) -> Vec<Cmd> {
-        let mut counter = [0u8; 8];
-        // SAFETY: reads at most 8 bytes into a live buffer (resets the eventfd's counter).
-        unsafe { libc::read(self.eventfd.as_raw_fd(), counter.as_mut_ptr().cast(), 8) };
+        self.eventfd.reset();
         std::mem::take(&mut *self.cmds.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
@@ -157,13 +149,13 @@ impl Routes {
 
     fn get(&self, addr: SocketAddr) -> Option<&Route> {
         self.by_addr
-            .get(&super::canonical(addr))
+            .get(&canonical(addr))
             .or(self.fallback.as_ref())
     }
 }
 
 /// The running engine: its threads' mailboxes.
-pub(super) struct Engine {
+pub(crate) struct Engine {
     mailboxes: Vec<Arc<Mailbox>>,
 }
 
@@ -171,7 +163,7 @@ impl Engine {
     /// Starts one thread per element of `listeners` (each holds one `SO_REUSEPORT` socket of
     /// every listener address), and the tokio tasks that pass shutdown and routing changes on.
     /// Returns the engine and those tasks.
-    pub(super) fn start(
+    pub(crate) fn start(
         listeners: Vec<Vec<std::net::TcpListener>>,
         shared: Arc<Shared>,
         watcher: &DrainWatcher,
@@ -223,8 +215,14 @@ impl Engine {
         Ok((Self { mailboxes }, tasks))
     }
 
+    /// How many threads the engine runs.
+    #[cfg(test)]
+    pub(crate) fn threads(&self) -> usize {
+        self.mailboxes.len()
+    }
+
     /// Lets the threads go (they reset what is still open).
-    pub(super) fn stop(&self) {
+    pub(crate) fn stop(&self) {
         for m in &self.mailboxes {
             m.send(Cmd::Close);
             m.send(Cmd::Stop);
@@ -333,7 +331,7 @@ enum Timer {
 }
 
 struct Worker {
-    ep: OwnedFd,
+    ep: Epoll,
     listeners: Vec<Option<(std::net::TcpListener, Option<SocketAddr>)>>,
     mailbox: Arc<Mailbox>,
     shared: Arc<Shared>,
@@ -350,21 +348,6 @@ struct Worker {
     idle_yield: IdleYield,
 }
 
-fn epoll_add(ep: RawFd, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
-    let mut ev = libc::epoll_event { events, u64: token };
-    // SAFETY: both descriptors are open; the event is a live local.
-    if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-fn epoll_del(ep: RawFd, fd: RawFd) {
-    let mut ev = libc::epoll_event { events: 0, u64: 0 };
-    // SAFETY: as above; a failure (not registered) changes nothing.
-    unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_DEL, fd, &mut ev) };
-}
-
 const CONN_EVENTS: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
 
 impl Worker {
@@ -376,27 +359,11 @@ impl Worker {
         rt: tokio::runtime::Handle,
         watcher: DrainWatcher,
     ) -> io::Result<Self> {
-        // SAFETY: epoll_create1 returns a new descriptor or -1.
-        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if ep < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor that nothing else owns.
-        let ep = unsafe { OwnedFd::from_raw_fd(ep) };
-        epoll_add(
-            ep.as_raw_fd(),
-            mailbox.eventfd.as_raw_fd(),
-            libc::EPOLLIN as u32,
-            MAILBOX,
-        )?;
+        let ep = Epoll::new()?;
+        ep.add(mailbox.eventfd.as_fd(), libc::EPOLLIN as u32, MAILBOX)?;
         let mut listeners = Vec::new();
         for (i, l) in sockets.into_iter().enumerate() {
-            epoll_add(
-                ep.as_raw_fd(),
-                l.as_raw_fd(),
-                libc::EPOLLIN as u32,
-                LISTENER | i as u64,
-            )?;
+            ep.add(l.as_fd(), libc::EPOLLIN as u32, LISTENER | i as u64)?;
             // A listener on one address gives its sockets that address: no getsockname.
             let local = l.local_addr().ok().filter(|a| !a.ip().is_unspecified());
             listeners.push(Some((l, local)));
@@ -421,39 +388,29 @@ impl Worker {
     }
 
     fn run(mut self) {
-        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS];
+        let mut events = vec![EpollEvent { events: 0, u64: 0 }; EVENTS];
         loop {
             let timeout = self.next_timeout();
             let asleep = (!self.idle_yield.after.is_zero()).then(Instant::now);
-            // SAFETY: the buffer holds EVENTS entries.
-            let n = unsafe {
-                libc::epoll_wait(
-                    self.ep.as_raw_fd(),
-                    events.as_mut_ptr(),
-                    EVENTS as i32,
-                    timeout,
-                )
-            };
-            if n < 0 {
-                let err = io::Error::last_os_error();
-                if err.kind() == io::ErrorKind::Interrupted {
-                    continue;
+            let n = match self.ep.wait(&mut events, timeout) {
+                Ok(n) => n,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(err) => {
+                    warn!(%err, "the proxy engine's epoll_wait failed; its connections are reset");
+                    self.close_all("the engine failed");
+                    return;
                 }
-                warn!(%err, "the proxy engine's epoll_wait failed; its connections are reset");
-                self.close_all("the engine failed");
-                return;
-            }
+            };
             if n > 0
                 && let Some(asleep) = asleep
             {
                 let now = Instant::now();
                 if self.idle_yield.due(asleep, now) {
-                    // SAFETY: no arguments; it only reschedules the calling thread.
-                    unsafe { libc::sched_yield() };
+                    sys::sched_yield();
                     self.idle_yield.gave_way(now, Instant::now());
                 }
             }
-            for ev in &events[..n as usize] {
+            for ev in &events[..n] {
                 let (token, flags) = (ev.u64, ev.events);
                 if token == MAILBOX {
                     for cmd in self.mailbox.take() {
@@ -558,12 +515,9 @@ impl Worker {
             }
             if listener {
                 if let Some(Some((l, _))) = self.listeners.get(index) {
-                    let _ = epoll_add(
-                        self.ep.as_raw_fd(),
-                        l.as_raw_fd(),
-                        libc::EPOLLIN as u32,
-                        LISTENER | index as u64,
-                    );
+                    let _ = self
+                        .ep
+                        .add(l.as_fd(), libc::EPOLLIN as u32, LISTENER | index as u64);
                 }
                 continue;
             }
@@ -597,7 +551,7 @@ impl Worker {
                 return;
             };
             let local = *local;
-            match listener::accept_now(listener) {
+            match sys::accept_nonblocking(listener) {
                 Ok((stream, peer)) => self.start(stream, ClientAddr(peer), local),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -605,7 +559,7 @@ impl Worker {
                     // Level-triggered: taken out of epoll for a moment so the loop does not
                     // spin on an error that persists (EMFILE).
                     warn!(%err, "accept on the proxy listener failed");
-                    epoll_del(self.ep.as_raw_fd(), listener.as_raw_fd());
+                    self.ep.delete(listener.as_fd());
                     self.add_timer(Instant::now() + ACCEPT_BACKOFF, Timer::Listener(li));
                     return;
                 }
@@ -692,7 +646,7 @@ impl Worker {
             Err(err) => return refuse(err),
         };
         // What the client sent already goes out with the connect (see tcp.rs).
-        let first = match recv_flags(&client, &mut self.scratch, libc::MSG_DONTWAIT) {
+        let first = match sys::recv(client.as_fd(), &mut self.scratch, libc::MSG_DONTWAIT) {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
             Err(err) => {
@@ -731,10 +685,9 @@ impl Worker {
             conns.push(None);
             conns.len() - 1
         });
-        let ep = self.ep.as_raw_fd();
         let token = (index as u64) << 1;
-        if let Err(err) = epoll_add(ep, client.as_raw_fd(), CONN_EVENTS, token)
-            .and_then(|()| epoll_add(ep, upstream.as_raw_fd(), CONN_EVENTS, token | 1))
+        if let Err(err) = (self.ep.add(client.as_fd(), CONN_EVENTS, token))
+            .and_then(|()| self.ep.add(upstream.as_fd(), CONN_EVENTS, token | 1))
         {
             warn!(%err, "could not register a connection with the proxy engine");
             copy::abort(&client);
@@ -986,32 +939,11 @@ impl Worker {
 }
 
 fn recv(s: &std::net::TcpStream, buf: &mut [u8]) -> io::Result<usize> {
-    recv_flags(s, buf, 0)
-}
-
-fn recv_flags(s: &std::net::TcpStream, buf: &mut [u8], flags: i32) -> io::Result<usize> {
-    // SAFETY: writes at most buf.len() bytes into a live buffer.
-    let n = unsafe { libc::recv(s.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), flags) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
+    sys::recv(s.as_fd(), buf, 0)
 }
 
 fn send(s: &std::net::TcpStream, buf: &[u8]) -> io::Result<usize> {
-    // SAFETY: reads at most buf.len() bytes from a live buffer.
-    let n = unsafe {
-        libc::send(
-            s.as_raw_fd(),
-            buf.as_ptr().cast(),
-            buf.len(),
-            libc::MSG_NOSIGNAL,
-        )
-    };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
+    sys::send(s.as_fd(), buf)
 }
 
 #[cfg(test)]

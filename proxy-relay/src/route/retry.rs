@@ -12,7 +12,7 @@ use std::time::Duration;
 use http::{HeaderMap, StatusCode};
 use proxy_chain::entries::ServiceRouteDestination;
 
-use super::RouteError;
+use super::error::RouteError;
 
 /// Envoy's default retry back-off base interval (Consul configures none).
 pub const RETRY_BACKOFF_BASE: Duration = Duration::from_millis(25);

@@ -4,7 +4,6 @@
 
 use std::{
     collections::HashMap,
-    fmt,
     net::SocketAddr,
     sync::{Arc, Mutex, RwLock},
     time::Duration,
@@ -12,43 +11,15 @@ use std::{
 
 use tokio::{net::TcpStream, time::Instant};
 
-use super::pool::Pool;
-
-/// The client end of a proxied connection, as the listener's `accept()` saw it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ClientAddr(pub SocketAddr);
-
-/// The address the client dialled before it was redirected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct OrigDstAddr(pub SocketAddr);
-
-/// The host the proxy connects to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BackendAddr(pub SocketAddr);
-
-macro_rules! display {
-    ($($t:ty),*) => {$(
-        impl fmt::Display for $t {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                self.0.fmt(f)
-            }
-        }
-    )*};
-}
-display!(ClientAddr, OrigDstAddr, BackendAddr);
+use crate::{addr::BackendAddr, pool::Pool};
 
 /// Finds the original destination of an accepted connection from its addresses: `peer` and
-/// `local` are the accepted socket's peer and local addresses (its 4-tuple).
+/// `local` are the accepted socket's peer and local addresses (its 4-tuple). The daemon
+/// implements it for the kernel's map (`dataplane::OriginalDestinations`: connect4/6 record the
+/// destination, sockops re-keys it by 4-tuple).
 pub trait OriginalDst: Send + Sync {
     /// The destination the client dialled, or `None` if the connection was not redirected.
     fn lookup(&self, peer: SocketAddr, local: SocketAddr) -> Option<SocketAddr>;
-}
-
-/// The kernel's map (connect4/6 record the destination, sockops re-keys it by 4-tuple).
-impl OriginalDst for crate::dataplane::OriginalDestinations {
-    fn lookup(&self, peer: SocketAddr, local: SocketAddr) -> Option<SocketAddr> {
-        crate::dataplane::OriginalDestinations::lookup(self, peer, local)
-    }
 }
 
 /// Knows no destination (for a listener that only serves iptables or PROXY protocol).
@@ -102,7 +73,7 @@ pub fn so_original_dst(stream: &TcpStream) -> Option<SocketAddr> {
 }
 
 /// [`so_original_dst`] of a socket whose local address is known (`local` picks the option).
-pub(super) fn so_original_dst_at(
+pub(crate) fn so_original_dst_at(
     stream: &impl std::os::fd::AsFd,
     local: SocketAddr,
 ) -> Option<SocketAddr> {

@@ -1,30 +1,25 @@
 //! The listener: accepts redirected connections, finds each one's original destination, refuses
 //! what has none, and hands the rest to the TCP or HTTP path, each in a span of its own.
 
-use std::{
-    io,
-    net::SocketAddr,
-    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd},
-    sync::Arc,
-    time::Duration,
-};
+use std::{io, net::SocketAddr, os::fd::AsFd, sync::Arc, time::Duration};
 
-use socket2::{Domain, SockAddr, Socket, Type};
-use tokio::{
-    io::{Interest, unix::AsyncFd},
-    net::TcpStream,
-    time::Instant,
-};
+use proxy_core::config::proxy::ProxyProtocolMode;
+use socket2::{Domain, Socket, Type};
+use tokio::{io::unix::AsyncFd, net::TcpStream, time::Instant};
 use tracing::{Instrument, debug, debug_span, field, warn};
 
-use super::{
-    ProxyProtocolMode, Service, Shared, copy,
+use crate::{
+    addr::{ClientAddr, OrigDstAddr},
+    client::Client,
+    copy,
     drain::DrainWatcher,
     http,
-    orig_dst::{ClientAddr, OrigDstAddr, so_original_dst_at},
+    orig_dst::so_original_dst_at,
     proxy_protocol,
+    service::Service,
+    shared::Shared,
     stats::{ActiveConnection, ProxyStats},
-    tcp,
+    sys, tcp,
 };
 
 /// Pending connections the kernel queues per listener before `accept()` (redirected
@@ -35,21 +30,19 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// A bound listener, registered with the event loop for readability; the sockets it accepts
 /// are not (see [`Client`]).
-pub(super) type Listener = AsyncFd<std::net::TcpListener>;
+pub(crate) type Listener = AsyncFd<std::net::TcpListener>;
 
 /// Binds one listener address (IPv6 addresses are v6-only, so `[::]` and `0.0.0.0` can both be
 /// configured).
-pub(super) fn bind(addr: SocketAddr) -> io::Result<Listener> {
+pub(crate) fn bind(addr: SocketAddr) -> io::Result<Listener> {
     let listener = bind_std(addr, false)?;
-    // SAFETY: the std listener owns its descriptor, which stays open and the same until the
-    // AsyncFd (its only owner from here) is dropped.
-    Ok(unsafe { AsyncFd::register_with_interest(listener, Interest::READABLE) }?)
+    sys::register_readable(listener)
 }
 
 /// The sockets of one listener address for `n` engine threads: `SO_REUSEPORT`, so the kernel
 /// spreads new connections over them, each accepted by one thread only. Port 0 becomes the
 /// first socket's port for all.
-pub(super) fn bind_reuseport(addr: SocketAddr, n: usize) -> io::Result<Vec<std::net::TcpListener>> {
+pub(crate) fn bind_reuseport(addr: SocketAddr, n: usize) -> io::Result<Vec<std::net::TcpListener>> {
     let first = bind_std(addr, true)?;
     let addr = first.local_addr()?;
     let mut all = vec![first];
@@ -78,65 +71,8 @@ fn bind_std(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net::TcpListe
     Ok(socket.into())
 }
 
-/// An accepted connection's socket. It joins the event loop only when a task first waits on
-/// it: the TCP path reads what the client has sent already and passes it on before that, so a
-/// socket whose first bytes were taken that way brings no stale readiness (and no wasted
-/// wakeup) with it.
-pub(super) enum Client {
-    /// Not registered yet.
-    Raw(std::net::TcpStream),
-    /// Registered (a PROXY protocol header was read from it).
-    Registered(TcpStream),
-}
-
-impl Client {
-    /// The socket, registered with the event loop.
-    pub(super) fn register(self) -> io::Result<TcpStream> {
-        match self {
-            Self::Raw(s) => TcpStream::from_std(s),
-            Self::Registered(s) => Ok(s),
-        }
-    }
-}
-
-impl AsFd for Client {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        match self {
-            Self::Raw(s) => s.as_fd(),
-            Self::Registered(s) => s.as_fd(),
-        }
-    }
-}
-
-/// `accept4()` with `SOCK_NONBLOCK`: the socket is ready for the event loop without another
-/// system call, and is not registered with it yet.
-pub(super) fn accept_now(
-    listener: &std::net::TcpListener,
-) -> io::Result<(std::net::TcpStream, SocketAddr)> {
-    // SAFETY: accept4 writes at most `len` bytes of address into the storage it is given and
-    // returns a new descriptor (owned by the TcpStream from here) or -1.
-    let (fd, peer) = unsafe {
-        SockAddr::try_init(|storage, len| {
-            let fd = libc::accept4(
-                listener.as_raw_fd(),
-                storage.cast(),
-                len,
-                libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            );
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(std::net::TcpStream::from_raw_fd(fd))
-        })?
-    };
-    let peer = peer
-        .as_socket()
-        .ok_or_else(|| io::Error::other("accepted a connection from a non-IP address"))?;
-    Ok((fd, peer))
-}
-
 /// Accepts until draining starts, then drops the listener (new connects are refused).
-pub(super) async fn accept_loop(listener: Listener, shared: Arc<Shared>, drain: DrainWatcher) {
+pub(crate) async fn accept_loop(listener: Listener, shared: Arc<Shared>, drain: DrainWatcher) {
     // A listener on one address gives every accepted socket that local address: no
     // getsockname per connection (a wildcard listener still asks each socket).
     let local = listener
@@ -161,7 +97,7 @@ pub(super) async fn accept_loop(listener: Listener, shared: Arc<Shared>, drain: 
                 }
             },
         };
-        match ready.try_io(|l| accept_now(l.get_ref())) {
+        match ready.try_io(|l| sys::accept_nonblocking(l.get_ref())) {
             Ok(Ok((stream, peer))) => {
                 tokio::spawn(handle(
                     Client::Raw(stream),
@@ -287,7 +223,7 @@ async fn original_destination(
 
 /// The original destination of a connection without a PROXY protocol header (the engine's
 /// accept; see [`original_destination`]).
-pub(super) fn redirected_destination(
+pub(crate) fn redirected_destination(
     stream: &impl AsFd,
     client: ClientAddr,
     local: Option<SocketAddr>,
@@ -336,7 +272,7 @@ fn not_self(dst: Option<SocketAddr>, shared: &Shared) -> Option<OrigDstAddr> {
 
 /// A connection the engine accepted for an HTTP service: the tokio path from here, like one
 /// accepted by [`accept_loop`].
-pub(super) async fn serve_http_accepted(
+pub(crate) async fn serve_http_accepted(
     stream: std::net::TcpStream,
     client: ClientAddr,
     orig: OrigDstAddr,
@@ -371,7 +307,7 @@ mod tests {
         assert!(!client.nodelay().unwrap(), "a socket starts with Nagle on");
         let mut ready = listener.readable().await.unwrap();
         let (accepted, peer) = ready
-            .try_io(|l| accept_now(l.get_ref()))
+            .try_io(|l| sys::accept_nonblocking(l.get_ref()))
             .expect("readable")
             .expect("accepted");
         assert_eq!(peer, client.local_addr().unwrap());

@@ -26,7 +26,7 @@ use tokio::{
 };
 use tracing::debug;
 
-use super::{orig_dst::BackendAddr, stats::ProxyStats};
+use crate::{addr::BackendAddr, stats::ProxyStats};
 
 /// Request and response bodies on the proxy's HTTP path (their error ends the stream: a
 /// downstream body error aborts the upstream request, an upstream or timeout error aborts the
@@ -234,7 +234,7 @@ pub async fn connect_tcp(
 
 /// Awaits a connect to `host` for at most `timeout`; a failure is counted
 /// (`upstream_cx_connect_fail`, and `upstream_cx_connect_timeout` for a timeout).
-pub(super) async fn within_connect_timeout<T>(
+pub(crate) async fn within_connect_timeout<T>(
     host: BackendAddr,
     timeout: Duration,
     stats: &ProxyStats,

@@ -4,24 +4,26 @@
 
 use std::{io, sync::atomic::Ordering, time::Duration};
 
+use proxy_core::config::proxy::SpliceMode;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpStream;
 use tracing::{debug, field, warn};
 
-use super::{
-    Shared, SpliceMode,
+use crate::{
+    addr::{BackendAddr, OrigDstAddr},
+    client::Client,
     cluster::{ClusterHandle, HostClose},
     copy::{self, Copied, CopyError, Meter},
     drain::DrainWatcher,
-    listener::Client,
-    orig_dst::{BackendAddr, HostLease, OrigDstAddr},
+    orig_dst::HostLease,
     pool::{ConnectError, connect_tcp, within_connect_timeout},
+    shared::Shared,
     splice::{self, Baseline, SpliceError, SpliceGuard},
     stats::ProxyStats,
 };
 
 /// Where a TCP connection goes.
-pub(super) enum Target {
+pub(crate) enum Target {
     /// ORIGINAL_DST: the destination itself.
     Original(OrigDstAddr),
     /// A host of the cluster.
@@ -29,7 +31,7 @@ pub(super) enum Target {
 }
 
 /// Connects upstream and copies; the client is reset when no upstream can be had.
-pub(super) async fn forward(client: Client, target: Target, shared: &Shared, drain: &DrainWatcher) {
+pub(crate) async fn forward(client: Client, target: Target, shared: &Shared, drain: &DrainWatcher) {
     let stats = &shared.stats;
     let (host, cluster, _lease): (BackendAddr, Option<ClusterHandle>, Option<HostLease>) =
         match target {
@@ -47,7 +49,7 @@ pub(super) async fn forward(client: Client, target: Target, shared: &Shared, dra
                 }
             },
         };
-    if let Some(span) = super::conn_span() {
+    if let Some(span) = conn_span() {
         span.record("host", field::display(host));
     }
     // Spliced pairs are handed over before any byte moves; others start with what the client
@@ -129,7 +131,7 @@ pub(super) async fn forward(client: Client, target: Target, shared: &Shared, dra
     };
     let (copied, result) = match hand_to_kernel(&client, &upstream, shared) {
         Some((guard, base)) => {
-            if let Some(span) = super::conn_span() {
+            if let Some(span) = conn_span() {
                 span.record("spliced", true);
             }
             // Boxed: kept inline, its state would size every connection's task, spliced or
@@ -144,7 +146,7 @@ pub(super) async fn forward(client: Client, target: Target, shared: &Shared, dra
             (copied, result)
         }
     };
-    if let Some(span) = super::conn_span() {
+    if let Some(span) = conn_span() {
         span.record("sent", copied.sent);
         span.record("received", copied.received);
     }
@@ -239,7 +241,7 @@ async fn connect_with_first_bytes(
 /// Starts a non-blocking connect to `host` with `TCP_NODELAY` set: when this returns, the
 /// connect is done (a local host) or in progress (`EINPROGRESS`; the socket turns writable when
 /// it ends, and `SO_ERROR` tells how). The tokio path and the epoll engine both connect this way.
-pub(super) fn start_connect(host: BackendAddr) -> io::Result<Socket> {
+pub(crate) fn start_connect(host: BackendAddr) -> io::Result<Socket> {
     let socket = Socket::new(
         Domain::for_address(host.0),
         Type::STREAM.nonblocking().cloexec(),
@@ -282,6 +284,12 @@ fn hand_to_kernel(
     }
 }
 
+/// The current connection's span, when debug logging is on: `Span::current` asks the
+/// subscriber, which every connection would pay for at the default level for nothing.
+fn conn_span() -> Option<tracing::Span> {
+    tracing::enabled!(tracing::Level::DEBUG).then(tracing::Span::current)
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::fd::AsFd;
@@ -307,15 +315,8 @@ mod tests {
     /// Waits until the accepted socket has something to report (bytes, an end, a reset),
     /// without taking it: poll() leaves a pending error where it is.
     fn wait_readable(client: &Client) {
-        use std::os::fd::AsRawFd;
-        let mut pfd = libc::pollfd {
-            fd: client.as_fd().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, TIMEOUT.as_millis() as i32) };
-        assert_eq!(n, 1, "nothing arrived on the client's socket");
+        let ready = crate::sys::poll_readable(client.as_fd(), TIMEOUT).expect("poll");
+        assert!(ready, "nothing arrived on the client's socket");
     }
 
     fn dead_addr() -> BackendAddr {

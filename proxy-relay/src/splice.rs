@@ -32,12 +32,23 @@ use std::{
 use proxy_common::socket::PairFlow;
 use tokio::{io::Interest, net::TcpStream};
 
-use super::copy::{CopyError, Meter, abort};
-pub use crate::dataplane::PairSide as Side;
-use crate::sys::{self, TcpBytes};
+use crate::{
+    copy::{CopyError, Meter, abort},
+    sys::{self, TcpBytes},
+};
+
+/// One socket of a spliced pair: its received bytes are one direction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PairSide {
+    /// The accepted client socket (bytes from the client, to the upstream).
+    Client,
+    /// The upstream socket (bytes from the upstream, to the client).
+    Upstream,
+}
 
 /// Hands a connected client/upstream pair to something that moves bytes between them without
-/// the proxy (the kernel). Shared by every connection task.
+/// the proxy (the kernel). Shared by every connection task. The daemon implements it for its
+/// `dataplane::PairSplicer`.
 pub trait Splicer: Send + Sync {
     /// Splices the pair; bytes move between them until the returned guard is dropped. An error
     /// means nothing was changed: the caller copies in userspace instead.
@@ -61,30 +72,11 @@ impl SpliceGuard {
 /// What the proxy needs from a spliced pair while it runs (see the module docs).
 pub trait SpliceControl: Send + Sync {
     /// What the kernel did with the bytes `side` received since splicing.
-    fn flow(&self, side: Side) -> io::Result<PairFlow>;
+    fn flow(&self, side: PairSide) -> io::Result<PairFlow>;
     /// A new credit for `side`'s bytes, counted from `sent` (its redirected bytes that already
     /// went into the other socket); the kernel redirects only once `drained` (the passed bytes
     /// copied in all) caught up with what it passed.
-    fn regrant(&self, side: Side, sent: u64, drained: u64) -> io::Result<()>;
-}
-
-/// The kernel's proxy-pair splicing.
-impl Splicer for crate::dataplane::PairSplicer {
-    fn splice(&self, client: &TcpStream, upstream: &TcpStream) -> Result<SpliceGuard, SpliceError> {
-        crate::dataplane::PairSplicer::splice(self, client, upstream)
-            .map(SpliceGuard::new)
-            .map_err(Into::into)
-    }
-}
-
-impl SpliceControl for crate::dataplane::PairGuard {
-    fn flow(&self, side: Side) -> io::Result<PairFlow> {
-        crate::dataplane::PairGuard::flow(self, side).map_err(io::Error::other)
-    }
-
-    fn regrant(&self, side: Side, sent: u64, drained: u64) -> io::Result<()> {
-        crate::dataplane::PairGuard::regrant(self, side, sent, drained).map_err(io::Error::other)
-    }
+    fn regrant(&self, side: PairSide, sent: u64, drained: u64) -> io::Result<()>;
 }
 
 /// First wait between two looks at bytes leaving the sending socket (before a half-close, or
@@ -107,13 +99,13 @@ const TICK_FIRST: Duration = Duration::from_millis(1);
 const TICK_MAX: Duration = Duration::from_secs(1);
 
 /// Both sockets' byte counts just before splicing.
-pub(super) struct Baseline {
+pub(crate) struct Baseline {
     client: TcpBytes,
     upstream: TcpBytes,
 }
 
 /// Reads the byte counts splicing is measured against; call before [`Splicer::splice`].
-pub(super) fn baseline(client: &TcpStream, upstream: &TcpStream) -> io::Result<Baseline> {
+pub(crate) fn baseline(client: &TcpStream, upstream: &TcpStream) -> io::Result<Baseline> {
     Ok(Baseline {
         client: sys::tcp_bytes(client.as_fd())?,
         upstream: sys::tcp_bytes(upstream.as_fd())?,
@@ -125,7 +117,7 @@ struct Direction<'a> {
     from: &'a TcpStream,
     to: &'a TcpStream,
     /// Which socket `from` is, for the kernel's flow counters.
-    side: Side,
+    side: PairSide,
     names: (&'static str, &'static str),
     /// Bytes of `from` that userspace took before splicing (never forwarded by the kernel).
     consumed_before: u64,
@@ -143,7 +135,7 @@ impl<'a> Direction<'a> {
     fn new(
         from: &'a TcpStream,
         to: &'a TcpStream,
-        side: Side,
+        side: PairSide,
         base: (&TcpBytes, &TcpBytes),
         names: (&'static str, &'static str),
         meter: &'a AtomicU64,
@@ -477,7 +469,7 @@ async fn failed(s: &TcpStream) -> io::Error {
 
 /// Runs a spliced pair until both directions ended, a side failed or `close` resolves. `guard`
 /// is dropped before the sockets close.
-pub(super) async fn run(
+pub(crate) async fn run(
     client: TcpStream,
     upstream: TcpStream,
     guard: SpliceGuard,
@@ -489,7 +481,7 @@ pub(super) async fn run(
         let up = Direction::new(
             &client,
             &upstream,
-            Side::Client,
+            PairSide::Client,
             (&base.client, &base.upstream),
             ("client", "upstream"),
             meter.tx,
@@ -497,7 +489,7 @@ pub(super) async fn run(
         let down = Direction::new(
             &upstream,
             &client,
-            Side::Upstream,
+            PairSide::Upstream,
             (&base.upstream, &base.client),
             ("upstream", "client"),
             meter.rx,

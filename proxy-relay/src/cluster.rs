@@ -17,7 +17,7 @@ use proxy_core::{
 };
 use tokio::sync::{mpsc, watch};
 
-use super::{orig_dst::BackendAddr, pool::Pool};
+use crate::{addr::BackendAddr, pool::Pool};
 
 /// Where a host stands in its cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,9 +10,8 @@ use std::{
     time::Duration,
 };
 
+use proxy_core::config::proxy::ProxyProtocolMode;
 use tokio::io::{AsyncRead, AsyncReadExt};
-
-use super::ProxyProtocolMode;
 
 /// The v2 signature: `\r\n\r\n\0\r\nQUIT\n`.
 const V2_SIGNATURE: [u8; 12] = *b"\r\n\r\n\0\r\nQUIT\n";

@@ -30,7 +30,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::{sync::watch, time::Instant};
 
-use super::super::{pool::Body, stats::ProxyStats};
+use crate::{pool::Body, stats::ProxyStats};
 
 /// Errors of the proxy's bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

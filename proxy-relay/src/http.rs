@@ -22,13 +22,15 @@ use tokio::net::TcpStream;
 use tracing::debug;
 
 use self::body::{BoxError, Clock, Expired, Payload, TimedBody};
-use super::{
-    Service, Shared,
+use crate::{
+    addr::{BackendAddr, OrigDstAddr},
     cluster::{ClusterHandle, random_u64},
     drain::DrainWatcher,
-    orig_dst::{BackendAddr, HostLease, OrigDstAddr},
+    orig_dst::HostLease,
     pool::{self, Body, ConnectError, Pool, Proto, Sender},
     route::{AttemptFailure, RetryPolicy, Route, apply_headers, backoff},
+    service::Service,
+    shared::Shared,
     stats::ProxyStats,
 };
 
@@ -57,7 +59,7 @@ struct Ctx {
 
 /// Serves one client connection until it ends; on drain, asks it to close after the current
 /// request (HTTP/1.1 `Connection: close`, HTTP/2 GOAWAY); at the shutdown deadline, drops it.
-pub(super) async fn serve(
+pub(crate) async fn serve(
     stream: TcpStream,
     orig: OrigDstAddr,
     service: Service,

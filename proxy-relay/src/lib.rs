@@ -1,10 +1,15 @@
-//! The proxy path: a listener for connections that connect4/6 redirected to the daemon (or that
+//! The userspace proxy path: a listener for connections that connect4/6 redirected to the daemon (or that
 //! iptables `REDIRECT` or a PROXY protocol header brought), forwarding to ORIGINAL_DST, to a
 //! cluster's hosts over TCP, or through a service-router's HTTP routes; draining on host
 //! removal and on shutdown; Envoy-named stats.
 //!
 //! Entry point: [`serve`] binds the listeners and returns a [`ProxyHandle`]; the caller keeps it
 //! and calls [`ProxyHandle::shutdown`] (two-phase drain) when the daemon stops.
+//!
+//! The crate knows nothing of the kernel programs: the daemon passes in what it has of them
+//! behind three traits, [`OriginalDst`] (the kernel's original-destination map), [`Splicer`] and
+//! [`SpliceControl`] (proxy-pair splicing). It builds and tests without the eBPF toolchain.
+//! Every raw socket and epoll call is in the `sys` module, the crate's only `unsafe` code.
 //!
 //! ```text
 //! accept() -> original destination (PROXY header | kernel map by 4-tuple | SO_ORIGINAL_DST)
@@ -17,6 +22,10 @@
 //!               Http(routes)             -> hyper: route match, leg, host, retries, timeout
 //! ```
 
+#![deny(unsafe_code)]
+
+mod addr;
+mod client;
 mod cluster;
 mod copy;
 mod drain;
@@ -27,12 +36,18 @@ mod orig_dst;
 mod pool;
 mod proxy_protocol;
 mod route;
+mod service;
+mod shared;
 mod splice;
 mod stats;
+#[allow(
+    unsafe_code,
+    reason = "the crate's raw socket and epoll calls, each with its SAFETY note"
+)]
+mod sys;
 mod tcp;
 
 use std::{
-    collections::HashMap,
     net::SocketAddr,
     sync::{Arc, atomic::Ordering},
 };
@@ -43,90 +58,23 @@ pub use proxy_core::config::proxy::{
 use tokio::task::JoinHandle;
 use tracing::info;
 
+use self::{addr::canonical, shared::Shared};
 pub use self::{
+    addr::{BackendAddr, ClientAddr, OrigDstAddr},
     cluster::{ClusterHandle, DrainPolicy, HostClose, HostState, host_state},
     copy::{Copied, CopyError, INITIAL_BUFFER_SIZE, LARGE_BUFFER_SIZE},
     drain::{DrainOutcome, DrainTrigger, DrainWatcher},
     orig_dst::{
-        BackendAddr, ClientAddr, HostLease, NoOriginalDst, OrigDstAddr, OriginalDst,
-        OriginalDstCluster, OriginalDstTable, so_original_dst,
+        HostLease, NoOriginalDst, OriginalDst, OriginalDstCluster, OriginalDstTable,
+        so_original_dst,
     },
     pool::{Pool, Proto},
     proxy_protocol::{ProxyHeader, ProxyProtocolError, encode_v2, parse as parse_proxy_header},
     route::{RetryPolicy, Route, RouteError, RouteLeg, RouteMatch, RouteTable},
-    splice::{SpliceError, SpliceGuard, Splicer},
+    service::{Service, ServiceTable},
+    splice::{PairSide, SpliceControl, SpliceError, SpliceGuard, Splicer},
     stats::ProxyStats,
 };
-
-/// What the proxy does with connections to one original destination.
-#[derive(Clone)]
-pub enum Service {
-    /// ORIGINAL_DST: connect to the destination itself. With `http`, requests are proxied one
-    /// by one over pooled connections (and `x-envoy-original-dst-host` applies when enabled).
-    OriginalDst {
-        /// Treat the traffic as HTTP/1.1 or HTTP/2 cleartext.
-        http: bool,
-    },
-    /// TCP to a host of the cluster, drained when the host is removed.
-    Tcp(ClusterHandle),
-    /// HTTP routed by a compiled service-router chain.
-    Http(Arc<RouteTable>),
-}
-
-/// Services by the address clients dial (VIP:port), and what to do with other destinations.
-#[derive(Clone, Default)]
-pub struct ServiceTable {
-    by_addr: HashMap<SocketAddr, Service>,
-    fallback: Option<Service>,
-}
-
-impl ServiceTable {
-    /// No services; connections to unknown destinations are refused.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Adds (or replaces) the service at `addr`.
-    pub fn insert(&mut self, addr: SocketAddr, service: Service) -> &mut Self {
-        self.by_addr.insert(canonical(addr), service);
-        self
-    }
-
-    /// What destinations without a service get (typically `OriginalDst` for iptables users);
-    /// without one they are refused and counted `downstream_cx_no_route`.
-    pub fn set_fallback(&mut self, service: Service) -> &mut Self {
-        self.fallback = Some(service);
-        self
-    }
-
-    fn get(&self, addr: SocketAddr) -> Option<&Service> {
-        self.by_addr
-            .get(&canonical(addr))
-            .or(self.fallback.as_ref())
-    }
-
-    /// Every cluster the services use (for pool sweeps).
-    fn clusters(&self) -> Vec<ClusterHandle> {
-        let services = self.by_addr.values().chain(self.fallback.as_ref());
-        services
-            .flat_map(|s| match s {
-                Service::Tcp(c) => vec![c.clone()],
-                Service::Http(t) => t.clusters(),
-                Service::OriginalDst { .. } => vec![],
-            })
-            .collect()
-    }
-}
-
-/// The current connection's span, when debug logging is on: `Span::current` asks the
-/// subscriber, which every connection would pay for at the default level for nothing.
-fn conn_span() -> Option<tracing::Span> {
-    tracing::enabled!(tracing::Level::DEBUG).then(tracing::Span::current)
-}
-
-fn canonical(a: SocketAddr) -> SocketAddr {
-    SocketAddr::new(a.ip().to_canonical(), a.port())
-}
 
 /// What the proxy needs from the rest of the daemon.
 pub struct ProxyDeps {
@@ -168,35 +116,6 @@ pub enum ProxyError {
     Engine(#[source] std::io::Error),
 }
 
-/// State every connection task shares.
-pub(crate) struct Shared {
-    config: ProxyConfig,
-    stats: Arc<ProxyStats>,
-    original_dst: Arc<dyn OriginalDst>,
-    services: ServiceTable,
-    splicer: Option<Arc<dyn Splicer>>,
-    orig_dst_cluster: Arc<OriginalDstCluster>,
-    /// The bound listener addresses: a destination equal to one of them would loop.
-    listeners: Vec<SocketAddr>,
-}
-
-impl Shared {
-    fn drain_policy(&self) -> DrainPolicy {
-        DrainPolicy {
-            drain_timeout: self.config.drain_timeout,
-            close_on_health_failure: self.config.close_connections_on_host_health_failure,
-        }
-    }
-
-    /// Whether `dst` is the proxy itself (a connection to it would loop).
-    fn is_self(&self, dst: SocketAddr) -> bool {
-        let dst = canonical(dst);
-        self.listeners
-            .iter()
-            .any(|l| l.port() == dst.port() && (l.ip() == dst.ip() || l.ip().is_unspecified()))
-    }
-}
-
 /// A running proxy.
 pub struct ProxyHandle {
     shared: Arc<Shared>,
@@ -236,20 +155,13 @@ impl ProxyStatsHandle {
     }
 }
 
-/// Threads of the epoll engine (0: one per CPU the process may run on).
-static ENGINE_THREADS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// Sets how many threads the epoll engine of proxies started from now on runs (the daemon's
-/// `--concurrency`); by default one per CPU the process may run on.
-pub fn set_engine_threads(n: usize) {
-    ENGINE_THREADS.store(n, Ordering::Relaxed);
-}
-
-fn engine_threads() -> usize {
-    match ENGINE_THREADS.load(Ordering::Relaxed) {
-        0 => std::thread::available_parallelism().map_or(2, usize::from),
-        n => n,
-    }
+/// Threads of the epoll engine: `engine_threads` of the config, or one per CPU the process may
+/// run on.
+fn engine_threads(config: &ProxyConfig) -> usize {
+    config.engine_threads.map_or_else(
+        || std::thread::available_parallelism().map_or(2, usize::from),
+        usize::from,
+    )
 }
 
 /// Binds the configured listeners and starts serving. Must run inside a tokio runtime.
@@ -265,7 +177,7 @@ pub async fn serve(config: ProxyConfig, deps: ProxyDeps) -> Result<ProxyHandle, 
     let engine_threads = (config.event_loop == EventLoop::Epoll
         && config.splice == SpliceMode::Copy
         && config.proxy_protocol == ProxyProtocolMode::Off)
-        .then(engine_threads);
+        .then(|| engine_threads(&config));
     let mut bound = Vec::new();
     let mut engine_sockets: Vec<Vec<std::net::TcpListener>> = Vec::new();
     let mut local_addrs = Vec::new();
@@ -400,5 +312,39 @@ impl Drop for ProxyHandle {
         if let Some(engine) = &self.engine {
             engine.stop();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroUsize;
+
+    use super::*;
+
+    fn deps() -> ProxyDeps {
+        ProxyDeps {
+            original_dst: Arc::new(NoOriginalDst),
+            services: ServiceTable::new(),
+            splicer: None,
+        }
+    }
+
+    #[test]
+    fn the_engine_runs_one_thread_per_cpu_by_default() {
+        let cpus = std::thread::available_parallelism().map_or(2, usize::from);
+        assert_eq!(engine_threads(&ProxyConfig::default()), cpus);
+    }
+
+    #[tokio::test]
+    async fn the_engine_runs_the_configured_thread_count() {
+        let config = ProxyConfig {
+            listeners: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
+            engine_threads: NonZeroUsize::new(3),
+            ..ProxyConfig::default()
+        };
+        let handle = serve(config, deps()).await.expect("serving");
+        let threads = handle.engine.as_ref().map(engine::Engine::threads);
+        assert_eq!(threads, Some(3), "one engine thread per configured thread");
+        handle.shutdown().await;
     }
 }

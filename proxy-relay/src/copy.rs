@@ -24,12 +24,14 @@ use tokio::{
     },
 };
 
+use crate::sys;
+
 /// First buffer size per direction: request/response traffic mostly fits, and an idle
 /// connection costs little (two of these per proxied connection).
 pub const INITIAL_BUFFER_SIZE: usize = 8 * 1024;
 /// Largest buffer, for bulk transfers: one read drains what the socket holds (as Envoy's 1 MiB
-/// per-connection buffer limit). Against 64 KiB, one loopback stream through the proxy moved
-/// 20-70 % more per second with 20-30 % less daemon CPU (BENCHMARKS.md).
+/// per-connection buffer limit), so a bulk stream takes fewer reads and writes than with a
+/// smaller one (BENCHMARKS.md has the measurement).
 pub const LARGE_BUFFER_SIZE: usize = 1024 * 1024;
 /// Completely filled reads in a row after which a direction's buffer grows ([`grown`]): only a
 /// sender that keeps the socket full climbs from [`INITIAL_BUFFER_SIZE`] to
@@ -265,10 +267,7 @@ mod spare {
 /// kernel reports it once, so the caller must act on it as the copy would.
 pub fn read_now(client: &impl AsFd) -> io::Result<Vec<u8>> {
     let mut buf = spare::take();
-    let sock = socket2::SockRef::from(client);
-    match sock.recv_with_flags(buf.spare_capacity_mut(), libc::MSG_DONTWAIT) {
-        // SAFETY: recv initialised the first `n` bytes of the spare capacity.
-        Ok(n) if n > 0 => unsafe { buf.set_len(n) },
+    match sys::recv_into_spare(client.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
         Ok(_) => {}
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
         Err(e) => {

@@ -6,6 +6,7 @@
 pub mod consul;
 pub mod dns;
 pub mod source;
+pub mod xds;
 
 use std::{collections::BTreeMap, net::SocketAddr};
 

@@ -2,15 +2,15 @@
 //! file:line:column) and starting the xDS clients that feed their hosts.
 //!
 //! The configuration keeps the `xds` section and each cluster's `eds_cluster_config` in Envoy's
-//! shapes; they are parsed here into `proxy_xds` types, since `proxy-xds` builds on `proxy-core`.
+//! shapes; they are parsed here into `proxy_core::discovery::xds` types.
 
 use std::{collections::BTreeMap, net::SocketAddr, path::Path, sync::Arc};
 
 use proxy_core::{
     config::{ClusterType, Config, ConfigError, locate::Locator},
+    discovery::xds::{EdsClient, EdsClusterConfig, XdsConfig},
     upstream::{FeedStats, FeedUpdate},
 };
-use proxy_xds::{EdsClient, EdsClusterConfig, XdsConfig};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
@@ -94,7 +94,7 @@ pub fn validate(config: &Config, file: &Path, text: &str) -> Result<(), ConfigEr
             "EDS clusters need an `xds` section with the node identity".to_owned(),
         ));
     };
-    proxy_xds::plan(xds, &parsed.clusters, &resolver(config))
+    proxy_core::discovery::xds::plan(xds, &parsed.clusters, &resolver(config))
         .map(|_| ())
         .map_err(|e| invalid(file, text, "xds".to_owned(), e.to_string()))
 }
@@ -127,15 +127,17 @@ pub fn start(config: &Config) -> anyhow::Result<EdsFeeds> {
     if parsed.clusters.is_empty() {
         return Ok(out);
     }
-    for (source, watches) in proxy_xds::plan(&xds, &parsed.clusters, &resolver(config))? {
+    for (source, watches) in
+        proxy_core::discovery::xds::plan(&xds, &parsed.clusters, &resolver(config))?
+    {
         let names: Vec<String> = watches.iter().map(|w| w.cluster.clone()).collect();
-        let client = Arc::new(proxy_xds::spawn_eds(source, watches)?);
+        let client = Arc::new(proxy_core::discovery::xds::spawn_eds(source, watches)?);
         for name in names {
             let Some(mut updates) = client.updates(&name) else {
                 continue;
             };
             let first = updates.borrow_and_update().clone();
-            let feed = |u: proxy_xds::EdsUpdate| FeedUpdate {
+            let feed = |u: proxy_core::discovery::xds::EdsUpdate| FeedUpdate {
                 version: u.version,
                 initialized: u.initialized,
                 hosts: u.hosts,

@@ -19,13 +19,15 @@ use envoy_types::pb::{
     google::protobuf::Any,
 };
 use prost::Message;
-use proxy_core::discovery::{Host, HostSet};
 use thiserror::Error;
 use tokio::sync::watch;
 
-use crate::{
-    cla::{ClaError, hosts_from_cla},
-    stats::{ClusterStats, version_gauge},
+use crate::discovery::{
+    Host, HostSet,
+    xds::{
+        cla::{ClaError, hosts_from_cla},
+        stats::{ClusterStats, version_gauge},
+    },
 };
 
 /// The type URL of `envoy.config.endpoint.v3.ClusterLoadAssignment`.

@@ -9,7 +9,7 @@
 //!
 //! ```no_run
 //! # async fn wire() -> Result<(), Box<dyn std::error::Error>> {
-//! use proxy_xds::{EdsClusterConfig, XdsConfig, plan, spawn_eds};
+//! use proxy_core::discovery::xds::{EdsClusterConfig, XdsConfig, plan, spawn_eds};
 //!
 //! let xds: XdsConfig = serde_yaml::from_str(
 //!     "node: {id: proxy-1, cluster: edge}\n\

@@ -6,7 +6,7 @@ use envoy_types::pb::google::protobuf::Any;
 use tokio::sync::watch;
 
 use super::fixtures::{cla, delta, ports, sotw};
-use crate::{
+use crate::discovery::xds::{
     CLA_TYPE_URL, ClusterStatValues, ClusterStats, EdsUpdate, UpdateError,
     state::{EdsState, Sink},
 };

@@ -19,6 +19,7 @@ use proxy_common::service::{
 use proxy_core::{
     chain::{self, ChainPlan},
     config::{Config, LbPolicy, Protocol, Service, ServiceMode},
+    discovery::xds::XdsClients,
     health::{HealthCheckManager, Routing},
     lb,
     upstream::Upstream,
@@ -76,8 +77,8 @@ async fn run_async(config: Config) -> anyhow::Result<()> {
         follow_sockets: needs_sockops(&config, &templates),
     };
     let manager = HealthCheckManager::default();
-    let eds = crate::xds::start(&config).context("starting the xDS clients")?;
-    let upstreams = start_upstreams(&config, &manager, &eds)?;
+    let xds = XdsClients::start(&config).context("starting the xDS clients")?;
+    let upstreams = start_upstreams(&config, &manager, &xds)?;
     let dp: SharedDataplane = Arc::new(Mutex::new(Some(
         Dataplane::open(&opts).context("attaching the data path")?,
     )));
@@ -147,16 +148,16 @@ async fn run_async(config: Config) -> anyhow::Result<()> {
     }
     publishers.abort_all();
     drop(upstreams);
-    drop(eds);
+    drop(xds);
     shutdown(&dp);
     Ok(())
 }
 
-/// Starts discovery and health for every cluster (EDS clusters over their xDS feed).
+/// Starts discovery and health for every cluster (EDS clusters over their xDS connection).
 fn start_upstreams(
     config: &Config,
     manager: &HealthCheckManager,
-    eds: &crate::xds::EdsFeeds,
+    xds: &XdsClients,
 ) -> anyhow::Result<BTreeMap<String, Arc<Upstream>>> {
     let mut upstreams = BTreeMap::new();
     for cluster in &config.clusters {
@@ -164,12 +165,7 @@ fn start_upstreams(
         if config.is_original_dst(&cluster.name) {
             continue;
         }
-        let upstream = match eds.feeds.get(&cluster.name) {
-            Some((feed, stats)) => {
-                Upstream::spawn_with_feed(cluster, manager, feed.clone(), stats.clone())?
-            }
-            None => Upstream::spawn(cluster, manager)?,
-        };
+        let upstream = Upstream::spawn_in(cluster, manager, xds)?;
         upstreams.insert(cluster.name.clone(), Arc::new(upstream));
     }
     Ok(upstreams)

@@ -6,8 +6,8 @@ use std::{collections::BTreeSet, time::Duration};
 
 use integration_tests::xds_server::{Envoy, WAIT, XdsServer};
 use proxy_core::discovery::{
-    EdsHealth,
-    xds::{EdsClient, EdsUpdate, EdsWatch, GrpcApi, NodeConfig, Transport, XdsSource, spawn_eds},
+    EdsHealth, SourceUpdate as EdsUpdate,
+    xds::{EdsClient, EdsWatch, GrpcApi, NodeConfig, Transport, XdsSource, spawn_eds},
 };
 use serde_json::{Value, json};
 use tokio::sync::watch;

@@ -47,10 +47,9 @@ pub struct Cluster {
     )]
     pub custom_cluster_type: Option<CustomClusterType>,
     /// EDS clusters: Envoy's `eds_cluster_config` (`service_name`, `eds_config` with `ads: {}`
-    /// or an `api_config_source`). Checked by `proxy check` against
-    /// `proxy_xds::EdsClusterConfig`.
+    /// or an `api_config_source`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub eds_cluster_config: Option<serde_json::Value>,
+    pub eds_cluster_config: Option<crate::discovery::xds::EdsClusterConfig>,
     /// DNS clusters: interval between resolutions after a success. Default 5000 ms; > 1 ms.
     #[serde(default = "defaults::dns_refresh_rate", with = "duration")]
     pub dns_refresh_rate: Duration,

@@ -2,7 +2,7 @@
 //! state, and routable hosts come out.
 //!
 //! [`Upstream::spawn_in`] starts the cluster's source through [`discovery::start`] (which picks
-//! it from the cluster's type) and a task, [`run`], that applies host updates (read straight from
+//! it from the cluster's type) and a task, `run`, that applies host updates (read straight from
 //! the source's own watch channel), health-check transitions (from the cluster's one
 //! subscription to the [`HealthCheckManager`]), passive signals and the outlier sweep to the
 //! cluster's [`ClusterHealth`]. Every change of the routable set is published on a watch

@@ -18,9 +18,9 @@ use serde::{Deserialize, Serialize};
 
 pub use self::{
     cluster::{
-        Address, CONSUL_CLUSTER, Cluster, ClusterType, CustomClusterType, DNS_SRV_CLUSTER,
-        DnsSrvConfig, Endpoint, LbEndpoint, LbPolicy, LoadAssignment, LocalityLbEndpoints,
-        Metadata, OriginalDstLbConfig, SocketAddress,
+        Address, CONSUL_CLUSTER, Cluster, ClusterType, CustomClusterType, CustomConfig,
+        DNS_SRV_CLUSTER, DnsSrvConfig, Endpoint, LbEndpoint, LbPolicy, LoadAssignment,
+        LocalityLbEndpoints, Metadata, OriginalDstLbConfig, SocketAddress,
     },
     error::ConfigError,
     proxy::{ProxyConfig, ProxyProtocolMode, SpliceMode},
@@ -154,7 +154,7 @@ impl Config {
         let deserializer = serde_yaml::Deserializer::from_str(text);
         let mut config: Config = serde_path_to_error::deserialize(deserializer)
             .map_err(|err| ConfigError::from_serde(file, text, err))?;
-        validate::validate(&config).map_err(|invalid| invalid.locate(file, text))?;
+        validate::validate(&mut config).map_err(|invalid| invalid.locate(file, text))?;
         let base = file.parent().unwrap_or(Path::new("."));
         config.chains =
             validate::compile_chains(&config, base).map_err(|e| e.locate(file, text))?;

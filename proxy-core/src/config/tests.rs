@@ -464,3 +464,30 @@ fn xds_config_is_typed_and_dumped() {
         "the default shows in /config_dump"
     );
 }
+
+#[test]
+fn custom_cluster_settings_are_typed_once_by_validation() {
+    let text = "clusters:\n  - name: c\n    cluster_type: { name: proxy.clusters.consul, typed_config: { address: '127.0.0.1:8500', service: web } }\n  - name: s\n    cluster_type: { name: proxy.clusters.dns_srv, typed_config: { service_names: [_web._tcp.test] } }\n";
+    let config = parse(text).expect("valid");
+    let typed = |i: usize| {
+        config.clusters[i]
+            .custom_cluster_type
+            .as_ref()
+            .and_then(|c| c.typed.clone())
+    };
+    match typed(0) {
+        Some(CustomConfig::Consul(consul)) => {
+            assert_eq!(
+                (consul.address.as_str(), consul.service.as_str()),
+                ("127.0.0.1:8500", "web")
+            );
+        }
+        other => panic!("expected Consul settings, got {other:?}"),
+    }
+    assert_eq!(
+        typed(1),
+        Some(CustomConfig::DnsSrv(DnsSrvConfig {
+            service_names: vec!["_web._tcp.test".to_owned()]
+        }))
+    );
+}

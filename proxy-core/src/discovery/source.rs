@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 use super::{
     HostSet,
-    consul::{ConsulConfig, spawn_consul},
+    consul::spawn_consul,
     dns::{
         BuildResolverError, DnsConfigError, HickoryResolver, SrvService, spawn_dns_srv,
         spawn_logical_dns, spawn_strict_dns,
@@ -19,9 +19,7 @@ use super::{
     fixed::FixedSource,
     xds::XdsClients,
 };
-use crate::config::{
-    CONSUL_CLUSTER, Cluster, ClusterType, CustomClusterType, DNS_SRV_CLUSTER, DnsSrvConfig,
-};
+use crate::config::{Cluster, ClusterType, CustomClusterType, CustomConfig};
 
 /// One published state of a source's hosts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -174,7 +172,8 @@ fn resolver(
         })
 }
 
-/// Starts a custom source (`cluster_type: {name, typed_config}`) of a validated config.
+/// Starts a custom source (`cluster_type: {name, typed_config}`) from the settings that
+/// validation typed.
 fn start_custom(
     cluster: &Cluster,
     custom: &CustomClusterType,
@@ -184,16 +183,12 @@ fn start_custom(
         cluster: name.clone(),
         message,
     };
-    match custom.name.as_str() {
-        CONSUL_CLUSTER => {
-            let cfg: ConsulConfig = serde_json::from_value(custom.typed_config.clone())
-                .map_err(|e| bad(e.to_string()))?;
-            let consul = spawn_consul(name.clone(), cfg).map_err(|e| bad(e.to_string()))?;
+    match &custom.typed {
+        Some(CustomConfig::Consul(cfg)) => {
+            let consul = spawn_consul(name.clone(), cfg.clone()).map_err(|e| bad(e.to_string()))?;
             Ok(Box::new(consul))
         }
-        DNS_SRV_CLUSTER => {
-            let cfg: DnsSrvConfig = serde_json::from_value(custom.typed_config.clone())
-                .map_err(|e| bad(e.to_string()))?;
+        Some(CustomConfig::DnsSrv(cfg)) => {
             let settings = cluster.dns_settings();
             let resolver = resolver(name, &settings)?;
             let services = cfg
@@ -209,7 +204,10 @@ fn start_custom(
             })?;
             Ok(Box::new(dns))
         }
-        other => Err(bad(format!("unknown cluster type {other:?}"))),
+        None => Err(bad(format!(
+            "custom cluster type {:?} was not validated (Config::parse types it)",
+            custom.name
+        ))),
     }
 }
 

@@ -18,9 +18,9 @@ use serde::{Deserialize, Serialize};
 
 pub use self::{
     cluster::{
-        Address, CONSUL_CLUSTER, Cluster, ClusterType, CustomClusterType, DNS_SRV_CLUSTER,
-        DnsSrvConfig, Endpoint, LbEndpoint, LbPolicy, LoadAssignment, LocalityLbEndpoints,
-        Metadata, OriginalDstLbConfig, SocketAddress,
+        Address, CONSUL_CLUSTER, Cluster, ClusterType, CustomClusterType, CustomConfig,
+        DNS_SRV_CLUSTER, DnsSrvConfig, Endpoint, LbEndpoint, LbPolicy, LoadAssignment,
+        LocalityLbEndpoints, Metadata, OriginalDstLbConfig, SocketAddress,
     },
     error::ConfigError,
     proxy::{ProxyConfig, ProxyProtocolMode, SpliceMode},
@@ -93,10 +93,9 @@ pub struct Config {
     pub services: Vec<Service>,
     /// The xDS client for EDS clusters, in Envoy's bootstrap shape: `node {id, cluster}` and
     /// `ads_config` (an `api_config_source`: `api_type` GRPC, DELTA_GRPC or REST, `server_uri` or
-    /// `grpc_services: [{envoy_grpc: {cluster_name}}]`). Checked by `proxy check` against
-    /// `proxy_xds::XdsConfig`.
+    /// `grpc_services: [{envoy_grpc: {cluster_name}}]`). Required when a cluster is EDS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub xds: Option<serde_json::Value>,
+    pub xds: Option<crate::discovery::xds::XdsConfig>,
     /// The datacenter this daemon runs in; discovery chains are compiled for it. Default `dc1`.
     #[serde(default = "defaults::datacenter")]
     pub datacenter: String,
@@ -155,10 +154,11 @@ impl Config {
         let deserializer = serde_yaml::Deserializer::from_str(text);
         let mut config: Config = serde_path_to_error::deserialize(deserializer)
             .map_err(|err| ConfigError::from_serde(file, text, err))?;
-        validate::validate(&config).map_err(|invalid| invalid.locate(file, text))?;
+        validate::validate(&mut config).map_err(|invalid| invalid.locate(file, text))?;
         let base = file.parent().unwrap_or(Path::new("."));
         config.chains =
             validate::compile_chains(&config, base).map_err(|e| e.locate(file, text))?;
+        validate::validate_xds(&config).map_err(|invalid| invalid.locate(file, text))?;
         Ok(config)
     }
 

@@ -1,15 +1,26 @@
-//! Hosts and host sets as discovery backends produce them.
+//! The discovery plane: where a cluster's hosts come from.
 //!
-//! Every backend (STATIC, STRICT_DNS, LOGICAL_DNS, EDS, custom) reduces to a [`HostSet`] per
-//! cluster. Health and the load assignment take it from there.
+//! Every source sits side by side here and implements [`DiscoverySource`]: [`fixed`] (STATIC),
+//! [`dns`] (STRICT_DNS, LOGICAL_DNS and the DNS SRV custom type), [`consul`] (the Consul catalog
+//! custom type) and [`xds`] (EDS over xDS v3). Each publishes [`SourceUpdate`]s itself on the
+//! watch channel that the cluster's event loop (`crate::upstream`) reads; [`start`] is the one
+//! place that maps a cluster's type to its source. Every source reduces to a [`HostSet`], and
+//! [`diff_hosts`] is the one host diff they publish with.
 
 pub mod consul;
 pub mod dns;
+pub mod fixed;
 pub mod source;
+pub mod xds;
 
-use std::{collections::BTreeMap, net::SocketAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::SocketAddr,
+};
 
 use serde::{Deserialize, Serialize};
+
+pub use self::source::{DiscoverySource, SourceError, SourceUpdate, start};
 
 /// Health as reported by the discovery source itself (EDS `health_status`, Consul checks), before
 /// active health checking. Envoy's `core.v3.HealthStatus`.
@@ -64,3 +75,23 @@ impl Host {
 
 /// The hosts a discovery backend currently reports for one cluster.
 pub type HostSet = Vec<Host>;
+
+/// Hosts of `new` whose address is not in `old`, and hosts of `old` whose address is not in
+/// `new`: every source fills [`SourceUpdate::added`] and [`SourceUpdate::removed`] with it. A
+/// consumer that may have skipped versions (watch channels keep only the latest) diffs its
+/// last-seen hosts against the current ones with this instead.
+pub fn diff_hosts(old: &[Host], new: &[Host]) -> (Vec<Host>, Vec<Host>) {
+    let old_addrs: BTreeSet<SocketAddr> = old.iter().map(|h| h.addr).collect();
+    let new_addrs: BTreeSet<SocketAddr> = new.iter().map(|h| h.addr).collect();
+    let added = new
+        .iter()
+        .filter(|h| !old_addrs.contains(&h.addr))
+        .cloned()
+        .collect();
+    let removed = old
+        .iter()
+        .filter(|h| !new_addrs.contains(&h.addr))
+        .cloned()
+        .collect();
+    (added, removed)
+}

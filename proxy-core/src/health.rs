@@ -25,7 +25,7 @@ pub mod stats;
 pub mod tcp;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use checker::{Checker, CheckerFactory, NetworkCheckers, ProtocolChecker};
 pub use cluster::{ClusterHealth, PassiveSignal};

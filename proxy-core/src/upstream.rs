@@ -1,11 +1,13 @@
-//! A running cluster: its discovery backend feeds its health state, and routable hosts come out.
+//! A running cluster, and its one event loop: the cluster's discovery source feeds its health
+//! state, and routable hosts come out.
 //!
-//! [`Upstream::spawn`] starts the discovery of one configured cluster (STATIC: the configured
-//! hosts; STRICT_DNS / LOGICAL_DNS: a resolution task per name) and a task that applies host
-//! updates, health-check transitions, passive signals and the outlier sweep to the cluster's
-//! [`ClusterHealth`]. Every change of the routable set is published on a watch channel, which the
-//! daemon turns into kernel slot tables. The health state sits behind a lock so the admin
-//! interface can read host flags and stats at any time.
+//! [`Upstream::spawn_in`] starts the cluster's source through [`discovery::start`] (which picks
+//! it from the cluster's type) and a task, `run`, that applies host updates (read straight from
+//! the source's own watch channel), health-check transitions (from the cluster's one
+//! subscription to the [`HealthCheckManager`]), passive signals and the outlier sweep to the
+//! cluster's [`ClusterHealth`]. Every change of the routable set is published on a watch
+//! channel, which the daemon turns into kernel slot tables. The health state sits behind a lock
+//! so the admin interface can read host flags and stats at any time.
 
 use std::{
     sync::{Arc, Mutex, MutexGuard},
@@ -18,18 +20,8 @@ use tokio::{
 };
 
 use crate::{
-    config::{
-        CONSUL_CLUSTER, Cluster, ClusterType, CustomClusterType, DNS_SRV_CLUSTER, DnsSrvConfig,
-    },
-    discovery::{
-        HostSet,
-        consul::{ConsulConfig, spawn_consul},
-        dns::{
-            BuildResolverError, DnsCluster, DnsConfigError, HickoryResolver, SrvService, Update,
-            spawn_dns_srv, spawn_logical_dns, spawn_strict_dns,
-        },
-        source::{DiscoverySource, DnsSource},
-    },
+    config::Cluster,
+    discovery::{self, DiscoverySource, SourceError, SourceUpdate, xds::XdsClients},
     health::{
         ClusterHealth, HealthCheckManager, HealthConfigError, HealthEvent, HostStatus,
         PassiveSignal, Routing, SeededRandom,
@@ -53,40 +45,9 @@ pub enum UpstreamError {
         #[source]
         source: HealthConfigError,
     },
-    /// Its DNS settings are invalid.
-    #[error("cluster {cluster}: {source}")]
-    Dns {
-        /// The cluster.
-        cluster: String,
-        /// Why.
-        #[source]
-        source: DnsConfigError,
-    },
-    /// The resolver could not be built.
-    #[error("cluster {cluster}: {source}")]
-    Resolver {
-        /// The cluster.
-        cluster: String,
-        /// Why.
-        #[source]
-        source: BuildResolverError,
-    },
-    /// A custom backend's settings are invalid or it could not start.
-    #[error("cluster {cluster}: {message}")]
-    Custom {
-        /// The cluster.
-        cluster: String,
-        /// What went wrong.
-        message: String,
-    },
-    /// The type is not served by this build.
-    #[error("cluster {cluster}: type {kind:?} is not implemented yet in this build")]
-    Unsupported {
-        /// The cluster.
-        cluster: String,
-        /// Its type.
-        kind: ClusterType,
-    },
+    /// Its discovery source could not start.
+    #[error(transparent)]
+    Discovery(#[from] SourceError),
 }
 
 /// A running cluster.
@@ -96,49 +57,35 @@ pub struct Upstream {
     routing: watch::Receiver<Routing>,
     initialized: watch::Receiver<bool>,
     passive: mpsc::Sender<PassiveSignal>,
-    dns: Option<Arc<DnsCluster>>,
-    feed_stats: Option<FeedStats>,
-    drain_on_removal: bool,
+    /// Kept for its stats and so its tasks run as long as the cluster does.
+    source: Box<dyn DiscoverySource>,
     outlier_detection: bool,
     task: JoinHandle<()>,
 }
 
 impl Upstream {
-    /// Starts discovery and health for `cluster`. Must run inside a tokio runtime.
+    /// Starts discovery and health for a cluster of any type but EDS (whose subscription lives
+    /// on a shared connection: use [`Upstream::spawn_in`]). Must run inside a tokio runtime.
     pub fn spawn(cluster: &Cluster, manager: &HealthCheckManager) -> Result<Self, UpstreamError> {
-        if let Some(custom) = &cluster.custom_cluster_type {
-            let source = start_custom(cluster, custom)?;
-            let updates = source.updates();
-            let stats: FeedStats = Arc::new(move || source.named_stats());
-            return Self::spawn_with_feed(cluster, manager, updates, stats);
-        }
-        let (hosts, dns) = start_source(cluster)?;
-        Self::start(cluster, manager, hosts, dns, None)
+        Self::spawn_in(cluster, manager, &XdsClients::default())
     }
 
-    /// Starts health for `cluster` over hosts that an external source (EDS, Consul) publishes on
-    /// `feed`; `stats` adds the source's stats to the cluster's.
-    pub fn spawn_with_feed(
+    /// Starts discovery and health for `cluster`; an EDS cluster subscribes through `xds`. Must
+    /// run inside a tokio runtime.
+    pub fn spawn_in(
         cluster: &Cluster,
         manager: &HealthCheckManager,
-        feed: watch::Receiver<FeedUpdate>,
-        stats: FeedStats,
+        xds: &XdsClients,
     ) -> Result<Self, UpstreamError> {
-        Self::start(
-            cluster,
-            manager,
-            HostFeed::External(feed),
-            None,
-            Some(stats),
-        )
+        let source = discovery::start(cluster, xds)?;
+        Self::with_source(cluster, manager, source)
     }
 
-    fn start(
+    /// Starts health for `cluster` over the hosts `source` publishes.
+    pub fn with_source(
         cluster: &Cluster,
         manager: &HealthCheckManager,
-        hosts: HostFeed,
-        dns: Option<Arc<DnsCluster>>,
-        feed_stats: Option<FeedStats>,
+        source: Box<dyn DiscoverySource>,
     ) -> Result<Self, UpstreamError> {
         let name = cluster.name.clone();
         let random = Arc::new(SeededRandom::from_entropy());
@@ -148,7 +95,6 @@ impl Upstream {
                 source,
             },
         )?;
-        let drain_on_removal = cluster.cluster_type != ClusterType::LogicalDns;
         let outlier_detection = cluster.outlier_detection.is_some();
         let health = Arc::new(Mutex::new(health));
         let (routing_tx, routing) = watch::channel(Routing::default());
@@ -158,28 +104,24 @@ impl Upstream {
             .as_ref()
             .map_or(IDLE_SWEEP, |o| o.interval);
         let (init_tx, initialized) = watch::channel(false);
-        let events = manager.subscribe();
+        let inputs = Inputs {
+            hosts: source.updates(),
+            // The cluster's one subscription, taken before its first hosts register probes.
+            events: manager.subscribe(),
+            passive: passive_rx,
+        };
         let outputs = Outputs {
             routing: routing_tx,
             initialized: init_tx,
         };
-        let task = tokio::spawn(run(
-            health.clone(),
-            hosts,
-            events,
-            passive_rx,
-            outputs,
-            sweep,
-        ));
+        let task = tokio::spawn(run(health.clone(), inputs, outputs, sweep));
         Ok(Self {
             name,
             health,
             routing,
             initialized,
             passive,
-            dns,
-            feed_stats,
-            drain_on_removal,
+            source,
             outlier_detection,
             task,
         })
@@ -215,7 +157,7 @@ impl Upstream {
 
     /// Whether connections to removed hosts are drained (false for LOGICAL_DNS).
     pub fn drain_on_removal(&self) -> bool {
-        self.drain_on_removal
+        self.source.drain_on_change()
     }
 
     /// Every host with its flags, as `/clusters` shows them.
@@ -226,16 +168,8 @@ impl Upstream {
     /// Envoy-named stats: discovery (`update_*`), membership, health checks, outlier detection.
     pub fn stats(&self) -> Vec<(String, u64)> {
         // Discovery stats first; health's membership gauges win where both name one.
-        let mut stats: std::collections::BTreeMap<String, u64> = self
-            .dns
-            .as_ref()
-            .map(|d| d.named_stats())
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
-        if let Some(feed) = &self.feed_stats {
-            stats.extend(feed());
-        }
+        let mut stats: std::collections::BTreeMap<String, u64> =
+            self.source.named_stats().into_iter().collect();
         stats.extend(self.lock().stats());
         stats.into_iter().collect()
     }
@@ -251,98 +185,12 @@ impl Drop for Upstream {
     }
 }
 
-/// Hosts from a discovery source other than the built-in types (EDS over xDS, Consul, DNS SRV).
-pub use crate::discovery::source::SourceUpdate as FeedUpdate;
-
-/// Stats of an external source, as `(cluster.<name>.<stat>, value)` pairs.
-pub type FeedStats = Arc<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
-
-/// Where a cluster's hosts come from.
-enum HostFeed {
-    /// Fixed hosts; the sender is kept so the channel stays open.
-    Static {
-        _sender: watch::Sender<HostSet>,
-        rx: watch::Receiver<HostSet>,
-    },
-    /// A DNS cluster's updates (the `Upstream` keeps the cluster, and so its tasks, alive).
-    Dns(watch::Receiver<Update>),
-    /// An external source.
-    External(watch::Receiver<FeedUpdate>),
-}
-
-impl HostFeed {
-    /// Whether the source has delivered its first result.
-    fn initialized(&self) -> bool {
-        match self {
-            HostFeed::Static { .. } => true,
-            HostFeed::Dns(rx) => rx.borrow().initialized,
-            HostFeed::External(rx) => rx.borrow().initialized,
-        }
-    }
-
-    fn current(&mut self) -> HostSet {
-        match self {
-            HostFeed::Static { rx, .. } => rx.borrow_and_update().clone(),
-            HostFeed::Dns(rx) => rx.borrow_and_update().hosts.clone(),
-            HostFeed::External(rx) => rx.borrow_and_update().hosts.clone(),
-        }
-    }
-
-    /// Waits for the next host set; `None` when the source is gone.
-    async fn next(&mut self) -> Option<HostSet> {
-        match self {
-            HostFeed::Static { rx, .. } => {
-                rx.changed().await.ok()?;
-                Some(rx.borrow_and_update().clone())
-            }
-            HostFeed::Dns(rx) => {
-                rx.changed().await.ok()?;
-                Some(rx.borrow_and_update().hosts.clone())
-            }
-            HostFeed::External(rx) => {
-                rx.changed().await.ok()?;
-                Some(rx.borrow_and_update().hosts.clone())
-            }
-        }
-    }
-}
-
-fn start_source(cluster: &Cluster) -> Result<(HostFeed, Option<Arc<DnsCluster>>), UpstreamError> {
-    let name = &cluster.name;
-    match cluster.cluster_type {
-        ClusterType::Static => {
-            let (tx, rx) = watch::channel(cluster.static_hosts());
-            Ok((HostFeed::Static { _sender: tx, rx }, None))
-        }
-        ClusterType::StrictDns | ClusterType::LogicalDns => {
-            let settings = cluster.dns_settings();
-            let resolver =
-                HickoryResolver::new(&settings).map_err(|source| UpstreamError::Resolver {
-                    cluster: name.clone(),
-                    source,
-                })?;
-            let endpoints = cluster.dns_endpoints();
-            let spawn = if cluster.cluster_type == ClusterType::StrictDns {
-                spawn_strict_dns
-            } else {
-                spawn_logical_dns
-            };
-            let dns = spawn(name, settings, endpoints, Arc::new(resolver)).map_err(|source| {
-                UpstreamError::Dns {
-                    cluster: name.clone(),
-                    source,
-                }
-            })?;
-            let rx = dns.updates();
-            let dns = Arc::new(dns);
-            Ok((HostFeed::Dns(rx), Some(dns)))
-        }
-        // EDS hosts come from the xDS client, which the daemon starts (spawn_with_feed).
-        kind => Err(UpstreamError::Unsupported {
-            cluster: name.clone(),
-            kind,
-        }),
-    }
+/// What the event loop reads: the source's own channel, the cluster's subscription to health
+/// events, and the data path's passive signals.
+struct Inputs {
+    hosts: watch::Receiver<SourceUpdate>,
+    events: broadcast::Receiver<HealthEvent>,
+    passive: mpsc::Receiver<PassiveSignal>,
 }
 
 /// What the event loop publishes.
@@ -351,61 +199,15 @@ struct Outputs {
     initialized: watch::Sender<bool>,
 }
 
-/// Starts a custom backend (`cluster_type: {name, typed_config}`) of a validated config.
-fn start_custom(
-    cluster: &Cluster,
-    custom: &CustomClusterType,
-) -> Result<Arc<dyn DiscoverySource>, UpstreamError> {
-    let name = &cluster.name;
-    let bad = |message: String| UpstreamError::Custom {
-        cluster: name.clone(),
-        message,
-    };
-    match custom.name.as_str() {
-        CONSUL_CLUSTER => {
-            let cfg: ConsulConfig = serde_json::from_value(custom.typed_config.clone())
-                .map_err(|e| bad(e.to_string()))?;
-            let consul = spawn_consul(name.clone(), cfg).map_err(|e| bad(e.to_string()))?;
-            Ok(Arc::new(consul))
-        }
-        DNS_SRV_CLUSTER => {
-            let cfg: DnsSrvConfig = serde_json::from_value(custom.typed_config.clone())
-                .map_err(|e| bad(e.to_string()))?;
-            let settings = cluster.dns_settings();
-            let resolver =
-                HickoryResolver::new(&settings).map_err(|source| UpstreamError::Resolver {
-                    cluster: name.clone(),
-                    source,
-                })?;
-            let services = cfg
-                .service_names
-                .iter()
-                .map(|n| SrvService::new(n.clone()))
-                .collect();
-            let dns =
-                spawn_dns_srv(name, settings, services, Arc::new(resolver)).map_err(|source| {
-                    UpstreamError::Dns {
-                        cluster: name.clone(),
-                        source,
-                    }
-                })?;
-            Ok(Arc::new(DnsSource::new(dns)))
-        }
-        other => Err(bad(format!("unknown cluster type {other:?}"))),
-    }
-}
-
-/// The cluster's event loop.
-async fn run(
-    health: Arc<Mutex<ClusterHealth>>,
-    mut hosts: HostFeed,
-    mut events: broadcast::Receiver<HealthEvent>,
-    mut passive: mpsc::Receiver<PassiveSignal>,
-    out: Outputs,
-    sweep: Duration,
-) {
+/// The cluster's event loop. Ends when the source's sender is gone or the manager stops.
+async fn run(health: Arc<Mutex<ClusterHealth>>, inputs: Inputs, out: Outputs, sweep: Duration) {
+    let Inputs {
+        mut hosts,
+        mut events,
+        mut passive,
+    } = inputs;
     let lock = || health.lock().unwrap_or_else(|e| e.into_inner());
-    let initial = hosts.current();
+    let initial = hosts.borrow_and_update().hosts.clone();
     lock().update_hosts(initial);
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + sweep, sweep);
     // Whether the last event may have changed the routing: a connect success or a traffic note
@@ -414,17 +216,24 @@ async fn run(
     let mut changed = true;
     loop {
         if changed {
-            publish(&lock(), &out, &hosts);
+            publish(&lock(), &out, hosts.borrow().initialized);
         }
         changed = true;
         tokio::select! {
-            next = hosts.next() => match next {
-                Some(set) => lock().update_hosts(set),
-                None => return,
+            next = hosts.changed() => match next {
+                Ok(()) => {
+                    let set = hosts.borrow_and_update().hosts.clone();
+                    lock().update_hosts(set);
+                }
+                Err(_) => return,
             },
-            // The cluster's own receiver holds the event; ours only wakes the loop.
             event = events.recv() => match event {
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => { lock().pump_events(); }
+                Ok(event) => {
+                    let mut health = lock();
+                    health.on_event(&event);
+                    health.pump_events(&mut events);
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => lock().resync(),
                 Err(broadcast::error::RecvError::Closed) => return,
             },
             Some(signal) = passive.recv() => changed = on_passive(&mut lock(), signal),
@@ -435,7 +244,7 @@ async fn run(
 
 /// Sends the routing when it changed, and `initialized` once discovery delivered and no host
 /// waits for its first health check.
-fn publish(h: &ClusterHealth, out: &Outputs, hosts: &HostFeed) {
+fn publish(h: &ClusterHealth, out: &Outputs, discovered: bool) {
     let now = h.routing();
     let pending = h.host_statuses().iter().any(|s| s.flags.pending_active_hc);
     out.routing.send_if_modified(|old| {
@@ -443,7 +252,7 @@ fn publish(h: &ClusterHealth, out: &Outputs, hosts: &HostFeed) {
         *old = now;
         changed
     });
-    if !*out.initialized.borrow() && hosts.initialized() && !pending {
+    if !*out.initialized.borrow() && discovered && !pending {
         out.initialized.send_replace(true);
     }
 }
@@ -471,8 +280,17 @@ fn on_passive(h: &mut ClusterHealth, signal: PassiveSignal) -> bool {
 mod tests {
     use std::path::Path;
 
+    use tokio::time::sleep;
+
     use super::*;
-    use crate::config::Config;
+    use crate::{
+        config::{ClusterType, Config},
+        discovery::Host,
+        health::{
+            CheckOutcome, ExtremeRandom, FailureKind,
+            tests::support::{Script, ScriptFactory, addr, secs},
+        },
+    };
 
     fn cluster(yaml: &str) -> Cluster {
         Config::parse(yaml, Path::new("t.yaml"))
@@ -541,5 +359,87 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("not implemented yet"), "{err}");
+    }
+
+    /// A source the test drives: it publishes whatever the test sends.
+    struct Scripted(watch::Sender<SourceUpdate>);
+
+    impl DiscoverySource for Scripted {
+        fn cluster_name(&self) -> &str {
+            "c"
+        }
+
+        fn updates(&self) -> watch::Receiver<SourceUpdate> {
+            self.0.subscribe()
+        }
+
+        fn named_stats(&self) -> Vec<(String, u64)> {
+            Vec::new()
+        }
+    }
+
+    fn routable(rx: &watch::Receiver<Routing>) -> Vec<std::net::SocketAddr> {
+        rx.borrow().routable().iter().map(|h| h.addr).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_loop_wires_discovery_probes_and_passive_signals() {
+        let script = Arc::new(Script::default());
+        let factory = Arc::new(ScriptFactory(Arc::clone(&script)));
+        let mgr = HealthCheckManager::new(factory, Arc::new(ExtremeRandom { max: false }));
+        let c = cluster(
+            "clusters:\n  - name: c\n    health_checks: [{timeout: 1s, interval: 5s, unhealthy_threshold: 1, healthy_threshold: 1, tcp_health_check: {}}]\n    outlier_detection: {consecutive_5xx: 2, max_ejection_percent: 100}\n    common_lb_config: {healthy_panic_threshold: {value: 0}}\n",
+        );
+        let mut first = SourceUpdate::default();
+        first.advance(vec![Host::new(addr(1)), Host::new(addr(2))]);
+        let (hosts, _) = watch::channel(first);
+        let source = Box::new(Scripted(hosts.clone()));
+        let up = Upstream::with_source(&c, &mgr, source).unwrap();
+        let routing = up.routing();
+        let passive = up.passive();
+        passive.send(PassiveSignal::Traffic).await.unwrap();
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(routable(&routing), vec![addr(1), addr(2)]);
+        assert!(
+            *up.initialized().borrow(),
+            "discovered, and every host checked once"
+        );
+
+        // Passive: two connect failures eject host 2 for 30 s; the 10 s sweep (ticks at 10, 20,
+        // 30, 40 s from the start) returns it at 40 s, the first tick 30 s after the ejection.
+        for _ in 0..2 {
+            passive
+                .send(PassiveSignal::ConnectFailure(addr(2)))
+                .await
+                .unwrap();
+        }
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(routable(&routing), vec![addr(1)]);
+        // Active checks keep passing, but only a health *transition* unejects, so it stays out.
+        sleep(secs(35)).await;
+        assert_eq!(routable(&routing), vec![addr(1)]);
+        sleep(secs(6)).await;
+        assert_eq!(routable(&routing), vec![addr(1), addr(2)]);
+
+        // Active: host 1 fails; with traffic it is checked every 5 s.
+        script.set(addr(1), CheckOutcome::Failed(FailureKind::Network));
+        sleep(secs(6)).await;
+        assert_eq!(routable(&routing), vec![addr(2)]);
+
+        // Discovery drops host 1 (failed: deleted, probe stopped) and host 2 (healthy: kept).
+        hosts.send_modify(|u| u.advance(vec![Host::new(addr(3))]));
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(mgr.probe_count(), 2, "probes for 2 (pending removal) and 3");
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(routable(&routing), vec![addr(2), addr(3)]);
+
+        drop(up);
+        drop(hosts);
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(
+            mgr.probe_count(),
+            0,
+            "dropping the cluster stops its probes"
+        );
     }
 }

@@ -19,6 +19,7 @@ use proxy_common::service::{
 use proxy_core::{
     chain::{self, ChainPlan},
     config::{Config, LbPolicy, Protocol, Service, ServiceMode},
+    discovery::xds::XdsClients,
     health::{HealthCheckManager, Routing},
     lb,
     upstream::Upstream,
@@ -75,8 +76,8 @@ async fn run_async(config: Config) -> anyhow::Result<()> {
         follow_sockets: needs_sockops(&config, &templates),
     };
     let manager = HealthCheckManager::default();
-    let eds = crate::xds::start(&config).context("starting the xDS clients")?;
-    let upstreams = start_upstreams(&config, &manager, &eds)?;
+    let xds = XdsClients::start(&config).context("starting the xDS clients")?;
+    let upstreams = start_upstreams(&config, &manager, &xds)?;
     let dp: SharedDataplane = Arc::new(Mutex::new(Some(
         Dataplane::open(&opts).context("attaching the data path")?,
     )));
@@ -146,16 +147,16 @@ async fn run_async(config: Config) -> anyhow::Result<()> {
     }
     publishers.abort_all();
     drop(upstreams);
-    drop(eds);
+    drop(xds);
     shutdown(&dp);
     Ok(())
 }
 
-/// Starts discovery and health for every cluster (EDS clusters over their xDS feed).
+/// Starts discovery and health for every cluster (EDS clusters over their xDS connection).
 fn start_upstreams(
     config: &Config,
     manager: &HealthCheckManager,
-    eds: &crate::xds::EdsFeeds,
+    xds: &XdsClients,
 ) -> anyhow::Result<BTreeMap<String, Arc<Upstream>>> {
     let mut upstreams = BTreeMap::new();
     for cluster in &config.clusters {
@@ -163,12 +164,7 @@ fn start_upstreams(
         if config.is_original_dst(&cluster.name) {
             continue;
         }
-        let upstream = match eds.feeds.get(&cluster.name) {
-            Some((feed, stats)) => {
-                Upstream::spawn_with_feed(cluster, manager, feed.clone(), stats.clone())?
-            }
-            None => Upstream::spawn(cluster, manager)?,
-        };
+        let upstream = Upstream::spawn_in(cluster, manager, xds)?;
         upstreams.insert(cluster.name.clone(), Arc::new(upstream));
     }
     Ok(upstreams)
@@ -226,7 +222,6 @@ async fn publish_loop(
     {
         warn!(service = %template.name, "clusters not initialized within {FIRST_PUBLISH_WAIT:?}; publishing what they have");
     }
-    let mut changed = forward_changes(&inputs);
     let mut first = true;
     loop {
         let spec = template.with(&inputs);
@@ -247,28 +242,41 @@ async fn publish_loop(
                 warn!(service = %spec.name, %err, "publish failed; the previous host set stays live")
             }
         }
-        if changed.recv().await.is_none() {
+        if !any_changed(&mut inputs).await {
             return;
         }
-        // Coalesce a burst of changes into one publish.
-        while changed.try_recv().is_ok() {}
+        // Coalesce a burst of changes into one publish: what changed meanwhile is read now.
+        for input in &mut inputs {
+            input.routing.borrow_and_update();
+        }
     }
 }
 
-/// One notification per change of any input's routing.
-fn forward_changes(inputs: &[ClusterInput]) -> tokio::sync::mpsc::Receiver<()> {
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
-    for input in inputs {
-        let (mut routing, tx) = (input.routing.clone(), tx.clone());
-        tokio::spawn(async move {
-            while routing.changed().await.is_ok() {
-                if tx.send(()).await.is_err() {
-                    return;
-                }
+/// Waits on every input's own routing receiver until one changes; false once every input's
+/// cluster is gone (at once when there is none).
+async fn any_changed(inputs: &mut [ClusterInput]) -> bool {
+    let mut waits: Vec<_> = inputs
+        .iter_mut()
+        .map(|input| Some(Box::pin(input.routing.changed())))
+        .collect();
+    std::future::poll_fn(|cx| {
+        let mut open = false;
+        for slot in &mut waits {
+            let Some(wait) = slot else { continue };
+            match wait.as_mut().poll(cx) {
+                std::task::Poll::Ready(Ok(())) => return std::task::Poll::Ready(true),
+                // That cluster stopped; a finished future must not be polled again.
+                std::task::Poll::Ready(Err(_)) => *slot = None,
+                std::task::Poll::Pending => open = true,
             }
-        });
-    }
-    rx
+        }
+        if open {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(false)
+        }
+    })
+    .await
 }
 
 /// The parts of a service's kernel entry that do not depend on its hosts.
@@ -459,5 +467,38 @@ mod tests {
             "  - { name: c, address: 127.77.0.3, port: 80, cluster: plain, mode: proxy }\n";
         let listener = "proxy: { listeners: [\"127.0.0.1:15001\"] }\n";
         assert!(needs(listener, &format!("{plain}{proxied}")), "proxy mode");
+    }
+
+    #[tokio::test]
+    async fn any_changed_wakes_on_any_input_and_ends_with_them() {
+        let input = |name: &str| {
+            let (tx, routing) = watch::channel(Routing::default());
+            let (_, initialized) = watch::channel(true);
+            let name = name.to_owned();
+            (
+                tx,
+                ClusterInput {
+                    name,
+                    routing,
+                    initialized,
+                },
+            )
+        };
+        assert!(!any_changed(&mut []).await, "no input: nothing to wait for");
+        let (a_tx, a) = input("a");
+        let (b_tx, b) = input("b");
+        let mut inputs = vec![a, b];
+        b_tx.send_replace(Routing::default());
+        assert!(any_changed(&mut inputs).await, "b changed");
+        inputs[1].routing.borrow_and_update();
+        drop(a_tx);
+        b_tx.send_replace(Routing::default());
+        assert!(
+            any_changed(&mut inputs).await,
+            "b still runs after a stopped"
+        );
+        inputs[1].routing.borrow_and_update();
+        drop(b_tx);
+        assert!(!any_changed(&mut inputs).await, "every cluster stopped");
     }
 }

@@ -19,23 +19,15 @@ pub mod status;
     reason = "the daemon's system calls without a safe binding, each with its SAFETY note"
 )]
 mod sys;
-pub mod xds;
 
 pub use sys::enter_netns;
 
-/// Loads and validates a configuration file, including the parts that only this crate can check
-/// (the xDS sections of EDS clusters).
+/// Loads and validates a configuration file: everything, the xDS sections of EDS clusters
+/// included, is checked by `Config::load`.
 pub fn load_config(
     path: &std::path::Path,
 ) -> Result<proxy_core::config::Config, proxy_core::config::ConfigError> {
-    use proxy_core::config::{Config, ConfigError};
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        file: path.to_owned(),
-        source,
-    })?;
-    let config = Config::parse(&text, path)?;
-    xds::validate(&config, path, &text)?;
-    Ok(config)
+    proxy_core::config::Config::load(path)
 }
 
 /// Exit status for a configuration that cannot be used: 64, `EX_USAGE` of sysexits.h.

@@ -11,9 +11,10 @@ use proxy_core::{
     discovery::Host,
     health::{
         CheckOutcome, Checker, ClusterHealth, ClusterHealthConfig, FailureKind, HealthCheckManager,
-        ProtocolChecker, SeededRandom,
+        HealthEvent, ProtocolChecker, SeededRandom,
     },
 };
+use tokio::sync::broadcast;
 
 /// Longest any test waits for a state it expects.
 const WAIT: Duration = Duration::from_secs(10);
@@ -34,11 +35,30 @@ async fn one_check(checker: &str, addr: SocketAddr) -> CheckOutcome {
     ProtocolChecker::new(Arc::new(spec)).check(addr).await
 }
 
+/// A cluster's health with its subscription to the manager's events, as its event loop holds
+/// them.
+struct Watched {
+    cluster: ClusterHealth,
+    events: broadcast::Receiver<HealthEvent>,
+}
+
+impl Watched {
+    /// Subscribes, then builds the cluster, so no transition of its probes is missed.
+    fn new(name: &str, checker: &str, manager: &HealthCheckManager, seed: u64) -> Self {
+        let events = manager.subscribe();
+        let random = Arc::new(SeededRandom::with_seed(seed));
+        let cluster =
+            ClusterHealth::new(name, &config(checker), manager, random).expect("valid config");
+        Self { cluster, events }
+    }
+}
+
 /// Polls the cluster until `addr` is (or is not) routable, failing after [`WAIT`].
-async fn wait_routable(cluster: &mut ClusterHealth, addr: SocketAddr, want: bool) {
+async fn wait_routable(watched: &mut Watched, addr: SocketAddr, want: bool) {
     let deadline = tokio::time::Instant::now() + WAIT;
+    let Watched { cluster, events } = watched;
     loop {
-        cluster.pump_events();
+        cluster.pump_events(events);
         let routable = cluster.routing().routable().iter().any(|h| h.addr == addr);
         if routable == want {
             return;
@@ -56,11 +76,10 @@ async fn wait_routable(cluster: &mut ClusterHealth, addr: SocketAddr, want: bool
     }
 }
 
-fn cluster(checker: &str, manager: &HealthCheckManager, addr: SocketAddr) -> ClusterHealth {
-    let random = Arc::new(SeededRandom::with_seed(9));
-    let mut c = ClusterHealth::new("svc", &config(checker), manager, random).expect("valid config");
-    c.note_traffic();
-    c.update_hosts(vec![Host::new(addr)]);
+fn cluster(checker: &str, manager: &HealthCheckManager, addr: SocketAddr) -> Watched {
+    let mut c = Watched::new("svc", checker, manager, 9);
+    c.cluster.note_traffic();
+    c.cluster.update_hosts(vec![Host::new(addr)]);
     c
 }
 
@@ -145,7 +164,7 @@ async fn http_checker_against_a_real_server() {
     wait_routable(&mut c, addr, false).await;
     server.set_status(200);
     wait_routable(&mut c, addr, true).await;
-    let stats = c.stats();
+    let stats = c.cluster.stats();
     let get = |name: &str| {
         stats
             .iter()
@@ -195,9 +214,8 @@ async fn two_clusters_share_one_real_probe() {
     let addr = server.addr();
     let manager = HealthCheckManager::default();
     let mut a = cluster(TCP, &manager, addr);
-    let random = Arc::new(SeededRandom::with_seed(3));
-    let mut b = ClusterHealth::new("other", &config(TCP), &manager, random).expect("valid");
-    b.update_hosts(vec![Host::new(addr)]);
+    let mut b = Watched::new("other", TCP, &manager, 3);
+    b.cluster.update_hosts(vec![Host::new(addr)]);
     assert_eq!(manager.probe_count(), 1);
     wait_routable(&mut a, addr, true).await;
     wait_routable(&mut b, addr, true).await;

@@ -5,9 +5,9 @@
 use std::{collections::BTreeSet, time::Duration};
 
 use integration_tests::xds_server::{Envoy, WAIT, XdsServer};
-use proxy_core::discovery::EdsHealth;
-use proxy_xds::{
-    EdsClient, EdsUpdate, EdsWatch, GrpcApi, NodeConfig, Transport, XdsSource, spawn_eds,
+use proxy_core::discovery::{
+    EdsHealth, SourceUpdate as EdsUpdate,
+    xds::{EdsClient, EdsWatch, GrpcApi, NodeConfig, Transport, XdsSource, spawn_eds},
 };
 use serde_json::{Value, json};
 use tokio::sync::watch;

@@ -1,4 +1,4 @@
-"""A small xDS v3 control plane for proxy-xds's real-component tests (tests/tests/xds_real.rs).
+"""A small xDS v3 control plane for the xDS source's real-component tests (tests/tests/xds_real.rs).
 
 Serves ClusterLoadAssignments over gRPC on 127.0.0.1: AggregatedDiscoveryService and
 EndpointDiscoveryService, state of the world and delta; and over REST-JSON

@@ -47,10 +47,9 @@ pub struct Cluster {
     )]
     pub custom_cluster_type: Option<CustomClusterType>,
     /// EDS clusters: Envoy's `eds_cluster_config` (`service_name`, `eds_config` with `ads: {}`
-    /// or an `api_config_source`). Checked by `proxy check` against
-    /// `proxy_xds::EdsClusterConfig`.
+    /// or an `api_config_source`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub eds_cluster_config: Option<serde_json::Value>,
+    pub eds_cluster_config: Option<crate::discovery::xds::EdsClusterConfig>,
     /// DNS clusters: interval between resolutions after a success. Default 5000 ms; > 1 ms.
     #[serde(default = "defaults::dns_refresh_rate", with = "duration")]
     pub dns_refresh_rate: Duration,
@@ -120,10 +119,23 @@ pub struct CustomClusterType {
     /// The backend's settings.
     #[serde(default)]
     pub typed_config: serde_json::Value,
+    /// `typed_config` as its type, filled when the file is validated: what the source starts
+    /// from, so nothing parses it twice.
+    #[serde(skip)]
+    pub typed: Option<CustomConfig>,
+}
+
+/// A custom cluster type's settings, typed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CustomConfig {
+    /// `proxy.clusters.consul`: the Consul catalog.
+    Consul(crate::discovery::consul::ConsulConfig),
+    /// `proxy.clusters.dns_srv`: DNS SRV records.
+    DnsSrv(DnsSrvConfig),
 }
 
 /// `typed_config` of `proxy.clusters.dns_srv`.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DnsSrvConfig {
     /// SRV owner names (`_service._proto.name`) whose targets are the hosts; SRV priority and

@@ -393,3 +393,101 @@ services:
     assert_eq!(field, "services[0].chain");
     assert!(msg.contains("its protocol is \"tcp\""), "{msg}");
 }
+
+/// `Config::parse` checks the xDS section and every EDS cluster's `eds_cluster_config` itself:
+/// type errors at the offending value, planning errors at the `xds` section.
+#[test]
+fn xds_errors_are_located() {
+    let eds = "clusters:\n  - name: web\n    type: EDS\n    eds_cluster_config: { eds_config: { ads: {} } }\n";
+    let cases = [
+        (
+            format!("xds:\n  node: {{ id: n }}\n  bogus: 1\n{eds}"),
+            ("xds.bogus", 3, 3),
+            "unknown field `bogus`, expected `node` or `ads_config`",
+        ),
+        (
+            format!(
+                "xds:\n  node: {{ id: n }}\n  ads_config: {{ api_type: FOO, server_uri: '127.0.0.1:1' }}\n{eds}"
+            ),
+            ("xds.ads_config.api_type", 3, 27),
+            "unknown variant `FOO`",
+        ),
+        (
+            "xds:\n  node: { id: n }\nclusters:\n  - name: web\n    type: EDS\n    eds_cluster_config: { eds_config: { ads: {}, resource_api_version: V2 } }\n".to_owned(),
+            ("clusters[0].eds_cluster_config.eds_config.resource_api_version", 6, 72),
+            "expected `V3`",
+        ),
+        (
+            eds.to_owned(),
+            ("xds", 1, 1),
+            "EDS clusters need an `xds` section with the node identity",
+        ),
+        (
+            format!("xds:\n  node: {{ id: n }}\n{eds}"),
+            ("xds", 1, 1),
+            "cluster web: eds_config.ads is set but there is no ads_config",
+        ),
+        (
+            format!(
+                "xds:\n  node: {{ id: '' }}\n  ads_config: {{ api_type: GRPC, server_uri: '127.0.0.1:1' }}\n{eds}"
+            ),
+            ("xds", 1, 1),
+            "node.id must not be empty",
+        ),
+    ];
+    for (text, (field, line, column), message) in cases {
+        let (got_field, got_line, got_column, msg) = invalid(&text);
+        assert_eq!(
+            (got_field.as_str(), got_line, got_column),
+            (field, line, column),
+            "{msg}"
+        );
+        assert!(msg.contains(message), "{msg:?} should contain {message:?}");
+    }
+}
+
+#[test]
+fn xds_config_is_typed_and_dumped() {
+    let text = "xds:\n  node: { id: n, cluster: edge }\n  ads_config: { api_type: DELTA_GRPC, server_uri: '127.0.0.1:18000' }\nclusters:\n  - name: web\n    type: EDS\n    eds_cluster_config: { service_name: web-v1, eds_config: { ads: {} } }\n";
+    let config = parse(text).expect("valid");
+    let xds = config.xds.as_ref().expect("xds section");
+    assert_eq!(
+        (xds.node.id.as_str(), xds.node.cluster.as_str()),
+        ("n", "edge")
+    );
+    let eds = config.clusters[0].eds_cluster_config.as_ref().expect("eds");
+    assert_eq!(eds.service_name.as_deref(), Some("web-v1"));
+    let dump = serde_json::to_value(&config).unwrap();
+    assert_eq!(dump["xds"]["ads_config"]["api_type"], "DELTA_GRPC");
+    assert_eq!(
+        dump["clusters"][0]["eds_cluster_config"]["eds_config"]["initial_fetch_timeout"], "15s",
+        "the default shows in /config_dump"
+    );
+}
+
+#[test]
+fn custom_cluster_settings_are_typed_once_by_validation() {
+    let text = "clusters:\n  - name: c\n    cluster_type: { name: proxy.clusters.consul, typed_config: { address: '127.0.0.1:8500', service: web } }\n  - name: s\n    cluster_type: { name: proxy.clusters.dns_srv, typed_config: { service_names: [_web._tcp.test] } }\n";
+    let config = parse(text).expect("valid");
+    let typed = |i: usize| {
+        config.clusters[i]
+            .custom_cluster_type
+            .as_ref()
+            .and_then(|c| c.typed.clone())
+    };
+    match typed(0) {
+        Some(CustomConfig::Consul(consul)) => {
+            assert_eq!(
+                (consul.address.as_str(), consul.service.as_str()),
+                ("127.0.0.1:8500", "web")
+            );
+        }
+        other => panic!("expected Consul settings, got {other:?}"),
+    }
+    assert_eq!(
+        typed(1),
+        Some(CustomConfig::DnsSrv(DnsSrvConfig {
+            service_names: vec!["_web._tcp.test".to_owned()]
+        }))
+    );
+}

@@ -7,10 +7,19 @@ use proxy_common::service::MAX_PRIORITIES;
 
 use super::{ClusterType, Config, LbPolicy, ServiceMode, error::Invalid};
 
-pub(super) fn validate(config: &Config) -> Result<(), Invalid> {
+/// Validates `config`, typing each custom cluster's `typed_config` on the way.
+pub(super) fn validate(config: &mut Config) -> Result<(), Invalid> {
     validate_names(config)?;
-    for (i, cluster) in config.clusters.iter().enumerate() {
-        validate_cluster(i, cluster)?;
+    for (i, cluster) in config.clusters.iter_mut().enumerate() {
+        match &cluster.custom_cluster_type {
+            Some(custom) => {
+                let typed = validate_custom(i, cluster, custom)?;
+                if let Some(custom) = &mut cluster.custom_cluster_type {
+                    custom.typed = Some(typed);
+                }
+            }
+            None => validate_cluster(i, cluster)?,
+        }
     }
     validate_services(config)
 }
@@ -43,9 +52,6 @@ fn validate_names(config: &Config) -> Result<(), Invalid> {
 
 fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
     let at = |field: &str| format!("clusters[{i}].{field}");
-    if let Some(custom) = &cluster.custom_cluster_type {
-        return validate_custom(i, cluster, custom);
-    }
     let dns = match cluster.cluster_type {
         ClusterType::Static => false,
         ClusterType::StrictDns | ClusterType::LogicalDns => true,
@@ -211,12 +217,31 @@ fn validate_original_dst_agree(config: &Config) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// A custom backend: a known name and a `typed_config` of its type.
+/// The xDS parts: an `xds` section when a cluster is EDS, and every EDS cluster's source
+/// reachable (`crate::discovery::xds::plan`). Runs last, as `proxy check` always ran it.
+pub(super) fn validate_xds(config: &Config) -> Result<(), Invalid> {
+    use crate::discovery::xds::{eds_clusters, plan, static_resolver};
+    let clusters = eds_clusters(config);
+    if clusters.is_empty() {
+        return Ok(());
+    }
+    let Some(xds) = &config.xds else {
+        return Err(Invalid::new(
+            "xds",
+            "EDS clusters need an `xds` section with the node identity",
+        ));
+    };
+    plan(xds, &clusters, &static_resolver(config))
+        .map(|_| ())
+        .map_err(|e| Invalid::new("xds", e.to_string()))
+}
+
+/// A custom backend: a known name and a `typed_config` of its type, returned typed.
 fn validate_custom(
     i: usize,
     cluster: &super::Cluster,
     custom: &super::CustomClusterType,
-) -> Result<(), Invalid> {
+) -> Result<super::CustomConfig, Invalid> {
     let at = |field: &str| format!("clusters[{i}].cluster_type.{field}");
     let typed = |inner: String, msg: String| {
         let field = if inner == "." {
@@ -233,6 +258,7 @@ fn validate_custom(
                     .map_err(|e| typed(e.path().to_string(), e.into_inner().to_string()))?;
             cfg.validate()
                 .map_err(|e| Invalid::new(at("typed_config"), e.to_string()))?;
+            Ok(super::CustomConfig::Consul(cfg))
         }
         super::DNS_SRV_CLUSTER => {
             let cfg: super::DnsSrvConfig =
@@ -245,17 +271,15 @@ fn validate_custom(
                 ));
             }
             validate_dns(i, cluster)?;
+            Ok(super::CustomConfig::DnsSrv(cfg))
         }
-        other => {
-            return Err(Invalid::new(
-                at("name"),
-                format!(
-                    "unknown cluster type {other:?}; this build has proxy.clusters.consul and proxy.clusters.dns_srv"
-                ),
-            ));
-        }
+        other => Err(Invalid::new(
+            at("name"),
+            format!(
+                "unknown cluster type {other:?}; this build has proxy.clusters.consul and proxy.clusters.dns_srv"
+            ),
+        )),
     }
-    Ok(())
 }
 
 /// DNS settings, and Envoy's shape rules for DNS clusters.

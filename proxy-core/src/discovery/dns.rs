@@ -2,8 +2,9 @@
 //!
 //! Wiring: validate a [`DnsSettings`], build a resolver ([`HickoryResolver::new`]), then call
 //! [`spawn_strict_dns`], [`spawn_logical_dns`] or [`spawn_dns_srv`] inside a tokio runtime. The
-//! returned [`DnsCluster`] owns one task per target (aborted when it is dropped), publishes
-//! [`Update`]s on a watch channel and exposes Envoy-named stats. Resolution never happens on the
+//! returned [`DnsCluster`] owns one task per target (aborted when it is dropped), is a
+//! [`DiscoverySource`]: its tasks publish [`SourceUpdate`]s on the watch channel its consumers
+//! read, and it exposes Envoy-named stats. Resolution never happens on the
 //! connect path: consumers read the latest published hosts.
 //!
 //! ```no_run
@@ -20,7 +21,7 @@
 //! let mut updates = cluster.updates();
 //! while updates.changed().await.is_ok() {
 //!     let update = updates.borrow_and_update().clone();
-//!     // Program update.hosts; drain connections to update.removed if update.drain_removed.
+//!     // Program update.hosts; drain connections to update.removed if cluster.drain_on_change().
 //! }
 //! # Ok(())
 //! # }
@@ -35,7 +36,7 @@
 //! * LOGICAL_DNS: the first address is the only host; a successful but empty answer is counted
 //!   as a failure and keeps the previous host (Envoy: "does not stabilize back to 0 hosts");
 //!   a change of the first address (or of the rest of the list) republishes, but
-//!   [`Update::drain_removed`] is false: existing connections are never drained;
+//!   [`DnsCluster::drain_on_change`] is false: existing connections are never drained;
 //! * refresh after success: the TTL when `respect_dns_ttl`, the answer is non-empty and the TTL
 //!   (minimum for strict and SRV, first record for logical) is not 0, else `dns_refresh_rate`;
 //!   plus a random `[0, dns_jitter)` (Envoy adds jitter after successes only);
@@ -66,7 +67,6 @@ pub use self::{
     config::{
         DnsConfigError, DnsEndpoint, DnsLookupFamily, DnsResolverAddress, DnsSettings, RefreshRate,
     },
-    engine::{Update, diff_hosts},
     fake::{FakeResolver, QueryType},
     hickory::{BuildResolverError, HickoryResolver},
     resolver::{
@@ -80,11 +80,12 @@ use self::{
     engine::{Engine, Mode, run_target},
     target::Target,
 };
+use super::{DiscoverySource, SourceUpdate};
 
 /// A running DNS cluster. Dropping it stops its resolution tasks.
 pub struct DnsCluster {
     name: String,
-    updates: watch::Receiver<Update>,
+    updates: watch::Receiver<SourceUpdate>,
     stats: Arc<DnsClusterStats>,
     drain_on_change: bool,
     tasks: Vec<AbortHandle>,
@@ -98,12 +99,12 @@ impl DnsCluster {
 
     /// A receiver of host-set updates; the current value is the latest state. Its first
     /// `changed()` completes at once if anything was published since the cluster was spawned.
-    pub fn updates(&self) -> watch::Receiver<Update> {
+    pub fn updates(&self) -> watch::Receiver<SourceUpdate> {
         self.updates.clone()
     }
 
     /// The latest published state.
-    pub fn current(&self) -> Update {
+    pub fn current(&self) -> SourceUpdate {
         self.updates.borrow().clone()
     }
 
@@ -126,6 +127,24 @@ impl DnsCluster {
 
     /// Whether removed hosts' connections are drained: false for LOGICAL_DNS only.
     pub fn drain_on_change(&self) -> bool {
+        self.drain_on_change
+    }
+}
+
+impl DiscoverySource for DnsCluster {
+    fn cluster_name(&self) -> &str {
+        &self.name
+    }
+
+    fn updates(&self) -> watch::Receiver<SourceUpdate> {
+        self.updates.clone()
+    }
+
+    fn named_stats(&self) -> Vec<(String, u64)> {
+        self.stats.named(&self.name)
+    }
+
+    fn drain_on_change(&self) -> bool {
         self.drain_on_change
     }
 }

@@ -2,15 +2,13 @@
 //!
 //! [`ClusterHealth`] owns a [`ClusterMembership`], registers a probe with the node's
 //! [`HealthCheckManager`] for every host it adds and unregisters it for every host it deletes,
-//! and applies the probe transitions it receives. [`ClusterHealth::run`] is the event loop a
-//! daemon spawns per cluster; the synchronous methods are what tests and custom loops use.
+//! and applies the probe transitions its owner hands it. It holds no subscription itself: the
+//! cluster's event loop (`crate::upstream`) subscribes to the manager's events once and passes
+//! them in; synchronous users (tests) do the same with [`ClusterHealth::pump_events`].
 
 use std::{collections::HashMap, net::SocketAddr, sync::Arc};
 
-use tokio::{
-    sync::{broadcast, mpsc, watch},
-    time::Instant,
-};
+use tokio::{sync::broadcast, time::Instant};
 use tracing::warn;
 
 use super::{
@@ -45,13 +43,13 @@ pub struct ClusterHealth {
     spec: Option<Arc<HealthCheckSpec>>,
     probes: HashMap<SocketAddr, ProbeId>,
     owners: HashMap<ProbeId, SocketAddr>,
-    events: broadcast::Receiver<HealthEvent>,
     stats: Arc<HealthCheckStats>,
-    outlier_interval: Option<std::time::Duration>,
 }
 
 impl ClusterHealth {
-    /// Validates `config` and builds an empty cluster using `manager`'s probes.
+    /// Validates `config` and builds an empty cluster using `manager`'s probes. Subscribe to
+    /// `manager`'s events ([`HealthCheckManager::subscribe`]) before adding hosts, so no
+    /// transition of this cluster's probes is missed.
     pub fn new(
         name: &str,
         config: &ClusterHealthConfig,
@@ -63,14 +61,12 @@ impl ClusterHealth {
         let od = config.outlier_detection.clone();
         Ok(Self {
             name: name.to_owned(),
-            membership: ClusterMembership::new(spec.is_some(), panic, od.clone(), random),
+            membership: ClusterMembership::new(spec.is_some(), panic, od, random),
             manager: manager.clone(),
             spec,
             probes: HashMap::new(),
             owners: HashMap::new(),
-            events: manager.subscribe(),
             stats: Arc::default(),
-            outlier_interval: od.map(|o| o.interval),
         })
     }
 
@@ -80,11 +76,12 @@ impl ClusterHealth {
         self.apply_change(change);
     }
 
-    /// Applies every pending probe transition without waiting. Returns how many applied.
-    pub fn pump_events(&mut self) -> usize {
+    /// Applies every transition pending in `events` (this cluster's subscription to the
+    /// manager) without waiting. Returns how many were this cluster's.
+    pub fn pump_events(&mut self, events: &mut broadcast::Receiver<HealthEvent>) -> usize {
         let mut applied = 0;
         loop {
-            match self.events.try_recv() {
+            match events.try_recv() {
                 Ok(event) => applied += usize::from(self.on_event(&event)),
                 Err(broadcast::error::TryRecvError::Lagged(_)) => self.resync(),
                 Err(_) => return applied,
@@ -153,52 +150,6 @@ impl ClusterHealth {
         render(&self.name, pairs)
     }
 
-    /// The event loop: applies discovery updates, probe transitions, passive signals and the
-    /// outlier sweep, and publishes the routing after every change. Ends when the discovery
-    /// sender is dropped.
-    pub async fn run(
-        mut self,
-        mut discovery: watch::Receiver<HostSet>,
-        mut passive: mpsc::Receiver<PassiveSignal>,
-        routing: watch::Sender<Routing>,
-    ) {
-        let period = self
-            .outlier_interval
-            .unwrap_or(std::time::Duration::from_secs(3600));
-        let mut sweep = tokio::time::interval_at(Instant::now() + period, period);
-        let hosts = discovery.borrow_and_update().clone();
-        self.update_hosts(hosts);
-        loop {
-            routing.send_replace(self.routing());
-            tokio::select! {
-                changed = discovery.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    let hosts = discovery.borrow_and_update().clone();
-                    self.update_hosts(hosts);
-                }
-                event = self.events.recv() => match event {
-                    Ok(event) => { self.on_event(&event); }
-                    Err(broadcast::error::RecvError::Lagged(_)) => self.resync(),
-                    Err(broadcast::error::RecvError::Closed) => return,
-                },
-                Some(signal) = passive.recv() => self.on_passive(signal),
-                _ = sweep.tick() => { self.outlier_tick(); }
-            }
-        }
-    }
-
-    fn on_passive(&mut self, signal: PassiveSignal) {
-        match signal {
-            PassiveSignal::ConnectFailure(addr) => {
-                self.record_connect_failure(addr);
-            }
-            PassiveSignal::ConnectSuccess(addr) => self.record_connect_success(addr),
-            PassiveSignal::Traffic => self.note_traffic(),
-        }
-    }
-
     fn apply_change(&mut self, change: MembershipChange) {
         for addr in change.removed {
             if let Some(probe) = self.probes.remove(&addr) {
@@ -221,7 +172,9 @@ impl ClusterHealth {
         }
     }
 
-    fn resync(&mut self) {
+    /// Re-reads every probe's health from the manager: what to do when this cluster's
+    /// subscription lagged and transitions were lost.
+    pub fn resync(&mut self) {
         warn!(cluster = %self.name, "health events lagged; resynchronising from the probes");
         let probes: Vec<(SocketAddr, ProbeId)> =
             self.probes.iter().map(|(a, p)| (*a, *p)).collect();

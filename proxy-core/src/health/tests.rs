@@ -4,6 +4,5 @@ mod config;
 mod matrix;
 mod outlier;
 mod probe;
-mod run;
 mod state;
-mod support;
+pub(crate) mod support;

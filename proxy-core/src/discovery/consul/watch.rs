@@ -263,9 +263,7 @@ fn publish(state: &mut SourceUpdate, hosts: HostSet, membership_changed: &mut bo
         return false;
     }
     *membership_changed = state.hosts != hosts;
-    state.version += 1;
-    state.initialized = true;
-    state.hosts = hosts;
+    state.advance(hosts);
     true
 }
 

@@ -1,5 +1,6 @@
 //! The refresh loop shared by all DNS cluster kinds: one tokio task per target, results applied
-//! to one cluster state under a lock, host-set changes published on a watch channel.
+//! to one cluster state under a lock, host-set changes published as [`SourceUpdate`]s on the watch
+//! channel the cluster's event loop reads.
 //!
 //! This is Envoy's `ResolveTarget::startResolve` callback, step for step: count the attempt,
 //! resolve, on success diff this target's hosts and reset the (cluster-wide) failure backoff and
@@ -7,7 +8,6 @@
 //! take the next backoff delay; then mark the cluster initialized and sleep.
 
 use std::{
-    collections::BTreeSet,
     net::SocketAddr,
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
@@ -23,7 +23,7 @@ use super::{
     stats::DnsClusterStats,
     target::{Answer, Target},
 };
-use crate::discovery::{Host, HostSet};
+use crate::discovery::{Host, HostSet, SourceUpdate};
 
 /// How answers become hosts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,46 +32,6 @@ pub(crate) enum Mode {
     Strict,
     /// The first address is the host; empty answers are failures; nothing is drained.
     Logical,
-}
-
-/// One published state of a cluster's hosts.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Update {
-    /// Increases by one per publication; 0 is the initial, unresolved state.
-    pub version: u64,
-    /// True once any target finished its first resolution (success or failure), or at once for
-    /// a cluster without targets; Envoy's pre-init completion.
-    pub initialized: bool,
-    /// All hosts: each target's hosts in configuration order, each in answer order. Two names
-    /// resolving to one address give two hosts (Envoy does not merge them either).
-    pub hosts: HostSet,
-    /// Hosts whose address was not in the previous version.
-    pub added: Vec<Host>,
-    /// Hosts of the previous version whose address is gone.
-    pub removed: Vec<Host>,
-    /// Whether connections to `removed` addresses must be drained: true for STRICT_DNS and SRV,
-    /// false for LOGICAL_DNS.
-    pub drain_removed: bool,
-}
-
-/// Hosts of `new` whose address is not in `old`, and hosts of `old` whose address is not in
-/// `new`. A consumer that may have skipped versions (watch channels keep only the latest)
-/// should diff its last-seen hosts against the current ones with this, instead of relying on
-/// `added`/`removed` when `version` jumped by more than one.
-pub fn diff_hosts(old: &[Host], new: &[Host]) -> (Vec<Host>, Vec<Host>) {
-    let old_addrs: BTreeSet<SocketAddr> = old.iter().map(|h| h.addr).collect();
-    let new_addrs: BTreeSet<SocketAddr> = new.iter().map(|h| h.addr).collect();
-    let added = new
-        .iter()
-        .filter(|h| !old_addrs.contains(&h.addr))
-        .cloned()
-        .collect();
-    let removed = old
-        .iter()
-        .filter(|h| !new_addrs.contains(&h.addr))
-        .cloned()
-        .collect();
-    (added, removed)
 }
 
 struct State {
@@ -95,7 +55,7 @@ pub(crate) struct Engine {
     pub mode: Mode,
     pub stats: Arc<DnsClusterStats>,
     state: Mutex<State>,
-    tx: watch::Sender<Update>,
+    tx: watch::Sender<SourceUpdate>,
 }
 
 impl Engine {
@@ -106,21 +66,17 @@ impl Engine {
             rng: fastrand::Rng::new(),
             initialized: false,
         };
-        let initial = Update {
-            drain_removed: mode == Mode::Strict,
-            ..Update::default()
-        };
         Self {
             cluster,
             settings,
             mode,
             stats: Arc::default(),
             state: Mutex::new(state),
-            tx: watch::Sender::new(initial),
+            tx: watch::Sender::new(SourceUpdate::default()),
         }
     }
 
-    pub fn subscribe(&self) -> watch::Receiver<Update> {
+    pub fn subscribe(&self) -> watch::Receiver<SourceUpdate> {
         self.tx.subscribe()
     }
 
@@ -233,15 +189,9 @@ impl Engine {
         if membership_changed {
             DnsClusterStats::inc(&self.stats.membership_change);
         }
-        let initialized = state.initialized;
-        self.tx.send_modify(|update| {
-            let (added, removed) = diff_hosts(&update.hosts, &hosts);
-            update.version += 1;
-            update.initialized = initialized;
-            update.hosts = hosts;
-            update.added = added;
-            update.removed = removed;
-        });
+        // Only called once the cluster is initialized (a first resolution, or no targets).
+        debug_assert!(state.initialized);
+        self.tx.send_modify(|update| update.advance(hosts));
     }
 }
 

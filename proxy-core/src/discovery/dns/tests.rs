@@ -10,7 +10,8 @@ use std::{sync::Arc, time::Duration};
 
 use tokio::{sync::watch, time::Instant};
 
-use super::{DnsCluster, DnsEndpoint, DnsSettings, FakeResolver, QueryType, Update};
+use super::{DnsCluster, DnsEndpoint, DnsSettings, FakeResolver, QueryType};
+use crate::discovery::SourceUpdate as Update;
 
 /// Waits (in paused time, so instantly) for the next published update.
 async fn next_update(updates: &mut watch::Receiver<Update>) -> Update {

@@ -31,9 +31,38 @@ fn offsets(start: Instant, calls: &[Instant]) -> Vec<Duration> {
 const TCP_CLUSTER: &str = "health_checks: [{timeout: 1s, interval: 5s, unhealthy_threshold: 2, \
                            healthy_threshold: 2, tcp_health_check: {}}]";
 
-fn cluster(name: &str, yaml: &str, mgr: &HealthCheckManager) -> ClusterHealth {
+/// A cluster with its subscription to the manager's events, as its event loop holds them.
+struct Subscribed {
+    health: ClusterHealth,
+    events: tokio::sync::broadcast::Receiver<crate::health::HealthEvent>,
+}
+
+impl Subscribed {
+    fn pump_events(&mut self) -> usize {
+        self.health.pump_events(&mut self.events)
+    }
+}
+
+impl std::ops::Deref for Subscribed {
+    type Target = ClusterHealth;
+
+    fn deref(&self) -> &ClusterHealth {
+        &self.health
+    }
+}
+
+impl std::ops::DerefMut for Subscribed {
+    fn deref_mut(&mut self) -> &mut ClusterHealth {
+        &mut self.health
+    }
+}
+
+fn cluster(name: &str, yaml: &str, mgr: &HealthCheckManager) -> Subscribed {
     let cfg: ClusterHealthConfig = serde_yaml::from_str(yaml).unwrap();
-    ClusterHealth::new(name, &cfg, mgr, Arc::new(SeededRandom::with_seed(1))).unwrap()
+    Subscribed {
+        events: mgr.subscribe(),
+        health: ClusterHealth::new(name, &cfg, mgr, Arc::new(SeededRandom::with_seed(1))).unwrap(),
+    }
 }
 
 #[tokio::test(start_paused = true)]

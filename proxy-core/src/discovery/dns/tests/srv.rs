@@ -64,7 +64,7 @@ async fn srv_priority_weight_and_port_map_to_hosts() {
     assert_eq!(summary, expected);
     assert_eq!(update.hosts[0].hostname.as_deref(), Some("a.test"));
     assert_eq!(update.hosts[0].metadata["via"], "srv");
-    assert!(update.drain_removed);
+    assert!(cluster.drain_on_change());
 }
 
 #[tokio::test(start_paused = true)]

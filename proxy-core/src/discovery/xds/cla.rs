@@ -50,8 +50,9 @@ use envoy_types::pb::{
     },
     google::protobuf::value::Kind,
 };
-use proxy_core::discovery::{EdsHealth, Host, HostSet};
 use thiserror::Error;
+
+use crate::discovery::{EdsHealth, Host, HostSet};
 
 /// Metadata key of the locality's region.
 pub const LOCALITY_REGION: &str = "locality.region";

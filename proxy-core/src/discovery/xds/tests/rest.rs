@@ -11,7 +11,9 @@ use tokio::{
 };
 
 use super::fixtures::{WAIT, ports, wait_for};
-use crate::{CLA_TYPE_URL, EDS_REST_PATH, EdsWatch, NodeConfig, Transport, XdsSource, spawn_eds};
+use crate::discovery::xds::{
+    CLA_TYPE_URL, EDS_REST_PATH, EdsWatch, NodeConfig, Transport, XdsSource, spawn_eds,
+};
 
 /// One scripted answer: status and body.
 type Answer = (u16, String);

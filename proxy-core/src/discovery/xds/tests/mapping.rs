@@ -12,10 +12,12 @@ use envoy_types::pb::{
     },
     google::protobuf::{ListValue, Struct, UInt32Value, Value, value::Kind},
 };
-use proxy_core::discovery::EdsHealth;
 
 use super::fixtures::{cla, endpoint, locality};
-use crate::cla::{ClaError, LOCALITY_REGION, LOCALITY_SUB_ZONE, LOCALITY_ZONE, hosts_from_cla};
+use crate::discovery::{
+    EdsHealth,
+    xds::cla::{ClaError, LOCALITY_REGION, LOCALITY_SUB_ZONE, LOCALITY_ZONE, hosts_from_cla},
+};
 
 fn one(lb: LbEndpoint) -> ClusterLoadAssignment {
     ClusterLoadAssignment {

@@ -18,7 +18,7 @@ use envoy_types::pb::{
 use prost::Message;
 use tokio::sync::watch;
 
-use crate::{CLA_TYPE_URL, EdsUpdate};
+use crate::discovery::{SourceUpdate as EdsUpdate, xds::CLA_TYPE_URL};
 
 /// Upper bound of every wait in the tests.
 pub const WAIT: Duration = Duration::from_secs(5);

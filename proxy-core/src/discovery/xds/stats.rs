@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use proxy_core::discovery::{EdsHealth, HostSet};
+use crate::discovery::{EdsHealth, HostSet};
 
 /// Counters and gauges of one EDS cluster.
 #[derive(Debug, Default)]

@@ -1,4 +1,4 @@
-//! Unit tests of proxy-xds: the host mapping, validation, config, the state machine, and
+//! Unit tests of the xDS source: the host mapping, validation, config, the state machine, and
 //! ACK/NACK sequences against an in-process tonic xDS server on 127.0.0.1.
 
 mod config;

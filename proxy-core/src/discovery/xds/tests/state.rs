@@ -6,9 +6,12 @@ use envoy_types::pb::google::protobuf::Any;
 use tokio::sync::watch;
 
 use super::fixtures::{cla, delta, ports, sotw};
-use crate::{
-    CLA_TYPE_URL, ClusterStatValues, ClusterStats, EdsUpdate, UpdateError,
-    state::{EdsState, Sink},
+use crate::discovery::{
+    SourceUpdate as EdsUpdate,
+    xds::{
+        CLA_TYPE_URL, ClusterStatValues, ClusterStats, UpdateError,
+        state::{EdsState, Sink},
+    },
 };
 
 struct Cluster {

@@ -37,7 +37,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::{
+use crate::discovery::xds::{
     backoff::Backoff,
     config::GrpcApi,
     state::{CLA_TYPE_URL, EdsState, UpdateError},

@@ -19,36 +19,19 @@ use envoy_types::pb::{
     google::protobuf::Any,
 };
 use prost::Message;
-use proxy_core::discovery::{Host, HostSet};
 use thiserror::Error;
 use tokio::sync::watch;
 
-use crate::{
-    cla::{ClaError, hosts_from_cla},
-    stats::{ClusterStats, version_gauge},
+use crate::discovery::{
+    HostSet, SourceUpdate, diff_hosts,
+    xds::{
+        cla::{ClaError, hosts_from_cla},
+        stats::{ClusterStats, version_gauge},
+    },
 };
 
 /// The type URL of `envoy.config.endpoint.v3.ClusterLoadAssignment`.
 pub const CLA_TYPE_URL: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
-
-/// One published state of an EDS cluster.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct EdsUpdate {
-    /// Increases by one per publication; 0 is the initial state with no hosts.
-    pub version: u64,
-    /// The xDS version of the accepted assignment: the response's `version_info` (SotW, REST)
-    /// or the resource's `version` (delta). Empty before the first assignment.
-    pub version_info: String,
-    /// True after the first update, rejection, failure or `initial_fetch_timeout` (Envoy's
-    /// pre-init completion: a broken control plane does not block start-up).
-    pub initialized: bool,
-    /// All hosts, in assignment order.
-    pub hosts: HostSet,
-    /// Hosts whose address was not in the previous publication.
-    pub added: Vec<Host>,
-    /// Hosts of the previous publication whose address is gone: drain their connections.
-    pub removed: Vec<Host>,
-}
 
 /// Why a response was NACKed. The message goes to the server in `error_detail.message`.
 #[derive(Debug, Error)]
@@ -113,7 +96,7 @@ pub enum UpdateError {
 
 /// One consumer of a resource: an EDS cluster (two clusters may share a `service_name`).
 pub(crate) struct Sink {
-    pub(crate) tx: watch::Sender<EdsUpdate>,
+    pub(crate) tx: watch::Sender<SourceUpdate>,
     pub(crate) stats: Arc<ClusterStats>,
 }
 
@@ -327,7 +310,7 @@ fn validate_delta(
 /// Publishes an accepted assignment to every sink of `resource`.
 fn publish(resource: &mut Resource, hosts: HostSet, version_info: &str) {
     let unchanged = resource.hosts.as_ref() == Some(&hosts);
-    let (added, removed) = diff(resource.hosts.as_deref().unwrap_or_default(), &hosts);
+    let (added, removed) = diff_hosts(resource.hosts.as_deref().unwrap_or_default(), &hosts);
     for sink in &resource.sinks {
         let stats = &sink.stats;
         ClusterStats::inc(&stats.update_attempt);
@@ -358,24 +341,6 @@ fn publish(resource: &mut Resource, hosts: HostSet, version_info: &str) {
         });
     }
     resource.hosts = Some(hosts);
-}
-
-/// Hosts of `new` whose address is not in `old`, and hosts of `old` whose address is not in
-/// `new`.
-pub fn diff(old: &[Host], new: &[Host]) -> (Vec<Host>, Vec<Host>) {
-    let old_addrs: HashSet<_> = old.iter().map(|h| h.addr).collect();
-    let new_addrs: HashSet<_> = new.iter().map(|h| h.addr).collect();
-    let added = new
-        .iter()
-        .filter(|h| !old_addrs.contains(&h.addr))
-        .cloned()
-        .collect();
-    let removed = old
-        .iter()
-        .filter(|h| !new_addrs.contains(&h.addr))
-        .cloned()
-        .collect();
-    (added, removed)
 }
 
 fn count_empty(resource: &Resource) {

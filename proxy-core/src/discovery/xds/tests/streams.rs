@@ -9,7 +9,7 @@ use super::{
     fixtures::{cla, delta, ports, sotw, wait_for},
     server::{FakeServer, Opened},
 };
-use crate::{
+use crate::discovery::xds::{
     CLA_TYPE_URL, EdsClient, EdsWatch, GrpcApi, NodeConfig, Transport, XdsSource, spawn_eds,
 };
 

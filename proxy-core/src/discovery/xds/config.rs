@@ -13,11 +13,13 @@
 
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
-use proxy_core::discovery::dns::duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::backoff::{DEFAULT_BASE_INTERVAL, DEFAULT_MAX_INTERVAL};
+use crate::discovery::{
+    dns::duration,
+    xds::backoff::{DEFAULT_BASE_INTERVAL, DEFAULT_MAX_INTERVAL},
+};
 
 /// The xDS section of the daemon's config: who we are, and the ADS server if any.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]

@@ -4,7 +4,7 @@ use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
 use serde::Deserialize;
 
-use crate::{
+use crate::discovery::xds::{
     ApiType, EdsClusterConfig, EdsWatch, GrpcApi, Transport, XdsConfig, XdsConfigError, plan,
 };
 
@@ -20,7 +20,7 @@ fn resolve(name: &str) -> Option<SocketAddr> {
 }
 
 fn example() -> Example {
-    serde_yaml::from_str(include_str!("../../eds.example.yaml")).expect("example parses")
+    serde_yaml::from_str(include_str!("eds.example.yaml")).expect("example parses")
 }
 
 fn clusters(example: &Example) -> Vec<(String, EdsClusterConfig)> {

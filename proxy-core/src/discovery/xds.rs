@@ -2,14 +2,19 @@
 //! delta streams on the EndpointDiscoveryService or the AggregatedDiscoveryService, and
 //! REST-JSON polling.
 //!
-//! Wiring: deserialize an [`XdsConfig`] and each cluster's [`EdsClusterConfig`], group them
-//! with [`plan`], then call [`spawn_eds`] per group inside a tokio runtime. The returned
-//! [`EdsClient`] owns the connection task (aborted on drop), publishes one [`EdsUpdate`] watch
-//! per cluster and exposes Envoy-named stats.
+//! The daemon's configuration holds the `xds` section as an [`XdsConfig`] and each EDS
+//! cluster's `eds_cluster_config` as an [`EdsClusterConfig`] (so `Config::parse` reports their
+//! errors with file:line:column). [`XdsClients::start`] groups a validated config's EDS clusters
+//! by control-plane connection ([`plan`]) and starts one [`EdsClient`] per connection; each
+//! cluster's [`EdsSource`] (a [`DiscoverySource`]) shares its connection's client.
+//!
+//! Lower level: [`spawn_eds`] starts one connection. The returned [`EdsClient`] owns the
+//! connection task (aborted on drop), publishes one [`SourceUpdate`] watch per cluster (the
+//! state machine sends on it directly) and exposes Envoy-named stats.
 //!
 //! ```no_run
 //! # async fn wire() -> Result<(), Box<dyn std::error::Error>> {
-//! use proxy_xds::{EdsClusterConfig, XdsConfig, plan, spawn_eds};
+//! use proxy_core::discovery::xds::{EdsClusterConfig, XdsConfig, plan, spawn_eds};
 //!
 //! let xds: XdsConfig = serde_yaml::from_str(
 //!     "node: {id: proxy-1, cluster: edge}\n\
@@ -45,6 +50,7 @@ pub mod stats;
 
 use std::{
     collections::BTreeMap,
+    net::SocketAddr,
     sync::{Arc, Mutex},
 };
 
@@ -60,7 +66,7 @@ pub use self::{
         Transport, XdsConfig, XdsConfigError, XdsSource, plan,
     },
     rest::EDS_REST_PATH,
-    state::{CLA_TYPE_URL, EdsUpdate, UpdateError, diff},
+    state::{CLA_TYPE_URL, UpdateError},
     stats::{ClusterStatValues, ClusterStats, ControlPlaneStats, version_gauge},
 };
 use self::{
@@ -68,10 +74,12 @@ use self::{
     rest::RestSubscription,
     state::{EdsState, Sink},
 };
+use super::{DiscoverySource, SourceUpdate};
+use crate::config::{ClusterType, Config};
 
 /// The running EDS subscriptions of one control-plane connection. Dropping it stops them.
 pub struct EdsClient {
-    outputs: BTreeMap<String, (watch::Receiver<EdsUpdate>, Arc<ClusterStats>)>,
+    outputs: BTreeMap<String, (watch::Receiver<SourceUpdate>, Arc<ClusterStats>)>,
     control: Arc<ControlPlaneStats>,
     tasks: Vec<AbortHandle>,
 }
@@ -83,12 +91,12 @@ impl EdsClient {
     }
 
     /// A receiver of `cluster`'s updates; the current value is the latest state.
-    pub fn updates(&self, cluster: &str) -> Option<watch::Receiver<EdsUpdate>> {
+    pub fn updates(&self, cluster: &str) -> Option<watch::Receiver<SourceUpdate>> {
         self.outputs.get(cluster).map(|(rx, _)| rx.clone())
     }
 
     /// `cluster`'s latest published state.
-    pub fn current(&self, cluster: &str) -> Option<EdsUpdate> {
+    pub fn current(&self, cluster: &str) -> Option<SourceUpdate> {
         self.outputs.get(cluster).map(|(rx, _)| rx.borrow().clone())
     }
 
@@ -129,13 +137,105 @@ impl Drop for EdsClient {
     }
 }
 
+/// The running xDS connections of a configuration, by EDS cluster. Dropping it (and every
+/// [`EdsSource`] taken from it) stops them.
+#[derive(Default)]
+pub struct XdsClients {
+    by_cluster: BTreeMap<String, Arc<EdsClient>>,
+    connections: usize,
+}
+
+impl XdsClients {
+    /// Starts one client per control-plane connection that the EDS clusters of a validated
+    /// `config` need (none without EDS clusters). Must run inside a tokio runtime.
+    pub fn start(config: &Config) -> Result<Self, XdsConfigError> {
+        let mut clients = Self::default();
+        let clusters = eds_clusters(config);
+        let Some(xds) = config.xds.as_ref().filter(|_| !clusters.is_empty()) else {
+            return Ok(clients);
+        };
+        for (source, watches) in plan(xds, &clusters, &static_resolver(config))? {
+            let client = Arc::new(spawn_eds(source, watches)?);
+            for name in client.clusters() {
+                clients
+                    .by_cluster
+                    .insert(name.to_owned(), Arc::clone(&client));
+            }
+            clients.connections += 1;
+        }
+        Ok(clients)
+    }
+
+    /// How many control-plane connections run.
+    pub fn connections(&self) -> usize {
+        self.connections
+    }
+
+    /// The source of EDS cluster `cluster`, if a connection subscribes it.
+    pub fn source(&self, cluster: &str) -> Option<EdsSource> {
+        let client = self.by_cluster.get(cluster)?;
+        Some(EdsSource {
+            cluster: cluster.to_owned(),
+            updates: client.updates(cluster)?,
+            client: Arc::clone(client),
+        })
+    }
+}
+
+/// Every EDS cluster of `config` with its `eds_cluster_config` (validation made it present).
+pub fn eds_clusters(config: &Config) -> Vec<(String, EdsClusterConfig)> {
+    config
+        .clusters
+        .iter()
+        .filter(|c| c.cluster_type == ClusterType::Eds && c.custom_cluster_type.is_none())
+        .filter_map(|c| Some((c.name.clone(), c.eds_cluster_config.clone()?)))
+        .collect()
+}
+
+/// How `envoy_grpc: {cluster_name}` and REST `cluster_names` reach their server: the address of
+/// the named STATIC cluster's first host.
+pub fn static_resolver(config: &Config) -> impl Fn(&str) -> Option<SocketAddr> + '_ {
+    |name| {
+        config
+            .cluster(name)
+            .and_then(|c| c.static_hosts().first().map(|h| h.addr))
+    }
+}
+
+/// One EDS cluster's source: its subscription on a shared control-plane connection. The
+/// connection's state machine publishes on the receiver this hands out.
+pub struct EdsSource {
+    cluster: String,
+    updates: watch::Receiver<SourceUpdate>,
+    client: Arc<EdsClient>,
+}
+
+impl DiscoverySource for EdsSource {
+    fn cluster_name(&self) -> &str {
+        &self.cluster
+    }
+
+    fn updates(&self) -> watch::Receiver<SourceUpdate> {
+        self.updates.clone()
+    }
+
+    /// The cluster's `cluster.<name>.*` stats (the connection's `control_plane.*` are not
+    /// per cluster).
+    fn named_stats(&self) -> Vec<(String, u64)> {
+        self.client
+            .cluster_stats(&self.cluster)
+            .map(|stats| stats.named(&self.cluster))
+            .unwrap_or_default()
+    }
+}
+
 /// Starts the subscriptions of `watches` on `source`. Must be called within a tokio runtime.
 /// A cluster name may appear once; several clusters may share a resource name.
 pub fn spawn_eds(source: XdsSource, watches: Vec<EdsWatch>) -> Result<EdsClient, XdsConfigError> {
     let mut outputs = BTreeMap::new();
     let mut sinks = Vec::new();
     for watch in watches {
-        let (tx, rx) = watch::channel(EdsUpdate::default());
+        let (tx, rx) = watch::channel(SourceUpdate::default());
         let stats = Arc::new(ClusterStats::default());
         if outputs
             .insert(watch.cluster.clone(), (rx, Arc::clone(&stats)))

@@ -1,10 +1,10 @@
 //! The proto3 JSON mapping of REST responses.
 
-use proxy_core::discovery::EdsHealth;
 use serde_json::json;
 
-use crate::{
-    CLA_TYPE_URL, UpdateError, hosts_from_cla, json::discovery_response, state::decode_all,
+use crate::discovery::{
+    EdsHealth,
+    xds::{CLA_TYPE_URL, UpdateError, hosts_from_cla, json::discovery_response, state::decode_all},
 };
 
 #[test]

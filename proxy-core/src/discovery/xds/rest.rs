@@ -18,7 +18,7 @@ use hyper_util::rt::TokioIo;
 use thiserror::Error;
 use tokio::net::TcpStream;
 
-use crate::{
+use crate::discovery::xds::{
     backoff::Backoff,
     config::NodeConfig,
     grpc::{error_chain, lock, nack_status},

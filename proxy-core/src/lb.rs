@@ -179,7 +179,10 @@ pub fn maglev_table(hosts: &[SlotHost], m: usize) -> Vec<u32> {
             }
         }
     }
-    table.into_iter().map(|s| s.unwrap_or_default()).collect()
+    table
+        .into_iter()
+        .map(std::option::Option::unwrap_or_default)
+        .collect()
 }
 
 /// A stable 64-bit hash of an address (FNV-1a over its text, then a finaliser), so that a host

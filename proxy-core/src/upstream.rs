@@ -175,7 +175,9 @@ impl Upstream {
     }
 
     fn lock(&self) -> MutexGuard<'_, ClusterHealth> {
-        self.health.lock().unwrap_or_else(|e| e.into_inner())
+        self.health
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -206,7 +208,11 @@ async fn run(health: Arc<Mutex<ClusterHealth>>, inputs: Inputs, out: Outputs, sw
         mut events,
         mut passive,
     } = inputs;
-    let lock = || health.lock().unwrap_or_else(|e| e.into_inner());
+    let lock = || {
+        health
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
     let initial = hosts.borrow_and_update().hosts.clone();
     lock().update_hosts(initial);
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + sweep, sweep);
@@ -365,7 +371,7 @@ mod tests {
     struct Scripted(watch::Sender<SourceUpdate>);
 
     impl DiscoverySource for Scripted {
-        fn cluster_name(&self) -> &str {
+        fn cluster_name(&self) -> &'static str {
             "c"
         }
 

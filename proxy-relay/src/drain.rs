@@ -81,12 +81,12 @@ pub struct DrainWatcher {
 impl DrainWatcher {
     /// Resolves once draining has started: stop accepting, stop reusing connections.
     pub async fn draining(&self) {
-        self.reached(Phase::Draining).await
+        self.reached(Phase::Draining).await;
     }
 
     /// Resolves once the deadline has passed: close now.
     pub async fn closing(&self) {
-        self.reached(Phase::Closing).await
+        self.reached(Phase::Closing).await;
     }
 
     /// Whether draining has started.
@@ -95,7 +95,7 @@ impl DrainWatcher {
     }
 
     async fn reached(&self, phase: Phase) {
-        reached(&self.phase, phase).await
+        reached(&self.phase, phase).await;
     }
 
     /// The phases alone, for a task that passes them on and must not hold the shutdown up.
@@ -110,12 +110,12 @@ pub struct PhaseWatcher(watch::Receiver<Phase>);
 impl PhaseWatcher {
     /// Resolves once draining has started.
     pub async fn draining(&self) {
-        reached(&self.0, Phase::Draining).await
+        reached(&self.0, Phase::Draining).await;
     }
 
     /// Resolves once the deadline has passed (or the trigger is gone).
     pub async fn closing(&self) {
-        reached(&self.0, Phase::Closing).await
+        reached(&self.0, Phase::Closing).await;
     }
 }
 

@@ -85,14 +85,19 @@ impl Mailbox {
     fn send(&self, cmd: Cmd) {
         self.cmds
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(cmd);
         self.eventfd.notify();
     }
 
     fn take(&self) -> Vec<Cmd> {
         self.eventfd.reset();
-        std::mem::take(&mut *self.cmds.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(
+            &mut *self
+                .cmds
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
     }
 }
 
@@ -120,13 +125,12 @@ impl Routes {
         let mut route = |service: &Service| match service {
             Service::Tcp(c) => {
                 let same = by_name.entry(c.name().to_owned()).or_default();
-                let i = match same.iter().find(|&&i| clusters[i].same_routing(c)) {
-                    Some(&i) => i,
-                    None => {
-                        clusters.push(c.clone());
-                        same.push(clusters.len() - 1);
-                        clusters.len() - 1
-                    }
+                let i = if let Some(&i) = same.iter().find(|&&i| clusters[i].same_routing(c)) {
+                    i
+                } else {
+                    clusters.push(c.clone());
+                    same.push(clusters.len() - 1);
+                    clusters.len() - 1
                 };
                 Route::Cluster(i)
             }
@@ -610,9 +614,10 @@ impl Worker {
                 let host = BackendAddr(orig.0);
                 (host, None, Some(self.shared.orig_dst_cluster.lease(host)))
             }
-            Some(Route::Cluster(ci)) => match routes.clusters[*ci].pick(&[]) {
-                Some(host) => (host, Some(*ci), None),
-                None => {
+            Some(Route::Cluster(ci)) => {
+                if let Some(host) = routes.clusters[*ci].pick(&[]) {
+                    (host, Some(*ci), None)
+                } else {
                     ProxyStats::inc(&stats.downstream_cx_total);
                     ProxyStats::inc(&stats.downstream_cx_destroy);
                     ProxyStats::inc(&stats.upstream_cx_none_healthy);
@@ -623,7 +628,7 @@ impl Worker {
                     copy::abort(&client);
                     return;
                 }
-            },
+            }
         };
         ProxyStats::inc(&stats.downstream_cx_total);
         ProxyStats::inc(&stats.downstream_cx_active);
@@ -977,7 +982,7 @@ mod tests {
         let back = t + 100 * US + YIELD_HELD + US;
         y.gave_way(t + 100 * US, back);
         assert!(!y.due(back, back + Duration::from_millis(5)));
-        assert!(!y.due(back, back + YIELD_BACKOFF - US));
+        assert!(!y.due(back, (back + YIELD_BACKOFF).checked_sub(US).unwrap()));
         assert!(y.due(back, back + YIELD_BACKOFF));
         assert!(y.off_until.is_none(), "the backoff is over");
     }

@@ -456,7 +456,7 @@ fn upstream_request(req: Request<Body>, proto: Proto, host: BackendAddr) -> Requ
         .headers
         .get(HOST)
         .and_then(|h| h.to_str().ok().map(str::to_owned))
-        .or_else(|| parts.uri.authority().map(|a| a.to_string()))
+        .or_else(|| parts.uri.authority().map(std::string::ToString::to_string))
         .unwrap_or_else(|| host.to_string());
     let path = parts
         .uri

@@ -183,20 +183,17 @@ pub async fn serve(config: ProxyConfig, deps: ProxyDeps) -> Result<ProxyHandle, 
     let mut local_addrs = Vec::new();
     for &addr in &config.listeners {
         let bind_error = |source| ProxyError::Bind { addr, source };
-        match engine_threads {
-            Some(n) => {
-                let sockets = listener::bind_reuseport(addr, n).map_err(bind_error)?;
-                local_addrs.push(sockets[0].local_addr().map_err(bind_error)?);
-                engine_sockets.resize_with(sockets.len(), Vec::new);
-                for (thread, socket) in engine_sockets.iter_mut().zip(sockets) {
-                    thread.push(socket);
-                }
+        if let Some(n) = engine_threads {
+            let sockets = listener::bind_reuseport(addr, n).map_err(bind_error)?;
+            local_addrs.push(sockets[0].local_addr().map_err(bind_error)?);
+            engine_sockets.resize_with(sockets.len(), Vec::new);
+            for (thread, socket) in engine_sockets.iter_mut().zip(sockets) {
+                thread.push(socket);
             }
-            None => {
-                let l = listener::bind(addr).map_err(bind_error)?;
-                local_addrs.push(l.get_ref().local_addr().map_err(bind_error)?);
-                bound.push(l);
-            }
+        } else {
+            let l = listener::bind(addr).map_err(bind_error)?;
+            local_addrs.push(l.get_ref().local_addr().map_err(bind_error)?);
+            bound.push(l);
         }
     }
     let orig_dst_cluster = Arc::new(OriginalDstCluster::new(config.cleanup_interval));

@@ -183,7 +183,7 @@ async fn handle(
         debug!("connection closed");
     }
     .instrument(span)
-    .await
+    .await;
 }
 
 /// The destination the client dialled: from a PROXY protocol header when configured, else
@@ -197,7 +197,10 @@ async fn original_destination(
     shared: &Shared,
 ) -> io::Result<(Client, Option<OrigDstAddr>)> {
     let config = &shared.config;
-    let (stream, dst) = if config.proxy_protocol != ProxyProtocolMode::Off {
+    let (stream, dst) = if config.proxy_protocol == ProxyProtocolMode::Off {
+        let dst = nat_or_map(&stream, client, local, shared);
+        (stream, dst)
+    } else {
         let mut stream = stream.register()?;
         let header = proxy_protocol::read_header(
             &mut stream,
@@ -214,9 +217,6 @@ async fn original_destination(
             }
         };
         (Client::Registered(stream), dst)
-    } else {
-        let dst = nat_or_map(&stream, client, local, shared);
-        (stream, dst)
     };
     Ok((stream, not_self(dst, shared)))
 }
@@ -290,7 +290,7 @@ pub(crate) async fn serve_http_accepted(
         debug!("connection closed");
     }
     .instrument(span)
-    .await
+    .await;
 }
 
 #[cfg(test)]

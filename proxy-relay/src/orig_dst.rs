@@ -43,7 +43,7 @@ impl OriginalDstTable {
     pub fn insert(&self, peer: SocketAddr, local: SocketAddr, destination: SocketAddr) {
         self.entries
             .write()
-            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert((peer, local), destination);
     }
 
@@ -51,7 +51,7 @@ impl OriginalDstTable {
     pub fn remove(&self, peer: SocketAddr, local: SocketAddr) {
         self.entries
             .write()
-            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&(peer, local));
     }
 }
@@ -60,7 +60,7 @@ impl OriginalDst for OriginalDstTable {
     fn lookup(&self, peer: SocketAddr, local: SocketAddr) -> Option<SocketAddr> {
         self.entries
             .read()
-            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(&(peer, local))
             .copied()
     }
@@ -172,7 +172,9 @@ impl OriginalDstCluster {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<BackendAddr, HostUse>> {
-        self.hosts.lock().unwrap_or_else(|e| e.into_inner())
+        self.hosts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

@@ -177,7 +177,9 @@ impl Pool {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(BackendAddr, Proto), Vec<Idle>>> {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

@@ -251,21 +251,18 @@ fn parse_v2(buf: &[u8]) -> Result<ProxyHeader, ProxyProtocolError> {
 pub fn encode_v2(source: SocketAddr, destination: SocketAddr) -> Vec<u8> {
     let mut out = V2_SIGNATURE.to_vec();
     out.push(0x21);
-    match (source, destination) {
-        (SocketAddr::V4(s), SocketAddr::V4(d)) => {
-            out.extend_from_slice(&[0x11, 0, 12]);
-            out.extend_from_slice(&s.ip().octets());
-            out.extend_from_slice(&d.ip().octets());
-        }
-        _ => {
-            let v6 = |a: SocketAddr| match a.ip() {
-                IpAddr::V4(ip) => ip.to_ipv6_mapped().octets(),
-                IpAddr::V6(ip) => ip.octets(),
-            };
-            out.extend_from_slice(&[0x21, 0, 36]);
-            out.extend_from_slice(&v6(source));
-            out.extend_from_slice(&v6(destination));
-        }
+    if let (SocketAddr::V4(s), SocketAddr::V4(d)) = (source, destination) {
+        out.extend_from_slice(&[0x11, 0, 12]);
+        out.extend_from_slice(&s.ip().octets());
+        out.extend_from_slice(&d.ip().octets());
+    } else {
+        let v6 = |a: SocketAddr| match a.ip() {
+            IpAddr::V4(ip) => ip.to_ipv6_mapped().octets(),
+            IpAddr::V6(ip) => ip.octets(),
+        };
+        out.extend_from_slice(&[0x21, 0, 36]);
+        out.extend_from_slice(&v6(source));
+        out.extend_from_slice(&v6(destination));
     }
     out.extend_from_slice(&source.port().to_be_bytes());
     out.extend_from_slice(&destination.port().to_be_bytes());

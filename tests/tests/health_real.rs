@@ -165,13 +165,7 @@ async fn http_checker_against_a_real_server() {
     server.set_status(200);
     wait_routable(&mut c, addr, true).await;
     let stats = c.cluster.stats();
-    let get = |name: &str| {
-        stats
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| *v)
-            .unwrap_or(0)
-    };
+    let get = |name: &str| stats.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v);
     assert!(get("cluster.svc.health_check.attempt") >= 4, "{stats:?}");
     assert!(
         get("cluster.svc.health_check.network_failure") >= 2,

@@ -60,7 +60,7 @@ impl Locator {
             return Self { root: None };
         }
         Self {
-            root: builder.stack.pop().and_then(|frame| frame.into_node()),
+            root: builder.stack.pop().and_then(Frame::into_node),
         }
     }
 

@@ -153,28 +153,27 @@ impl ClusterMembership {
         for host in hosts {
             seen.entry(host.addr).or_insert(host);
         }
-        for (addr, member) in self.members.iter_mut() {
+        for (addr, member) in &mut self.members {
             member.discovered = seen.contains_key(addr);
         }
         for (addr, host) in seen {
-            match self.members.get_mut(&addr) {
-                Some(member) => member.host = host,
-                None => {
-                    let active = if self.active_hc {
-                        HostHealth::new_host()
-                    } else {
-                        HostHealth::default()
-                    };
-                    self.members.insert(
-                        addr,
-                        Member {
-                            host,
-                            discovered: true,
-                            active,
-                        },
-                    );
-                    change.added.push(addr);
-                }
+            if let Some(member) = self.members.get_mut(&addr) {
+                member.host = host;
+            } else {
+                let active = if self.active_hc {
+                    HostHealth::new_host()
+                } else {
+                    HostHealth::default()
+                };
+                self.members.insert(
+                    addr,
+                    Member {
+                        host,
+                        discovered: true,
+                        active,
+                    },
+                );
+                change.added.push(addr);
             }
         }
         let active_hc = self.active_hc;

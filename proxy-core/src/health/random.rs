@@ -29,7 +29,10 @@ impl Random for SeededRandom {
         if bound == 0 {
             return 0;
         }
-        let mut rng = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rng = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         rng.u64(0..bound)
     }
 }

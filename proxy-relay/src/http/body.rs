@@ -255,7 +255,11 @@ impl http_body::Body for Chained {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.head.is_empty() && self.rest.as_ref().is_none_or(|r| r.is_end_stream())
+        self.head.is_empty()
+            && self
+                .rest
+                .as_ref()
+                .is_none_or(http_body::Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {

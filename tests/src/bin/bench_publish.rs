@@ -48,7 +48,7 @@ fn thread_cpu_ns() -> u64 {
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid timespec that outlives the call; the clock id is a constant.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) };
     if rc != 0 {
         return 0;
     }

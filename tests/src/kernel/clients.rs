@@ -267,7 +267,7 @@ pub fn framed_exchange(
             match TcpStream::connect(dial) {
                 Ok(conn) => break conn,
                 Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10))
+                    std::thread::sleep(Duration::from_millis(10));
                 }
                 Err(e) => panic!("connecting to {dial}: {e}"),
             }

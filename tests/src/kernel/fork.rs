@@ -28,7 +28,9 @@ impl InCgroup {
                 .unwrap_or_else(|e| panic!("opening {}/cgroup.procs: {e}", cg.display()))
         });
         let ns = std::fs::File::open(netns.path()).expect("opening the namespace");
-        let guard = FORK.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = FORK
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut fds = [0; 2];
         // SAFETY: fds is a valid array of two ints.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
@@ -108,7 +110,7 @@ impl InCgroup {
             // SAFETY: our own child; kill is harmless if it already exited (not yet reaped).
             unsafe {
                 libc::kill(self.pid, libc::SIGKILL);
-                libc::waitpid(self.pid, &mut status, 0);
+                libc::waitpid(self.pid, &raw mut status, 0);
             }
             self.pid = 0;
         }

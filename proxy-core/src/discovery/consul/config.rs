@@ -123,7 +123,7 @@ impl ConsulConfig {
             ("datacenter", self.datacenter.as_ref()),
             ("tag", self.tag.as_ref()),
         ] {
-            if value.is_some_and(|v| v.is_empty()) {
+            if value.is_some_and(std::string::String::is_empty) {
                 return Err(ConsulConfigError::Empty { field });
             }
         }

@@ -67,7 +67,9 @@ impl Script {
     }
 
     fn state(&self) -> MutexGuard<'_, ScriptState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Request targets so far.

@@ -67,7 +67,7 @@ impl FakeResolver {
     fn state(&self) -> MutexGuard<'_, State> {
         self.state
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Answers `name`'s A (for IPv4 entries) and AAAA (for IPv6 entries) queries with these
@@ -82,9 +82,9 @@ impl FakeResolver {
                 ttl: Duration::from_secs(u64::from(*ttl)),
             };
             if ip.is_ipv4() {
-                v4.push(record)
+                v4.push(record);
             } else {
-                v6.push(record)
+                v6.push(record);
             }
         }
         let mut state = self.state();

@@ -263,7 +263,7 @@ fn log_decision(error_detail: &Option<Status>, version: &str) {
     match error_detail {
         None => tracing::debug!(version, "EDS update accepted (ACK)"),
         Some(status) => {
-            tracing::warn!(reason = %status.message, "EDS update rejected (NACK), hosts kept")
+            tracing::warn!(reason = %status.message, "EDS update rejected (NACK), hosts kept");
         }
     }
 }

@@ -155,7 +155,7 @@ async fn post(uri: &str, body: Vec<u8>) -> Result<Option<Bytes>, PollError> {
             })?;
     let authority = parsed
         .authority()
-        .map(|a| a.to_string())
+        .map(std::string::ToString::to_string)
         .ok_or_else(|| PollError::Uri {
             uri: uri.to_owned(),
         })?;

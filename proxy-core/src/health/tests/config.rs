@@ -8,7 +8,7 @@ use crate::health::{
     spec::{CheckKind, StatusRange},
 };
 
-const EXAMPLE: &str = r#"
+const EXAMPLE: &str = r"
 health_checks:
   - timeout: 1s
     interval: 0.5s
@@ -28,7 +28,7 @@ outlier_detection:
   base_ejection_time: 10s
 common_lb_config:
   healthy_panic_threshold: {value: 0}
-"#;
+";
 
 #[test]
 fn example_config_parses_with_defaults_applied() {

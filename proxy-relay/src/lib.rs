@@ -165,6 +165,10 @@ fn engine_threads(config: &ProxyConfig) -> usize {
 }
 
 /// Binds the configured listeners and starts serving. Must run inside a tokio runtime.
+#[expect(
+    clippy::unused_async,
+    reason = "the signature says it must run inside a tokio runtime (it spawns tasks)"
+)]
 pub async fn serve(config: ProxyConfig, deps: ProxyDeps) -> Result<ProxyHandle, ProxyError> {
     if config.splice == SpliceMode::Kernel && deps.splicer.is_none() {
         return Err(ProxyError::SpliceUnavailable);

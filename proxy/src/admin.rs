@@ -7,7 +7,12 @@
 
 mod render;
 
-use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    sync::{Arc, PoisonError},
+    time::Duration,
+};
 
 use proxy_core::{config::Config, upstream::Upstream};
 use tokio::{
@@ -18,7 +23,7 @@ use tokio::{
 };
 use tracing::debug;
 
-use crate::daemon::SharedDataplane;
+use crate::{daemon::SharedDataplane, dataplane::Dataplane};
 
 /// Largest request head accepted.
 const MAX_REQUEST: usize = 8 * 1024;
@@ -66,8 +71,11 @@ impl State {
 
     /// Kernel counters, summed over CPUs.
     fn kernel_counters(&self) -> Vec<(&'static str, u64)> {
-        let guard = self.dataplane.lock().unwrap_or_else(|e| e.into_inner());
-        guard.as_ref().map(|dp| dp.counters()).unwrap_or_default()
+        let guard = self
+            .dataplane
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        guard.as_ref().map(Dataplane::counters).unwrap_or_default()
     }
 }
 

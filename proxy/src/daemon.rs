@@ -185,7 +185,7 @@ async fn sweep_after_first_publish(
     if waited.is_err() {
         warn!("not every service was published within {FIRST_PUBLISH_WAIT:?}; sweeping anyway");
     }
-    let mut guard = dp.lock().unwrap_or_else(|e| e.into_inner());
+    let mut guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(dp) = guard.as_mut() {
         if let Err(err) = dp.publisher().sweep(keys) {
             warn!(%err, "sweeping state of a previous run failed");
@@ -226,7 +226,7 @@ async fn publish_loop(
     loop {
         let spec = template.with(&inputs);
         let result = {
-            let mut guard = dp.lock().unwrap_or_else(|e| e.into_inner());
+            let mut guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             match guard.as_mut() {
                 Some(dp) => dp.publisher().publish(&spec).map(Some),
                 None => return,
@@ -239,7 +239,7 @@ async fn publish_loop(
             }
             Ok(_) => {}
             Err(err) => {
-                warn!(service = %spec.name, %err, "publish failed; the previous host set stays live")
+                warn!(service = %spec.name, %err, "publish failed; the previous host set stays live");
             }
         }
         if !any_changed(&mut inputs).await {
@@ -374,7 +374,7 @@ fn needs_sockops(config: &Config, templates: &[SpecTemplate]) -> bool {
 
 /// Switches sk_msg splicing of local socket pairs on when the configuration asks for it.
 fn configure_splice(config: &Config, dp: &SharedDataplane) -> anyhow::Result<()> {
-    let mut guard = dp.lock().unwrap_or_else(|e| e.into_inner());
+    let mut guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(dp) = guard.as_mut() {
         dp.set_splice(config.splice)
             .context("setting the splice switch")?;
@@ -383,7 +383,10 @@ fn configure_splice(config: &Config, dp: &SharedDataplane) -> anyhow::Result<()>
 }
 
 fn shutdown(dp: &SharedDataplane) {
-    let taken = dp.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let taken = dp
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
     if let Some(dp) = taken {
         dp.shutdown();
     }

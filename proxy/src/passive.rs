@@ -35,7 +35,7 @@ struct Reading {
 }
 
 fn read(dp: &SharedDataplane) -> Option<HashMap<SocketAddr, Reading>> {
-    let guard = dp.lock().unwrap_or_else(|e| e.into_inner());
+    let guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let reports = guard.as_ref()?.passive_counters().ok()?;
     Some(
         reports
@@ -112,7 +112,7 @@ mod tests {
             .map(|s| match s {
                 PassiveSignal::ConnectSuccess(_) => 'S',
                 PassiveSignal::ConnectFailure(_) => 'F',
-                _ => '?',
+                PassiveSignal::Traffic => 'T',
             })
             .collect()
     }

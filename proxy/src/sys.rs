@@ -32,7 +32,7 @@ pub fn raise_memlock_rlimit() -> io::Result<()> {
         rlim_max: libc::RLIM_INFINITY,
     };
     // SAFETY: `limit` is a valid rlimit that outlives the call.
-    let rc = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
+    let rc = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &raw const limit) };
     if rc == 0 {
         Ok(())
     } else {
@@ -183,7 +183,7 @@ pub mod map_batch {
             libc::syscall(
                 libc::SYS_bpf,
                 cmd,
-                attr as *mut BatchAttr,
+                std::ptr::from_mut::<BatchAttr>(attr),
                 size_of::<BatchAttr>() as libc::c_uint,
             )
         };

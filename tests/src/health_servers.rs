@@ -185,7 +185,7 @@ impl std::fmt::Debug for GrpcHealthServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GrpcHealthServer")
             .field("addr", &self.running.addr)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 

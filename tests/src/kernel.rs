@@ -325,6 +325,10 @@ impl Daemon {
         Self::start_with(config, Some(netns.path()))
     }
 
+    #[expect(
+        clippy::needless_pass_by_value,
+        reason = "each retry takes a clone of the namespace path"
+    )]
     fn start_with(config: &str, netns: Option<PathBuf>) -> Self {
         crate::start_retrying("the daemon", 4, || Self::try_start(config, netns.clone()))
     }

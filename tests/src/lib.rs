@@ -45,10 +45,14 @@ pub(crate) async fn start_retrying_async<T>(
 
 /// Panics with `log` unless attempt `attempt` of `attempts` failed for a taken port and another
 /// one is left.
+#[expect(
+    clippy::needless_pass_by_value,
+    reason = "the log is moved into the panic message"
+)]
 fn give_up_unless_port_taken(what: &str, attempt: usize, attempts: usize, log: String) {
     let port_taken = log.to_ascii_lowercase().contains("address already in use");
     assert!(
-        !(!port_taken || attempt >= attempts),
+        port_taken && attempt < attempts,
         "{what} did not start (attempt {attempt} of {attempts}):\n{log}"
     );
 }

@@ -7,6 +7,7 @@
 //! the project's setup installs it (`apt-get install -y unbound`).
 
 use std::{
+    fmt::Write as _,
     net::{SocketAddr, UdpSocket},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -172,12 +173,13 @@ fn config(dir: &Path, port: u16, records: &[&str]) -> String {
          module-config: \"iterator\"\n  local-zone: \"svc.test.\" static\n"
     );
     for record in records {
-        conf.push_str(&format!("  local-data: \"{record}\"\n"));
+        let _ = writeln!(conf, "  local-data: \"{record}\"");
     }
-    conf.push_str(&format!(
+    let _ = write!(
+        conf,
         "remote-control:\n  control-enable: yes\n  control-interface: \"{dir}/control.sock\"\n  \
          control-use-cert: no\n"
-    ));
+    );
     conf
 }
 

@@ -131,6 +131,7 @@ impl XdsServer {
     }
 
     /// Publishes `endpoints` (see xds_server.py) as `cluster`'s assignment at `version`.
+    #[expect(clippy::needless_pass_by_value, reason = "called with json! literals")]
     pub fn push(&self, cluster: &str, version: &str, endpoints: Value) {
         let body =
             serde_json::json!({"cluster": cluster, "version": version, "endpoints": endpoints});

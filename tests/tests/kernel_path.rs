@@ -47,6 +47,10 @@ const V6: Family = Family {
     not_a_service: "[::1]:9000",
 };
 
+#[expect(
+    clippy::format_collect,
+    reason = "builds a small YAML fixture; clarity over one allocation"
+)]
 fn config(instance: &str, cgroup: &Path, vip: SocketAddr, hosts: &[(&str, u32)]) -> String {
     let endpoints: String = hosts
         .iter()

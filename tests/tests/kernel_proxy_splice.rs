@@ -313,10 +313,10 @@ fn splice_modes_large_transfer_arrives_intact_both_ways() {
 /// redirects every byte and passes none back; nothing crosses userspace.
 #[test]
 fn splice_kernel_mode_keeps_a_paced_transfer_in_the_kernel() {
+    const ROUNDS: usize = 256;
     let Some(env) = Env::new("splice_kernel_mode_keeps_a_paced_transfer_in_the_kernel") else {
         return;
     };
-    const ROUNDS: usize = 256;
     let (redirected_before, passed_before) = (
         env.dp.counter("pair_redirected"),
         env.dp.counter("pair_passed"),

@@ -36,6 +36,10 @@ const HOSTS: [&str; 2] = ["127.0.0.81:8081", "127.0.0.82:8082"];
 /// How long the client loops; the kill and the restart happen inside this window.
 const LOOP_FOR: Duration = Duration::from_secs(8);
 
+#[expect(
+    clippy::format_collect,
+    reason = "builds a small YAML fixture; clarity over one allocation"
+)]
 fn config(instance: &str, cgroup: &Path) -> String {
     let endpoints: String = HOSTS
         .iter()

@@ -302,10 +302,16 @@ async fn envoy_and_we_agree_on_hosts_health_and_nacks() {
     // The server groups endpoints into one locality per priority: priority 0 first.
     let ours = wait_hosts(&mut updates, &[8201, 8203, 8205, 8202, 8204, 8206]).await;
     let raw: Vec<EdsHealth> = ours.hosts.iter().map(|h| h.eds_health).collect();
-    use EdsHealth::*;
     assert_eq!(
         raw,
-        [Healthy, Draining, Degraded, Unhealthy, Timeout, Unknown],
+        [
+            EdsHealth::Healthy,
+            EdsHealth::Draining,
+            EdsHealth::Degraded,
+            EdsHealth::Unhealthy,
+            EdsHealth::Timeout,
+            EdsHealth::Unknown
+        ],
         "raw_health_is_kept"
     );
     let expected = our_hosts(&ours);

@@ -51,8 +51,8 @@ enum Task {
     /// The style gates alone: nightly rustfmt --check with the repository's rustfmt.toml, and
     /// clippy with the workspace lint set on every crate (the kernel programs on their target).
     Lint,
-    /// Every test: setup, unit tests of all crates, then the root-only integration tests (real
-    /// kernel, real eBPF object, real servers). Fails if any test fails.
+    /// Every test: setup, the style gates, unit tests of all crates, then the root-only
+    /// integration tests (real kernel, real eBPF object, real servers). Fails if any test fails.
     Test {
         /// Only run tests whose name contains this (passed to the test harnesses).
         filter: Option<String>,

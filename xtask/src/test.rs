@@ -1,17 +1,19 @@
-//! `cargo xtask test`: every test. Setup, unit tests of every crate (no root needed), then the
-//! root-only integration tests against the real kernel, the real eBPF object and real servers,
-//! then the kernel tests on Linux 5.10 in QEMU.
+//! `cargo xtask test`: every test. Setup, the style gates (`lint.rs`), unit tests of every crate
+//! (no root needed), then the root-only integration tests against the real kernel, the real eBPF
+//! object and real servers, then the kernel tests on Linux 5.10 in QEMU.
 
 use anyhow::Context as _;
 
 use crate::{
-    bench, setup,
+    bench, lint, setup,
     util::{self, step},
     vm,
 };
 
 pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
     setup::run()?;
+    // The style gates run first but do not stop the tests: one run reports everything.
+    let style = lint::run();
     step("unit tests (all crates but the kernel programs and the root-only suite)");
     let mut unit = util::cargo();
     unit.args([
@@ -46,6 +48,7 @@ pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
     });
     // The benchmark harness, once with tiny counts, so it cannot rot; numbers are not judged.
     let smoke = bench::smoke(&proxy);
+    style.context("the style gates failed (cargo xtask lint)")?;
     integrated?;
     vm.context("the kernel tests failed on Linux 5.10 in QEMU")?;
     smoke.context("the benchmark harness smoke run (cargo xtask bench --smoke) failed")?;

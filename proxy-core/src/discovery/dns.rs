@@ -220,6 +220,10 @@ fn check_endpoints(endpoints: &[DnsEndpoint]) -> Result<(), DnsConfigError> {
     }
 }
 
+#[expect(
+    clippy::needless_pass_by_value,
+    reason = "each target task takes a clone of the resolver; the caller gives its Arc up"
+)]
 fn spawn(
     name: String,
     settings: DnsSettings,

@@ -167,7 +167,7 @@ fn original_dst_clusters(state: &State) -> Vec<ClusterJson> {
     let hosts = state
         .proxy
         .as_ref()
-        .map(|p| p.original_dst_hosts())
+        .map(proxy_relay::ProxyStatsHandle::original_dst_hosts)
         .unwrap_or_default();
     state
         .config

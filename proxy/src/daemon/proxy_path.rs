@@ -42,7 +42,7 @@ pub async fn start(
     let proxy_config = config.effective_proxy();
     let services = service_table(config, upstreams, &proxy_config)?;
     let (original_dst, splicer) = {
-        let guard = dp.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let dp = guard.as_ref().context("the data path is not attached")?;
         let original_dst = dp
             .original_destinations()
@@ -66,7 +66,7 @@ pub async fn start(
     )
     .await?;
     let (v4, v6) = first_per_family(handle.local_addrs());
-    let mut guard = dp.lock().unwrap_or_else(|e| e.into_inner());
+    let mut guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dp = guard.as_mut().context("the data path is not attached")?;
     for addr in [v4, v6].into_iter().flatten() {
         dp.set_proxy_listener(addr)
@@ -80,7 +80,7 @@ pub async fn start(
 /// then drains the proxy's connections until its shutdown deadline.
 pub async fn stop(handle: ProxyHandle, dp: &SharedDataplane) {
     {
-        let mut guard = dp.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(dp) = guard.as_mut() {
             for ipv6 in [false, true] {
                 if let Err(err) = dp.runtime().clear_proxy_listener(ipv6) {

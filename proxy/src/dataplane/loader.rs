@@ -65,7 +65,7 @@ pub struct DataplaneOptions {
 /// The loaded and attached kernel programs and their maps.
 pub struct Dataplane {
     /// Keeps programs and maps referenced while the daemon runs.
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
     pin_dir: PathBuf,
     cgroup: PathBuf,
     created_cgroup: bool,
@@ -184,7 +184,7 @@ impl Dataplane {
         };
         info!(cgroup = %opts.cgroup.display(), pins = %pin_dir.display(), adopted = publisher.adopted(), sockops = opts.follow_sockets, "data path attached");
         Ok(Self {
-            _ebpf: ebpf,
+            ebpf,
             pin_dir: pin_dir.to_owned(),
             cgroup: opts.cgroup.clone(),
             created_cgroup,
@@ -276,7 +276,7 @@ impl Dataplane {
     /// this instance; pins this version does not know stay, with their directory.
     pub fn shutdown(self) {
         let Self {
-            _ebpf,
+            ebpf,
             pin_dir,
             cgroup,
             created_cgroup,
@@ -293,7 +293,7 @@ impl Dataplane {
             }
         }
         // Dropping the object detaches sk_msg from the sockhash; removing the pins frees the maps.
-        drop((publisher, runtime, pair, _ebpf));
+        drop((publisher, runtime, pair, ebpf));
         pin_files::remove_ours(&pin_dir);
         if created_cgroup && let Err(err) = fs::remove_dir(&cgroup) {
             warn!(cgroup = %cgroup.display(), %err, "cgroup not removed (processes still in it?)");

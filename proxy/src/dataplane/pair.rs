@@ -112,7 +112,10 @@ impl PairSplicer {
         };
         let [cc, uc] = guard.cookies;
         {
-            let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+            let mut maps = self
+                .maps
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let err = |name| move |source| PairError::Map { name, source };
             // Peers, counters and credit, then arming: a socket runs the program from the
             // moment it is armed, and all of them must be there by then. (Peers first: a
@@ -157,7 +160,10 @@ impl PairSplicer {
     /// Entries of the two sockhashes now (two per spliced pair that is neither torn down nor
     /// closed).
     pub fn entries(&self) -> (usize, usize) {
-        let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        let maps = self
+            .maps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         (
             maps.socks.keys().flatten().count(),
             maps.peer.keys().flatten().count(),
@@ -166,7 +172,10 @@ impl PairSplicer {
 
     /// Entries of the flow and credit maps now (two each per spliced pair not torn down).
     pub fn credit_entries(&self) -> (usize, usize) {
-        let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        let maps = self
+            .maps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         (
             maps.flow.keys().flatten().count(),
             maps.grant.keys().flatten().count(),
@@ -197,7 +206,10 @@ impl PairGuard {
 
     /// What the program did with the bytes `side` received since splicing.
     pub fn flow(&self, side: PairSide) -> Result<PairFlow, PairError> {
-        let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        let maps = self
+            .maps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         maps.flow
             .get(&self.key(side), 0)
             .map_err(|source| PairError::Map {
@@ -214,7 +226,10 @@ impl PairGuard {
             granted: sent.saturating_add(PAIR_CREDIT),
             drained,
         };
-        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        let mut maps = self
+            .maps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         maps.grant
             .insert(self.key(side), grant, 0)
             .map_err(|source| PairError::Map {
@@ -226,7 +241,10 @@ impl PairGuard {
 
 impl Drop for PairGuard {
     fn drop(&mut self) {
-        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        let mut maps = self
+            .maps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         // Disarm first, then forget the peers and the credit. A socket that already closed is
         // gone from both sockhashes (the kernel removed it): not an error.
         for key in [self.client, self.upstream] {

@@ -159,7 +159,7 @@ impl Publisher {
     ) -> Result<Self, DataplaneError> {
         let mut live = BTreeMap::new();
         let mut next_service_id = 1;
-        for entry in services.iter() {
+        for entry in &services {
             let (key, service) = entry.map_err(|source| DataplaneError::Map {
                 name: maps::SERVICES,
                 source,

@@ -119,8 +119,7 @@ impl RuntimeMaps {
                 let total = self
                     .counters
                     .get(&(i as u32), 0)
-                    .map(|per_cpu| per_cpu.iter().sum())
-                    .unwrap_or(0);
+                    .map_or(0, |per_cpu| per_cpu.iter().sum());
                 (*name, total)
             })
             .collect()
@@ -159,9 +158,9 @@ impl RuntimeMaps {
     pub fn clear_proxy_listener(&mut self, ipv6: bool) -> Result<(), DataplaneError> {
         let mut s = self.settings();
         if ipv6 {
-            s.proxy_v6 = Backend::default()
+            s.proxy_v6 = Backend::default();
         } else {
-            s.proxy_v4 = Backend::default()
+            s.proxy_v4 = Backend::default();
         }
         self.write_settings(s)
     }
@@ -183,7 +182,7 @@ impl RuntimeMaps {
     /// The passive health signal: per backend, summed over CPUs, cumulative.
     pub fn passive_counters(&self) -> Result<Vec<PassiveReport>, DataplaneError> {
         let mut out = Vec::new();
-        for entry in self.passive.iter() {
+        for entry in &self.passive {
             let (backend, per_cpu) = entry.map_err(|source| DataplaneError::Map {
                 name: PASSIVE,
                 source,

@@ -66,6 +66,10 @@ fn publish_all(dp: &mut Dataplane, specs: &[ServiceSpec]) -> (f64, f64) {
     (t.elapsed().as_secs_f64() * 1e3, cpu_ms)
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one measurement script, step by step"
+)]
 fn main() {
     let hosts: u32 = arg("--hosts")
         .and_then(|h| h.parse().ok())

@@ -6,7 +6,7 @@
 //! a request open for up to `wait`, so connection reuse would save little; this keeps the
 //! dependency set to tokio.
 
-use std::{io, time::Duration};
+use std::{fmt::Write as _, io, time::Duration};
 
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
@@ -123,10 +123,11 @@ async fn exchange(
          Accept: application/json\r\nConnection: close\r\n"
     );
     if let Some(body) = body {
-        head.push_str(&format!(
+        let _ = write!(
+            head,
             "Content-Type: application/json\r\nContent-Length: {}\r\n",
             body.len()
-        ));
+        );
     }
     head.push_str("\r\n");
     stream.write_all(head.as_bytes()).await.map_err(io_error)?;
@@ -222,7 +223,7 @@ pub fn encode(text: &str) -> String {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
             out.push(char::from(byte));
         } else {
-            out.push_str(&format!("%{byte:02X}"));
+            let _ = write!(out, "%{byte:02X}");
         }
     }
     out

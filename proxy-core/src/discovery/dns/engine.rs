@@ -113,12 +113,12 @@ impl Engine {
             Ok(_) => {
                 DnsClusterStats::inc(&self.stats.update_failure);
                 debug!(cluster = %self.cluster, target, "empty answer, keeping the logical host");
-                (self.failure_refresh(&mut state), false)
+                (Self::failure_refresh(&mut state), false)
             }
             Err(err) => {
                 DnsClusterStats::inc(&self.stats.update_failure);
                 warn!(cluster = %self.cluster, target, %err, "dns resolution failed, hosts kept");
-                (self.failure_refresh(&mut state), false)
+                (Self::failure_refresh(&mut state), false)
             }
         };
         if first_resolution && !published {
@@ -172,7 +172,7 @@ impl Engine {
         delay
     }
 
-    fn failure_refresh(&self, state: &mut State) -> Duration {
+    fn failure_refresh(state: &mut State) -> Duration {
         let State { backoff, rng, .. } = state;
         backoff.next_delay(rng)
     }

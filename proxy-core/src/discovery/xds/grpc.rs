@@ -165,7 +165,7 @@ async fn run_sotw(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backof
                 detail,
             )
         };
-        log_decision(&request.error_detail, &request.version_info);
+        log_decision(request.error_detail.as_ref(), &request.version_info);
         if tx.send(request).await.is_err() {
             return StreamError::Closed;
         }
@@ -218,7 +218,7 @@ async fn run_delta(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backo
             .err()
             .map(|e| nack_status(&e));
         backoff.reset();
-        log_decision(&error_detail, &response.system_version_info);
+        log_decision(error_detail.as_ref(), &response.system_version_info);
         let request = DeltaDiscoveryRequest {
             node: Some(sub.node.clone()),
             type_url: CLA_TYPE_URL.to_owned(),
@@ -259,7 +259,7 @@ pub(crate) fn nack_status(error: &UpdateError) -> Status {
     }
 }
 
-fn log_decision(error_detail: &Option<Status>, version: &str) {
+fn log_decision(error_detail: Option<&Status>, version: &str) {
     match error_detail {
         None => tracing::debug!(version, "EDS update accepted (ACK)"),
         Some(status) => {

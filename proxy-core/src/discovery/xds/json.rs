@@ -13,8 +13,8 @@ use envoy_types::pb::{
     envoy::{
         config::{
             core::v3::{
-                Address, HealthStatus, Locality, Metadata, SocketAddress, address,
-                socket_address::PortSpecifier,
+                Address, EnvoyInternalAddress, HealthStatus, Locality, Metadata, Pipe,
+                SocketAddress, address, socket_address::PortSpecifier,
             },
             endpoint::v3::{
                 ClusterLoadAssignment, Endpoint, LbEndpoint, LedsClusterLocalityConfig,
@@ -295,10 +295,10 @@ impl From<JsonAddress> for Address {
                 ..Default::default()
             }))
         } else if json.pipe.is_some() {
-            Some(address::Address::Pipe(Default::default()))
+            Some(address::Address::Pipe(Pipe::default()))
         } else {
             json.envoy_internal_address
-                .map(|_| address::Address::EnvoyInternalAddress(Default::default()))
+                .map(|_| address::Address::EnvoyInternalAddress(EnvoyInternalAddress::default()))
         };
         Address { address }
     }

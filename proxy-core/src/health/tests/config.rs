@@ -31,6 +31,10 @@ common_lb_config:
 ";
 
 #[test]
+#[expect(
+    clippy::float_cmp,
+    reason = "a parsed literal compared with the same literal"
+)]
 fn example_config_parses_with_defaults_applied() {
     let cfg: ClusterHealthConfig = serde_yaml::from_str(EXAMPLE).unwrap();
     let spec = cfg.validate("web").unwrap().unwrap();
@@ -67,6 +71,10 @@ fn example_config_parses_with_defaults_applied() {
 }
 
 #[test]
+#[expect(
+    clippy::float_cmp,
+    reason = "a parsed literal compared with the same literal"
+)]
 fn defaults_match_envoy() {
     let cfg: ClusterHealthConfig = serde_yaml::from_str("{}").unwrap();
     assert_eq!(cfg.common_lb_config.healthy_panic_threshold.value, 50.0);

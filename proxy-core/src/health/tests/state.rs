@@ -105,6 +105,7 @@ fn degraded_flips_are_transitions() {
 
 #[test]
 fn interval_selection() {
+    use Transition::{ChangePending, Changed, Unchanged};
     let mut sp = spec();
     sp.interval = secs(5);
     sp.unhealthy_interval = secs(7);
@@ -112,7 +113,6 @@ fn interval_selection() {
     sp.healthy_edge_interval = secs(3);
     sp.no_traffic_interval = secs(60);
     sp.no_traffic_healthy_interval = secs(90);
-    use Transition::*;
     // Before traffic.
     assert_eq!(base_interval(&sp, false, true, Unchanged), secs(90));
     assert_eq!(base_interval(&sp, false, true, Changed), secs(90));

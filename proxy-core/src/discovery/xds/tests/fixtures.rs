@@ -124,9 +124,9 @@ pub async fn wait_for(
         .map(|r| r.map(|update| update.clone()));
     match result {
         Ok(Ok(update)) => update,
-        Ok(Err(_)) => panic!("update channel closed while waiting for {what}"),
-        Err(_) => panic!(
-            "timed out waiting for {what}; last state: {:?}",
+        Ok(Err(_closed)) => panic!("update channel closed while waiting for {what}"),
+        Err(elapsed) => panic!(
+            "waiting for {what}: {elapsed}; last state: {:?}",
             *rx.borrow()
         ),
     }

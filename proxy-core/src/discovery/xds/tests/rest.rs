@@ -70,6 +70,7 @@ async fn read_request(socket: &mut TcpStream) -> (String, Vec<u8>) {
     }
 }
 
+#[expect(clippy::needless_pass_by_value, reason = "called with json! literals")]
 fn answer(version: &str, nonce: &str, port: Value) -> Answer {
     let body = json!({
         "versionInfo": version,

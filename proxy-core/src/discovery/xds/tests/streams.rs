@@ -52,6 +52,10 @@ async fn sotw_stream(
     }
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one protocol exchange, told in order from subscribe to NACK"
+)]
 async fn sotw_sequence(api: GrpcApi) {
     let mut server = FakeServer::start().await;
     let client = client(&server, api, false);

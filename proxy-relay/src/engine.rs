@@ -25,13 +25,13 @@ use socket2::SockRef;
 use tracing::{debug, warn};
 
 use crate::{
-    addr::{BackendAddr, ClientAddr, canonical},
+    addr::{BackendAddr, ClientAddr},
     cluster::{ClusterHandle, HostState},
+    conn::{Action, Actions, Admitted, ProxyClose},
     copy,
     drain::DrainWatcher,
     listener,
     orig_dst::HostLease,
-    service::Service,
     shared::Shared,
     stats::ProxyStats,
     sys::{self, Epoll, EpollEvent, EventFd},
@@ -101,20 +101,10 @@ impl Mailbox {
     }
 }
 
-/// Where a destination's connections go.
-enum Route {
-    /// A host of the engine's cluster `i`.
-    Cluster(usize),
-    /// ORIGINAL_DST over TCP.
-    Original,
-    /// An HTTP service: the tokio path.
-    Tokio(Service),
-}
-
-/// The services as the engine sees them, and the distinct clusters behind them.
+/// The services as the engine sees them: a cluster is an index into `clusters`, the distinct
+/// clusters behind them.
 struct Routes {
-    by_addr: HashMap<SocketAddr, Route>,
-    fallback: Option<Route>,
+    actions: Actions<usize>,
     clusters: Vec<ClusterHandle>,
 }
 
@@ -122,39 +112,17 @@ impl Routes {
     fn new(shared: &Shared) -> Self {
         let mut clusters: Vec<ClusterHandle> = Vec::new();
         let mut by_name: HashMap<String, Vec<usize>> = HashMap::new();
-        let mut route = |service: &Service| match service {
-            Service::Tcp(c) => {
-                let same = by_name.entry(c.name().to_owned()).or_default();
-                let i = if let Some(&i) = same.iter().find(|&&i| clusters[i].same_routing(c)) {
-                    i
-                } else {
-                    clusters.push(c.clone());
-                    same.push(clusters.len() - 1);
-                    clusters.len() - 1
-                };
-                Route::Cluster(i)
+        let actions = Actions::compile(&shared.services, |c| {
+            let same = by_name.entry(c.name().to_owned()).or_default();
+            if let Some(&i) = same.iter().find(|&&i| clusters[i].same_routing(c)) {
+                i
+            } else {
+                clusters.push(c.clone());
+                same.push(clusters.len() - 1);
+                clusters.len() - 1
             }
-            Service::OriginalDst { http: false } => Route::Original,
-            other => Route::Tokio(other.clone()),
-        };
-        let services = &shared.services;
-        let by_addr = services
-            .by_addr
-            .iter()
-            .map(|(a, s)| (*a, route(s)))
-            .collect();
-        let fallback = services.fallback.as_ref().map(&mut route);
-        Self {
-            by_addr,
-            fallback,
-            clusters,
-        }
-    }
-
-    fn get(&self, addr: SocketAddr) -> Option<&Route> {
-        self.by_addr
-            .get(&canonical(addr))
-            .or(self.fallback.as_ref())
+        });
+        Self { actions, clusters }
     }
 }
 
@@ -321,6 +289,8 @@ struct Conn {
     host: BackendAddr,
     cluster: Option<usize>,
     _lease: Option<HostLease>,
+    /// Counts the connection until its slot is freed.
+    _admitted: Admitted<Arc<ProxyStats>>,
     /// Set while the connect is on: its deadline.
     connecting: Option<Instant>,
     /// Set while the host is removed: when the connection closes.
@@ -553,9 +523,8 @@ impl Worker {
                 copy::abort(&conn.client);
                 self.free(index);
             } else if conn.drain_deadline.is_some_and(|d| d <= now) {
-                ProxyStats::inc(&stats.upstream_cx_drain_close);
-                debug!(host = %conn.host, "host removed and drain timeout passed");
-                self.reset_both(index);
+                debug!(host = %conn.host, "drain deadline");
+                self.close(index, ProxyClose::Drained);
             }
         }
     }
@@ -589,28 +558,27 @@ impl Worker {
         reason = "the engine loop step; it splits with the shared relay core of issue 29 item 2"
     )]
     fn start(&mut self, client: std::net::TcpStream, peer: ClientAddr, local: Option<SocketAddr>) {
+        // The connection's slot (or the HTTP task it goes to) keeps the guard; every other
+        // path drops it on return.
+        let admitted = Admitted::new(self.shared.stats.clone());
         // Field borrows, not clones: an Arc's count is a cache line the threads would share.
         let stats = &*self.shared.stats;
         let Some(orig) = listener::redirected_destination(&client, peer, local, &self.shared)
         else {
-            ProxyStats::inc(&stats.downstream_cx_total);
-            ProxyStats::inc(&stats.downstream_cx_destroy);
             ProxyStats::inc(&stats.downstream_cx_no_original_dst);
             debug!(client = %peer, "no original destination: refused");
             copy::abort(&client);
             return;
         };
         let routes = &*self.routes;
-        let (host, cluster, lease) = match routes.get(orig.0) {
+        let (host, cluster, lease) = match routes.actions.lookup(orig) {
             None => {
-                ProxyStats::inc(&stats.downstream_cx_total);
-                ProxyStats::inc(&stats.downstream_cx_destroy);
                 ProxyStats::inc(&stats.downstream_cx_no_route);
                 debug!(client = %peer, %orig, "no service at the original destination: refused");
                 copy::abort(&client);
                 return;
             }
-            Some(Route::Tokio(service)) => {
+            Some(Action::Http(service)) => {
                 let Some(watcher) = self.watcher.clone() else {
                     copy::abort(&client);
                     return;
@@ -622,19 +590,18 @@ impl Worker {
                     service.clone(),
                     self.shared.clone(),
                     watcher,
+                    admitted,
                 ));
                 return;
             }
-            Some(Route::Original) => {
+            Some(Action::Original) => {
                 let host = BackendAddr(orig.0);
                 (host, None, Some(self.shared.orig_dst_cluster.lease(host)))
             }
-            Some(Route::Cluster(ci)) => {
+            Some(Action::Cluster(ci)) => {
                 if let Some(host) = routes.clusters[*ci].pick(&[]) {
                     (host, Some(*ci), None)
                 } else {
-                    ProxyStats::inc(&stats.downstream_cx_total);
-                    ProxyStats::inc(&stats.downstream_cx_destroy);
                     ProxyStats::inc(&stats.upstream_cx_none_healthy);
                     debug!(
                         cluster = routes.clusters[*ci].name(),
@@ -645,8 +612,6 @@ impl Worker {
                 }
             }
         };
-        ProxyStats::inc(&stats.downstream_cx_total);
-        ProxyStats::inc(&stats.downstream_cx_active);
         ProxyStats::inc(&stats.upstream_cx_total);
         let report = |ok: bool| {
             if let Some(ci) = cluster {
@@ -658,8 +623,6 @@ impl Worker {
             report(false);
             debug!(%host, %err, "upstream connect failed: client reset");
             copy::abort(&client);
-            stats.downstream_cx_active.fetch_sub(1, Ordering::Relaxed);
-            ProxyStats::inc(&stats.downstream_cx_destroy);
         };
         let upstream = match tcp::start_connect(host).map(std::net::TcpStream::from) {
             Ok(s) => s,
@@ -673,8 +636,6 @@ impl Worker {
                 ProxyStats::inc(&stats.upstream_cx_destroy_with_reset);
                 copy::abort(&upstream);
                 debug!(%err, "client failed before the upstream connection started: reset");
-                stats.downstream_cx_active.fetch_sub(1, Ordering::Relaxed);
-                ProxyStats::inc(&stats.downstream_cx_destroy);
                 return;
             }
         };
@@ -713,8 +674,6 @@ impl Worker {
             copy::abort(&client);
             copy::abort(&upstream);
             self.vacant.push(index);
-            stats.downstream_cx_active.fetch_sub(1, Ordering::Relaxed);
-            ProxyStats::inc(&stats.downstream_cx_destroy);
             return;
         }
         if let Some(at) = connecting {
@@ -727,6 +686,7 @@ impl Worker {
             host,
             cluster,
             _lease: lease,
+            _admitted: admitted,
             connecting,
             drain_deadline: None,
             dirs,
@@ -925,20 +885,25 @@ impl Worker {
             self.add_timer(at, Timer::Conn(i, serial));
         }
         for i in close {
-            ProxyStats::inc(&self.shared.stats.upstream_cx_health_close);
-            debug!("host failed health checking: connection closed");
-            self.reset_both(i);
+            self.close(i, ProxyClose::HealthFailure);
         }
     }
 
+    /// Resets every connection, counted as shutdown closes; `why` says which stop it was.
     fn close_all(&mut self, why: &'static str) {
         for i in 0..self.conns.len() {
             if self.conns[i].is_some() {
-                ProxyStats::inc(&self.shared.stats.upstream_cx_shutdown_close);
-                debug!(why, "connection closed by the proxy");
-                self.reset_both(i);
+                debug!(why, "shutdown");
+                self.close(i, ProxyClose::Shutdown);
             }
         }
+    }
+
+    /// The proxy ends a connection: counted by why, both sides reset.
+    fn close(&mut self, index: usize, end: ProxyClose) {
+        end.count(&self.shared.stats);
+        debug!(why = end.why(), "connection closed by the proxy");
+        self.reset_both(index);
     }
 
     fn reset_both(&mut self, index: usize) {
@@ -955,9 +920,6 @@ impl Worker {
             drop(conn);
             self.vacant.push(index);
             self.live -= 1;
-            let stats = &self.shared.stats;
-            stats.downstream_cx_active.fetch_sub(1, Ordering::Relaxed);
-            ProxyStats::inc(&stats.downstream_cx_destroy);
         }
     }
 }

@@ -27,6 +27,7 @@
 mod addr;
 mod client;
 mod cluster;
+mod conn;
 mod copy;
 mod drain;
 mod engine;
@@ -204,6 +205,7 @@ pub async fn serve(config: ProxyConfig, deps: ProxyDeps) -> Result<ProxyHandle, 
     let shared = Arc::new(Shared {
         stats: Arc::default(),
         original_dst: deps.original_dst,
+        actions: conn::Actions::compile(&deps.services, ClusterHandle::clone),
         services: deps.services,
         splicer: deps.splicer,
         orig_dst_cluster: orig_dst_cluster.clone(),

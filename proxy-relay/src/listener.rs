@@ -11,6 +11,7 @@ use tracing::{Instrument, debug, debug_span, field, warn};
 use crate::{
     addr::{ClientAddr, OrigDstAddr},
     client::Client,
+    conn::{Action, Admitted},
     copy,
     drain::DrainWatcher,
     http,
@@ -18,7 +19,7 @@ use crate::{
     proxy_protocol,
     service::Service,
     shared::Shared,
-    stats::{ActiveConnection, ProxyStats},
+    stats::ProxyStats,
     sys, tcp,
 };
 
@@ -125,7 +126,7 @@ async fn handle(
     shared: Arc<Shared>,
     drain: DrainWatcher,
 ) {
-    let _active = ActiveConnection::new(&shared.stats);
+    let _admitted = Admitted::new(&*shared.stats);
     // At debug level, like every event inside it: at the default level an enabled span would
     // cost each connection its creation and the formatting of its fields for nothing.
     let span = debug_span!(
@@ -160,20 +161,23 @@ async fn handle(
         if start.is_some() {
             recorder.record("orig_dst", field::display(orig));
         }
-        match shared.services.get(orig.0).cloned() {
+        match shared.actions.lookup(orig) {
             None => {
                 ProxyStats::inc(&shared.stats.downstream_cx_no_route);
                 debug!("no service at the original destination: refused");
                 copy::abort(&stream);
             }
-            Some(Service::OriginalDst { http: false }) => {
+            Some(Action::Original) => {
                 tcp::forward(stream, tcp::Target::Original(orig), &shared, &drain).await;
             }
-            Some(Service::Tcp(cluster)) => {
-                tcp::forward(stream, tcp::Target::Cluster(cluster), &shared, &drain).await;
+            Some(Action::Cluster(cluster)) => {
+                let target = tcp::Target::Cluster(cluster.clone());
+                tcp::forward(stream, target, &shared, &drain).await;
             }
-            Some(service) => match stream.register() {
-                Ok(stream) => http::serve(stream, orig, service, shared.clone(), &drain).await,
+            Some(Action::Http(service)) => match stream.register() {
+                Ok(stream) => {
+                    http::serve(stream, orig, service.clone(), shared.clone(), &drain).await;
+                }
                 Err(err) => warn!(%err, "could not register a connection with the event loop"),
             },
         }
@@ -270,8 +274,8 @@ fn not_self(dst: Option<SocketAddr>, shared: &Shared) -> Option<OrigDstAddr> {
     }
 }
 
-/// A connection the engine accepted for an HTTP service: the tokio path from here, like one
-/// accepted by [`accept_loop`].
+/// A connection the engine accepted (and counted in `admitted`) for an HTTP service: the tokio
+/// path from here, like one accepted by [`accept_loop`].
 pub(crate) async fn serve_http_accepted(
     stream: std::net::TcpStream,
     client: ClientAddr,
@@ -279,8 +283,9 @@ pub(crate) async fn serve_http_accepted(
     service: Service,
     shared: Arc<Shared>,
     drain: DrainWatcher,
+    admitted: Admitted<Arc<ProxyStats>>,
 ) {
-    let _active = ActiveConnection::new(&shared.stats);
+    let _admitted = admitted;
     let span = debug_span!("proxy_conn", client = %client, orig_dst = %orig);
     async {
         match TcpStream::from_std(stream) {

@@ -46,12 +46,6 @@ impl ServiceTable {
         self
     }
 
-    pub(crate) fn get(&self, addr: SocketAddr) -> Option<&Service> {
-        self.by_addr
-            .get(&canonical(addr))
-            .or(self.fallback.as_ref())
-    }
-
     /// Every cluster the services use (for pool sweeps).
     pub(crate) fn clusters(&self) -> Vec<ClusterHandle> {
         let services = self.by_addr.values().chain(self.fallback.as_ref());

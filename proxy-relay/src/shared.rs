@@ -7,7 +7,8 @@ use proxy_core::config::proxy::ProxyConfig;
 
 use crate::{
     addr::canonical,
-    cluster::DrainPolicy,
+    cluster::{ClusterHandle, DrainPolicy},
+    conn::Actions,
     orig_dst::{OriginalDst, OriginalDstCluster},
     service::ServiceTable,
     splice::Splicer,
@@ -20,6 +21,8 @@ pub(crate) struct Shared {
     pub(crate) stats: Arc<ProxyStats>,
     pub(crate) original_dst: Arc<dyn OriginalDst>,
     pub(crate) services: ServiceTable,
+    /// The services as the tokio path looks them up.
+    pub(crate) actions: Actions<ClusterHandle>,
     pub(crate) splicer: Option<Arc<dyn Splicer>>,
     pub(crate) orig_dst_cluster: Arc<OriginalDstCluster>,
     /// The bound listener addresses: a destination equal to one of them would loop.

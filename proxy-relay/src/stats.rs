@@ -96,36 +96,17 @@ impl ProxyStats {
     }
 }
 
-/// Counts one downstream connection: `downstream_cx_total` and `downstream_cx_active` now,
-/// `downstream_cx_destroy` (and one less active) when dropped.
-pub struct ActiveConnection<'a>(&'a ProxyStats);
-
-impl<'a> ActiveConnection<'a> {
-    /// Counts a new connection.
-    pub fn new(stats: &'a ProxyStats) -> Self {
-        ProxyStats::inc(&stats.downstream_cx_total);
-        ProxyStats::inc(&stats.downstream_cx_active);
-        Self(stats)
-    }
-}
-
-impl Drop for ActiveConnection<'_> {
-    fn drop(&mut self) {
-        self.0.downstream_cx_active.fetch_sub(1, Ordering::Relaxed);
-        ProxyStats::inc(&self.0.downstream_cx_destroy);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conn::Admitted;
 
     #[test]
     fn active_gauge_and_names() {
         let s = ProxyStats::default();
         {
-            let _a = ActiveConnection::new(&s);
-            let _b = ActiveConnection::new(&s);
+            let _a = Admitted::new(&s);
+            let _b = Admitted::new(&s);
             assert_eq!(s.downstream_cx_active.load(Ordering::Relaxed), 2);
         }
         let snap = s.snapshot();

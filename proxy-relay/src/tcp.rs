@@ -13,6 +13,7 @@ use crate::{
     addr::{BackendAddr, OrigDstAddr},
     client::Client,
     cluster::{ClusterHandle, HostClose},
+    conn::ProxyClose,
     copy::{self, Copied, CopyError, Meter},
     drain::DrainWatcher,
     orig_dst::HostLease,
@@ -112,22 +113,15 @@ pub(crate) async fn forward(client: Client, target: Target, shared: &Shared, dra
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
-            () = drain.closing() => {
-                ProxyStats::inc(&stats.upstream_cx_shutdown_close);
-                "shutdown deadline passed"
-            }
+        let end = tokio::select! {
+            () = drain.closing() => ProxyClose::Shutdown,
             why = host_closed => match why {
-                HostClose::Drained => {
-                    ProxyStats::inc(&stats.upstream_cx_drain_close);
-                    "host removed and drain timeout passed"
-                }
-                HostClose::HealthFailure => {
-                    ProxyStats::inc(&stats.upstream_cx_health_close);
-                    "host failed health checking"
-                }
+                HostClose::Drained => ProxyClose::Drained,
+                HostClose::HealthFailure => ProxyClose::HealthFailure,
             },
-        }
+        };
+        end.count(stats);
+        end.why()
     };
     let meter = Meter {
         tx: &stats.upstream_cx_tx_bytes_total,

@@ -8,8 +8,10 @@
 //! (accept, original destination, the client's first bytes sent with the connect), the same
 //! copy rules (half-close passed on, a reset passed on as a reset), the same stats, and the
 //! same ends: drain deadline of a removed host, close on health failure, shutdown's drain and
-//! deadline. HTTP services go to the tokio path from the engine's accept; the routing and
-//! shutdown signals come in from tokio tasks through a mailbox (a queue and an eventfd).
+//! deadline. The route lookup, the connection's accounting and the end reasons are the ones
+//! both drivers share (`conn.rs`). HTTP services go to the tokio path from the engine's
+//! accept (with the connection's guard); the routing and shutdown signals come in from tokio
+//! tasks through a mailbox (a queue and an eventfd).
 
 use std::{
     cmp::Reverse,
@@ -523,7 +525,6 @@ impl Worker {
                 copy::abort(&conn.client);
                 self.free(index);
             } else if conn.drain_deadline.is_some_and(|d| d <= now) {
-                debug!(host = %conn.host, "drain deadline");
                 self.close(index, ProxyClose::Drained);
             }
         }
@@ -891,9 +892,15 @@ impl Worker {
 
     /// Resets every connection, counted as shutdown closes; `why` says which stop it was.
     fn close_all(&mut self, why: &'static str) {
+        if self.live > 0 {
+            debug!(
+                why,
+                connections = self.live,
+                "the engine resets its connections"
+            );
+        }
         for i in 0..self.conns.len() {
             if self.conns[i].is_some() {
-                debug!(why, "shutdown");
                 self.close(i, ProxyClose::Shutdown);
             }
         }
@@ -902,7 +909,9 @@ impl Worker {
     /// The proxy ends a connection: counted by why, both sides reset.
     fn close(&mut self, index: usize, end: ProxyClose) {
         end.count(&self.shared.stats);
-        debug!(why = end.why(), "connection closed by the proxy");
+        if let Some(Some(conn)) = self.conns.get(index) {
+            debug!(host = %conn.host, why = end.why(), "connection closed by the proxy");
+        }
         self.reset_both(index);
     }
 

@@ -26,7 +26,8 @@ pub use self::{
 };
 
 /// The kernel programs, built by `build.rs` from the `proxy-ebpf` crate.
-pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/proxy"));
+pub static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/proxy-programs"));
 
 #[cfg(test)]
 mod tests {

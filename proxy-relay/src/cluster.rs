@@ -50,6 +50,17 @@ pub fn host_state(routing: &Routing, host: SocketAddr) -> HostState {
     }
 }
 
+/// What a connection to a host does after a routing change ([`ClusterHandle::verdict`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HostVerdict {
+    /// Nothing: it goes on (a drain deadline, if one ran, is off).
+    Keep,
+    /// It closes now (the host failed health checking).
+    Close,
+    /// It closes when the drain timeout has passed, unless the host comes back.
+    Drain,
+}
+
 /// Why the proxy closed a connection to a host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HostClose {
@@ -189,6 +200,16 @@ impl ClusterHandle {
         self.pool.expire_idle();
     }
 
+    /// What a connection to a host in `state` does under `policy`: the one rule both TCP
+    /// drivers apply when the routing changes.
+    pub(crate) fn verdict(&self, state: HostState, policy: DrainPolicy) -> HostVerdict {
+        match state {
+            HostState::Unhealthy if policy.close_on_health_failure => HostVerdict::Close,
+            HostState::Removed if self.drain_on_removal => HostVerdict::Drain,
+            _ => HostVerdict::Keep,
+        }
+    }
+
     /// Resolves when a connection to `host` must close: `drain_timeout` after the host was
     /// removed (never for LOGICAL_DNS), or as soon as it is unhealthy when the policy says so.
     /// A host that comes back before the deadline cancels the drain.
@@ -196,11 +217,9 @@ impl ClusterHandle {
         let mut routing = self.routing.clone();
         loop {
             let state = host_state(&routing.borrow_and_update(), host.0);
-            match state {
-                HostState::Unhealthy if policy.close_on_health_failure => {
-                    return HostClose::HealthFailure;
-                }
-                HostState::Removed if self.drain_on_removal => {
+            match self.verdict(state, policy) {
+                HostVerdict::Close => return HostClose::HealthFailure,
+                HostVerdict::Drain => {
                     let deadline = tokio::time::sleep(policy.drain_timeout);
                     tokio::pin!(deadline);
                     loop {
@@ -220,7 +239,7 @@ impl ClusterHandle {
                     }
                     continue;
                 }
-                _ => {}
+                HostVerdict::Keep => {}
             }
             if routing.changed().await.is_err() {
                 return std::future::pending().await;

@@ -4,12 +4,11 @@
 //! connection it belongs to: no task, no waker, no scheduler, no deregistration before close,
 //! which costs less CPU per connection (BENCHMARKS.md has the measurement).
 //!
-//! What the engine does is what the tokio TCP path does (`tcp.rs`, `copy.rs`): the same start
-//! (accept, original destination, the client's first bytes sent with the connect), the same
-//! copy rules (half-close passed on, a reset passed on as a reset), the same stats, and the
-//! same ends: drain deadline of a removed host, close on health failure, shutdown's drain and
-//! deadline. The route lookup, the connection's accounting and the end reasons are the ones
-//! both drivers share (`conn.rs`). HTTP services go to the tokio path from the engine's
+//! The engine is a driver of the relay core both drivers share: it starts a connection with
+//! `conn.rs` (route lookup, admission guard, host, connect with the client's first bytes, its
+//! outcome), moves its bytes with `flow.rs` (the copy rules and the ends' rules), and applies
+//! the cluster's verdict on routing changes; what is its own is epoll, its timers (connect
+//! timeout, drain deadline) and its slots. HTTP services go to the tokio path from the engine's
 //! accept (with the connection's guard); the routing and shutdown signals come in from tokio
 //! tasks through a mailbox (a queue and an eventfd).
 
@@ -19,33 +18,27 @@ use std::{
     io,
     net::SocketAddr,
     os::fd::AsFd,
-    sync::{Arc, Mutex, atomic::Ordering},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use socket2::SockRef;
 use tracing::{debug, warn};
 
 use crate::{
-    addr::{BackendAddr, ClientAddr},
-    cluster::{ClusterHandle, HostState},
-    conn::{Action, Actions, Admitted, ProxyClose},
-    copy,
+    addr::ClientAddr,
+    cluster::{ClusterHandle, HostVerdict},
+    conn::{self, Action, Actions, Admitted, Chosen, ConnectFailure, ProxyClose, Started, Target},
     drain::DrainWatcher,
+    flow::{self, End, Flows, SCRATCH, Side},
     listener,
     orig_dst::HostLease,
     shared::Shared,
     stats::ProxyStats,
     sys::{self, Epoll, EpollEvent, EventFd},
-    tcp,
 };
 
 /// Events taken per `epoll_wait`.
 const EVENTS: usize = 256;
-/// Bytes read per `recv`, in one buffer per thread; a partial send keeps only what is left.
-/// As large as the tokio copy loop's largest buffer, for the same reason: one read drains
-/// what a bulk sender queued (a smaller one measurably slowed loopback bulk; BENCHMARKS.md).
-const SCRATCH: usize = 1024 * 1024;
 /// Pause after a failed `accept()` (EMFILE and the like), as the tokio accept loop does.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// A yield after idle that is not given back within this long means another task keeps the
@@ -263,32 +256,11 @@ impl IdleYield {
     }
 }
 
-/// One direction of a connection.
-#[derive(Default)]
-struct Dir {
-    /// Read but not yet written (the destination was full).
-    pending: Vec<u8>,
-    /// The source has ended.
-    eof: bool,
-    /// The end was passed on (FIN).
-    shut: bool,
-    /// The source may have bytes (or its end) to read: set by its events, cleared when a read
-    /// found it empty.
-    readable: bool,
-}
-
-/// Which socket of a connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Side {
-    Client = 0,
-    Upstream = 1,
-}
-
 struct Conn {
     serial: u64,
     client: std::net::TcpStream,
     upstream: std::net::TcpStream,
-    host: BackendAddr,
+    host: crate::addr::BackendAddr,
     cluster: Option<usize>,
     _lease: Option<HostLease>,
     /// Counts the connection until its slot is freed.
@@ -298,17 +270,7 @@ struct Conn {
     /// Set while the host is removed: when the connection closes.
     drain_deadline: Option<Instant>,
     /// client -> upstream, upstream -> client.
-    dirs: [Dir; 2],
-    /// Per side: an end or error was announced (see [`Worker::ready`]).
-    ended: [bool; 2],
-}
-
-/// How a connection ended.
-enum End {
-    /// Both directions ended.
-    Done,
-    /// `side` failed (a reset, an error): the other is reset.
-    Failed(Side, &'static str, io::Error),
+    flows: Flows,
 }
 
 #[derive(Clone, Copy)]
@@ -514,15 +476,16 @@ impl Worker {
             if conn.serial != serial {
                 continue;
             }
-            let stats = &self.shared.stats;
             if conn.connecting.is_some_and(|d| d <= now) {
-                ProxyStats::inc(&stats.upstream_cx_connect_timeout);
-                ProxyStats::inc(&stats.upstream_cx_connect_fail);
-                if let Some(ci) = conn.cluster {
-                    self.routes.clusters[ci].report_connect(conn.host, false);
-                }
-                debug!(host = %conn.host, "upstream connect timed out: client reset");
-                copy::abort(&conn.client);
+                let failure = ConnectFailure::TimedOut(self.shared.config.connect_timeout);
+                let cluster = conn.cluster.map(|ci| &self.routes.clusters[ci]);
+                conn::connect_failed(
+                    &failure,
+                    conn.host,
+                    cluster,
+                    &conn.client,
+                    &self.shared.stats,
+                );
                 self.free(index);
             } else if conn.drain_deadline.is_some_and(|d| d <= now) {
                 self.close(index, ProxyClose::Drained);
@@ -553,11 +516,7 @@ impl Worker {
     }
 
     /// A new connection: its original destination, its route, and the upstream connect with
-    /// the client's first bytes.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "the engine loop step; it splits with the shared relay core of issue 29 item 2"
-    )]
+    /// the client's first bytes (`conn.rs`, as the tokio path starts one).
     fn start(&mut self, client: std::net::TcpStream, peer: ClientAddr, local: Option<SocketAddr>) {
         // The connection's slot (or the HTTP task it goes to) keeps the guard; every other
         // path drops it on return.
@@ -568,20 +527,20 @@ impl Worker {
         else {
             ProxyStats::inc(&stats.downstream_cx_no_original_dst);
             debug!(client = %peer, "no original destination: refused");
-            copy::abort(&client);
+            flow::abort(&client);
             return;
         };
         let routes = &*self.routes;
-        let (host, cluster, lease) = match routes.actions.lookup(orig) {
+        let (target, cluster) = match routes.actions.lookup(orig) {
             None => {
                 ProxyStats::inc(&stats.downstream_cx_no_route);
                 debug!(client = %peer, %orig, "no service at the original destination: refused");
-                copy::abort(&client);
+                flow::abort(&client);
                 return;
             }
             Some(Action::Http(service)) => {
                 let Some(watcher) = self.watcher.clone() else {
-                    copy::abort(&client);
+                    flow::abort(&client);
                     return;
                 };
                 self.rt.spawn(listener::serve_http_accepted(
@@ -595,70 +554,30 @@ impl Worker {
                 ));
                 return;
             }
-            Some(Action::Original) => {
-                let host = BackendAddr(orig.0);
-                (host, None, Some(self.shared.orig_dst_cluster.lease(host)))
-            }
-            Some(Action::Cluster(ci)) => {
-                if let Some(host) = routes.clusters[*ci].pick(&[]) {
-                    (host, Some(*ci), None)
-                } else {
-                    ProxyStats::inc(&stats.upstream_cx_none_healthy);
-                    debug!(
-                        cluster = routes.clusters[*ci].name(),
-                        "no healthy host: refused"
-                    );
-                    copy::abort(&client);
+            Some(Action::Original) => (Target::Original(orig), None),
+            Some(Action::Cluster(ci)) => (Target::Cluster(&routes.clusters[*ci]), Some(*ci)),
+        };
+        let Some(Chosen { host, lease }) = conn::choose(target, &client, &self.shared) else {
+            return;
+        };
+        let handle = cluster.map(|ci| &routes.clusters[ci]);
+        let failed = |failure| conn::connect_failed(&failure, host, handle, &client, stats);
+        let (upstream, unsent, connecting) =
+            match conn::start_upstream(&client, host, true, &mut self.scratch, stats) {
+                Ok(Started::Upstream {
+                    socket,
+                    unsent,
+                    connecting,
+                    ..
+                }) => (socket, unsent, connecting),
+                Ok(Started::ClientFailed(err)) => {
+                    debug!(%err, "client failed before the upstream connection started: reset");
                     return;
                 }
-            }
-        };
-        ProxyStats::inc(&stats.upstream_cx_total);
-        let report = |ok: bool| {
-            if let Some(ci) = cluster {
-                routes.clusters[ci].report_connect(host, ok);
-            }
-        };
-        let refuse = |err: io::Error| {
-            ProxyStats::inc(&stats.upstream_cx_connect_fail);
-            report(false);
-            debug!(%host, %err, "upstream connect failed: client reset");
-            copy::abort(&client);
-        };
-        let upstream = match tcp::start_connect(host).map(std::net::TcpStream::from) {
-            Ok(s) => s,
-            Err(err) => return refuse(err),
-        };
-        // What the client sent already goes out with the connect (see tcp.rs).
-        let first = match sys::recv(client.as_fd(), &mut self.scratch, libc::MSG_DONTWAIT) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
-            Err(err) => {
-                ProxyStats::inc(&stats.upstream_cx_destroy_with_reset);
-                copy::abort(&upstream);
-                debug!(%err, "client failed before the upstream connection started: reset");
-                return;
-            }
-        };
-        let mut dirs: [Dir; 2] = Default::default();
-        let mut connecting = Some(Instant::now() + self.shared.config.connect_timeout);
-        if first > 0 {
-            match send(&upstream, &self.scratch[..first]) {
-                Ok(n) => {
-                    connecting = None;
-                    stats
-                        .upstream_cx_tx_bytes_total
-                        .fetch_add(n as u64, Ordering::Relaxed);
-                    dirs[0].pending.extend_from_slice(&self.scratch[n..first]);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    dirs[0].pending.extend_from_slice(&self.scratch[..first]);
-                }
-                Err(err) => return refuse(err),
-            }
-        }
-        if connecting.is_none() {
-            report(true);
+                Err(err) => return failed(ConnectFailure::Error(err)),
+            };
+        if !connecting {
+            conn::connected(host, handle);
         }
         self.serial += 1;
         let serial = self.serial;
@@ -672,11 +591,12 @@ impl Worker {
             .and_then(|()| self.ep.add(upstream.as_fd(), CONN_EVENTS, token | 1))
         {
             warn!(%err, "could not register a connection with the proxy engine");
-            copy::abort(&client);
-            copy::abort(&upstream);
+            flow::abort(&client);
+            flow::abort(&upstream);
             self.vacant.push(index);
             return;
         }
+        let connecting = connecting.then(|| Instant::now() + self.shared.config.connect_timeout);
         if let Some(at) = connecting {
             self.timers.push(Reverse((at, serial, index, false)));
         }
@@ -690,8 +610,7 @@ impl Worker {
             _admitted: admitted,
             connecting,
             drain_deadline: None,
-            dirs,
-            ended: [false; 2],
+            flows: Flows::new(unsent),
         });
         self.live += 1;
     }
@@ -702,15 +621,15 @@ impl Worker {
             return;
         };
         // An end (or an error) is announced once: from here this side is read until the
-        // kernel says so, not only until a short read.
+        // kernel says so, not only until a short read. Only the direction this side feeds is
+        // read; the other is written to only when it holds bytes.
         let end = (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32;
+        let flow = conn.flows.from(side);
         if flags & end != 0 {
-            conn.ended[side as usize] = true;
+            flow.ended = true;
         }
-        // Only the direction this side feeds is read; the other is written to only when it
-        // holds bytes. No read is made on a socket without an event for it.
         if flags & (end | libc::EPOLLIN as u32) != 0 {
-            conn.dirs[side as usize].readable = true;
+            flow.readable = true;
         }
         if conn.connecting.is_some() {
             if side == Side::Client {
@@ -728,137 +647,41 @@ impl Worker {
                 Ok(Some(e)) | Err(e) => Some(e),
                 Ok(None) => Some(io::Error::from(io::ErrorKind::ConnectionRefused)),
             };
-            let (host, cluster) = (conn.host, conn.cluster);
-            if let Some(ci) = cluster {
-                self.routes.clusters[ci].report_connect(host, err.is_none());
-            }
+            let cluster = conn.cluster.map(|ci| &self.routes.clusters[ci]);
             if let Some(err) = err {
-                ProxyStats::inc(&self.shared.stats.upstream_cx_connect_fail);
-                debug!(%host, %err, "upstream connect failed: client reset");
-                copy::abort(&conn.client);
+                let failure = ConnectFailure::Error(err);
+                let stats = &self.shared.stats;
+                conn::connect_failed(&failure, conn.host, cluster, &conn.client, stats);
                 self.free(index);
                 return;
             }
+            conn::connected(conn.host, cluster);
             conn.connecting = None;
         }
         self.pump(index);
     }
 
-    /// Moves bytes both ways until both sockets would block; ends the connection when both
-    /// directions are done or a side failed.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "the engine loop step; it splits with the shared relay core of issue 29 item 2"
-    )]
+    /// Moves bytes both ways until both sockets would block (`flow.rs`); ends the connection
+    /// when both directions are done or a side failed.
     fn pump(&mut self, index: usize) {
         let Some(Some(conn)) = self.conns.get_mut(index) else {
             return;
         };
         let stats = &self.shared.stats;
-        let scratch = &mut self.scratch;
-        let mut end = None;
-        'dirs: for (d, (from, to)) in [
-            (Side::Client, Side::Upstream),
-            (Side::Upstream, Side::Client),
-        ]
-        .into_iter()
-        .enumerate()
+        let end = match conn
+            .flows
+            .pump(&conn.client, &conn.upstream, &mut self.scratch, stats)
         {
-            let (src, dst) = match from {
-                Side::Client => (&conn.client, &conn.upstream),
-                Side::Upstream => (&conn.upstream, &conn.client),
-            };
-            let meter = if d == 0 {
-                &stats.upstream_cx_tx_bytes_total
-            } else {
-                &stats.upstream_cx_rx_bytes_total
-            };
-            let dir = &mut conn.dirs[d];
-            loop {
-                if !dir.pending.is_empty() {
-                    match send(dst, &dir.pending) {
-                        Ok(n) => {
-                            meter.fetch_add(n as u64, Ordering::Relaxed);
-                            dir.pending.drain(..n);
-                            if !dir.pending.is_empty() {
-                                continue 'dirs;
-                            }
-                            // A drained buffer is not kept: idle connections hold none.
-                            dir.pending = Vec::new();
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue 'dirs,
-                        Err(e) => {
-                            end = Some(End::Failed(to, "write", e));
-                            break 'dirs;
-                        }
-                    }
-                }
-                if dir.eof {
-                    if !dir.shut {
-                        dir.shut = true;
-                        let _ = SockRef::from(dst).shutdown(std::net::Shutdown::Write);
-                    }
-                    continue 'dirs;
-                }
-                if !dir.readable {
-                    continue 'dirs;
-                }
-                match recv(src, scratch) {
-                    Ok(0) => dir.eof = true,
-                    Ok(n) => {
-                        let sent = match send(dst, &scratch[..n]) {
-                            Ok(sent) => sent,
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
-                            Err(e) => {
-                                end = Some(End::Failed(to, "write", e));
-                                break 'dirs;
-                            }
-                        };
-                        meter.fetch_add(sent as u64, Ordering::Relaxed);
-                        if sent < n {
-                            dir.pending.extend_from_slice(&scratch[sent..n]);
-                            continue 'dirs;
-                        }
-                        if n < scratch.len() && !conn.ended[from as usize] {
-                            // A short read emptied the socket; new bytes, an end or an error
-                            // bring a new edge.
-                            dir.readable = false;
-                            continue 'dirs;
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        dir.readable = false;
-                        continue 'dirs;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        end = Some(End::Failed(from, "read", e));
-                        break 'dirs;
-                    }
-                }
-            }
-        }
-        if end.is_none() && conn.dirs.iter().all(|d| d.shut) {
-            end = Some(End::Done);
-        }
-        match end {
-            None => {}
-            Some(End::Done) => self.free(index),
-            Some(End::Failed(side, op, err)) => {
-                // Counted before the surviving side's reset goes out (see copy.rs).
-                ProxyStats::inc(&stats.upstream_cx_destroy_with_reset);
-                debug!(?side, op, %err, "connection reset");
-                let alive = match side {
-                    Side::Client => &conn.upstream,
-                    Side::Upstream => &conn.client,
-                };
-                copy::abort(alive);
-                self.free(index);
-            }
-        }
+            Err(failed) => End::Failed(failed),
+            Ok(_) if conn.flows.done() => End::Done,
+            Ok(_) => return,
+        };
+        flow::finish(&end, &conn.client, &conn.upstream, stats);
+        self.free(index);
     }
 
-    /// The routing of cluster `ci` changed: drain or close its connections whose host left.
+    /// The routing of cluster `ci` changed: drain or close its connections whose host left
+    /// (the rule is the cluster's, [`ClusterHandle::verdict`], as on the tokio path).
     fn routing_changed(&mut self, ci: usize) {
         let cluster = &self.routes.clusters[ci];
         let policy = self.shared.drain_policy();
@@ -870,16 +693,16 @@ impl Worker {
             if conn.cluster != Some(ci) {
                 continue;
             }
-            match cluster.host_state(conn.host) {
-                HostState::Unhealthy if policy.close_on_health_failure => close.push(i),
-                HostState::Removed if cluster.drains_on_removal() => {
+            match cluster.verdict(cluster.host_state(conn.host), policy) {
+                HostVerdict::Close => close.push(i),
+                HostVerdict::Drain => {
                     if conn.drain_deadline.is_none() {
                         let at = now + policy.drain_timeout;
                         conn.drain_deadline = Some(at);
                         timers.push((at, i, conn.serial));
                     }
                 }
-                _ => conn.drain_deadline = None,
+                HostVerdict::Keep => conn.drain_deadline = None,
             }
         }
         for (at, i, serial) in timers {
@@ -906,19 +729,12 @@ impl Worker {
         }
     }
 
-    /// The proxy ends a connection: counted by why, both sides reset.
-    fn close(&mut self, index: usize, end: ProxyClose) {
-        end.count(&self.shared.stats);
+    /// The proxy ends a connection: counted by why, both sides reset (`flow::finish`).
+    fn close(&mut self, index: usize, why: ProxyClose) {
         if let Some(Some(conn)) = self.conns.get(index) {
-            debug!(host = %conn.host, why = end.why(), "connection closed by the proxy");
-        }
-        self.reset_both(index);
-    }
-
-    fn reset_both(&mut self, index: usize) {
-        if let Some(Some(conn)) = self.conns.get(index) {
-            copy::abort(&conn.client);
-            copy::abort(&conn.upstream);
+            debug!(host = %conn.host, "closing a connection");
+            let end = End::Closed(why);
+            flow::finish(&end, &conn.client, &conn.upstream, &self.shared.stats);
         }
         self.free(index);
     }
@@ -931,14 +747,6 @@ impl Worker {
             self.live -= 1;
         }
     }
-}
-
-fn recv(s: &std::net::TcpStream, buf: &mut [u8]) -> io::Result<usize> {
-    sys::recv(s.as_fd(), buf, 0)
-}
-
-fn send(s: &std::net::TcpStream, buf: &[u8]) -> io::Result<usize> {
-    sys::send(s.as_fd(), buf)
 }
 
 #[cfg(test)]

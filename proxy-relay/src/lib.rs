@@ -31,6 +31,7 @@ mod conn;
 mod copy;
 mod drain;
 mod engine;
+mod flow;
 mod http;
 mod listener;
 mod orig_dst;
@@ -63,7 +64,6 @@ use self::{addr::canonical, shared::Shared};
 pub use self::{
     addr::{BackendAddr, ClientAddr, OrigDstAddr},
     cluster::{ClusterHandle, DrainPolicy, HostClose, HostState, host_state},
-    copy::{Copied, CopyError, INITIAL_BUFFER_SIZE, LARGE_BUFFER_SIZE},
     drain::{DrainOutcome, DrainTrigger, DrainWatcher},
     orig_dst::{
         HostLease, NoOriginalDst, OriginalDst, OriginalDstCluster, OriginalDstTable,

@@ -11,10 +11,9 @@ use tracing::{Instrument, debug, debug_span, field, warn};
 use crate::{
     addr::{ClientAddr, OrigDstAddr},
     client::Client,
-    conn::{Action, Admitted},
-    copy,
+    conn::{Action, Admitted, Target},
     drain::DrainWatcher,
-    http,
+    flow, http,
     orig_dst::so_original_dst_at,
     proxy_protocol,
     service::Service,
@@ -155,7 +154,7 @@ async fn handle(
         let Some(orig) = orig else {
             ProxyStats::inc(&shared.stats.downstream_cx_no_original_dst);
             debug!("no original destination: refused");
-            copy::abort(&stream);
+            flow::abort(&stream);
             return;
         };
         if start.is_some() {
@@ -165,14 +164,13 @@ async fn handle(
             None => {
                 ProxyStats::inc(&shared.stats.downstream_cx_no_route);
                 debug!("no service at the original destination: refused");
-                copy::abort(&stream);
+                flow::abort(&stream);
             }
             Some(Action::Original) => {
-                tcp::forward(stream, tcp::Target::Original(orig), &shared, &drain).await;
+                tcp::forward(stream, Target::Original(orig), &shared, &drain).await;
             }
             Some(Action::Cluster(cluster)) => {
-                let target = tcp::Target::Cluster(cluster.clone());
-                tcp::forward(stream, target, &shared, &drain).await;
+                tcp::forward(stream, Target::Cluster(cluster), &shared, &drain).await;
             }
             Some(Action::Http(service)) => match stream.register() {
                 Ok(stream) => {

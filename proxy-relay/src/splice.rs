@@ -33,9 +33,27 @@ use proxy_common::socket::PairFlow;
 use tokio::{io::Interest, net::TcpStream};
 
 use crate::{
-    copy::{CopyError, Meter, abort},
+    conn::ProxyClose,
+    flow::{self, End, Failed, Side, abort},
+    stats::ProxyStats,
     sys::{self, TcpBytes},
 };
+
+/// How a spliced pair's run ended when it did not end with both sides closing cleanly.
+#[derive(Debug)]
+enum CopyError {
+    /// A read or write failed on one side (or bytes were lost in the kernel).
+    Io {
+        /// `client` or `upstream`.
+        side: &'static str,
+        /// `read` or `write`.
+        op: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+    /// The proxy closed the pair (drain deadline, host failure, shutdown).
+    Closed(ProxyClose),
+}
 
 /// One socket of a spliced pair: its received bytes are one direction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -467,16 +485,18 @@ async fn failed(s: &TcpStream) -> io::Error {
     }
 }
 
-/// Runs a spliced pair until both directions ended, a side failed or `close` resolves. `guard`
-/// is dropped before the sockets close.
+/// Runs a spliced pair until both directions ended, a side failed or `close` resolves, and
+/// ends it by the relay's rules (`flow::finish`); on a failure both sides are reset, since a
+/// direction whose bytes were lost in the kernel leaves neither side whole. `guard` is dropped
+/// before the sockets close.
 pub(crate) async fn run(
     client: TcpStream,
     upstream: TcpStream,
     guard: SpliceGuard,
     base: Baseline,
-    meter: Meter<'_>,
-    close: impl Future<Output = &'static str>,
-) -> Result<(), CopyError> {
+    stats: &ProxyStats,
+    close: impl Future<Output = ProxyClose>,
+) -> End {
     let result = {
         let up = Direction::new(
             &client,
@@ -484,7 +504,7 @@ pub(crate) async fn run(
             PairSide::Client,
             (&base.client, &base.upstream),
             ("client", "upstream"),
-            meter.tx,
+            &stats.upstream_cx_tx_bytes_total,
         );
         let down = Direction::new(
             &upstream,
@@ -492,27 +512,41 @@ pub(crate) async fn run(
             PairSide::Upstream,
             (&base.upstream, &base.client),
             ("upstream", "client"),
-            meter.rx,
+            &stats.upstream_cx_rx_bytes_total,
         );
         drive(up, down, &*guard.0, close).await
     };
-    if let Err(CopyError::Io { .. }) = result {
-        meter.resets.fetch_add(1, Ordering::Relaxed);
-    }
-    if result.is_err() {
+    let end = match result {
+        Ok(()) => End::Done,
+        Err(CopyError::Io { side, op, source }) => {
+            let side = if side == "client" {
+                Side::Client
+            } else {
+                Side::Upstream
+            };
+            End::Failed(Failed {
+                side,
+                op,
+                err: source,
+            })
+        }
+        Err(CopyError::Closed(why)) => End::Closed(why),
+    };
+    flow::finish(&end, &client, &upstream, stats);
+    if let End::Failed(_) = end {
         abort(&client);
         abort(&upstream);
     }
     drop(guard);
     drop((client, upstream));
-    result
+    end
 }
 
 async fn drive(
     up: Direction<'_>,
     down: Direction<'_>,
     ctl: &dyn SpliceControl,
-    close: impl Future<Output = &'static str>,
+    close: impl Future<Output = ProxyClose>,
 ) -> Result<(), CopyError> {
     let (client, upstream) = (up.from, down.from);
     let up = run_direction(up, ctl);

@@ -94,6 +94,13 @@ impl ProxyStats {
     pub fn inc(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// Adds `n` to a counter (nothing is touched for 0).
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        if n > 0 {
+            counter.fetch_add(n, Ordering::Relaxed);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,6 @@
 
 use std::{
     io,
-    mem::MaybeUninit,
     net::SocketAddr,
     os::fd::{AsFd, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
 };
@@ -32,29 +31,6 @@ pub fn recv_now(fd: BorrowedFd<'_>, buf: &mut [u8], peek: bool) -> io::Result<us
         buf,
         libc::MSG_DONTWAIT | if peek { libc::MSG_PEEK } else { 0 },
     )
-}
-
-/// `recv(flags)` into the spare capacity of `buf`, which grows by the bytes read (0 at the end
-/// of the stream or when `buf` has no spare capacity).
-pub fn recv_into_spare(
-    fd: BorrowedFd<'_>,
-    buf: &mut Vec<u8>,
-    flags: libc::c_int,
-) -> io::Result<usize> {
-    let spare: &mut [MaybeUninit<u8>] = buf.spare_capacity_mut();
-    // SAFETY: `spare` is valid for writes of its length for the duration of the call; the
-    // kernel writes at most that many bytes and never reads them.
-    let n = check(unsafe {
-        libc::recv(
-            fd.as_raw_fd(),
-            spare.as_mut_ptr().cast(),
-            spare.len(),
-            flags,
-        )
-    })?;
-    // SAFETY: recv initialised the first `n` bytes of the spare capacity (n <= its length).
-    unsafe { buf.set_len(buf.len() + n) };
-    Ok(n)
 }
 
 /// `send(MSG_NOSIGNAL)`: the bytes of `buf` the socket took (a closed peer is an `EPIPE` error,

@@ -1,255 +1,138 @@
-//! The TCP path: connect to the original destination or a cluster host, then the copy loop (or,
-//! with `splice: kernel`, the kernel's splicing), until both sides are done, a side resets, the
+//! The tokio driver of a TCP connection: the start (`conn.rs`: host, connect with the client's
+//! first bytes, outcome), then the copy (`copy.rs` driving `flow.rs`) or, with
+//! `splice: kernel`, the kernel's splicing, until both sides are done, a side resets, the
 //! host's drain deadline passes, or shutdown's.
 
-use std::{io, sync::atomic::Ordering, time::Duration};
+use std::{io, time::Duration};
 
 use proxy_core::config::proxy::SpliceMode;
-use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpStream;
 use tracing::{debug, field, warn};
 
 use crate::{
-    addr::{BackendAddr, OrigDstAddr},
     client::Client,
-    cluster::{ClusterHandle, HostClose},
-    conn::ProxyClose,
-    copy::{self, Copied, CopyError, Meter},
+    cluster::HostClose,
+    conn::{self, Chosen, ConnectFailure, ProxyClose, Started, Target},
+    copy,
     drain::DrainWatcher,
-    orig_dst::HostLease,
-    pool::{ConnectError, connect_tcp, within_connect_timeout},
+    flow::{self, End},
     shared::Shared,
     splice::{self, Baseline, SpliceError, SpliceGuard},
     stats::ProxyStats,
 };
 
-/// Where a TCP connection goes.
-pub(crate) enum Target {
-    /// ORIGINAL_DST: the destination itself.
-    Original(OrigDstAddr),
-    /// A host of the cluster.
-    Cluster(ClusterHandle),
-}
-
-/// Connects upstream and copies; the client is reset when no upstream can be had.
-#[expect(
-    clippy::too_many_lines,
-    reason = "the tokio driver of one connection; it splits with the shared relay core of issue 29 item 2"
-)]
-pub(crate) async fn forward(client: Client, target: Target, shared: &Shared, drain: &DrainWatcher) {
+/// Connects upstream and relays; the client is reset when no upstream can be had.
+pub(crate) async fn forward(
+    client: Client,
+    target: Target<'_>,
+    shared: &Shared,
+    drain: &DrainWatcher,
+) {
     let stats = &shared.stats;
-    let (host, cluster, _lease): (BackendAddr, Option<ClusterHandle>, Option<HostLease>) =
-        match target {
-            Target::Original(orig) => {
-                let host = BackendAddr(orig.0);
-                (host, None, Some(shared.orig_dst_cluster.lease(host)))
-            }
-            Target::Cluster(cluster) => {
-                if let Some(host) = cluster.pick(&[]) {
-                    (host, Some(cluster), None)
-                } else {
-                    ProxyStats::inc(&stats.upstream_cx_none_healthy);
-                    debug!(cluster = cluster.name(), "no healthy host: refused");
-                    copy::abort(&client);
-                    return;
-                }
-            }
-        };
+    let cluster = match target {
+        Target::Cluster(c) => Some(c),
+        Target::Original(_) => None,
+    };
+    let Some(Chosen {
+        host,
+        lease: _lease,
+    }) = conn::choose(target, &client, shared)
+    else {
+        return;
+    };
     if let Some(span) = conn_span() {
         span.record("host", field::display(host));
     }
     // Spliced pairs are handed over before any byte moves; others start with what the client
     // has sent already.
-    let spliced = shared.config.splice == SpliceMode::Kernel && shared.splicer.is_some();
-    let started = if spliced {
-        connect_tcp(host, shared.config.connect_timeout, stats)
-            .await
-            .map(|upstream| {
-                let _ = upstream.set_nodelay(true);
-                Started::Connected {
-                    upstream,
-                    unsent: Vec::new(),
-                    sent: 0,
-                }
-            })
-    } else {
-        connect_with_first_bytes(&client, host, shared.config.connect_timeout, stats).await
-    };
+    let first_bytes = !(shared.config.splice == SpliceMode::Kernel && shared.splicer.is_some());
+    let started =
+        flow::with_scratch(|s| conn::start_upstream(&client, host, first_bytes, s, stats));
+    let failed = |failure| conn::connect_failed(&failure, host, cluster, &client, stats);
     let (upstream, unsent, sent_first) = match started {
-        Ok(Started::Connected {
-            upstream,
+        Ok(Started::Upstream {
+            socket,
             unsent,
             sent,
-        }) => (upstream, unsent, sent),
+            connecting,
+        }) => {
+            let upstream = match TcpStream::from_std(socket) {
+                Ok(upstream) => upstream,
+                Err(err) => return failed(ConnectFailure::Error(err)),
+            };
+            if connecting
+                && let Err(failure) = handshake(&upstream, shared.config.connect_timeout).await
+            {
+                return failed(failure);
+            }
+            (upstream, unsent, sent)
+        }
         Ok(Started::ClientFailed(err)) => {
             debug!(%err, "client failed before the upstream connection started: reset");
             return;
         }
-        Err(err) => {
-            if let Some(c) = &cluster {
-                c.report_connect(host, false);
-            }
-            debug!(%err, "upstream connect failed: client reset");
-            copy::abort(&client);
-            return;
-        }
+        Err(err) => return failed(ConnectFailure::Error(err)),
     };
-    if let Some(c) = &cluster {
-        c.report_connect(host, true);
-    }
+    conn::connected(host, cluster);
     let client = match client.register() {
         Ok(c) => c,
         Err(err) => {
             warn!(%err, "could not register a connection with the event loop");
-            copy::abort(&upstream);
+            flow::abort(&upstream);
             return;
         }
     };
     let policy = shared.drain_policy();
     let close = async {
         let host_closed = async {
-            match &cluster {
+            match cluster {
                 Some(c) => c.host_closed(host, policy).await,
                 None => std::future::pending().await,
             }
         };
-        let end = tokio::select! {
+        tokio::select! {
             () = drain.closing() => ProxyClose::Shutdown,
             why = host_closed => match why {
                 HostClose::Drained => ProxyClose::Drained,
                 HostClose::HealthFailure => ProxyClose::HealthFailure,
             },
-        };
-        end.count(stats);
-        end.why()
+        }
     };
-    let meter = Meter {
-        tx: &stats.upstream_cx_tx_bytes_total,
-        rx: &stats.upstream_cx_rx_bytes_total,
-        resets: &stats.upstream_cx_destroy_with_reset,
-    };
-    let (copied, result) = if let Some((guard, base)) = hand_to_kernel(&client, &upstream, shared) {
+    if let Some((guard, base)) = hand_to_kernel(&client, &upstream, shared) {
         if let Some(span) = conn_span() {
             span.record("spliced", true);
         }
         // Boxed: kept inline, its state would size every connection's task, spliced or
-        // not (5.7 KiB instead of 3.4 KiB per connection).
-        let result = Box::pin(splice::run(client, upstream, guard, base, meter, close)).await;
-        (Copied::default(), result)
+        // not.
+        let end = Box::pin(splice::run(client, upstream, guard, base, stats, close)).await;
+        debug!(?end, "spliced connection ended");
     } else {
-        let (mut copied, result) =
-            copy::bidirectional(client, upstream, unsent, meter, close).await;
-        copied.sent += sent_first;
-        (copied, result)
-    };
-    if let Some(span) = conn_span() {
-        span.record("sent", copied.sent);
-        span.record("received", copied.received);
-    }
-    match result {
-        Ok(()) => {}
-        Err(CopyError::Closed(why)) => debug!(why, "connection closed by the proxy"),
-        // Counted in `upstream_cx_destroy_with_reset` by the copy, before the reset went on.
-        Err(err @ CopyError::Io { .. }) => debug!(%err, "connection reset"),
-    }
-}
-
-/// How an upstream connection started.
-enum Started {
-    /// Connected; `sent` bytes of the client's went upstream already, `unsent` holds those
-    /// read from the client that still go first.
-    Connected {
-        upstream: TcpStream,
-        unsent: Vec<u8>,
-        sent: u64,
-    },
-    /// The client's socket failed (a reset) while the connection started; the upstream one
-    /// was reset, and counted in `upstream_cx_destroy_with_reset`.
-    ClientFailed(io::Error),
-}
-
-/// Connects to `host` and passes on what the client has sent already, in the same turn of the
-/// event loop when it can: a connect to a local host (loopback, a namespace's veth) is
-/// complete before `connect()` returns, so the client's first bytes go straight out, and the
-/// turn that waits for the connect, the connect timer and `SO_ERROR` are saved. The `send()`
-/// itself tells whether the connection is up: it fails with the connect's error (a refusal),
-/// or with `EAGAIN` while the handshake is still on, and then the connect is awaited as
-/// usual, within `timeout`, and the bytes follow in the copy.
-async fn connect_with_first_bytes(
-    client: &Client,
-    host: BackendAddr,
-    timeout: Duration,
-    stats: &ProxyStats,
-) -> Result<Started, ConnectError> {
-    ProxyStats::inc(&stats.upstream_cx_total);
-    let failed = |source: io::Error| {
-        ProxyStats::inc(&stats.upstream_cx_connect_fail);
-        ConnectError::Connect { host, source }
-    };
-    let socket = start_connect(host).map_err(failed)?;
-    let mut unsent = match copy::read_now(client) {
-        Ok(bytes) => bytes,
-        Err(err) => {
-            // Counted before the upstream socket closes with the reset.
-            ProxyStats::inc(&stats.upstream_cx_destroy_with_reset);
-            let _ = socket.set_linger(Some(Duration::ZERO));
-            return Ok(Started::ClientFailed(err));
+        let (copied, end) = copy::relay(&client, &upstream, unsent, stats, close).await;
+        if let Some(span) = conn_span() {
+            span.record("sent", copied.sent + sent_first);
+            span.record("received", copied.received);
         }
-    };
-    let (mut connected, mut sent) = (false, 0);
-    if !unsent.is_empty() {
-        match socket.send_with_flags(&unsent, libc::MSG_NOSIGNAL) {
-            Ok(n) => {
-                connected = true;
-                sent = n as u64;
-                stats
-                    .upstream_cx_tx_bytes_total
-                    .fetch_add(sent, Ordering::Relaxed);
-                unsent.drain(..n);
-                if unsent.is_empty() {
-                    // An idle connection holds no buffer.
-                    copy::recycle(std::mem::take(&mut unsent));
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(failed(e)),
+        if let End::Done = end {
+            debug!("connection ended");
         }
     }
-    let upstream = TcpStream::from_std(socket.into()).map_err(failed)?;
-    if !connected {
-        // tokio's connect: writable, then the connect's outcome from SO_ERROR.
-        let handshake = async {
-            upstream.writable().await?;
-            match upstream.take_error()? {
-                Some(e) => Err(e),
-                None => Ok(()),
-            }
-        };
-        within_connect_timeout(host, timeout, stats, handshake).await?;
-    }
-    Ok(Started::Connected {
-        upstream,
-        unsent,
-        sent,
-    })
 }
 
-/// Starts a non-blocking connect to `host` with `TCP_NODELAY` set: when this returns, the
-/// connect is done (a local host) or in progress (`EINPROGRESS`; the socket turns writable when
-/// it ends, and `SO_ERROR` tells how). The tokio path and the epoll engine both connect this way.
-pub(crate) fn start_connect(host: BackendAddr) -> io::Result<Socket> {
-    let socket = Socket::new(
-        Domain::for_address(host.0),
-        Type::STREAM.nonblocking().cloexec(),
-        Some(Protocol::TCP),
-    )?;
-    socket.set_tcp_nodelay(true)?;
-    match socket.connect(&host.0.into()) {
-        Ok(()) => {}
-        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
-        Err(e) => return Err(e),
+/// Waits for a connect in progress to end, within `timeout`: writable, then the outcome from
+/// `SO_ERROR` (the engine waits for the same on its epoll, with a timer).
+async fn handshake(upstream: &TcpStream, timeout: Duration) -> Result<(), ConnectFailure> {
+    let ended = async {
+        upstream.writable().await?;
+        match upstream.take_error()? {
+            Some(e) => Err(e),
+            None => Ok::<_, io::Error>(()),
+        }
+    };
+    match tokio::time::timeout(timeout, ended).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(err)) => Err(ConnectFailure::Error(err)),
+        Err(_) => Err(ConnectFailure::TimedOut(timeout)),
     }
-    Ok(socket)
 }
 
 /// With `splice: kernel`, hands the pair to the splicer; `None` means copy (copy mode, or the
@@ -287,11 +170,12 @@ fn conn_span() -> Option<tracing::Span> {
 
 #[cfg(test)]
 mod tests {
-    use std::os::fd::AsFd;
+    use std::{os::fd::AsFd, sync::atomic::Ordering};
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
+    use crate::addr::BackendAddr;
 
     const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -319,6 +203,10 @@ mod tests {
         BackendAddr(l.local_addr().unwrap())
     }
 
+    fn start(client: &Client, host: BackendAddr, stats: &ProxyStats) -> io::Result<Started> {
+        flow::with_scratch(|s| conn::start_upstream(client, host, true, s, stats))
+    }
+
     #[tokio::test]
     async fn first_bytes_reach_the_host_and_are_counted() {
         let (client, mut app) = accepted_client().await;
@@ -327,24 +215,27 @@ mod tests {
         app.write_all(b"hello").await.unwrap();
         wait_readable(&client);
         let stats = ProxyStats::default();
-        let started = connect_with_first_bytes(&client, host, TIMEOUT, &stats).await;
-        let Ok(Started::Connected {
-            upstream,
+        let Ok(Started::Upstream {
+            socket,
             unsent,
             sent,
-        }) = started
+            connecting,
+        }) = start(&client, host, &stats)
         else {
-            panic!("not connected");
+            panic!("not started");
         };
         // On loopback the handshake is done when connect() returns: the bytes went out in the
         // same turn (a busy machine may defer it, and then they wait in `unsent`).
         assert_eq!(sent + unsent.len() as u64, 5);
+        assert_eq!(connecting, sent == 0);
         assert_eq!(
             stats.upstream_cx_tx_bytes_total.load(Ordering::Relaxed),
             sent
         );
         assert_eq!(stats.upstream_cx_total.load(Ordering::Relaxed), 1);
+        let upstream = TcpStream::from_std(socket).unwrap();
         assert!(upstream.nodelay().unwrap());
+        handshake(&upstream, TIMEOUT).await.unwrap();
         let (mut conn, peer) = server.accept().await.unwrap();
         assert_eq!(peer, upstream.local_addr().unwrap());
         let mut got = vec![0u8; sent as usize];
@@ -362,13 +253,24 @@ mod tests {
             }
             let stats = ProxyStats::default();
             let host = dead_addr();
-            let err = match connect_with_first_bytes(&client, host, TIMEOUT, &stats).await {
-                Err(ConnectError::Connect { source, .. }) => source,
-                Err(other) => panic!("{first:?}: {other}"),
+            // The refusal comes from connect() or send() at once, or from the handshake.
+            let err = match start(&client, host, &stats) {
+                Err(err) => err,
+                Ok(Started::Upstream {
+                    socket,
+                    connecting: true,
+                    ..
+                }) => {
+                    let upstream = TcpStream::from_std(socket).unwrap();
+                    match handshake(&upstream, TIMEOUT).await {
+                        Err(ConnectFailure::Error(err)) => err,
+                        other => panic!("{first:?}: {other:?}"),
+                    }
+                }
                 Ok(_) => panic!("{first:?}: connected to a closed port"),
             };
             assert_eq!(err.kind(), io::ErrorKind::ConnectionRefused, "{first:?}");
-            assert_eq!(stats.upstream_cx_connect_fail.load(Ordering::Relaxed), 1);
+            assert_eq!(stats.upstream_cx_total.load(Ordering::Relaxed), 1);
             assert_eq!(stats.upstream_cx_tx_bytes_total.load(Ordering::Relaxed), 0);
         }
     }
@@ -382,8 +284,7 @@ mod tests {
         let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let host = BackendAddr(server.local_addr().unwrap());
         let stats = ProxyStats::default();
-        let started = connect_with_first_bytes(&client, host, TIMEOUT, &stats).await;
-        let Ok(Started::ClientFailed(err)) = started else {
+        let Ok(Started::ClientFailed(err)) = start(&client, host, &stats) else {
             panic!("the client's reset was not reported");
         };
         assert_eq!(err.kind(), io::ErrorKind::ConnectionReset);

@@ -9,14 +9,23 @@ mod proxy_support;
 use std::time::Duration;
 
 use proxy_relay::{
-    DrainOutcome, NoOriginalDst, OriginalDstTable, ProxyConfig, ProxyDeps, ProxyProtocolMode,
-    Service, ServiceTable, SpliceError, SpliceGuard, SpliceMode, Splicer, encode_v2, serve,
+    DrainOutcome, EventLoop, NoOriginalDst, OriginalDstTable, ProxyConfig, ProxyDeps,
+    ProxyProtocolMode, Service, ServiceTable, SpliceError, SpliceGuard, SpliceMode, Splicer,
+    encode_v2, serve,
 };
 use proxy_support::{Fnv, TcpServer, TestProxy, WAIT, cluster, payload};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpSocket, TcpStream},
 };
+
+/// The proxy's default configuration, with `driver` as its event loop.
+fn config(driver: EventLoop) -> ProxyConfig {
+    ProxyConfig {
+        event_loop: driver,
+        ..ProxyConfig::default()
+    }
+}
 
 fn passthrough() -> ServiceTable {
     let mut t = ServiceTable::new();
@@ -47,11 +56,10 @@ async fn read_err_kind(s: &mut (impl AsyncReadExt + Unpin)) -> std::io::ErrorKin
 }
 
 /// 8 MiB each way at the same time; both sides hash what they got.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn payload_intact_both_directions() {
+async fn payload_intact_both_directions(driver: EventLoop) {
     const LEN: usize = 8 * 1024 * 1024;
     let server = TcpServer::start().await;
-    let proxy = TestProxy::start(ProxyConfig::default(), passthrough()).await;
+    let proxy = TestProxy::start(config(driver), passthrough()).await;
     let client = proxy.connect(server.addr).await;
     let upstream = server.accept().await;
     let (up_data, down_data) = (payload(LEN, 1), payload(LEN, 2));
@@ -99,10 +107,9 @@ async fn payload_intact_both_directions() {
     assert_eq!(proxy.stat("upstream_cx_total"), 1);
 }
 
-#[tokio::test]
-async fn half_close_propagates_both_ways() {
+async fn half_close_propagates_both_ways(driver: EventLoop) {
     let server = TcpServer::start().await;
-    let proxy = TestProxy::start(ProxyConfig::default(), passthrough()).await;
+    let proxy = TestProxy::start(config(driver), passthrough()).await;
     let mut client = proxy.connect(server.addr).await;
     let mut upstream = server.accept().await;
     client.write_all(b"hello").await.unwrap();
@@ -116,10 +123,9 @@ async fn half_close_propagates_both_ways() {
     assert_eq!(proxy.stat("upstream_cx_destroy_with_reset"), 0);
 }
 
-#[tokio::test]
-async fn server_reset_reaches_the_client() {
+async fn server_reset_reaches_the_client(driver: EventLoop) {
     let server = TcpServer::start().await;
-    let proxy = TestProxy::start(ProxyConfig::default(), passthrough()).await;
+    let proxy = TestProxy::start(config(driver), passthrough()).await;
     let mut client = proxy.connect(server.addr).await;
     let mut upstream = server.accept().await;
     // A round trip first: the proxy's connect has completed and the copy loop runs.
@@ -135,10 +141,9 @@ async fn server_reset_reaches_the_client() {
     proxy.wait_stat("upstream_cx_destroy_with_reset", 1).await;
 }
 
-#[tokio::test]
-async fn client_reset_reaches_the_server() {
+async fn client_reset_reaches_the_server(driver: EventLoop) {
     let server = TcpServer::start().await;
-    let proxy = TestProxy::start(ProxyConfig::default(), passthrough()).await;
+    let proxy = TestProxy::start(config(driver), passthrough()).await;
     let client = proxy.connect(server.addr).await;
     let mut upstream = server.accept().await;
     client.set_zero_linger().unwrap();
@@ -149,10 +154,9 @@ async fn client_reset_reaches_the_server() {
     );
 }
 
-#[tokio::test]
-async fn unknown_original_destination_is_refused_never_relayed() {
+async fn unknown_original_destination_is_refused_never_relayed(driver: EventLoop) {
     let server = TcpServer::start().await;
-    let proxy = TestProxy::start(ProxyConfig::default(), passthrough()).await;
+    let proxy = TestProxy::start(config(driver), passthrough()).await;
     // Not in the table: what a direct connect to the listener looks like. A refusal may
     // reach the connect itself (see `try_connect`).
     let mut b = [0u8; 16];
@@ -175,10 +179,9 @@ async fn unknown_original_destination_is_refused_never_relayed() {
     assert!(!server.accepts_within(Duration::from_millis(200)).await);
 }
 
-#[tokio::test]
-async fn destination_without_a_service_is_refused() {
+async fn destination_without_a_service_is_refused(driver: EventLoop) {
     let server = TcpServer::start().await;
-    let proxy = TestProxy::start(ProxyConfig::default(), ServiceTable::new()).await;
+    let proxy = TestProxy::start(config(driver), ServiceTable::new()).await;
     if let Ok(mut c) = proxy.try_connect(server.addr).await {
         let mut b = [0u8; 1];
         let r = tokio::time::timeout(WAIT, c.read(&mut b))
@@ -190,13 +193,12 @@ async fn destination_without_a_service_is_refused() {
     assert!(!server.accepts_within(Duration::from_millis(200)).await);
 }
 
-#[tokio::test]
-async fn proxy_protocol_v1_and_v2_carry_the_destination() {
+async fn proxy_protocol_v1_and_v2_carry_the_destination(driver: EventLoop) {
     let server = TcpServer::start().await;
     let config = ProxyConfig {
         proxy_protocol: ProxyProtocolMode::Any,
         listeners: vec!["127.0.0.1:0".parse().unwrap()],
-        ..ProxyConfig::default()
+        ..config(driver)
     };
     let deps = ProxyDeps {
         original_dst: std::sync::Arc::new(NoOriginalDst),
@@ -240,12 +242,11 @@ async fn proxy_protocol_v1_and_v2_carry_the_destination() {
     assert_eq!(get("downstream_cx_no_original_dst"), 1);
 }
 
-#[tokio::test]
-async fn original_dst_hosts_are_flushed_after_cleanup_interval() {
+async fn original_dst_hosts_are_flushed_after_cleanup_interval(driver: EventLoop) {
     let server = TcpServer::start().await;
     let config = ProxyConfig {
         cleanup_interval: Duration::from_millis(200),
-        ..ProxyConfig::default()
+        ..config(driver)
     };
     let proxy = TestProxy::start(config, passthrough()).await;
     let mut c = proxy.connect(server.addr).await;
@@ -263,10 +264,9 @@ async fn original_dst_hosts_are_flushed_after_cleanup_interval() {
     proxy.wait_stat("original_dst_hosts", 0).await;
 }
 
-#[tokio::test]
-async fn original_dst_unreachable_opens_nothing_and_resets_the_client() {
+async fn original_dst_unreachable_opens_nothing_and_resets_the_client(driver: EventLoop) {
     let dead = proxy_support::dead_addr();
-    let proxy = TestProxy::start(ProxyConfig::default(), passthrough()).await;
+    let proxy = TestProxy::start(config(driver), passthrough()).await;
     if let Ok(mut c) = proxy.try_connect(dead).await {
         let mut b = [0u8; 1];
         let r = tokio::time::timeout(WAIT, c.read(&mut b))
@@ -277,8 +277,7 @@ async fn original_dst_unreachable_opens_nothing_and_resets_the_client() {
     proxy.wait_stat("upstream_cx_connect_fail", 1).await;
 }
 
-#[tokio::test]
-async fn removed_host_drains_new_connections_go_elsewhere() {
+async fn removed_host_drains_new_connections_go_elsewhere(driver: EventLoop) {
     let (a, b) = (TcpServer::start().await, TcpServer::start().await);
     let (hosts, strict) = cluster("strict", &[a.addr], true);
     let vip = "127.77.0.1:80".parse().unwrap();
@@ -286,7 +285,7 @@ async fn removed_host_drains_new_connections_go_elsewhere() {
     services.insert(vip, Service::Tcp(strict));
     let config = ProxyConfig {
         drain_timeout: Duration::from_millis(700),
-        ..ProxyConfig::default()
+        ..config(driver)
     };
     let proxy = TestProxy::start(config, services).await;
     let mut old = proxy.connect(vip).await;
@@ -316,8 +315,7 @@ async fn removed_host_drains_new_connections_go_elsewhere() {
     assert_eq!(&buf, b"m");
 }
 
-#[tokio::test]
-async fn logical_dns_connections_are_never_drained() {
+async fn logical_dns_connections_are_never_drained(driver: EventLoop) {
     let (a, b) = (TcpServer::start().await, TcpServer::start().await);
     let (hosts, logical) = cluster("logical", &[a.addr], false);
     let vip = "127.77.0.2:80".parse().unwrap();
@@ -325,7 +323,7 @@ async fn logical_dns_connections_are_never_drained() {
     services.insert(vip, Service::Tcp(logical));
     let config = ProxyConfig {
         drain_timeout: Duration::from_millis(100),
-        ..ProxyConfig::default()
+        ..config(driver)
     };
     let proxy = TestProxy::start(config, services).await;
     let mut old = proxy.connect(vip).await;
@@ -339,12 +337,11 @@ async fn logical_dns_connections_are_never_drained() {
     assert_eq!(proxy.stat("upstream_cx_drain_close"), 0);
 }
 
-#[tokio::test]
-async fn shutdown_stops_accepting_then_resets_at_the_deadline() {
+async fn shutdown_stops_accepting_then_resets_at_the_deadline(driver: EventLoop) {
     let server = TcpServer::start().await;
     let config = ProxyConfig {
         shutdown_timeout: Duration::from_millis(500),
-        ..ProxyConfig::default()
+        ..config(driver)
     };
     let proxy = TestProxy::start(config, passthrough()).await;
     let mut open = proxy.connect(server.addr).await;
@@ -378,12 +375,11 @@ async fn shutdown_stops_accepting_then_resets_at_the_deadline() {
     );
 }
 
-#[tokio::test]
-async fn shutdown_is_graceful_when_connections_finish() {
+async fn shutdown_is_graceful_when_connections_finish(driver: EventLoop) {
     let server = TcpServer::start().await;
     let config = ProxyConfig {
         shutdown_timeout: Duration::from_secs(5),
-        ..ProxyConfig::default()
+        ..config(driver)
     };
     let proxy = TestProxy::start(config, passthrough()).await;
     let mut c = proxy.connect(server.addr).await;
@@ -402,12 +398,11 @@ async fn shutdown_is_graceful_when_connections_finish() {
     assert!(started.elapsed() < Duration::from_secs(2));
 }
 
-#[tokio::test]
-async fn splice_kernel_mode_is_a_clear_error() {
+async fn splice_kernel_mode_is_a_clear_error(driver: EventLoop) {
     let config = ProxyConfig {
         splice: SpliceMode::Kernel,
         listeners: vec!["127.0.0.1:0".parse().unwrap()],
-        ..ProxyConfig::default()
+        ..config(driver)
     };
     let deps = ProxyDeps {
         original_dst: std::sync::Arc::new(NoOriginalDst),
@@ -424,8 +419,7 @@ async fn splice_kernel_mode_is_a_clear_error() {
 
 /// `splice: kernel` with a splicer that refuses every pair: the copy loop carries the
 /// connection, `downstream_cx_splice_fallback` counts it.
-#[tokio::test]
-async fn splice_kernel_mode_copies_when_the_splicer_refuses() {
+async fn splice_kernel_mode_copies_when_the_splicer_refuses(driver: EventLoop) {
     struct Refuses;
     impl Splicer for Refuses {
         fn splice(&self, _: &TcpStream, _: &TcpStream) -> Result<SpliceGuard, SpliceError> {
@@ -437,7 +431,7 @@ async fn splice_kernel_mode_copies_when_the_splicer_refuses() {
     let config = ProxyConfig {
         splice: SpliceMode::Kernel,
         listeners: vec!["127.0.0.1:0".parse().unwrap()],
-        ..ProxyConfig::default()
+        ..config(driver)
     };
     let deps = ProxyDeps {
         original_dst: table.clone(),
@@ -464,8 +458,7 @@ async fn splice_kernel_mode_copies_when_the_splicer_refuses() {
     assert_eq!(stat("upstream_cx_tx_bytes_total"), 4);
 }
 
-#[tokio::test]
-async fn health_failure_closes_connections_only_when_configured() {
+async fn health_failure_closes_connections_only_when_configured(driver: EventLoop) {
     use proxy_core::{
         discovery::Host,
         health::{HostClass, Routing},
@@ -478,7 +471,7 @@ async fn health_failure_closes_connections_only_when_configured() {
         services.insert(vip, Service::Tcp(checked));
         let config = ProxyConfig {
             close_connections_on_host_health_failure: close,
-            ..ProxyConfig::default()
+            ..config(driver)
         };
         let proxy = TestProxy::start(config, services).await;
         let mut conn = proxy.connect(vip).await;
@@ -508,8 +501,7 @@ async fn health_failure_closes_connections_only_when_configured() {
     }
 }
 
-#[tokio::test]
-async fn a_connect_that_hangs_times_out_and_resets_the_client() {
+async fn a_connect_that_hangs_times_out_and_resets_the_client(driver: EventLoop) {
     // A listener whose accept queue is full drops further SYNs: connects to it hang.
     let socket = TcpSocket::new_v4().unwrap();
     socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
@@ -525,7 +517,7 @@ async fn a_connect_that_hangs_times_out_and_resets_the_client() {
     }
     let config = ProxyConfig {
         connect_timeout: Duration::from_millis(300),
-        ..ProxyConfig::default()
+        ..config(driver)
     };
     let proxy = TestProxy::start(config, passthrough()).await;
     let mut conn = proxy.connect(host).await;
@@ -541,3 +533,107 @@ async fn a_connect_that_hangs_times_out_and_resets_the_client() {
     assert_eq!(proxy.stat("upstream_cx_connect_fail"), 1);
     drop((full, queued));
 }
+
+/// What the client sends before the proxy has even connected upstream arrives first, intact.
+async fn bytes_sent_at_once_arrive_first(driver: EventLoop) {
+    let server = TcpServer::start().await;
+    let proxy = TestProxy::start(config(driver), passthrough()).await;
+    let mut client = proxy.connect(server.addr).await;
+    client.write_all(b"first ").await.unwrap();
+    client.write_all(b"then more").await.unwrap();
+    client.shutdown().await.unwrap();
+    let mut upstream = server.accept().await;
+    assert_eq!(
+        read_to_end(&mut upstream).await.unwrap(),
+        b"first then more"
+    );
+    drop(upstream);
+    assert!(read_to_end(&mut client).await.unwrap().is_empty());
+    proxy.wait_stat("downstream_cx_active", 0).await;
+    assert_eq!(proxy.stat("upstream_cx_tx_bytes_total"), 15);
+}
+
+/// The upstream ends its stream first: the client sees the end and can still send.
+async fn upstream_half_close_leaves_the_client_sending(driver: EventLoop) {
+    let server = TcpServer::start().await;
+    let proxy = TestProxy::start(config(driver), passthrough()).await;
+    let mut client = proxy.connect(server.addr).await;
+    let mut upstream = server.accept().await;
+    upstream.write_all(b"banner").await.unwrap();
+    upstream.shutdown().await.unwrap();
+    assert_eq!(read_to_end(&mut client).await.unwrap(), b"banner");
+    client.write_all(b"late").await.unwrap();
+    client.shutdown().await.unwrap();
+    assert_eq!(read_to_end(&mut upstream).await.unwrap(), b"late");
+    proxy.wait_stat("downstream_cx_active", 0).await;
+    assert_eq!(proxy.stat("upstream_cx_destroy_with_reset"), 0);
+}
+
+/// A cluster with no healthy host refuses the client and opens nothing.
+async fn a_cluster_without_healthy_hosts_refuses(driver: EventLoop) {
+    let server = TcpServer::start().await;
+    let (_hosts, empty) = cluster("empty", &[], true);
+    let vip = "127.77.0.4:80".parse().unwrap();
+    let mut services = ServiceTable::new();
+    services.insert(vip, Service::Tcp(empty));
+    let proxy = TestProxy::start(config(driver), services).await;
+    if let Ok(mut c) = proxy.try_connect(vip).await {
+        let mut b = [0u8; 1];
+        let r = tokio::time::timeout(WAIT, c.read(&mut b))
+            .await
+            .expect("closed in time");
+        assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+    }
+    proxy.wait_stat("upstream_cx_none_healthy", 1).await;
+    proxy.wait_stat("downstream_cx_active", 0).await;
+    assert_eq!(proxy.stat("upstream_cx_total"), 0);
+    assert!(!server.accepts_within(Duration::from_millis(200)).await);
+}
+
+/// Every behaviour above, through each TCP driver: the epoll engine (the default) and the
+/// tokio path. They share the relay core (route lookup, admission, start, copy rules, ends);
+/// this matrix shows they behave alike. (Services the engine hands to the tokio path, such as
+/// PROXY protocol listeners and `splice: kernel`, run there under both settings.)
+macro_rules! through_both_drivers {
+    ($($test:ident),* $(,)?) => {
+        mod epoll {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(super::EventLoop::Epoll).await;
+                }
+            )*
+        }
+        mod tokio_path {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(super::EventLoop::Tokio).await;
+                }
+            )*
+        }
+    };
+}
+
+through_both_drivers!(
+    payload_intact_both_directions,
+    half_close_propagates_both_ways,
+    server_reset_reaches_the_client,
+    client_reset_reaches_the_server,
+    unknown_original_destination_is_refused_never_relayed,
+    destination_without_a_service_is_refused,
+    proxy_protocol_v1_and_v2_carry_the_destination,
+    original_dst_hosts_are_flushed_after_cleanup_interval,
+    original_dst_unreachable_opens_nothing_and_resets_the_client,
+    removed_host_drains_new_connections_go_elsewhere,
+    logical_dns_connections_are_never_drained,
+    shutdown_stops_accepting_then_resets_at_the_deadline,
+    shutdown_is_graceful_when_connections_finish,
+    splice_kernel_mode_is_a_clear_error,
+    splice_kernel_mode_copies_when_the_splicer_refuses,
+    health_failure_closes_connections_only_when_configured,
+    a_connect_that_hangs_times_out_and_resets_the_client,
+    bytes_sent_at_once_arrive_first,
+    upstream_half_close_leaves_the_client_sending,
+    a_cluster_without_healthy_hosts_refuses,
+);

@@ -9,4 +9,5 @@ pub mod config;
 pub mod discovery;
 pub mod health;
 pub mod lb;
+pub mod time;
 pub mod upstream;

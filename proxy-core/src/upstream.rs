@@ -215,7 +215,10 @@ async fn run(health: Arc<Mutex<ClusterHealth>>, inputs: Inputs, out: Outputs, sw
     };
     let initial = hosts.borrow_and_update().hosts.clone();
     lock().update_hosts(initial);
-    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + sweep, sweep);
+    let mut ticker = tokio::time::interval_at(
+        crate::time::after_tokio(tokio::time::Instant::now(), sweep),
+        sweep,
+    );
     // Whether the last event may have changed the routing: a connect success or a traffic note
     // cannot (ejection needs a failure or the sweep), and the proxy reports one per connection,
     // so for them the routing is neither recomputed nor compared.

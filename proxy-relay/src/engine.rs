@@ -22,6 +22,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use proxy_core::time::after;
 use tracing::{debug, warn};
 
 use crate::{
@@ -596,7 +597,8 @@ impl Worker {
             self.vacant.push(index);
             return;
         }
-        let connecting = connecting.then(|| Instant::now() + self.shared.config.connect_timeout);
+        let connecting =
+            connecting.then(|| after(Instant::now(), self.shared.config.connect_timeout));
         if let Some(at) = connecting {
             self.timers.push(Reverse((at, serial, index, false)));
         }
@@ -697,7 +699,7 @@ impl Worker {
                 HostVerdict::Close => close.push(i),
                 HostVerdict::Drain => {
                     if conn.drain_deadline.is_none() {
-                        let at = now + policy.drain_timeout;
+                        let at = after(now, policy.drain_timeout);
                         conn.drain_deadline = Some(at);
                         timers.push((at, i, conn.serial));
                     }

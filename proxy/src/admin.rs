@@ -38,6 +38,7 @@ pub struct State {
     upstreams: BTreeMap<String, Arc<Upstream>>,
     published: watch::Receiver<usize>,
     proxy: Option<proxy_relay::ProxyStatsHandle>,
+    fatal: Option<crate::daemon::Fatal>,
 }
 
 impl State {
@@ -55,6 +56,7 @@ impl State {
             upstreams,
             published,
             proxy: None,
+            fatal: None,
         }
     }
 
@@ -64,7 +66,16 @@ impl State {
         self
     }
 
+    /// `/ready` goes down when a part of the daemon panicked (`fatal`).
+    pub fn with_fatal(mut self, fatal: crate::daemon::Fatal) -> Self {
+        self.fatal = Some(fatal);
+        self
+    }
+
     fn ready(&self) -> bool {
+        if self.fatal.as_ref().is_some_and(|f| f.cause().is_some()) {
+            return false;
+        }
         let attached = self.dataplane.lock().is_ok_and(|dp| dp.is_some());
         attached && *self.published.borrow() >= self.config.services.len()
     }

@@ -29,7 +29,7 @@ use tokio::{
     sync::watch,
     task::JoinSet,
 };
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::{
     admin,
@@ -50,12 +50,60 @@ pub fn run(mut config: Config, workers: Option<usize>) -> anyhow::Result<()> {
     config.proxy.engine_threads = workers.and_then(std::num::NonZeroUsize::new);
     let workers = workers.unwrap_or_else(default_workers);
     tracing::debug!(workers, "runtime");
+    let fatal = Fatal::install();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(run_async(config))
+    runtime.block_on(run_async(config, fatal))
+}
+
+/// Any panic, on any thread or task of the daemon (an engine thread, a cluster's loop, a
+/// publisher): a bug, after which part of the daemon no longer runs while the rest would report
+/// ready. The panic hook records it; the daemon then takes `/ready` down, logs what panicked
+/// and exits non-zero, leaving the kernel's data path pinned with the last published state (as
+/// after `kill -9`), which the next start adopts.
+#[derive(Clone)]
+pub struct Fatal(watch::Receiver<Option<String>>);
+
+impl Fatal {
+    /// Installs the process's panic hook (it runs the default one, which prints the panic,
+    /// first). `run` does this; call it once per process.
+    pub fn install() -> Self {
+        let (tx, rx) = watch::channel(None);
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            default(info);
+            let thread = std::thread::current();
+            let what = format!(
+                "thread {} panicked: {info}",
+                thread.name().unwrap_or("unnamed")
+            );
+            tx.send_if_modified(|first| {
+                // The first panic is the cause; later ones follow from it.
+                first.is_none().then(|| *first = Some(what)).is_some()
+            });
+        }));
+        Self(rx)
+    }
+
+    /// What panicked, once something did.
+    pub fn cause(&self) -> Option<String> {
+        self.0.borrow().clone()
+    }
+
+    /// Resolves with what panicked.
+    async fn wait(mut self) -> String {
+        loop {
+            if let Some(what) = self.cause() {
+                return what;
+            }
+            if self.0.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
 }
 
 /// One worker per CPU in the daemon's affinity mask (`sched_getaffinity`, which is what
@@ -64,7 +112,7 @@ fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(2, usize::from)
 }
 
-async fn run_async(config: Config) -> anyhow::Result<()> {
+async fn run_async(config: Config, fatal: Fatal) -> anyhow::Result<()> {
     let mut signals = Signals::install()?;
     let templates = SpecTemplate::all(&config);
     // The sweep after the first publish keeps exactly these services.
@@ -126,6 +174,7 @@ async fn run_async(config: Config) -> anyhow::Result<()> {
     if let Some(proxy) = &proxy {
         state = state.with_proxy(proxy.stats_handle());
     }
+    state = state.with_fatal(fatal.clone());
     let server = match admin::serve(config.admin.address, state).await {
         Ok(server) => server,
         Err(err) => {
@@ -139,7 +188,15 @@ async fn run_async(config: Config) -> anyhow::Result<()> {
     sweep_after_first_publish(&keys, &dp, published_rx).await;
     let passive = tokio::spawn(crate::passive::run(dp.clone(), upstreams.clone()));
     info!(admin = %config.admin.address, services = config.services.len(), "ready");
-    signals.wait().await;
+    tokio::select! {
+        () = signals.wait() => {}
+        what = fatal.wait() => {
+            // /ready is down already (the admin reads the same record). No clean-up: the data
+            // path keeps serving what was published, and the next start adopts it.
+            error!(%what, "a part of the daemon failed; exiting with the data path left pinned for the next start");
+            anyhow::bail!("a part of the daemon failed ({what}); the data path stays pinned for the next start");
+        }
+    }
     server.abort();
     passive.abort();
     if let Some(proxy) = proxy {
@@ -394,10 +451,16 @@ fn shutdown(dp: &SharedDataplane) {
 
 /// SIGINT and SIGTERM, caught from the start of the run: a signal that arrives while the
 /// daemon is still starting (even right after `/ready` turned 200) is kept and makes it shut
-/// down cleanly instead of dying on the default action with its pins left behind.
+/// down cleanly instead of dying on the default action with its pins left behind. SIGHUP,
+/// SIGUSR1, SIGUSR2 and SIGALRM, whose default action would also kill it that way, are caught
+/// and logged: a stray `kill -HUP` (the usual "reload") must not take the host's data path down.
 struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
+    alrm: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -405,13 +468,26 @@ impl Signals {
         Ok(Self {
             int: signal(SignalKind::interrupt()).context("catching SIGINT")?,
             term: signal(SignalKind::terminate()).context("catching SIGTERM")?,
+            hup: signal(SignalKind::hangup()).context("catching SIGHUP")?,
+            usr1: signal(SignalKind::user_defined1()).context("catching SIGUSR1")?,
+            usr2: signal(SignalKind::user_defined2()).context("catching SIGUSR2")?,
+            alrm: signal(SignalKind::alarm()).context("catching SIGALRM")?,
         })
     }
 
+    /// Waits for SIGINT or SIGTERM; the others are logged on the way.
     async fn wait(&mut self) {
-        tokio::select! {
-            _ = self.int.recv() => info!("SIGINT: shutting down"),
-            _ = self.term.recv() => info!("SIGTERM: shutting down"),
+        loop {
+            tokio::select! {
+                _ = self.int.recv() => return info!("SIGINT: shutting down"),
+                _ = self.term.recv() => return info!("SIGTERM: shutting down"),
+                _ = self.hup.recv() => warn!(
+                    "SIGHUP: ignored; this daemon does not reload its configuration yet (restart it to apply a change)"
+                ),
+                _ = self.usr1.recv() => warn!("SIGUSR1: ignored (it has no meaning here)"),
+                _ = self.usr2.recv() => warn!("SIGUSR2: ignored (it has no meaning here)"),
+                _ = self.alrm.recv() => warn!("SIGALRM: ignored (it has no meaning here)"),
+            }
         }
     }
 }

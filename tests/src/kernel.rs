@@ -621,6 +621,26 @@ impl Daemon {
             let _ = child.wait();
         }
     }
+
+    /// Sends `sig` to the daemon (a no-op once it exited).
+    pub fn signal(&self, sig: libc::c_int) {
+        if let Some(child) = &self.child {
+            // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
+            unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+        }
+    }
+
+    /// Whether the daemon has exited (it is reaped then).
+    pub fn exited(&mut self) -> bool {
+        match self.child.as_mut().map(Child::try_wait) {
+            Some(Ok(None)) => false,
+            Some(_) => {
+                self.child = None;
+                true
+            }
+            None => true,
+        }
+    }
 }
 
 mod clients;

@@ -324,3 +324,58 @@ fn a_new_daemon_removes_an_earlier_versions_pins_after_the_first_publish() {
         "a graceful stop touches only ours"
     );
 }
+
+/// SIGHUP, SIGUSR1, SIGUSR2 and SIGALRM, whose default action kills a process, are logged and
+/// change nothing: the daemon stays ready, and a SIGTERM afterwards still stops it cleanly and
+/// removes its pins.
+#[test]
+fn stray_signals_are_logged_and_do_not_stop_the_daemon() {
+    require_root();
+    if skip_without_dataplane("stray_signals_are_logged_and_do_not_stop_the_daemon") {
+        return;
+    }
+    let cgroup = TestCgroup::new();
+    let instance = unique("sig");
+    let dir = PathBuf::from("/sys/fs/bpf").join(&instance);
+    let _pin_guard = PinDir(dir.clone());
+    let mut daemon = Daemon::start(&config(&instance, cgroup.path()));
+    for (sig, name) in [
+        (libc::SIGHUP, "SIGHUP"),
+        (libc::SIGUSR1, "SIGUSR1"),
+        (libc::SIGUSR2, "SIGUSR2"),
+        (libc::SIGALRM, "SIGALRM"),
+    ] {
+        daemon.signal(sig);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !strip_ansi(&daemon.log_text()).contains(&format!("{name}: ignored"))
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            !daemon.exited(),
+            "{name} stopped the daemon:\n{}",
+            daemon.log_text()
+        );
+        assert!(
+            strip_ansi(&daemon.log_text()).contains(&format!("{name}: ignored")),
+            "{name} not logged:\n{}",
+            daemon.log_text()
+        );
+        assert_eq!(
+            daemon.get("/ready").map(|(code, _)| code),
+            Some(200),
+            "{name}"
+        );
+    }
+    assert!(
+        dir.join(maps::SERVICES).exists(),
+        "the data path stays pinned"
+    );
+    assert!(
+        daemon.stop(),
+        "clean exit on SIGTERM:\n{}",
+        daemon.log_text()
+    );
+    assert!(!dir.join(maps::SERVICES).exists(), "a clean stop unpins");
+}

@@ -590,6 +590,42 @@ async fn a_cluster_without_healthy_hosts_refuses(driver: EventLoop) {
     assert!(!server.accepts_within(Duration::from_millis(200)).await);
 }
 
+/// A connect timeout as large as a config can write it: the connect waits, nothing panics, and
+/// the proxy goes on serving (an overflow once took the engine's threads down).
+async fn a_huge_connect_timeout_waits_and_serves_on(driver: EventLoop) {
+    // A listener whose accept queue is full drops further SYNs: connects to it hang.
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let full = socket.listen(0).unwrap();
+    let host = full.local_addr().unwrap();
+    let mut queued = Vec::new();
+    for _ in 0..2 {
+        if let Ok(Ok(s)) =
+            tokio::time::timeout(Duration::from_millis(300), TcpStream::connect(host)).await
+        {
+            queued.push(s);
+        }
+    }
+    let config = ProxyConfig {
+        connect_timeout: Duration::MAX,
+        ..config(driver)
+    };
+    let proxy = TestProxy::start(config, passthrough()).await;
+    let mut hanging = proxy.connect(host).await;
+    let mut b = [0u8; 1];
+    let waited = tokio::time::timeout(Duration::from_millis(300), hanging.read(&mut b)).await;
+    assert!(waited.is_err(), "the hanging connect ended: {waited:?}");
+    let server = TcpServer::start().await;
+    let mut client = proxy.connect(server.addr).await;
+    let mut upstream = server.accept().await;
+    client.write_all(b"alive").await.unwrap();
+    let mut got = [0u8; 5];
+    upstream.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got, b"alive");
+    assert_eq!(proxy.stat("upstream_cx_connect_timeout"), 0);
+    drop((full, queued));
+}
+
 /// Every behaviour above, through each TCP driver: the epoll engine (the default) and the
 /// tokio path. They share the relay core (route lookup, admission, start, copy rules, ends);
 /// this matrix shows they behave alike. (Services the engine hands to the tokio path, such as
@@ -636,4 +672,5 @@ through_both_drivers!(
     bytes_sent_at_once_arrive_first,
     upstream_half_close_leaves_the_client_sending,
     a_cluster_without_healthy_hosts_refuses,
+    a_huge_connect_timeout_waits_and_serves_on,
 );

@@ -491,3 +491,102 @@ fn custom_cluster_settings_are_typed_once_by_validation() {
         }))
     );
 }
+
+/// Values that would make the daemon touch what it does not own are refused where they are
+/// written: the bpffs itself as the instance, the cgroup root, a bpffs path that climbs, and
+/// VIPs that no service can be.
+#[test]
+fn values_that_reach_beyond_the_daemon_are_refused() {
+    let svc = |addr: &str| {
+        format!(
+            "clusters:\n  - name: a\nservices:\n  - name: s\n    address: {addr}\n    port: 80\n    cluster: a\n"
+        )
+    };
+    let cases = [
+        (
+            "instance: \".\"\n".to_owned(),
+            "instance",
+            (1, 1),
+            "bpffs directory itself",
+        ),
+        (
+            "instance: \"..\"\n".to_owned(),
+            "instance",
+            (1, 1),
+            "bpffs directory itself",
+        ),
+        (
+            "cgroup: \"\"\n".to_owned(),
+            "cgroup",
+            (1, 1),
+            "below the cgroup v2 root",
+        ),
+        (
+            "cgroup: \".\"\n".to_owned(),
+            "cgroup",
+            (1, 1),
+            "below the cgroup v2 root",
+        ),
+        (
+            "cgroup: /\n".to_owned(),
+            "cgroup",
+            (1, 1),
+            "below the cgroup v2 root",
+        ),
+        (
+            "cgroup: a/../..\n".to_owned(),
+            "cgroup",
+            (1, 1),
+            "without `.` or `..`",
+        ),
+        (
+            "bpffs: sys/fs/bpf\n".to_owned(),
+            "bpffs",
+            (1, 1),
+            "absolute path",
+        ),
+        (
+            "bpffs: /sys/fs/bpf/..\n".to_owned(),
+            "bpffs",
+            (1, 1),
+            "absolute path",
+        ),
+        ("bpffs: /\n".to_owned(), "bpffs", (1, 1), "absolute path"),
+        (svc("0.0.0.0"), "services[0].address", (5, 5), "unspecified"),
+        (
+            svc("255.255.255.255"),
+            "services[0].address",
+            (5, 5),
+            "broadcast",
+        ),
+        (svc("224.0.0.1"), "services[0].address", (5, 5), "multicast"),
+        (
+            svc("169.254.169.254"),
+            "services[0].address",
+            (5, 5),
+            "link-local",
+        ),
+        (
+            svc("\"fe80::1\""),
+            "services[0].address",
+            (5, 5),
+            "link-local",
+        ),
+        (
+            svc("\"::ffff:169.254.169.254\""),
+            "services[0].address",
+            (5, 5),
+            "link-local",
+        ),
+    ];
+    for (text, want_field, want_at, want_msg) in cases {
+        let (field, line, column, msg) = invalid(&text);
+        assert_eq!(field, want_field, "{text}");
+        assert_eq!((line, column), want_at, "{text}");
+        assert!(msg.contains(want_msg), "{text}: {msg}");
+    }
+    // What stays allowed: a nested cgroup, an instance with dots, a private VIP.
+    let fine = "instance: proxy.v2\ncgroup: a/b.slice\nbpffs: /run/bpf\n";
+    parse(fine).unwrap();
+    parse(&svc("10.96.0.10")).unwrap();
+}

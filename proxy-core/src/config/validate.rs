@@ -32,6 +32,16 @@ fn validate_names(config: &Config) -> Result<(), Invalid> {
             "must be 1-64 characters of [A-Za-z0-9._-] (it names a bpffs directory)",
         ));
     }
+    if config.instance.chars().all(|c| c == '.') {
+        return Err(Invalid::new(
+            "instance",
+            format!(
+                "{:?} names the bpffs directory itself or its parent, not a directory of this daemon's own (a stop would remove other programs' pins)",
+                config.instance
+            ),
+        ));
+    }
+    validate_paths(config)?;
     let mut seen = HashSet::new();
     for (i, cluster) in config.clusters.iter().enumerate() {
         if cluster.name.is_empty() {
@@ -46,6 +56,40 @@ fn validate_names(config: &Config) -> Result<(), Invalid> {
                 format!("duplicate cluster name {:?}", cluster.name),
             ));
         }
+    }
+    Ok(())
+}
+
+/// `cgroup` and `bpffs` name places the daemon changes (it attaches to the one, mounts and pins
+/// in the other): each must name a place of its own, never the cgroup root or a parent.
+fn validate_paths(config: &Config) -> Result<(), Invalid> {
+    use std::path::{Component, Path};
+    let climbs = |p: &Path| {
+        p.components()
+            .any(|c| matches!(c, Component::CurDir | Component::ParentDir))
+    };
+    let cgroup = Path::new(&config.cgroup);
+    let below_root = cgroup
+        .components()
+        .any(|c| matches!(c, Component::Normal(_)));
+    if !below_root || climbs(cgroup) {
+        return Err(Invalid::new(
+            "cgroup",
+            format!(
+                "{:?} must name a cgroup below the cgroup v2 root, without `.` or `..` (the root holds every process of the host)",
+                config.cgroup
+            ),
+        ));
+    }
+    let bpffs = Path::new(&config.bpffs);
+    if !bpffs.is_absolute() || climbs(bpffs) || bpffs == Path::new("/") {
+        return Err(Invalid::new(
+            "bpffs",
+            format!(
+                "{:?} must be an absolute path below / without `.` or `..` (for example /sys/fs/bpf)",
+                config.bpffs
+            ),
+        ));
     }
     Ok(())
 }
@@ -329,10 +373,10 @@ fn validate_services(config: &Config) -> Result<(), Invalid> {
         if svc.port == 0 {
             return Err(Invalid::new(at("port"), "must not be 0"));
         }
-        if svc.address.is_unspecified() {
+        if let Some(why) = not_a_service_address(svc.address) {
             return Err(Invalid::new(
                 at("address"),
-                "must not be the unspecified address",
+                format!("{} is {why}: not a service address", svc.address),
             ));
         }
         match (&svc.chain, svc.cluster.is_empty()) {
@@ -450,4 +494,27 @@ pub(super) fn compile_chains(
         chains.insert(svc.name.clone(), chain);
     }
     Ok(chains)
+}
+
+/// Why `ip` cannot be a service address (a connect to it is never a service's), if it cannot:
+/// the unspecified, broadcast, multicast and link-local ranges (the last holds cloud metadata
+/// services, which a VIP must not shadow).
+fn not_a_service_address(ip: IpAddr) -> Option<&'static str> {
+    if ip.is_unspecified() {
+        return Some("the unspecified address");
+    }
+    if ip.is_multicast() {
+        return Some("a multicast address");
+    }
+    match ip {
+        IpAddr::V4(v4) if v4.is_broadcast() => Some("the broadcast address"),
+        IpAddr::V4(v4) if v4.is_link_local() => {
+            Some("link-local (169.254.0.0/16, where cloud metadata services answer)")
+        }
+        IpAddr::V6(v6) if v6.is_unicast_link_local() => Some("link-local (fe80::/10)"),
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .and_then(|v4| not_a_service_address(v4.into())),
+        IpAddr::V4(_) => None,
+    }
 }

@@ -126,7 +126,8 @@ impl OutlierDetector {
             return FailureVerdict::Counted;
         };
         m.ejected_at = Some(now);
-        if base * m.backoff < max + base {
+        // Saturating: both times come from configuration, as large as a user writes them.
+        if base.saturating_mul(m.backoff) < max.saturating_add(base) {
             m.backoff += 1;
         }
         self.stats.ejections_active += 1;
@@ -138,7 +139,7 @@ impl OutlierDetector {
 
     /// How long the current ejection of a host with this backoff lasts.
     fn ejection_time(&self, backoff: u32) -> Duration {
-        (self.config.base_ejection_time * backoff).min(self.config.max_ejection_time)
+        (self.config.base_ejection_time.saturating_mul(backoff)).min(self.config.max_ejection_time)
     }
 
     /// The periodic sweep: unejects hosts whose time is up and decays idle backoffs.

@@ -28,6 +28,7 @@ use http::HeaderMap;
 use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use proxy_core::time::after_tokio;
 use tokio::{sync::watch, time::Instant};
 
 use crate::{pool::Body, stats::ProxyStats};
@@ -110,7 +111,7 @@ impl Clock {
             // The sender lives in `self`: `changed` cannot fail while we borrow it.
             let _ = complete.changed().await;
         };
-        tokio::time::sleep_until(at + timeout).await;
+        tokio::time::sleep_until(after_tokio(at, timeout)).await;
     }
 
     async fn idle_expired(&self) {
@@ -119,10 +120,11 @@ impl Clock {
         };
         loop {
             let last = self.start + Duration::from_nanos(self.activity.load(Ordering::Relaxed));
-            if Instant::now() >= last + idle {
+            let deadline = after_tokio(last, idle);
+            if Instant::now() >= deadline {
                 return;
             }
-            tokio::time::sleep_until(last + idle).await;
+            tokio::time::sleep_until(deadline).await;
         }
     }
 }

@@ -21,6 +21,25 @@ pub enum DataplaneError {
         /// The cgroup v2 mount points.
         mounts: String,
     },
+    /// The configured cgroup is a cgroup v2 root: every process of the host is in it.
+    #[error(
+        "cgroup {} is the root of a cgroup v2 hierarchy, which holds every process of the host; give a cgroup below it",
+        path.display()
+    )]
+    CgroupRoot {
+        /// The configured path.
+        path: PathBuf,
+    },
+    /// The configured bpffs path is an ordinary directory with something in it: mounting bpffs
+    /// there would hide what it holds.
+    #[error(
+        "bpffs {} is a directory with files in it, not a BPF filesystem; give an empty directory or a bpffs mount (for example /sys/fs/bpf)",
+        path.display()
+    )]
+    NotBpffs {
+        /// The configured path.
+        path: PathBuf,
+    },
     /// A filesystem operation on a cgroup, a pin or bpffs failed.
     #[error("{what} {}: {source}", path.display())]
     Io {

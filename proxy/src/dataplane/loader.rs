@@ -306,6 +306,7 @@ fn ensure_bpffs(bpffs: &Path) -> Result<(), DataplaneError> {
     if mounts::is_bpffs(bpffs) {
         return Ok(());
     }
+    mounts::may_mount_bpffs(bpffs)?;
     fs::create_dir_all(bpffs).map_err(|source| DataplaneError::Io {
         what: "creating the bpffs mount point",
         path: bpffs.to_owned(),

@@ -51,14 +51,30 @@ pub fn cgroup2_mount() -> Result<PathBuf, DataplaneError> {
 /// An absolute path must lie in a cgroup v2 hierarchy: a directory elsewhere (e.g. under the
 /// tmpfs `/sys/fs/cgroup` of a hybrid host) would be created and then refused by the kernel with
 /// an obscure error.
+/// The root of a hierarchy is refused: it holds every process of the host.
 pub fn resolve_cgroup(configured: &str) -> Result<PathBuf, DataplaneError> {
     let path = Path::new(configured);
-    if !path.is_absolute() {
-        return Ok(cgroup2_mount()?.join(path));
-    }
     let mounts = mounts_of("cgroup2");
-    if mounts.iter().any(|m| path.starts_with(m)) {
-        Ok(path.to_owned())
+    in_cgroup2(path, &mounts)
+}
+
+fn in_cgroup2(path: &Path, mounts: &[PathBuf]) -> Result<PathBuf, DataplaneError> {
+    let resolved = if path.is_absolute() {
+        path.to_owned()
+    } else {
+        mounts.first().ok_or(DataplaneError::NoCgroup2)?.join(path)
+    };
+    // Compared by components: `/sys/fs/cgroup/` and `/sys/fs/cgroup/.` are the root too.
+    let normal = |p: &Path| -> PathBuf {
+        p.components()
+            .filter(|c| !matches!(c, std::path::Component::CurDir))
+            .collect()
+    };
+    if mounts.iter().any(|m| normal(m) == normal(&resolved)) {
+        return Err(DataplaneError::CgroupRoot { path: resolved });
+    }
+    if mounts.iter().any(|m| resolved.starts_with(m)) {
+        Ok(resolved)
     } else {
         Err(DataplaneError::NotCgroup2 {
             path: path.to_owned(),
@@ -69,6 +85,17 @@ pub fn resolve_cgroup(configured: &str) -> Result<PathBuf, DataplaneError> {
                 .join(", "),
         })
     }
+}
+
+/// Whether `dir` may take a bpffs mount: it does not exist yet, or is an empty directory.
+pub fn may_mount_bpffs(dir: &Path) -> Result<(), DataplaneError> {
+    let has_files = std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some());
+    if has_files {
+        return Err(DataplaneError::NotBpffs {
+            path: dir.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 /// Whether a BPF filesystem is mounted at `dir`.
@@ -89,6 +116,34 @@ mod tests {
                 .contains("/tmp/not-a-cgroup is not in a cgroup v2 hierarchy"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_cgroup_root_is_refused_however_it_is_written() {
+        let mounts = [PathBuf::from("/sys/fs/cgroup")];
+        for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/", "/sys/fs/cgroup/."] {
+            let err = in_cgroup2(Path::new(root), &mounts).unwrap_err();
+            assert!(
+                matches!(err, DataplaneError::CgroupRoot { .. }),
+                "{root}: {err}"
+            );
+        }
+        let below = in_cgroup2(Path::new("proxy.slice"), &mounts).unwrap();
+        assert_eq!(below, Path::new("/sys/fs/cgroup/proxy.slice"));
+        let absolute = in_cgroup2(Path::new("/sys/fs/cgroup/a/b"), &mounts).unwrap();
+        assert_eq!(absolute, Path::new("/sys/fs/cgroup/a/b"));
+    }
+
+    #[test]
+    fn bpffs_is_never_mounted_over_files() {
+        let dir = std::env::temp_dir().join(format!("proxy-bpffs-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        may_mount_bpffs(&dir).expect("an empty directory may take the mount");
+        may_mount_bpffs(&dir.join("missing")).expect("a missing one is created");
+        std::fs::write(dir.join("keep"), b"x").unwrap();
+        let err = may_mount_bpffs(&dir).unwrap_err();
+        assert!(matches!(err, DataplaneError::NotBpffs { .. }), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -166,3 +166,22 @@ async fn ejected_hosts_leave_routing_until_the_sweep_returns_them() {
     assert_eq!(m.routing().routable().len(), 2);
     assert_eq!(m.outlier_stats().unwrap().ejections_active, 0);
 }
+
+/// Ejection times as large as a config can write them: backoff and sweep saturate instead of
+/// overflowing (which panicked the cluster's loop and froze its routing).
+#[tokio::test(start_paused = true)]
+async fn huge_ejection_times_saturate() {
+    let config = OutlierDetection {
+        base_ejection_time: Duration::MAX / 2,
+        max_ejection_time: Duration::MAX,
+        ..OutlierDetection::default()
+    };
+    let mut od = OutlierDetector::new(config, Arc::new(SeededRandom::with_seed(3)));
+    od.sync_hosts((1..=10).map(addr));
+    let now = Instant::now();
+    for _ in 0..3 {
+        assert_eq!(fail_n(&mut od, 1, 5, now), FailureVerdict::Ejected);
+        assert!(od.tick(now).is_empty(), "still ejected");
+        od.uneject(addr(1), now);
+    }
+}

@@ -44,9 +44,7 @@ pub async fn start(
     let (original_dst, splicer) = {
         let guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let dp = guard.as_ref().context("the data path is not attached")?;
-        let original_dst = dp
-            .original_destinations()
-            .context("opening the original-destination map")?;
+        let original_dst = dp.original_destinations();
         let splicer: Option<Arc<dyn Splicer>> = match proxy_config.splice {
             SpliceMode::Copy => None,
             SpliceMode::Kernel => Some(Arc::new(

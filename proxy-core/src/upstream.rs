@@ -6,8 +6,11 @@
 //! the source's own watch channel), health-check transitions (from the cluster's one
 //! subscription to the [`HealthCheckManager`]), passive signals and the outlier sweep to the
 //! cluster's [`ClusterHealth`]. Every change of the routable set is published on a watch
-//! channel, which the daemon turns into kernel slot tables. The health state sits behind a lock
-//! so the admin interface can read host flags and stats at any time.
+//! channel, which the daemon turns into kernel slot tables, and on the cluster's views: routing
+//! narrowed by a function (a Consul chain target's subset), which the same loop keeps current
+//! ([`Upstream::routing_view`]), so no task exists only to forward one channel into another.
+//! The health state sits behind a lock so the admin interface can read host flags and stats at
+//! any time.
 
 use std::{
     sync::{Arc, Mutex, MutexGuard},
@@ -57,6 +60,8 @@ pub struct Upstream {
     routing: watch::Receiver<Routing>,
     initialized: watch::Receiver<bool>,
     passive: mpsc::Sender<PassiveSignal>,
+    /// Where views are handed to the event loop, which owns them.
+    views: mpsc::UnboundedSender<View>,
     /// Kept for its stats and so its tasks run as long as the cluster does.
     source: Box<dyn DiscoverySource>,
     outlier_detection: bool,
@@ -104,11 +109,13 @@ impl Upstream {
             .as_ref()
             .map_or(IDLE_SWEEP, |o| o.interval);
         let (init_tx, initialized) = watch::channel(false);
+        let (views, views_rx) = mpsc::unbounded_channel();
         let inputs = Inputs {
             hosts: source.updates(),
             // The cluster's one subscription, taken before its first hosts register probes.
             events: manager.subscribe(),
             passive: passive_rx,
+            views: views_rx,
         };
         let outputs = Outputs {
             routing: routing_tx,
@@ -121,6 +128,7 @@ impl Upstream {
             routing,
             initialized,
             passive,
+            views,
             source,
             outlier_detection,
             task,
@@ -135,6 +143,23 @@ impl Upstream {
     /// The routable hosts, updated on every change.
     pub fn routing(&self) -> watch::Receiver<Routing> {
         self.routing.clone()
+    }
+
+    /// The routable hosts as `narrow` makes them, updated by the cluster's event loop whenever
+    /// the cluster's routing changes (the view changes only when the narrowed routing does).
+    /// The loop forgets the view once every receiver of it is dropped; when the cluster stops,
+    /// the view keeps its last value and `changed()` on it fails.
+    pub fn routing_view<F>(&self, narrow: F) -> watch::Receiver<Routing>
+    where
+        F: Fn(&Routing) -> Routing + Send + 'static,
+    {
+        let (tx, rx) = watch::channel(narrow(&self.routing.borrow()));
+        // A loop that has ended drops the view, as it would have at its end.
+        let _ = self.views.send(View {
+            tx,
+            narrow: Box::new(narrow),
+        });
+        rx
     }
 
     /// Becomes true once discovery has delivered its first result (for DNS: the first
@@ -188,11 +213,30 @@ impl Drop for Upstream {
 }
 
 /// What the event loop reads: the source's own channel, the cluster's subscription to health
-/// events, and the data path's passive signals.
+/// events, the data path's passive signals, and views to keep.
 struct Inputs {
     hosts: watch::Receiver<SourceUpdate>,
     events: broadcast::Receiver<HealthEvent>,
     passive: mpsc::Receiver<PassiveSignal>,
+    views: mpsc::UnboundedReceiver<View>,
+}
+
+/// A narrowed view of the cluster's routing ([`Upstream::routing_view`]).
+struct View {
+    tx: watch::Sender<Routing>,
+    narrow: Box<dyn Fn(&Routing) -> Routing + Send>,
+}
+
+impl View {
+    /// Shows `routing` narrowed; readers wake only when that differs from what they saw.
+    fn update(&self, routing: &Routing) {
+        let now = (self.narrow)(routing);
+        self.tx.send_if_modified(|old| {
+            let changed = *old != now;
+            *old = now;
+            changed
+        });
+    }
 }
 
 /// What the event loop publishes.
@@ -207,7 +251,9 @@ async fn run(health: Arc<Mutex<ClusterHealth>>, inputs: Inputs, out: Outputs, sw
         mut hosts,
         mut events,
         mut passive,
+        views: mut new_views,
     } = inputs;
+    let mut views: Vec<View> = Vec::new();
     let lock = || {
         health
             .lock()
@@ -224,8 +270,12 @@ async fn run(health: Arc<Mutex<ClusterHealth>>, inputs: Inputs, out: Outputs, sw
     // so for them the routing is neither recomputed nor compared.
     let mut changed = true;
     loop {
-        if changed {
-            publish(&lock(), &out, hosts.borrow().initialized);
+        if changed && publish(&lock(), &out, hosts.borrow().initialized) {
+            // Views whose readers are all gone are forgotten here and when a view is added.
+            views.retain(|view| !view.tx.is_closed());
+            for view in &views {
+                view.update(&out.routing.borrow());
+            }
         }
         changed = true;
         tokio::select! {
@@ -246,17 +296,24 @@ async fn run(health: Arc<Mutex<ClusterHealth>>, inputs: Inputs, out: Outputs, sw
                 Err(broadcast::error::RecvError::Closed) => return,
             },
             Some(signal) = passive.recv() => changed = on_passive(&mut lock(), signal),
+            Some(view) = new_views.recv() => {
+                // Made from the routing when it was asked for, which may have moved since.
+                view.update(&out.routing.borrow());
+                views.retain(|view| !view.tx.is_closed());
+                views.push(view);
+                changed = false;
+            }
             _ = ticker.tick() => { lock().outlier_tick(); }
         }
     }
 }
 
 /// Sends the routing when it changed, and `initialized` once discovery delivered and no host
-/// waits for its first health check.
-fn publish(h: &ClusterHealth, out: &Outputs, discovered: bool) {
+/// waits for its first health check. Returns whether the routing changed.
+fn publish(h: &ClusterHealth, out: &Outputs, discovered: bool) -> bool {
     let now = h.routing();
     let pending = h.host_statuses().iter().any(|s| s.flags.pending_active_hc);
-    out.routing.send_if_modified(|old| {
+    let changed = out.routing.send_if_modified(|old| {
         let changed = *old != now;
         *old = now;
         changed
@@ -264,6 +321,7 @@ fn publish(h: &ClusterHealth, out: &Outputs, discovered: bool) {
     if !*out.initialized.borrow() && discovered && !pending {
         out.initialized.send_replace(true);
     }
+    changed
 }
 
 /// Applies a passive signal; returns whether it may have changed the routing (a failure may
@@ -296,7 +354,7 @@ mod tests {
         config::{ClusterType, Config},
         discovery::Host,
         health::{
-            CheckOutcome, ExtremeRandom, FailureKind,
+            CheckOutcome, ExtremeRandom, FailureKind, PriorityRouting,
             tests::support::{Script, ScriptFactory, addr, secs},
         },
     };
@@ -389,6 +447,81 @@ mod tests {
 
     fn routable(rx: &watch::Receiver<Routing>) -> Vec<std::net::SocketAddr> {
         rx.borrow().routable().iter().map(|h| h.addr).collect()
+    }
+
+    /// `routing` with only the hosts `keep` admits, at every priority.
+    fn only(routing: &Routing, keep: &[std::net::SocketAddr]) -> Routing {
+        let admit = |hosts: &[Host]| -> Vec<Host> {
+            hosts
+                .iter()
+                .filter(|h| keep.contains(&h.addr))
+                .cloned()
+                .collect()
+        };
+        Routing {
+            priorities: routing
+                .priorities
+                .iter()
+                .map(|p| PriorityRouting {
+                    healthy: admit(&p.healthy),
+                    degraded: admit(&p.degraded),
+                    all: admit(&p.all),
+                    ..p.clone()
+                })
+                .collect(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_view_follows_the_routing_narrowed_and_is_forgotten_when_dropped() {
+        let c = cluster("clusters:\n  - name: c\n");
+        let mut first = SourceUpdate::default();
+        first.advance(vec![Host::new(addr(1)), Host::new(addr(2))]);
+        let (hosts, _) = watch::channel(first);
+        let up = Upstream::with_source(
+            &c,
+            &HealthCheckManager::default(),
+            Box::new(Scripted(hosts.clone())),
+        )
+        .unwrap();
+        let routing = up.routing();
+        // The narrowing function holds `alive`: once the loop forgets the view, it is dropped.
+        let alive = Arc::new(());
+        let held = Arc::clone(&alive);
+        let mut view = up.routing_view(move |r| {
+            let _ = &held;
+            only(r, &[addr(2), addr(3)])
+        });
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(routable(&routing), vec![addr(1), addr(2)]);
+        assert_eq!(routable(&view), vec![addr(2)], "narrowed");
+
+        view.borrow_and_update();
+        hosts.send_modify(|u| u.advance(vec![Host::new(addr(1)), Host::new(addr(3))]));
+        sleep(Duration::from_millis(10)).await;
+        assert!(view.has_changed().unwrap(), "readers are woken");
+        assert_eq!(routable(&routing), vec![addr(1), addr(3)]);
+        assert_eq!(routable(&view), vec![addr(3)], "follows the cluster");
+
+        view.borrow_and_update();
+        hosts.send_modify(|u| u.advance(vec![Host::new(addr(3)), Host::new(addr(4))]));
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(routable(&routing), vec![addr(3), addr(4)]);
+        assert!(
+            !view.has_changed().unwrap(),
+            "the narrowed routing did not change"
+        );
+
+        assert_eq!(Arc::strong_count(&alive), 2, "the loop keeps the view");
+        drop(view);
+        hosts.send_modify(|u| u.advance(vec![Host::new(addr(5))]));
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(routable(&routing), vec![addr(5)]);
+        assert_eq!(
+            Arc::strong_count(&alive),
+            1,
+            "a view without readers is forgotten"
+        );
     }
 
     #[tokio::test(start_paused = true)]

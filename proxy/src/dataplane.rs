@@ -9,6 +9,7 @@
 
 mod error;
 mod loader;
+mod maps;
 mod mounts;
 mod pair;
 mod pins;
@@ -18,6 +19,7 @@ mod runtime;
 pub use self::{
     error::DataplaneError,
     loader::{Dataplane, DataplaneOptions},
+    maps::{KERNEL_ONLY, KernelMaps, PairMaps, RuntimeMapSet, ServiceMaps},
     mounts::{cgroup2_mount, resolve_cgroup},
     pair::{PAIR_CREDIT, PairError, PairGuard, PairSide, PairSplicer},
     pins::RetiredPins,

@@ -142,11 +142,7 @@ fn proxy_mode_redirects_to_the_listener_which_finds_the_original_destination(#[c
     let (netns, cgroup, mut dp, vip, listener) = setup(&fam);
     dp.set_proxy_listener(listener)
         .expect("setting the listener");
-    let _listener = Listener::start(
-        &netns,
-        listener,
-        dp.original_destinations().expect("handle"),
-    );
+    let _listener = Listener::start(&netns, listener, dp.original_destinations());
     let report = LoopReport::parse(
         &InCgroup::spawn(Some(cgroup.path()), &netns, move || {
             serde_json::to_string(&tcp_loop(vip, 50, Duration::from_secs(20))).unwrap()
@@ -166,7 +162,7 @@ fn proxy_mode_redirects_to_the_listener_which_finds_the_original_destination(#[c
     assert_eq!(dp.counter("connect_proxy_redirected"), 50);
     assert_eq!(dp.counter("orig_dst_rekeyed"), 50);
     assert_eq!(
-        wait_empty(&dp.original_destinations().unwrap()),
+        wait_empty(&dp.original_destinations()),
         0,
         "entries left after close"
     );
@@ -201,11 +197,7 @@ fn original_destinations_do_not_grow_over_many_connections() {
     widen_port_range(&netns);
     dp.set_proxy_listener(listener)
         .expect("setting the listener");
-    let _listener = Listener::start(
-        &netns,
-        listener,
-        dp.original_destinations().expect("handle"),
-    );
+    let _listener = Listener::start(&netns, listener, dp.original_destinations());
     let many = many();
     let started = Instant::now();
     let report = LoopReport::parse(
@@ -226,7 +218,7 @@ fn original_destinations_do_not_grow_over_many_connections() {
         Some(&many),
         "{report:?}"
     );
-    let left = wait_empty(&dp.original_destinations().unwrap());
+    let left = wait_empty(&dp.original_destinations());
     assert_eq!(
         left,
         0,

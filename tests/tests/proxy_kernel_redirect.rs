@@ -38,9 +38,7 @@ fn proxy_forwards_kernel_redirected_connections_to_the_cluster() {
         .expect("publishing");
     dp.set_proxy_listener(listener)
         .expect("setting the listener");
-    let orig = dp
-        .original_destinations()
-        .expect("original destinations handle");
+    let orig = dp.original_destinations();
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();

@@ -23,7 +23,7 @@ use proxy_relay::{
     RouteTable, Service, ServiceTable, SpliceControl, SpliceError, SpliceGuard, SpliceMode,
     Splicer,
 };
-use tokio::{net::TcpStream, sync::watch};
+use tokio::net::TcpStream;
 use tracing::{info, warn};
 
 use super::SharedDataplane;
@@ -44,9 +44,7 @@ pub async fn start(
     let (original_dst, splicer) = {
         let guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let dp = guard.as_ref().context("the data path is not attached")?;
-        let original_dst = dp
-            .original_destinations()
-            .context("opening the original-destination map")?;
+        let original_dst = dp.original_destinations();
         let splicer: Option<Arc<dyn Splicer>> = match proxy_config.splice {
             SpliceMode::Copy => None,
             SpliceMode::Kernel => Some(Arc::new(
@@ -153,7 +151,8 @@ fn cluster_service(
 }
 
 /// The hosts of one chain target: its cluster, narrowed to the target's subset and Consul's
-/// health rule when it has a filter or `OnlyPassing`.
+/// health rule when it has a filter or `OnlyPassing` (a view the cluster's event loop keeps
+/// current, [`Upstream::routing_view`]).
 fn target_handle(
     config: &Config,
     upstreams: &BTreeMap<String, Arc<Upstream>>,
@@ -167,33 +166,9 @@ fn target_handle(
     if target.filter.is_none() && !target.only_passing {
         return Some(handle);
     }
-    Some(handle.with_routing(
-        narrowed(upstream.routing(), target.clone()),
-        proxy.pool_idle_timeout,
-    ))
-}
-
-/// A routing feed that follows `source`, narrowed to `target`'s hosts. The forwarding task ends
-/// when the cluster stops or every reader is gone.
-fn narrowed(
-    mut source: watch::Receiver<proxy_core::health::Routing>,
-    target: TargetLeg,
-) -> watch::Receiver<proxy_core::health::Routing> {
-    let (tx, rx) = watch::channel(chain::target_routing(&target, &source.borrow_and_update()));
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                changed = source.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    tx.send_replace(chain::target_routing(&target, &source.borrow_and_update()));
-                }
-                () = tx.closed() => return,
-            }
-        }
-    });
-    rx
+    let target = target.clone();
+    let routing = upstream.routing_view(move |routing| chain::target_routing(&target, routing));
+    Some(handle.with_routing(routing, proxy.pool_idle_timeout))
 }
 
 /// The kernel's map (connect4/6 record the destination, sockops re-keys it by 4-tuple).

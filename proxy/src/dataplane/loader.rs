@@ -8,21 +8,18 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, SockHash},
     programs::{
         CgroupAttachMode, Program,
         links::{FdLink, PinnedLink},
     },
 };
-use proxy_common::{
-    abi::{maps, pins, programs},
-    service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey},
-    socket::SockTuple,
-};
+use proxy_common::abi::{maps, pins, programs};
 use tracing::{debug, info, warn};
 
 use super::{
-    DataplaneError, EBPF_OBJECT, mounts,
+    DataplaneError, EBPF_OBJECT,
+    maps::{self as kernel_maps, KernelMaps},
+    mounts,
     pair::PairSplicer,
     pins::{self as pin_files, RetiredPins},
     publish::Publisher,
@@ -160,27 +157,18 @@ impl Dataplane {
             })?;
             links.push((name, pinned));
         }
-        let publisher = Publisher::new(
-            take_map::<HashMap<MapData, ServiceKey, Service>>(&mut ebpf, maps::SERVICES)?,
-            take_map::<HashMap<MapData, SlotTableKey, SlotTable>>(&mut ebpf, maps::SLOTS)?,
-            take_map::<HashMap<MapData, u32, Backend>>(&mut ebpf, maps::BACKENDS)?,
-            opts.follow_sockets,
-        )?;
-        let runtime = RuntimeMaps::new(
-            take_map(&mut ebpf, maps::SETTINGS)?,
-            take_map(&mut ebpf, maps::COUNTERS)?,
-            take_map(&mut ebpf, maps::ORIG_DST)?,
-            take_map(&mut ebpf, maps::PASSIVE)?,
-            take_map(&mut ebpf, maps::PASSIVE_RUN)?,
-        );
-        let pair = match pair_attached {
-            Ok(()) => Ok(PairSplicer::new(
-                take_map(&mut ebpf, maps::PAIR_SOCKS)?,
-                take_map(&mut ebpf, maps::PAIR_PEER)?,
-                take_map(&mut ebpf, maps::PAIR_FLOW)?,
-                take_map(&mut ebpf, maps::PAIR_GRANT)?,
-            )),
-            Err(why) => Err(why),
+        // Every program is loaded: the maps can leave the object.
+        let KernelMaps {
+            service,
+            runtime,
+            pair: pair_maps,
+        } = KernelMaps::take(&mut ebpf)?;
+        let publisher = Publisher::new(service, opts.follow_sockets)?;
+        let runtime = RuntimeMaps::new(runtime);
+        let pair = match (pair_attached, pair_maps) {
+            (Ok(()), Ok(maps)) => Ok(PairSplicer::new(maps)),
+            (Ok(()), Err(err)) => return Err(err),
+            (Err(why), _) => Err(why),
         };
         info!(cgroup = %opts.cgroup.display(), pins = %pin_dir.display(), adopted = publisher.adopted(), sockops = opts.follow_sockets, "data path attached");
         Ok(Self {
@@ -246,10 +234,10 @@ impl Dataplane {
         self.runtime.original_destinations().lookup(peer, local)
     }
 
-    /// A handle on the original destinations for another task (opened from the pins, so it does
+    /// A handle on the original destinations for another task (it shares the map, so it does
     /// not borrow the data path).
-    pub fn original_destinations(&self) -> Result<OriginalDestinations, DataplaneError> {
-        OriginalDestinations::open_pinned(&self.pin_dir)
+    pub fn original_destinations(&self) -> OriginalDestinations {
+        self.runtime.original_destinations().clone()
     }
 
     /// The kernel's passive health signal: per backend, cumulative connect failures and resets.
@@ -355,21 +343,7 @@ fn attach_splice(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<(), DataplaneError> 
     let name = programs::SPLICE;
     let err = |source| DataplaneError::Program { name, source };
     // Borrowed, not taken: the programs loaded after this one refer to the map by its fd.
-    let map = ebpf.map(maps::SPLICE).ok_or(DataplaneError::Map {
-        name: maps::SPLICE,
-        source: aya::maps::MapError::InvalidName {
-            name: maps::SPLICE.to_owned(),
-        },
-    })?;
-    let map = SockHash::<_, SockTuple>::try_from(map).map_err(|source| DataplaneError::Map {
-        name: maps::SPLICE,
-        source,
-    })?;
-    let map_fd = map.fd().try_clone().map_err(|source| DataplaneError::Io {
-        what: "duplicating the sockhash fd of",
-        path: pin_dir.join(maps::SPLICE),
-        source,
-    })?;
+    let map_fd = kernel_maps::sockhash_fd(ebpf, maps::SPLICE, pin_dir)?;
     let Some(Program::SkMsg(program)) = ebpf.program_mut(name) else {
         return Err(err(aya::programs::ProgramError::NotLoaded));
     };
@@ -389,21 +363,7 @@ fn attach_splice(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<(), DataplaneError> 
 fn attach_pair(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<(), DataplaneError> {
     let name = programs::PAIR;
     let err = |source| DataplaneError::Program { name, source };
-    let map = ebpf.map(maps::PAIR_SOCKS).ok_or(DataplaneError::Map {
-        name: maps::PAIR_SOCKS,
-        source: aya::maps::MapError::InvalidName {
-            name: maps::PAIR_SOCKS.to_owned(),
-        },
-    })?;
-    let map = SockHash::<_, SockTuple>::try_from(map).map_err(|source| DataplaneError::Map {
-        name: maps::PAIR_SOCKS,
-        source,
-    })?;
-    let map_fd = map.fd().try_clone().map_err(|source| DataplaneError::Io {
-        what: "duplicating the sockhash fd of",
-        path: pin_dir.join(maps::PAIR_SOCKS),
-        source,
-    })?;
+    let map_fd = kernel_maps::sockhash_fd(ebpf, maps::PAIR_SOCKS, pin_dir)?;
     let Some(Program::SkSkb(program)) = ebpf.program_mut(name) else {
         return Err(err(aya::programs::ProgramError::NotLoaded));
     };
@@ -418,17 +378,4 @@ fn attach_pair(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<(), DataplaneError> {
         return Err(DataplaneError::PinProgram { name, path, source });
     }
     Ok(())
-}
-
-fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError>
-where
-    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
-{
-    let map = ebpf.take_map(name).ok_or(DataplaneError::Map {
-        name,
-        source: aya::maps::MapError::InvalidName {
-            name: name.to_owned(),
-        },
-    })?;
-    T::try_from(map).map_err(|source| DataplaneError::Map { name, source })
 }

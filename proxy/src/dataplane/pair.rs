@@ -18,31 +18,27 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use aya::maps::{HashMap, MapData, SockHash};
 use proxy_common::{
     abi::maps::{PAIR_FLOW, PAIR_GRANT, PAIR_PEER, PAIR_SOCKS},
     socket::{PairFlow, PairGrant, SockTuple},
 };
 use tracing::{debug, warn};
 
-use super::{DataplaneError, publish::backend_of};
+use super::{
+    DataplaneError,
+    maps::{KernelMaps, PairMaps},
+    publish::backend_of,
+};
 
 /// Bytes the kernel may queue for one direction of a spliced pair beyond what the sending
 /// socket took: the credit granted at splicing and topped up to after every catch-up. Larger
 /// means fewer trips through the daemon on long transfers, smaller less memory per slow peer.
 pub const PAIR_CREDIT: u64 = 4 << 20;
 
-struct Maps {
-    socks: SockHash<MapData, SockTuple>,
-    peer: SockHash<MapData, u64>,
-    flow: HashMap<MapData, u64, PairFlow>,
-    grant: HashMap<MapData, u64, PairGrant>,
-}
-
 /// Hands proxied socket pairs to the kernel. Cheap to clone; usable from many tasks.
 #[derive(Clone)]
 pub struct PairSplicer {
-    maps: Arc<Mutex<Maps>>,
+    maps: Arc<Mutex<PairMaps>>,
 }
 
 /// Why a pair could not be spliced; the caller copies in userspace instead.
@@ -66,19 +62,9 @@ pub enum PairError {
 }
 
 impl PairSplicer {
-    pub(super) fn new(
-        socks: SockHash<MapData, SockTuple>,
-        peer: SockHash<MapData, u64>,
-        flow: HashMap<MapData, u64, PairFlow>,
-        grant: HashMap<MapData, u64, PairGrant>,
-    ) -> Self {
+    pub(super) fn new(maps: PairMaps) -> Self {
         Self {
-            maps: Arc::new(Mutex::new(Maps {
-                socks,
-                peer,
-                flow,
-                grant,
-            })),
+            maps: Arc::new(Mutex::new(maps)),
         }
     }
 
@@ -86,12 +72,7 @@ impl PairSplicer {
     /// program; a splicer opened on an instance whose attach failed would splice nothing, so
     /// prefer [`Dataplane::pair_splicer`](super::Dataplane::pair_splicer).
     pub fn open_pinned(pin_dir: &Path) -> Result<Self, DataplaneError> {
-        Ok(Self::new(
-            super::runtime::from_pin(pin_dir, PAIR_SOCKS)?,
-            super::runtime::from_pin(pin_dir, PAIR_PEER)?,
-            super::runtime::from_pin(pin_dir, PAIR_FLOW)?,
-            super::runtime::from_pin(pin_dir, PAIR_GRANT)?,
-        ))
+        KernelMaps::open_pinned(pin_dir)?.pair.map(Self::new)
     }
 
     /// Splices `client` and `upstream` (both connected TCP sockets of this process): from now
@@ -122,10 +103,10 @@ impl PairSplicer {
             // server that answers and closes at once leaves ESTABLISHED quickly, and the
             // kernel takes only ESTABLISHED sockets into a sockhash.) Dropping `guard` on an
             // error takes out whatever went in.
-            maps.peer
+            maps.pair_peer
                 .insert(cc, upstream.as_raw_fd(), 0)
                 .map_err(err(PAIR_PEER))?;
-            maps.peer
+            maps.pair_peer
                 .insert(uc, client.as_raw_fd(), 0)
                 .map_err(err(PAIR_PEER))?;
             let first = PairGrant {
@@ -133,15 +114,17 @@ impl PairSplicer {
                 drained: 0,
             };
             for key in guard.cookies {
-                maps.flow
+                maps.pair_flow
                     .insert(key, PairFlow::default(), 0)
                     .map_err(err(PAIR_FLOW))?;
-                maps.grant.insert(key, first, 0).map_err(err(PAIR_GRANT))?;
+                maps.pair_grant
+                    .insert(key, first, 0)
+                    .map_err(err(PAIR_GRANT))?;
             }
-            maps.socks
+            maps.pair_socks
                 .insert(c, client.as_raw_fd(), 0)
                 .map_err(err(PAIR_SOCKS))?;
-            maps.socks
+            maps.pair_socks
                 .insert(u, upstream.as_raw_fd(), 0)
                 .map_err(err(PAIR_SOCKS))?;
         }
@@ -165,8 +148,8 @@ impl PairSplicer {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         (
-            maps.socks.keys().flatten().count(),
-            maps.peer.keys().flatten().count(),
+            maps.pair_socks.keys().flatten().count(),
+            maps.pair_peer.keys().flatten().count(),
         )
     }
 
@@ -177,8 +160,8 @@ impl PairSplicer {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         (
-            maps.flow.keys().flatten().count(),
-            maps.grant.keys().flatten().count(),
+            maps.pair_flow.keys().flatten().count(),
+            maps.pair_grant.keys().flatten().count(),
         )
     }
 }
@@ -186,7 +169,7 @@ impl PairSplicer {
 /// A spliced pair; dropping it takes the sockets out of the maps (drop it before closing them,
 /// so that a new connection reusing a 4-tuple is never removed by mistake).
 pub struct PairGuard {
-    maps: Arc<Mutex<Maps>>,
+    maps: Arc<Mutex<PairMaps>>,
     client: SockTuple,
     upstream: SockTuple,
     /// The client's and the upstream's socket cookies.
@@ -210,7 +193,7 @@ impl PairGuard {
             .maps
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        maps.flow
+        maps.pair_flow
             .get(&self.key(side), 0)
             .map_err(|source| PairError::Map {
                 name: PAIR_FLOW,
@@ -230,7 +213,7 @@ impl PairGuard {
             .maps
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        maps.grant
+        maps.pair_grant
             .insert(self.key(side), grant, 0)
             .map_err(|source| PairError::Map {
                 name: PAIR_GRANT,
@@ -248,14 +231,14 @@ impl Drop for PairGuard {
         // Disarm first, then forget the peers and the credit. A socket that already closed is
         // gone from both sockhashes (the kernel removed it): not an error.
         for key in [self.client, self.upstream] {
-            if let Err(err) = maps.socks.remove(&key) {
+            if let Err(err) = maps.pair_socks.remove(&key) {
                 debug!(%err, "pair socket already gone from the sockhash");
             }
         }
         for key in self.cookies {
-            let _ = maps.peer.remove(&key);
-            let _ = maps.flow.remove(&key);
-            let _ = maps.grant.remove(&key);
+            let _ = maps.pair_peer.remove(&key);
+            let _ = maps.pair_flow.remove(&key);
+            let _ = maps.pair_grant.remove(&key);
         }
     }
 }

@@ -31,7 +31,7 @@ use proxy_common::{
 use proxy_core::lb::{self, SlotHost};
 use tracing::{debug, info};
 
-use super::DataplaneError;
+use super::{DataplaneError, maps::ServiceMaps};
 use crate::sys::map_batch;
 
 /// Service flags whose connections sockops follows.
@@ -151,12 +151,12 @@ pub const RETIRE_GRACE: Duration = Duration::from_millis(50);
 impl Publisher {
     /// Wraps the maps; services already in them (pinned by a previous run) are adopted: they stay
     /// live until they are republished or removed by [`Publisher::sweep`].
-    pub(super) fn new(
-        services: HashMap<MapData, ServiceKey, Service>,
-        slots: HashMap<MapData, SlotTableKey, SlotTable>,
-        backends: HashMap<MapData, u32, Backend>,
-        follow_sockets: bool,
-    ) -> Result<Self, DataplaneError> {
+    pub(super) fn new(maps: ServiceMaps, follow_sockets: bool) -> Result<Self, DataplaneError> {
+        let ServiceMaps {
+            services,
+            slots,
+            backends,
+        } = maps;
         let mut live = BTreeMap::new();
         let mut next_service_id = 1;
         for entry in &services {

@@ -4,22 +4,27 @@
 //!
 //! [`RuntimeMaps`] works on the maps of a loaded [`Dataplane`](super::Dataplane), or on the pins
 //! of an instance whose daemon is gone ([`RuntimeMaps::open_pinned`]): counters and settings stay
-//! reachable after a crash, and a proxy in another task or process can open its own handle.
+//! reachable after a crash. The maps come from the typed handle [`KernelMaps`].
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::Path,
+    sync::Arc,
 };
 
-use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap};
+use aya::maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap};
 use proxy_common::{
-    abi::maps::{COUNTERS, ORIG_DST, PASSIVE, PASSIVE_RUN, SETTINGS},
+    abi::maps::{PASSIVE, SETTINGS},
     counters,
     service::{Backend, FAMILY_V4, FAMILY_V6, ServiceKey},
     socket::{PassiveCounts, SETTINGS_F_SPLICE, SETTINGS_KEY, Settings, SockTuple},
 };
 
-use super::{DataplaneError, publish::backend_of};
+use super::{
+    DataplaneError,
+    maps::{KernelMaps, RuntimeMapSet},
+    publish::backend_of,
+};
 
 /// What the kernel saw of one backend (summed over CPUs, cumulative since the maps were
 /// created; a consumer keeps the previous reading and acts on the difference).
@@ -36,21 +41,16 @@ pub struct PassiveReport {
     pub run: u64,
 }
 
-/// Original destinations of connections redirected to the proxy listener.
+/// Original destinations of connections redirected to the proxy listener. Cheap to clone (the
+/// clones share the map); usable from many tasks.
+#[derive(Clone)]
 pub struct OriginalDestinations {
-    map: HashMap<MapData, SockTuple, ServiceKey>,
+    map: Arc<HashMap<MapData, SockTuple, ServiceKey>>,
 }
 
 impl OriginalDestinations {
-    /// Opens the pinned map of the instance at `pin_dir` (e.g. for the proxy's own task).
-    pub fn open_pinned(pin_dir: &Path) -> Result<Self, DataplaneError> {
-        Ok(Self {
-            map: from_pin(pin_dir, ORIG_DST)?,
-        })
-    }
-
-    pub(super) fn new(map: HashMap<MapData, SockTuple, ServiceKey>) -> Self {
-        Self { map }
+    fn new(map: HashMap<MapData, SockTuple, ServiceKey>) -> Self {
+        Self { map: Arc::new(map) }
     }
 
     /// The service address a client dialled before connect4/6 redirected it to the proxy:
@@ -83,13 +83,14 @@ pub struct RuntimeMaps {
 }
 
 impl RuntimeMaps {
-    pub(super) fn new(
-        settings: HashMap<MapData, u32, Settings>,
-        counters: PerCpuArray<MapData, u64>,
-        orig_dst: HashMap<MapData, SockTuple, ServiceKey>,
-        passive: PerCpuHashMap<MapData, Backend, PassiveCounts>,
-        passive_run: HashMap<MapData, Backend, u64>,
-    ) -> Self {
+    pub(super) fn new(maps: RuntimeMapSet) -> Self {
+        let RuntimeMapSet {
+            settings,
+            counters,
+            orig_dst,
+            passive,
+            passive_run,
+        } = maps;
         Self {
             settings,
             counters,
@@ -99,15 +100,10 @@ impl RuntimeMaps {
         }
     }
 
-    /// Opens the pinned maps of the instance at `pin_dir`, without loading any program.
+    /// Opens the pinned maps of the instance at `pin_dir`, without loading any program
+    /// ([`KernelMaps::open_pinned`]).
     pub fn open_pinned(pin_dir: &Path) -> Result<Self, DataplaneError> {
-        Ok(Self::new(
-            from_pin(pin_dir, SETTINGS)?,
-            from_pin(pin_dir, COUNTERS)?,
-            from_pin(pin_dir, ORIG_DST)?,
-            from_pin(pin_dir, PASSIVE)?,
-            from_pin(pin_dir, PASSIVE_RUN)?,
-        ))
+        Ok(Self::new(KernelMaps::open_pinned(pin_dir)?.runtime))
     }
 
     /// Counters summed over CPUs, with their names (`proxy_common::counters::NAMES`).
@@ -238,16 +234,6 @@ pub(super) fn socket_addr(words: [u32; 4], port_be: u16, family: u8) -> SocketAd
         IpAddr::V4(Ipv4Addr::from(words[0].to_ne_bytes()))
     };
     SocketAddr::new(ip, u16::from_be(port_be))
-}
-
-pub(super) fn from_pin<T>(pin_dir: &Path, name: &'static str) -> Result<T, DataplaneError>
-where
-    T: TryFrom<Map, Error = MapError>,
-{
-    let map = MapData::from_pin(pin_dir.join(name))
-        .and_then(Map::from_map_data)
-        .map_err(|source| DataplaneError::Map { name, source })?;
-    T::try_from(map).map_err(|source| DataplaneError::Map { name, source })
 }
 
 #[cfg(test)]

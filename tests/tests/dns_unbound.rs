@@ -253,3 +253,29 @@ async fn nxdomain_is_zero_hosts_and_no_server_is_a_failure() {
     assert!(cluster.stats().values().update_failure >= 1);
     assert!(cluster.current().hosts.is_empty());
 }
+
+/// A name with more records than a UDP answer holds: unbound answers with the truncation bit,
+/// and the resolver asks again over TCP (as c-ares does) instead of never resolving.
+#[tokio::test]
+async fn a_truncated_answer_is_asked_again_over_tcp() {
+    let records: Vec<String> = (0..1000u32)
+        .map(|i| format!("big.svc.test. 30 IN A 127.1.{}.{}", i / 250, i % 250 + 1))
+        .collect();
+    let refs: Vec<&str> = records.iter().map(String::as_str).collect();
+    let server = Unbound::start(&refs);
+    let cluster = strict(
+        &server,
+        "big.svc.test",
+        settings(&server, Duration::from_millis(200)),
+    );
+    let mut updates = cluster.updates();
+    let all = |update: &Update| update.initialized && update.hosts.len() == 1000;
+    let resolved = tokio::time::timeout(WAIT, updates.wait_for(all))
+        .await
+        .is_ok_and(|r| r.is_ok());
+    assert!(
+        resolved,
+        "not all 1000 records arrived; last: {} hosts",
+        updates.borrow().hosts.len()
+    );
+}

@@ -1,4 +1,5 @@
-//! [`DnsResolve`] on hickory-resolver: configurable UDP name servers and no response cache, so
+//! [`DnsResolve`] on hickory-resolver: configurable name servers (UDP, and TCP for truncated
+//! answers) and no response cache, so
 //! every refresh asks the server and sees TTL and record changes at once.
 //!
 //! hickory's cache clamps record TTLs to its `positive_max_ttl`, so limiting the cache by TTL
@@ -34,16 +35,20 @@ pub struct HickoryResolver {
 pub struct BuildResolverError(#[source] NetError);
 
 impl HickoryResolver {
-    /// A resolver for `settings.dns_resolvers` (UDP), or the system's name servers when empty.
+    /// A resolver for `settings.dns_resolvers` (UDP, TCP on truncation), or the system's name
+    /// servers when empty.
     pub fn new(settings: &DnsSettings) -> Result<Self, BuildResolverError> {
         let provider = TokioRuntimeProvider::default();
         let mut builder = if settings.dns_resolvers.is_empty() {
             TokioResolver::builder(provider).map_err(BuildResolverError)?
         } else {
+            // UDP first, TCP when an answer comes back truncated (as c-ares does): a name with
+            // more records than a UDP answer holds would otherwise never resolve.
             let servers = settings.dns_resolvers.iter().map(|server| {
-                let mut udp = ConnectionConfig::udp();
+                let (mut udp, mut tcp) = (ConnectionConfig::udp(), ConnectionConfig::tcp());
                 udp.port = server.0.port();
-                NameServerConfig::new(server.0.ip(), true, vec![udp])
+                tcp.port = server.0.port();
+                NameServerConfig::new(server.0.ip(), true, vec![udp, tcp])
             });
             let mut builder = TokioResolver::builder_with_config(
                 ResolverConfig::from_name_servers(servers.collect()),

@@ -50,6 +50,10 @@ const NACK_CODE: i32 = 13;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Requests queued towards the server; one per response at most, so a few suffice.
 const REQUEST_QUEUE: usize = 8;
+/// The largest xDS response this daemon decodes: 64 MiB, about 4 million endpoints. gRPC's
+/// default of 4 MiB (about 300,000) is a size real clusters reach, and a response over the
+/// limit cannot even be NACKed (its nonce is in the part not read).
+pub(crate) const MAX_MESSAGE: usize = 64 << 20;
 
 /// Why a stream ended.
 #[derive(Debug, Error)]
@@ -65,10 +69,32 @@ pub(crate) enum StreamError {
     },
     /// The server ended the stream with an error status.
     #[error("the control plane ended the stream")]
-    Status(#[from] tonic::Status),
+    Status(#[source] tonic::Status),
+    /// A response was over [`MAX_MESSAGE`]: this daemon's limit, not the server's fault.
+    #[error(
+        "an xDS response was larger than this daemon decodes ({} MiB); the hosts are kept. Fewer endpoints per resource, or a delta stream, keeps responses under it ({detail})",
+        MAX_MESSAGE >> 20
+    )]
+    TooLarge {
+        /// gRPC's words (the size found).
+        detail: String,
+    },
     /// The server closed the stream.
     #[error("the control plane closed the stream")]
     Closed,
+}
+
+impl From<tonic::Status> for StreamError {
+    fn from(status: tonic::Status) -> Self {
+        if status.code() == tonic::Code::OutOfRange
+            && status.message().contains("message length too large")
+        {
+            return Self::TooLarge {
+                detail: status.message().to_owned(),
+            };
+        }
+        Self::Status(status)
+    }
 }
 
 /// A gRPC subscription's fixed parts.
@@ -129,11 +155,13 @@ async fn run_sotw(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backof
     let outbound = tonic::Request::new(ReceiverStream::new(rx));
     let response = match sub.api {
         GrpcApi::Aggregated => {
-            let mut client = AggregatedDiscoveryServiceClient::new(channel);
+            let mut client = AggregatedDiscoveryServiceClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE);
             client.stream_aggregated_resources(outbound).await
         }
         GrpcApi::Endpoint => {
             EndpointDiscoveryServiceClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE)
                 .stream_endpoints(outbound)
                 .await
         }
@@ -189,11 +217,13 @@ async fn run_delta(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backo
     let outbound = tonic::Request::new(ReceiverStream::new(rx));
     let response = match sub.api {
         GrpcApi::Aggregated => {
-            let mut client = AggregatedDiscoveryServiceClient::new(channel);
+            let mut client = AggregatedDiscoveryServiceClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE);
             client.delta_aggregated_resources(outbound).await
         }
         GrpcApi::Endpoint => {
             EndpointDiscoveryServiceClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE)
                 .delta_endpoints(outbound)
                 .await
         }

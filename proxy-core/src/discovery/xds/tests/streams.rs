@@ -337,3 +337,58 @@ async fn unreachable_server_counts_failures_and_initializes() {
             .any(|(name, value)| name == "cluster.web.update_failure" && *value >= 2)
     );
 }
+
+/// A response over gRPC's default 4 MiB (300,000 endpoints) is decoded and ACKed, as the limit
+/// this daemon sets allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_over_grpcs_default_limit_is_accepted() {
+    use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+
+    use super::fixtures::{endpoint, locality};
+    let mut server = FakeServer::start().await;
+    let client = client(&server, GrpcApi::Aggregated, false);
+    let mut updates = client.updates("web").unwrap();
+    let stream = sotw_stream(&mut server).await;
+    let _ = server.next_sotw("ads").await;
+    let endpoints: Vec<_> = (0..300_000u32)
+        .map(|i| {
+            endpoint(
+                &format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255),
+                80,
+            )
+        })
+        .collect();
+    let big = ClusterLoadAssignment {
+        cluster_name: "web".into(),
+        endpoints: vec![locality(0, endpoints)],
+        ..Default::default()
+    };
+    let response = sotw("1", "n1", &[big]);
+    assert!(
+        prost::Message::encoded_len(&response) > 4 << 20,
+        "the response must exceed gRPC's default limit"
+    );
+    stream.send(Ok(response)).await.unwrap();
+    let ack = server.next_sotw("ads").await;
+    assert_eq!((ack.version_info.as_str(), ack.error_detail), ("1", None));
+    wait_for(&mut updates, "300,000 hosts", |u| u.hosts.len() == 300_000).await;
+}
+
+#[test]
+fn an_oversized_response_is_reported_as_this_daemons_limit() {
+    use crate::discovery::xds::grpc::{MAX_MESSAGE, StreamError};
+    // tonic's words when a response is over the decoding limit.
+    let status = Status::out_of_range(format!(
+        "Error, decoded message length too large: found 70000000 bytes, the limit is: {MAX_MESSAGE} bytes"
+    ));
+    let error = StreamError::from(status);
+    assert!(matches!(error, StreamError::TooLarge { .. }), "{error:?}");
+    let text = error.to_string();
+    assert!(
+        text.contains("larger than this daemon decodes (64 MiB)"),
+        "{text}"
+    );
+    assert!(text.contains("found 70000000 bytes"), "{text}");
+    let other = StreamError::from(Status::unavailable("gone"));
+    assert!(matches!(other, StreamError::Status(_)), "{other:?}");
+}

@@ -7,6 +7,8 @@
 
 mod cluster;
 mod error;
+mod file;
+pub use self::file::{MAX_FILE, read_config_file};
 pub mod locate;
 pub mod proxy;
 mod service;
@@ -142,7 +144,7 @@ impl Default for Admin {
 impl Config {
     /// Parses and validates a configuration file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = read_config_file(path).map_err(|source| ConfigError::Read {
             file: path.to_owned(),
             source,
         })?;

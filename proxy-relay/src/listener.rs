@@ -199,10 +199,14 @@ async fn original_destination(
     shared: &Shared,
 ) -> io::Result<(Client, Option<OrigDstAddr>)> {
     let config = &shared.config;
-    let (stream, dst) = if config.proxy_protocol == ProxyProtocolMode::Off {
-        let dst = nat_or_map(&stream, client, local, shared);
-        (stream, dst)
-    } else {
+    // A header is read only from a trusted peer: it names where the proxy connects. Any other
+    // peer is served only if the kernel (or NAT) recorded its destination.
+    let trusted = config.proxy_protocol != ProxyProtocolMode::Off
+        && config
+            .proxy_protocol_trusted_sources
+            .iter()
+            .any(|net| net.contains(client.0.ip()));
+    let (stream, dst) = if trusted {
         let mut stream = stream.register()?;
         let header = proxy_protocol::read_header(
             &mut stream,
@@ -219,6 +223,9 @@ async fn original_destination(
             }
         };
         (Client::Registered(stream), dst)
+    } else {
+        let dst = nat_or_map(&stream, client, local, shared);
+        (stream, dst)
     };
     Ok((stream, not_self(dst, shared)))
 }

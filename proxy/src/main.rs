@@ -68,7 +68,7 @@ fn main() -> ExitCode {
                 })
             };
             let result = overrides().and_then(|o| {
-                let text = std::fs::read_to_string(&entries)
+                let text = proxy_core::config::read_config_file(&entries)
                     .map_err(|e| anyhow::anyhow!("{}: {e}", entries.display()))?;
                 proxy_chain::compile_json_cli(&text, &service, &datacenter, o)
                     .map_err(anyhow::Error::from)

@@ -21,8 +21,8 @@ use aya_obj::{
     maps::{LegacyMap, PinningType, bpf_map_def},
 };
 use integration_tests::kernel::{
-    BannerServers, Daemon, InCgroup, InProcess, LoopReport, Netns, PinDir, TestCgroup,
-    framed_exchange, require_root, skip_without_dataplane, tcp_loop, unique,
+    BannerServers, Daemon, InCgroup, InProcess, LoopReport, Netns, PinDir, TempDir, TestCgroup,
+    framed_exchange, free_port, proxy_bin, require_root, skip_without_dataplane, tcp_loop, unique,
 };
 use proxy::dataplane::RuntimeMaps;
 use proxy_common::{
@@ -377,5 +377,58 @@ fn stray_signals_are_logged_and_do_not_stop_the_daemon() {
         "clean exit on SIGTERM:\n{}",
         daemon.log_text()
     );
+    assert!(!dir.join(maps::SERVICES).exists(), "a clean stop unpins");
+}
+
+/// One daemon per instance: a second one on the same instance exits non-zero with a clear
+/// error before it touches anything, and the first keeps its pins and stops cleanly.
+#[test]
+fn a_second_daemon_on_the_same_instance_is_refused() {
+    require_root();
+    if skip_without_dataplane("a_second_daemon_on_the_same_instance_is_refused") {
+        return;
+    }
+    let cgroup = TestCgroup::new();
+    let instance = unique("lk");
+    let dir = PathBuf::from("/sys/fs/bpf").join(&instance);
+    let _pin_guard = PinDir(dir.clone());
+    let mut first = Daemon::start(&config(&instance, cgroup.path()));
+    let tmp = TempDir::new();
+    let path = tmp.0.join("second.yaml");
+    let text = config(&instance, cgroup.path()).replace("{admin}", &free_port().to_string());
+    std::fs::write(&path, text).unwrap();
+    let mut second = std::process::Command::new(proxy_bin())
+        .args(["run", "--config"])
+        .arg(&path)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting the second daemon");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = second.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = second.kill();
+            let _ = second.wait();
+            panic!("the second daemon kept running on a busy instance");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{status}: {stderr}");
+    assert!(
+        stderr.contains("is in use by another running daemon"),
+        "{stderr}"
+    );
+    assert_eq!(first.get("/ready").map(|(code, _)| code), Some(200));
+    assert!(
+        dir.join(maps::SERVICES).exists(),
+        "the first daemon's pins stay"
+    );
+    assert!(first.stop(), "clean exit on SIGTERM:\n{}", first.log_text());
     assert!(!dir.join(maps::SERVICES).exists(), "a clean stop unpins");
 }

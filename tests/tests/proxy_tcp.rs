@@ -197,6 +197,7 @@ async fn proxy_protocol_v1_and_v2_carry_the_destination(driver: EventLoop) {
     let server = TcpServer::start().await;
     let config = ProxyConfig {
         proxy_protocol: ProxyProtocolMode::Any,
+        proxy_protocol_trusted_sources: vec!["127.0.0.0/8".parse().unwrap()],
         listeners: vec!["127.0.0.1:0".parse().unwrap()],
         ..config(driver)
     };
@@ -534,6 +535,39 @@ async fn a_connect_that_hangs_times_out_and_resets_the_client(driver: EventLoop)
     drop((full, queued));
 }
 
+/// A PROXY header from a peer outside `proxy_protocol_trusted_sources` is not believed (it
+/// would make the proxy connect wherever it says, to the admin port, say): such a peer is served
+/// only where the kernel recorded its destination, and the header's target sees nothing.
+async fn proxy_protocol_headers_from_untrusted_peers_are_not_believed(driver: EventLoop) {
+    let target = TcpServer::start().await;
+    let recorded = TcpServer::start().await;
+    let config = ProxyConfig {
+        proxy_protocol: ProxyProtocolMode::Any,
+        proxy_protocol_trusted_sources: vec!["192.0.2.0/24".parse().unwrap()],
+        ..config(driver)
+    };
+    let proxy = TestProxy::start(config, passthrough()).await;
+    // Not recorded by the kernel: a header naming `target` is refused, whatever it says.
+    let v2 = encode_v2("127.0.0.9:40001".parse().unwrap(), target.addr);
+    if let Ok(mut c) = tokio::net::TcpStream::connect(proxy.addr).await {
+        let _ = c.write_all(&[v2.as_slice(), b"payload"].concat()).await;
+        let mut b = [0u8; 1];
+        let r = tokio::time::timeout(WAIT, c.read(&mut b))
+            .await
+            .expect("closed in time");
+        assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+    }
+    proxy.wait_stat("downstream_cx_no_original_dst", 1).await;
+    assert!(!target.accepts_within(Duration::from_millis(200)).await);
+    // Recorded by the kernel: relayed there, header bytes and all (they are the client's data).
+    let mut c = proxy.connect(recorded.addr).await;
+    c.write_all(b"plain").await.unwrap();
+    c.shutdown().await.unwrap();
+    let mut up = recorded.accept().await;
+    assert_eq!(read_to_end(&mut up).await.unwrap(), b"plain");
+    assert_eq!(proxy.stat("downstream_cx_proxy_proto_error"), 0);
+}
+
 /// What the client sends before the proxy has even connected upstream arrives first, intact.
 async fn bytes_sent_at_once_arrive_first(driver: EventLoop) {
     let server = TcpServer::start().await;
@@ -670,6 +704,7 @@ through_both_drivers!(
     health_failure_closes_connections_only_when_configured,
     a_connect_that_hangs_times_out_and_resets_the_client,
     bytes_sent_at_once_arrive_first,
+    proxy_protocol_headers_from_untrusted_peers_are_not_believed,
     upstream_half_close_leaves_the_client_sending,
     a_cluster_without_healthy_hosts_refuses,
     a_huge_connect_timeout_waits_and_serves_on,

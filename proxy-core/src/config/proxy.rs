@@ -72,11 +72,18 @@ pub struct ProxyConfig {
     /// entry, ask the socket for `SO_ORIGINAL_DST` / `IP6T_SO_ORIGINAL_DST`. Off by default.
     #[serde(default)]
     pub iptables_redirect: bool,
-    /// Expect a PROXY protocol header on every connection, which then carries the original
-    /// destination: `off` (default), `v1`, `v2` or `any`. A connection without a valid header is
-    /// refused.
+    /// Expect a PROXY protocol header on connections from `proxy_protocol_trusted_sources`,
+    /// which then carries the original destination: `off` (default), `v1`, `v2` or `any`. A
+    /// connection from a trusted source without a valid header is refused; one from any other
+    /// peer is served only if the kernel (or NAT) recorded its destination, as without this.
     #[serde(default)]
     pub proxy_protocol: ProxyProtocolMode,
+    /// The peers whose PROXY protocol headers are believed (addresses or CIDRs, e.g. the load
+    /// balancer in front). Required with `proxy_protocol`: a header names where the daemon
+    /// connects, so a peer that may send one, a local process included, could make it connect
+    /// anywhere. Loopback is not trusted unless listed.
+    #[serde(default)]
+    pub proxy_protocol_trusted_sources: Vec<Cidr>,
     /// Time a PROXY protocol header may take to arrive. Default 5 s.
     #[serde(default = "defaults::proxy_protocol_timeout", with = "duration")]
     pub proxy_protocol_timeout: Duration,
@@ -146,6 +153,7 @@ impl Default for ProxyConfig {
             iptables_redirect: false,
             proxy_protocol: ProxyProtocolMode::Off,
             proxy_protocol_timeout: defaults::proxy_protocol_timeout(),
+            proxy_protocol_trusted_sources: Vec::new(),
             drain_timeout: defaults::drain_timeout(),
             shutdown_timeout: defaults::shutdown_timeout(),
             cleanup_interval: defaults::cleanup_interval(),
@@ -175,6 +183,87 @@ pub enum ProxyProtocolMode {
     V2,
     /// Either.
     Any,
+}
+
+/// An address range: `10.0.0.0/8`, `2001:db8::/32`, or one address (`192.0.2.7`). An IPv4
+/// range also holds the IPv4-mapped IPv6 form of its addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    addr: std::net::IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Whether `ip` is in the range.
+    #[must_use]
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr;
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 @ IpAddr::V4(_) => v4,
+        };
+        let keep = |bits: u32| -> u128 {
+            if self.prefix == 0 {
+                0
+            } else {
+                u128::MAX << (bits - u32::from(self.prefix))
+            }
+        };
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = keep(32);
+                (u128::from(u32::from(net)) & mask) == (u128::from(u32::from(ip)) & mask)
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = keep(128);
+                (u128::from(net) & mask) == (u128::from(ip) & mask)
+            }
+            _ => false,
+        }
+    }
+}
+
+impl std::str::FromStr for Cidr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((addr, prefix)) => (addr, Some(prefix)),
+            None => (s, None),
+        };
+        let addr: std::net::IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{s:?} is not an address or CIDR (e.g. 10.0.0.0/8)"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("{s:?}: the prefix length must be 0-{max}"))?,
+        };
+        Ok(Self { addr, prefix })
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+impl Serialize for Cidr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Cidr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// How bytes move between a client and its upstream.
@@ -235,5 +324,29 @@ mod tests {
         // ORIGINAL_DST settings belong to the cluster, as in Envoy.
         let err = serde_json::from_str::<ProxyConfig>(r#"{"cleanup_interval": "1s"}"#).unwrap_err();
         assert!(err.to_string().contains("unknown field"), "{err}");
+    }
+
+    #[test]
+    fn cidrs_parse_and_match_both_families() {
+        let net: Cidr = "10.1.0.0/16".parse().unwrap();
+        assert!(net.contains("10.1.2.3".parse().unwrap()));
+        assert!(
+            net.contains("::ffff:10.1.2.3".parse().unwrap()),
+            "IPv4-mapped"
+        );
+        assert!(!net.contains("10.2.0.1".parse().unwrap()));
+        assert!(!net.contains("::1".parse().unwrap()));
+        let one: Cidr = "192.0.2.7".parse().unwrap();
+        assert!(one.contains("192.0.2.7".parse().unwrap()));
+        assert!(!one.contains("192.0.2.8".parse().unwrap()));
+        let v6: Cidr = "2001:db8::/32".parse().unwrap();
+        assert!(v6.contains("2001:db8:1::9".parse().unwrap()));
+        assert!(!v6.contains("2001:db9::1".parse().unwrap()));
+        let all: Cidr = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains("203.0.113.1".parse().unwrap()));
+        for bad in ["10.0.0.0/33", "::/129", "ten/8", "10.0.0.0/x", ""] {
+            assert!(bad.parse::<Cidr>().is_err(), "{bad}");
+        }
+        assert_eq!(net.to_string(), "10.1.0.0/16");
     }
 }

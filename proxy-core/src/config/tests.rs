@@ -590,3 +590,47 @@ fn values_that_reach_beyond_the_daemon_are_refused() {
     parse(fine).unwrap();
     parse(&svc("10.96.0.10")).unwrap();
 }
+
+/// `config_entry_files` may name any file: its content never appears in an error, and a FIFO is
+/// refused at once instead of hanging the check.
+#[test]
+fn config_entry_files_are_read_as_hostile_input() {
+    let dir = std::env::temp_dir().join(format!("proxy-entry-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = dir.join("token");
+    std::fs::write(&secret, "s3cr3t-t0ken-value\n").unwrap();
+    let fifo = dir.join("fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(
+        made.is_ok_and(|s| s.success()),
+        "mkfifo (coreutils) is needed"
+    );
+    for (file, want) in [
+        (&secret, "not a list of config entries"),
+        (&fifo, "not a regular file"),
+    ] {
+        let text = format!("config_entry_files: [\"{}\"]\n", file.display());
+        let (field, _, _, msg) = invalid(&text);
+        assert_eq!(field, "config_entry_files[0]");
+        assert!(msg.contains(want), "{msg}");
+        assert!(!msg.contains("s3cr3t"), "the file's content leaked: {msg}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn proxy_protocol_needs_trusted_sources() {
+    let (field, line, column, msg) = invalid("proxy:\n  proxy_protocol: v2\n");
+    assert_eq!(field, "proxy.proxy_protocol");
+    assert_eq!((line, column), (2, 3));
+    assert!(msg.contains("proxy_protocol_trusted_sources"), "{msg}");
+    let config = parse(
+        "proxy:\n  proxy_protocol: v2\n  proxy_protocol_trusted_sources: [10.0.0.0/8, 192.0.2.7]\n",
+    )
+    .unwrap();
+    let trusted = &config.proxy.proxy_protocol_trusted_sources;
+    assert!(trusted[0].contains("10.9.9.9".parse().unwrap()));
+    assert!(!trusted[1].contains("127.0.0.1".parse().unwrap()));
+    let (field, ..) = invalid("proxy:\n  proxy_protocol_trusted_sources: [10.0.0.0/40]\n");
+    assert_eq!(field, "proxy.proxy_protocol_trusted_sources[0]");
+}

@@ -422,6 +422,14 @@ fn validate_services(config: &Config) -> Result<(), Invalid> {
             format!("no cluster named {name:?}"),
         ));
     }
+    if config.proxy.proxy_protocol != super::proxy::ProxyProtocolMode::Off
+        && config.proxy.proxy_protocol_trusted_sources.is_empty()
+    {
+        return Err(Invalid::new(
+            "proxy.proxy_protocol",
+            "needs proxy.proxy_protocol_trusted_sources: a PROXY header names where the daemon connects, so list the load balancers whose headers are believed (addresses or CIDRs); any other peer, local processes included, could make it connect anywhere",
+        ));
+    }
     let proxied = config.services.iter().any(|s| s.mode == ServiceMode::Proxy)
         || config.proxy.fallback_cluster.is_some();
     if proxied && config.proxy.listeners.is_empty() {
@@ -448,9 +456,27 @@ pub(super) fn compile_chains(
     for (i, file) in config.config_entry_files.iter().enumerate() {
         let at = format!("config_entry_files[{i}]");
         let path = base.join(file);
-        let text = std::fs::read_to_string(&path)
+        let text = super::read_config_file(&path)
             .map_err(|e| Invalid::new(&at, format!("{}: {e}", path.display())))?;
-        let list: Vec<proxy_chain::ConfigEntry> = serde_yaml::from_str(&text)
+        // Checked for shape first, and that error names no content: the file may be any file
+        // the config names, and its first line (a secret, say) must not end up in the message.
+        let value: serde_yaml::Value = serde_yaml::from_str(&text).map_err(|e| {
+            let line = e.location().map_or(0, |l| l.line());
+            Invalid::new(
+                &at,
+                format!("{}: not YAML or JSON (line {line})", path.display()),
+            )
+        })?;
+        if !value.is_sequence() {
+            return Err(Invalid::new(
+                &at,
+                format!(
+                    "{}: not a list of config entries (YAML or JSON)",
+                    path.display()
+                ),
+            ));
+        }
+        let list: Vec<proxy_chain::ConfigEntry> = serde_yaml::from_value(value)
             .map_err(|e| Invalid::new(&at, format!("{}: {e}", path.display())))?;
         for entry in list {
             entries

@@ -21,6 +21,17 @@ pub enum DataplaneError {
         /// The cgroup v2 mount points.
         mounts: String,
     },
+    /// Another daemon holds the instance.
+    #[error(
+        "instance {instance:?} is in use by another running daemon (it holds the lock on {}); stop it, or give this one another `instance`",
+        path.display()
+    )]
+    InstanceBusy {
+        /// The instance name.
+        instance: String,
+        /// Its pin directory.
+        path: PathBuf,
+    },
     /// The configured cgroup is a cgroup v2 root: every process of the host is in it.
     #[error(
         "cgroup {} is the root of a cgroup v2 hierarchy, which holds every process of the host; give a cgroup below it",

@@ -72,6 +72,8 @@ pub struct Dataplane {
     runtime: RuntimeMaps,
     /// The proxy-pair splicer, or why its program could not be attached.
     pair: Result<PairSplicer, String>,
+    /// The instance's lock (`flock` on the pin directory), held while this daemon runs.
+    _lock: fs::File,
 }
 
 impl Dataplane {
@@ -90,8 +92,17 @@ impl Dataplane {
             path: pin_dir.clone(),
             source,
         })?;
+        let lock = match lock_instance(&pin_dir, &opts.instance) {
+            Ok(lock) => lock,
+            Err(err) => {
+                if created_pin_dir {
+                    let _ = fs::remove_dir(&pin_dir);
+                }
+                return Err(err);
+            }
+        };
         let created_cgroup = !opts.cgroup.exists();
-        let result = Self::open_in(opts, &pin_dir, created_cgroup);
+        let result = Self::open_in(opts, &pin_dir, created_cgroup, lock);
         if result.is_err() {
             if created_pin_dir {
                 pin_files::remove_ours(&pin_dir);
@@ -107,6 +118,7 @@ impl Dataplane {
         opts: &DataplaneOptions,
         pin_dir: &Path,
         created_cgroup: bool,
+        lock: fs::File,
     ) -> Result<Self, DataplaneError> {
         if created_cgroup {
             fs::create_dir_all(&opts.cgroup).map_err(|source| DataplaneError::Io {
@@ -181,6 +193,7 @@ impl Dataplane {
             publisher,
             runtime,
             pair,
+            _lock: lock,
         })
     }
 
@@ -273,6 +286,7 @@ impl Dataplane {
             publisher,
             runtime,
             pair,
+            _lock,
         } = self;
         for (name, link) in links.into_iter().rev() {
             match link.unpin() {
@@ -287,6 +301,30 @@ impl Dataplane {
             warn!(cgroup = %cgroup.display(), %err, "cgroup not removed (processes still in it?)");
         }
         info!("data path detached and unpinned");
+    }
+}
+
+/// Takes the instance's lock: an exclusive `flock` on its pin directory, which the kernel
+/// releases when the process ends however it ends. A second daemon on the same instance would
+/// adopt the first one's pins and links, and the first's stop would then delete them under it.
+/// The directory is also made 0700: its pins are the data path's maps and links.
+fn lock_instance(pin_dir: &Path, instance: &str) -> Result<fs::File, DataplaneError> {
+    use std::os::unix::fs::PermissionsExt;
+    let io = |what, source| DataplaneError::Io {
+        what,
+        path: pin_dir.to_owned(),
+        source,
+    };
+    fs::set_permissions(pin_dir, fs::Permissions::from_mode(0o700))
+        .map_err(|e| io("making the pin directory private (0700)", e))?;
+    let dir = fs::File::open(pin_dir).map_err(|e| io("opening the pin directory", e))?;
+    match dir.try_lock() {
+        Ok(()) => Ok(dir),
+        Err(fs::TryLockError::WouldBlock) => Err(DataplaneError::InstanceBusy {
+            instance: instance.to_owned(),
+            path: pin_dir.to_owned(),
+        }),
+        Err(fs::TryLockError::Error(e)) => Err(io("locking the pin directory", e)),
     }
 }
 

@@ -64,7 +64,8 @@ pub struct Args {
     /// Seconds per measurement.
     #[arg(long, default_value_t = 2.0)]
     pub secs: f64,
-    /// Only rows whose id contains this (e.g. "S1", "veth").
+    /// Only rows whose id contains this, or any one of these if comma-separated (e.g. "S1",
+    /// "veth", "S0,S3,S4").
     #[arg(long)]
     pub only: Option<String>,
     /// Only metrics whose key contains this, or any one of these if comma-separated (e.g.
@@ -216,9 +217,13 @@ fn run(args: Args) -> anyhow::Result<()> {
         steal_retries: args.steal_retries,
         halt_poll_ns: args.halt_poll_ns,
     };
+    let filter = Filter {
+        row: args.only.as_deref(),
+        metric: args.metric.as_deref(),
+    };
     let rows: Vec<_> = plan::rows(false)
         .into_iter()
-        .filter(|r| args.only.as_deref().is_none_or(|o| r.id.contains(o)))
+        .filter(|r| filter.wants_row(&r.id))
         .collect();
     let results = execute(
         &env,
@@ -226,10 +231,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         args.runs,
         &release.join("bench_publish"),
         false,
-        Filter {
-            row: args.only.as_deref(),
-            metric: args.metric.as_deref(),
-        },
+        filter,
     )?;
     if !args.no_report {
         report::write(&results, &util::workspace_root(), &stamp)?;
@@ -302,6 +304,13 @@ pub struct Filter<'a> {
 }
 
 impl Filter<'_> {
+    /// Whether row `id` is measured: no `--only`, or one of its comma-separated parts is in
+    /// `id`.
+    fn wants_row(&self, id: &str) -> bool {
+        self.row
+            .is_none_or(|parts| parts.split(',').any(|p| id.contains(p)))
+    }
+
     /// Whether metric `key` is measured: no `--metric`, or one of its comma-separated parts is
     /// in `key`.
     fn wants_metric(&self, key: &str) -> bool {
@@ -357,11 +366,7 @@ fn select_rows(
     } else {
         plan::features(&env.proxy, &env.dir)
     };
-    rows.extend(
-        extra
-            .into_iter()
-            .filter(|r| only.row.is_none_or(|o| r.id.contains(o))),
-    );
+    rows.extend(extra.into_iter().filter(|r| only.wants_row(&r.id)));
     if let Some(key) = only.metric {
         for r in &mut *rows {
             r.metrics.retain(|m| only.wants_metric(&m.key()));

@@ -105,10 +105,41 @@ where
 /// An instance that could not become a host.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Skipped {
-    /// `node/service-id`.
+    /// `node/service-id` (`#<n>` for an entry too broken to name).
     pub instance: String,
-    /// The address that is not an IP.
-    pub address: String,
+    /// Why: an address that is not an IP literal, or what is wrong with the entry.
+    pub reason: String,
+}
+
+/// Decodes a `/v1/health/service/<name>` answer entry by entry: one entry Consul accepted but
+/// this daemon cannot use (a port of -1 or 70000, a field of the wrong type) is skipped with
+/// its reason, and never makes the rest of the answer, and with it every later change of the
+/// service, unreadable. An answer that is not a JSON array (or `null`) is an error.
+pub fn decode_entries(body: &[u8]) -> Result<(Vec<ServiceEntry>, Vec<Skipped>), serde_json::Error> {
+    let values: Option<Vec<serde_json::Value>> = serde_json::from_slice(body)?;
+    let mut entries = Vec::new();
+    let mut skipped = Vec::new();
+    for (i, value) in values.unwrap_or_default().into_iter().enumerate() {
+        let name = |field: &str, key: &str| {
+            value
+                .get(field)
+                .and_then(|v| v.get(key))
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned)
+        };
+        let instance = match (name("Node", "Node"), name("Service", "ID")) {
+            (Some(node), Some(id)) => format!("{node}/{id}"),
+            _ => format!("#{i}"),
+        };
+        match serde_json::from_value::<ServiceEntry>(value) {
+            Ok(entry) => entries.push(entry),
+            Err(err) => skipped.push(Skipped {
+                instance,
+                reason: format!("not a usable entry: {err}"),
+            }),
+        }
+    }
+    Ok((entries, skipped))
 }
 
 /// Health and weight of one entry, as Consul computes them for Envoy.
@@ -150,7 +181,7 @@ pub fn to_hosts(entries: &[ServiceEntry], only_passing: bool) -> (HostSet, Vec<S
         let Ok(ip) = address.parse::<IpAddr>() else {
             skipped.push(Skipped {
                 instance: format!("{}/{}", entry.node.node, entry.service.id),
-                address: address.clone(),
+                reason: format!("address {address:?} is not an IP literal"),
             });
             continue;
         };

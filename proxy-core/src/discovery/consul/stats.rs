@@ -37,7 +37,8 @@ pub struct ConsulStatValues {
     pub index: u64,
     /// Times the returned `X-Consul-Index` went backwards and the watch restarted from 0.
     pub index_reset: u64,
-    /// Instances of the last response that were left out (address not an IP literal; gauge).
+    /// Instances of the last response that were left out (address not an IP literal, or an
+    /// entry this daemon cannot use, such as a port out of range; gauge).
     pub instances_skipped: u64,
 }
 

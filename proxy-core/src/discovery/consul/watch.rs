@@ -20,7 +20,7 @@ use tokio::{sync::watch, time::Instant};
 use tracing::{debug, warn};
 
 use super::{
-    catalog::{ServiceEntry, to_hosts},
+    catalog::{ServiceEntry, Skipped, decode_entries, to_hosts},
     config::ConsulConfig,
     http::{self, HttpError, HttpResponse},
     stats::ConsulStats,
@@ -143,7 +143,7 @@ async fn query(
     fetch: &dyn CatalogFetch,
     target: &str,
     timeout: Duration,
-) -> Result<(u64, Vec<ServiceEntry>), QueryError> {
+) -> Result<(u64, Vec<ServiceEntry>, Vec<Skipped>), QueryError> {
     let response = fetch.get(target, timeout).await?;
     if response.status != 200 {
         return Err(QueryError::Status {
@@ -157,9 +157,9 @@ async fn query(
         .ok_or_else(|| QueryError::Index {
             value: header.map(str::to_owned),
         })?;
-    let entries: Option<Vec<ServiceEntry>> =
-        serde_json::from_slice(&response.body).map_err(|source| QueryError::Body { source })?;
-    Ok((index, entries.unwrap_or_default()))
+    let (entries, skipped) =
+        decode_entries(&response.body).map_err(|source| QueryError::Body { source })?;
+    Ok((index, entries, skipped))
 }
 
 /// What the loop needs besides its configuration.
@@ -193,7 +193,7 @@ impl Watch {
             ConsulStats::inc(&self.stats.update_attempt);
             let target = query_target(&self.config, index);
             match query(&*self.fetch, &target, timeout).await {
-                Ok((returned, entries)) => {
+                Ok((returned, entries, invalid)) => {
                     let (next, reset) = next_index(index, returned);
                     if reset {
                         ConsulStats::inc(&self.stats.index_reset);
@@ -204,7 +204,7 @@ impl Watch {
                     ConsulStats::set(&self.stats.index, index);
                     ConsulStats::inc(&self.stats.update_success);
                     backoff.reset();
-                    self.apply(&entries);
+                    self.apply(&entries, invalid);
                 }
                 Err(error) => {
                     ConsulStats::inc(&self.stats.update_failure);
@@ -226,16 +226,18 @@ impl Watch {
     }
 
     /// Maps a successful answer and publishes it if the host set changed.
-    fn apply(&self, entries: &[ServiceEntry]) {
-        let (hosts, skipped) = to_hosts(entries, self.config.only_passing);
+    /// `invalid`: entries the answer had that could not be decoded.
+    fn apply(&self, entries: &[ServiceEntry], invalid: Vec<Skipped>) {
+        let (hosts, mut skipped) = to_hosts(entries, self.config.only_passing);
+        skipped.extend(invalid);
         let previous_skipped = self
             .stats
             .instances_skipped
             .load(std::sync::atomic::Ordering::Relaxed);
         if skipped.len() as u64 != previous_skipped {
             for s in &skipped {
-                warn!(cluster = %self.name, instance = %s.instance, address = %s.address,
-                    "consul instance skipped: its address is not an IP literal");
+                warn!(cluster = %self.name, instance = %s.instance, reason = %s.reason,
+                    "consul instance skipped; the others are used");
             }
         }
         ConsulStats::set(&self.stats.instances_skipped, skipped.len() as u64);

@@ -170,3 +170,38 @@ async fn stats_have_envoy_names() {
     assert_eq!(cluster.cluster_name(), "web");
     assert!(cluster.drain_on_change());
 }
+
+/// An entry Consul accepts but no host can be made of (a port of -1 or 70000) is skipped with a
+/// log line and the `instances_skipped` gauge; the answer's other entries, and every later
+/// answer, are used. Before, such an entry made every answer fail to parse and froze the hosts.
+#[tokio::test(start_paused = true)]
+async fn one_bad_entry_is_skipped_and_never_freezes_the_rest() {
+    let with_bad = |port: i64, good: &[Inst]| {
+        let mut value = body(good);
+        let mut bad = body(&[inst("bad", "127.0.0.9", 80)])[0].clone();
+        bad["Service"]["Port"] = serde_json::json!(port);
+        value.as_array_mut().unwrap().push(bad);
+        value
+    };
+    let script = Script::new(vec![
+        Reply::Ok(4, with_bad(-1, &[inst("a", "127.0.0.2", 80)])),
+        Reply::Ok(
+            5,
+            with_bad(
+                70000,
+                &[inst("a", "127.0.0.2", 80), inst("b", "127.0.0.3", 80)],
+            ),
+        ),
+    ]);
+    let cluster = start(ConsulConfig::new("web"), &script);
+    let first = wait_state(&cluster, |u| u.initialized).await;
+    assert_eq!(addrs(&first), ["127.0.0.2:80"]);
+    let later = wait_state(&cluster, |u| u.hosts.len() == 2).await;
+    assert_eq!(addrs(&later), ["127.0.0.2:80", "127.0.0.3:80"]);
+    let stats = cluster.stats().values();
+    assert_eq!(
+        stats.update_failure, 0,
+        "a bad entry is not a failed answer"
+    );
+    assert_eq!(stats.instances_skipped, 1);
+}

@@ -44,7 +44,7 @@ fn ipv6_addresses_work_and_names_are_skipped() {
         skipped,
         [Skipped {
             instance: "n1/b".to_owned(),
-            address: "web.example".to_owned(),
+            reason: "address \"web.example\" is not an IP literal".to_owned(),
         }]
     );
 }

@@ -13,7 +13,10 @@
 //! any time.
 
 use std::{
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -24,7 +27,10 @@ use tokio::{
 
 use crate::{
     config::Cluster,
-    discovery::{self, DiscoverySource, SourceError, SourceUpdate, xds::XdsClients},
+    discovery::{
+        self, DiscoverySource, HostSet, SourceError, SourceUpdate, guard::HostGuard,
+        xds::XdsClients,
+    },
     health::{
         ClusterHealth, HealthCheckManager, HealthConfigError, HealthEvent, HostStatus,
         PassiveSignal, Routing, SeededRandom,
@@ -65,6 +71,8 @@ pub struct Upstream {
     /// Kept for its stats and so its tasks run as long as the cluster does.
     source: Box<dyn DiscoverySource>,
     outlier_detection: bool,
+    /// Hosts of the source's last update that the guard left out (gauge).
+    refused: Arc<AtomicU64>,
     task: JoinHandle<()>,
 }
 
@@ -72,25 +80,33 @@ impl Upstream {
     /// Starts discovery and health for a cluster of any type but EDS (whose subscription lives
     /// on a shared connection: use [`Upstream::spawn_in`]). Must run inside a tokio runtime.
     pub fn spawn(cluster: &Cluster, manager: &HealthCheckManager) -> Result<Self, UpstreamError> {
-        Self::spawn_in(cluster, manager, &XdsClients::default())
+        Self::spawn_in(
+            cluster,
+            manager,
+            &XdsClients::default(),
+            &HostGuard::default(),
+        )
     }
 
-    /// Starts discovery and health for `cluster`; an EDS cluster subscribes through `xds`. Must
-    /// run inside a tokio runtime.
+    /// Starts discovery and health for `cluster`; an EDS cluster subscribes through `xds`;
+    /// hosts `guard` refuses are left out. Must run inside a tokio runtime.
     pub fn spawn_in(
         cluster: &Cluster,
         manager: &HealthCheckManager,
         xds: &XdsClients,
+        guard: &HostGuard,
     ) -> Result<Self, UpstreamError> {
         let source = discovery::start(cluster, xds)?;
-        Self::with_source(cluster, manager, source)
+        Self::with_source(cluster, manager, source, guard)
     }
 
-    /// Starts health for `cluster` over the hosts `source` publishes.
+    /// Starts health for `cluster` over the hosts `source` publishes, less those `guard`
+    /// refuses.
     pub fn with_source(
         cluster: &Cluster,
         manager: &HealthCheckManager,
         source: Box<dyn DiscoverySource>,
+        guard: &HostGuard,
     ) -> Result<Self, UpstreamError> {
         let name = cluster.name.clone();
         let random = Arc::new(SeededRandom::from_entropy());
@@ -110,8 +126,14 @@ impl Upstream {
             .map_or(IDLE_SWEEP, |o| o.interval);
         let (init_tx, initialized) = watch::channel(false);
         let (views, views_rx) = mpsc::unbounded_channel();
+        let refused = Arc::new(AtomicU64::new(0));
         let inputs = Inputs {
             hosts: source.updates(),
+            guard: Guarded {
+                guard: guard.clone(),
+                cluster: name.clone(),
+                refused: refused.clone(),
+            },
             // The cluster's one subscription, taken before its first hosts register probes.
             events: manager.subscribe(),
             passive: passive_rx,
@@ -131,6 +153,7 @@ impl Upstream {
             views,
             source,
             outlier_detection,
+            refused,
             task,
         })
     }
@@ -196,6 +219,10 @@ impl Upstream {
         let mut stats: std::collections::BTreeMap<String, u64> =
             self.source.named_stats().into_iter().collect();
         stats.extend(self.lock().stats());
+        stats.insert(
+            format!("cluster.{}.hosts_refused", self.name),
+            self.refused.load(Ordering::Relaxed),
+        );
         stats.into_iter().collect()
     }
 
@@ -216,9 +243,31 @@ impl Drop for Upstream {
 /// events, the data path's passive signals, and views to keep.
 struct Inputs {
     hosts: watch::Receiver<SourceUpdate>,
+    guard: Guarded,
     events: broadcast::Receiver<HealthEvent>,
     passive: mpsc::Receiver<PassiveSignal>,
     views: mpsc::UnboundedReceiver<View>,
+}
+
+/// The cluster's host guard, with what it reports to.
+struct Guarded {
+    guard: HostGuard,
+    cluster: String,
+    refused: Arc<AtomicU64>,
+}
+
+impl Guarded {
+    /// `hosts` less what the guard refuses; a change in what is refused is logged.
+    fn apply(&self, hosts: HostSet) -> HostSet {
+        let (kept, refused) = self.guard.filter(hosts);
+        let before = self.refused.swap(refused.len() as u64, Ordering::Relaxed);
+        if before != refused.len() as u64 {
+            for (addr, why) in &refused {
+                tracing::warn!(cluster = %self.cluster, %addr, why, "host refused: not a usable address; the cluster's other hosts are used");
+            }
+        }
+        kept
+    }
 }
 
 /// A narrowed view of the cluster's routing ([`Upstream::routing_view`]).
@@ -249,6 +298,7 @@ struct Outputs {
 async fn run(health: Arc<Mutex<ClusterHealth>>, inputs: Inputs, out: Outputs, sweep: Duration) {
     let Inputs {
         mut hosts,
+        guard,
         mut events,
         mut passive,
         views: mut new_views,
@@ -259,7 +309,7 @@ async fn run(health: Arc<Mutex<ClusterHealth>>, inputs: Inputs, out: Outputs, sw
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     };
-    let initial = hosts.borrow_and_update().hosts.clone();
+    let initial = guard.apply(hosts.borrow_and_update().hosts.clone());
     lock().update_hosts(initial);
     let mut ticker = tokio::time::interval_at(
         crate::time::after_tokio(tokio::time::Instant::now(), sweep),
@@ -281,7 +331,7 @@ async fn run(health: Arc<Mutex<ClusterHealth>>, inputs: Inputs, out: Outputs, sw
         tokio::select! {
             next = hosts.changed() => match next {
                 Ok(()) => {
-                    let set = hosts.borrow_and_update().hosts.clone();
+                    let set = guard.apply(hosts.borrow_and_update().hosts.clone());
                     lock().update_hosts(set);
                 }
                 Err(_) => return,
@@ -482,6 +532,7 @@ mod tests {
             &c,
             &HealthCheckManager::default(),
             Box::new(Scripted(hosts.clone())),
+            &HostGuard::default(),
         )
         .unwrap();
         let routing = up.routing();
@@ -536,7 +587,7 @@ mod tests {
         first.advance(vec![Host::new(addr(1)), Host::new(addr(2))]);
         let (hosts, _) = watch::channel(first);
         let source = Box::new(Scripted(hosts.clone()));
-        let up = Upstream::with_source(&c, &mgr, source).unwrap();
+        let up = Upstream::with_source(&c, &mgr, source, &HostGuard::default()).unwrap();
         let routing = up.routing();
         let passive = up.passive();
         passive.send(PassiveSignal::Traffic).await.unwrap();
@@ -583,5 +634,40 @@ mod tests {
             0,
             "dropping the cluster stops its probes"
         );
+    }
+
+    /// Whatever the source, hosts that are never usable, or the daemon itself, are left out of
+    /// the cluster and counted in `hosts_refused`; the rest are routed.
+    #[tokio::test]
+    async fn refused_hosts_are_left_out_and_counted() {
+        let c = cluster("clusters:\n  - name: c\n");
+        let own: std::net::SocketAddr = "127.0.0.1:15000".parse().unwrap();
+        let mut first = SourceUpdate::default();
+        first.advance(vec![
+            Host::new(addr(1)),
+            Host::new("0.0.0.0:80".parse().unwrap()),
+            Host::new(own),
+        ]);
+        let (hosts, _) = watch::channel(first);
+        let up = Upstream::with_source(
+            &c,
+            &HealthCheckManager::default(),
+            Box::new(Scripted(hosts.clone())),
+            &HostGuard::new(vec![own]),
+        )
+        .unwrap();
+        let mut routing = up.routing();
+        let _ = tokio::time::timeout(
+            Duration::from_secs(5),
+            routing.wait_for(|r| !r.routable().is_empty()),
+        )
+        .await;
+        assert_eq!(routable(&routing), [addr(1)]);
+        let refused = up
+            .stats()
+            .into_iter()
+            .find(|(k, _)| k == "cluster.c.hosts_refused")
+            .map(|(_, v)| v);
+        assert_eq!(refused, Some(2));
     }
 }

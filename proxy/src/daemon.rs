@@ -216,12 +216,16 @@ fn start_upstreams(
     xds: &XdsClients,
 ) -> anyhow::Result<BTreeMap<String, Arc<Upstream>>> {
     let mut upstreams = BTreeMap::new();
+    // No source may point the data path at the daemon itself.
+    let mut own = vec![config.admin.address];
+    own.extend(&config.proxy.listeners);
+    let guard = proxy_core::discovery::guard::HostGuard::new(own);
     for cluster in &config.clusters {
         // ORIGINAL_DST hosts are the proxied connections' destinations, kept by the proxy path.
         if config.is_original_dst(&cluster.name) {
             continue;
         }
-        let upstream = Upstream::spawn_in(cluster, manager, xds)?;
+        let upstream = Upstream::spawn_in(cluster, manager, xds, &guard)?;
         upstreams.insert(cluster.name.clone(), Arc::new(upstream));
     }
     Ok(upstreams)

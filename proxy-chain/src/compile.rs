@@ -126,11 +126,18 @@ struct Compiler<'a> {
     nodes: BTreeMap<String, DiscoveryGraphNode>,
     /// Splitter node names already built (recorded before recursing, so loops terminate).
     splitters_built: HashSet<String>,
+    /// Splitters being built, one inside the other (bounded: [`MAX_SPLITTER_DEPTH`]).
+    splitter_depth: usize,
     /// Target IDs whose resolver node is built.
     resolved: HashSet<String>,
     targets: BTreeMap<String, DiscoveryTarget>,
     retained_targets: BTreeSet<String>,
 }
+
+/// How many splitters may lead into one another. Consul's compiler has no bound (Go stacks
+/// grow); here each level is a stack frame, and a chain of thousands of splitters, which config
+/// entries can describe, would overflow the stack. No real chain comes near.
+pub(crate) const MAX_SPLITTER_DEPTH: usize = 64;
 
 /// HTTP, HTTP/2 and gRPC chains may route and split.
 fn is_http_like(protocol: &str) -> bool {
@@ -150,6 +157,7 @@ impl<'a> Compiler<'a> {
             start_node: String::new(),
             nodes: BTreeMap::new(),
             splitters_built: HashSet::new(),
+            splitter_depth: 0,
             resolved: HashSet::new(),
             targets: BTreeMap::new(),
             retained_targets: BTreeSet::new(),

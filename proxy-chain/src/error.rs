@@ -237,6 +237,11 @@ pub enum ChainError {
         go_quote(.chain), go_quote(.protocol)
     )]
     AdvancedRoutingProtocol { chain: String, protocol: String },
+    #[error(
+        "discovery chain {} has more than {max} service-splitters leading one into the next; this compiler stops there",
+        go_quote(.chain)
+    )]
+    SplittersTooDeep { chain: String, max: usize },
     #[error("detected circular reference: [{}]", .0.join(" -> "))]
     CircularReference(Vec<String>),
     #[error("detected circular resolver redirect: [{}]", .0.join(" -> "))]

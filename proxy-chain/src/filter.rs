@@ -119,6 +119,12 @@ pub enum FilterError {
         offset: usize,
         expected: &'static str,
     },
+    /// Parentheses and `not`s nested too deep.
+    #[error("nested deeper than {0} levels of parentheses and `not`")]
+    TooDeep(usize),
+    /// Too many tokens.
+    #[error("longer than {0} tokens")]
+    TooLong(usize),
     /// A quoted string without its closing quote.
     #[error("unterminated string starting at offset {0}")]
     UnterminatedString(usize),

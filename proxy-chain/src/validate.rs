@@ -218,7 +218,11 @@ pub fn validate_splitter(splitter: &ServiceSplitter) -> Result<(), ValidationErr
             });
         }
     }
-    let sum: i64 = splitter.splits.iter().map(|s| scale_weight(s.weight)).sum();
+    // Saturating: a weight of 1e30 is a typo to report, not an overflow.
+    let sum = splitter
+        .splits
+        .iter()
+        .fold(0i64, |sum, s| sum.saturating_add(scale_weight(s.weight)));
     if sum != 100 * 100 {
         return Err(ValidationError::SplitWeightSum(sum as f32 / 100.0));
     }

@@ -511,3 +511,35 @@ fn multi_dc_canary() {
         ),
     );
 }
+
+/// Splitters leading one into the next, thousands deep (config entries can say so): refused
+/// with a clear error instead of overflowing the stack; a chain within the bound compiles.
+#[test]
+fn splitter_chains_are_bounded() {
+    let chain_of = |n: usize| {
+        let mut list = vec![global_protocol("http")];
+        for i in 0..n {
+            let name = if i == 0 {
+                "main".to_owned()
+            } else {
+                format!("s{i}")
+            };
+            list.push(json!({"Kind": "service-splitter", "Name": name,
+                "Splits": [{"Weight": 100, "Service": format!("s{}", i + 1)}]}));
+        }
+        serde_json::Value::Array(list)
+    };
+    // Run on a small stack, as a thread of the daemon would: the bound must hold there too.
+    let handle = std::thread::Builder::new()
+        .stack_size(1024 * 1024)
+        .spawn(move || {
+            assert_error(
+                chain_of(2000),
+                "discovery chain \"main\" has more than 64 service-splitters leading one into the next; this compiler stops there",
+            );
+            compiled(&entries(chain_of(60)), &request())
+        })
+        .unwrap();
+    let chain = handle.join().expect("no stack overflow");
+    assert_eq!(chain["StartNode"], "splitter:main.default.default");
+}

@@ -33,6 +33,12 @@ impl Compiler<'_> {
             self.customized.protocol = true;
             return Ok(None);
         }
+        if self.splitter_depth >= super::MAX_SPLITTER_DEPTH {
+            return Err(ChainError::SplittersTooDeep {
+                chain: self.req.service_name.clone(),
+                max: super::MAX_SPLITTER_DEPTH,
+            });
+        }
         // Recorded before recursing so that a loop of splitters terminates.
         self.splitters_built.insert(name.clone());
         self.nodes
@@ -40,7 +46,10 @@ impl Compiler<'_> {
         let mut splits = Vec::with_capacity(splitter.splits.len());
         let mut load_balancer = None;
         for split in &splitter.splits {
-            let (next_node, resolver_lb) = self.split_next_node(service, split)?;
+            self.splitter_depth += 1;
+            let next = self.split_next_node(service, split);
+            self.splitter_depth -= 1;
+            let (next_node, resolver_lb) = next?;
             // Only one hash policy can apply to a split route: the first one wins.
             if load_balancer.is_none() {
                 load_balancer = resolver_lb.filter(LoadBalancer::is_hash_based);

@@ -120,7 +120,16 @@ const KEYWORDS: [&str; 8] = [
 struct Parser {
     tokens: Vec<(usize, Token)>,
     pos: usize,
+    /// Parentheses and `not`s open around the current position.
+    depth: usize,
 }
+
+/// Parentheses and `not`s nested deeper than this are refused: each level is a few stack
+/// frames (here and when the expression is evaluated or dropped), and thousands of them, which
+/// a config entry can hold, would overflow the stack.
+pub(super) const MAX_DEPTH: usize = 64;
+/// Tokens in one expression at most: a chain of `and`s and `or`s is as deep as it is long.
+pub(super) const MAX_TOKENS: usize = 4096;
 
 /// Parses a whole expression.
 pub(super) fn parse(src: &str) -> Result<Expr, FilterError> {
@@ -128,7 +137,14 @@ pub(super) fn parse(src: &str) -> Result<Expr, FilterError> {
     if tokens.is_empty() {
         return Err(FilterError::Empty);
     }
-    let mut parser = Parser { tokens, pos: 0 };
+    if tokens.len() > MAX_TOKENS {
+        return Err(FilterError::TooLong(MAX_TOKENS));
+    }
+    let mut parser = Parser {
+        tokens,
+        pos: 0,
+        depth: 0,
+    };
     let expr = parser.or()?;
     match parser.tokens.get(parser.pos) {
         None => Ok(expr),
@@ -191,13 +207,27 @@ impl Parser {
         Ok(left)
     }
 
+    /// Runs `f` one level deeper, within [`MAX_DEPTH`].
+    fn nested<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<T, FilterError>,
+    ) -> Result<T, FilterError> {
+        if self.depth >= MAX_DEPTH {
+            return Err(FilterError::TooDeep(MAX_DEPTH));
+        }
+        self.depth += 1;
+        let result = f(self);
+        self.depth -= 1;
+        result
+    }
+
     fn unary(&mut self) -> Result<Expr, FilterError> {
         if self.eat_keyword("not") {
-            return Ok(Expr::Not(Box::new(self.unary()?)));
+            return Ok(Expr::Not(Box::new(self.nested(Self::unary)?)));
         }
         if self.peek() == Some(&Token::LParen) {
             self.pos += 1;
-            let inner = self.or()?;
+            let inner = self.nested(Self::or)?;
             return match self.next("`)`")? {
                 (_, Token::RParen) => Ok(inner),
                 (offset, token) => Err(Self::unexpected(offset, &token, "`)`")),

@@ -200,3 +200,18 @@ fn consul_corpus_filters_parse() {
         Filter::parse(expr).unwrap_or_else(|e| panic!("{expr}: {e}"));
     }
 }
+
+/// Nesting and length as a config entry may carry them: refused, never a stack overflow.
+#[test]
+fn deep_or_long_expressions_are_refused() {
+    let deep = format!("{}Service.ID == a{}", "(".repeat(2000), ")".repeat(2000));
+    assert_eq!(parse_err(&deep), FilterError::TooDeep(64));
+    let nots = format!("{}Service.ID == a", "not ".repeat(2000));
+    assert_eq!(parse_err(&nots), FilterError::TooDeep(64));
+    let long = vec!["Service.ID == a"; 2000].join(" and ");
+    assert_eq!(parse_err(&long), FilterError::TooLong(4096));
+    // Within the bounds, both parse.
+    let ok = format!("{}Service.ID == a{}", "(".repeat(60), ")".repeat(60));
+    assert!(Filter::parse(&ok).is_ok());
+    assert!(Filter::parse(&vec!["Service.ID == a"; 500].join(" or ")).is_ok());
+}

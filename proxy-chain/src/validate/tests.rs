@@ -147,6 +147,13 @@ fn splitter_rules() {
         )),
         "the sum of all split weights must be 100, not 99.989998"
     );
+    // A weight far past i64 (as 0.01 units) is reported, not an overflow.
+    assert!(
+        err(splitter(
+            json!([{"Weight": 1e30, "ServiceSubset": "a"}, {"Weight": 1e30, "ServiceSubset": "b"}])
+        ))
+        .starts_with("the sum of all split weights must be 100, not "),
+    );
     // 0.01 is the resolution: 33.333 rounds to 33.33.
     assert_eq!(
         check(

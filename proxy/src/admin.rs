@@ -3,7 +3,11 @@
 //! (the service's compiled discovery chain in Consul's `CompiledDiscoveryChain` JSON).
 //!
 //! A deliberately small HTTP/1.1 server (GET only, one request per connection): the admin
-//! interface is for operators and probes, not for traffic.
+//! interface is for operators and probes, not for traffic. Any local process can reach it, so
+//! it bounds its own cost: `/ready` is answered at once; every other page renders on tokio's
+//! blocking threads, never on the workers that run discovery, health checks and the proxy,
+//! and at most [`RENDERING`] at a time; a request that waits [`READ_TIMEOUT`] for its turn is
+//! answered 503.
 
 mod render;
 
@@ -18,13 +22,15 @@ use proxy_core::{config::Config, upstream::Upstream};
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::{TcpListener, TcpStream},
-    sync::watch,
+    sync::{Semaphore, watch},
     task::JoinHandle,
 };
 use tracing::debug;
 
 use crate::{daemon::SharedDataplane, dataplane::Dataplane};
 
+/// Pages rendered at once (the others wait their turn).
+const RENDERING: usize = 2;
 /// Largest request head accepted.
 const MAX_REQUEST: usize = 8 * 1024;
 /// A client that sends nothing for this long is dropped.
@@ -39,6 +45,8 @@ pub struct State {
     published: watch::Receiver<usize>,
     proxy: Option<proxy_relay::ProxyStatsHandle>,
     fatal: Option<crate::daemon::Fatal>,
+    /// Turns to render a page ([`RENDERING`]).
+    rendering: Arc<Semaphore>,
 }
 
 impl State {
@@ -57,6 +65,7 @@ impl State {
             published,
             proxy: None,
             fatal: None,
+            rendering: Arc::new(Semaphore::new(RENDERING)),
         }
     }
 
@@ -127,13 +136,33 @@ async fn handle(mut stream: TcpStream, state: &State) -> std::io::Result<()> {
         parts.next().unwrap_or("/"),
     );
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let response = if method == "GET" {
+    let response = if method != "GET" {
+        Response::text(405, "only GET is supported\n")
+    } else if path == "/ready" {
         route(path, query, state)
     } else {
-        Response::text(405, "only GET is supported\n")
+        render_in_turn(path, query, state).await
     };
     stream.write_all(&response.bytes()).await?;
     stream.shutdown().await
+}
+
+/// Renders a page on a blocking thread once a turn is free (within [`READ_TIMEOUT`]).
+async fn render_in_turn(path: &str, query: &str, state: &State) -> Response {
+    let turn = tokio::time::timeout(READ_TIMEOUT, state.rendering.clone().acquire_owned()).await;
+    let Ok(Ok(turn)) = turn else {
+        return Response::text(
+            503,
+            "busy: other admin requests are being rendered; try again\n",
+        );
+    };
+    let (path, query, state) = (path.to_owned(), query.to_owned(), state.clone());
+    let rendered = tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        route(&path, &query, &state)
+    })
+    .await;
+    rendered.unwrap_or_else(|err| Response::text(500, format!("rendering failed: {err}\n")))
 }
 
 /// A response: status, content type, body.
@@ -206,5 +235,59 @@ fn route(path: &str, query: &str, state: &State) -> Response {
             404,
             "not found; try /ready, /stats, /stats/prometheus, /clusters, /config_dump, /chain/<service>\n",
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    fn state() -> State {
+        let config = Config::parse("{}", std::path::Path::new("t.yaml")).expect("empty config");
+        State::new(
+            config,
+            Arc::new(Mutex::new(None)),
+            BTreeMap::new(),
+            watch::channel(0).1,
+        )
+    }
+
+    async fn get(addr: SocketAddr, path: &str) -> (String, Duration) {
+        let started = std::time::Instant::now();
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).await.unwrap();
+        (answer, started.elapsed())
+    }
+
+    /// With every rendering turn taken (as by slow pages at scale), `/ready` still answers at
+    /// once and a page waits its turn, then gets 503, instead of tying up the runtime.
+    #[tokio::test]
+    async fn ready_answers_at_once_while_pages_wait_their_turn() {
+        let state = state();
+        let held = state
+            .rendering
+            .clone()
+            .acquire_many_owned(RENDERING as u32)
+            .await;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let server = serve(addr, state.clone()).await.unwrap();
+        let (ready, took) = get(addr, "/ready").await;
+        assert!(ready.starts_with("HTTP/1.1 503"), "not attached: {ready}");
+        assert!(took < Duration::from_secs(1), "{took:?}");
+        let (page, took) = get(addr, "/stats").await;
+        assert!(page.contains("busy: other admin requests"), "{page}");
+        assert!(took >= READ_TIMEOUT, "{took:?}");
+        drop(held);
+        let (page, _) = get(addr, "/stats").await;
+        assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+        server.abort();
     }
 }

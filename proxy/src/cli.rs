@@ -67,6 +67,10 @@ pub enum Command {
         /// The daemon's admin address.
         #[arg(long, default_value = "127.0.0.1:15000")]
         admin: std::net::SocketAddr,
+        /// How long the whole answer may take, in seconds (a daemon with many thousands of
+        /// services renders for a while).
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
     },
     /// Consul discovery chain tools.
     #[command(subcommand)]

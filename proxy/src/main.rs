@@ -85,13 +85,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Status { admin } => match proxy::status::run(admin, &mut std::io::stdout()) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(err) => {
-                eprintln!("error: {err:#}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::Status { admin, timeout } => status(admin, timeout),
         Command::Run {
             config,
             concurrency,
@@ -166,4 +160,16 @@ fn init_tracing(filter: &str) {
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
         .init();
+}
+
+/// `proxy status`.
+fn status(admin: std::net::SocketAddr, timeout: u64) -> ExitCode {
+    let timeout = std::time::Duration::from_secs(timeout);
+    match proxy::status::run(admin, timeout, &mut std::io::stdout()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -26,9 +26,16 @@ struct Host {
     routable: bool,
 }
 
-/// Fetches the daemon's clusters and prints them.
-pub fn run(admin: SocketAddr, out: &mut impl std::io::Write) -> anyhow::Result<()> {
-    let body = get(admin, "/clusters?format=json")?;
+/// The largest answer read from the admin interface (256 MiB).
+const MAX_ANSWER: usize = 256 << 20;
+
+/// Fetches the daemon's clusters and prints them; the answer must come within `timeout`.
+pub fn run(
+    admin: SocketAddr,
+    timeout: Duration,
+    out: &mut impl std::io::Write,
+) -> anyhow::Result<()> {
+    let body = get(admin, "/clusters?format=json", timeout)?;
     let clusters: Vec<Cluster> = serde_json::from_str(&body).context("parsing /clusters")?;
     writeln!(
         out,
@@ -57,21 +64,105 @@ pub fn run(admin: SocketAddr, out: &mut impl std::io::Write) -> anyhow::Result<(
     Ok(())
 }
 
-fn get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+/// The longest timeout honoured (a larger one could not make a deadline).
+fn max_timeout() -> Duration {
+    Duration::from_secs(365 * 24 * 3600)
+}
+
+/// One GET, read to its end within `timeout` and at most [`MAX_ANSWER`] bytes.
+fn get(addr: SocketAddr, path: &str, timeout: Duration) -> anyhow::Result<String> {
+    get_bounded(addr, path, timeout, MAX_ANSWER)
+}
+
+fn get_bounded(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+    max: usize,
+) -> anyhow::Result<String> {
+    let deadline = std::time::Instant::now() + timeout.min(max_timeout());
     let mut stream =
         TcpStream::connect_timeout(&addr, Duration::from_secs(2)).with_context(|| {
             format!("connecting to the admin interface at {addr} (is the daemon running? --admin)")
         })?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
         stream,
         "GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n"
     )?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
+    let mut raw = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            bail!("GET {path}: no complete answer within {timeout:?} (--timeout)");
+        }
+        stream.set_read_timeout(Some(left))?;
+        let n = match stream.read(&mut chunk) {
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                bail!("GET {path}: no complete answer within {timeout:?} (--timeout)")
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e).with_context(|| format!("GET {path}")),
+        };
+        if n == 0 {
+            break;
+        }
+        if raw.len() + n > max {
+            bail!("GET {path}: the answer is larger than {max} bytes");
+        }
+        raw.extend_from_slice(&chunk[..n]);
+    }
+    let response = String::from_utf8(raw).context("the answer is not UTF-8")?;
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
     if !head.starts_with("HTTP/1.1 200") {
         bail!("GET {path}: {}", head.lines().next().unwrap_or_default());
     }
     Ok(body.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+
+    /// A server that answers every connection with `answer`, then keeps it open.
+    fn server(answer: Vec<u8>) -> SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            if let Ok((mut s, _)) = listener.accept() {
+                let _ = s.write_all(&answer);
+                std::thread::sleep(Duration::from_secs(3));
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn an_answer_that_never_ends_times_out_as_a_whole() {
+        let addr = server(b"HTTP/1.1 200 OK\r\n\r\n[".to_vec());
+        let started = std::time::Instant::now();
+        let err = get(addr, "/clusters", Duration::from_millis(300)).unwrap_err();
+        assert!(
+            err.to_string().contains("no complete answer within"),
+            "{err}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn an_answer_over_the_bound_is_refused() {
+        let mut answer = b"HTTP/1.1 200 OK\r\n\r\n".to_vec();
+        answer.extend(std::iter::repeat_n(b'x', 10_000));
+        let addr = server(answer);
+        let err = get_bounded(addr, "/clusters", Duration::from_secs(2), 1000).unwrap_err();
+        assert!(err.to_string().contains("larger than 1000 bytes"), "{err}");
+    }
 }

@@ -26,10 +26,33 @@ fn invalid(text: &str) -> (String, usize, usize, String) {
 
 #[test]
 fn examples_parse() {
-    for name in ["demo.yaml", "static.yaml", "proxy.yaml"] {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../examples")
-            .join(name);
+    // Every file in examples/, so a new one cannot go unchecked.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    for want in [
+        "chain.yaml",
+        "consul.yaml",
+        "demo.yaml",
+        "eds.yaml",
+        "health.yaml",
+        "original_dst.yaml",
+        "proxy.yaml",
+        "static.yaml",
+        "strict_dns.yaml",
+    ] {
+        assert!(
+            names.iter().any(|n| n == want),
+            "examples/{want} is missing"
+        );
+    }
+    for name in &names {
+        let path = dir.join(name);
         let config = Config::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(!config.services.is_empty(), "{name} has services");
     }

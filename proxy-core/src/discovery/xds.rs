@@ -254,7 +254,8 @@ pub fn spawn_eds(source: XdsSource, watches: Vec<EdsWatch>) -> Result<EdsClient,
     let node = Node {
         id: source.node.id.clone(),
         cluster: source.node.cluster.clone(),
-        user_agent_name: "proxy-xds".to_owned(),
+        // The product, as Envoy sends "envoy"; control planes log and may match on it.
+        user_agent_name: "proxy".to_owned(),
         ..Default::default()
     };
     let main = match source.transport {

@@ -78,9 +78,6 @@ pub(crate) trait RelaySocket: AsFd {
     fn recv(&self, buf: &mut [u8]) -> io::Result<usize>;
     /// One `send` (no `SIGPIPE`).
     fn send(&self, buf: &[u8]) -> io::Result<usize>;
-    /// A short read emptied the socket: an event loop that keeps readiness until a read would
-    /// block may forget it now (the next bytes bring a new event).
-    fn drained(&self) {}
 }
 
 /// The engine's sockets: plain calls, the engine's epoll says when to call again.
@@ -95,7 +92,9 @@ impl RelaySocket for std::net::TcpStream {
 }
 
 /// The tokio path's sockets: through `try_io`, so that a `WouldBlock` clears tokio's readiness
-/// and the next wait is a real one.
+/// and the next wait is a real one. Readiness is cleared only that way: clearing it after a
+/// short read without a `recv` could erase an event for bytes that arrived in between (tokio
+/// clears whatever it saw last), and the edge would not come again.
 impl RelaySocket for tokio::net::TcpStream {
     fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         self.try_io(tokio::io::Interest::READABLE, || {
@@ -107,14 +106,6 @@ impl RelaySocket for tokio::net::TcpStream {
         self.try_io(tokio::io::Interest::WRITABLE, || {
             sys::send(self.as_fd(), buf)
         })
-    }
-
-    /// Clears the readiness tokio saw so far without a `recv` that would return `EAGAIN`: an
-    /// event that came in since is newer and stays.
-    fn drained(&self) {
-        let _ = self.try_io(tokio::io::Interest::READABLE, || {
-            Err::<(), _>(io::ErrorKind::WouldBlock.into())
-        });
     }
 }
 
@@ -261,7 +252,6 @@ impl Flow {
                         // A short read emptied the socket; new bytes, an end or an error bring
                         // a new readiness event.
                         self.readable = false;
-                        src.drained();
                         return Ok(Wait::Read);
                     }
                 }

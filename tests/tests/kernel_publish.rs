@@ -314,7 +314,20 @@ fn a_dropped_data_path_keeps_both_layouts_and_the_next_adopts_them() {
         "the table service after the drop: {seen:?}"
     );
 
-    let mut second = Dataplane::open(&opts).expect("opening the second data path");
+    // The instance lock (an flock on the pin directory) went with `first`, but a child another
+    // test of this binary forked meanwhile inherits every descriptor, the lock's too, until it
+    // exits (a real daemon does not fork): wait for that, bounded.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut second = loop {
+        match Dataplane::open(&opts) {
+            Err(proxy::dataplane::DataplaneError::InstanceBusy { .. })
+                if std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => break other.expect("opening the second data path"),
+        }
+    };
     assert_eq!(second.publisher().adopted(), 2);
     // Swap the layouts of the adopted services, then sweep what the first run left.
     second

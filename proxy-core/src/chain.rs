@@ -291,25 +291,7 @@ pub fn route_clusters(
 /// health rule), for the proxy path's per-request host choice. Load shares stay those of the
 /// whole cluster; a priority left without hosts routes nothing.
 pub fn target_routing(target: &TargetLeg, routing: &Routing) -> Routing {
-    let admits = |hosts: &[Host]| -> Vec<Host> {
-        hosts
-            .iter()
-            .filter(|h| target.admits(&as_chain_host(h)))
-            .cloned()
-            .collect()
-    };
-    Routing {
-        priorities: routing
-            .priorities
-            .iter()
-            .map(|p| crate::health::PriorityRouting {
-                healthy: admits(&p.healthy),
-                degraded: admits(&p.degraded),
-                all: admits(&p.all),
-                ..p.clone()
-            })
-            .collect(),
-    }
+    routing.filtered(|h| target.admits(&as_chain_host(h)))
 }
 
 /// Scales hosts' weights so that together they carry `percent` of traffic.

@@ -404,7 +404,7 @@ mod tests {
         config::{ClusterType, Config},
         discovery::Host,
         health::{
-            CheckOutcome, ExtremeRandom, FailureKind, PriorityRouting,
+            CheckOutcome, ExtremeRandom, FailureKind,
             tests::support::{Script, ScriptFactory, addr, secs},
         },
     };
@@ -501,25 +501,7 @@ mod tests {
 
     /// `routing` with only the hosts `keep` admits, at every priority.
     fn only(routing: &Routing, keep: &[std::net::SocketAddr]) -> Routing {
-        let admit = |hosts: &[Host]| -> Vec<Host> {
-            hosts
-                .iter()
-                .filter(|h| keep.contains(&h.addr))
-                .cloned()
-                .collect()
-        };
-        Routing {
-            priorities: routing
-                .priorities
-                .iter()
-                .map(|p| PriorityRouting {
-                    healthy: admit(&p.healthy),
-                    degraded: admit(&p.degraded),
-                    all: admit(&p.all),
-                    ..p.clone()
-                })
-                .collect(),
-        }
+        routing.filtered(|h| keep.contains(&h.addr))
     }
 
     #[tokio::test(start_paused = true)]

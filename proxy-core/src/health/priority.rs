@@ -75,6 +75,26 @@ pub struct Routing {
 }
 
 impl Routing {
+    /// This routing with only the hosts `keep` admits, at every priority (loads and panic as
+    /// they are: a priority left without hosts routes nothing).
+    #[must_use]
+    pub fn filtered(&self, keep: impl Fn(&Host) -> bool) -> Self {
+        let admit =
+            |hosts: &[Host]| -> Vec<Host> { hosts.iter().filter(|h| keep(h)).cloned().collect() };
+        Self {
+            priorities: self
+                .priorities
+                .iter()
+                .map(|p| PriorityRouting {
+                    healthy: admit(&p.healthy),
+                    degraded: admit(&p.degraded),
+                    all: admit(&p.all),
+                    ..p.clone()
+                })
+                .collect(),
+        }
+    }
+
     /// Every host that receives traffic, highest priority first; empty means "no healthy
     /// upstream".
     pub fn routable(&self) -> Vec<Host> {

@@ -185,6 +185,9 @@ pub mod pins {
     pub const PROG_SPLICE: &str = "prog_splice_msg";
     /// The stream verdict program of proxy-pair splicing.
     pub const PROG_PAIR: &str = "prog_pair_verdict";
+    /// Not a pin: a symbolic link to the cgroup a run of this instance created, so that the run
+    /// that stops cleanly removes it even when the one that created it was killed.
+    pub const OWNED_CGROUP: &str = "owned_cgroup";
 }
 
 /// Pin names of earlier versions: maps whose layout moved to a new suffix, and pins of programs
@@ -219,7 +222,8 @@ pub fn classify(pin: &str) -> PinKind {
     let current = maps::ALL.contains(&pin)
         || pins::LINKS.iter().any(|(_, link)| *link == pin)
         || pin == pins::PROG_SPLICE
-        || pin == pins::PROG_PAIR;
+        || pin == pins::PROG_PAIR
+        || pin == pins::OWNED_CGROUP;
     if current {
         PinKind::Current
     } else if RETIRED.contains(&pin) {

@@ -34,6 +34,7 @@ use tracing::{error, info, warn};
 use crate::{
     admin,
     dataplane::{self, Dataplane, DataplaneOptions, ServiceSpec},
+    privileges,
 };
 
 /// How long start-up waits for every service's first publish before it removes what a previous
@@ -45,19 +46,64 @@ pub type SharedDataplane = Arc<Mutex<Option<Dataplane>>>;
 
 /// Runs the daemon until SIGINT or SIGTERM, then detaches and removes everything it created.
 /// `workers` is the runtime's thread count; by default one per CPU the daemon may run on.
+///
+/// The data path is attached on the calling thread before any other thread exists, and the
+/// process then drops every capability it no longer needs (`crate::privileges`): capabilities
+/// are per thread, so the runtime's and the proxy engine's threads start with the reduced sets.
 pub fn run(mut config: Config, workers: Option<usize>) -> anyhow::Result<()> {
     // The proxy's epoll engine runs as many threads as the runtime.
     config.proxy.engine_threads = workers.and_then(std::num::NonZeroUsize::new);
     let workers = workers.unwrap_or_else(default_workers);
     tracing::debug!(workers, "runtime");
     let fatal = Fatal::install();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?;
-    runtime.block_on(run_async(config, fatal))
+    let templates = SpecTemplate::all(&config);
+    let opts = DataplaneOptions {
+        cgroup: dataplane::resolve_cgroup(&config.cgroup)?,
+        bpffs: PathBuf::from(&config.bpffs),
+        instance: config.instance.clone(),
+        follow_sockets: needs_sockops(&config, &templates),
+    };
+    let dp: SharedDataplane = Arc::new(Mutex::new(Some(
+        Dataplane::open(&opts).context("attaching the data path")?,
+    )));
+    let privileged = || -> anyhow::Result<()> {
+        configure_splice(&config, &dp)?;
+        let have = privileges::ThreadCaps::current()?;
+        privileges::drop_to(&privileges::needed(&config, &have))
+            .context("dropping capabilities after attaching the data path")?;
+        Ok(())
+    };
+    let runtime = privileged().and_then(|()| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+            .context("starting the tokio runtime")
+    });
+    let runtime = match runtime {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            shutdown(&dp);
+            return Err(err);
+        }
+    };
+    runtime.block_on(async {
+        let result = run_async(config, templates, dp.clone(), fatal).await;
+        // Every early error leaves nothing attached; the clean stop already shut it down, and
+        // a failed part (`Fatal`) keeps the pins on purpose.
+        if let Err(err) = &result
+            && !err.is::<Failed>()
+        {
+            shutdown(&dp);
+        }
+        result
+    })
 }
+
+/// The error `run` returns after a part of the daemon failed: the data path stays pinned.
+#[derive(Debug, thiserror::Error)]
+#[error("a part of the daemon failed ({0}); the data path stays pinned for the next start")]
+struct Failed(String);
 
 /// Any panic, on any thread or task of the daemon (an engine thread, a cluster's loop, a
 /// publisher): a bug, after which part of the daemon no longer runs while the rest would report
@@ -112,36 +158,23 @@ fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(2, usize::from)
 }
 
-async fn run_async(config: Config, fatal: Fatal) -> anyhow::Result<()> {
+async fn run_async(
+    config: Config,
+    templates: Vec<SpecTemplate>,
+    dp: SharedDataplane,
+    fatal: Fatal,
+) -> anyhow::Result<()> {
     let mut signals = Signals::install()?;
-    let templates = SpecTemplate::all(&config);
     // The sweep after the first publish keeps exactly these services.
     let keys: Vec<ServiceKey> = templates.iter().map(|t| t.key).collect();
-    let opts = DataplaneOptions {
-        cgroup: dataplane::resolve_cgroup(&config.cgroup)?,
-        bpffs: PathBuf::from(&config.bpffs),
-        instance: config.instance.clone(),
-        follow_sockets: needs_sockops(&config, &templates),
-    };
     let manager = HealthCheckManager::default();
     let xds = XdsClients::start(&config).context("starting the xDS clients")?;
     let upstreams = start_upstreams(&config, &manager, &xds)?;
-    let dp: SharedDataplane = Arc::new(Mutex::new(Some(
-        Dataplane::open(&opts).context("attaching the data path")?,
-    )));
-    if let Err(err) = configure_splice(&config, &dp) {
-        shutdown(&dp);
-        return Err(err);
-    }
     // The proxy listener is live and known to the kernel before a service is published in
     // proxy mode.
-    let proxy = match proxy_path::start(&config, &upstreams, &dp).await {
-        Ok(proxy) => proxy,
-        Err(err) => {
-            shutdown(&dp);
-            return Err(err.context("starting the proxy path"));
-        }
-    };
+    let proxy = proxy_path::start(&config, &upstreams, &dp)
+        .await
+        .context("starting the proxy path")?;
     let (published_tx, published_rx) = watch::channel(0usize);
     let mut publishers = JoinSet::new();
     for (svc, spec) in config.services.iter().zip(templates) {
@@ -181,7 +214,6 @@ async fn run_async(config: Config, fatal: Fatal) -> anyhow::Result<()> {
             if let Some(proxy) = proxy {
                 proxy_path::stop(proxy, &dp).await;
             }
-            shutdown(&dp);
             return Err(err).context(format!("admin listener on {}", config.admin.address));
         }
     };
@@ -194,7 +226,7 @@ async fn run_async(config: Config, fatal: Fatal) -> anyhow::Result<()> {
             // /ready is down already (the admin reads the same record). No clean-up: the data
             // path keeps serving what was published, and the next start adopts it.
             error!(%what, "a part of the daemon failed; exiting with the data path left pinned for the next start");
-            anyhow::bail!("a part of the daemon failed ({what}); the data path stays pinned for the next start");
+            return Err(Failed(what).into());
         }
     }
     server.abort();

@@ -12,6 +12,7 @@ pub mod cli;
 pub mod daemon;
 pub mod dataplane;
 pub mod passive;
+pub mod privileges;
 pub mod probe;
 pub mod status;
 #[allow(

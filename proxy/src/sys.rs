@@ -194,3 +194,87 @@ pub mod map_batch {
         }
     }
 }
+
+/// The capability calls behind `crate::privileges`: capset(2) for the calling thread, and the
+/// prctl(2) options that shrink the bounding and ambient sets and set `no_new_privs`. Every one
+/// acts on the calling thread only; threads started afterwards inherit the result.
+pub mod caps {
+    use std::io;
+
+    /// `_LINUX_CAPABILITY_VERSION_3` (linux/capability.h): 64-bit sets, as two 32-bit words.
+    const VERSION_3: u32 = 0x2008_0522;
+
+    /// `struct __user_cap_header_struct`.
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+
+    /// `struct __user_cap_data_struct`: one 32-bit word of each set.
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+
+    /// Sets the calling thread's effective and permitted sets to `keep` (bit `n` is capability
+    /// `n`) and empties its inheritable set. Raising a capability the thread does not have fails
+    /// with `EPERM`.
+    pub fn set(keep: u64) -> io::Result<()> {
+        let mut header = Header {
+            version: VERSION_3,
+            pid: 0,
+        };
+        let word = |shift: u32| {
+            let bits = u32::try_from((keep >> shift) & u64::from(u32::MAX)).unwrap_or_default();
+            Data {
+                effective: bits,
+                permitted: bits,
+                inheritable: 0,
+            }
+        };
+        let data = [word(0), word(32)];
+        // SAFETY: version 3 of the ABI takes one header and two data structs, both valid and
+        // alive for the call; the kernel only writes into the header (the version it wants, on
+        // a version mismatch), which is ours mutably.
+        let rc = unsafe { libc::syscall(libc::SYS_capset, &raw mut header, data.as_ptr()) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Removes capability `cap` from the calling thread's bounding set (needs `CAP_SETPCAP`;
+    /// `EINVAL` for a number the kernel does not know).
+    pub fn drop_bounding(cap: u32) -> io::Result<()> {
+        prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0)
+    }
+
+    /// Empties the calling thread's ambient set (`EINVAL` before Linux 4.3, which has none).
+    pub fn clear_ambient() -> io::Result<()> {
+        let clear_all = libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong;
+        prctl(libc::PR_CAP_AMBIENT, clear_all, 0)
+    }
+
+    /// Sets `no_new_privs`: no `execve` of this thread or its children can gain privileges
+    /// again (set-user-ID bits and file capabilities are ignored). It cannot be unset.
+    pub fn set_no_new_privs() -> io::Result<()> {
+        prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0)
+    }
+
+    fn prctl(option: libc::c_int, arg2: libc::c_ulong, arg3: libc::c_ulong) -> io::Result<()> {
+        let zero: libc::c_ulong = 0;
+        // SAFETY: the options used here take integer arguments only (unused ones must be 0);
+        // no memory is passed to the kernel.
+        let rc = unsafe { libc::prctl(option, arg2, arg3, zero, zero) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+}

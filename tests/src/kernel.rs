@@ -622,6 +622,11 @@ impl Daemon {
         }
     }
 
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Sends `sig` to the daemon (a no-op once it exited).
     pub fn signal(&self, sig: libc::c_int) {
         if let Some(child) = &self.child {

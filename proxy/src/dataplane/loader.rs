@@ -101,17 +101,44 @@ impl Dataplane {
                 return Err(err);
             }
         };
+        let previous = pin_files::owned_cgroup(&pin_dir);
         let created_cgroup = !opts.cgroup.exists();
-        let result = Self::open_in(opts, &pin_dir, created_cgroup, lock);
-        if result.is_err() {
-            if created_pin_dir {
-                pin_files::remove_ours(&pin_dir);
+        let mut dataplane = match Self::open_in(opts, &pin_dir, created_cgroup, lock) {
+            Ok(dataplane) => dataplane,
+            Err(err) => {
+                if created_pin_dir {
+                    pin_files::remove_ours(&pin_dir);
+                }
+                if created_cgroup {
+                    let _ = fs::remove_dir(&opts.cgroup);
+                }
+                return Err(err);
             }
-            if created_cgroup {
-                let _ = fs::remove_dir(&opts.cgroup);
-            }
+        };
+        dataplane.adopt_cgroup(previous);
+        Ok(dataplane)
+    }
+
+    /// Takes over the cgroup a previous run of this instance created (it was killed before its
+    /// clean stop could remove it), and records the cgroup this run owns. A previous run's cgroup
+    /// that this configuration no longer names has nothing attached any more (its links were
+    /// replaced): it is removed now if it is empty.
+    fn adopt_cgroup(&mut self, previous: Option<PathBuf>) {
+        match previous {
+            Some(old) if old == self.cgroup => self.created_cgroup = true,
+            Some(old) => match fs::remove_dir(&old) {
+                Ok(()) => {
+                    info!(cgroup = %old.display(), "removed the cgroup a previous run created");
+                }
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => {
+                    warn!(cgroup = %old.display(), %err, "the cgroup a previous run created is not removed (processes still in it?)");
+                }
+            },
+            None => {}
         }
-        result
+        let owned = self.created_cgroup.then_some(self.cgroup.as_path());
+        pin_files::record_owned_cgroup(&self.pin_dir, owned);
     }
 
     fn open_in(

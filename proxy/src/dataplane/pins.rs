@@ -2,10 +2,13 @@
 //! earlier version left, removing the instance. What each name is comes from
 //! `proxy_common::abi::classify`; a name it does not know is never removed.
 
-use std::{fs, path::Path};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
 
 use aya::programs::links::PinnedLink;
-use proxy_common::abi::{self, PinKind};
+use proxy_common::abi::{self, PinKind, pins};
 use tracing::{info, warn};
 
 /// What [`remove_retired`] found besides this version's pins.
@@ -83,6 +86,22 @@ pub(super) fn remove_ours(dir: &Path) {
         warn!(dir = %dir.display(), kept, "pin directory kept: it holds pins this version does not know");
     } else if let Err(err) = fs::remove_dir(dir) {
         warn!(dir = %dir.display(), %err, "pin directory not removed");
+    }
+}
+
+/// The cgroup a previous run of this instance created, if it recorded one in `dir`.
+pub(super) fn owned_cgroup(dir: &Path) -> Option<PathBuf> {
+    fs::read_link(dir.join(pins::OWNED_CGROUP)).ok()
+}
+
+/// Records in `dir` that this instance created `cgroup` (`None`: that it owns none).
+pub(super) fn record_owned_cgroup(dir: &Path, cgroup: Option<&Path>) {
+    let link = dir.join(pins::OWNED_CGROUP);
+    let _ = fs::remove_file(&link);
+    if let Some(cgroup) = cgroup
+        && let Err(err) = std::os::unix::fs::symlink(cgroup, &link)
+    {
+        warn!(link = %link.display(), %err, "could not record the cgroup this daemon created; a restart after a crash will not remove it");
     }
 }
 

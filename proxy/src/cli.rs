@@ -38,29 +38,10 @@ pub enum Command {
     },
     /// Connect to an address COUNT times from inside a cgroup (and optionally a network
     /// namespace) and report which backend answered (by the first line it sends) and what
-    /// getpeername showed. Moving into the cgroup needs root.
-    Probe {
-        /// Address to connect to, e.g. 127.77.0.1:80.
-        target: std::net::SocketAddr,
-        /// Number of connections (bounded: at most 1,000,000).
-        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-        count: u32,
-        /// Join this cgroup v2 directory first (absolute, or relative to the cgroup v2 mount).
-        #[arg(long)]
-        cgroup: Option<String>,
-        /// Then enter the network namespace at /run/netns/NAME.
-        #[arg(long)]
-        netns: Option<String>,
-        /// Probe with UDP (one datagram per connected socket) instead of TCP.
-        #[arg(long)]
-        udp: bool,
-        /// Per-connection timeout in milliseconds.
-        #[arg(long, default_value_t = 1000)]
-        timeout_ms: u64,
-        /// Print the report as JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    /// getpeername showed. Moving into the cgroup needs root. Exit status: 0 when every
+    /// connection succeeded, 1 when any failed (the report is printed either way), 2 when the
+    /// probe could not start.
+    Probe(ProbeArgs),
     /// Print the services, clusters, hosts, health flags and weights of a running daemon, read
     /// from its admin interface.
     Status {
@@ -113,6 +94,36 @@ pub enum ChainCommand {
         #[arg(long, default_value = proxy_chain::DEFAULT_TRUST_DOMAIN)]
         trust_domain: String,
     },
+}
+
+/// The options of `proxy probe`.
+#[derive(Debug, clap::Args)]
+pub struct ProbeArgs {
+    /// Address to connect to, e.g. 127.77.0.1:80.
+    pub target: std::net::SocketAddr,
+    /// Number of connections (bounded: at most 1,000,000).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub count: u32,
+    /// Join this cgroup v2 directory first (absolute, or relative to the cgroup v2 mount).
+    #[arg(long)]
+    pub cgroup: Option<String>,
+    /// Then enter the network namespace at /run/netns/NAME.
+    #[arg(long)]
+    pub netns: Option<String>,
+    /// Probe with UDP (one datagram per connected socket) instead of TCP.
+    #[arg(long)]
+    pub udp: bool,
+    /// Per-connection timeout in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub timeout_ms: u64,
+    /// What makes a TCP connection a success: the first line the server sends (`banner`,
+    /// which names the backend), the connect alone (`connect`, for servers that wait for the
+    /// client), or an HTTP response to `GET /` (`http`).
+    #[arg(long, value_enum, default_value_t = crate::probe::Expect::Banner)]
+    pub expect: crate::probe::Expect,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[cfg(test)]

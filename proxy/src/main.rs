@@ -7,7 +7,7 @@ use std::{io::Write as _, process::ExitCode};
 use clap::Parser as _;
 use proxy::{
     EXIT_BAD_CONFIG,
-    cli::{ChainCommand, Cli, Command},
+    cli::{ChainCommand, Cli, Command, ProbeArgs},
     daemon,
 };
 use proxy_core::config::Config;
@@ -31,15 +31,7 @@ fn main() -> ExitCode {
                 ExitCode::from(EXIT_BAD_CONFIG)
             }
         },
-        Command::Probe {
-            target,
-            count,
-            cgroup,
-            netns,
-            udp,
-            timeout_ms,
-            json,
-        } => probe(target, count, cgroup, netns, udp, timeout_ms, json),
+        Command::Probe(args) => probe(&args),
         Command::Chain(ChainCommand::Compile {
             entries,
             service,
@@ -109,21 +101,16 @@ fn main() -> ExitCode {
     }
 }
 
-fn probe(
-    target: std::net::SocketAddr,
-    count: u32,
-    cgroup: Option<String>,
-    netns: Option<String>,
-    udp: bool,
-    timeout_ms: u64,
-    json: bool,
-) -> ExitCode {
+/// `proxy probe`: 0 when every connection succeeded, 1 when any failed, 2 when it could not
+/// start.
+fn probe(args: &ProbeArgs) -> ExitCode {
+    const CANNOT_START: u8 = 2;
     let setup = || -> anyhow::Result<()> {
-        if let Some(cgroup) = cgroup {
-            proxy::probe::join_cgroup(&proxy::dataplane::resolve_cgroup(&cgroup)?)?;
+        if let Some(cgroup) = &args.cgroup {
+            proxy::probe::join_cgroup(&proxy::dataplane::resolve_cgroup(cgroup)?)?;
         }
-        if let Some(name) = netns {
-            let path = std::path::Path::new("/run/netns").join(&name);
+        if let Some(name) = &args.netns {
+            let path = std::path::Path::new("/run/netns").join(name);
             proxy::enter_netns(&path).map_err(|e| {
                 anyhow::anyhow!("entering network namespace {}: {e}", path.display())
             })?;
@@ -132,16 +119,16 @@ fn probe(
     };
     if let Err(err) = setup() {
         eprintln!("error: {err:#}");
-        return ExitCode::FAILURE;
+        return ExitCode::from(CANNOT_START);
     }
-    let opts = proxy::probe::ProbeOptions {
-        target,
-        count,
-        udp,
-        timeout: std::time::Duration::from_millis(timeout_ms),
-    };
-    let report = proxy::probe::run(&opts);
-    let printed = if json {
+    let report = proxy::probe::run(&proxy::probe::ProbeOptions {
+        target: args.target,
+        count: args.count,
+        udp: args.udp,
+        timeout: std::time::Duration::from_millis(args.timeout_ms),
+        expect: args.expect,
+    });
+    let printed = if args.json {
         serde_json::to_writer(std::io::stdout(), &report)
             .map_err(std::io::Error::other)
             .and_then(|()| writeln!(std::io::stdout()))
@@ -149,9 +136,9 @@ fn probe(
         proxy::probe::print_table(&report, &mut std::io::stdout())
     };
     if printed.is_err() {
-        return ExitCode::FAILURE;
+        return ExitCode::from(CANNOT_START);
     }
-    ExitCode::SUCCESS
+    ExitCode::from(proxy::probe::exit_status(&report))
 }
 
 fn init_tracing(filter: &str) {

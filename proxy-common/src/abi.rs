@@ -73,6 +73,8 @@ pub mod maps {
     pub const PASSIVE_RUN: &str = "PASSIVE_RUN_V1";
     /// Per-CPU counters, indexed by `crate::counters`. `_V2`: more counters.
     pub const COUNTERS: &str = "COUNTERS_V2";
+    /// Per-CPU counters of each service, by `Service::id`.
+    pub const SVC_COUNTERS: &str = "SVC_COUNTERS_V1";
     /// Proxy-pair splicing: the sockhash the stream verdict program is attached to.
     pub const PAIR_SOCKS: &str = "PAIR_SOCKS_V1";
     /// Proxy-pair splicing: the socket to send out of, by the receiving socket's cookie. `_V2`:
@@ -84,7 +86,7 @@ pub mod maps {
     pub const PAIR_GRANT: &str = "PAIR_GRANT_V1";
 
     /// Every map of the object; all of them are pinned under their name.
-    pub const ALL: [&str; 17] = [
+    pub const ALL: [&str; 18] = [
         SERVICES,
         SLOTS,
         BACKENDS,
@@ -98,6 +100,7 @@ pub mod maps {
         PASSIVE,
         PASSIVE_RUN,
         COUNTERS,
+        SVC_COUNTERS,
         PAIR_SOCKS,
         PAIR_PEER,
         PAIR_FLOW,

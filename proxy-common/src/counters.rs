@@ -2,6 +2,9 @@
 //! can meet has one; the daemon sums them over CPUs and exports them under `/stats`.
 //!
 //! `NAMES[i]` is the exported name of index `i`; a unit test keeps the two lists in step.
+//!
+//! Per service, `SVC_COUNTERS_V1` (a per-CPU hash by `Service::id`) holds [`ServiceCounts`]: the
+//! same outcomes, for the one service, exported with its name.
 
 /// connect4/6: a service address was rewritten to a chosen host.
 pub const CONNECT_REWRITTEN: u32 = 0;
@@ -126,5 +129,33 @@ mod tests {
         assert_eq!(NAMES[PAIR_REDIRECT_FAILED as usize], "pair_redirect_failed");
         assert_eq!(NAMES[PAIR_PASSED as usize], "pair_passed");
         assert_eq!(NAMES.len(), PAIR_PASSED as usize + 1);
+    }
+}
+
+/// Value of `SVC_COUNTERS_V1` (per CPU, by `Service::id`): what happened to the connects and
+/// datagrams addressed to one service. The hooks create a service's entry on its first use; the
+/// daemon deletes it with the service. A service's clusters count as having carried traffic
+/// (Envoy's "no traffic" health-check interval ends) once `to_host` or `to_proxy` moved.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceCounts {
+    /// Connects (connect4/6) and unconnected datagrams (sendmsg4/6) sent to a chosen host.
+    pub to_host: u64,
+    /// Connects redirected to the daemon's proxy listener (proxy mode).
+    pub to_proxy: u64,
+    /// Connects and datagrams refused because the service had no routable host.
+    pub no_host: u64,
+}
+const _: () = assert!(core::mem::size_of::<ServiceCounts>() == 24);
+
+impl ServiceCounts {
+    /// The sum of per-CPU values.
+    #[must_use]
+    pub fn sum<'a>(per_cpu: impl IntoIterator<Item = &'a Self>) -> Self {
+        per_cpu.into_iter().fold(Self::default(), |a, c| Self {
+            to_host: a.to_host.wrapping_add(c.to_host),
+            to_proxy: a.to_proxy.wrapping_add(c.to_proxy),
+            no_host: a.no_host.wrapping_add(c.no_host),
+        })
     }
 }

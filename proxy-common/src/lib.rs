@@ -21,6 +21,7 @@ pub mod socket;
 #[allow(unsafe_code)]
 mod pod {
     use crate::{
+        counters::ServiceCounts,
         service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey},
         socket::{
             PairFlow, PairGrant, PassiveCounts, PeerSlot, Settings, SockTuple, UdpReverseKey,
@@ -52,4 +53,6 @@ mod pod {
     unsafe impl aya::Pod for PairGrant {}
     // SAFETY: as above.
     unsafe impl aya::Pod for PeerSlot {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for ServiceCounts {}
 }

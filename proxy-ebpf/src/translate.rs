@@ -12,7 +12,7 @@ use proxy_common::{
 };
 
 use crate::{
-    maps::{SERVICES_V2, count, settings},
+    maps::{SERVICES_V2, ServiceOutcome, count, count_service, settings},
     select::{NoBackend, choose},
 };
 
@@ -134,7 +134,16 @@ pub fn target(
         return Ok(None);
     };
     if allow_proxy && svc.flags & SERVICE_F_PROXY != 0 {
-        return proxy_listener(key.family).map(Some);
+        let redirect = proxy_listener(key.family);
+        count_service(
+            svc.id,
+            if redirect.is_ok() {
+                ServiceOutcome::ToProxy
+            } else {
+                ServiceOutcome::NoHost
+            },
+        );
+        return redirect.map(Some);
     }
     // Only consistent hashing reads the client's network namespace.
     let netns = if svc.flags & SERVICE_F_MAGLEV != 0 {
@@ -151,6 +160,7 @@ pub fn target(
         return Ok(None);
     }
     count(outcomes.rewritten);
+    count_service(svc.id, ServiceOutcome::ToHost);
     Ok(Some(Target {
         dest,
         proxied: false,
@@ -189,6 +199,7 @@ fn backend(
             }
             Some(_) => {
                 count(outcomes.no_host);
+                count_service(svc.id, ServiceOutcome::NoHost);
                 return Err(Refuse);
             }
             // Removed meanwhile: no longer a service.

@@ -90,6 +90,25 @@ impl State {
     }
 
     /// Kernel counters, summed over CPUs.
+    /// Each published service's kernel counters, by service name.
+    fn service_counters(&self) -> Vec<(&str, proxy_common::counters::ServiceCounts)> {
+        let guard = self
+            .dataplane
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(dp) = guard.as_ref() else {
+            return Vec::new();
+        };
+        self.config
+            .services
+            .iter()
+            .filter_map(|svc| {
+                let counts = dp.service_counts(&crate::daemon::service_key(svc))?;
+                Some((svc.name.as_str(), counts))
+            })
+            .collect()
+    }
+
     fn kernel_counters(&self) -> Vec<(&'static str, u64)> {
         let guard = self
             .dataplane

@@ -219,6 +219,11 @@ async fn run_async(
     };
     sweep_after_first_publish(&keys, &dp, published_rx).await;
     let passive = tokio::spawn(crate::passive::run(dp.clone(), upstreams.clone()));
+    let traffic = tokio::spawn(crate::traffic::run(
+        dp.clone(),
+        manager.clone(),
+        crate::traffic::watched(&config),
+    ));
     info!(admin = %config.admin.address, services = config.services.len(), "ready");
     tokio::select! {
         () = signals.wait() => {}
@@ -231,6 +236,7 @@ async fn run_async(
     }
     server.abort();
     passive.abort();
+    traffic.abort();
     if let Some(proxy) = proxy {
         proxy_path::stop(proxy, &dp).await;
     }
@@ -395,10 +401,6 @@ impl SpecTemplate {
     }
 
     fn new(svc: &Service, config: &Config) -> Self {
-        let proto = match svc.protocol {
-            Protocol::Tcp => PROTO_TCP,
-            Protocol::Udp => PROTO_UDP,
-        };
         let names = config.service_clusters(svc);
         let clusters: Vec<_> = names.iter().filter_map(|c| config.cluster(c)).collect();
         let maglev = clusters.iter().any(|c| c.lb_policy == LbPolicy::Maglev);
@@ -418,7 +420,7 @@ impl SpecTemplate {
         }
         Self {
             name: svc.name.clone(),
-            key: dataplane::publish_key(svc.address, svc.port, proto),
+            key: service_key(svc),
             flags,
             plan: config.chain_plan(svc),
             refuse: SocketAddr::new(unspecified, 0),
@@ -526,6 +528,15 @@ impl Signals {
             }
         }
     }
+}
+
+/// The kernel's key of a service.
+pub fn service_key(svc: &Service) -> ServiceKey {
+    let proto = match svc.protocol {
+        Protocol::Tcp => PROTO_TCP,
+        Protocol::Udp => PROTO_UDP,
+    };
+    dataplane::publish_key(svc.address, svc.port, proto)
 }
 
 /// A service's address as `ip:port`, for tables.

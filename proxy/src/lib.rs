@@ -20,6 +20,7 @@ pub mod status;
     reason = "the daemon's system calls without a safe binding, each with its SAFETY note"
 )]
 mod sys;
+pub mod traffic;
 
 pub use sys::enter_netns;
 

@@ -155,6 +155,9 @@ fn service_without_hosts_refuses_connects() {
     let probe = Probe::run(&netns, Some(cgroup.path()), vip, 10, false);
     assert_eq!(probe.errors.get("EPERM"), Some(&10), "{probe:?}");
     assert_eq!(daemon.counter("connect_no_host"), 10);
+    // The same, counted for the service itself.
+    assert_eq!(daemon.stat("service.web.cx_no_host"), 10);
+    assert_eq!(daemon.stat("service.web.cx_to_host"), 0);
 }
 
 #[test]

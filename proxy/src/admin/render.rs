@@ -6,12 +6,22 @@ use serde::Serialize;
 
 use super::State;
 
-/// Every stat: kernel counters (`bpf.*`), cluster stats (`cluster.<name>.*`), the proxy path's
-/// (`proxy.*`, Envoy's listener and tcp_proxy names), server gauges.
+/// Every stat: kernel counters (`bpf.*`), each service's kernel counters (`service.<name>.*`),
+/// cluster stats (`cluster.<name>.*`), the proxy path's (`proxy.*`, Envoy's listener and
+/// tcp_proxy names), server gauges.
 fn all_stats(state: &State) -> BTreeMap<String, u64> {
     let mut stats = BTreeMap::new();
     for (name, value) in state.kernel_counters() {
         stats.insert(format!("bpf.{name}"), value);
+    }
+    for (service, counts) in state.service_counters() {
+        for (stat, value) in [
+            ("cx_to_host", counts.to_host),
+            ("cx_to_proxy", counts.to_proxy),
+            ("cx_no_host", counts.no_host),
+        ] {
+            stats.insert(format!("service.{service}.{stat}"), value);
+        }
     }
     for upstream in state.upstreams.values() {
         stats.extend(upstream.stats());
@@ -78,6 +88,18 @@ pub(super) fn prometheus(state: &State) -> String {
             None if name.starts_with("bpf.") => {
                 (format!("proxy_{}", sanitize(&name)), String::new())
             }
+            // `service.<name>.<stat>`: the stat is the last part (a service name may hold dots).
+            None if name.starts_with("service.") => match name["service.".len()..].rsplit_once('.')
+            {
+                Some((service, stat)) => (
+                    format!("proxy_service_{}", sanitize(stat)),
+                    format!(
+                        "{{service=\"{}\"}}",
+                        service.replace('\\', "\\\\").replace('"', "\\\"")
+                    ),
+                ),
+                None => (format!("proxy_{}", sanitize(&name)), String::new()),
+            },
             None => (format!("envoy_{}", sanitize(&name)), String::new()),
         };
         let kind = if is_gauge(&name) { "gauge" } else { "counter" };

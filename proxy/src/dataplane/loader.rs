@@ -236,6 +236,14 @@ impl Dataplane {
         &mut self.publisher
     }
 
+    /// What the hooks counted for the service at `key` (`None` if it is not published).
+    pub fn service_counts(
+        &self,
+        key: &proxy_common::service::ServiceKey,
+    ) -> Option<proxy_common::counters::ServiceCounts> {
+        self.publisher.service_counts(key)
+    }
+
     /// Counters summed over CPUs, with their names.
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
         self.runtime.counters()

@@ -17,6 +17,7 @@ use aya::{
 };
 use proxy_common::{
     abi::maps,
+    counters::ServiceCounts,
     service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey},
     socket::{PairFlow, PairGrant, PassiveCounts, Settings, SockTuple},
 };
@@ -65,6 +66,8 @@ map_group! {
         slots: HashMap<MapData, SlotTableKey, SlotTable> = SLOTS,
         /// Backend addresses by id.
         backends: HashMap<MapData, u32, Backend> = BACKENDS,
+        /// Per-CPU counters of each service, by service id.
+        svc_counters: PerCpuHashMap<MapData, u32, ServiceCounts> = SVC_COUNTERS,
     }
 }
 

@@ -20,9 +20,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap, MapData, MapError};
+use aya::maps::{HashMap, MapData, MapError, PerCpuHashMap};
 use proxy_common::{
     abi::maps,
+    counters::ServiceCounts,
     service::{
         Backend, FAMILY_V4, FAMILY_V6, MAX_PRIORITIES, SERVICE_F_MAGLEV, SERVICE_F_PASSIVE,
         SERVICE_F_PROXY, SERVICE_F_SINGLE, SLOTS, Service, ServiceKey, SlotTable, SlotTableKey,
@@ -108,6 +109,8 @@ pub struct Publisher {
     services: HashMap<MapData, ServiceKey, Service>,
     slots: HashMap<MapData, SlotTableKey, SlotTable>,
     backends: HashMap<MapData, u32, Backend>,
+    /// Per-service counters the hooks keep, by service id; an entry goes with its service.
+    svc_counters: PerCpuHashMap<MapData, u32, ServiceCounts>,
     live: BTreeMap<ServiceKey, Live>,
     /// Backend address -> id, and id -> (address, number of live tables referencing it).
     backend_ids: StdHashMap<Backend, u32>,
@@ -156,6 +159,7 @@ impl Publisher {
             services,
             slots,
             backends,
+            svc_counters,
         } = maps;
         let mut live = BTreeMap::new();
         let mut next_service_id = 1;
@@ -190,6 +194,7 @@ impl Publisher {
             services,
             slots,
             backends,
+            svc_counters,
             live,
             backend_ids: StdHashMap::new(),
             backend_refs: StdHashMap::new(),
@@ -200,6 +205,18 @@ impl Publisher {
             follow_sockets,
             retiring: VecDeque::new(),
         })
+    }
+
+    /// What the hooks counted for the service at `key` since it was first published (summed
+    /// over CPUs); zero before its first use, `None` for a service that is not live.
+    pub fn service_counts(&self, key: &ServiceKey) -> Option<ServiceCounts> {
+        let id = self.live.get(key)?.service.id;
+        Some(
+            self.svc_counters
+                .get(&id, 0)
+                .map(|per_cpu| ServiceCounts::sum(per_cpu.iter()))
+                .unwrap_or_default(),
+        )
     }
 
     /// How many services were found in pinned maps at start.
@@ -298,6 +315,7 @@ impl Publisher {
                 self.retire(&old.live, &mut dead_backends);
                 if old.free_id {
                     self.service_ids.remove(&old.live.service.id);
+                    let _ = self.svc_counters.remove(&old.live.service.id);
                 }
             }
         }
@@ -535,6 +553,9 @@ impl Publisher {
             let id = self.next_service_id;
             self.next_service_id = self.next_service_id.wrapping_add(1).max(1);
             if self.service_ids.insert(id) {
+                // Counters a previous holder of the id left (a service removed while no daemon
+                // ran) must not count for this one. The id is in no service entry yet.
+                let _ = self.svc_counters.remove(&id);
                 return id;
             }
         }

@@ -56,12 +56,37 @@ pub enum Command {
     /// Consul discovery chain tools.
     #[command(subcommand)]
     Chain(ChainCommand),
+    /// Look at the kernel's data path of an instance.
+    #[command(subcommand)]
+    Dataplane(DataplaneCommand),
     /// Validate a configuration file and exit: status 0 if it is usable, 64 with
     /// file:line:column and the field if not. Needs no privileges and touches nothing.
     Check {
         /// Configuration file (YAML or JSON).
         #[arg(long, short)]
         config: PathBuf,
+    },
+}
+
+/// `proxy dataplane ...`.
+#[derive(Debug, Subcommand)]
+pub enum DataplaneCommand {
+    /// Print what the kernel serves, read from the instance's pinned maps: every service, its
+    /// hosts and their slots per priority, the live generation, the per-service and global
+    /// counters. Works whether or not a daemon runs, and says which. Needs root (cap_bpf).
+    Show {
+        /// Take the instance, bpffs and service names from this configuration file.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// The instance (without --config).
+        #[arg(long, default_value = "proxy", conflicts_with = "config")]
+        instance: String,
+        /// The BPF filesystem (without --config).
+        #[arg(long, default_value = "/sys/fs/bpf", conflicts_with = "config")]
+        bpffs: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
     },
 }
 

@@ -24,7 +24,7 @@ pub use self::{
     pair::{PAIR_CREDIT, PairError, PairGuard, PairSide, PairSplicer},
     pins::RetiredPins,
     publish::{PublishOutcome, Publisher, ServiceSpec, backend_of, service_key as publish_key},
-    runtime::{OriginalDestinations, PassiveReport, RuntimeMaps},
+    runtime::{OriginalDestinations, PassiveReport, RuntimeMaps, socket_addr as kernel_addr},
 };
 
 /// The kernel programs, built by `build.rs` from the `proxy-ebpf` crate.

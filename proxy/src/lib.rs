@@ -14,6 +14,7 @@ pub mod dataplane;
 pub mod passive;
 pub mod privileges;
 pub mod probe;
+pub mod show;
 pub mod status;
 #[allow(
     unsafe_code,

@@ -7,7 +7,7 @@ use std::{io::Write as _, process::ExitCode};
 use clap::Parser as _;
 use proxy::{
     EXIT_BAD_CONFIG,
-    cli::{ChainCommand, Cli, Command, ProbeArgs},
+    cli::{ChainCommand, Cli, Command, DataplaneCommand, ProbeArgs},
     daemon,
 };
 use proxy_core::config::Config;
@@ -78,6 +78,12 @@ fn main() -> ExitCode {
             }
         }
         Command::Status { admin, timeout } => status(admin, timeout),
+        Command::Dataplane(DataplaneCommand::Show {
+            config,
+            instance,
+            bpffs,
+            json,
+        }) => dataplane_show(config.as_deref(), &instance, &bpffs, json),
         Command::Run {
             config,
             concurrency,
@@ -147,6 +153,47 @@ fn init_tracing(filter: &str) {
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
         .init();
+}
+
+/// `proxy dataplane show`: 0, 64 for a bad configuration, 1 when the maps cannot be read.
+fn dataplane_show(
+    config: Option<&std::path::Path>,
+    instance: &str,
+    bpffs: &std::path::Path,
+    json: bool,
+) -> ExitCode {
+    let (pins, names) = match config.map(proxy::load_config) {
+        None => (bpffs.join(instance), std::collections::BTreeMap::new()),
+        Some(Err(err)) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(EXIT_BAD_CONFIG);
+        }
+        Some(Ok(cfg)) => (
+            std::path::Path::new(&cfg.bpffs).join(&cfg.instance),
+            cfg.services
+                .iter()
+                .map(|s| (daemon::service_key(s), s.name.clone()))
+                .collect(),
+        ),
+    };
+    let snapshot = match proxy::show::read(&pins, &names) {
+        Ok(snapshot) => snapshot,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let printed = if json {
+        serde_json::to_writer_pretty(std::io::stdout(), &snapshot)
+            .map_err(std::io::Error::other)
+            .and_then(|()| writeln!(std::io::stdout()))
+    } else {
+        proxy::show::print(&snapshot, &mut std::io::stdout())
+    };
+    if printed.is_err() {
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
 }
 
 /// `proxy status`.

@@ -432,3 +432,90 @@ fn a_second_daemon_on_the_same_instance_is_refused() {
     assert!(first.stop(), "clean exit on SIGTERM:\n{}", first.log_text());
     assert!(!dir.join(maps::SERVICES).exists(), "a clean stop unpins");
 }
+
+/// Runs `proxy dataplane show` with `args`; its stdout.
+fn dataplane_show(args: &[&str]) -> String {
+    let out = std::process::Command::new(proxy_bin())
+        .args(["dataplane", "show"])
+        .args(args)
+        .output()
+        .expect("running proxy dataplane show");
+    assert!(
+        out.status.success(),
+        "dataplane show failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
+/// `proxy dataplane show` reads what the kernel serves from the pins, with a daemon running and
+/// after it was killed, and says which.
+#[test]
+fn dataplane_show_reads_the_pins_with_and_without_a_daemon() {
+    require_root();
+    if skip_without_dataplane("dataplane_show_reads_the_pins_with_and_without_a_daemon") {
+        return;
+    }
+    let netns = Netns::new();
+    let cgroup = TestCgroup::new();
+    let servers: Vec<(SocketAddr, &str, bool)> = HOSTS
+        .iter()
+        .map(|h| (h.parse().unwrap(), *h, false))
+        .collect();
+    let _servers = BannerServers::start(&netns, &servers);
+    let instance = unique("sh");
+    let pins = PathBuf::from("/sys/fs/bpf").join(&instance);
+    let _pin_guard = PinDir(pins.clone());
+    let config = config(&instance, cgroup.path());
+    let mut daemon = Daemon::start(&config);
+    let vip: SocketAddr = VIP.parse().unwrap();
+    let client = InCgroup::spawn(Some(cgroup.path()), &netns, move || {
+        serde_json::to_string(&tcp_loop(vip, 10, Duration::from_secs(5))).unwrap()
+    });
+    let report = LoopReport::parse(&client.wait(Duration::from_secs(30)));
+    assert_eq!(report.ok(), 10, "{report:?}");
+
+    let check = |running: bool| {
+        let json = dataplane_show(&["--instance", &instance, "--json"]);
+        let snap: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+        assert_eq!(snap["daemon_running"], running, "{json}");
+        let services = snap["services"].as_array().expect("services");
+        assert_eq!(services.len(), 1, "{json}");
+        let web = &services[0];
+        assert_eq!(web["address"], format!("{VIP}/tcp"), "{json}");
+        assert_eq!(web["counters"]["to_host"], 10, "{json}");
+        let level: Vec<(String, u64)> = web["priorities"][0]
+            .as_array()
+            .expect("priority 0")
+            .iter()
+            .map(|h| {
+                (
+                    h["address"].as_str().unwrap().to_owned(),
+                    h["slots"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        let mut hosts: Vec<&str> = level.iter().map(|(a, _)| a.as_str()).collect();
+        hosts.sort_unstable();
+        assert_eq!(hosts, HOSTS, "{json}");
+        // Equal weights: the slot table is split in two halves.
+        let slots: Vec<u64> = level.iter().map(|(_, n)| *n).collect();
+        assert_eq!(
+            slots.iter().sum::<u64>(),
+            proxy_common::service::SLOTS as u64
+        );
+        assert!(slots[0].abs_diff(slots[1]) <= 1, "{slots:?}");
+    };
+    check(true);
+    daemon.kill9();
+    check(false);
+    // The table names the service when given the configuration.
+    let tmp = TempDir::new();
+    let path = tmp.0.join("config.yaml");
+    std::fs::write(&path, config.replace("{admin}", "127.0.0.1:1")).unwrap();
+    let table = dataplane_show(&["--config", path.to_str().unwrap()]);
+    println!("{table}");
+    assert!(table.contains("no daemon is running"), "{table}");
+    assert!(table.contains(&format!("{VIP}/tcp")), "{table}");
+    assert!(table.contains(" web "), "{table}");
+}

@@ -222,7 +222,7 @@ fn client_view(peer: SocketAddr, local: SocketAddr) -> Option<SockTuple> {
 }
 
 /// A kernel address (network-order words, network-order port) as a socket address.
-pub(super) fn socket_addr(words: [u32; 4], port_be: u16, family: u8) -> SocketAddr {
+pub fn socket_addr(words: [u32; 4], port_be: u16, family: u8) -> SocketAddr {
     let ip = if family == FAMILY_V6 {
         let mut octets = [0u8; 16];
         for (i, w) in words.iter().enumerate() {

@@ -1,0 +1,306 @@
+//! `proxy dataplane show`: what the kernel serves, read straight from the pinned maps of an
+//! instance, with or without a running daemon (as `cilium bpf lb list` does): every service, its
+//! hosts and their share of the slots per priority, the live generation, the per-service
+//! counters, the settings and the global counters.
+
+use std::{collections::BTreeMap, fs, net::SocketAddr, path::Path};
+
+use anyhow::Context as _;
+use proxy_common::{
+    counters::ServiceCounts,
+    service::{
+        Backend, MAX_PRIORITIES, PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV, SERVICE_F_PASSIVE,
+        SERVICE_F_PROXY, SERVICE_F_SINGLE, SLOTS, Service, ServiceKey, SlotTableKey,
+    },
+    socket::SETTINGS_F_SPLICE,
+};
+use serde::Serialize;
+
+use crate::dataplane::{KernelMaps, RuntimeMaps, kernel_addr};
+
+/// Everything `show` prints.
+#[derive(Debug, Serialize)]
+pub struct Snapshot {
+    /// The pin directory read.
+    pub pins: String,
+    /// Whether a daemon holds the instance's lock now.
+    pub daemon_running: bool,
+    /// The proxy listeners proxy-mode services are redirected to, if set.
+    pub proxy_listeners: Vec<String>,
+    /// Whether local pairs are spliced.
+    pub splice: bool,
+    pub services: Vec<ServiceView>,
+    /// Non-zero global counters, by name.
+    pub counters: BTreeMap<String, u64>,
+}
+
+/// One service as the kernel sees it.
+#[derive(Debug, Serialize)]
+pub struct ServiceView {
+    /// `ip:port/tcp` or `/udp`.
+    pub address: String,
+    /// The name the configuration gives it, when a configuration was given.
+    pub name: Option<String>,
+    pub id: u32,
+    pub generation: u32,
+    /// `proxy`, `maglev`, `single`, `passive`.
+    pub flags: Vec<&'static str>,
+    /// Per priority (0 first) the hosts and the slots each holds, of [`SLOTS`]; an empty list
+    /// is a priority without a routable host.
+    pub priorities: Vec<Vec<HostView>>,
+    pub counters: CountsView,
+}
+
+/// A service's kernel counters (`SVC_COUNTERS_V1`, summed over CPUs).
+#[derive(Debug, Default, Serialize)]
+pub struct CountsView {
+    pub to_host: u64,
+    pub to_proxy: u64,
+    pub no_host: u64,
+}
+
+impl From<ServiceCounts> for CountsView {
+    fn from(c: ServiceCounts) -> Self {
+        Self {
+            to_host: c.to_host,
+            to_proxy: c.to_proxy,
+            no_host: c.no_host,
+        }
+    }
+}
+
+/// One host of one priority.
+#[derive(Debug, Serialize)]
+pub struct HostView {
+    pub address: String,
+    /// Slots of the table that hold this host (its weight as the kernel applies it).
+    pub slots: u32,
+}
+
+/// Reads the instance at `pin_dir`; `names` maps service keys to configured names.
+pub fn read(pin_dir: &Path, names: &BTreeMap<ServiceKey, String>) -> anyhow::Result<Snapshot> {
+    if !pin_dir.is_dir() {
+        anyhow::bail!(
+            "{} does not exist: no data path is pinned for this instance",
+            pin_dir.display()
+        );
+    }
+    let maps = KernelMaps::open_pinned(pin_dir)
+        .with_context(|| format!("opening the pinned maps in {}", pin_dir.display()))?;
+    let runtime = RuntimeMaps::open_pinned(pin_dir)?;
+    let service = &maps.service;
+    let mut services = Vec::new();
+    for entry in &service.services {
+        let (key, svc) = entry.context("reading the services map")?;
+        let priorities = if svc.flags & SERVICE_F_SINGLE != 0 {
+            vec![vec![HostView {
+                address: backend_addr(&svc.backend).to_string(),
+                slots: SLOTS as u32,
+            }]]
+        } else {
+            levels(&maps, &svc)
+        };
+        let counters = service
+            .svc_counters
+            .get(&svc.id, 0)
+            .map(|per_cpu| ServiceCounts::sum(per_cpu.iter()))
+            .unwrap_or_default();
+        services.push(ServiceView {
+            address: service_addr(&key),
+            name: names.get(&key).cloned(),
+            id: svc.id,
+            generation: svc.generation,
+            flags: flag_names(svc.flags),
+            priorities,
+            counters: counters.into(),
+        });
+    }
+    services.sort_by(|a, b| a.address.cmp(&b.address));
+    let settings = runtime.settings();
+    let proxy_listeners = [settings.proxy_v4, settings.proxy_v6]
+        .iter()
+        .filter(|b| b.family != 0)
+        .map(|b| backend_addr(b).to_string())
+        .collect();
+    Ok(Snapshot {
+        pins: pin_dir.display().to_string(),
+        daemon_running: daemon_running(pin_dir),
+        proxy_listeners,
+        splice: settings.flags & SETTINGS_F_SPLICE != 0,
+        services,
+        counters: runtime
+            .counters()
+            .into_iter()
+            .filter(|(_, v)| *v != 0)
+            .map(|(n, v)| (n.to_owned(), v))
+            .collect(),
+    })
+}
+
+/// Whether a daemon holds the instance's lock (an exclusive `flock` on the pin directory).
+fn daemon_running(pin_dir: &Path) -> bool {
+    let Ok(dir) = fs::File::open(pin_dir) else {
+        return false;
+    };
+    matches!(dir.try_lock_shared(), Err(fs::TryLockError::WouldBlock))
+}
+
+/// The hosts of each priority of the live generation, with their slot counts.
+fn levels(maps: &KernelMaps, svc: &Service) -> Vec<Vec<HostView>> {
+    let mut levels = Vec::new();
+    for priority in 0..MAX_PRIORITIES {
+        let key = SlotTableKey {
+            service_id: svc.id,
+            generation: svc.generation,
+            priority,
+        };
+        let Ok(table) = maps.service.slots.get(&key, 0) else {
+            continue;
+        };
+        let mut slots: BTreeMap<u32, u32> = BTreeMap::new();
+        let len = (table.len as usize).min(table.slots.len());
+        for id in &table.slots[..len] {
+            *slots.entry(*id).or_default() += 1;
+        }
+        let mut hosts: Vec<HostView> = slots
+            .into_iter()
+            .map(|(id, n)| HostView {
+                address: maps.service.backends.get(&id, 0).map_or_else(
+                    |_| format!("(backend {id} missing)"),
+                    |b| backend_addr(&b).to_string(),
+                ),
+                slots: n,
+            })
+            .collect();
+        hosts.sort_by(|a, b| b.slots.cmp(&a.slots).then(a.address.cmp(&b.address)));
+        // Priorities are dense from 0: a missing table in the middle is an empty level.
+        levels.resize_with(priority as usize, Vec::new);
+        levels.push(hosts);
+    }
+    levels
+}
+
+fn flag_names(flags: u32) -> Vec<&'static str> {
+    [
+        (SERVICE_F_PROXY, "proxy"),
+        (SERVICE_F_MAGLEV, "maglev"),
+        (SERVICE_F_SINGLE, "single"),
+        (SERVICE_F_PASSIVE, "passive"),
+    ]
+    .into_iter()
+    .filter(|(bit, _)| flags & bit != 0)
+    .map(|(_, name)| name)
+    .collect()
+}
+
+fn backend_addr(b: &Backend) -> SocketAddr {
+    kernel_addr(b.addr, b.port, b.family)
+}
+
+fn service_addr(key: &ServiceKey) -> String {
+    let proto = match key.proto {
+        PROTO_TCP => "tcp",
+        PROTO_UDP => "udp",
+        _ => "?",
+    };
+    let addr = kernel_addr(key.addr, key.port, key.family);
+    format!("{addr}/{proto}")
+}
+
+/// The snapshot as a table for people.
+pub fn print(snap: &Snapshot, out: &mut impl std::io::Write) -> std::io::Result<()> {
+    let state = if snap.daemon_running {
+        "a daemon is running"
+    } else {
+        "no daemon is running: the kernel serves the last published state"
+    };
+    writeln!(out, "instance {} ({state})", snap.pins)?;
+    let listeners = if snap.proxy_listeners.is_empty() {
+        "none".to_owned()
+    } else {
+        snap.proxy_listeners.join(", ")
+    };
+    writeln!(
+        out,
+        "proxy listener: {listeners}; splice: {}",
+        if snap.splice { "on" } else { "off" }
+    )?;
+    writeln!(
+        out,
+        "{:<28} {:<16} {:>6} {:>5} {:<4} {:<28} {:>6} {:>10} {:>10} {:>10}",
+        "SERVICE", "NAME", "ID", "GEN", "PRIO", "HOST", "SLOTS", "TO_HOST", "TO_PROXY", "NO_HOST"
+    )?;
+    for svc in &snap.services {
+        let name = svc.name.as_deref().unwrap_or("-");
+        let c = &svc.counters;
+        let head = format!(
+            "{:<28} {name:<16} {:>6} {:>5}",
+            svc.address, svc.id, svc.generation
+        );
+        let counts = format!("{:>10} {:>10} {:>10}", c.to_host, c.to_proxy, c.no_host);
+        let mut first = true;
+        let mut line = |prio: &str, host: &str, slots: &str| {
+            let (h, n) = if first {
+                (head.as_str(), counts.as_str())
+            } else {
+                ("", "")
+            };
+            first = false;
+            writeln!(out, "{h:<58} {prio:<4} {host:<28} {slots:>6} {n}")
+        };
+        if svc.flags.contains(&"proxy") {
+            line("-", "(proxy listener)", "-")?;
+        } else if svc.priorities.iter().all(Vec::is_empty) {
+            line("-", "(no routable host: connects refused)", "-")?;
+        }
+        if !svc.flags.contains(&"proxy") {
+            for (prio, hosts) in svc.priorities.iter().enumerate() {
+                for host in hosts {
+                    line(&prio.to_string(), &host.address, &host.slots.to_string())?;
+                }
+            }
+        }
+    }
+    let counters: Vec<String> = snap
+        .counters
+        .iter()
+        .map(|(n, v)| format!("{n}={v}"))
+        .collect();
+    writeln!(out, "counters: {}", counters.join(" "))?;
+    out.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv6Addr;
+
+    use proxy_common::service::FAMILY_V4;
+
+    use super::*;
+
+    #[test]
+    fn addresses_read_as_the_kernel_stores_them() {
+        let v4 = Backend {
+            addr: [u32::from_ne_bytes([127, 0, 0, 11]), 0, 0, 0],
+            port: 8081u16.to_be(),
+            family: FAMILY_V4,
+            _pad: 0,
+        };
+        assert_eq!(backend_addr(&v4).to_string(), "127.0.0.11:8081");
+        let six: Ipv6Addr = "fd00::1".parse().unwrap();
+        let o = six.octets();
+        let words = [0, 1, 2, 3]
+            .map(|i| u32::from_ne_bytes([o[i * 4], o[i * 4 + 1], o[i * 4 + 2], o[i * 4 + 3]]));
+        let key = ServiceKey {
+            addr: words,
+            port: 80u16.to_be(),
+            proto: PROTO_UDP,
+            family: proxy_common::service::FAMILY_V6,
+        };
+        assert_eq!(service_addr(&key), "[fd00::1]:80/udp");
+        assert_eq!(
+            flag_names(SERVICE_F_PROXY | SERVICE_F_PASSIVE),
+            ["proxy", "passive"]
+        );
+    }
+}

@@ -432,12 +432,16 @@ pub fn dnat_rules(net: &Net, n: u32) -> String {
     s
 }
 
-/// A running daemon with its config; stopped on drop (SIGTERM: it detaches and unpins).
+/// A running daemon with its config; on drop, stopped (SIGTERM, which leaves the data path
+/// serving) and uninstalled (`proxy uninstall`: detached and unpinned), so that a baseline
+/// measured afterwards in the same cgroup pays nothing for it.
 pub struct Daemon {
     pub proc: Proc,
     pub cgroup: PathBuf,
     pub pins: PathBuf,
     pub publish_s: f64,
+    proxy: PathBuf,
+    config: PathBuf,
 }
 
 impl Daemon {
@@ -501,6 +505,8 @@ impl Daemon {
             cgroup: cg,
             pins,
             publish_s,
+            proxy: proxy.to_owned(),
+            config: file,
         })
     }
 }
@@ -508,9 +514,21 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         sys::stop(&mut self.proc.child);
+        let uninstalled = Command::new(&self.proxy)
+            .arg("uninstall")
+            .arg("--config")
+            .arg(&self.config)
+            .stdout(std::process::Stdio::null())
+            .status();
+        if !uninstalled
+            .as_ref()
+            .is_ok_and(std::process::ExitStatus::success)
+        {
+            eprintln!("WARNING: proxy uninstall failed: {uninstalled:?}");
+        }
         if self.pins.exists() || self.cgroup.exists() {
             eprintln!(
-                "WARNING: after the daemon stopped, {} or {} is still there",
+                "WARNING: after the daemon stopped and was uninstalled, {} or {} is still there",
                 self.pins.display(),
                 self.cgroup.display()
             );

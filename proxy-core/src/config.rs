@@ -76,7 +76,8 @@ pub struct Config {
     #[serde(default = "defaults::instance")]
     pub instance: String,
     /// The cgroup v2 whose processes are served: an absolute path, or a path relative to the
-    /// cgroup v2 mount (found in /proc/mounts). Created if missing (and then removed on shutdown).
+    /// cgroup v2 mount (found in /proc/mounts). Created if missing (and then removed by `proxy
+    /// uninstall`).
     /// Default `proxy`.
     #[serde(default = "defaults::cgroup")]
     pub cgroup: String,

@@ -59,6 +59,20 @@ pub enum Command {
     /// Look at the kernel's data path of an instance.
     #[command(subcommand)]
     Dataplane(DataplaneCommand),
+    /// Remove an instance's data path: detach its programs, remove its pins and the cgroup it
+    /// created. Stopping the daemon (SIGTERM) leaves the data path serving for the next start;
+    /// this is how it goes for good. Refused while a daemon runs the instance. Needs root.
+    Uninstall {
+        /// Take the instance and bpffs from this configuration file.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// The instance (without --config).
+        #[arg(long, default_value = "proxy", conflicts_with = "config")]
+        instance: String,
+        /// The BPF filesystem (without --config).
+        #[arg(long, default_value = "/sys/fs/bpf", conflicts_with = "config")]
+        bpffs: PathBuf,
+    },
     /// Validate a configuration file and exit: status 0 if it is usable, 64 with
     /// file:line:column and the field if not. Needs no privileges and touches nothing.
     Check {

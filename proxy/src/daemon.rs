@@ -44,7 +44,9 @@ const FIRST_PUBLISH_WAIT: Duration = Duration::from_secs(10);
 /// The data path, shared by the publishers and the admin interface; `None` after shutdown.
 pub type SharedDataplane = Arc<Mutex<Option<Dataplane>>>;
 
-/// Runs the daemon until SIGINT or SIGTERM, then detaches and removes everything it created.
+/// Runs the daemon until SIGINT or SIGTERM, then drains the proxy path and exits, leaving the
+/// kernel's data path attached and serving the last published state for the next start
+/// (`proxy uninstall` removes it).
 /// `workers` is the runtime's thread count; by default one per CPU the daemon may run on.
 ///
 /// The data path is attached on the calling thread before any other thread exists, and the
@@ -83,18 +85,18 @@ pub fn run(mut config: Config, workers: Option<usize>) -> anyhow::Result<()> {
     let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(err) => {
-            shutdown(&dp);
+            abandon(&dp);
             return Err(err);
         }
     };
     runtime.block_on(async {
         let result = run_async(config, templates, dp.clone(), fatal).await;
-        // Every early error leaves nothing attached; the clean stop already shut it down, and
-        // a failed part (`Fatal`) keeps the pins on purpose.
-        if let Err(err) = &result
-            && !err.is::<Failed>()
-        {
-            shutdown(&dp);
+        // An early error removes what this run created and keeps what it adopted. The stop
+        // released the data path already; after a failed part (`Fatal`) it stays serving too,
+        // released here so that no handle's drop detaches anything (sk_msg) on the way out.
+        match &result {
+            Err(err) if !err.is::<Failed>() => abandon(&dp),
+            _ => release(&dp),
         }
         result
     })
@@ -243,7 +245,8 @@ async fn run_async(
     publishers.abort_all();
     drop(upstreams);
     drop(xds);
-    shutdown(&dp);
+    // The kernel keeps serving the last published state; the next start adopts it.
+    release(&dp);
     Ok(())
 }
 
@@ -477,19 +480,32 @@ fn configure_splice(config: &Config, dp: &SharedDataplane) -> anyhow::Result<()>
     Ok(())
 }
 
-fn shutdown(dp: &SharedDataplane) {
-    let taken = dp
-        .lock()
+/// Takes the data path out of the shared slot (publishers and the admin find `None` from now
+/// on).
+fn take(dp: &SharedDataplane) -> Option<Dataplane> {
+    dp.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take();
-    if let Some(dp) = taken {
-        dp.shutdown();
+        .take()
+}
+
+/// The stop: the data path stays attached and pinned ([`Dataplane::release`]).
+fn release(dp: &SharedDataplane) {
+    if let Some(dp) = take(dp) {
+        dp.release();
+    }
+}
+
+/// A failed start ([`Dataplane::abandon`]).
+fn abandon(dp: &SharedDataplane) {
+    if let Some(dp) = take(dp) {
+        dp.abandon();
     }
 }
 
 /// SIGINT and SIGTERM, caught from the start of the run: a signal that arrives while the
-/// daemon is still starting (even right after `/ready` turned 200) is kept and makes it shut
-/// down cleanly instead of dying on the default action with its pins left behind. SIGHUP,
+/// daemon is still starting (even right after `/ready` turned 200) is kept and makes it stop
+/// cleanly (drain the proxy path, leave the data path serving) instead of dying on the default
+/// action in the middle of a publish or a drain. SIGHUP,
 /// SIGUSR1, SIGUSR2 and SIGALRM, whose default action would also kill it that way, are caught
 /// and logged: a stray `kill -HUP` (the usual "reload") must not take the host's data path down.
 struct Signals {

@@ -18,7 +18,7 @@ mod runtime;
 
 pub use self::{
     error::DataplaneError,
-    loader::{Dataplane, DataplaneOptions},
+    loader::{Dataplane, DataplaneOptions, Uninstalled, uninstall},
     maps::{KERNEL_ONLY, KernelMaps, PairMaps, RuntimeMapSet, ServiceMaps},
     mounts::{cgroup2_mount, resolve_cgroup},
     pair::{PAIR_CREDIT, PairError, PairGuard, PairSide, PairSplicer},

@@ -78,6 +78,11 @@ fn main() -> ExitCode {
             }
         }
         Command::Status { admin, timeout } => status(admin, timeout),
+        Command::Uninstall {
+            config,
+            instance,
+            bpffs,
+        } => uninstall(config.as_deref(), &instance, &bpffs),
         Command::Dataplane(DataplaneCommand::Show {
             config,
             instance,
@@ -153,6 +158,47 @@ fn init_tracing(filter: &str) {
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
         .init();
+}
+
+/// `proxy uninstall`: 0 (also when nothing was installed), 64 for a bad configuration, 1 when a
+/// daemon runs the instance or removing failed.
+fn uninstall(
+    config: Option<&std::path::Path>,
+    instance: &str,
+    bpffs: &std::path::Path,
+) -> ExitCode {
+    let (bpffs, instance) = match config.map(proxy::load_config) {
+        None => (bpffs.to_owned(), instance.to_owned()),
+        Some(Err(err)) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(EXIT_BAD_CONFIG);
+        }
+        Some(Ok(cfg)) => (std::path::PathBuf::from(cfg.bpffs), cfg.instance),
+    };
+    match proxy::dataplane::uninstall(&bpffs, &instance) {
+        Ok(None) => {
+            println!(
+                "instance {instance:?}: nothing pinned under {}",
+                bpffs.join(&instance).display()
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(Some(done)) => {
+            let cgroup = done.cgroup.map_or_else(
+                || "no cgroup of its own".to_owned(),
+                |c| format!("cgroup {} removed", c.display()),
+            );
+            println!(
+                "instance {instance:?} uninstalled: {} programs detached, pins removed, {cgroup}",
+                done.links
+            );
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// `proxy dataplane show`: 0, 64 for a bad configuration, 1 when the maps cannot be read.

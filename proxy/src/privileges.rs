@@ -137,7 +137,7 @@ pub fn needed(config: &Config, have: &ThreadCaps) -> Vec<Keep> {
     let mut keep = Vec::new();
     // Before Linux 6.5 every bpf(2) command, map reads and updates included, needs CAP_BPF (or
     // CAP_SYS_ADMIN before 5.8, which has no CAP_BPF) while unprivileged BPF is disabled.
-    let bpf_why = "bpf(2) on the attached maps and links: publishing host sets, reading counters, detaching at a clean stop";
+    let bpf_why = "bpf(2) on the attached maps: publishing host sets, reading counters and the passive signal";
     if have.has(Capability::BPF) {
         keep.push(Keep {
             cap: Capability::BPF,

@@ -296,9 +296,12 @@ impl Drop for BannerServers {
     }
 }
 
-/// The real daemon, run from its binary with a config file; SIGTERM and wait on drop.
+/// The real daemon, run from its binary with a config file; on drop, SIGTERM, wait, and
+/// `proxy uninstall` (the stop keeps the data path serving; the test's must go).
 pub struct Daemon {
     child: Option<Child>,
+    /// Its configuration file.
+    pub config: PathBuf,
     /// Admin address (inside `netns` when the daemon runs in one: use [`Daemon::get`]).
     pub admin: SocketAddr,
     /// The network namespace the daemon runs in; `None`: the test's own.
@@ -315,26 +318,34 @@ impl Daemon {
     /// The admin port was free a moment ago; if another process takes it first, the daemon exits
     /// with "Address already in use" and the start is retried on a fresh port (bounded).
     pub fn start(config: &str) -> Self {
-        Self::start_with(config, None)
+        Self::start_with(config, None, &[])
+    }
+
+    /// Like [`Daemon::start`], with the daemon's command line prefixed by `wrapper` (e.g.
+    /// `setpriv` with a capability bounding set).
+    pub fn start_wrapped(wrapper: &[&str], config: &str) -> Self {
+        Self::start_with(config, None, wrapper)
     }
 
     /// Like [`Daemon::start`], but the daemon runs inside `netns` (network namespace only: it
     /// still sees the host's bpffs and cgroup mounts): its proxy listener, admin interface and
     /// upstream connections live there, next to the test's clients and backends.
     pub fn start_in(netns: &Netns, config: &str) -> Self {
-        Self::start_with(config, Some(netns.path()))
+        Self::start_with(config, Some(netns.path()), &[])
     }
 
     #[expect(
         clippy::needless_pass_by_value,
         reason = "each retry takes a clone of the namespace path"
     )]
-    fn start_with(config: &str, netns: Option<PathBuf>) -> Self {
-        crate::start_retrying("the daemon", 4, || Self::try_start(config, netns.clone()))
+    fn start_with(config: &str, netns: Option<PathBuf>, wrapper: &[&str]) -> Self {
+        crate::start_retrying("the daemon", 4, || {
+            Self::try_start(config, netns.clone(), wrapper)
+        })
     }
 
     /// One start; `Err` with the daemon's log if it exited before it was ready.
-    fn try_start(config: &str, netns: Option<PathBuf>) -> Result<Self, String> {
+    fn try_start(config: &str, netns: Option<PathBuf>, wrapper: &[&str]) -> Result<Self, String> {
         let dir = TempDir::new();
         let admin = match &netns {
             Some(ns) => in_netns_path(ns, free_port),
@@ -345,7 +356,14 @@ impl Daemon {
             .expect("writing config");
         let log = dir.0.join("daemon.log");
         let file = std::fs::File::create(&log).expect("creating the daemon log");
-        let mut cmd = Command::new(proxy_bin());
+        let mut cmd = match wrapper.split_first() {
+            None => Command::new(proxy_bin()),
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(proxy_bin());
+                cmd
+            }
+        };
         cmd.args(["run", "--config"])
             .arg(&path)
             .stdin(Stdio::null())
@@ -357,6 +375,7 @@ impl Daemon {
         let child = cmd.spawn().expect("starting the daemon");
         let mut daemon = Self {
             child: Some(child),
+            config: path,
             admin,
             netns,
             log,
@@ -410,8 +429,39 @@ impl Daemon {
             .unwrap_or_else(|| panic!("no stat {name} in /stats:\n{body}"))
     }
 
-    /// SIGTERM and wait (at most 10 s, then SIGKILL); returns whether it exited cleanly.
+    /// SIGTERM and wait (at most 10 s, then SIGKILL), then `proxy uninstall` of its instance;
+    /// returns whether it exited cleanly and the uninstall succeeded.
     pub fn stop(&mut self) -> bool {
+        let exited = self.terminate();
+        exited & self.uninstall()
+    }
+
+    /// `proxy uninstall --config` of the daemon's instance (bounded); whether it succeeded.
+    pub fn uninstall(&self) -> bool {
+        let Ok(mut child) = Command::new(proxy_bin())
+            .args(["uninstall", "--config"])
+            .arg(&self.config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+        else {
+            return false;
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+
+    /// SIGTERM and wait (at most 10 s, then SIGKILL), leaving the data path as the daemon's stop
+    /// leaves it; returns whether it exited cleanly.
+    pub fn terminate(&mut self) -> bool {
         let Some(mut child) = self.child.take() else {
             return true;
         };

@@ -2,8 +2,8 @@
 //! the capabilities it still needs (`cap_bpf`), with empty bounding, inheritable and ambient
 //! sets beyond that and `no_new_privs` set; it still publishes, routes and stops cleanly.
 //!
-//! The daemon's own cgroup: a cgroup the daemon created is removed at a clean stop even when the
-//! run that created it was killed and a later run is the one that stops.
+//! The daemon's own cgroup: a cgroup the daemon created is removed by `proxy uninstall`, even
+//! when the run that created it was killed and a later run of the instance adopted it.
 
 use std::{
     net::SocketAddr,
@@ -105,11 +105,13 @@ fn every_thread_keeps_only_cap_bpf_after_attaching() {
     assert_eq!(report.banners.get(HOST).copied(), Some(20), "{report:?}");
     assert!(daemon.counter("connect_rewritten") >= 20);
     assert!(
-        daemon.stop(),
+        daemon.terminate(),
         "clean exit on SIGTERM:\n{}",
         daemon.log_text()
     );
-    assert!(!pins.exists(), "a clean stop without capabilities unpins");
+    assert!(pins.exists(), "the stop leaves the data path serving");
+    assert!(daemon.uninstall(), "proxy uninstall");
+    assert!(!pins.exists(), "proxy uninstall unpins");
 }
 
 /// Removes a directory on drop (a cgroup the daemon should have removed).
@@ -122,9 +124,9 @@ impl Drop for RemoveDir {
 }
 
 #[test]
-fn the_cgroup_a_killed_run_created_goes_at_the_next_clean_stop() {
+fn the_cgroup_a_killed_run_created_goes_at_uninstall() {
     require_root();
-    if skip_without_dataplane("the_cgroup_a_killed_run_created_goes_at_the_next_clean_stop") {
+    if skip_without_dataplane("the_cgroup_a_killed_run_created_goes_at_uninstall") {
         return;
     }
     let parent = TestCgroup::new();
@@ -141,14 +143,19 @@ fn the_cgroup_a_killed_run_created_goes_at_the_next_clean_stop() {
     assert!(cgroup.is_dir(), "kill -9 leaves the cgroup (and the pins)");
     let mut second = Daemon::start(&config);
     assert!(
-        second.stop(),
+        second.terminate(),
         "clean exit on SIGTERM:\n{}",
         second.log_text()
     );
-    assert!(!pins.exists(), "a clean stop unpins");
+    assert!(
+        cgroup.is_dir(),
+        "the stop leaves the data path, and its cgroup, in place"
+    );
+    assert!(second.uninstall(), "proxy uninstall");
+    assert!(!pins.exists(), "proxy uninstall unpins");
     assert!(
         !cgroup.exists(),
-        "the cgroup the killed run created outlived the next run's clean stop"
+        "the cgroup the killed run created outlived proxy uninstall"
     );
 
     // A cgroup the daemon did not create stays, however often it restarts.
@@ -163,3 +170,4 @@ fn the_cgroup_a_killed_run_created_goes_at_the_next_clean_stop() {
         "a cgroup the daemon was given is not its to remove"
     );
 }
+

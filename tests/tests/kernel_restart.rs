@@ -1,11 +1,12 @@
 //! Restart (root): `kill -9` of the daemon leaves the pinned programs, links, maps and the
 //! sockhash with its sk_msg attachment in place; connections to the VIP keep working on the last
 //! published state, splicing keeps working, and a new daemon adopts the pins. A client connects
-//! in a loop across the kill and the restart: not one connect may fail.
+//! in a loop across the kill and the restart: not one connect may fail. SIGTERM does the same
+//! (the stop before a restart or an upgrade); `proxy uninstall` removes the instance.
 //!
 //! Upgrade: pins an earlier version left (`proxy_common::abi::RETIRED`) survive the start of the
 //! data path and go once every service was published; pins the daemon does not know stay, even
-//! through a graceful stop.
+//! through `proxy uninstall`.
 
 use std::{
     mem::size_of,
@@ -146,7 +147,67 @@ fn kill9_keeps_the_data_path_and_a_new_daemon_adopts_it() {
     );
     assert!(second.counter("connect_rewritten") > 0);
     drop(second);
-    assert!(!pins.exists(), "a graceful stop removes the pins");
+    assert!(!pins.exists(), "proxy uninstall removes the pins");
+}
+
+/// SIGTERM, as a unit restart or a package upgrade sends it, leaves the data path serving the
+/// last published state, and the next daemon adopts it: not one connect of a client looping
+/// across the stop and the start fails. `proxy uninstall` then removes it all.
+#[test]
+fn sigterm_keeps_the_data_path_and_a_new_daemon_adopts_it() {
+    require_root();
+    if skip_without_dataplane("sigterm_keeps_the_data_path_and_a_new_daemon_adopts_it") {
+        return;
+    }
+    let netns = Netns::new();
+    let cgroup = TestCgroup::new();
+    let servers: Vec<(SocketAddr, &str, bool)> = HOSTS
+        .iter()
+        .map(|h| (h.parse().unwrap(), *h, false))
+        .collect();
+    let _servers = BannerServers::start(&netns, &servers);
+    let instance = unique("tr");
+    let pins = PathBuf::from("/sys/fs/bpf").join(&instance);
+    let _pin_guard = PinDir(pins.clone());
+    let config = config(&instance, cgroup.path());
+    let mut first = Daemon::start(&config);
+
+    let vip: SocketAddr = VIP.parse().unwrap();
+    let client = InCgroup::spawn(Some(cgroup.path()), &netns, move || {
+        serde_json::to_string(&tcp_loop(vip, 10_000_000, LOOP_FOR)).unwrap()
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        first.terminate(),
+        "clean exit on SIGTERM:\n{}",
+        first.log_text()
+    );
+    assert!(
+        pins.join(pins::LINK_CONNECT4).exists(),
+        "the stop must leave the data path pinned"
+    );
+    let rewritten = counter(&pins, "connect_rewritten");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        counter(&pins, "connect_rewritten") > rewritten,
+        "no daemon: the kernel still serves the VIP"
+    );
+    let mut second = Daemon::start(&config);
+    let report = LoopReport::parse(&client.wait(Duration::from_secs(60)));
+    println!(
+        "across SIGTERM and restart: {} connects, {} failed",
+        report.ok(),
+        report.failed()
+    );
+    assert_eq!(report.failed(), 0, "{report:?}");
+    assert!(report.ok() > 100, "{report:?}");
+    assert!(
+        strip_ansi(&second.log_text()).contains("adopted=1"),
+        "the new daemon did not adopt the service:\n{}",
+        second.log_text()
+    );
+    assert!(second.stop(), "stop and uninstall");
+    assert!(!pins.exists(), "proxy uninstall removes the pins");
 }
 
 /// Pins under an instance directory that are not this version's: an unknown name shaped like a
@@ -269,7 +330,7 @@ fn open_keeps_an_earlier_versions_pins_until_they_are_retired() {
 }
 
 /// The daemon on a directory an earlier version left: once every service was published, the
-/// earlier version's pins are gone, unknown ones stay (and are logged), and a graceful stop
+/// earlier version's pins are gone, unknown ones stay (and are logged), and `proxy uninstall`
 /// leaves them and their directory.
 #[test]
 fn a_new_daemon_removes_an_earlier_versions_pins_after_the_first_publish() {
@@ -315,19 +376,18 @@ fn a_new_daemon_removes_an_earlier_versions_pins_after_the_first_publish() {
 
     assert!(
         daemon.stop(),
-        "clean exit on SIGTERM:\n{}",
+        "clean exit on SIGTERM and uninstall:\n{}",
         daemon.log_text()
     );
     assert_eq!(
         names(&dir),
         sorted(&UNKNOWN),
-        "a graceful stop touches only ours"
+        "proxy uninstall removes only ours"
     );
 }
 
 /// SIGHUP, SIGUSR1, SIGUSR2 and SIGALRM, whose default action kills a process, are logged and
-/// change nothing: the daemon stays ready, and a SIGTERM afterwards still stops it cleanly and
-/// removes its pins.
+/// change nothing: the daemon stays ready, and a SIGTERM afterwards still stops it cleanly.
 #[test]
 fn stray_signals_are_logged_and_do_not_stop_the_daemon() {
     require_root();
@@ -373,11 +433,14 @@ fn stray_signals_are_logged_and_do_not_stop_the_daemon() {
         "the data path stays pinned"
     );
     assert!(
-        daemon.stop(),
+        daemon.terminate(),
         "clean exit on SIGTERM:\n{}",
         daemon.log_text()
     );
-    assert!(!dir.join(maps::SERVICES).exists(), "a clean stop unpins");
+    assert!(
+        dir.join(maps::SERVICES).exists(),
+        "the stop leaves the data path pinned"
+    );
 }
 
 /// One daemon per instance: a second one on the same instance exits non-zero with a clear
@@ -430,7 +493,7 @@ fn a_second_daemon_on_the_same_instance_is_refused() {
         "the first daemon's pins stay"
     );
     assert!(first.stop(), "clean exit on SIGTERM:\n{}", first.log_text());
-    assert!(!dir.join(maps::SERVICES).exists(), "a clean stop unpins");
+    assert!(!dir.join(maps::SERVICES).exists(), "proxy uninstall unpins");
 }
 
 /// Runs `proxy dataplane show` with `args`; its stdout.

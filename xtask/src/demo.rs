@@ -3,8 +3,9 @@
 //! Starts one banner server per host of the default STATIC cluster (on 127.0.0.x), runs the
 //! daemon without `--config`, lets `proxy probe` make a bounded number of connections to the VIP
 //! from inside the attached cgroup, prints connections per backend against their weights and
-//! what `getpeername` showed, then stops everything it started and checks that the daemon
-//! removed its cgroup and pins.
+//! what `getpeername` showed, then stops everything it started (the daemon's stop leaves the
+//! kernel serving), removes the data path with `proxy uninstall` and checks that its cgroup and
+//! pins are gone.
 //!
 //! The demo links no crate of the product. What it needs before the daemon runs (the admin
 //! address, the VIP, the hosts and their weights) it reads from the file the daemon embeds as
@@ -54,11 +55,12 @@ pub fn run(count: u32) -> anyhow::Result<()> {
         Ok(placement) => exercise(&proxy, &demo, &placement.cgroup, count),
         Err(_) => Ok(()),
     };
-    step("stopping the daemon (SIGTERM)");
+    step("stopping the daemon (SIGTERM; the kernel keeps serving what it published)");
     daemon.stop()?;
     backends.stop();
     let placement = placement?;
-    let cleanup = check_cleanup(&placement);
+    step("removing the data path (proxy uninstall)");
+    let cleanup = uninstall(&proxy, &placement).and_then(|()| check_cleanup(&placement));
     result?;
     cleanup
 }
@@ -338,6 +340,25 @@ fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
     Ok(body.to_owned())
 }
 
+/// `proxy uninstall` of the demo's instance.
+fn uninstall(proxy: &Path, placement: &Placement) -> anyhow::Result<()> {
+    let (Some(bpffs), Some(instance)) = (placement.pins.parent(), placement.pins.file_name())
+    else {
+        bail!("no instance in {}", placement.pins.display());
+    };
+    let out = util::output(
+        Command::new(proxy)
+            .arg("uninstall")
+            .arg("--bpffs")
+            .arg(bpffs)
+            .arg("--instance")
+            .arg(instance),
+        "proxy uninstall",
+    )?;
+    print!("  {out}");
+    Ok(())
+}
+
 fn check_cleanup(placement: &Placement) -> anyhow::Result<()> {
     let cgroup = proxy_cgroup(&placement.cgroup);
     let mut left = Vec::new();
@@ -348,7 +369,7 @@ fn check_cleanup(placement: &Placement) -> anyhow::Result<()> {
         left.push(cg.display().to_string());
     }
     if !left.is_empty() {
-        bail!("the daemon left {left:?} behind");
+        bail!("proxy uninstall left {left:?} behind");
     }
     step("stopped everything; the cgroup and the pins are gone");
     Ok(())

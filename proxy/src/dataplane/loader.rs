@@ -72,6 +72,8 @@ pub struct Dataplane {
     runtime: RuntimeMaps,
     /// The proxy-pair splicer, or why its program could not be attached.
     pair: Result<PairSplicer, String>,
+    /// This run created the pin directory: there was no previous state to keep.
+    fresh: bool,
     /// The instance's lock (`flock` on the pin directory), held while this daemon runs.
     _lock: fs::File,
 }
@@ -116,6 +118,7 @@ impl Dataplane {
             }
         };
         dataplane.adopt_cgroup(previous);
+        dataplane.fresh = created_pin_dir;
         Ok(dataplane)
     }
 
@@ -220,6 +223,7 @@ impl Dataplane {
             publisher,
             runtime,
             pair,
+            fresh: false,
             _lock: lock,
         })
     }
@@ -307,6 +311,26 @@ impl Dataplane {
         pin_files::remove_retired(&self.pin_dir)
     }
 
+    /// Leaves the data path as it is: programs attached, maps and links pinned, serving the last
+    /// published state, for the next start to adopt (the stop before a restart or an upgrade).
+    /// Nothing is detached, not even sk_msg from its sockhash: the handles are forgotten, and
+    /// the kernel closes them when the process exits, which releases the instance's lock.
+    pub fn release(self) {
+        info!(pins = %self.pin_dir.display(), "data path left serving the last published state; the next start adopts it, `proxy uninstall` removes it");
+        std::mem::forget(self);
+    }
+
+    /// After a failed start: removes what this run created, and keeps what it adopted. A run
+    /// that found a previous state pinned leaves it serving ([`Dataplane::release`]); one that
+    /// created the instance removes it ([`Dataplane::shutdown`]).
+    pub fn abandon(self) {
+        if self.fresh {
+            self.shutdown();
+        } else {
+            self.release();
+        }
+    }
+
     /// Detaches every program, removes every pin of this and earlier versions, and removes the
     /// cgroup if this daemon created it (and it is empty). After this the kernel holds nothing of
     /// this instance; pins this version does not know stay, with their directory.
@@ -321,6 +345,7 @@ impl Dataplane {
             publisher,
             runtime,
             pair,
+            fresh: _,
             _lock,
         } = self;
         for (name, link) in links.into_iter().rev() {
@@ -337,6 +362,48 @@ impl Dataplane {
         }
         info!("data path detached and unpinned");
     }
+}
+
+/// What [`uninstall`] removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Uninstalled {
+    /// Links unpinned, which detached their programs.
+    pub links: usize,
+    /// The cgroup the instance had created, if it was removed.
+    pub cgroup: Option<PathBuf>,
+}
+
+/// Removes an instance whose daemon is stopped: unpins its links (detaching its programs from
+/// the cgroup), removes its pins of this and earlier versions (maps go once nothing holds
+/// them, the sk_msg attachment with its sockhash), its directory, and the cgroup a run of it
+/// created. Refused with [`DataplaneError::InstanceBusy`] while a daemon runs. `None` when
+/// there is nothing pinned for the instance.
+pub fn uninstall(bpffs: &Path, instance: &str) -> Result<Option<Uninstalled>, DataplaneError> {
+    let pin_dir = bpffs.join(instance);
+    if !pin_dir.is_dir() {
+        return Ok(None);
+    }
+    let _lock = lock_instance(&pin_dir, instance)?;
+    let mut done = Uninstalled::default();
+    // connect4 last: until then a connect still finds its service.
+    for (_, link) in pins::LINKS.iter().rev() {
+        if pin_files::unpin_link(&pin_dir.join(link)) {
+            done.links += 1;
+        }
+    }
+    let owned = pin_files::owned_cgroup(&pin_dir);
+    pin_files::remove_ours(&pin_dir);
+    if let Some(cgroup) = owned {
+        match fs::remove_dir(&cgroup) {
+            Ok(()) => done.cgroup = Some(cgroup),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => {
+                warn!(cgroup = %cgroup.display(), %err, "the instance's cgroup is not removed (processes still in it?)");
+            }
+        }
+    }
+    info!(instance, links = done.links, "uninstalled");
+    Ok(Some(done))
 }
 
 /// Takes the instance's lock: an exclusive `flock` on its pin directory, which the kernel

@@ -25,19 +25,23 @@ pub struct RetiredPins {
 /// Removes the pinned link of a previous run, which detaches its program (ours is already
 /// attached next to it).
 pub(super) fn replace_old_link(path: &Path) {
+    if unpin_link(path) {
+        info!(link = %path.display(), "replaced the link of a previous run");
+    }
+}
+
+/// Unpins the link pinned at `path`, which detaches its program; whether there was one. A pin
+/// there that is not a link is removed.
+pub(super) fn unpin_link(path: &Path) -> bool {
     if !path.exists() {
-        return;
+        return false;
     }
     match PinnedLink::from_pin(path) {
-        Ok(old) => {
-            if let Ok(fd) = old.unpin() {
-                drop(fd);
-                info!(link = %path.display(), "replaced the link of a previous run");
-            }
-        }
+        Ok(old) => old.unpin().map(drop).is_ok(),
         Err(err) => {
             warn!(link = %path.display(), %err, "stale pin is not a link; removing it");
             let _ = fs::remove_file(path);
+            false
         }
     }
 }

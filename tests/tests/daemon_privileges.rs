@@ -2,6 +2,8 @@
 //! the capabilities it still needs (`cap_bpf`), with empty bounding, inheritable and ambient
 //! sets beyond that and `no_new_privs` set; it still publishes, routes and stops cleanly.
 //!
+//! The shipped systemd unit verifies, and its capability bounding set is enough.
+//!
 //! The daemon's own cgroup: a cgroup the daemon created is removed by `proxy uninstall`, even
 //! when the run that created it was killed and a later run of the instance adopted it.
 
@@ -12,8 +14,8 @@ use std::{
 };
 
 use integration_tests::kernel::{
-    BannerServers, Daemon, InCgroup, LoopReport, Netns, PinDir, TestCgroup, require_root,
-    skip_without_dataplane, tcp_loop, unique,
+    BannerServers, Daemon, InCgroup, LoopReport, Netns, PinDir, TempDir, TestCgroup, proxy_bin,
+    require_root, skip_without_dataplane, tcp_loop, unique,
 };
 use proxy::privileges::{Capability, ThreadCaps};
 
@@ -171,3 +173,91 @@ fn the_cgroup_a_killed_run_created_goes_at_uninstall() {
     );
 }
 
+/// The shipped systemd unit, `docs/deploy/proxy.service`.
+fn unit() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/deploy/proxy.service");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// `systemd-analyze verify` accepts the unit without an error or a warning (with its paths
+/// pointed at the built binary and an example configuration).
+#[test]
+fn the_systemd_unit_verifies() {
+    let Ok(found) = std::process::Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+    else {
+        println!("skipping: systemd-analyze is not installed, the unit is not verified");
+        return;
+    };
+    assert!(found.status.success());
+    let tmp = TempDir::new();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/static.yaml");
+    let text = unit()
+        .replace("/usr/local/bin/proxy", &proxy_bin().display().to_string())
+        .replace("/etc/proxy/proxy.yaml", &example.display().to_string());
+    let path = tmp.0.join("proxy.service");
+    std::fs::write(&path, text).unwrap();
+    let out = std::process::Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .expect("running systemd-analyze verify");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // Unknown keys and bad values are warnings with status 0: they count as failures here.
+    let about_unit: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("proxy.service"))
+        .collect();
+    assert!(about_unit.is_empty(), "{stderr}");
+}
+
+/// The unit's capability bounding set is all the daemon needs: started as root within it (as
+/// systemd would start it), the daemon attaches, drops to cap_bpf, serves and stops.
+#[test]
+fn the_units_capabilities_are_enough() {
+    require_root();
+    if skip_without_dataplane("the_units_capabilities_are_enough") {
+        return;
+    }
+    let unit = unit();
+    let set: Vec<String> = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("the unit sets CapabilityBoundingSet")
+        .split_whitespace()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+        .collect();
+    let bounding = format!("-all,{}", set.join(","));
+    println!("bounding set {bounding}");
+    let netns = Netns::new();
+    let cgroup = TestCgroup::new();
+    let _servers = BannerServers::start(&netns, &[(HOST.parse().unwrap(), HOST, false)]);
+    let instance = unique("su");
+    let pins = PathBuf::from("/sys/fs/bpf").join(&instance);
+    let _pin_guard = PinDir(pins.clone());
+    let mut daemon = Daemon::start_wrapped(
+        &[
+            "setpriv",
+            "--bounding-set",
+            &bounding,
+            "--inh-caps",
+            "-all",
+            "--",
+        ],
+        &config(&instance, cgroup.path()),
+    );
+    let vip: SocketAddr = VIP.parse().unwrap();
+    let client = InCgroup::spawn(Some(cgroup.path()), &netns, move || {
+        serde_json::to_string(&tcp_loop(vip, 10, Duration::from_secs(5))).unwrap()
+    });
+    let report = LoopReport::parse(&client.wait(Duration::from_secs(30)));
+    assert_eq!(report.banners.get(HOST).copied(), Some(10), "{report:?}");
+    assert!(
+        daemon.log_text().contains("capabilities dropped"),
+        "{}",
+        daemon.log_text()
+    );
+    assert!(daemon.stop(), "stop and uninstall:\n{}", daemon.log_text());
+}

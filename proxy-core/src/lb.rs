@@ -374,4 +374,139 @@ mod tests {
             quotas(&[1, 2, 3], M)[2]
         );
     }
+
+    /// Generated cases: a seeded xorshift, so a failure names its case and replays.
+    mod properties {
+        use super::*;
+
+        struct Rng(u64);
+
+        impl Rng {
+            fn next(&mut self) -> u64 {
+                self.0 ^= self.0 << 13;
+                self.0 ^= self.0 >> 7;
+                self.0 ^= self.0 << 17;
+                self.0
+            }
+
+            /// Uniform in `lo..=hi`.
+            fn range(&mut self, lo: u64, hi: u64) -> u64 {
+                lo + self.next() % (hi - lo + 1)
+            }
+
+            /// Weights of one of three shapes: equal, uniform, or one heavy host among light ones.
+            fn weights(&mut self, n: usize) -> Vec<u32> {
+                let shape = self.range(0, 2);
+                (0..n)
+                    .map(|i| match shape {
+                        0 => 7,
+                        1 => self.range(1, 1000) as u32,
+                        _ if i == 0 => self.range(1_000, 1_000_000) as u32,
+                        _ => self.range(1, 10) as u32,
+                    })
+                    .collect()
+            }
+        }
+
+        const CASES: u64 = 300;
+
+        /// The rule of `quotas`: one slot per host, then the rest of the table in proportion to
+        /// weight by largest remainder. Each quota is within one slot of that, the table is
+        /// full, and a heavier host never has fewer slots.
+        #[test]
+        fn quotas_follow_their_rule_for_any_weights() {
+            for case in 0..CASES {
+                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (case + 1));
+                let n = rng.range(1, 200) as usize;
+                let weights = rng.weights(n);
+                let q = quotas(&weights, M);
+                assert_eq!(q.iter().sum::<usize>(), M, "case {case}: {weights:?}");
+                let total: f64 = weights.iter().map(|w| f64::from(*w)).sum();
+                let rest = (M - n) as f64;
+                for (i, (&got, &w)) in q.iter().zip(&weights).enumerate() {
+                    let want = 1.0 + rest * f64::from(w) / total;
+                    assert!(
+                        (got as f64 - want).abs() < 1.0,
+                        "case {case}, host {i}: {got} slots, rule says {want:.2} ({weights:?})"
+                    );
+                    for (j, &other) in weights.iter().enumerate() {
+                        assert!(
+                            w <= other || got >= q[j],
+                            "case {case}: host {i} (weight {w}) has fewer slots than {j} ({other})"
+                        );
+                    }
+                }
+                // With equal weights the rule is exact proportion.
+                if weights.iter().all(|w| *w == weights[0]) {
+                    let (lo, hi) = (M / n, M.div_ceil(n));
+                    assert!(
+                        q.iter().all(|s| (lo..=hi).contains(s)),
+                        "case {case}: {q:?}"
+                    );
+                }
+            }
+        }
+
+        /// Both tables hold exactly each host's quota.
+        #[test]
+        fn tables_hold_exactly_the_quotas() {
+            for case in 0..CASES / 3 {
+                let mut rng = Rng(0x2545_f491_4f6c_dd1d ^ (case + 1));
+                let n = rng.range(1, 60) as usize;
+                let weights = rng.weights(n);
+                let h = hosts_n(&weights);
+                let q = quotas(&weights, M);
+                for table in [random_table(&h, M), maglev_table(&h, M)] {
+                    assert_eq!(table.len(), M, "case {case}");
+                    for (i, host) in h.iter().enumerate() {
+                        let held = table.iter().filter(|&&id| id == host.id).count();
+                        assert_eq!(held, q[i], "case {case}, host {i}: {weights:?}");
+                    }
+                }
+            }
+        }
+
+        /// Consistent hashing: when one of N hosts goes, the clients that move are about its
+        /// share (1/N of them with equal weights), and few others move besides.
+        #[test]
+        fn maglev_moves_about_the_removed_hosts_share() {
+            let mut worst: f64 = 0.0;
+            for case in 0..CASES / 3 {
+                let mut rng = Rng(0xd1b5_4a32_d192_ed03 ^ (case + 1));
+                let n = rng.range(3, 50) as usize;
+                let weights = if rng.range(0, 1) == 0 {
+                    vec![1; n]
+                } else {
+                    (0..n).map(|_| rng.range(1, 4) as u32).collect()
+                };
+                let all = hosts_n(&weights);
+                let gone = all[rng.range(0, n as u64 - 1) as usize].id;
+                let before = maglev_table(&all, M);
+                let rest: Vec<SlotHost> = all.iter().copied().filter(|h| h.id != gone).collect();
+                let after = maglev_table(&rest, M);
+                let share = before.iter().filter(|&&id| id == gone).count() as f64 / M as f64;
+                let moved =
+                    before.iter().zip(&after).filter(|(b, a)| b != a).count() as f64 / M as f64;
+                let collateral = moved - share;
+                worst = worst.max(collateral);
+                assert!(
+                    collateral <= 0.10,
+                    "case {case}: {n} hosts {weights:?}, removing {gone} moved {moved:.3} of the table, its share was {share:.3}"
+                );
+            }
+            println!("worst collateral movement: {worst:.3} of the table");
+        }
+
+        fn hosts_n(weights: &[u32]) -> Vec<SlotHost> {
+            weights
+                .iter()
+                .enumerate()
+                .map(|(i, &weight)| SlotHost {
+                    id: i as u32 + 1,
+                    addr: SocketAddr::from(([10, 1, (i / 250) as u8, (i % 250) as u8 + 1], 8080)),
+                    weight,
+                })
+                .collect()
+        }
+    }
 }

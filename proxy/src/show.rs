@@ -16,7 +16,7 @@ use proxy_common::{
 };
 use serde::Serialize;
 
-use crate::dataplane::{KernelMaps, RuntimeMaps, kernel_addr};
+use crate::dataplane::{KernelMaps, RuntimeMaps, ServiceMaps, kernel_addr};
 
 /// Everything `show` prints.
 #[derive(Debug, Serialize)]
@@ -85,10 +85,12 @@ pub fn read(pin_dir: &Path, names: &BTreeMap<ServiceKey, String>) -> anyhow::Res
             pin_dir.display()
         );
     }
-    let maps = KernelMaps::open_pinned(pin_dir)
+    let KernelMaps {
+        service, runtime, ..
+    } = KernelMaps::open_pinned(pin_dir)
         .with_context(|| format!("opening the pinned maps in {}", pin_dir.display()))?;
-    let runtime = RuntimeMaps::open_pinned(pin_dir)?;
-    let service = &maps.service;
+    let runtime = RuntimeMaps::new(runtime);
+    let service = &service;
     let mut services = Vec::new();
     for entry in &service.services {
         let (key, svc) = entry.context("reading the services map")?;
@@ -98,7 +100,7 @@ pub fn read(pin_dir: &Path, names: &BTreeMap<ServiceKey, String>) -> anyhow::Res
                 slots: SLOTS as u32,
             }]]
         } else {
-            levels(&maps, &svc)
+            levels(service, &svc)
         };
         let counters = service
             .svc_counters
@@ -146,7 +148,7 @@ fn daemon_running(pin_dir: &Path) -> bool {
 }
 
 /// The hosts of each priority of the live generation, with their slot counts.
-fn levels(maps: &KernelMaps, svc: &Service) -> Vec<Vec<HostView>> {
+fn levels(maps: &ServiceMaps, svc: &Service) -> Vec<Vec<HostView>> {
     let mut levels = Vec::new();
     for priority in 0..MAX_PRIORITIES {
         let key = SlotTableKey {
@@ -154,7 +156,7 @@ fn levels(maps: &KernelMaps, svc: &Service) -> Vec<Vec<HostView>> {
             generation: svc.generation,
             priority,
         };
-        let Ok(table) = maps.service.slots.get(&key, 0) else {
+        let Ok(table) = maps.slots.get(&key, 0) else {
             continue;
         };
         let mut slots: BTreeMap<u32, u32> = BTreeMap::new();
@@ -165,7 +167,7 @@ fn levels(maps: &KernelMaps, svc: &Service) -> Vec<Vec<HostView>> {
         let mut hosts: Vec<HostView> = slots
             .into_iter()
             .map(|(id, n)| HostView {
-                address: maps.service.backends.get(&id, 0).map_or_else(
+                address: maps.backends.get(&id, 0).map_or_else(
                     |_| format!("(backend {id} missing)"),
                     |b| backend_addr(&b).to_string(),
                 ),

@@ -65,17 +65,13 @@ pub async fn run(dp: SharedDataplane, manager: HealthCheckManager, mut waiting: 
 /// The indices (ascending) of the services in `waiting` that carried traffic; `None` once the
 /// data path is gone.
 fn used(dp: &SharedDataplane, waiting: &[Watched]) -> Option<Vec<usize>> {
+    let keys: Vec<ServiceKey> = waiting.iter().map(|w| w.key).collect();
     let guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let dp = guard.as_ref()?;
+    let used = guard.as_ref()?.used_services(&keys);
     Some(
-        waiting
-            .iter()
+        used.into_iter()
             .enumerate()
-            .filter(|(_, w)| {
-                dp.service_counts(&w.key)
-                    .is_some_and(|c| c.to_host > 0 || c.to_proxy > 0)
-            })
-            .map(|(i, _)| i)
+            .filter_map(|(i, used)| used.then_some(i))
             .collect(),
     )
 }

@@ -248,6 +248,11 @@ impl Dataplane {
         self.publisher.service_counts(key)
     }
 
+    /// Which of the services at `keys` carried traffic ([`Publisher::used`]).
+    pub fn used_services(&self, keys: &[proxy_common::service::ServiceKey]) -> Vec<bool> {
+        self.publisher.used(keys)
+    }
+
     /// Counters summed over CPUs, with their names.
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
         self.runtime.counters()
@@ -394,7 +399,7 @@ pub fn uninstall(bpffs: &Path, instance: &str) -> Result<Option<Uninstalled>, Da
     let owned = pin_files::owned_cgroup(&pin_dir);
     pin_files::remove_ours(&pin_dir);
     if let Some(cgroup) = owned {
-        match fs::remove_dir(&cgroup) {
+        match remove_cgroup(&cgroup) {
             Ok(()) => done.cgroup = Some(cgroup),
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
             Err(err) => {
@@ -404,6 +409,21 @@ pub fn uninstall(bpffs: &Path, instance: &str) -> Result<Option<Uninstalled>, Da
     }
     info!(instance, links = done.links, "uninstalled");
     Ok(Some(done))
+}
+
+/// Removes an empty cgroup. Processes that just left may still be counted for a moment
+/// (`EBUSY`): it is tried again for up to a second.
+fn remove_cgroup(cgroup: &Path) -> std::io::Result<()> {
+    let mut tries = 50;
+    loop {
+        match fs::remove_dir(cgroup) {
+            Err(err) if err.raw_os_error() == Some(libc::EBUSY) && tries > 0 => {
+                tries -= 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            result => return result,
+        }
+    }
 }
 
 /// Takes the instance's lock: an exclusive `flock` on its pin directory, which the kernel

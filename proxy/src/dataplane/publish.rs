@@ -219,6 +219,26 @@ impl Publisher {
         )
     }
 
+    /// Which of the services at `keys` carried traffic: a connect or datagram sent to a host or
+    /// redirected to the proxy. Reads only the counters that exist (the hooks create a
+    /// service's entry on its first use), so services nobody dialled cost no `bpf()` call.
+    pub fn used(&self, keys: &[ServiceKey]) -> Vec<bool> {
+        let counted: HashSet<u32> = self.svc_counters.keys().flatten().collect();
+        keys.iter()
+            .map(|key| {
+                self.live
+                    .get(key)
+                    .map(|l| l.service.id)
+                    .filter(|id| counted.contains(id))
+                    .and_then(|id| self.svc_counters.get(&id, 0).ok())
+                    .is_some_and(|per_cpu| {
+                        let c = ServiceCounts::sum(per_cpu.iter());
+                        c.to_host > 0 || c.to_proxy > 0
+                    })
+            })
+            .collect()
+    }
+
     /// How many services were found in pinned maps at start.
     pub fn adopted(&self) -> usize {
         self.adopted

@@ -83,7 +83,8 @@ pub struct RuntimeMaps {
 }
 
 impl RuntimeMaps {
-    pub(super) fn new(maps: RuntimeMapSet) -> Self {
+    /// Wraps the run-time maps of a [`KernelMaps`](super::KernelMaps).
+    pub fn new(maps: RuntimeMapSet) -> Self {
         let RuntimeMapSet {
             settings,
             counters,

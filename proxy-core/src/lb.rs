@@ -454,7 +454,7 @@ mod tests {
                 let mut rng = Rng(0x2545_f491_4f6c_dd1d ^ (case + 1));
                 let n = rng.range(1, 60) as usize;
                 let weights = rng.weights(n);
-                let h = hosts_n(&weights);
+                let h = hosts(&weights);
                 let q = quotas(&weights, M);
                 for table in [random_table(&h, M), maglev_table(&h, M)] {
                     assert_eq!(table.len(), M, "case {case}");
@@ -479,7 +479,7 @@ mod tests {
                 } else {
                     (0..n).map(|_| rng.range(1, 4) as u32).collect()
                 };
-                let all = hosts_n(&weights);
+                let all = hosts(&weights);
                 let gone = all[rng.range(0, n as u64 - 1) as usize].id;
                 let before = maglev_table(&all, M);
                 let rest: Vec<SlotHost> = all.iter().copied().filter(|h| h.id != gone).collect();
@@ -495,18 +495,6 @@ mod tests {
                 );
             }
             println!("worst collateral movement: {worst:.3} of the table");
-        }
-
-        fn hosts_n(weights: &[u32]) -> Vec<SlotHost> {
-            weights
-                .iter()
-                .enumerate()
-                .map(|(i, &weight)| SlotHost {
-                    id: i as u32 + 1,
-                    addr: SocketAddr::from(([10, 1, (i / 250) as u8, (i % 250) as u8 + 1], 8080)),
-                    weight,
-                })
-                .collect()
         }
     }
 }

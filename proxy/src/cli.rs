@@ -62,17 +62,7 @@ pub enum Command {
     /// Remove an instance's data path: detach its programs, remove its pins and the cgroup it
     /// created. Stopping the daemon (SIGTERM) leaves the data path serving for the next start;
     /// this is how it goes for good. Refused while a daemon runs the instance. Needs root.
-    Uninstall {
-        /// Take the instance and bpffs from this configuration file.
-        #[arg(long, short)]
-        config: Option<PathBuf>,
-        /// The instance (without --config).
-        #[arg(long, default_value = "proxy", conflicts_with = "config")]
-        instance: String,
-        /// The BPF filesystem (without --config).
-        #[arg(long, default_value = "/sys/fs/bpf", conflicts_with = "config")]
-        bpffs: PathBuf,
-    },
+    Uninstall(InstanceArgs),
     /// Validate a configuration file and exit: status 0 if it is usable, 64 with
     /// file:line:column and the field if not. Needs no privileges and touches nothing.
     Check {
@@ -89,19 +79,56 @@ pub enum DataplaneCommand {
     /// hosts and their slots per priority, the live generation, the per-service and global
     /// counters. Works whether or not a daemon runs, and says which. Needs root (cap_bpf).
     Show {
-        /// Take the instance, bpffs and service names from this configuration file.
-        #[arg(long, short)]
-        config: Option<PathBuf>,
-        /// The instance (without --config).
-        #[arg(long, default_value = "proxy", conflicts_with = "config")]
-        instance: String,
-        /// The BPF filesystem (without --config).
-        #[arg(long, default_value = "/sys/fs/bpf", conflicts_with = "config")]
-        bpffs: PathBuf,
+        #[command(flatten)]
+        instance: InstanceArgs,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Which instance a command works on: the one a configuration file names, or one named here.
+#[derive(Debug, clap::Args)]
+pub struct InstanceArgs {
+    /// Take the instance and bpffs (and, where they are shown, the service names) from this
+    /// configuration file.
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// The instance (without --config).
+    #[arg(long, default_value = "proxy", conflicts_with = "config")]
+    pub instance: String,
+    /// The BPF filesystem (without --config).
+    #[arg(long, default_value = "/sys/fs/bpf", conflicts_with = "config")]
+    pub bpffs: PathBuf,
+}
+
+/// An instance as [`InstanceArgs`] name it.
+pub struct Instance {
+    pub bpffs: PathBuf,
+    pub name: String,
+    /// The configuration, when one was given.
+    pub config: Option<proxy_core::config::Config>,
+}
+
+impl InstanceArgs {
+    /// Loads the configuration, if one was given, and names the instance.
+    pub fn resolve(&self) -> Result<Instance, proxy_core::config::ConfigError> {
+        Ok(match &self.config {
+            None => Instance {
+                bpffs: self.bpffs.clone(),
+                name: self.instance.clone(),
+                config: None,
+            },
+            Some(path) => {
+                let config = crate::load_config(path)?;
+                Instance {
+                    bpffs: PathBuf::from(&config.bpffs),
+                    name: config.instance.clone(),
+                    config: Some(config),
+                }
+            }
+        })
+    }
 }
 
 /// `proxy chain ...`.

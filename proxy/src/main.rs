@@ -7,7 +7,7 @@ use std::{io::Write as _, process::ExitCode};
 use clap::Parser as _;
 use proxy::{
     EXIT_BAD_CONFIG,
-    cli::{ChainCommand, Cli, Command, DataplaneCommand, ProbeArgs},
+    cli::{ChainCommand, Cli, Command, DataplaneCommand, InstanceArgs, ProbeArgs},
     daemon,
 };
 use proxy_core::config::Config;
@@ -78,17 +78,10 @@ fn main() -> ExitCode {
             }
         }
         Command::Status { admin, timeout } => status(admin, timeout),
-        Command::Uninstall {
-            config,
-            instance,
-            bpffs,
-        } => uninstall(config.as_deref(), &instance, &bpffs),
-        Command::Dataplane(DataplaneCommand::Show {
-            config,
-            instance,
-            bpffs,
-            json,
-        }) => dataplane_show(config.as_deref(), &instance, &bpffs, json),
+        Command::Uninstall(args) => uninstall(&args),
+        Command::Dataplane(DataplaneCommand::Show { instance, json }) => {
+            dataplane_show(&instance, json)
+        }
         Command::Run {
             config,
             concurrency,
@@ -139,14 +132,7 @@ fn probe(args: &ProbeArgs) -> ExitCode {
         timeout: std::time::Duration::from_millis(args.timeout_ms),
         expect: args.expect,
     });
-    let printed = if args.json {
-        serde_json::to_writer(std::io::stdout(), &report)
-            .map_err(std::io::Error::other)
-            .and_then(|()| writeln!(std::io::stdout()))
-    } else {
-        proxy::probe::print_table(&report, &mut std::io::stdout())
-    };
-    if printed.is_err() {
+    if print(&report, args.json, proxy::probe::print_table).is_err() {
         return ExitCode::from(CANNOT_START);
     }
     ExitCode::from(proxy::probe::exit_status(&report))
@@ -160,26 +146,27 @@ fn init_tracing(filter: &str) {
         .init();
 }
 
+/// The instance a command names; `Err` is the exit status for a bad configuration.
+fn resolve(args: &InstanceArgs) -> Result<proxy::cli::Instance, ExitCode> {
+    args.resolve().map_err(|err| {
+        eprintln!("error: {err}");
+        ExitCode::from(EXIT_BAD_CONFIG)
+    })
+}
+
 /// `proxy uninstall`: 0 (also when nothing was installed), 64 for a bad configuration, 1 when a
 /// daemon runs the instance or removing failed.
-fn uninstall(
-    config: Option<&std::path::Path>,
-    instance: &str,
-    bpffs: &std::path::Path,
-) -> ExitCode {
-    let (bpffs, instance) = match config.map(proxy::load_config) {
-        None => (bpffs.to_owned(), instance.to_owned()),
-        Some(Err(err)) => {
-            eprintln!("error: {err}");
-            return ExitCode::from(EXIT_BAD_CONFIG);
-        }
-        Some(Ok(cfg)) => (std::path::PathBuf::from(cfg.bpffs), cfg.instance),
+fn uninstall(args: &InstanceArgs) -> ExitCode {
+    let at = match resolve(args) {
+        Ok(at) => at,
+        Err(code) => return code,
     };
-    match proxy::dataplane::uninstall(&bpffs, &instance) {
+    let (bpffs, instance) = (&at.bpffs, &at.name);
+    match proxy::dataplane::uninstall(bpffs, instance) {
         Ok(None) => {
             println!(
                 "instance {instance:?}: nothing pinned under {}",
-                bpffs.join(&instance).display()
+                bpffs.join(instance).display()
             );
             ExitCode::SUCCESS
         }
@@ -202,26 +189,18 @@ fn uninstall(
 }
 
 /// `proxy dataplane show`: 0, 64 for a bad configuration, 1 when the maps cannot be read.
-fn dataplane_show(
-    config: Option<&std::path::Path>,
-    instance: &str,
-    bpffs: &std::path::Path,
-    json: bool,
-) -> ExitCode {
-    let (pins, names) = match config.map(proxy::load_config) {
-        None => (bpffs.join(instance), std::collections::BTreeMap::new()),
-        Some(Err(err)) => {
-            eprintln!("error: {err}");
-            return ExitCode::from(EXIT_BAD_CONFIG);
-        }
-        Some(Ok(cfg)) => (
-            std::path::Path::new(&cfg.bpffs).join(&cfg.instance),
-            cfg.services
-                .iter()
-                .map(|s| (daemon::service_key(s), s.name.clone()))
-                .collect(),
-        ),
+fn dataplane_show(args: &InstanceArgs, json: bool) -> ExitCode {
+    let at = match resolve(args) {
+        Ok(at) => at,
+        Err(code) => return code,
     };
+    let names: std::collections::BTreeMap<_, _> = at
+        .config
+        .iter()
+        .flat_map(|cfg| &cfg.services)
+        .map(|s| (daemon::service_key(s), s.name.clone()))
+        .collect();
+    let pins = at.bpffs.join(&at.name);
     let snapshot = match proxy::show::read(&pins, &names) {
         Ok(snapshot) => snapshot,
         Err(err) => {
@@ -229,17 +208,25 @@ fn dataplane_show(
             return ExitCode::FAILURE;
         }
     };
-    let printed = if json {
-        serde_json::to_writer_pretty(std::io::stdout(), &snapshot)
-            .map_err(std::io::Error::other)
-            .and_then(|()| writeln!(std::io::stdout()))
-    } else {
-        proxy::show::print(&snapshot, &mut std::io::stdout())
-    };
-    if printed.is_err() {
+    if print(&snapshot, json, proxy::show::print).is_err() {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// Writes a command's report to stdout: one line of JSON with `json`, else `table`.
+fn print<T: serde::Serialize>(
+    report: &T,
+    json: bool,
+    table: fn(&T, &mut std::io::Stdout) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let mut out = std::io::stdout();
+    if json {
+        serde_json::to_writer(&mut out, report).map_err(std::io::Error::other)?;
+        writeln!(out)
+    } else {
+        table(report, &mut out)
+    }
 }
 
 /// `proxy status`.

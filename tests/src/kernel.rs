@@ -447,16 +447,7 @@ impl Daemon {
         else {
             return false;
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = child.try_wait() {
-                return status.success();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        false
+        exits_cleanly(&mut child, Duration::from_secs(20))
     }
 
     /// SIGTERM and wait (at most 10 s, then SIGKILL), leaving the data path as the daemon's stop
@@ -467,17 +458,23 @@ impl Daemon {
         };
         // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
         unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = child.try_wait() {
-                return status.success();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        false
+        exits_cleanly(&mut child, Duration::from_secs(10))
     }
+}
+
+/// Waits up to `within` for `child` to exit (then kills and reaps it); whether it exited with
+/// status 0.
+fn exits_cleanly(child: &mut Child, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return status.success();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    false
 }
 
 impl Drop for Daemon {

@@ -88,31 +88,62 @@ fn strip_ansi(text: &str) -> String {
     out
 }
 
+/// What the restart tests share: the banner servers of [`HOSTS`] in a namespace, a cgroup, and
+/// an instance whose pins go on drop however the test ends (a killed or stopped daemon leaves
+/// them on purpose). Fields drop in order: pins, servers, cgroup, namespace.
+struct Instance {
+    _pin_guard: PinDir,
+    _servers: BannerServers,
+    cgroup: TestCgroup,
+    netns: Netns,
+    name: String,
+    pins: PathBuf,
+    config: String,
+}
+
+impl Instance {
+    fn new(prefix: &str) -> Self {
+        let netns = Netns::new();
+        let cgroup = TestCgroup::new();
+        let servers: Vec<(SocketAddr, &str, bool)> = HOSTS
+            .iter()
+            .map(|h| (h.parse().unwrap(), *h, false))
+            .collect();
+        let servers = BannerServers::start(&netns, &servers);
+        let name = unique(prefix);
+        let pins = PathBuf::from("/sys/fs/bpf").join(&name);
+        let config = config(&name, cgroup.path());
+        Self {
+            _pin_guard: PinDir(pins.clone()),
+            _servers: servers,
+            cgroup,
+            netns,
+            name,
+            pins,
+            config,
+        }
+    }
+
+    /// A client in the cgroup connecting to the VIP `count` times or for `within`.
+    fn client(&self, count: u32, within: Duration) -> InCgroup {
+        let vip: SocketAddr = VIP.parse().unwrap();
+        InCgroup::spawn(Some(self.cgroup.path()), &self.netns, move || {
+            serde_json::to_string(&tcp_loop(vip, count, within)).unwrap()
+        })
+    }
+}
+
 #[test]
 fn kill9_keeps_the_data_path_and_a_new_daemon_adopts_it() {
     require_root();
     if skip_without_dataplane("kill9_keeps_the_data_path_and_a_new_daemon_adopts_it") {
         return;
     }
-    let netns = Netns::new();
-    let cgroup = TestCgroup::new();
-    let servers: Vec<(SocketAddr, &str, bool)> = HOSTS
-        .iter()
-        .map(|h| (h.parse().unwrap(), *h, false))
-        .collect();
-    let _servers = BannerServers::start(&netns, &servers);
-    let instance = unique("rs");
-    let pins = PathBuf::from("/sys/fs/bpf").join(&instance);
-    // kill -9 leaves the pins on purpose: they go even when an assertion below fails.
-    let _pin_guard = PinDir(pins.clone());
-    let config = config(&instance, cgroup.path());
+    let at = Instance::new("rs");
+    let (pins, config) = (&at.pins, &at.config);
     // `splice: true`: sockops and sk_msg are attached, and local pairs are spliced.
-    let mut first = Daemon::start(&config);
-
-    let vip: SocketAddr = VIP.parse().unwrap();
-    let client = InCgroup::spawn(Some(cgroup.path()), &netns, move || {
-        serde_json::to_string(&tcp_loop(vip, 10_000_000, LOOP_FOR)).unwrap()
-    });
+    let mut first = Daemon::start(config);
+    let client = at.client(10_000_000, LOOP_FOR);
     std::thread::sleep(Duration::from_secs(1));
     first.kill9();
     assert!(
@@ -121,14 +152,14 @@ fn kill9_keeps_the_data_path_and_a_new_daemon_adopts_it() {
     );
 
     // No daemon now: a local pair is still spliced through the pinned sockhash.
-    let redirected = counter(&pins, "sk_msg_redirected");
+    let redirected = counter(pins, "sk_msg_redirected");
     let listen: SocketAddr = "127.0.0.90:7000".parse().unwrap();
-    let (up, down) = framed_exchange(cgroup.path(), &netns, listen, listen, 1 << 20);
+    let (up, down) = framed_exchange(at.cgroup.path(), &at.netns, listen, listen, 1 << 20);
     assert!(up && down, "bytes differ while the daemon is dead");
-    let spliced = counter(&pins, "sk_msg_redirected") - redirected;
+    let spliced = counter(pins, "sk_msg_redirected") - redirected;
     assert!(spliced > 0, "sk_msg attachment did not survive kill -9");
 
-    let second = Daemon::start(&config);
+    let second = Daemon::start(config);
     let report = LoopReport::parse(&client.wait(Duration::from_secs(60)));
     println!(
         "across kill -9 and restart: {} connects, {} failed; {spliced} messages spliced without a daemon",
@@ -159,23 +190,10 @@ fn sigterm_keeps_the_data_path_and_a_new_daemon_adopts_it() {
     if skip_without_dataplane("sigterm_keeps_the_data_path_and_a_new_daemon_adopts_it") {
         return;
     }
-    let netns = Netns::new();
-    let cgroup = TestCgroup::new();
-    let servers: Vec<(SocketAddr, &str, bool)> = HOSTS
-        .iter()
-        .map(|h| (h.parse().unwrap(), *h, false))
-        .collect();
-    let _servers = BannerServers::start(&netns, &servers);
-    let instance = unique("tr");
-    let pins = PathBuf::from("/sys/fs/bpf").join(&instance);
-    let _pin_guard = PinDir(pins.clone());
-    let config = config(&instance, cgroup.path());
-    let mut first = Daemon::start(&config);
-
-    let vip: SocketAddr = VIP.parse().unwrap();
-    let client = InCgroup::spawn(Some(cgroup.path()), &netns, move || {
-        serde_json::to_string(&tcp_loop(vip, 10_000_000, LOOP_FOR)).unwrap()
-    });
+    let at = Instance::new("tr");
+    let (pins, config) = (&at.pins, &at.config);
+    let mut first = Daemon::start(config);
+    let client = at.client(10_000_000, LOOP_FOR);
     std::thread::sleep(Duration::from_secs(1));
     assert!(
         first.terminate(),
@@ -186,13 +204,13 @@ fn sigterm_keeps_the_data_path_and_a_new_daemon_adopts_it() {
         pins.join(pins::LINK_CONNECT4).exists(),
         "the stop must leave the data path pinned"
     );
-    let rewritten = counter(&pins, "connect_rewritten");
+    let rewritten = counter(pins, "connect_rewritten");
     std::thread::sleep(Duration::from_millis(500));
     assert!(
-        counter(&pins, "connect_rewritten") > rewritten,
+        counter(pins, "connect_rewritten") > rewritten,
         "no daemon: the kernel still serves the VIP"
     );
-    let mut second = Daemon::start(&config);
+    let mut second = Daemon::start(config);
     let report = LoopReport::parse(&client.wait(Duration::from_secs(60)));
     println!(
         "across SIGTERM and restart: {} connects, {} failed",
@@ -519,27 +537,15 @@ fn dataplane_show_reads_the_pins_with_and_without_a_daemon() {
     if skip_without_dataplane("dataplane_show_reads_the_pins_with_and_without_a_daemon") {
         return;
     }
-    let netns = Netns::new();
-    let cgroup = TestCgroup::new();
-    let servers: Vec<(SocketAddr, &str, bool)> = HOSTS
-        .iter()
-        .map(|h| (h.parse().unwrap(), *h, false))
-        .collect();
-    let _servers = BannerServers::start(&netns, &servers);
-    let instance = unique("sh");
-    let pins = PathBuf::from("/sys/fs/bpf").join(&instance);
-    let _pin_guard = PinDir(pins.clone());
-    let config = config(&instance, cgroup.path());
-    let mut daemon = Daemon::start(&config);
-    let vip: SocketAddr = VIP.parse().unwrap();
-    let client = InCgroup::spawn(Some(cgroup.path()), &netns, move || {
-        serde_json::to_string(&tcp_loop(vip, 10, Duration::from_secs(5))).unwrap()
-    });
+    let at = Instance::new("sh");
+    let (instance, config) = (&at.name, &at.config);
+    let mut daemon = Daemon::start(config);
+    let client = at.client(10, Duration::from_secs(5));
     let report = LoopReport::parse(&client.wait(Duration::from_secs(30)));
     assert_eq!(report.ok(), 10, "{report:?}");
 
     let check = |running: bool| {
-        let json = dataplane_show(&["--instance", &instance, "--json"]);
+        let json = dataplane_show(&["--instance", instance, "--json"]);
         let snap: serde_json::Value = serde_json::from_str(&json).expect("JSON");
         assert_eq!(snap["daemon_running"], running, "{json}");
         let services = snap["services"].as_array().expect("services");

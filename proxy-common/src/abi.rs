@@ -133,6 +133,34 @@ pub mod programs {
     /// sk_skb stream verdict on [`super::maps::PAIR_SOCKS`]: splices proxied pairs.
     pub const PAIR: &str = "pair_verdict";
 
+    /// [`CONNECT4`] with ROUND_ROBIN's atomic cursor (BPF atomic fetch-and-add, Linux 5.12).
+    pub const CONNECT4_RR: &str = "connect4_rr";
+    /// [`CONNECT6`] with ROUND_ROBIN's atomic cursor.
+    pub const CONNECT6_RR: &str = "connect6_rr";
+    /// [`SENDMSG4`] with ROUND_ROBIN's atomic cursor.
+    pub const SENDMSG4_RR: &str = "sendmsg4_rr";
+    /// [`SENDMSG6`] with ROUND_ROBIN's atomic cursor.
+    pub const SENDMSG6_RR: &str = "sendmsg6_rr";
+
+    /// Programs that choose a host, each with its variant for kernels that have BPF atomic
+    /// fetch-and-add (which an older verifier refuses even in code it would never run). The
+    /// loader attaches the variant where the kernel loads it, and the base program elsewhere;
+    /// either is pinned under the base program's link name.
+    pub const ROUND_ROBIN_VARIANTS: [(&str, &str); 4] = [
+        (CONNECT4, CONNECT4_RR),
+        (CONNECT6, CONNECT6_RR),
+        (SENDMSG4, SENDMSG4_RR),
+        (SENDMSG6, SENDMSG6_RR),
+    ];
+
+    /// The variant of `program` for kernels with atomic fetch-and-add, if it has one.
+    pub fn round_robin_variant(program: &str) -> Option<&'static str> {
+        ROUND_ROBIN_VARIANTS
+            .iter()
+            .find(|(base, _)| *base == program)
+            .map(|(_, variant)| *variant)
+    }
+
     /// The cgroup programs, attached through bpf_link in this order (and detached in reverse).
     pub const CGROUP: [&str; 9] = [
         CONNECT4,
@@ -147,19 +175,35 @@ pub mod programs {
     ];
 
     /// Every program of the object.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 15] = [
         CONNECT4,
         CONNECT6,
+        CONNECT4_RR,
+        CONNECT6_RR,
         GETPEERNAME4,
         GETPEERNAME6,
         SENDMSG4,
         SENDMSG6,
+        SENDMSG4_RR,
+        SENDMSG6_RR,
         RECVMSG4,
         RECVMSG6,
         SOCKOPS,
         SPLICE,
         PAIR,
     ];
+}
+
+/// What the loader tells the programs about the kernel they run on: a read-only global of the
+/// object, set before load. A kernel that lacks a feature then sees the code using it as dead,
+/// and its verifier never checks it (an unknown helper in a branch the verifier walks would
+/// fail the load).
+pub mod features {
+    /// The global's symbol in the object: a `u32` of the bits below.
+    pub const GLOBAL: &str = "KERNEL_FEATURES";
+    /// `bpf_set_retval` in cgroup sock_addr programs (Linux 5.18): a refused connect fails
+    /// with `ECONNREFUSED` instead of `EPERM`.
+    pub const SET_RETVAL: u32 = 1 << 0;
 }
 
 /// Pin names under `<bpffs>/<instance>/` besides the maps (which are pinned under their own

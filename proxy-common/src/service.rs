@@ -62,6 +62,12 @@ pub const SERVICE_F_SINGLE: u32 = 1 << 2;
 /// upstream connects).
 pub const SERVICE_F_PASSIVE: u32 = 1 << 3;
 
+/// `Service::flags` bit: choose the slot in turn (ROUND_ROBIN): the table's `cursor` is
+/// incremented atomically by every connect, across CPUs, and indexes the table, whose slots the
+/// daemon lays out in smooth weighted order. Only the `_rr` program variants (kernels with BPF
+/// atomic fetch-and-add, 5.12) read it; the daemon refuses such a service on older kernels.
+pub const SERVICE_F_ROUND_ROBIN: u32 = 1 << 4;
+
 /// Key of `SERVICES_V2`: a service address as the application dials it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -107,13 +113,18 @@ pub struct SlotTableKey {
 const _: () = assert!(size_of::<SlotTableKey>() == 12);
 
 /// Value of `SLOTS_V2`: the hosts of one priority level with weights expanded into slots.
-#[repr(C)]
+/// Aligned to 8 (its size is a multiple of 8, so the layout is the same) because the kernel
+/// updates `len` and `cursor` as one 64-bit word (ROUND_ROBIN).
+#[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlotTable {
     /// Number of valid slots, host byte order; 0 means the priority has no routable host.
     pub len: u32,
-    /// Explicit padding; always zero.
-    pub _pad: u32,
+    /// ROUND_ROBIN's rotation ([`SERVICE_F_ROUND_ROBIN`]): the kernel's connects increment it
+    /// atomically (as the high half of the 64-bit word it shares with `len`) and take slot
+    /// `cursor % len`. The daemon writes 0 with each new table (a new
+    /// generation starts its rotation afresh); other tables never touch it.
+    pub cursor: u32,
     /// Backend ids (keys of `BACKENDS_V2`), host byte order. Only `slots[..len]` is read;
     /// `len` is at most [`SLOTS`].
     pub slots: [u32; SLOT_CAPACITY],
@@ -124,7 +135,7 @@ impl Default for SlotTable {
     fn default() -> Self {
         Self {
             len: 0,
-            _pad: 0,
+            cursor: 0,
             slots: [0; SLOT_CAPACITY],
         }
     }

@@ -6,6 +6,7 @@
 //! names the file, line, column and field; the daemon exits with status 64 and changes nothing.
 
 mod cluster;
+pub mod envoy;
 mod error;
 mod file;
 pub use self::file::{MAX_FILE, read_config_file};
@@ -230,6 +231,7 @@ impl Config {
                 .original_dst_lb_config
                 .as_ref()
                 .is_some_and(|o| o.use_http_header);
+            proxy.original_dst_connect_timeout = c.connect_timeout;
         }
         proxy
     }

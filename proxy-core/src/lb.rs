@@ -185,6 +185,50 @@ pub fn maglev_table(hosts: &[SlotHost], m: usize) -> Vec<u32> {
         .collect()
 }
 
+/// A table for ROUND_ROBIN: the kernel takes slot `turn % len` with a turn that every connect
+/// increments, so the table *is* the rotation. Its length is the sum of the weights divided by
+/// their greatest common divisor when that fits in `m` (so equal weights give one slot per host,
+/// and weights 3:1 give four slots), and `m` slots by [`quotas`] otherwise; the slots are laid
+/// out in smooth weighted order (each step the host with the largest credit, credits grown by
+/// weight), so a host's turns are spread through the rotation instead of bunched.
+pub fn round_robin_table(hosts: &[SlotHost], m: usize) -> Vec<u32> {
+    if hosts.is_empty() || m == 0 {
+        return Vec::new();
+    }
+    let weights: Vec<u64> = hosts.iter().map(|h| u64::from(h.weight.max(1))).collect();
+    let divisor = weights.iter().copied().fold(0, gcd);
+    let exact: u64 = weights.iter().map(|w| w / divisor).sum();
+    let quota: Vec<u64> = if exact <= m as u64 {
+        weights.iter().map(|w| w / divisor).collect()
+    } else {
+        let raw: Vec<u32> = hosts.iter().map(|h| h.weight.max(1)).collect();
+        quotas(&raw, m).into_iter().map(|q| q as u64).collect()
+    };
+    let len: u64 = quota.iter().sum();
+    let mut credit = vec![0i64; hosts.len()];
+    let mut table = Vec::with_capacity(len as usize);
+    for _ in 0..len {
+        let mut best = None;
+        for (i, q) in quota.iter().enumerate() {
+            if *q == 0 {
+                continue;
+            }
+            credit[i] += *q as i64;
+            if best.is_none_or(|b: usize| credit[i] > credit[b]) {
+                best = Some(i);
+            }
+        }
+        let Some(b) = best else { break };
+        credit[b] -= len as i64;
+        table.push(hosts[b].id);
+    }
+    table
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
 /// A stable 64-bit hash of an address (FNV-1a over its text, then a finaliser), so that a host
 /// keeps its permutation across restarts and releases.
 fn hash_addr(addr: &SocketAddr) -> u64 {
@@ -328,6 +372,34 @@ mod tests {
         for (i, host) in h.iter().enumerate() {
             assert_eq!(table.iter().filter(|&&id| id == host.id).count(), q[i]);
         }
+    }
+
+    #[test]
+    fn round_robin_tables_are_the_exact_rotation() {
+        // Equal weights: one slot each, so connect n goes to host n % 3.
+        assert_eq!(round_robin_table(&hosts(&[1, 1, 1]), 1021), [1, 2, 3]);
+        // Envoy-scaled equal weights reduce the same way.
+        assert_eq!(
+            round_robin_table(&hosts(&[333_333, 333_333, 333_333]), 1021),
+            [1, 2, 3]
+        );
+        // 3:1 is four turns, spread: the light host is not next to itself.
+        let t = round_robin_table(&hosts(&[3, 1]), 1021);
+        assert_eq!(t.len(), 4);
+        assert_eq!(t.iter().filter(|&&id| id == 1).count(), 3);
+        // 5:3:2 in ten turns, each host's turns spread out (no host twice in a row here).
+        let t = round_robin_table(&hosts(&[5, 3, 2]), 1021);
+        assert_eq!(t.len(), 10);
+        for (id, want) in [(1, 5), (2, 3), (3, 2)] {
+            assert_eq!(t.iter().filter(|&&x| x == id).count(), want);
+        }
+        for pair in t.windows(2) {
+            assert!(!(pair[0] == pair[1] && pair[0] != 1), "{t:?}");
+        }
+        // Weights without a small common divisor: the table quotas over m slots.
+        let t = round_robin_table(&hosts(&[1_000_003, 999_983]), 1021);
+        assert_eq!(t.len(), 1021);
+        assert!(round_robin_table(&[], 1021).is_empty());
     }
 
     #[test]

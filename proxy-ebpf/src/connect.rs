@@ -6,9 +6,11 @@
 //!   id, a family mismatch): the connect proceeds to the address the application gave, counted.
 //! - **Fail-closed** when the destination is a service with no routable host in any priority, or
 //!   a proxy-mode service while no proxy listener of the socket's family is set: the connect is
-//!   refused with `EPERM` (the errno a cgroup sock_addr program produces by rejecting), counted
-//!   as `connect_no_host` / `connect_proxy_no_listener`. Nothing leaves the host for a VIP that
-//!   has nowhere to go.
+//!   refused with `ECONNREFUSED` (set with `bpf_set_retval`, Linux 5.18; before, `EPERM`, the
+//!   errno a cgroup sock_addr program produces by rejecting), counted as `connect_no_host` /
+//!   `connect_proxy_no_listener`. Nothing leaves the host for a VIP that has nowhere to go.
+//! - ROUND_ROBIN services rotate only in the `_rr` variants, which use atomic fetch-and-add
+//!   (5.12); the loader attaches them where the kernel has it.
 //! - Proxy mode (`SERVICE_F_PROXY`, TCP only): the destination becomes the listener address in
 //!   `SETTINGS_V1` (a map, so the daemon can move its listener without reloading programs), and
 //!   the dialled service is recorded under the socket cookie in `SOCK_ORIG_V1` for sockops.
@@ -23,16 +25,19 @@
 //!   `SVC_COUNTERS_V1` entry.
 
 use aya_ebpf::{
-    EbpfContext as _, helpers::bpf_get_socket_cookie, macros::cgroup_sock_addr,
+    EbpfContext as _,
+    helpers::{bpf_get_socket_cookie, generated::bpf_set_retval},
+    macros::cgroup_sock_addr,
     programs::SockAddrContext,
 };
 use proxy_common::{
-    counters,
+    abi, counters,
     service::{FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP, ServiceKey},
     socket::{SOCK_VIP_F_PASSIVE, SOCK_VIP_F_PROXIED, SockVip},
 };
 
 use crate::{
+    features,
     maps::{SOCK_ORIG_V1, SOCK_VIP_V2, count},
     peer,
     sendmsg::remember_reply,
@@ -41,8 +46,11 @@ use crate::{
 
 /// Verdict of a cgroup sock_addr program: let the syscall proceed.
 const ALLOW: i32 = 1;
-/// Verdict of a cgroup sock_addr program: fail the syscall with EPERM.
+/// Verdict of a cgroup sock_addr program: fail the syscall (EPERM, or the errno set by
+/// `bpf_set_retval`).
 const REJECT: i32 = 0;
+/// `ECONNREFUSED`, as a negative errno for `bpf_set_retval`.
+const ECONNREFUSED: i32 = 111;
 
 const CONNECT: Outcomes = Outcomes {
     rewritten: counters::CONNECT_REWRITTEN,
@@ -52,25 +60,47 @@ const CONNECT: Outcomes = Outcomes {
 
 #[cgroup_sock_addr(connect4)]
 pub fn connect4(ctx: SockAddrContext) -> i32 {
-    match try_connect4(&ctx) {
-        Ok(()) => ALLOW,
-        Err(Refuse) => REJECT,
-    }
+    verdict(try_connect4::<false>(&ctx))
+}
+
+/// [`connect4`] for kernels with atomic fetch-and-add: ROUND_ROBIN services rotate.
+#[cgroup_sock_addr(connect4)]
+pub fn connect4_rr(ctx: SockAddrContext) -> i32 {
+    verdict(try_connect4::<true>(&ctx))
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn connect6(ctx: SockAddrContext) -> i32 {
-    match try_connect6(&ctx) {
-        Ok(()) => ALLOW,
-        Err(Refuse) => REJECT,
-    }
+    verdict(try_connect6::<false>(&ctx))
 }
 
-fn try_connect4(ctx: &SockAddrContext) -> Result<(), Refuse> {
+/// [`connect6`] for kernels with atomic fetch-and-add: ROUND_ROBIN services rotate.
+#[cgroup_sock_addr(connect6)]
+pub fn connect6_rr(ctx: SockAddrContext) -> i32 {
+    verdict(try_connect6::<true>(&ctx))
+}
+
+/// A refused connect fails with ECONNREFUSED, as a connect to a closed port does, where the
+/// kernel lets a program choose the error (5.18); before, the kernel's EPERM.
+#[inline(always)]
+fn verdict(result: Result<(), Refuse>) -> i32 {
+    let Err(Refuse) = result else {
+        return ALLOW;
+    };
+    if features::has(abi::features::SET_RETVAL) {
+        // SAFETY: a helper that only sets the syscall's return value. It cannot fail for a
+        // valid errno.
+        unsafe { bpf_set_retval(-ECONNREFUSED) };
+    }
+    REJECT
+}
+
+#[inline(always)]
+fn try_connect4<const ROTATE: bool>(ctx: &SockAddrContext) -> Result<(), Refuse> {
     // SAFETY: the context pointer is valid for the duration of the program.
     let sa = unsafe { &mut *ctx.sock_addr };
     let key = key4(sa);
-    let Some(t) = target(ctx, &key, &CONNECT, key.proto == PROTO_TCP)? else {
+    let Some(t) = target::<ROTATE>(ctx, &key, &CONNECT, key.proto == PROTO_TCP)? else {
         return Ok(());
     };
     write4(sa, &t.dest);
@@ -78,11 +108,12 @@ fn try_connect4(ctx: &SockAddrContext) -> Result<(), Refuse> {
     Ok(())
 }
 
-fn try_connect6(ctx: &SockAddrContext) -> Result<(), Refuse> {
+#[inline(always)]
+fn try_connect6<const ROTATE: bool>(ctx: &SockAddrContext) -> Result<(), Refuse> {
     // SAFETY: the context pointer is valid for the duration of the program.
     let sa = unsafe { &mut *ctx.sock_addr };
     let (key, mapped) = key6(sa);
-    let Some(t) = target(ctx, &key, &CONNECT, key.proto == PROTO_TCP)? else {
+    let Some(t) = target::<ROTATE>(ctx, &key, &CONNECT, key.proto == PROTO_TCP)? else {
         return Ok(());
     };
     write6(sa, mapped, &t.dest);

@@ -5,6 +5,8 @@
 //! connect or per packet: outcomes are counted in `COUNTERS_V2`.
 #![no_std]
 #![no_main]
+// ROUND_ROBIN's atomic fetch-and-add is one instruction of inline assembly (`select::next_turn`).
+#![feature(asm_experimental_arch)]
 #![expect(
     clippy::needless_pass_by_value,
     reason = "aya's program macros hand each entry point its context by value"
@@ -15,6 +17,7 @@
 )]
 
 mod connect;
+mod features;
 mod maps;
 mod pair;
 mod passive;

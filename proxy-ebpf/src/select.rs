@@ -4,10 +4,13 @@
 //! lookup. Otherwise the daemon expands weights into a slot table per failover priority. The kernel walks the
 //! priorities of the live generation, highest first, and uses the first table with a routable
 //! host; inside it, the slot is random, or, for consistent hashing, derived from the client's
-//! network-namespace cookie (the table is then a Maglev permutation table).
+//! network-namespace cookie (the table is then a Maglev permutation table), or, for
+//! ROUND_ROBIN, the next turn of the table's atomic cursor (the table is then in smooth
+//! weighted order).
 
 use proxy_common::service::{
-    Backend, MAX_PRIORITIES, SERVICE_F_MAGLEV, SERVICE_F_SINGLE, SLOT_MASK, Service, SlotTableKey,
+    Backend, MAX_PRIORITIES, SERVICE_F_MAGLEV, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, SLOT_MASK,
+    Service, SlotTableKey,
 };
 
 use crate::maps::{BACKENDS_V2, SLOTS_V2};
@@ -20,14 +23,20 @@ pub enum NoBackend {
     Missing,
 }
 
-/// Chooses a backend for `svc`. `netns_cookie` keys consistent hashing.
+/// Chooses a backend for `svc`. `netns_cookie` keys consistent hashing. `ROTATE`: this is a
+/// `_rr` program variant, which may use atomic fetch-and-add for ROUND_ROBIN services; in the
+/// base programs a ROUND_ROBIN service (which the daemon never publishes for them) picks at
+/// random.
 #[inline(always)]
-pub fn choose(svc: &Service, netns_cookie: u64) -> Result<&Backend, NoBackend> {
+pub fn choose<const ROTATE: bool>(svc: &Service, netns_cookie: u64) -> Result<&Backend, NoBackend> {
     if svc.flags & SERVICE_F_SINGLE != 0 {
         return Ok(&svc.backend);
     }
+    let rotate = ROTATE && svc.flags & SERVICE_F_ROUND_ROBIN != 0;
     let hash = if svc.flags & SERVICE_F_MAGLEV != 0 {
         mix(netns_cookie)
+    } else if rotate {
+        0
     } else {
         // SAFETY: a helper without arguments or side effects.
         unsafe { aya_ebpf::helpers::bpf_get_prandom_u32() }
@@ -39,16 +48,27 @@ pub fn choose(svc: &Service, netns_cookie: u64) -> Result<&Backend, NoBackend> {
             generation: svc.generation,
             priority,
         };
-        // SAFETY: the reference is only read before this program returns; the map is not
-        // preallocated, so the element is not reused while we hold it.
-        if let Some(table) = unsafe { SLOTS_V2.get(&key) } {
-            let len = table.len;
+        // The element is only used before this program returns; the map is not preallocated,
+        // so it is not reused while we hold it. Only `cursor` is ever written through it.
+        if let Some(table) = SLOTS_V2.get_ptr_mut(&key) {
+            // SAFETY: as above; `len` and `slots` are written only by the daemon, which replaces
+            // a table rather than changing it in place.
+            let len = unsafe { (*table).len };
             if len > 0 {
+                let turn = if rotate {
+                    // SAFETY: the element is live and 8-byte aligned (`SlotTable` is
+                    // `align(8)`, and the kernel aligns map values to 8), and every write of
+                    // `cursor` is this atomic add.
+                    unsafe { next_turn(table.cast::<u64>()) }
+                } else {
+                    hash
+                };
                 // The daemon keeps len <= SLOTS; the mask is what proves the bound to the
                 // verifier (a modulo result is not tracked), and a corrupt len can at worst pick
                 // a stale slot inside the array.
-                let index = ((hash % len) as usize) & SLOT_MASK;
-                let id = *table.slots.get(index).ok_or(NoBackend::Missing)?;
+                let index = ((turn % len) as usize) & SLOT_MASK;
+                // SAFETY: as above.
+                let id = *unsafe { (*table).slots.get(index) }.ok_or(NoBackend::Missing)?;
                 // SAFETY: as above.
                 return unsafe { BACKENDS_V2.get(&id) }.ok_or(NoBackend::Missing);
             }
@@ -56,6 +76,33 @@ pub fn choose(svc: &Service, netns_cookie: u64) -> Result<&Backend, NoBackend> {
         priority += 1;
     }
     Err(NoBackend::NoHost)
+}
+
+/// The next turn of a ROUND_ROBIN table: its `cursor`, incremented atomically across CPUs.
+///
+/// The table's first 8 bytes are `len` (low half, little-endian) and `cursor` (high half): one
+/// 64-bit atomic fetch-and-add of 1 << 32 advances the cursor and never carries into `len` (the
+/// carry out of bit 63 is dropped when the cursor wraps). Written as the instruction itself:
+/// LLVM selects fetch-and-add only for cpu v3, and the object is built for v1, which every
+/// supported kernel runs; the instruction needs 5.12, which is why only the `_rr` programs have
+/// it (an older verifier refuses it even in code it would never reach).
+///
+/// # Safety
+///
+/// `head` points to the first 8 bytes of a live `SlotTable`, 8-byte aligned.
+#[inline(always)]
+unsafe fn next_turn(head: *mut u64) -> u32 {
+    let mut previous: u64 = 1 << 32;
+    // SAFETY: the caller's contract; the instruction reads and writes only `*head`.
+    unsafe {
+        core::arch::asm!(
+            "{previous} = atomic_fetch_add((u64 *)({head} + 0), {previous})",
+            head = in(reg) head,
+            previous = inout(reg) previous,
+            options(nostack),
+        );
+    }
+    (previous >> 32) as u32
 }
 
 /// Folds a 64-bit cookie into a well-mixed 32-bit hash (the finaliser of MurmurHash3), so that

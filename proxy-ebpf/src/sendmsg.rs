@@ -41,25 +41,40 @@ const SENDMSG: Outcomes = Outcomes {
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn sendmsg4(ctx: SockAddrContext) -> i32 {
-    match try_sendmsg4(&ctx) {
-        Ok(()) => ALLOW,
-        Err(Refuse) => REJECT,
-    }
+    verdict(try_sendmsg4::<false>(&ctx))
+}
+
+/// [`sendmsg4`] for kernels with atomic fetch-and-add: ROUND_ROBIN services rotate.
+#[cgroup_sock_addr(sendmsg4)]
+pub fn sendmsg4_rr(ctx: SockAddrContext) -> i32 {
+    verdict(try_sendmsg4::<true>(&ctx))
 }
 
 #[cgroup_sock_addr(sendmsg6)]
 pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
-    match try_sendmsg6(&ctx) {
+    verdict(try_sendmsg6::<false>(&ctx))
+}
+
+/// [`sendmsg6`] for kernels with atomic fetch-and-add: ROUND_ROBIN services rotate.
+#[cgroup_sock_addr(sendmsg6)]
+pub fn sendmsg6_rr(ctx: SockAddrContext) -> i32 {
+    verdict(try_sendmsg6::<true>(&ctx))
+}
+
+#[inline(always)]
+fn verdict(result: Result<(), Refuse>) -> i32 {
+    match result {
         Ok(()) => ALLOW,
         Err(Refuse) => REJECT,
     }
 }
 
-fn try_sendmsg4(ctx: &SockAddrContext) -> Result<(), Refuse> {
+#[inline(always)]
+fn try_sendmsg4<const ROTATE: bool>(ctx: &SockAddrContext) -> Result<(), Refuse> {
     // SAFETY: the context pointer is valid for the duration of the program.
     let sa = unsafe { &mut *ctx.sock_addr };
     let key = key4(sa);
-    let Some(t) = target(ctx, &key, &SENDMSG, false)? else {
+    let Some(t) = target::<ROTATE>(ctx, &key, &SENDMSG, false)? else {
         return Ok(());
     };
     write4(sa, &t.dest);
@@ -75,11 +90,12 @@ fn try_sendmsg4(ctx: &SockAddrContext) -> Result<(), Refuse> {
     Ok(())
 }
 
-fn try_sendmsg6(ctx: &SockAddrContext) -> Result<(), Refuse> {
+#[inline(always)]
+fn try_sendmsg6<const ROTATE: bool>(ctx: &SockAddrContext) -> Result<(), Refuse> {
     // SAFETY: the context pointer is valid for the duration of the program.
     let sa = unsafe { &mut *ctx.sock_addr };
     let (key, mapped) = key6(sa);
-    let Some(t) = target(ctx, &key, &SENDMSG, false)? else {
+    let Some(t) = target::<ROTATE>(ctx, &key, &SENDMSG, false)? else {
         return Ok(());
     };
     write6(sa, mapped, &t.dest);

@@ -120,9 +120,10 @@ pub fn set_user_ip6(sa: &mut bpf_sock_addr, words: [u32; 4]) {
 }
 
 /// Where `key` goes: `Ok(None)` when the syscall must proceed untouched. Proxy mode applies when
-/// `allow_proxy` (TCP connects); everything else selects a backend.
+/// `allow_proxy` (TCP connects); everything else selects a backend (`ROTATE`: see
+/// [`choose`]).
 #[inline(always)]
-pub fn target(
+pub fn target<const ROTATE: bool>(
     ctx: &SockAddrContext,
     key: &ServiceKey,
     outcomes: &Outcomes,
@@ -152,7 +153,7 @@ pub fn target(
     } else {
         0
     };
-    let Some((dest, flags)) = backend(key, svc, netns, outcomes)? else {
+    let Some((dest, flags)) = backend::<ROTATE>(key, svc, netns, outcomes)? else {
         return Ok(None);
     };
     if dest.family != key.family {
@@ -175,7 +176,7 @@ pub fn target(
 /// program that read the service long before that (preempted) finds them gone. Then the
 /// service has a newer generation: it is read again, up to [`RETRIES`] times.
 #[inline(always)]
-fn backend(
+fn backend<const ROTATE: bool>(
     key: &ServiceKey,
     mut svc: &Service,
     netns: u64,
@@ -183,7 +184,7 @@ fn backend(
 ) -> Result<Option<(Backend, u32)>, Refuse> {
     let mut attempt = 0;
     loop {
-        match choose(svc, netns) {
+        match choose::<ROTATE>(svc, netns) {
             Ok(backend) => return Ok(Some((*backend, svc.flags))),
             Err(NoBackend::Missing) => {
                 count(counters::CONNECT_BACKEND_MISSING);

@@ -6,7 +6,10 @@ use std::{
     cell::Cell,
     hash::{BuildHasher, RandomState},
     net::SocketAddr,
-    sync::Arc,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -87,6 +90,68 @@ pub struct ClusterHandle {
     drain_on_removal: bool,
     passive: Option<mpsc::Sender<PassiveSignal>>,
     pool: Arc<Pool>,
+    /// The cluster's own `connect_timeout`, when it has one.
+    connect_timeout: Option<Duration>,
+    /// ROUND_ROBIN: the rotation every pick takes its turn of (shared by the handle's clones).
+    rotation: Option<Arc<Rotation>>,
+}
+
+/// ROUND_ROBIN on the proxy path: the kernel's rotation (the same smooth weighted table,
+/// [`lb::round_robin_table`]) with one turn counter per cluster handle.
+#[derive(Default)]
+struct Rotation {
+    turn: AtomicU64,
+    table: Mutex<RotationTable>,
+}
+
+/// A rotation's table and the level (hosts and weights) it was built from.
+#[derive(Default)]
+struct RotationTable {
+    level: Vec<(SocketAddr, u32)>,
+    hosts: Vec<SocketAddr>,
+}
+
+impl Rotation {
+    /// The next host of `level` in turn, skipping `tried` while a fresh one is left.
+    fn next(&self, level: &[(SocketAddr, u32)], tried: &[BackendAddr]) -> Option<SocketAddr> {
+        let mut cached = self
+            .table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if cached.level != level {
+            let hosts: Vec<lb::SlotHost> = level
+                .iter()
+                .enumerate()
+                .map(|(i, &(addr, weight))| lb::SlotHost {
+                    id: i as u32,
+                    addr,
+                    weight: weight.max(1),
+                })
+                .collect();
+            let table = lb::round_robin_table(&hosts, proxy_common::service::SLOTS)
+                .into_iter()
+                .map(|id| level[id as usize].0)
+                .collect();
+            *cached = RotationTable {
+                level: level.to_vec(),
+                hosts: table,
+            };
+        }
+        let table = &cached.hosts;
+        let len = table.len() as u64;
+        if len == 0 {
+            return None;
+        }
+        let mut turn = self.turn.fetch_add(1, Ordering::Relaxed);
+        for _ in 0..len {
+            let host = table[(turn % len) as usize];
+            if !tried.contains(&BackendAddr(host)) {
+                return Some(host);
+            }
+            turn = self.turn.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(table[(turn % len) as usize])
+    }
 }
 
 impl ClusterHandle {
@@ -105,7 +170,28 @@ impl ClusterHandle {
             drain_on_removal,
             passive: None,
             pool: Arc::new(Pool::new(pool_idle_timeout)),
+            connect_timeout: None,
+            rotation: None,
         }
+    }
+
+    /// The cluster with its own connect timeout and lb policy (`ROUND_ROBIN` rotates; every
+    /// other policy picks at random by weight, as the kernel's RANDOM does).
+    pub fn with_policy(
+        mut self,
+        connect_timeout: Option<Duration>,
+        lb_policy: proxy_core::config::LbPolicy,
+    ) -> Self {
+        self.connect_timeout = connect_timeout;
+        self.rotation = (lb_policy == proxy_core::config::LbPolicy::RoundRobin)
+            .then(|| Arc::new(Rotation::default()));
+        self
+    }
+
+    /// How long a connect to one of the cluster's hosts may take: its own `connect_timeout`,
+    /// else `default` (`proxy.connect_timeout`).
+    pub fn connect_timeout(&self, default: Duration) -> Duration {
+        self.connect_timeout.unwrap_or(default)
     }
 
     /// The proxy's view of a running cluster: its routing, its drain rule, and, when the cluster
@@ -133,6 +219,9 @@ impl ClusterHandle {
     ) -> Self {
         self.routing = routing;
         self.pool = Arc::new(Pool::new(pool_idle_timeout));
+        if self.rotation.is_some() {
+            self.rotation = Some(Arc::new(Rotation::default()));
+        }
         self
     }
 
@@ -161,6 +250,11 @@ impl ClusterHandle {
         self.drain_on_removal
     }
 
+    /// Whether the cluster has a routable host now (without taking a turn of a rotation).
+    pub fn has_routable(&self) -> bool {
+        !lb::kernel_levels(&self.routing.borrow()).is_empty()
+    }
+
     /// Picks a host by weight (priorities and health as the kernel tables see them), avoiding
     /// `tried` when another host is available.
     pub fn pick(&self, tried: &[BackendAddr]) -> Option<BackendAddr> {
@@ -171,6 +265,9 @@ impl ClusterHandle {
             .filter(|(a, _)| !tried.contains(&BackendAddr(*a)))
             .copied()
             .collect();
+        if let Some(rotation) = &self.rotation {
+            return rotation.next(&level, tried).map(BackendAddr);
+        }
         let candidates = if fresh.is_empty() { level } else { fresh };
         weighted_pick(&candidates).map(BackendAddr)
     }
@@ -352,6 +449,50 @@ mod tests {
             c.pick(&[addr("127.0.0.1:1"), addr("127.0.0.2:1")])
                 .is_some()
         );
+    }
+
+    #[test]
+    fn round_robin_rotates_exactly_and_follows_the_hosts() {
+        use proxy_core::config::LbPolicy;
+        let (tx, rx) = watch::channel(routing(&[
+            ("127.0.0.1:1", HostClass::Healthy),
+            ("127.0.0.2:1", HostClass::Healthy),
+            ("127.0.0.3:1", HostClass::Healthy),
+        ]));
+        let c = ClusterHandle::new("c", rx, true, Duration::from_secs(1))
+            .with_policy(Some(Duration::from_millis(250)), LbPolicy::RoundRobin);
+        assert_eq!(
+            c.connect_timeout(Duration::from_secs(5)),
+            Duration::from_millis(250)
+        );
+        // Clones share the rotation (the engine's threads each hold one).
+        let d = c.clone();
+        let picks: Vec<_> = (0..9)
+            .map(|i| if i % 2 == 0 { &c } else { &d }.pick(&[]).unwrap())
+            .collect();
+        for host in ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"] {
+            assert_eq!(picks.iter().filter(|&&p| p == addr(host)).count(), 3);
+        }
+        // Three in a row are three different hosts.
+        for w in picks.windows(3) {
+            assert!(w[0] != w[1] && w[1] != w[2] && w[0] != w[2], "{picks:?}");
+        }
+        // A retry skips the host it tried, and the checks before a pick take no turn.
+        assert!(c.has_routable());
+        let next = c.pick(&[]).unwrap();
+        assert_ne!(c.pick(&[next]), Some(next));
+        // The rotation follows the hosts.
+        tx.send_replace(routing(&[("127.0.0.9:1", HostClass::Healthy)]));
+        assert_eq!(c.pick(&[]), Some(addr("127.0.0.9:1")));
+        // Without its own timeout a cluster takes the proxy's; RANDOM does not rotate.
+        let (_tx, rx) = watch::channel(routing(&[("127.0.0.1:1", HostClass::Healthy)]));
+        let r = ClusterHandle::new("r", rx, true, Duration::from_secs(1))
+            .with_policy(None, LbPolicy::Random);
+        assert_eq!(
+            r.connect_timeout(Duration::from_secs(5)),
+            Duration::from_secs(5)
+        );
+        assert!(r.rotation.is_none());
     }
 
     #[tokio::test(start_paused = true)]

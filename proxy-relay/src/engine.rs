@@ -478,8 +478,8 @@ impl Worker {
                 continue;
             }
             if conn.connecting.is_some_and(|d| d <= now) {
-                let failure = ConnectFailure::TimedOut(self.shared.config.connect_timeout);
                 let cluster = conn.cluster.map(|ci| &self.routes.clusters[ci]);
+                let failure = ConnectFailure::TimedOut(self.shared.connect_timeout(cluster));
                 conn::connect_failed(
                     &failure,
                     conn.host,
@@ -597,8 +597,8 @@ impl Worker {
             self.vacant.push(index);
             return;
         }
-        let connecting =
-            connecting.then(|| after(Instant::now(), self.shared.config.connect_timeout));
+        let timeout = self.shared.connect_timeout(handle);
+        let connecting = connecting.then(|| after(Instant::now(), timeout));
         if let Some(at) = connecting {
             self.timers.push(Reverse((at, serial, index, false)));
         }

@@ -122,7 +122,7 @@ async fn routed(req: Request<Incoming>, route: &Route, proto: Proto, ctx: &Ctx) 
     // The target's cluster, or the first failover cluster with a routable host.
     let cluster = route
         .pick_leg()
-        .and_then(|leg| Some((leg, leg.clusters.iter().find(|c| c.pick(&[]).is_some())?)));
+        .and_then(|leg| Some((leg, leg.clusters.iter().find(|c| c.has_routable())?)));
     let Some((leg, cluster)) = cluster else {
         ProxyStats::inc(&stats.upstream_cx_none_healthy);
         return no_healthy_upstream();
@@ -146,9 +146,10 @@ async fn routed(req: Request<Incoming>, route: &Route, proto: Proto, ctx: &Ctx) 
     let attempts = Attempts {
         cluster,
         proto,
+        // The chain's resolver ConnectTimeout, else the cluster's own, else the proxy's.
         connect_timeout: leg
             .connect_timeout
-            .unwrap_or(ctx.shared.config.connect_timeout),
+            .unwrap_or_else(|| ctx.shared.connect_timeout(Some(cluster))),
         policy: &route.retry,
         parts,
         payload,
@@ -329,7 +330,7 @@ async fn original_dst(req: Request<Incoming>, proto: Proto, ctx: &Ctx) -> Respon
     }
     let lease: HostLease = shared.orig_dst_cluster.lease(host);
     let pool = shared.orig_dst_cluster.pool();
-    let timeout = shared.config.connect_timeout;
+    let timeout = shared.connect_timeout(None);
     let sender = match pool.take(host, proto) {
         Some(s) => {
             ProxyStats::inc(&shared.stats.upstream_cx_pool_reuse);

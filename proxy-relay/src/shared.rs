@@ -1,7 +1,7 @@
 //! The state every connection shares ([`Shared`]: config, stats, services, the original
 //! destination source and the splicer), built once by `serve`.
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use proxy_core::config::proxy::ProxyConfig;
 
@@ -34,6 +34,18 @@ impl Shared {
         DrainPolicy {
             drain_timeout: self.config.drain_timeout,
             close_on_health_failure: self.config.close_connections_on_host_health_failure,
+        }
+    }
+
+    /// How long a connect to a host of `cluster` may take (ORIGINAL_DST: `None`): the cluster's
+    /// own `connect_timeout`, else the proxy's.
+    pub(crate) fn connect_timeout(&self, cluster: Option<&ClusterHandle>) -> Duration {
+        match cluster {
+            Some(c) => c.connect_timeout(self.config.connect_timeout),
+            None => self
+                .config
+                .original_dst_connect_timeout
+                .unwrap_or(self.config.connect_timeout),
         }
     }
 

@@ -61,7 +61,7 @@ pub(crate) async fn forward(
                 Err(err) => return failed(ConnectFailure::Error(err)),
             };
             if connecting
-                && let Err(failure) = handshake(&upstream, shared.config.connect_timeout).await
+                && let Err(failure) = handshake(&upstream, shared.connect_timeout(cluster)).await
             {
                 return failed(failure);
             }

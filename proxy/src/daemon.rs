@@ -14,7 +14,8 @@ use std::{
 
 use anyhow::Context as _;
 use proxy_common::service::{
-    PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV, SERVICE_F_PASSIVE, SERVICE_F_PROXY, ServiceKey,
+    PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV, SERVICE_F_PASSIVE, SERVICE_F_PROXY,
+    SERVICE_F_ROUND_ROBIN, ServiceKey,
 };
 use proxy_core::{
     chain::{self, ChainPlan},
@@ -69,6 +70,7 @@ pub fn run(mut config: Config, workers: Option<usize>) -> anyhow::Result<()> {
         Dataplane::open(&opts).context("attaching the data path")?,
     )));
     let privileged = || -> anyhow::Result<()> {
+        check_round_robin(&templates, &dp)?;
         configure_splice(&config, &dp)?;
         let have = privileges::ThreadCaps::current()?;
         privileges::drop_to(&privileges::needed(&config, &have))
@@ -407,6 +409,11 @@ impl SpecTemplate {
         let names = config.service_clusters(svc);
         let clusters: Vec<_> = names.iter().filter_map(|c| config.cluster(c)).collect();
         let maglev = clusters.iter().any(|c| c.lb_policy == LbPolicy::Maglev);
+        // Consistent hashing wins over rotation when a chain mixes the two. A proxy-mode
+        // service's kernel entry only redirects: the proxy rotates (`ClusterHandle`).
+        let round_robin = !maglev
+            && svc.mode == ServiceMode::Direct
+            && clusters.iter().any(|c| c.lb_policy == LbPolicy::RoundRobin);
         // Only outlier detection reads the kernel's passive signal: without it sockops does not
         // follow the service's connections at all.
         let passive = clusters.iter().any(|c| c.outlier_detection.is_some());
@@ -415,6 +422,9 @@ impl SpecTemplate {
             IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
         };
         let mut flags = if maglev { SERVICE_F_MAGLEV } else { 0 };
+        if round_robin {
+            flags |= SERVICE_F_ROUND_ROBIN;
+        }
         if svc.mode == ServiceMode::Proxy {
             flags |= SERVICE_F_PROXY;
         }
@@ -468,6 +478,28 @@ fn needs_sockops(config: &Config, templates: &[SpecTemplate]) -> bool {
         || templates
             .iter()
             .any(|t| t.flags & (SERVICE_F_PROXY | SERVICE_F_PASSIVE) != 0)
+}
+
+/// Refuses to start when a direct-mode service asks for ROUND_ROBIN and the kernel refused the
+/// programs that rotate (before 5.12): said at start, not at the service's first publish.
+fn check_round_robin(templates: &[SpecTemplate], dp: &SharedDataplane) -> anyhow::Result<()> {
+    let guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(dp) = guard.as_ref() else {
+        return Ok(());
+    };
+    if dp.round_robin() {
+        return Ok(());
+    }
+    match templates
+        .iter()
+        .find(|t| t.flags & SERVICE_F_ROUND_ROBIN != 0)
+    {
+        Some(t) => Err(dataplane::DataplaneError::NoRoundRobin {
+            service: t.name.clone(),
+        }
+        .into()),
+        None => Ok(()),
+    }
 }
 
 /// Switches sk_msg splicing of local socket pairs on when the configuration asks for it.

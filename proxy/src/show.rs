@@ -10,7 +10,8 @@ use proxy_common::{
     counters::ServiceCounts,
     service::{
         Backend, MAX_PRIORITIES, PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV, SERVICE_F_PASSIVE,
-        SERVICE_F_PROXY, SERVICE_F_SINGLE, SLOTS, Service, ServiceKey, SlotTableKey,
+        SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, SLOTS, Service, ServiceKey,
+        SlotTableKey,
     },
     socket::SETTINGS_F_SPLICE,
 };
@@ -186,6 +187,7 @@ fn flag_names(flags: u32) -> Vec<&'static str> {
     [
         (SERVICE_F_PROXY, "proxy"),
         (SERVICE_F_MAGLEV, "maglev"),
+        (SERVICE_F_ROUND_ROBIN, "round_robin"),
         (SERVICE_F_SINGLE, "single"),
         (SERVICE_F_PASSIVE, "passive"),
     ]

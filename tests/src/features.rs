@@ -75,11 +75,16 @@ pub enum Feature {
     RingBuf,
     /// veth pairs (`ip link add ... type veth`; a module on Debian's kernels).
     Veth,
+    /// BPF atomic fetch-and-add (`BPF_ATOMIC | BPF_FETCH`), which ROUND_ROBIN's `_rr` programs
+    /// use.
+    AtomicFetch,
+    /// `bpf_set_retval` in cgroup sock_addr programs: a refused connect says ECONNREFUSED.
+    SetRetval,
 }
 
 impl Feature {
     /// Every feature, for reports.
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 16] = [
         Self::ConnectHooks,
         Self::SendmsgHooks,
         Self::RecvmsgHooks,
@@ -94,6 +99,8 @@ impl Feature {
         Self::SkSkbVerdict,
         Self::RingBuf,
         Self::Veth,
+        Self::AtomicFetch,
+        Self::SetRetval,
     ];
 
     /// The first mainline kernel with the feature, where known (documentation and a
@@ -109,6 +116,8 @@ impl Feature {
             Self::SockOps => (4, 13),
             Self::SkSkbVerdict => (5, 10),
             Self::Veth => (2, 6),
+            Self::AtomicFetch => (5, 12),
+            Self::SetRetval => (5, 18),
             // Older than every kernel of the matrix; the exact release is not recorded here.
             Self::SocketCookie => return None,
         })
@@ -117,6 +126,17 @@ impl Feature {
     fn min_text(self) -> String {
         self.min_kernel()
             .map_or_else(|| "unknown".to_owned(), |(a, b)| format!("{a}.{b}"))
+    }
+}
+
+/// The errno a connect to a service that has nowhere to go fails with: ECONNREFUSED where the
+/// programs can set it (`bpf_set_retval`, 5.18), else EPERM, the kernel's errno for a connect
+/// a cgroup program rejects.
+pub fn refused_errno() -> &'static str {
+    if missing(&[Feature::SetRetval]).is_none() {
+        "ECONNREFUSED"
+    } else {
+        "EPERM"
     }
 }
 
@@ -206,6 +226,8 @@ const MAP_SOCKHASH: u32 = 18;
 const MAP_RINGBUF: u32 = 27;
 const FUNC_GET_SOCKET_COOKIE: i32 = 46;
 const FUNC_GET_NETNS_COOKIE: i32 = 122;
+const FUNC_SET_RETVAL: i32 = 187;
+const PROG_SOCKET_FILTER: u32 = 1;
 
 /// Ok when the kernel has `feature`; Err(what it said) when it lacks it. Panics on any other
 /// failure.
@@ -247,6 +269,13 @@ fn probe(feature: Feature) -> Result<(), String> {
         Feature::RingBuf => create_map(MAP_RINGBUF, 0, 0, 4096),
         Feature::CgroupLink => cgroup_link(),
         Feature::Veth => veth(),
+        Feature::AtomicFetch => atomic_fetch(),
+        Feature::SetRetval => load(
+            PROG_CGROUP_SOCK_ADDR,
+            ATTACH_INET4_CONNECT,
+            Some(FUNC_SET_RETVAL),
+        )
+        .map(drop),
     }
 }
 
@@ -359,6 +388,26 @@ fn judge(what: &str, err: &io::Error, log: &str) -> String {
     )
 }
 
+/// A socket filter that does one 64-bit atomic fetch-and-add on its stack. A kernel before
+/// 5.12 refuses the instruction's fields (EINVAL, "uses reserved fields").
+fn atomic_fetch() -> Result<(), String> {
+    let insn = |code, regs, off, imm| Insn {
+        code,
+        regs,
+        off,
+        imm,
+    };
+    let insns = [
+        insn(0xb7, 0x01, 0, 0),  // r1 = 0
+        insn(0x7b, 0x1a, -8, 0), // *(u64 *)(r10 - 8) = r1
+        insn(0xb7, 0x01, 0, 1),  // r1 = 1
+        insn(0xdb, 0x1a, -8, 1), // r1 = atomic_fetch_add((u64 *)(r10 - 8), r1)
+        insn(0xb7, 0x00, 0, 0),  // r0 = 0
+        insn(0x95, 0x00, 0, 0),  // exit
+    ];
+    load_insns(PROG_SOCKET_FILTER, 0, &insns, "atomic fetch-and-add", false).map(drop)
+}
+
 /// Loads `r0 = 1; exit` (with a helper call first when given) as `prog_type` for `attach`.
 fn load(prog_type: u32, attach: u32, helper: Option<i32>) -> Result<OwnedFd, String> {
     let mut insns = Vec::new();
@@ -382,6 +431,22 @@ fn load(prog_type: u32, attach: u32, helper: Option<i32>) -> Result<OwnedFd, Str
         off: 0,
         imm: 0,
     }); // exit
+    let what = match helper {
+        Some(id) => format!("helper {id} in program type {prog_type}"),
+        None => format!("program type {prog_type} with attach type {attach}"),
+    };
+    load_insns(prog_type, attach, &insns, &what, helper.is_some())
+}
+
+/// Loads `insns` as `prog_type` for `attach`; Err(`judge`'s verdict) when the kernel refuses.
+/// `helper_probe`: the program only calls a helper, so the verifier may refuse only that call.
+fn load_insns(
+    prog_type: u32,
+    attach: u32,
+    insns: &[Insn],
+    what: &str,
+    helper_probe: bool,
+) -> Result<OwnedFd, String> {
     let mut log = vec![0u8; 4096];
     let mut attr = ProgLoadAttr {
         prog_type,
@@ -402,17 +467,13 @@ fn load(prog_type: u32, attach: u32, helper: Option<i32>) -> Result<OwnedFd, Str
         let log = String::from_utf8_lossy(&log)
             .trim_end_matches('\0')
             .to_owned();
-        let what = match helper {
-            Some(id) => format!("helper {id} in program type {prog_type}"),
-            None => format!("program type {prog_type} with attach type {attach}"),
-        };
-        if helper.is_some() && err.raw_os_error() == Some(libc::EINVAL) {
+        if helper_probe && err.raw_os_error() == Some(libc::EINVAL) {
             assert!(
                 log.contains("unknown func") || log.contains("invalid func"),
                 "feature probe {what}: the verifier refused for another reason:\n{log}"
             );
         }
-        judge(&what, &err, &log)
+        judge(what, &err, &log)
     })
 }
 

@@ -183,7 +183,13 @@ fn proxy_mode_without_a_listener_refuses_connects(#[case] fam: Family) {
         })
         .wait(Duration::from_secs(30)),
     );
-    assert_eq!(report.errors.get("EPERM"), Some(&5), "{report:?}");
+    assert_eq!(
+        report
+            .errors
+            .get(integration_tests::features::refused_errno()),
+        Some(&5),
+        "{report:?}"
+    );
     assert_eq!(dp.counter("connect_proxy_no_listener"), 5);
 }
 

@@ -37,9 +37,10 @@ pub struct Cluster {
     pub load_assignment: Option<LoadAssignment>,
     /// A custom discovery backend, Envoy's `cluster_type: {name, typed_config}` (then `type` is
     /// not used): `proxy.clusters.consul` (typed_config: `proxy_core::discovery::consul::
-    /// ConsulConfig`: `address`, `service`, `datacenter`, `tag`, `wait`, `only_passing`, ...) or
+    /// ConsulConfig`: `address`, `service`, `datacenter`, `tag`, `wait`, `only_passing`, ...),
     /// `proxy.clusters.dns_srv` (typed_config: `{service_names: ["_web._tcp.example"]}`, with the
-    /// cluster's DNS fields).
+    /// cluster's DNS fields), or Envoy's `envoy.cluster.dns` (typed_config: Envoy's
+    /// `DnsCluster`), which validation turns into a STRICT_DNS or LOGICAL_DNS cluster.
     #[serde(
         rename = "cluster_type",
         default,
@@ -69,6 +70,20 @@ pub struct Cluster {
         skip_serializing_if = "Option::is_none"
     )]
     pub dns_jitter: Option<Duration>,
+    /// DNS clusters: Envoy's resolver extension (`envoy.network.dns_resolver.cares` with
+    /// `resolvers`, or `envoy.network.dns_resolver.getaddrinfo` for the system's); turned into
+    /// `dns_resolvers` when the file is validated (`config::envoy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub typed_dns_resolver_config: Option<super::envoy::TypedDnsResolverConfig>,
+    /// How long a connect of the daemon's own to one of the cluster's hosts may take: the proxy
+    /// path's upstream connects. Default: `proxy.connect_timeout` (5 s, Envoy's default). On the
+    /// kernel path the application connects, and its own timeout applies.
+    #[serde(
+        default,
+        with = "duration::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub connect_timeout: Option<Duration>,
     /// DNS clusters: AUTO (default: IPv6, falling back to IPv4), V4_ONLY, V6_ONLY,
     /// V4_PREFERRED or ALL.
     #[serde(default)]
@@ -169,13 +184,16 @@ pub enum ClusterType {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum LbPolicy {
-    /// Weighted random choice of a slot. Default here (Envoy's default, ROUND_ROBIN, needs
-    /// per-connection shared state the kernel path does not keep).
+    /// Weighted random choice of a slot. Default here (Envoy's default is ROUND_ROBIN, which
+    /// costs every connect of the service an atomic increment of one shared counter, and needs
+    /// Linux 5.12).
     #[default]
     Random,
     /// Consistent hashing over a Maglev table keyed by the client's network-namespace cookie.
     Maglev,
-    /// Not available on the kernel path; rejected with an explanation.
+    /// An exact weighted rotation: on the kernel path a per-table atomic cursor over a slot
+    /// table in smooth weighted order (needs BPF atomic fetch-and-add, Linux 5.12); on the proxy
+    /// path the same order with a cursor per cluster.
     RoundRobin,
     /// Not available on the kernel path; rejected with an explanation.
     LeastRequest,

@@ -110,9 +110,13 @@ pub struct ProxyConfig {
     /// like Envoy's `close_connections_on_host_health_failure`). Default false.
     #[serde(default)]
     pub close_connections_on_host_health_failure: bool,
-    /// Upstream connect timeout. Default 5 s.
+    /// Upstream connect timeout, for a cluster without its own `connect_timeout`. Default 5 s.
     #[serde(default = "defaults::connect_timeout", with = "duration")]
     pub connect_timeout: Duration,
+    /// ORIGINAL_DST: the ORIGINAL_DST cluster's `connect_timeout`, when it has one. Not read
+    /// from the `proxy:` section.
+    #[serde(skip)]
+    pub original_dst_connect_timeout: Option<Duration>,
     /// Idle pooled HTTP connections to cluster hosts are closed after this long. Default 60 s.
     #[serde(default = "defaults::pool_idle_timeout", with = "duration")]
     pub pool_idle_timeout: Duration,
@@ -160,6 +164,7 @@ impl Default for ProxyConfig {
             use_http_header: false,
             close_connections_on_host_health_failure: false,
             connect_timeout: defaults::connect_timeout(),
+            original_dst_connect_timeout: None,
             pool_idle_timeout: defaults::pool_idle_timeout(),
             splice: SpliceMode::Copy,
             event_loop: EventLoop::Epoll,

@@ -1,9 +1,10 @@
 //! Configuration parsing and validation: the examples parse, errors point at file:line:column
 //! and name the field.
 
-use std::path::Path;
+use std::{net::SocketAddr, path::Path, time::Duration};
 
 use super::*;
+use crate::discovery::dns::DnsLookupFamily;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::parse(text, Path::new("test.yaml"))
@@ -121,7 +122,7 @@ fn semantic_errors_name_the_field() {
             "duplicate",
         ),
         (
-            "clusters:\n  - name: a\n    lb_policy: ROUND_ROBIN\n",
+            "clusters:\n  - name: a\n    lb_policy: LEAST_REQUEST\n",
             "clusters[0].lb_policy",
             "RANDOM",
         ),
@@ -656,4 +657,128 @@ fn proxy_protocol_needs_trusted_sources() {
     assert!(!trusted[1].contains("127.0.0.1".parse().unwrap()));
     let (field, ..) = invalid("proxy:\n  proxy_protocol_trusted_sources: [10.0.0.0/40]\n");
     assert_eq!(field, "proxy.proxy_protocol_trusted_sources[0]");
+}
+
+/// What the daemon would not honour in Envoy's forms is refused, naming the field.
+#[test]
+fn envoy_form_errors_name_the_field() {
+    let cases = [
+        (
+            "clusters:\n  - name: a\n    connect_timeout: 0s\n",
+            "clusters[0].connect_timeout",
+            "greater than 0",
+        ),
+        (
+            "clusters:\n  - name: a\n    cluster_type:\n      name: envoy.cluster.dns\n      typed_config: { dns_refresh_rate: 1s, bogus: 1 }\n",
+            "clusters[0].cluster_type.typed_config.bogus",
+            "bogus",
+        ),
+        (
+            "clusters:\n  - name: a\n    cluster_type:\n      name: envoy.cluster.dns\n      typed_config: { '@type': type.googleapis.com/envoy.extensions.clusters.dns.v3.Nope }\n",
+            "clusters[0].cluster_type.typed_config.@type",
+            "DnsCluster",
+        ),
+        (
+            "clusters:\n  - name: a\n    type: STRICT_DNS\n    dns_resolvers: ['127.0.0.1:53']\n    typed_dns_resolver_config: { name: envoy.network.dns_resolver.cares }\n",
+            "clusters[0].typed_dns_resolver_config",
+            "not both",
+        ),
+        (
+            "clusters:\n  - name: a\n    type: STRICT_DNS\n    typed_dns_resolver_config: { name: envoy.network.dns_resolver.cares, typed_config: { use_resolvers_as_fallback: true } }\n",
+            "clusters[0].typed_dns_resolver_config.typed_config.use_resolvers_as_fallback",
+            "not supported",
+        ),
+        (
+            "clusters:\n  - name: a\n    type: STRICT_DNS\n    typed_dns_resolver_config: { name: envoy.network.dns_resolver.apple }\n",
+            "clusters[0].typed_dns_resolver_config.name",
+            "unknown DNS resolver",
+        ),
+    ];
+    for (text, want_field, want_msg) in cases {
+        let (field, line, _, msg) = invalid(text);
+        assert_eq!(field, want_field, "{text}");
+        assert!(line > 0, "{msg}");
+        assert!(msg.contains(want_msg), "{msg}");
+    }
+}
+
+/// Envoy 1.40's forms of a DNS cluster: the `envoy.cluster.dns` extension with a c-ares
+/// resolver, the deprecated `type: STRICT_DNS` with `typed_dns_resolver_config`, and the fields
+/// every Envoy cluster has (`connect_timeout`, `lb_policy: ROUND_ROBIN`) are accepted and become
+/// the daemon's own fields.
+#[test]
+fn envoy_dns_cluster_forms_are_accepted() {
+    let text = r#"
+clusters:
+  - name: strict
+    connect_timeout: 0.25s
+    lb_policy: ROUND_ROBIN
+    cluster_type:
+      name: envoy.cluster.dns
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.clusters.dns.v3.DnsCluster
+        dns_refresh_rate: 2s
+        respect_dns_ttl: true
+        dns_failure_refresh_rate: { base_interval: 1s, max_interval: 4s }
+        dns_lookup_family: V4_ONLY
+        typed_dns_resolver_config:
+          name: envoy.network.dns_resolver.cares
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig
+            resolvers: [{ socket_address: { address: 127.0.0.53, port_value: 5353 } }]
+            dns_resolver_options: { use_tcp_for_dns_lookups: false, no_default_search_domain: true }
+    load_assignment:
+      cluster_name: strict
+      endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: web.test, port_value: 80 } } } }] }]
+  - name: logical
+    cluster_type:
+      name: envoy.cluster.dns
+      typed_config: { all_addresses_in_single_endpoint: true, dns_lookup_family: UNSPECIFIED }
+    load_assignment:
+      endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: api.test, port_value: 80 } } } }] }]
+  - name: legacy
+    type: STRICT_DNS
+    typed_dns_resolver_config:
+      name: envoy.network.dns_resolver.cares
+      typed_config: { resolvers: [{ socket_address: { address: "::1", port_value: 53 } }] }
+    load_assignment:
+      endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: db.test, port_value: 5432 } } } }] }]
+"#;
+    let config = parse(text).expect("Envoy's forms load");
+    let strict = config.cluster("strict").expect("strict");
+    assert_eq!(strict.cluster_type, ClusterType::StrictDns);
+    assert!(strict.custom_cluster_type.is_none());
+    assert_eq!(strict.lb_policy, LbPolicy::RoundRobin);
+    assert_eq!(strict.connect_timeout, Some(Duration::from_millis(250)));
+    let dns = strict.dns_settings();
+    assert_eq!(dns.dns_refresh_rate, Duration::from_secs(2));
+    assert!(dns.respect_dns_ttl);
+    assert_eq!(
+        dns.dns_failure_refresh_rate
+            .map(|r| (r.base_interval, r.max_interval)),
+        Some((Duration::from_secs(1), Some(Duration::from_secs(4))))
+    );
+    assert_eq!(dns.dns_lookup_family, DnsLookupFamily::V4Only);
+    assert_eq!(
+        dns.dns_resolvers.iter().map(|r| r.0).collect::<Vec<_>>(),
+        ["127.0.0.53:5353".parse::<SocketAddr>().unwrap()]
+    );
+    let logical = config.cluster("logical").expect("logical");
+    assert_eq!(logical.cluster_type, ClusterType::LogicalDns);
+    assert_eq!(
+        logical.dns_settings().dns_lookup_family,
+        DnsLookupFamily::Auto
+    );
+    assert!(logical.dns_settings().dns_resolvers.is_empty());
+    let legacy = config.cluster("legacy").expect("legacy");
+    assert!(legacy.typed_dns_resolver_config.is_none());
+    assert_eq!(
+        legacy
+            .dns_settings()
+            .dns_resolvers
+            .iter()
+            .map(|r| r.0)
+            .collect::<Vec<_>>(),
+        ["[::1]:53".parse::<SocketAddr>().unwrap()]
+    );
 }

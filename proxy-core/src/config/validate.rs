@@ -11,6 +11,13 @@ use super::{ClusterType, Config, LbPolicy, ServiceMode, error::Invalid};
 pub(super) fn validate(config: &mut Config) -> Result<(), Invalid> {
     validate_names(config)?;
     for (i, cluster) in config.clusters.iter_mut().enumerate() {
+        super::envoy::normalize(i, cluster)?;
+        if cluster.connect_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(Invalid::new(
+                format!("clusters[{i}].connect_timeout"),
+                "must be greater than 0",
+            ));
+        }
         match &cluster.custom_cluster_type {
             Some(custom) => {
                 let typed = validate_custom(i, cluster, custom)?;
@@ -134,13 +141,13 @@ fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
         return Err(Invalid::new(at(field), err.to_string()));
     }
     match cluster.lb_policy {
-        LbPolicy::Random | LbPolicy::Maglev => {}
+        LbPolicy::Random | LbPolicy::Maglev | LbPolicy::RoundRobin => {}
         other => {
             return Err(Invalid::new(
                 at("lb_policy"),
                 format!(
                     "{other:?} is not available on the kernel path; use RANDOM (weighted random, \
-                     the default) or MAGLEV (consistent hashing)"
+                     the default), ROUND_ROBIN or MAGLEV (consistent hashing)"
                 ),
             ));
         }
@@ -246,6 +253,15 @@ fn validate_original_dst_agree(config: &Config) -> Result<(), Invalid> {
                      of clusters[{j}] ({:?})",
                     f.cleanup_interval
                         .unwrap_or(super::proxy::defaults::cleanup_interval())
+                ),
+            ));
+        }
+        if f.connect_timeout != c.connect_timeout {
+            return Err(Invalid::new(
+                format!("clusters[{i}].connect_timeout"),
+                format!(
+                    "ORIGINAL_DST clusters share one host pool; connect_timeout must equal that \
+                     of clusters[{j}]"
                 ),
             ));
         }

@@ -144,10 +144,16 @@ fn cluster_service(
     let upstream = upstreams
         .get(cluster)
         .with_context(|| format!("cluster {cluster} is not running"))?;
-    Ok(Service::Tcp(ClusterHandle::from_upstream(
-        upstream,
-        proxy.pool_idle_timeout,
-    )))
+    Ok(Service::Tcp(handle(config, upstream, proxy)))
+}
+
+/// The proxy's handle on a running cluster, with the cluster's connect timeout and lb policy.
+fn handle(config: &Config, upstream: &Upstream, proxy: &ProxyConfig) -> ClusterHandle {
+    let handle = ClusterHandle::from_upstream(upstream, proxy.pool_idle_timeout);
+    match config.cluster(upstream.name()) {
+        Some(c) => handle.with_policy(c.connect_timeout, c.lb_policy),
+        None => handle,
+    }
 }
 
 /// The hosts of one chain target: its cluster, narrowed to the target's subset and Consul's
@@ -162,7 +168,7 @@ fn target_handle(
     let has = |c: &str| upstreams.contains_key(c);
     let cluster = chain::target_cluster(target, &config.datacenter, &has).ok()?;
     let upstream = upstreams.get(&cluster)?;
-    let handle = ClusterHandle::from_upstream(upstream, proxy.pool_idle_timeout);
+    let handle = handle(config, upstream, proxy);
     if target.filter.is_none() && !target.only_passing {
         return Some(handle);
     }

@@ -148,4 +148,13 @@ pub enum DataplaneError {
         /// What was asked: a service (proxy mode or passive health), or splicing.
         what: String,
     },
+    /// A ROUND_ROBIN service on a kernel whose verifier refused the `_rr` programs (BPF atomic
+    /// fetch-and-add needs Linux 5.12); nothing was changed.
+    #[error(
+        "service {service}: lb_policy ROUND_ROBIN needs BPF atomic fetch-and-add (Linux 5.12), which this kernel refused; use RANDOM or MAGLEV"
+    )]
+    NoRoundRobin {
+        /// The service.
+        service: String,
+    },
 }

@@ -13,7 +13,7 @@ use aya::{
         links::{FdLink, PinnedLink},
     },
 };
-use proxy_common::abi::{maps, pins, programs};
+use proxy_common::abi::{self, maps, pins, programs};
 use tracing::{debug, info, warn};
 
 use super::{
@@ -157,9 +157,11 @@ impl Dataplane {
                 source,
             })?;
         }
+        let features = kernel_features();
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(pin_dir)
             .map_pin_path(maps::SOCK_VIP, pin_dir.join(maps::SOCK_VIP))
+            .override_global(abi::features::GLOBAL, &features, true)
             .load(EBPF_OBJECT)
             .map_err(DataplaneError::Load)?;
         let cgroup_fd = fs::File::open(&opts.cgroup).map_err(|source| DataplaneError::Io {
@@ -178,11 +180,37 @@ impl Dataplane {
         // Attach everything first (links are detached on drop if anything below fails), then
         // replace the pins of a previous run, so that the hand-over has no gap.
         let mut fd_links = Vec::new();
+        let mut round_robin = true;
         for (name, pin) in pins::LINKS {
             if name == programs::SOCKOPS && !opts.follow_sockets {
                 continue;
             }
-            fd_links.push((name, pin, attach(&mut ebpf, name, &cgroup_fd)?));
+            let program = match programs::round_robin_variant(name) {
+                Some(variant) if round_robin => match load(&mut ebpf, variant) {
+                    Ok(()) => variant,
+                    Err(err) => {
+                        // The kernel refuses the instruction (before 5.12): the base programs
+                        // serve every other policy.
+                        info!(%err, "ROUND_ROBIN unavailable on this kernel (BPF atomic fetch-and-add needs 5.12)");
+                        round_robin = false;
+                        name
+                    }
+                },
+                _ => name,
+            };
+            fd_links.push((program, pin, attach(&mut ebpf, program, &cgroup_fd)?));
+        }
+        // A variant loaded before one was refused is not attached: all four or none.
+        if !round_robin {
+            for entry in &mut fd_links {
+                let Some((base, _)) = programs::ROUND_ROBIN_VARIANTS
+                    .iter()
+                    .find(|(_, variant)| *variant == entry.0)
+                else {
+                    continue;
+                };
+                *entry = (base, entry.1, attach(&mut ebpf, base, &cgroup_fd)?);
+            }
         }
         if !opts.follow_sockets {
             // A previous run's sockops goes, as its other links are replaced below.
@@ -205,14 +233,14 @@ impl Dataplane {
             runtime,
             pair: pair_maps,
         } = KernelMaps::take(&mut ebpf)?;
-        let publisher = Publisher::new(service, opts.follow_sockets)?;
+        let publisher = Publisher::new(service, opts.follow_sockets, round_robin)?;
         let runtime = RuntimeMaps::new(runtime);
         let pair = match (pair_attached, pair_maps) {
             (Ok(()), Ok(maps)) => Ok(PairSplicer::new(maps)),
             (Ok(()), Err(err)) => return Err(err),
             (Err(why), _) => Err(why),
         };
-        info!(cgroup = %opts.cgroup.display(), pins = %pin_dir.display(), adopted = publisher.adopted(), sockops = opts.follow_sockets, "data path attached");
+        info!(cgroup = %opts.cgroup.display(), pins = %pin_dir.display(), adopted = publisher.adopted(), sockops = opts.follow_sockets, round_robin, econnrefused = features & abi::features::SET_RETVAL != 0, "data path attached");
         Ok(Self {
             ebpf,
             pin_dir: pin_dir.to_owned(),
@@ -278,6 +306,12 @@ impl Dataplane {
             });
         }
         self.runtime.set_splice(on)
+    }
+
+    /// Whether the `_rr` program variants are attached, so ROUND_ROBIN services can be
+    /// published (kernels with BPF atomic fetch-and-add, 5.12).
+    pub fn round_robin(&self) -> bool {
+        self.publisher.round_robin()
     }
 
     /// Whether sockops is attached ([`DataplaneOptions::follow_sockets`]).
@@ -469,6 +503,36 @@ fn ensure_bpffs(bpffs: &Path) -> Result<(), DataplaneError> {
     Ok(())
 }
 
+/// What the kernel offers beyond the programs' minimum, as the bits of
+/// `abi::features::GLOBAL`. A probe that fails counts as the feature missing: the programs then
+/// keep the behaviour every supported kernel has.
+fn kernel_features() -> u32 {
+    use aya::{
+        programs::ProgramType,
+        sys::{BpfHelper, is_helper_supported},
+    };
+    let mut bits = 0;
+    match is_helper_supported(ProgramType::CgroupSockAddr, BpfHelper::BPF_FUNC_set_retval) {
+        Ok(true) => bits |= abi::features::SET_RETVAL,
+        Ok(false) => {
+            info!("refused connects fail with EPERM: bpf_set_retval needs kernel 5.18");
+        }
+        Err(err) => {
+            warn!(%err, "probing bpf_set_retval failed; refused connects fail with EPERM");
+        }
+    }
+    bits
+}
+
+/// Loads one program (not yet loaded) of the object.
+fn load(ebpf: &mut Ebpf, name: &'static str) -> Result<(), DataplaneError> {
+    let err = |source| DataplaneError::Program { name, source };
+    match ebpf.program_mut(name) {
+        Some(Program::CgroupSockAddr(program)) => program.load().map_err(err),
+        _ => Err(err(aya::programs::ProgramError::NotLoaded)),
+    }
+}
+
 fn attach(
     ebpf: &mut Ebpf,
     name: &'static str,
@@ -479,7 +543,9 @@ fn attach(
     // programs per hook, which lets a new daemon attach next to the one it replaces.
     let link = match ebpf.program_mut(name) {
         Some(Program::CgroupSockAddr(program)) => {
-            program.load().map_err(err)?;
+            if program.fd().is_err() {
+                program.load().map_err(err)?;
+            }
             let id = program
                 .attach(cgroup, CgroupAttachMode::Single)
                 .map_err(err)?;

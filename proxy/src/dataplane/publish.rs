@@ -26,7 +26,8 @@ use proxy_common::{
     counters::ServiceCounts,
     service::{
         Backend, FAMILY_V4, FAMILY_V6, MAX_PRIORITIES, SERVICE_F_MAGLEV, SERVICE_F_PASSIVE,
-        SERVICE_F_PROXY, SERVICE_F_SINGLE, SLOTS, Service, ServiceKey, SlotTable, SlotTableKey,
+        SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, SLOTS, Service, ServiceKey,
+        SlotTable, SlotTableKey,
     },
 };
 use proxy_core::lb::{self, SlotHost};
@@ -123,6 +124,8 @@ pub struct Publisher {
     /// sockops is attached: services it must follow (proxy mode, passive health) can be
     /// published.
     follow_sockets: bool,
+    /// The `_rr` program variants are attached: ROUND_ROBIN services can be published.
+    round_robin: bool,
     /// Generations switched away from, freed once they are older than [`RETIRE_GRACE`].
     retiring: VecDeque<Retiring>,
 }
@@ -154,7 +157,11 @@ pub const RETIRE_GRACE: Duration = Duration::from_millis(50);
 impl Publisher {
     /// Wraps the maps; services already in them (pinned by a previous run) are adopted: they stay
     /// live until they are republished or removed by [`Publisher::sweep`].
-    pub(super) fn new(maps: ServiceMaps, follow_sockets: bool) -> Result<Self, DataplaneError> {
+    pub(super) fn new(
+        maps: ServiceMaps,
+        follow_sockets: bool,
+        round_robin: bool,
+    ) -> Result<Self, DataplaneError> {
         let ServiceMaps {
             services,
             slots,
@@ -203,6 +210,7 @@ impl Publisher {
             next_backend_id,
             adopted,
             follow_sockets,
+            round_robin,
             retiring: VecDeque::new(),
         })
     }
@@ -239,6 +247,11 @@ impl Publisher {
             .collect()
     }
 
+    /// Whether ROUND_ROBIN services can be published (the `_rr` programs are attached).
+    pub fn round_robin(&self) -> bool {
+        self.round_robin
+    }
+
     /// How many services were found in pinned maps at start.
     pub fn adopted(&self) -> usize {
         self.adopted
@@ -250,6 +263,11 @@ impl Publisher {
         if spec.flags & FOLLOWED != 0 && !self.follow_sockets {
             return Err(DataplaneError::NoSockops {
                 what: format!("service {} (proxy mode or passive health)", spec.name),
+            });
+        }
+        if spec.flags & SERVICE_F_ROUND_ROBIN != 0 && !self.round_robin {
+            return Err(DataplaneError::NoRoundRobin {
+                service: spec.name.clone(),
             });
         }
         if spec.priorities.len() > MAX_PRIORITIES as usize {
@@ -442,6 +460,8 @@ impl Publisher {
             .map_err(|e| publish_err(spec, maps::BACKENDS, e))?;
         let slots = if spec.flags & SERVICE_F_MAGLEV != 0 {
             lb::maglev_table(&slot_hosts, SLOTS)
+        } else if spec.flags & SERVICE_F_ROUND_ROBIN != 0 {
+            lb::round_robin_table(&slot_hosts, SLOTS)
         } else {
             lb::random_table(&slot_hosts, SLOTS)
         };

@@ -1,0 +1,246 @@
+//! Envoy's newer spellings of fields the daemon already has, turned into those fields when a file
+//! is validated, so every later stage sees one form:
+//!
+//! - `cluster_type: {name: envoy.cluster.dns, typed_config: DnsCluster}` (Envoy 1.40's
+//!   non-deprecated form of DNS clusters) becomes `type: STRICT_DNS`, or `LOGICAL_DNS` with
+//!   `all_addresses_in_single_endpoint: true`, with the DNS fields of the `typed_config`. As in
+//!   Envoy, the cluster's top-level DNS fields are then not read.
+//! - `typed_dns_resolver_config` (the c-ares or getaddrinfo resolver extension) becomes
+//!   `dns_resolvers`.
+//!
+//! A field of these messages that the daemon would not honour is an error naming it, never
+//! silently dropped.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{Cluster, ClusterType, error::Invalid};
+use crate::discovery::dns::{DnsLookupFamily, DnsResolverAddress, RefreshRate, duration};
+
+/// `cluster_type.name` of Envoy's DNS cluster extension.
+pub const DNS_CLUSTER: &str = "envoy.cluster.dns";
+const DNS_CLUSTER_TYPE: &str = "type.googleapis.com/envoy.extensions.clusters.dns.v3.DnsCluster";
+const CARES: &str = "envoy.network.dns_resolver.cares";
+const CARES_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig";
+const GETADDRINFO: &str = "envoy.network.dns_resolver.getaddrinfo";
+const GETADDRINFO_TYPE: &str = "type.googleapis.com/envoy.extensions.network.dns_resolver.getaddrinfo.v3.GetAddrInfoDnsResolverConfig";
+
+/// Envoy's `TypedExtensionConfig` as `typed_dns_resolver_config` holds it.
+#[derive(Clone, Debug, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TypedDnsResolverConfig {
+    /// `envoy.network.dns_resolver.cares` or `envoy.network.dns_resolver.getaddrinfo`.
+    pub name: String,
+    /// The resolver's settings (`CaresDnsResolverConfig` or `GetAddrInfoDnsResolverConfig`).
+    #[serde(default)]
+    pub typed_config: serde_json::Value,
+}
+
+/// `envoy.extensions.clusters.dns.v3.DnsCluster`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DnsCluster {
+    #[serde(rename = "@type", default)]
+    type_url: Option<String>,
+    #[serde(default, with = "duration::option")]
+    dns_refresh_rate: Option<Duration>,
+    #[serde(default)]
+    dns_failure_refresh_rate: Option<RefreshRate>,
+    #[serde(default)]
+    respect_dns_ttl: bool,
+    #[serde(default, with = "duration::option")]
+    dns_jitter: Option<Duration>,
+    #[serde(default)]
+    typed_dns_resolver_config: Option<TypedDnsResolverConfig>,
+    /// `UNSPECIFIED` (the proto's zero) means AUTO, as in Envoy.
+    #[serde(default)]
+    dns_lookup_family: Option<LookupFamily>,
+    #[serde(default)]
+    all_addresses_in_single_endpoint: bool,
+}
+
+/// `envoy.extensions.clusters.common.dns.v3.DnsLookupFamily`.
+#[derive(Clone, Copy, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+enum LookupFamily {
+    Unspecified,
+    Auto,
+    V4Only,
+    V6Only,
+    V4Preferred,
+    All,
+}
+
+impl From<LookupFamily> for DnsLookupFamily {
+    fn from(family: LookupFamily) -> Self {
+        match family {
+            LookupFamily::Unspecified | LookupFamily::Auto => DnsLookupFamily::Auto,
+            LookupFamily::V4Only => DnsLookupFamily::V4Only,
+            LookupFamily::V6Only => DnsLookupFamily::V6Only,
+            LookupFamily::V4Preferred => DnsLookupFamily::V4Preferred,
+            LookupFamily::All => DnsLookupFamily::All,
+        }
+    }
+}
+
+/// `envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig`, the fields the
+/// daemon honours (an unknown or unhonoured one is an error).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Cares {
+    #[serde(rename = "@type", default)]
+    type_url: Option<String>,
+    #[serde(default)]
+    resolvers: Vec<DnsResolverAddress>,
+    #[serde(default)]
+    use_resolvers_as_fallback: bool,
+    #[serde(default)]
+    dns_resolver_options: Option<ResolverOptions>,
+}
+
+/// `envoy.config.core.v3.DnsResolverOptions`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolverOptions {
+    #[serde(default)]
+    use_tcp_for_dns_lookups: bool,
+    #[serde(default)]
+    no_default_search_domain: bool,
+}
+
+/// `GetAddrInfoDnsResolverConfig`: the system's resolver, which is what an empty
+/// `dns_resolvers` means here. Its thread and retry knobs have no counterpart.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GetAddrInfo {
+    #[serde(rename = "@type", default)]
+    type_url: Option<String>,
+}
+
+/// Rewrites cluster `i`'s Envoy forms into the daemon's own fields. Idempotent: the forms are
+/// taken out of the cluster once rewritten.
+pub(super) fn normalize(i: usize, cluster: &mut Cluster) -> Result<(), Invalid> {
+    let at = |field: &str| format!("clusters[{i}].{field}");
+    if cluster
+        .custom_cluster_type
+        .as_ref()
+        .is_some_and(|c| c.name == DNS_CLUSTER)
+    {
+        let custom = cluster.custom_cluster_type.take().expect("checked above");
+        let field = |inner: &str| at(&format!("cluster_type.typed_config{inner}"));
+        let dns: DnsCluster = serde_path_to_error::deserialize(&custom.typed_config)
+            .map_err(|e| Invalid::new(field(&path_suffix(e.path())), e.into_inner().to_string()))?;
+        check_type_url(dns.type_url.as_deref(), DNS_CLUSTER_TYPE, || {
+            field(".@type")
+        })?;
+        cluster.cluster_type = if dns.all_addresses_in_single_endpoint {
+            ClusterType::LogicalDns
+        } else {
+            ClusterType::StrictDns
+        };
+        if let Some(rate) = dns.dns_refresh_rate {
+            cluster.dns_refresh_rate = rate;
+        }
+        cluster.dns_failure_refresh_rate = dns.dns_failure_refresh_rate;
+        cluster.respect_dns_ttl = dns.respect_dns_ttl;
+        cluster.dns_jitter = dns.dns_jitter;
+        cluster.dns_lookup_family = dns.dns_lookup_family.map(Into::into).unwrap_or_default();
+        cluster.dns_resolvers = match dns.typed_dns_resolver_config {
+            Some(resolver) => resolvers(&resolver, &field(".typed_dns_resolver_config"))?,
+            None => Vec::new(),
+        };
+    }
+    if let Some(resolver) = cluster.typed_dns_resolver_config.take() {
+        if !cluster.dns_resolvers.is_empty() {
+            return Err(Invalid::new(
+                at("typed_dns_resolver_config"),
+                "set either dns_resolvers or typed_dns_resolver_config, not both",
+            ));
+        }
+        cluster.dns_resolvers = resolvers(&resolver, &at("typed_dns_resolver_config"))?;
+    }
+    Ok(())
+}
+
+/// The name servers a resolver extension names (none: the system's resolv.conf).
+fn resolvers(
+    resolver: &TypedDnsResolverConfig,
+    at: &str,
+) -> Result<Vec<DnsResolverAddress>, Invalid> {
+    let typed = |inner: &str| format!("{at}.typed_config{inner}");
+    match resolver.name.as_str() {
+        CARES => {
+            let cares: Cares =
+                serde_path_to_error::deserialize(&resolver.typed_config).map_err(|e| {
+                    Invalid::new(typed(&path_suffix(e.path())), e.into_inner().to_string())
+                })?;
+            check_type_url(cares.type_url.as_deref(), CARES_TYPE, || typed(".@type"))?;
+            if cares.use_resolvers_as_fallback {
+                return Err(Invalid::new(
+                    typed(".use_resolvers_as_fallback"),
+                    "is not supported: the listed resolvers replace resolv.conf's (the default, false)",
+                ));
+            }
+            if let Some(options) = cares.dns_resolver_options {
+                if options.use_tcp_for_dns_lookups {
+                    return Err(Invalid::new(
+                        typed(".dns_resolver_options.use_tcp_for_dns_lookups"),
+                        "is not supported: queries go over UDP, and over TCP when an answer is truncated",
+                    ));
+                }
+                // Listed resolvers are asked for names as written, never expanded by
+                // resolv.conf's search list: that is `true`, and the README lists `false` with
+                // listed resolvers as a difference. Without listed resolvers the system's
+                // search list applies, which `true` would forbid.
+                if options.no_default_search_domain && cares.resolvers.is_empty() {
+                    return Err(Invalid::new(
+                        typed(".dns_resolver_options.no_default_search_domain"),
+                        "is only supported with listed resolvers (the system resolver applies resolv.conf's search list)",
+                    ));
+                }
+            }
+            Ok(cares.resolvers)
+        }
+        GETADDRINFO => {
+            let gai: GetAddrInfo = serde_path_to_error::deserialize(&resolver.typed_config)
+                .map_err(|e| {
+                    Invalid::new(typed(&path_suffix(e.path())), e.into_inner().to_string())
+                })?;
+            check_type_url(gai.type_url.as_deref(), GETADDRINFO_TYPE, || {
+                typed(".@type")
+            })?;
+            Ok(Vec::new())
+        }
+        other => Err(Invalid::new(
+            format!("{at}.name"),
+            format!("unknown DNS resolver {other:?}; this build has {CARES} and {GETADDRINFO}"),
+        )),
+    }
+}
+
+/// An `@type`, when given, must be the message the extension takes.
+fn check_type_url(
+    given: Option<&str>,
+    expected: &str,
+    at: impl Fn() -> String,
+) -> Result<(), Invalid> {
+    match given {
+        Some(url) if url != expected => Err(Invalid::new(
+            at(),
+            format!("is {url:?}; this extension takes {expected:?}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// serde_path_to_error's path as a suffix of a field path (`.` alone is the value itself).
+fn path_suffix(path: &serde_path_to_error::Path) -> String {
+    let path = path.to_string();
+    if path == "." {
+        String::new()
+    } else {
+        format!(".{path}")
+    }
+}

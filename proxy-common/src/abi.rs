@@ -74,7 +74,7 @@ pub mod maps {
     /// Per-CPU counters, indexed by `crate::counters`. `_V2`: more counters.
     pub const COUNTERS: &str = "COUNTERS_V2";
     /// Per-CPU counters of each service, by `Service::id`.
-    pub const SVC_COUNTERS: &str = "SVC_COUNTERS_V1";
+    pub const SVC_COUNTERS: &str = "SVC_COUNTERS_V2";
     /// Proxy-pair splicing: the sockhash the stream verdict program is attached to.
     pub const PAIR_SOCKS: &str = "PAIR_SOCKS_V1";
     /// Proxy-pair splicing: the socket to send out of, by the receiving socket's cookie. `_V2`:
@@ -240,7 +240,7 @@ pub mod pins {
 /// Pin names of earlier versions: maps whose layout moved to a new suffix, and pins of programs
 /// that were renamed or removed. A daemon removes them from its instance directory once its own
 /// programs are attached and every service was published once (see the version policy above).
-pub const RETIRED: [&str; 6] = [
+pub const RETIRED: [&str; 7] = [
     // `Service` gained `backend`: the three service maps moved to `_V2` together.
     "SERVICES_V1",
     "SLOTS_V1",
@@ -251,6 +251,8 @@ pub const RETIRED: [&str; 6] = [
     "SOCK_VIP_V1",
     // Keyed by 4-tuple, replaced by a sockhash keyed by cookie.
     "PAIR_PEER_V1",
+    // `ServiceCounts` gained `panic`.
+    "SVC_COUNTERS_V1",
 ];
 
 /// What a file under `<bpffs>/<instance>/` is to this version of the daemon.

@@ -68,6 +68,11 @@ pub const SERVICE_F_PASSIVE: u32 = 1 << 3;
 /// atomic fetch-and-add, 5.12) read it; the daemon refuses such a service on older kernels.
 pub const SERVICE_F_ROUND_ROBIN: u32 = 1 << 4;
 
+/// `Service::flags` bit: the published hosts were chosen in panic mode (too few healthy hosts,
+/// so every host routes, as in Envoy); a connect to a host is also counted in the service's
+/// `panic` counter (Envoy's `lb_healthy_panic`).
+pub const SERVICE_F_PANIC: u32 = 1 << 5;
+
 /// Key of `SERVICES_V2`: a service address as the application dials it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -59,6 +59,42 @@ pub enum UpstreamError {
     Discovery(#[from] SourceError),
 }
 
+/// Envoy's per-cluster upstream counters for the connections the daemon's proxy makes to a
+/// cluster's hosts. The kernel path's connections are the application's own; the admin adds
+/// them from the kernel's per-service counters under the same names.
+#[derive(Debug, Default)]
+pub struct UpstreamTraffic {
+    /// Connects started to a host (`upstream_cx_total`).
+    pub cx_total: AtomicU64,
+    /// Connects that failed or timed out (`upstream_cx_connect_fail`).
+    pub cx_connect_fail: AtomicU64,
+    /// Choices that found no routable host (`upstream_cx_none_healthy`).
+    pub cx_none_healthy: AtomicU64,
+    /// Choices made in panic mode (`lb_healthy_panic`).
+    pub lb_healthy_panic: AtomicU64,
+}
+
+impl UpstreamTraffic {
+    /// The counters with Envoy's names, without the `cluster.<name>.` prefix.
+    pub fn named(&self) -> [(&'static str, u64); 4] {
+        [
+            ("upstream_cx_total", self.cx_total.load(Ordering::Relaxed)),
+            (
+                "upstream_cx_connect_fail",
+                self.cx_connect_fail.load(Ordering::Relaxed),
+            ),
+            (
+                "upstream_cx_none_healthy",
+                self.cx_none_healthy.load(Ordering::Relaxed),
+            ),
+            (
+                "lb_healthy_panic",
+                self.lb_healthy_panic.load(Ordering::Relaxed),
+            ),
+        ]
+    }
+}
+
 /// A running cluster.
 pub struct Upstream {
     name: String,
@@ -73,6 +109,8 @@ pub struct Upstream {
     outlier_detection: bool,
     /// Hosts of the source's last update that the guard left out (gauge).
     refused: Arc<AtomicU64>,
+    /// The proxy path's connections to the cluster's hosts.
+    traffic: Arc<UpstreamTraffic>,
     task: JoinHandle<()>,
 }
 
@@ -154,6 +192,7 @@ impl Upstream {
             source,
             outlier_detection,
             refused,
+            traffic: Arc::default(),
             task,
         })
     }
@@ -213,6 +252,11 @@ impl Upstream {
         self.lock().host_statuses()
     }
 
+    /// The counters of the proxy path's connections to the cluster's hosts.
+    pub fn traffic(&self) -> Arc<UpstreamTraffic> {
+        self.traffic.clone()
+    }
+
     /// Envoy-named stats: discovery (`update_*`), membership, health checks, outlier detection.
     pub fn stats(&self) -> Vec<(String, u64)> {
         // Discovery stats first; health's membership gauges win where both name one.
@@ -223,6 +267,9 @@ impl Upstream {
             format!("cluster.{}.hosts_refused", self.name),
             self.refused.load(Ordering::Relaxed),
         );
+        for (name, value) in self.traffic.named() {
+            stats.insert(format!("cluster.{}.{name}", self.name), value);
+        }
         stats.into_iter().collect()
     }
 

@@ -104,13 +104,15 @@ pub static COUNTERS_V2: PerCpuArray<u64> = PerCpuArray::pinned(counters::COUNT, 
 /// Per-CPU counters of each service, by `Service::id`; entries are created by the hooks on a
 /// service's first use and deleted by the daemon with the service.
 #[map]
-pub static SVC_COUNTERS_V1: PerCpuHashMap<u32, ServiceCounts> =
+pub static SVC_COUNTERS_V2: PerCpuHashMap<u32, ServiceCounts> =
     PerCpuHashMap::pinned(65_536, BPF_F_NO_PREALLOC);
 
 /// Which of a service's counters [`count_service`] adds to.
 #[derive(Clone, Copy)]
 pub enum ServiceOutcome {
     ToHost,
+    /// To a host, chosen in panic mode (`to_host` and `panic`).
+    ToHostInPanic,
     ToProxy,
     NoHost,
 }
@@ -118,12 +120,16 @@ pub enum ServiceOutcome {
 /// Adds one to a counter of service `id` on this CPU (creating its entry on first use).
 #[inline(always)]
 pub fn count_service(id: u32, outcome: ServiceOutcome) {
-    if let Some(counts) = SVC_COUNTERS_V1.get_ptr_mut(&id) {
+    if let Some(counts) = SVC_COUNTERS_V2.get_ptr_mut(&id) {
         // SAFETY: the pointer comes from the map and is valid for this CPU; per-CPU values are
         // not shared with other CPUs, and a preempting program at worst loses one increment.
         let counts = unsafe { &mut *counts };
         match outcome {
             ServiceOutcome::ToHost => counts.to_host += 1,
+            ServiceOutcome::ToHostInPanic => {
+                counts.to_host += 1;
+                counts.panic += 1;
+            }
             ServiceOutcome::ToProxy => counts.to_proxy += 1,
             ServiceOutcome::NoHost => counts.no_host += 1,
         }
@@ -132,13 +138,17 @@ pub fn count_service(id: u32, outcome: ServiceOutcome) {
     let mut first = ServiceCounts::default();
     match outcome {
         ServiceOutcome::ToHost => first.to_host = 1,
+        ServiceOutcome::ToHostInPanic => {
+            first.to_host = 1;
+            first.panic = 1;
+        }
         ServiceOutcome::ToProxy => first.to_proxy = 1,
         ServiceOutcome::NoHost => first.no_host = 1,
     }
     // Another CPU may create it at the same moment (BPF_NOEXIST then fails): that CPU's entry
     // is the service's, and this one increment is lost. A full map also loses it; the global
     // counters still have it.
-    let _ = SVC_COUNTERS_V1.insert(&id, &first, u64::from(BPF_NOEXIST));
+    let _ = SVC_COUNTERS_V2.insert(&id, &first, u64::from(BPF_NOEXIST));
 }
 
 /// Adds one to a counter of this CPU.

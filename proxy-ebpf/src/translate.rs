@@ -6,8 +6,8 @@ use aya_ebpf::{EbpfContext as _, bindings::bpf_sock_addr, programs::SockAddrCont
 use proxy_common::{
     counters,
     service::{
-        Backend, FAMILY_V4, FAMILY_V6, SERVICE_F_MAGLEV, SERVICE_F_PASSIVE, SERVICE_F_PROXY,
-        Service, ServiceKey,
+        Backend, FAMILY_V4, FAMILY_V6, SERVICE_F_MAGLEV, SERVICE_F_PANIC, SERVICE_F_PASSIVE,
+        SERVICE_F_PROXY, Service, ServiceKey,
     },
 };
 
@@ -161,7 +161,14 @@ pub fn target<const ROTATE: bool>(
         return Ok(None);
     }
     count(outcomes.rewritten);
-    count_service(svc.id, ServiceOutcome::ToHost);
+    count_service(
+        svc.id,
+        if flags & SERVICE_F_PANIC != 0 {
+            ServiceOutcome::ToHostInPanic
+        } else {
+            ServiceOutcome::ToHost
+        },
+    );
     Ok(Some(Target {
         dest,
         proxied: false,

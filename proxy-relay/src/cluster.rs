@@ -16,7 +16,7 @@ use std::{
 use proxy_core::{
     health::{PassiveSignal, Routing},
     lb,
-    upstream::Upstream,
+    upstream::{Upstream, UpstreamTraffic},
 };
 use tokio::sync::{mpsc, watch};
 
@@ -94,6 +94,8 @@ pub struct ClusterHandle {
     connect_timeout: Option<Duration>,
     /// ROUND_ROBIN: the rotation every pick takes its turn of (shared by the handle's clones).
     rotation: Option<Arc<Rotation>>,
+    /// The cluster's upstream counters (shared by every handle on the running cluster).
+    traffic: Arc<UpstreamTraffic>,
 }
 
 /// ROUND_ROBIN on the proxy path: the kernel's rotation (the same smooth weighted table,
@@ -172,6 +174,7 @@ impl ClusterHandle {
             pool: Arc::new(Pool::new(pool_idle_timeout)),
             connect_timeout: None,
             rotation: None,
+            traffic: Arc::default(),
         }
     }
 
@@ -206,6 +209,7 @@ impl ClusterHandle {
         // Without outlier detection connect results change nothing: none are sent (one
         // message and one wakeup of the cluster's task per connection saved).
         c.passive = upstream.outlier_detection().then(|| upstream.passive());
+        c.traffic = upstream.traffic();
         c
     }
 
@@ -250,6 +254,16 @@ impl ClusterHandle {
         self.drain_on_removal
     }
 
+    /// Counts a request that found no routable host in this cluster (or in any of its leg's).
+    pub fn count_none_healthy(&self) {
+        self.traffic.cx_none_healthy.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The cluster's upstream counters.
+    pub fn traffic(&self) -> &UpstreamTraffic {
+        &self.traffic
+    }
+
     /// Whether the cluster has a routable host now (without taking a turn of a rotation).
     pub fn has_routable(&self) -> bool {
         !lb::kernel_levels(&self.routing.borrow()).is_empty()
@@ -258,8 +272,16 @@ impl ClusterHandle {
     /// Picks a host by weight (priorities and health as the kernel tables see them), avoiding
     /// `tried` when another host is available.
     pub fn pick(&self, tried: &[BackendAddr]) -> Option<BackendAddr> {
-        let levels = lb::kernel_levels(&self.routing.borrow());
-        let level = levels.into_iter().next()?;
+        let routing = self.routing.borrow().clone();
+        let Some(level) = lb::kernel_levels(&routing).into_iter().next() else {
+            self.traffic.cx_none_healthy.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        if routing.in_panic() {
+            self.traffic
+                .lb_healthy_panic
+                .fetch_add(1, Ordering::Relaxed);
+        }
         let fresh: Vec<_> = level
             .iter()
             .filter(|(a, _)| !tried.contains(&BackendAddr(*a)))
@@ -277,8 +299,13 @@ impl ClusterHandle {
         host_state(&self.routing.borrow(), host.0)
     }
 
-    /// Reports a connect result to the cluster's outlier detection (never blocks).
+    /// Reports a connect result: counted in the cluster's upstream counters and sent to its
+    /// outlier detection (never blocks).
     pub fn report_connect(&self, host: BackendAddr, ok: bool) {
+        self.traffic.cx_total.fetch_add(1, Ordering::Relaxed);
+        if !ok {
+            self.traffic.cx_connect_fail.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(tx) = &self.passive {
             let signal = if ok {
                 PassiveSignal::ConnectSuccess(host.0)

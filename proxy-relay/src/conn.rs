@@ -510,4 +510,65 @@ mod tests {
             }
         }
     }
+
+    /// The per-cluster counters (Envoy's `cluster.<name>.upstream_cx_*`, `lb_healthy_panic`)
+    /// move alike in both drivers, on the handle of the cluster the connection went to.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn both_drivers_count_per_cluster() {
+        use proxy_core::{discovery::Host, health::HostClass};
+        let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let echo_addr = echo.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = echo.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        let dead = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let cluster = |hosts: &[(SocketAddr, HostClass)]| {
+            let hosts: Vec<_> = hosts.iter().map(|&(a, c)| (Host::new(a), c)).collect();
+            let (tx, rx) = watch::channel(Routing::compute(&hosts, 50.0));
+            std::mem::forget(tx);
+            let handle = ClusterHandle::new("c", rx, true, Duration::from_secs(1));
+            let mut t = ServiceTable::new();
+            t.set_fallback(Service::Tcp(handle.clone()));
+            (t, handle)
+        };
+        let count = |h: &ClusterHandle| {
+            let t = h.traffic();
+            [
+                t.cx_total.load(Ordering::Relaxed),
+                t.cx_connect_fail.load(Ordering::Relaxed),
+                t.cx_none_healthy.load(Ordering::Relaxed),
+                t.lb_healthy_panic.load(Ordering::Relaxed),
+            ]
+        };
+        let other: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        for event_loop in [EventLoop::Epoll, EventLoop::Tokio] {
+            let (t, ok) = cluster(&[(echo_addr, HostClass::Healthy)]);
+            one_connection(event_loop, echo_addr, t).await;
+            assert_eq!(count(&ok), [1, 0, 0, 0], "{event_loop:?}: relayed");
+            let (t, failed) = cluster(&[(dead, HostClass::Healthy)]);
+            one_connection(event_loop, dead, t).await;
+            assert_eq!(count(&failed), [1, 1, 0, 0], "{event_loop:?}: refused");
+            let (t, empty) = cluster(&[]);
+            one_connection(event_loop, echo_addr, t).await;
+            assert_eq!(count(&empty), [0, 0, 1, 0], "{event_loop:?}: no host");
+            // One healthy host of three is below the 50 % threshold: panic mode routes to all.
+            let (t, panic) = cluster(&[
+                (echo_addr, HostClass::Healthy),
+                (other, HostClass::Unhealthy),
+                (dead, HostClass::Unhealthy),
+            ]);
+            one_connection(event_loop, echo_addr, t).await;
+            let [total, _, none, in_panic] = count(&panic);
+            assert_eq!((total, none, in_panic), (1, 0, 1), "{event_loop:?}: panic");
+        }
+    }
 }

@@ -120,11 +120,14 @@ async fn handle(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
 async fn routed(req: Request<Incoming>, route: &Route, proto: Proto, ctx: &Ctx) -> Response<Body> {
     let stats = &ctx.shared.stats;
     // The target's cluster, or the first failover cluster with a routable host.
-    let cluster = route
-        .pick_leg()
-        .and_then(|leg| Some((leg, leg.clusters.iter().find(|c| c.has_routable())?)));
+    let picked = route.pick_leg();
+    let cluster =
+        picked.and_then(|leg| Some((leg, leg.clusters.iter().find(|c| c.has_routable())?)));
     let Some((leg, cluster)) = cluster else {
         ProxyStats::inc(&stats.upstream_cx_none_healthy);
+        if let Some(first) = picked.and_then(|leg| leg.clusters.first()) {
+            first.count_none_healthy();
+        }
         return no_healthy_upstream();
     };
     let (mut parts, body) = req.into_parts();

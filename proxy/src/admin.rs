@@ -109,6 +109,16 @@ impl State {
             .collect()
     }
 
+    /// The cluster whose connections are service `name`'s on the kernel path: its only cluster,
+    /// for a direct-mode service that is not a chain.
+    fn kernel_cluster(&self, name: &str) -> Option<&str> {
+        let svc = self.config.services.iter().find(|s| s.name == name)?;
+        if svc.mode != proxy_core::config::ServiceMode::Direct || svc.chain.is_some() {
+            return None;
+        }
+        Some(svc.cluster.as_str())
+    }
+
     fn kernel_counters(&self) -> Vec<(&'static str, u64)> {
         let guard = self
             .dataplane

@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::Context as _;
 use proxy_common::service::{
-    PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV, SERVICE_F_PASSIVE, SERVICE_F_PROXY,
+    PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV, SERVICE_F_PANIC, SERVICE_F_PASSIVE, SERVICE_F_PROXY,
     SERVICE_F_ROUND_ROBIN, ServiceKey,
 };
 use proxy_core::{
@@ -461,10 +461,15 @@ impl SpecTemplate {
                 }
             }
         }
+        let panic = inputs.iter().any(|i| i.routing.borrow().in_panic());
         ServiceSpec {
             name: self.name.clone(),
             key: self.key,
-            flags: self.flags,
+            flags: if panic {
+                self.flags | SERVICE_F_PANIC
+            } else {
+                self.flags
+            },
             priorities,
         }
     }

@@ -9,9 +9,9 @@ use anyhow::Context as _;
 use proxy_common::{
     counters::ServiceCounts,
     service::{
-        Backend, MAX_PRIORITIES, PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV, SERVICE_F_PASSIVE,
-        SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, SLOTS, Service, ServiceKey,
-        SlotTableKey,
+        Backend, MAX_PRIORITIES, PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV, SERVICE_F_PANIC,
+        SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, SLOTS,
+        Service, ServiceKey, SlotTableKey,
     },
     socket::SETTINGS_F_SPLICE,
 };
@@ -52,12 +52,13 @@ pub struct ServiceView {
     pub counters: CountsView,
 }
 
-/// A service's kernel counters (`SVC_COUNTERS_V1`, summed over CPUs).
+/// A service's kernel counters (`SVC_COUNTERS_V2`, summed over CPUs).
 #[derive(Debug, Default, Serialize)]
 pub struct CountsView {
     pub to_host: u64,
     pub to_proxy: u64,
     pub no_host: u64,
+    pub panic: u64,
 }
 
 impl From<ServiceCounts> for CountsView {
@@ -66,6 +67,7 @@ impl From<ServiceCounts> for CountsView {
             to_host: c.to_host,
             to_proxy: c.to_proxy,
             no_host: c.no_host,
+            panic: c.panic,
         }
     }
 }
@@ -190,6 +192,7 @@ fn flag_names(flags: u32) -> Vec<&'static str> {
         (SERVICE_F_ROUND_ROBIN, "round_robin"),
         (SERVICE_F_SINGLE, "single"),
         (SERVICE_F_PASSIVE, "passive"),
+        (SERVICE_F_PANIC, "panic"),
     ]
     .into_iter()
     .filter(|(bit, _)| flags & bit != 0)
@@ -231,8 +234,18 @@ pub fn print(snap: &Snapshot, out: &mut impl std::io::Write) -> std::io::Result<
     )?;
     writeln!(
         out,
-        "{:<28} {:<16} {:>6} {:>5} {:<4} {:<28} {:>6} {:>10} {:>10} {:>10}",
-        "SERVICE", "NAME", "ID", "GEN", "PRIO", "HOST", "SLOTS", "TO_HOST", "TO_PROXY", "NO_HOST"
+        "{:<28} {:<16} {:>6} {:>5} {:<4} {:<28} {:>6} {:>10} {:>10} {:>10} {:>10}",
+        "SERVICE",
+        "NAME",
+        "ID",
+        "GEN",
+        "PRIO",
+        "HOST",
+        "SLOTS",
+        "TO_HOST",
+        "TO_PROXY",
+        "NO_HOST",
+        "PANIC"
     )?;
     for svc in &snap.services {
         let name = svc.name.as_deref().unwrap_or("-");
@@ -241,7 +254,10 @@ pub fn print(snap: &Snapshot, out: &mut impl std::io::Write) -> std::io::Result<
             "{:<28} {name:<16} {:>6} {:>5}",
             svc.address, svc.id, svc.generation
         );
-        let counts = format!("{:>10} {:>10} {:>10}", c.to_host, c.to_proxy, c.no_host);
+        let counts = format!(
+            "{:>10} {:>10} {:>10} {:>10}",
+            c.to_host, c.to_proxy, c.no_host, c.panic
+        );
         let mut first = true;
         let mut line = |prio: &str, host: &str, slots: &str| {
             let (h, n) = if first {

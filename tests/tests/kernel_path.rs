@@ -124,6 +124,13 @@ fn connect_rewrites_by_weight_and_getpeername_shows_the_vip(#[case] fam: Family)
         "getpeername must show the VIP"
     );
     assert_eq!(daemon.counter("connect_rewritten"), u64::from(CONNECTS));
+    // Envoy's per-cluster names count the kernel path's connections too.
+    assert_eq!(
+        daemon.stat("cluster.web.upstream_cx_total"),
+        u64::from(CONNECTS)
+    );
+    assert_eq!(daemon.stat("cluster.web.lb_healthy_panic"), 0);
+    assert_eq!(daemon.stat("cluster.web.upstream_cx_none_healthy"), 0);
 
     let outside = Probe::run(&netns, None, vip, 20, false);
     assert_eq!(
@@ -163,6 +170,8 @@ fn service_without_hosts_refuses_connects() {
     // The same, counted for the service itself.
     assert_eq!(daemon.stat("service.web.cx_no_host"), 10);
     assert_eq!(daemon.stat("service.web.cx_to_host"), 0);
+    // And under Envoy's name for the cluster.
+    assert_eq!(daemon.stat("cluster.web.upstream_cx_none_healthy"), 10);
 }
 
 #[test]
@@ -494,4 +503,41 @@ fn round_robin_rotates_exactly_across_cpus() {
         let got: u32 = probes.iter().map(|p| p.count(host)).sum();
         assert_eq!(got, 300 * weight, "{host}: {probes:?}");
     }
+}
+
+/// With too few healthy hosts the cluster is in panic mode (Envoy's 50 % threshold): every host
+/// routes, and each connect counts in Envoy's `lb_healthy_panic` for the cluster (and the
+/// service's `cx_panic`), as the kernel chose it from a table published in panic mode.
+#[test]
+fn panic_mode_connects_count_as_lb_healthy_panic() {
+    require_root();
+    let netns = Netns::new();
+    let cgroup = TestCgroup::new();
+    let vip: SocketAddr = "127.77.4.10:80".parse().unwrap();
+    // One of three hosts answers: 33 % healthy, below the 50 % panic threshold.
+    let up = V4.hosts[0];
+    let _servers = BannerServers::start(&netns, &[(up.parse().unwrap(), up, false)]);
+    let hosts = [(V4.hosts[0], 1), (V4.hosts[1], 1), (V4.hosts[2], 1)];
+    let cfg = config(&unique("t"), cgroup.path(), vip, &hosts).replace(
+        "  - name: web\n    load_assignment:",
+        "  - name: web\n    health_checks:\n      - { timeout: 0.5s, interval: 1s, unhealthy_threshold: 1, healthy_threshold: 1, tcp_health_check: {} }\n    load_assignment:",
+    );
+    let daemon = Daemon::start_in(&netns, &cfg);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while daemon.stat("cluster.web.membership_healthy") != 1
+        || daemon.stat("cluster.web.membership_excluded") != 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first checks did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let probe = Probe::run(&netns, Some(cgroup.path()), vip, 30, false);
+    // Panic mode sends connects to the failed hosts as well.
+    assert!(probe.count(up) > 0, "{probe:?}");
+    assert!(probe.errors.values().sum::<u32>() > 0, "{probe:?}");
+    assert_eq!(daemon.stat("cluster.web.lb_healthy_panic"), 30);
+    assert_eq!(daemon.stat("service.web.cx_panic"), 30);
+    assert_eq!(daemon.stat("cluster.web.upstream_cx_total"), 30);
 }

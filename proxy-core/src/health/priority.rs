@@ -95,6 +95,14 @@ impl Routing {
         }
     }
 
+    /// Whether a priority that receives traffic is in panic mode: a host chosen now may be
+    /// one that failed its checks (Envoy counts such choices in `lb_healthy_panic`).
+    pub fn in_panic(&self) -> bool {
+        self.priorities
+            .iter()
+            .any(|p| p.panic && p.healthy_load + p.degraded_load > 0)
+    }
+
     /// Every host that receives traffic, highest priority first; empty means "no healthy
     /// upstream".
     pub fn routable(&self) -> Vec<Host> {

@@ -14,17 +14,37 @@ fn all_stats(state: &State) -> BTreeMap<String, u64> {
     for (name, value) in state.kernel_counters() {
         stats.insert(format!("bpf.{name}"), value);
     }
-    for (service, counts) in state.service_counters() {
+    let services = state.service_counters();
+    for (service, counts) in &services {
         for (stat, value) in [
             ("cx_to_host", counts.to_host),
             ("cx_to_proxy", counts.to_proxy),
             ("cx_no_host", counts.no_host),
+            ("cx_panic", counts.panic),
         ] {
             stats.insert(format!("service.{service}.{stat}"), value);
         }
     }
     for upstream in state.upstreams.values() {
         stats.extend(upstream.stats());
+    }
+    // The kernel path's connections under Envoy's per-cluster names, added to the proxy path's
+    // (`UpstreamTraffic`): for a direct-mode service with one cluster, its connects are that
+    // cluster's. A chain's are counted per service only (the kernel does not know which of its
+    // targets a host came from).
+    for (service, counts) in &services {
+        let Some(cluster) = state.kernel_cluster(service) else {
+            continue;
+        };
+        for (stat, value) in [
+            ("upstream_cx_total", counts.to_host),
+            ("upstream_cx_none_healthy", counts.no_host),
+            ("lb_healthy_panic", counts.panic),
+        ] {
+            *stats
+                .entry(format!("cluster.{cluster}.{stat}"))
+                .or_default() += value;
+        }
     }
     if let Some(proxy) = &state.proxy {
         for (name, value) in proxy.stats() {
@@ -55,6 +75,14 @@ pub(super) fn stats_text(state: &State) -> String {
     out
 }
 
+/// A Prometheus label value: backslash, double quote and line feed escaped.
+fn label_value(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 /// Stats that are levels, not running totals.
 fn is_gauge(name: &str) -> bool {
     let leaf = name.rsplit('.').next().unwrap_or(name);
@@ -80,7 +108,7 @@ pub(super) fn prometheus(state: &State) -> String {
                 match cluster {
                     Some(c) => (
                         format!("envoy_cluster_{}", sanitize(&rest[c.len() + 1..])),
-                        format!("{{envoy_cluster_name=\"{c}\"}}"),
+                        format!("{{envoy_cluster_name=\"{}\"}}", label_value(c)),
                     ),
                     None => (format!("envoy_cluster_{}", sanitize(rest)), String::new()),
                 }
@@ -93,10 +121,7 @@ pub(super) fn prometheus(state: &State) -> String {
             {
                 Some((service, stat)) => (
                     format!("proxy_service_{}", sanitize(stat)),
-                    format!(
-                        "{{service=\"{}\"}}",
-                        service.replace('\\', "\\\\").replace('"', "\\\"")
-                    ),
+                    format!("{{service=\"{}\"}}", label_value(service)),
                 ),
                 None => (format!("proxy_{}", sanitize(&name)), String::new()),
             },

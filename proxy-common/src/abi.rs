@@ -75,6 +75,8 @@ pub mod maps {
     pub const COUNTERS: &str = "COUNTERS_V2";
     /// Per-CPU counters of each service, by `Service::id`.
     pub const SVC_COUNTERS: &str = "SVC_COUNTERS_V2";
+    /// Open connections per backend of LEAST_REQUEST services (`socket`).
+    pub const ACTIVE: &str = "ACTIVE_V1";
     /// Proxy-pair splicing: the sockhash the stream verdict program is attached to.
     pub const PAIR_SOCKS: &str = "PAIR_SOCKS_V1";
     /// Proxy-pair splicing: the socket to send out of, by the receiving socket's cookie. `_V2`:
@@ -86,7 +88,8 @@ pub mod maps {
     pub const PAIR_GRANT: &str = "PAIR_GRANT_V1";
 
     /// Every map of the object; all of them are pinned under their name.
-    pub const ALL: [&str; 18] = [
+    pub const ALL: [&str; 19] = [
+        ACTIVE,
         SERVICES,
         SLOTS,
         BACKENDS,

@@ -73,6 +73,11 @@ pub const SERVICE_F_ROUND_ROBIN: u32 = 1 << 4;
 /// `panic` counter (Envoy's `lb_healthy_panic`).
 pub const SERVICE_F_PANIC: u32 = 1 << 5;
 
+/// `Service::flags` bit: LEAST_REQUEST. The kernel draws two slots and takes the backend with
+/// fewer open connections in `ACTIVE_V1` (the power of two choices); sockops keeps those counts
+/// for the service's connections, so the service is followed.
+pub const SERVICE_F_LEAST_REQUEST: u32 = 1 << 6;
+
 /// Key of `SERVICES_V2`: a service address as the application dials it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]

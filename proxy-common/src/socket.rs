@@ -19,6 +19,7 @@
 //! PAIR_GRANT_V1  u64 (cookie)   -> PairGrant      (the daemon's credit for pair_verdict)
 //! UDP_REV_V1     UdpReverseKey  -> ServiceKey     (sendmsg4/6 and connect4/6 -> recvmsg4/6)
 //! PASSIVE_V1     Backend        -> PassiveCounts  (per CPU: sockops -> the daemon's health)
+//! ACTIVE_V1      Backend        -> u64            (sockops -> connect4/6: LEAST_REQUEST)
 //! ```
 
 use core::mem::size_of;
@@ -33,6 +34,12 @@ pub const SOCK_VIP_F_PROXIED: u32 = 1 << 0;
 /// its failed connect or reset for the backend, and an established connect ends the backend's
 /// run of failures.
 pub const SOCK_VIP_F_PASSIVE: u32 = 1 << 1;
+/// `SockVip::flags` bit: the socket dialled a service with `SERVICE_F_LEAST_REQUEST`: sockops
+/// counts it in its backend's `ACTIVE_V1` entry from its connect until it closes.
+pub const SOCK_VIP_F_LEAST: u32 = 1 << 2;
+/// `SockVip::flags` bit: sockops counted the socket in `ACTIVE_V1` (set at its connect, cleared
+/// when the count is taken back at close), so a count is taken back exactly once.
+pub const SOCK_VIP_F_COUNTED: u32 = 1 << 3;
 
 /// Value of `SOCK_VIP_V2` (socket local storage): the service a socket dialled.
 #[repr(C)]

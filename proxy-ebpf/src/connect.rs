@@ -33,7 +33,7 @@ use aya_ebpf::{
 use proxy_common::{
     abi, counters,
     service::{FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP, ServiceKey},
-    socket::{SOCK_VIP_F_PASSIVE, SOCK_VIP_F_PROXIED, SockVip},
+    socket::{SOCK_VIP_F_LEAST, SOCK_VIP_F_PASSIVE, SOCK_VIP_F_PROXIED, SockVip},
 };
 
 use crate::{
@@ -137,7 +137,8 @@ fn remember(ctx: &SockAddrContext, key: &ServiceKey, t: &Target, family: u8, see
             SOCK_VIP_F_PASSIVE
         } else {
             0
-        };
+        }
+        | if t.least && tcp { SOCK_VIP_F_LEAST } else { 0 };
     // SAFETY: `ctx.sock_addr.sk` is the (full) socket being connected, valid for the program.
     // A followed socket's entry is created zeroed when it has none; NULL (no memory) only costs
     // the getpeername translation and the socket's passive health signal. For any other socket

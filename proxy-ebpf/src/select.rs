@@ -6,14 +6,14 @@
 //! host; inside it, the slot is random, or, for consistent hashing, derived from the client's
 //! network-namespace cookie (the table is then a Maglev permutation table), or, for
 //! ROUND_ROBIN, the next turn of the table's atomic cursor (the table is then in smooth
-//! weighted order).
+//! weighted order), or, for LEAST_REQUEST, the less loaded of two random slots' backends.
 
 use proxy_common::service::{
-    Backend, MAX_PRIORITIES, SERVICE_F_MAGLEV, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, SLOT_MASK,
-    Service, SlotTableKey,
+    Backend, MAX_PRIORITIES, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_ROUND_ROBIN,
+    SERVICE_F_SINGLE, SLOT_MASK, Service, SlotTableKey,
 };
 
-use crate::maps::{BACKENDS_V2, SLOTS_V2};
+use crate::maps::{BACKENDS_V2, SLOTS_V2, active_of};
 
 /// Why no backend could be chosen.
 pub enum NoBackend {
@@ -70,7 +70,24 @@ pub fn choose<const ROTATE: bool>(svc: &Service, netns_cookie: u64) -> Result<&B
                 // SAFETY: as above.
                 let id = *unsafe { (*table).slots.get(index) }.ok_or(NoBackend::Missing)?;
                 // SAFETY: as above.
-                return unsafe { BACKENDS_V2.get(&id) }.ok_or(NoBackend::Missing);
+                let first = unsafe { BACKENDS_V2.get(&id) }.ok_or(NoBackend::Missing)?;
+                if svc.flags & SERVICE_F_LEAST_REQUEST == 0 {
+                    return Ok(first);
+                }
+                // LEAST_REQUEST: a second draw, and the one with fewer open connections (the
+                // first on a tie). Draws are with replacement, as Envoy's.
+                // SAFETY: a helper without arguments or side effects.
+                let again = unsafe { aya_ebpf::helpers::bpf_get_prandom_u32() };
+                let index = ((again % len) as usize) & SLOT_MASK;
+                // SAFETY: as above.
+                let id = *unsafe { (*table).slots.get(index) }.ok_or(NoBackend::Missing)?;
+                // SAFETY: as above.
+                let second = unsafe { BACKENDS_V2.get(&id) }.ok_or(NoBackend::Missing)?;
+                return Ok(if active_of(second) < active_of(first) {
+                    second
+                } else {
+                    first
+                });
             }
         }
         priority += 1;

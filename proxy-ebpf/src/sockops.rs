@@ -40,12 +40,13 @@ use proxy_common::{
     counters,
     service::Backend,
     socket::{
-        SETTINGS_F_SPLICE, SETTINGS_KEY, SOCK_VIP_F_PASSIVE, SOCK_VIP_F_PROXIED, SockTuple, SockVip,
+        SETTINGS_F_SPLICE, SETTINGS_KEY, SOCK_VIP_F_COUNTED, SOCK_VIP_F_LEAST, SOCK_VIP_F_PASSIVE,
+        SOCK_VIP_F_PROXIED, SockTuple, SockVip,
     },
 };
 
 use crate::{
-    maps::{ORIG_DST_V1, SETTINGS_V1, SOCK_ORIG_V1, SOCK_VIP_V2, SPLICE_V1, count},
+    maps::{ORIG_DST_V1, SETTINGS_V1, SOCK_ORIG_V1, SOCK_VIP_V2, SPLICE_V1, active_add, count},
     passive,
     tuple::{self, Fields},
 };
@@ -93,17 +94,39 @@ fn try_sockops(ctx: &SockOpsContext) -> Result<(), Failed> {
 }
 
 /// Asks for state callbacks on sockets that dialled a service and are followed: proxy mode
-/// (cleanup of the original destination) or passive health (`SOCK_VIP_F_PASSIVE`). Others,
-/// among them every kernel-path connection to a cluster without outlier detection, cost nothing
-/// more.
+/// (cleanup of the original destination), passive health (`SOCK_VIP_F_PASSIVE`) or
+/// LEAST_REQUEST (`SOCK_VIP_F_LEAST`: the socket is counted in its backend's open connections
+/// until it closes). Others, among them every kernel-path connection to a cluster without outlier
+/// detection, cost nothing more.
 #[inline(always)]
 fn watch(ctx: &SockOpsContext) -> Result<(), Failed> {
-    if followed(ctx) == 0 {
+    let followed = followed(ctx);
+    if followed == 0 {
         return Ok(());
     }
     let flags = ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG;
     ctx.set_cb_flags(flags as i32)
-        .map_err(|_| Failed(counters::SOCKOPS_CB_FLAGS_FAILED))
+        .map_err(|_| Failed(counters::SOCKOPS_CB_FLAGS_FAILED))?;
+    // Counted only once the close callback is sure to come, and marked, so that it is taken
+    // back exactly once.
+    if followed & SOCK_VIP_F_LEAST != 0 && active_add(&backend_of(&conn(ctx)?), 1) {
+        set_counted(ctx, true);
+    }
+    Ok(())
+}
+
+/// Marks (or unmarks) the socket as counted in `ACTIVE_V1`.
+#[inline(always)]
+fn set_counted(ctx: &SockOpsContext, counted: bool) {
+    // SAFETY: the socket's own storage value, valid while the program runs; only this program
+    // writes the flag, on the socket's own callbacks (which the kernel serialises).
+    if let Some(vip) = unsafe { dialled(ctx).cast_mut().as_mut() } {
+        if counted {
+            vip.flags |= SOCK_VIP_F_COUNTED;
+        } else {
+            vip.flags &= !SOCK_VIP_F_COUNTED;
+        }
+    }
 }
 
 /// The socket's `SOCK_VIP_V2` entry: NULL when it dialled no service (or is no full socket).
@@ -131,16 +154,17 @@ fn dialled(ctx: &SockOpsContext) -> *const SockVip {
     .cast()
 }
 
-/// What sockops follows of the socket: its `SOCK_VIP_F_PROXIED` and `SOCK_VIP_F_PASSIVE` bits
-/// (0 for a socket that dialled no service). Only a proxied socket has an original destination
+/// What sockops follows of the socket: its `SOCK_VIP_F_PROXIED`, `SOCK_VIP_F_PASSIVE`,
+/// `SOCK_VIP_F_LEAST` and `SOCK_VIP_F_COUNTED` bits (0 for a socket that dialled no service). Only a proxied socket has an original destination
 /// to move at ESTABLISHED and to remove at CLOSE (a kernel-path socket would pay a missing
 /// lookup in `SOCK_ORIG_V1` and one in `ORIG_DST_V1` for nothing), and only a passive one is
 /// counted.
 #[inline(always)]
 fn followed(ctx: &SockOpsContext) -> u32 {
     // SAFETY: a value of the socket's storage, valid while the program runs; one field is read.
-    unsafe { dialled(ctx).as_ref() }
-        .map_or(0, |v| v.flags & (SOCK_VIP_F_PROXIED | SOCK_VIP_F_PASSIVE))
+    unsafe { dialled(ctx).as_ref() }.map_or(0, |v| {
+        v.flags & (SOCK_VIP_F_PROXIED | SOCK_VIP_F_PASSIVE | SOCK_VIP_F_LEAST | SOCK_VIP_F_COUNTED)
+    })
 }
 
 /// Moves a proxied connection's original destination from its cookie to its 4-tuple.
@@ -180,12 +204,17 @@ fn splice(ctx: &SockOpsContext) -> Result<(), Failed> {
     Ok(())
 }
 
-/// A watched socket reached CLOSE from `old`: cleanup of the original destination, then the
-/// passive health signal.
+/// A watched socket reached CLOSE from `old`: its open-connection count taken back, cleanup of
+/// the original destination, then the passive health signal.
 #[inline(always)]
 fn closed(ctx: &SockOpsContext, old: u32) -> Result<(), Failed> {
     let flags = followed(ctx);
     let t = conn(ctx)?;
+    if flags & SOCK_VIP_F_COUNTED != 0 {
+        // Adding u64::MAX is taking one back.
+        active_add(&backend_of(&t), u64::MAX);
+        set_counted(ctx, false);
+    }
     if flags & SOCK_VIP_F_PROXIED != 0 && ORIG_DST_V1.remove(&t).is_ok() {
         count(counters::ORIG_DST_REMOVED);
     }

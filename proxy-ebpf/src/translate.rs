@@ -6,8 +6,8 @@ use aya_ebpf::{EbpfContext as _, bindings::bpf_sock_addr, programs::SockAddrCont
 use proxy_common::{
     counters,
     service::{
-        Backend, FAMILY_V4, FAMILY_V6, SERVICE_F_MAGLEV, SERVICE_F_PANIC, SERVICE_F_PASSIVE,
-        SERVICE_F_PROXY, Service, ServiceKey,
+        Backend, FAMILY_V4, FAMILY_V6, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_PANIC,
+        SERVICE_F_PASSIVE, SERVICE_F_PROXY, Service, ServiceKey,
     },
 };
 
@@ -37,6 +37,8 @@ pub struct Target {
     pub proxied: bool,
     /// The connection feeds the passive health signal (`SERVICE_F_PASSIVE`, kernel path only).
     pub passive: bool,
+    /// The connection counts in its backend's open connections (`SERVICE_F_LEAST_REQUEST`).
+    pub least: bool,
 }
 
 /// Re-reads of a service whose generation moved on while a program was choosing (see
@@ -173,6 +175,7 @@ pub fn target<const ROTATE: bool>(
         dest,
         proxied: false,
         passive: flags & SERVICE_F_PASSIVE != 0,
+        least: flags & SERVICE_F_LEAST_REQUEST != 0,
     }))
 }
 
@@ -234,5 +237,6 @@ fn proxy_listener(family: u8) -> Result<Target, Refuse> {
         dest,
         proxied: true,
         passive: false,
+        least: false,
     })
 }

@@ -96,6 +96,43 @@ pub struct ClusterHandle {
     rotation: Option<Arc<Rotation>>,
     /// The cluster's upstream counters (shared by every handle on the running cluster).
     traffic: Arc<UpstreamTraffic>,
+    /// LEAST_REQUEST: the proxy's open connections per host (shared by the handle's clones).
+    least: Option<Arc<ActiveCounts>>,
+}
+
+/// Open connections (or requests) per host, for LEAST_REQUEST.
+#[derive(Default)]
+struct ActiveCounts(Mutex<std::collections::HashMap<SocketAddr, u64>>);
+
+impl ActiveCounts {
+    fn of(&self, host: SocketAddr) -> u64 {
+        self.lock().get(&host).copied().unwrap_or(0)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<SocketAddr, u64>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A connection's (or request's) place in its host's open count (LEAST_REQUEST), given back
+/// when dropped.
+pub struct ActiveLease {
+    counts: Arc<ActiveCounts>,
+    host: SocketAddr,
+}
+
+impl Drop for ActiveLease {
+    fn drop(&mut self) {
+        let mut counts = self.counts.lock();
+        if let Some(n) = counts.get_mut(&self.host) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.remove(&self.host);
+            }
+        }
+    }
 }
 
 /// ROUND_ROBIN on the proxy path: the kernel's rotation (the same smooth weighted table,
@@ -175,6 +212,7 @@ impl ClusterHandle {
             connect_timeout: None,
             rotation: None,
             traffic: Arc::default(),
+            least: None,
         }
     }
 
@@ -188,6 +226,8 @@ impl ClusterHandle {
         self.connect_timeout = connect_timeout;
         self.rotation = (lb_policy == proxy_core::config::LbPolicy::RoundRobin)
             .then(|| Arc::new(Rotation::default()));
+        self.least = (lb_policy == proxy_core::config::LbPolicy::LeastRequest)
+            .then(|| Arc::new(ActiveCounts::default()));
         self
     }
 
@@ -264,6 +304,20 @@ impl ClusterHandle {
         &self.traffic
     }
 
+    /// [`ClusterHandle::pick`] for a connection or request that lasts: with LEAST_REQUEST, the
+    /// lease counts it in its host's open connections until it is dropped.
+    pub fn pick_leased(&self, tried: &[BackendAddr]) -> Option<(BackendAddr, Option<ActiveLease>)> {
+        let host = self.pick(tried)?;
+        let lease = self.least.as_ref().map(|least| {
+            *least.lock().entry(host.0).or_default() += 1;
+            ActiveLease {
+                counts: least.clone(),
+                host: host.0,
+            }
+        });
+        Some((host, lease))
+    }
+
     /// Whether the cluster has a routable host now (without taking a turn of a rotation).
     pub fn has_routable(&self) -> bool {
         !lb::kernel_levels(&self.routing.borrow()).is_empty()
@@ -291,7 +345,15 @@ impl ClusterHandle {
             return rotation.next(&level, tried).map(BackendAddr);
         }
         let candidates = if fresh.is_empty() { level } else { fresh };
-        weighted_pick(&candidates).map(BackendAddr)
+        let first = weighted_pick(&candidates)?;
+        if let Some(least) = &self.least {
+            // The power of two choices, drawn with replacement as Envoy's: the first on a tie.
+            let second = weighted_pick(&candidates)?;
+            if least.of(second) < least.of(first) {
+                return Some(BackendAddr(second));
+            }
+        }
+        Some(BackendAddr(first))
     }
 
     /// The host's state now.
@@ -520,6 +582,42 @@ mod tests {
             Duration::from_secs(5)
         );
         assert!(r.rotation.is_none());
+    }
+
+    #[test]
+    fn least_request_prefers_the_host_with_fewer_open_leases() {
+        use proxy_core::config::LbPolicy;
+        let (_tx, rx) = watch::channel(routing(&[
+            ("127.0.0.1:1", HostClass::Healthy),
+            ("127.0.0.2:1", HostClass::Healthy),
+        ]));
+        let c = ClusterHandle::new("c", rx, true, Duration::from_secs(1))
+            .with_policy(None, LbPolicy::LeastRequest);
+        // A hundred leases held on host 1 (taken until one lands there).
+        let mut held = Vec::new();
+        while held.len() < 100 {
+            let (host, lease) = c.pick_leased(&[]).unwrap();
+            if host == addr("127.0.0.1:1") {
+                held.push(lease.expect("LEAST_REQUEST leases"));
+            }
+        }
+        // Host 1 is chosen only when both draws fall on it: about a quarter.
+        let n = 4000;
+        let on_loaded = (0..n)
+            .filter(|_| c.pick_leased(&[]).unwrap().0 == addr("127.0.0.1:1"))
+            .count();
+        // Expect 1000; 5 sigma of binomial(4000, 1/4) is about 137.
+        assert!((860..1140).contains(&on_loaded), "{on_loaded}");
+        // Given back: the counts are even again, and host 1 gets about half.
+        drop(held);
+        let on_first = (0..n)
+            .filter(|_| c.pick(&[]).unwrap() == addr("127.0.0.1:1"))
+            .count();
+        assert!((1840..2160).contains(&on_first), "{on_first}");
+        // Other policies hand out no lease.
+        let (_tx, rx) = watch::channel(routing(&[("127.0.0.1:1", HostClass::Healthy)]));
+        let r = ClusterHandle::new("r", rx, true, Duration::from_secs(1));
+        assert!(r.pick_leased(&[]).unwrap().1.is_none());
     }
 
     #[tokio::test(start_paused = true)]

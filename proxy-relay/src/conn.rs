@@ -16,7 +16,7 @@ use tracing::debug;
 
 use crate::{
     addr::{BackendAddr, OrigDstAddr, canonical},
-    cluster::ClusterHandle,
+    cluster::{ActiveLease, ClusterHandle},
     flow,
     orig_dst::HostLease,
     service::{Service, ServiceTable},
@@ -110,6 +110,8 @@ pub(crate) enum Target<'a> {
 pub(crate) struct Chosen {
     pub(crate) host: BackendAddr,
     pub(crate) lease: Option<HostLease>,
+    /// LEAST_REQUEST: the connection's place in its host's open count.
+    pub(crate) active: Option<ActiveLease>,
 }
 
 /// The host for `target`, or `None` when the cluster has no healthy host: then counted
@@ -119,16 +121,24 @@ pub(crate) fn choose(target: Target<'_>, client: &impl AsFd, shared: &Shared) ->
         Target::Original(orig) => {
             let host = BackendAddr(orig.0);
             let lease = Some(shared.orig_dst_cluster.lease(host));
-            Some(Chosen { host, lease })
+            Some(Chosen {
+                host,
+                lease,
+                active: None,
+            })
         }
         Target::Cluster(cluster) => {
-            let Some(host) = cluster.pick(&[]) else {
+            let Some((host, active)) = cluster.pick_leased(&[]) else {
                 ProxyStats::inc(&shared.stats.upstream_cx_none_healthy);
                 debug!(cluster = cluster.name(), "no healthy host: refused");
                 flow::abort(client);
                 return None;
             };
-            Some(Chosen { host, lease: None })
+            Some(Chosen {
+                host,
+                lease: None,
+                active,
+            })
         }
     }
 }

@@ -27,7 +27,7 @@ use tracing::{debug, warn};
 
 use crate::{
     addr::ClientAddr,
-    cluster::{ClusterHandle, HostVerdict},
+    cluster::{ActiveLease, ClusterHandle, HostVerdict},
     conn::{self, Action, Actions, Admitted, Chosen, ConnectFailure, ProxyClose, Started, Target},
     drain::DrainWatcher,
     flow::{self, End, Flows, SCRATCH, Side},
@@ -264,6 +264,8 @@ struct Conn {
     host: crate::addr::BackendAddr,
     cluster: Option<usize>,
     _lease: Option<HostLease>,
+    /// LEAST_REQUEST: the connection's place in its host's open count.
+    _active: Option<ActiveLease>,
     /// Counts the connection until its slot is freed.
     _admitted: Admitted<Arc<ProxyStats>>,
     /// Set while the connect is on: its deadline.
@@ -558,7 +560,12 @@ impl Worker {
             Some(Action::Original) => (Target::Original(orig), None),
             Some(Action::Cluster(ci)) => (Target::Cluster(&routes.clusters[*ci]), Some(*ci)),
         };
-        let Some(Chosen { host, lease }) = conn::choose(target, &client, &self.shared) else {
+        let Some(Chosen {
+            host,
+            lease,
+            active,
+        }) = conn::choose(target, &client, &self.shared)
+        else {
             return;
         };
         let handle = cluster.map(|ci| &routes.clusters[ci]);
@@ -609,6 +616,7 @@ impl Worker {
             host,
             cluster,
             _lease: lease,
+            _active: active,
             _admitted: admitted,
             connecting,
             drain_deadline: None,

@@ -242,7 +242,8 @@ impl Attempts<'_> {
     }
 
     async fn attempt(&mut self, tried: &[BackendAddr]) -> Result<Answer, Failed> {
-        let Some(host) = self.cluster.pick(tried) else {
+        // LEAST_REQUEST counts the request against its host until the answer is in.
+        let Some((host, _active)) = self.cluster.pick_leased(tried) else {
             ProxyStats::inc(&self.stats.upstream_cx_none_healthy);
             return Err(Failed {
                 host: None,

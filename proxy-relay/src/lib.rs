@@ -63,7 +63,7 @@ use tracing::info;
 use self::{addr::canonical, shared::Shared};
 pub use self::{
     addr::{BackendAddr, ClientAddr, OrigDstAddr},
-    cluster::{ClusterHandle, DrainPolicy, HostClose, HostState, host_state},
+    cluster::{ActiveLease, ClusterHandle, DrainPolicy, HostClose, HostState, host_state},
     drain::{DrainOutcome, DrainTrigger, DrainWatcher},
     orig_dst::{
         HostLease, NoOriginalDst, OriginalDst, OriginalDstCluster, OriginalDstTable,

@@ -36,6 +36,7 @@ pub(crate) async fn forward(
     let Some(Chosen {
         host,
         lease: _lease,
+        active: _active,
     }) = conn::choose(target, &client, shared)
     else {
         return;

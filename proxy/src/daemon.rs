@@ -14,8 +14,8 @@ use std::{
 
 use anyhow::Context as _;
 use proxy_common::service::{
-    PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV, SERVICE_F_PANIC, SERVICE_F_PASSIVE, SERVICE_F_PROXY,
-    SERVICE_F_ROUND_ROBIN, ServiceKey,
+    PROTO_TCP, PROTO_UDP, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_PANIC,
+    SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, ServiceKey,
 };
 use proxy_core::{
     chain::{self, ChainPlan},
@@ -414,6 +414,14 @@ impl SpecTemplate {
         let round_robin = !maglev
             && svc.mode == ServiceMode::Direct
             && clusters.iter().any(|c| c.lb_policy == LbPolicy::RoundRobin);
+        // Least request needs sockops to count each backend's connections; the proxy counts its
+        // own for proxy-mode services.
+        let least = !maglev
+            && !round_robin
+            && svc.mode == ServiceMode::Direct
+            && clusters
+                .iter()
+                .any(|c| c.lb_policy == LbPolicy::LeastRequest);
         // Only outlier detection reads the kernel's passive signal: without it sockops does not
         // follow the service's connections at all.
         let passive = clusters.iter().any(|c| c.outlier_detection.is_some());
@@ -424,6 +432,9 @@ impl SpecTemplate {
         let mut flags = if maglev { SERVICE_F_MAGLEV } else { 0 };
         if round_robin {
             flags |= SERVICE_F_ROUND_ROBIN;
+        }
+        if least {
+            flags |= SERVICE_F_LEAST_REQUEST;
         }
         if svc.mode == ServiceMode::Proxy {
             flags |= SERVICE_F_PROXY;
@@ -482,7 +493,7 @@ fn needs_sockops(config: &Config, templates: &[SpecTemplate]) -> bool {
     config.splice
         || templates
             .iter()
-            .any(|t| t.flags & (SERVICE_F_PROXY | SERVICE_F_PASSIVE) != 0)
+            .any(|t| t.flags & (SERVICE_F_PROXY | SERVICE_F_PASSIVE | SERVICE_F_LEAST_REQUEST) != 0)
 }
 
 /// Refuses to start when a direct-mode service asks for ROUND_ROBIN and the kernel refused the

@@ -228,7 +228,7 @@ fn bad_config_exits_64_and_attaches_nothing() {
     let path = dir.0.join("bad.yaml");
     std::fs::write(
         &path,
-        format!("instance: {instance}\nclusters:\n  - name: web\n    lb_policy: LEAST_REQUEST\n"),
+        format!("instance: {instance}\nclusters:\n  - name: web\n    lb_policy: RING_HASH\n"),
     )
     .unwrap();
     for sub in ["check", "run"] {
@@ -540,4 +540,102 @@ fn panic_mode_connects_count_as_lb_healthy_panic() {
     assert_eq!(daemon.stat("cluster.web.lb_healthy_panic"), 30);
     assert_eq!(daemon.stat("service.web.cx_panic"), 30);
     assert_eq!(daemon.stat("cluster.web.upstream_cx_total"), 30);
+}
+
+/// LEAST_REQUEST in the kernel: sockops counts every connection of the service in its backend's
+/// entry of `ACTIVE_V1` from its connect until it closes, and connect4 takes the backend with
+/// fewer of two random draws. A host loaded with a million connections gets only the connects
+/// whose two draws both fell on it (a quarter); ten held connections count ten and are taken
+/// back when they close.
+#[test]
+fn least_request_prefers_the_backend_with_fewer_open_connections() {
+    use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+    use proxy_common::service::{Backend, FAMILY_V4, SERVICE_F_LEAST_REQUEST};
+    require_root();
+    if skip_without_dataplane("least_request_prefers_the_backend_with_fewer_open_connections") {
+        return;
+    }
+    let netns = Netns::new();
+    let cgroup = TestCgroup::new();
+    let vip: SocketAddr = "127.77.4.11:80".parse().unwrap();
+    let (a, b): (SocketAddr, SocketAddr) =
+        (V4.hosts[0].parse().unwrap(), V4.hosts[1].parse().unwrap());
+    let _servers = BannerServers::start_holding(&netns, &[(a, "a", false), (b, "b", false)]);
+    let mut dp = InProcess::open(&cgroup);
+    dp.publisher()
+        .publish(&spec("least", vip, false, SERVICE_F_LEAST_REQUEST, &[a, b]))
+        .expect("publishing");
+    let active = || {
+        let map = MapData::from_pin(dp.pin_dir().join(maps::ACTIVE)).expect("ACTIVE_V1 pinned");
+        BpfHashMap::<MapData, Backend, u64>::try_from(Map::HashMap(map)).expect("a hash map")
+    };
+    let backend = |addr: SocketAddr| {
+        let std::net::IpAddr::V4(ip) = addr.ip() else {
+            unreachable!("IPv4 hosts")
+        };
+        Backend {
+            addr: [u32::from_ne_bytes(ip.octets()), 0, 0, 0],
+            port: addr.port().to_be(),
+            family: FAMILY_V4,
+            _pad: 0,
+        }
+    };
+    let load = 1_000_000;
+    active()
+        .insert(backend(a), load, 0)
+        .expect("loading host a");
+
+    let probe = Probe::run(&netns, Some(cgroup.path()), vip, 400, false);
+    // Expect 100 on a (both draws on a: 1/4); 4.5 sigma of binomial(400, 1/4) is about 39.
+    assert!((61..=139).contains(&probe.count("a")), "{probe:?}");
+    assert_eq!(probe.count("a") + probe.count("b"), 400, "{probe:?}");
+    // Every probe connection has closed: the counts are back where they were.
+    let settled = |want_b: u64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let m = active();
+            let got = (
+                m.get(&backend(a), 0).unwrap_or(0),
+                m.get(&backend(b), 0).unwrap_or(0),
+            );
+            if got == (load, want_b) || std::time::Instant::now() > deadline {
+                return got;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    assert_eq!(settled(0), (load, 0), "connections not taken back");
+
+    // Ten connections held open: ten counted (on b, the unloaded host), then taken back.
+    let dir = integration_tests::kernel::TempDir::new();
+    let (ready, release) = (dir.0.join("ready"), dir.0.join("release"));
+    let child = {
+        let (ready, release) = (ready.clone(), release.clone());
+        InCgroup::spawn(Some(cgroup.path()), &netns, move || {
+            let held: Vec<_> = (0..10)
+                .map(|_| std::net::TcpStream::connect(vip).expect("connect"))
+                .collect();
+            std::fs::write(&ready, b"").expect("ready");
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while !release.exists() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            drop(held);
+            String::new()
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !ready.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the client did not connect"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let m = active();
+    let held = m.get(&backend(a), 0).unwrap_or(0) - load + m.get(&backend(b), 0).unwrap_or(0);
+    assert_eq!(held, 10, "ten open connections");
+    std::fs::write(&release, b"").unwrap();
+    child.wait(Duration::from_secs(30));
+    assert_eq!(settled(0), (load, 0), "held connections not taken back");
 }

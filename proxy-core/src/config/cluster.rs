@@ -195,7 +195,9 @@ pub enum LbPolicy {
     /// table in smooth weighted order (needs BPF atomic fetch-and-add, Linux 5.12); on the proxy
     /// path the same order with a cursor per cluster.
     RoundRobin,
-    /// Not available on the kernel path; rejected with an explanation.
+    /// The power of two choices: of two hosts drawn by weight, the one with fewer open
+    /// connections (on the kernel path, counted by sockops per backend; on the proxy path, the
+    /// proxy's own connections).
     LeastRequest,
     /// Not available; use MAGLEV for consistent hashing.
     RingHash,

@@ -122,7 +122,7 @@ fn semantic_errors_name_the_field() {
             "duplicate",
         ),
         (
-            "clusters:\n  - name: a\n    lb_policy: LEAST_REQUEST\n",
+            "clusters:\n  - name: a\n    lb_policy: RING_HASH\n",
             "clusters[0].lb_policy",
             "RANDOM",
         ),

@@ -141,13 +141,13 @@ fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
         return Err(Invalid::new(at(field), err.to_string()));
     }
     match cluster.lb_policy {
-        LbPolicy::Random | LbPolicy::Maglev | LbPolicy::RoundRobin => {}
+        LbPolicy::Random | LbPolicy::Maglev | LbPolicy::RoundRobin | LbPolicy::LeastRequest => {}
         other => {
             return Err(Invalid::new(
                 at("lb_policy"),
                 format!(
                     "{other:?} is not available on the kernel path; use RANDOM (weighted random, \
-                     the default), ROUND_ROBIN or MAGLEV (consistent hashing)"
+                     the default), ROUND_ROBIN, LEAST_REQUEST or MAGLEV (consistent hashing)"
                 ),
             ));
         }

@@ -103,7 +103,9 @@ map_group! {
 
 /// Maps only the programs read and write; the daemon takes no handle to them. The loader
 /// borrows the fd of [`maps::SPLICE`] to attach sk_msg to it ([`sockhash_fd`]).
-pub const KERNEL_ONLY: [&str; 5] = [
+pub const KERNEL_ONLY: [&str; 6] = [
+    // LEAST_REQUEST's open connections: sockops keeps them, connect4/6 read them.
+    maps::ACTIVE,
     maps::SOCK_VIP,
     maps::SOCK_PEER,
     maps::SOCK_ORIG,

@@ -25,9 +25,9 @@ use proxy_common::{
     abi::maps,
     counters::ServiceCounts,
     service::{
-        Backend, FAMILY_V4, FAMILY_V6, MAX_PRIORITIES, SERVICE_F_MAGLEV, SERVICE_F_PASSIVE,
-        SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, SLOTS, Service, ServiceKey,
-        SlotTable, SlotTableKey,
+        Backend, FAMILY_V4, FAMILY_V6, MAX_PRIORITIES, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV,
+        SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, SLOTS,
+        Service, ServiceKey, SlotTable, SlotTableKey,
     },
 };
 use proxy_core::lb::{self, SlotHost};
@@ -37,7 +37,7 @@ use super::{DataplaneError, maps::ServiceMaps};
 use crate::sys::map_batch;
 
 /// Service flags whose connections sockops follows.
-const FOLLOWED: u32 = SERVICE_F_PROXY | SERVICE_F_PASSIVE;
+const FOLLOWED: u32 = SERVICE_F_PROXY | SERVICE_F_PASSIVE | SERVICE_F_LEAST_REQUEST;
 
 /// `Live::tables` of a service adopted from a previous run: which priorities have a table is
 /// unknown, so retiring it tries all of them.
@@ -262,7 +262,10 @@ impl Publisher {
         self.reap(false);
         if spec.flags & FOLLOWED != 0 && !self.follow_sockets {
             return Err(DataplaneError::NoSockops {
-                what: format!("service {} (proxy mode or passive health)", spec.name),
+                what: format!(
+                    "service {} (proxy mode, passive health or LEAST_REQUEST)",
+                    spec.name
+                ),
             });
         }
         if spec.flags & SERVICE_F_ROUND_ROBIN != 0 && !self.round_robin {

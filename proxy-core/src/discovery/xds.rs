@@ -59,7 +59,7 @@ use tokio::{sync::watch, task::AbortHandle};
 
 pub use self::{
     backoff::Backoff,
-    cla::{ClaError, hosts_from_cla},
+    cla::{ClaError, Rule, Violation, check_constraints, hosts_from_cla},
     config::{
         AggregatedConfigSource, ApiConfigSource, ApiType, ApiVersion, BackoffConfig, ConfigSource,
         EdsClusterConfig, EdsWatch, EnvoyGrpc, GoogleGrpc, GrpcApi, GrpcService, NodeConfig,

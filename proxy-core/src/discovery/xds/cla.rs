@@ -1,21 +1,31 @@
-//! Validation of a `ClusterLoadAssignment` and its mapping to a [`HostSet`], as Envoy's EDS does.
+//! Validation of a `ClusterLoadAssignment` and its mapping to a [`HostSet`], in Envoy's two
+//! stages and with Envoy's rejection texts.
 //!
-//! What is rejected (the whole update is NACKed and nothing changes):
-//! * an `LbEndpoint` without an `endpoint` (a named endpoint reference), or an endpoint without
-//!   an address;
-//! * a non-socket address (pipe, Envoy internal address): Envoy accepts them, we cannot connect
-//!   to them;
-//! * an address that is not an IP literal (Envoy: "malformed IP address"), a custom
-//!   `resolver_name`, a `named_port`;
-//! * `port_value` above 65535 (Envoy's proto validation) or 0 (stricter than Envoy, which accepts
-//!   port 0 and then fails every connection);
-//! * `load_balancing_weight` 0 on an endpoint or a locality (Envoy's proto validation: `gte: 1`
-//!   when set);
-//! * a `health_status` outside the enum (Envoy's `defined_only`);
-//! * a locality that uses LEDS (not supported here; Envoy also rejects LEDS mixed with
-//!   `lb_endpoints`).
+//! 1. [`check_constraints`]: the rules of the API's proto validation (protoc-gen-validate),
+//!    which Envoy applies when it decodes a resource: to every resource of a state-of-the-world
+//!    response (subscribed or not, duplicate or not) and to every subscribed resource of a delta
+//!    response. The text is Envoy's: `Proto constraint validation failed (<Type>ValidationError.
+//!    <Field>: embedded message failed validation | caused by ... : <reason>)`, first broken
+//!    rule in field-number order. The rules: a non-empty `cluster_name`;
+//!    `load_balancing_weight` at least 1 on a locality or an endpoint; `priority` at most 128;
+//!    an `Address` with one of its kinds set; a socket address with a non-empty `address`, a
+//!    port specifier, and `port_value` at most 65535.
+//! 2. [`hosts_from_cla`]: the host mapping, which Envoy's EDS cluster applies only to the
+//!    assignment it uses. Rejected, with Envoy's words where Envoy rejects too: an `LbEndpoint`
+//!    without an endpoint or an endpoint without an address ("Address must be set"), an address
+//!    that is not an IP literal ("malformed IP address: ..."), a `named_port` ("IP resolver
+//!    can't handle port specifier type 4"), a `resolver_name` ("Unknown address resolver: ..."),
+//!    a locality with both LEDS and endpoints ("... cannot include both LEDS ..."). Rejected by
+//!    us only: pipe and Envoy internal addresses (Envoy accepts them; we cannot connect to them)
+//!    and LEDS localities (Envoy subscribes to LEDS; this daemon does not implement it).
 //!
-//! What is accepted as Envoy accepts it:
+//! Accepted as Envoy accepts them:
+//! * `port_value: 0`, and the unspecified, broadcast and multicast addresses: Envoy keeps such a
+//!   host and every connection to it fails. Here it is a host of the assignment (counted in
+//!   `membership_total`), and the cluster's loop leaves it out of routing, logs it and counts it
+//!   in `hosts_refused` (see `discovery::guard`); the cluster's other hosts are used;
+//! * a `health_status` outside the enum (Envoy has no `defined_only` rule there): UNKNOWN, which
+//!   routes like HEALTHY (Envoy's admin shows such a host healthy);
 //! * gaps between priorities. The API says priorities "should range from 0 (highest) to N
 //!   (lowest) without skipping", but Envoy does not enforce it: `PriorityStateManager` grows its
 //!   per-priority table to the highest priority seen and leaves skipped levels empty. Hosts keep
@@ -37,12 +47,16 @@
 
 use std::{
     collections::{BTreeMap, HashSet},
+    fmt,
     net::{IpAddr, SocketAddr},
 };
 
 use envoy_types::pb::{
     envoy::config::{
-        core::v3::{HealthStatus, Locality, Metadata, address, socket_address::PortSpecifier},
+        core::v3::{
+            Address, HealthStatus, Locality, Metadata, SocketAddress, address,
+            socket_address::PortSpecifier,
+        },
         endpoint::v3::{
             ClusterLoadAssignment, LbEndpoint, LocalityLbEndpoints, lb_endpoint::HostIdentifier,
             locality_lb_endpoints::LbConfig,
@@ -62,25 +76,27 @@ pub const LOCALITY_ZONE: &str = "locality.zone";
 pub const LOCALITY_SUB_ZONE: &str = "locality.sub_zone";
 /// The `filter_metadata` namespace whose values become host metadata (Envoy's subset LB key).
 pub const LB_METADATA_NAMESPACE: &str = "envoy.lb";
+/// The highest `LocalityLbEndpoints.priority` the API allows.
+pub const MAX_PRIORITY: u32 = 128;
 
 /// Why a `ClusterLoadAssignment` was rejected. `at` is the path of the offending element, e.g.
 /// `endpoints[0].lb_endpoints[2]`.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum ClaError {
-    /// `cluster_name` is empty (Envoy's proto validation: `min_len: 1`).
-    #[error("cluster load assignment has an empty cluster_name")]
-    EmptyClusterName,
-    /// An `LbEndpoint` without an endpoint.
-    #[error("{at}: lb endpoint has no endpoint (named endpoint references are not supported)")]
-    MissingEndpoint {
-        /// Path of the element.
-        at: String,
+    /// A rule of the API's proto validation is broken (checked before anything else).
+    #[error("Proto constraint validation failed ({violation})")]
+    Constraint {
+        /// Which rule, where.
+        violation: Violation,
     },
-    /// An endpoint without an address.
-    #[error("{at}: endpoint has no address")]
+    /// An `LbEndpoint` without an endpoint (e.g. only an `endpoint_name`), or an endpoint
+    /// without an address.
+    #[error("Address must be set: {at} has no {missing}")]
     MissingAddress {
         /// Path of the element.
         at: String,
+        /// `endpoint` or `address`.
+        missing: &'static str,
     },
     /// A pipe or internal address.
     #[error("{at}: only socket addresses are supported, not a {kind} address")]
@@ -91,29 +107,17 @@ pub enum ClaError {
         kind: &'static str,
     },
     /// Not an IP literal.
-    #[error("{at}: malformed IP address {address:?} (EDS endpoints must be IP literals)")]
+    #[error("malformed IP address: {address}. EDS endpoints must be IP literals ({at})")]
     InvalidIp {
         /// Path of the element.
         at: String,
         /// The address as sent.
         address: String,
     },
-    /// A socket address without a port.
-    #[error("{at}: socket address has no port_value")]
-    MissingPort {
-        /// Path of the element.
-        at: String,
-    },
-    /// A port outside 1..=65535.
-    #[error("{at}: port {port} is out of range 1..=65535")]
-    InvalidPort {
-        /// Path of the element.
-        at: String,
-        /// The port as sent.
-        port: u32,
-    },
-    /// A named port.
-    #[error("{at}: named port {name:?} is not supported, use port_value")]
+    /// A named port (Envoy's IP resolver names the `named_port` case by its number, 4).
+    #[error(
+        "IP resolver can't handle port specifier type 4: {at} has named_port {name:?}, use port_value"
+    )]
     NamedPort {
         /// Path of the element.
         at: String,
@@ -121,26 +125,24 @@ pub enum ClaError {
         name: String,
     },
     /// A custom resolver.
-    #[error("{at}: custom resolver {name:?} is not supported")]
+    #[error(
+        "Unknown address resolver: {name}. EDS endpoints must be IP literals without a resolver_name ({at})"
+    )]
     CustomResolver {
         /// Path of the element.
         at: String,
         /// The resolver name as sent.
         name: String,
     },
-    /// A load-balancing weight of 0.
-    #[error("{at}: load_balancing_weight must be at least 1, got 0")]
-    ZeroWeight {
-        /// Path of the element.
-        at: String,
-    },
-    /// A health status outside the enum.
-    #[error("{at}: unknown health_status {value}")]
-    UnknownHealth {
-        /// Path of the element.
-        at: String,
-        /// The value as sent.
-        value: i32,
+    /// A locality with both a LEDS collection and endpoints of its own.
+    #[error(
+        "A ClusterLoadAssignment for cluster {cluster} cannot include both LEDS (resource: {resource}) and a list of endpoints."
+    )]
+    LedsWithEndpoints {
+        /// The assignment's `cluster_name`.
+        cluster: String,
+        /// The LEDS collection name.
+        resource: String,
     },
     /// A locality using LEDS.
     #[error("{at}: locality uses LEDS (leds_cluster_locality_config), which is not supported")]
@@ -150,19 +152,175 @@ pub enum ClaError {
     },
 }
 
-/// Validates `cla` and maps it to hosts in assignment order (first occurrence of an address
-/// wins).
-pub fn hosts_from_cla(cla: &ClusterLoadAssignment) -> Result<HostSet, ClaError> {
+/// A broken proto validation rule and where: Displays as Envoy's chain of
+/// `<Type>ValidationError.<Field>` steps from the assignment down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// Index in `endpoints`, when the rule is inside a locality.
+    pub locality: Option<usize>,
+    /// Index in that locality's `lb_endpoints`, when the rule is inside an endpoint.
+    pub lb_endpoint: Option<usize>,
+    /// The rule.
+    pub rule: Rule,
+}
+
+/// The proto validation rules a `ClusterLoadAssignment` can break.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rule {
+    /// `cluster_name` is empty (`min_len: 1`).
+    EmptyClusterName,
+    /// A locality's `load_balancing_weight` is 0 (`gte: 1`).
+    LocalityWeight,
+    /// A locality's `priority` is above [`MAX_PRIORITY`] (`lte: 128`).
+    Priority,
+    /// An endpoint's `load_balancing_weight` is 0 (`gte: 1`).
+    EndpointWeight,
+    /// An `Address` with none of its kinds set (oneof `required`).
+    AddressKind,
+    /// A socket address with an empty `address` (`min_len: 1`).
+    EmptyIp,
+    /// A socket address without `port_value` or `named_port` (oneof `required`).
+    PortSpecifier,
+    /// `port_value` above 65535 (`lte: 65535`).
+    PortRange,
+}
+
+const EMBEDDED: &str = "embedded message failed validation | caused by ";
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(index) = self.locality {
+            write!(
+                f,
+                "ClusterLoadAssignmentValidationError.Endpoints[{index}]: {EMBEDDED}"
+            )?;
+        }
+        if let Some(index) = self.lb_endpoint {
+            write!(
+                f,
+                "LocalityLbEndpointsValidationError.LbEndpoints[{index}]: {EMBEDDED}"
+            )?;
+        }
+        let address = format!(
+            "LbEndpointValidationError.Endpoint: {EMBEDDED}EndpointValidationError.Address: {EMBEDDED}"
+        );
+        let socket = format!("{address}AddressValidationError.SocketAddress: {EMBEDDED}");
+        match self.rule {
+            Rule::EmptyClusterName => f.write_str(
+                "ClusterLoadAssignmentValidationError.ClusterName: value length must be at least 1 characters",
+            ),
+            Rule::LocalityWeight => f.write_str(
+                "LocalityLbEndpointsValidationError.LoadBalancingWeight: value must be greater than or equal to 1",
+            ),
+            Rule::Priority => write!(
+                f,
+                "LocalityLbEndpointsValidationError.Priority: value must be less than or equal to {MAX_PRIORITY}"
+            ),
+            Rule::EndpointWeight => f.write_str(
+                "LbEndpointValidationError.LoadBalancingWeight: value must be greater than or equal to 1",
+            ),
+            Rule::AddressKind => write!(f, "{address}field: \"address\", reason: is required"),
+            Rule::EmptyIp => write!(
+                f,
+                "{socket}SocketAddressValidationError.Address: value length must be at least 1 characters"
+            ),
+            Rule::PortSpecifier => {
+                write!(f, "{socket}field: \"port_specifier\", reason: is required")
+            }
+            Rule::PortRange => write!(
+                f,
+                "{socket}SocketAddressValidationError.PortValue: value must be less than or equal to 65535"
+            ),
+        }
+    }
+}
+
+fn violation(locality: Option<usize>, lb_endpoint: Option<usize>, rule: Rule) -> ClaError {
+    ClaError::Constraint {
+        violation: Violation {
+            locality,
+            lb_endpoint,
+            rule,
+        },
+    }
+}
+
+/// Checks the proto validation rules, in field-number order (the first broken rule is
+/// reported, as Envoy does).
+pub fn check_constraints(cla: &ClusterLoadAssignment) -> Result<(), ClaError> {
     if cla.cluster_name.is_empty() {
-        return Err(ClaError::EmptyClusterName);
+        return Err(violation(None, None, Rule::EmptyClusterName));
+    }
+    for (index, locality) in cla.endpoints.iter().enumerate() {
+        for (lb_index, lb_endpoint) in locality.lb_endpoints.iter().enumerate() {
+            let broken = |rule| violation(Some(index), Some(lb_index), rule);
+            if let Some(HostIdentifier::Endpoint(endpoint)) = &lb_endpoint.host_identifier
+                && let Some(address) = &endpoint.address
+            {
+                check_address(address).map_err(broken)?;
+            }
+            if lb_endpoint
+                .load_balancing_weight
+                .is_some_and(|w| w.value == 0)
+            {
+                return Err(broken(Rule::EndpointWeight));
+            }
+        }
+        if locality.load_balancing_weight.is_some_and(|w| w.value == 0) {
+            return Err(violation(Some(index), None, Rule::LocalityWeight));
+        }
+        if locality.priority > MAX_PRIORITY {
+            return Err(violation(Some(index), None, Rule::Priority));
+        }
+    }
+    Ok(())
+}
+
+fn check_address(address: &Address) -> Result<(), Rule> {
+    match &address.address {
+        None => Err(Rule::AddressKind),
+        Some(address::Address::SocketAddress(socket)) => {
+            if socket.address.is_empty() {
+                return Err(Rule::EmptyIp);
+            }
+            match socket.port_specifier {
+                None => Err(Rule::PortSpecifier),
+                Some(PortSpecifier::PortValue(port)) if port > u32::from(u16::MAX) => {
+                    Err(Rule::PortRange)
+                }
+                Some(_) => Ok(()),
+            }
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// Validates `cla` (both stages) and maps it to hosts in assignment order (first occurrence of
+/// an address wins).
+pub fn hosts_from_cla(cla: &ClusterLoadAssignment) -> Result<HostSet, ClaError> {
+    check_constraints(cla)?;
+    map_hosts(cla)
+}
+
+/// The second stage alone: the host mapping of an assignment whose constraints were checked.
+pub(crate) fn map_hosts(cla: &ClusterLoadAssignment) -> Result<HostSet, ClaError> {
+    for (index, locality) in cla.endpoints.iter().enumerate() {
+        if let Some(LbConfig::LedsClusterLocalityConfig(leds)) = &locality.lb_config {
+            if !locality.lb_endpoints.is_empty() {
+                return Err(ClaError::LedsWithEndpoints {
+                    cluster: cla.cluster_name.clone(),
+                    resource: leds.leds_collection_name.clone(),
+                });
+            }
+            let at = format!("endpoints[{index}]");
+            return Err(ClaError::Leds { at });
+        }
     }
     let mut hosts = HostSet::new();
     let mut seen = HashSet::new();
     for (index, locality) in cla.endpoints.iter().enumerate() {
-        let at = format!("endpoints[{index}]");
-        check_locality(locality, &at)?;
         for (lb_index, lb_endpoint) in locality.lb_endpoints.iter().enumerate() {
-            let at = format!("{at}.lb_endpoints[{lb_index}]");
+            let at = format!("endpoints[{index}].lb_endpoints[{lb_index}]");
             let host = host_from_lb_endpoint(lb_endpoint, locality, &at)?;
             if seen.insert(host.addr) {
                 hosts.push(host);
@@ -174,61 +332,43 @@ pub fn hosts_from_cla(cla: &ClusterLoadAssignment) -> Result<HostSet, ClaError> 
     Ok(hosts)
 }
 
-fn check_locality(locality: &LocalityLbEndpoints, at: &str) -> Result<(), ClaError> {
-    if let Some(LbConfig::LedsClusterLocalityConfig(_)) = locality.lb_config {
-        return Err(ClaError::Leds { at: at.to_owned() });
-    }
-    if locality.load_balancing_weight.is_some_and(|w| w.value == 0) {
-        return Err(ClaError::ZeroWeight {
-            at: format!("{at}.load_balancing_weight"),
-        });
-    }
-    Ok(())
-}
-
 fn host_from_lb_endpoint(
     lb_endpoint: &LbEndpoint,
     locality: &LocalityLbEndpoints,
     at: &str,
 ) -> Result<Host, ClaError> {
     let Some(HostIdentifier::Endpoint(endpoint)) = &lb_endpoint.host_identifier else {
-        return Err(ClaError::MissingEndpoint { at: at.to_owned() });
+        let at = at.to_owned();
+        return Err(ClaError::MissingAddress {
+            at,
+            missing: "endpoint",
+        });
     };
-    let addr = socket_addr(endpoint.address.as_ref(), &format!("{at}.endpoint.address"))?;
-    let weight = match lb_endpoint.load_balancing_weight {
-        None => 1,
-        Some(w) if w.value == 0 => {
-            return Err(ClaError::ZeroWeight {
-                at: format!("{at}.load_balancing_weight"),
-            });
-        }
-        Some(w) => w.value,
-    };
+    let addr = socket_addr(endpoint.address.as_ref(), at)?;
     let mut host = Host::new(addr);
-    host.weight = weight;
+    host.weight = lb_endpoint.load_balancing_weight.map_or(1, |w| w.value);
     host.priority = locality.priority;
-    host.eds_health = eds_health(lb_endpoint.health_status, at)?;
+    host.eds_health = eds_health(lb_endpoint.health_status);
     host.hostname = Some(endpoint.hostname.clone()).filter(|h| !h.is_empty());
     host.metadata = metadata(lb_endpoint.metadata.as_ref(), locality.locality.as_ref());
     Ok(host)
 }
 
-/// The socket address of an endpoint, validated.
-fn socket_addr(
-    address: Option<&envoy_types::pb::envoy::config::core::v3::Address>,
-    at: &str,
-) -> Result<SocketAddr, ClaError> {
-    let at = at.to_owned();
-    let socket = match address.and_then(|a| a.address.as_ref()) {
-        None => return Err(ClaError::MissingAddress { at }),
+/// The socket address of an endpoint, in the order Envoy's resolver checks it: the resolver,
+/// the port specifier, then the IP literal.
+fn socket_addr(address: Option<&Address>, at: &str) -> Result<SocketAddr, ClaError> {
+    let at = format!("{at}.endpoint.address");
+    let socket: &SocketAddress = match address.and_then(|a| a.address.as_ref()) {
+        None => {
+            let missing = "address";
+            return Err(ClaError::MissingAddress { at, missing });
+        }
         Some(address::Address::Pipe(_)) => {
             return Err(ClaError::UnsupportedAddress { at, kind: "pipe" });
         }
         Some(address::Address::EnvoyInternalAddress(_)) => {
-            return Err(ClaError::UnsupportedAddress {
-                at,
-                kind: "envoy_internal",
-            });
+            let kind = "envoy_internal";
+            return Err(ClaError::UnsupportedAddress { at, kind });
         }
         Some(address::Address::SocketAddress(socket)) => socket,
     };
@@ -236,38 +376,37 @@ fn socket_addr(
         let name = socket.resolver_name.clone();
         return Err(ClaError::CustomResolver { at, name });
     }
-    let ip: IpAddr = socket.address.parse().map_err(|_| ClaError::InvalidIp {
-        at: at.clone(),
-        address: socket.address.clone(),
-    })?;
     let port = match &socket.port_specifier {
-        None => return Err(ClaError::MissingPort { at }),
+        Some(PortSpecifier::PortValue(port)) => u16::try_from(*port).map_err(|_| Rule::PortRange),
         Some(PortSpecifier::NamedPort(name)) => {
             let name = name.clone();
             return Err(ClaError::NamedPort { at, name });
         }
-        Some(PortSpecifier::PortValue(port)) => *port,
+        None => Err(Rule::PortSpecifier),
     };
-    match u16::try_from(port) {
-        Ok(port) if port != 0 => Ok(SocketAddr::new(ip, port)),
-        _ => Err(ClaError::InvalidPort { at, port }),
-    }
+    // Unreachable after `check_constraints`, which reports these with their place.
+    let port = port.map_err(|rule| violation(None, None, rule))?;
+    let ip: IpAddr = socket.address.parse().map_err(|_| ClaError::InvalidIp {
+        at: at.clone(),
+        address: socket.address.clone(),
+    })?;
+    Ok(SocketAddr::new(ip, port))
 }
 
-/// Envoy's `core.v3.HealthStatus` as [`EdsHealth`].
-fn eds_health(value: i32, at: &str) -> Result<EdsHealth, ClaError> {
-    let status = HealthStatus::try_from(value).map_err(|_| ClaError::UnknownHealth {
-        at: format!("{at}.health_status"),
-        value,
-    })?;
-    Ok(match status {
-        HealthStatus::Unknown => EdsHealth::Unknown,
-        HealthStatus::Healthy => EdsHealth::Healthy,
-        HealthStatus::Unhealthy => EdsHealth::Unhealthy,
-        HealthStatus::Draining => EdsHealth::Draining,
-        HealthStatus::Timeout => EdsHealth::Timeout,
-        HealthStatus::Degraded => EdsHealth::Degraded,
-    })
+/// Envoy's `core.v3.HealthStatus` as [`EdsHealth`]; a value outside the enum is UNKNOWN.
+fn eds_health(value: i32) -> EdsHealth {
+    match HealthStatus::try_from(value) {
+        Ok(HealthStatus::Unknown) => EdsHealth::Unknown,
+        Ok(HealthStatus::Healthy) => EdsHealth::Healthy,
+        Ok(HealthStatus::Unhealthy) => EdsHealth::Unhealthy,
+        Ok(HealthStatus::Draining) => EdsHealth::Draining,
+        Ok(HealthStatus::Timeout) => EdsHealth::Timeout,
+        Ok(HealthStatus::Degraded) => EdsHealth::Degraded,
+        Err(_) => {
+            tracing::debug!(value, "health_status outside the enum, taken as UNKNOWN");
+            EdsHealth::Unknown
+        }
+    }
 }
 
 /// Host metadata: `filter_metadata["envoy.lb"]` scalars, then the locality.

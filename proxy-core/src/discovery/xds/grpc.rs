@@ -280,11 +280,24 @@ fn sotw_request(
     }
 }
 
+/// The longest NACK message sent, in bytes, as Envoy bounds it (gRPC's trailers default to
+/// 8 KiB); a longer one is cut at a character boundary and marked `...(truncated)`.
+const MAX_NACK_MESSAGE: usize = 4096;
+
 /// The `error_detail` of a NACK.
 pub(crate) fn nack_status(error: &UpdateError) -> Status {
+    let mut message = error_chain(error);
+    if message.len() > MAX_NACK_MESSAGE {
+        let mut end = MAX_NACK_MESSAGE;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push_str("...(truncated)");
+    }
     Status {
         code: NACK_CODE,
-        message: error_chain(error),
+        message,
         details: Vec::new(),
     }
 }

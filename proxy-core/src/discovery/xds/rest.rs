@@ -1,8 +1,10 @@
 //! REST-JSON EDS: `POST {server}/v3/discovery:endpoints` every `refresh_delay`.
 //!
 //! Each poll sends the last accepted `version_info` and the last response's nonce; after a
-//! rejected answer the next poll also carries `error_detail` (Envoy's HTTP subscription does
-//! the same). A transport failure, a timeout or a non-200 status counts `update_failure`,
+//! rejected answer the next poll also carries `error_detail` (ours: Envoy's HTTP subscription
+//! only counts `update_rejected` and sends its next poll unchanged). An answer with several
+//! assignments for one cluster is rejected, as Envoy's HTTP subscription hands them all to the
+//! EDS cluster, which takes exactly one ("Unexpected EDS resource length"). A transport failure, a timeout or a non-200 status counts `update_failure`,
 //! keeps the hosts and retries after the jittered backoff; 304 Not Modified changes nothing.
 //! One HTTP/1.1 connection per poll, plaintext only.
 
@@ -133,7 +135,7 @@ fn apply(sub: &RestSubscription, body: &[u8]) -> PollState {
     let response = json::discovery_response(body);
     let mut state = lock(&sub.state);
     let (nonce, result) = match response {
-        Ok(response) => (response.nonce.clone(), state.apply_sotw(&response)),
+        Ok(response) => (response.nonce.clone(), state.apply_rest(&response)),
         // An unparsable answer is rejected like an invalid one: the next poll says why.
         Err(reason) => (String::new(), state.reject(UpdateError::Json { reason })),
     };

@@ -1,6 +1,15 @@
 //! The transport-independent EDS state machine: decode, validate and apply responses, decide
 //! ACK or NACK, publish host sets and count stats.
 //!
+//! What is checked follows Envoy's subscriptions (see [`cla`](super::cla) for the two stages):
+//! * state of the world: every resource's type URL, decoding and proto rules; of several
+//!   assignments with one name, gRPC uses the first and ignores the others (Envoy's mux keeps
+//!   the first of a name, silently), REST rejects the answer; the host mapping runs for the
+//!   assignments that subscribed clusters use;
+//! * delta: duplicate names (among added, and added with removed) and type URLs for every
+//!   resource; heartbeats skipped; decoding, proto rules, the name check and the host mapping
+//!   for subscribed resources only.
+//!
 //! A response is applied atomically: every resource in it is decoded and validated first, and
 //! if any fails the whole response is rejected and nothing changes (Envoy applies the watches it
 //! reached before the failing one; we are stricter so a NACKed response never leaves a
@@ -25,7 +34,7 @@ use tokio::sync::watch;
 use crate::discovery::{
     HostSet, SourceUpdate, diff_hosts,
     xds::{
-        cla::{ClaError, hosts_from_cla},
+        cla::{ClaError, check_constraints, map_hosts},
         stats::{ClusterStats, version_gauge},
     },
 };
@@ -33,12 +42,13 @@ use crate::discovery::{
 /// The type URL of `envoy.config.endpoint.v3.ClusterLoadAssignment`.
 pub const CLA_TYPE_URL: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 
-/// Why a response was NACKed. The message goes to the server in `error_detail.message`.
+/// Why a response was NACKed. The message goes to the server in `error_detail.message`; where
+/// Envoy NACKs the same input, the message starts with Envoy's words.
 #[derive(Debug, Error)]
 pub enum UpdateError {
-    /// A resource's `type_url` differs from the response's.
+    /// State of the world: a resource's `type_url` differs from the response's.
     #[error(
-        "resource {index} has type {found}, which does not match the response type {CLA_TYPE_URL}"
+        "{found} does not match the message-wide type URL {CLA_TYPE_URL} in DiscoveryResponse (resource {index})"
     )]
     TypeUrlMismatch {
         /// Index of the resource in the response.
@@ -46,8 +56,19 @@ pub enum UpdateError {
         /// The resource's type URL.
         found: String,
     },
+    /// Delta: a resource's `type_url` differs from the response's, or it has no body (and is
+    /// not a heartbeat: the version we hold, without a body).
+    #[error(
+        "type URL {found} embedded in an individual Any does not match the message-wide type URL {CLA_TYPE_URL} in DeltaDiscoveryResponse (resource {name:?})"
+    )]
+    DeltaTypeUrlMismatch {
+        /// The resource name.
+        name: String,
+        /// The resource's type URL (empty without a body).
+        found: String,
+    },
     /// A resource that does not decode as a `ClusterLoadAssignment`.
-    #[error("resource {index} does not decode as a ClusterLoadAssignment")]
+    #[error("Unable to unpack as envoy.config.endpoint.v3.ClusterLoadAssignment: resource {index}")]
     Decode {
         /// Index of the resource in the response.
         index: usize,
@@ -55,22 +76,29 @@ pub enum UpdateError {
         #[source]
         source: prost::DecodeError,
     },
-    /// A delta resource without a body.
-    #[error("delta resource {name:?} has no resource body")]
-    MissingBody {
+    /// Delta: one name twice among the added resources.
+    #[error("duplicate name {name} found among added/updated resources")]
+    DuplicateAdded {
+        /// The resource name.
+        name: String,
+    },
+    /// Delta: one name both added and removed, or removed twice.
+    #[error("duplicate name {name} found in the union of added+removed resources")]
+    DuplicateRemoved {
         /// The resource name.
         name: String,
     },
     /// A delta resource whose name differs from its assignment's `cluster_name`.
-    #[error("unexpected EDS cluster (expecting {expected}): {found}")]
+    #[error("Unexpected EDS cluster (expecting {expected}): {found}")]
     UnexpectedCluster {
         /// The resource name.
         expected: String,
         /// The assignment's `cluster_name`.
         found: String,
     },
-    /// Two assignments for one cluster in one response.
-    #[error("unexpected EDS resource length: {count} assignments for cluster {name}")]
+    /// REST: several assignments for one cluster in one answer (Envoy's HTTP subscription hands
+    /// them all to the EDS cluster, which takes exactly one).
+    #[error("Unexpected EDS resource length: {count} (cluster {name})")]
     Duplicate {
         /// The cluster name.
         name: String,
@@ -78,7 +106,7 @@ pub enum UpdateError {
         count: usize,
     },
     /// An invalid assignment.
-    #[error("cluster load assignment {name}: {source}")]
+    #[error("cluster load assignment {name:?}: {source}")]
     Invalid {
         /// The assignment's `cluster_name`.
         name: String,
@@ -92,6 +120,16 @@ pub enum UpdateError {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// What a state-of-the-world response with several assignments of one name means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Duplicates {
+    /// gRPC, as Envoy's mux: the first one is used and the others are ignored (still decoded
+    /// and checked against the proto rules), without a NACK or a warning.
+    FirstWins,
+    /// REST, as Envoy's HTTP subscription: the response is rejected.
+    Reject,
 }
 
 /// One consumer of a resource: an EDS cluster (two clusters may share a `service_name`).
@@ -150,9 +188,25 @@ impl EdsState {
             .collect()
     }
 
-    /// SotW or REST: applies a response; `Err` means NACK (nothing changed).
+    /// gRPC state of the world: applies a response; `Err` means NACK (nothing changed). Of
+    /// several assignments with one name the first is used.
     pub(crate) fn apply_sotw(&mut self, response: &DiscoveryResponse) -> Result<(), UpdateError> {
-        let result = decode_all(&response.resources).and_then(|clas| validate_sotw(&clas));
+        self.apply_state_of_the_world(response, Duplicates::FirstWins)
+    }
+
+    /// REST: applies a polled answer; `Err` means NACK (nothing changed). Several assignments
+    /// with one name are rejected.
+    pub(crate) fn apply_rest(&mut self, response: &DiscoveryResponse) -> Result<(), UpdateError> {
+        self.apply_state_of_the_world(response, Duplicates::Reject)
+    }
+
+    fn apply_state_of_the_world(
+        &mut self,
+        response: &DiscoveryResponse,
+        duplicates: Duplicates,
+    ) -> Result<(), UpdateError> {
+        let result =
+            decode_all(&response.resources).and_then(|clas| self.validate_sotw(&clas, duplicates));
         let assignments = self.reject_on_error(result)?;
         let single = self.resources.len() == 1;
         for (name, resource) in &mut self.resources {
@@ -166,13 +220,46 @@ impl EdsState {
         Ok(())
     }
 
+    /// Validates state-of-the-world assignments as Envoy does: the proto rules for every one,
+    /// the host mapping only for the assignment a subscribed cluster uses.
+    fn validate_sotw(
+        &self,
+        clas: &[ClusterLoadAssignment],
+        duplicates: Duplicates,
+    ) -> Result<BTreeMap<String, HostSet>, UpdateError> {
+        for cla in clas {
+            check_constraints(cla).map_err(|source| invalid(cla, source))?;
+        }
+        let mut seen = HashSet::new();
+        let mut out = BTreeMap::new();
+        for cla in clas {
+            let name = &cla.cluster_name;
+            if !seen.insert(name.as_str()) {
+                let count = clas.iter().filter(|c| c.cluster_name == *name).count();
+                if duplicates == Duplicates::Reject && self.resources.contains_key(name) {
+                    return Err(UpdateError::Duplicate {
+                        name: name.clone(),
+                        count,
+                    });
+                }
+                tracing::debug!(resource = %name, count, "assignments after the first of one name ignored");
+                continue;
+            }
+            if self.resources.contains_key(name) {
+                let hosts = map_hosts(cla).map_err(|source| invalid(cla, source))?;
+                out.insert(name.clone(), hosts);
+            }
+        }
+        Ok(out)
+    }
+
     /// Delta: applies a response; `Err` means NACK (nothing changed). Removed resources keep
     /// their hosts and count `update_empty`, as Envoy's EDS ignores removals.
     pub(crate) fn apply_delta(
         &mut self,
         response: &DeltaDiscoveryResponse,
     ) -> Result<(), UpdateError> {
-        let added = self.reject_on_error(validate_delta(response))?;
+        let added = self.reject_on_error(self.validate_delta(response))?;
         for (name, version, hosts) in added {
             if let Some(resource) = self.resources.get_mut(&name) {
                 publish(resource, hosts, &version);
@@ -188,6 +275,65 @@ impl EdsState {
             }
         }
         Ok(())
+    }
+
+    /// Validates a delta response as Envoy does: duplicate names and type URLs for every
+    /// resource; heartbeats (no body, the version we hold) skipped; then decoding, the proto
+    /// rules, the name and the host mapping for subscribed resources only (others are not even
+    /// decoded). Returns `(name, version, hosts)` of the subscribed ones.
+    fn validate_delta(
+        &self,
+        response: &DeltaDiscoveryResponse,
+    ) -> Result<Vec<(String, String, HostSet)>, UpdateError> {
+        let mut names = HashSet::new();
+        let mut wanted = Vec::new();
+        for (index, resource) in response.resources.iter().enumerate() {
+            let name = &resource.name;
+            if !names.insert(name.as_str()) {
+                return Err(UpdateError::DuplicateAdded { name: name.clone() });
+            }
+            let held = self.resources.get(name);
+            let found = match &resource.resource {
+                None if held.and_then(|r| r.delta_version.as_ref()) == Some(&resource.version) => {
+                    continue;
+                }
+                None => String::new(),
+                Some(any) if any.type_url == CLA_TYPE_URL => {
+                    if held.is_some() {
+                        wanted.push((index, resource, any));
+                    } else {
+                        tracing::debug!(resource = %name, "ignoring unsubscribed resource");
+                    }
+                    continue;
+                }
+                Some(any) => any.type_url.clone(),
+            };
+            let name = name.clone();
+            return Err(UpdateError::DeltaTypeUrlMismatch { name, found });
+        }
+        for name in &response.removed_resources {
+            if !names.insert(name.as_str()) {
+                return Err(UpdateError::DuplicateRemoved { name: name.clone() });
+            }
+        }
+        let mut decoded = Vec::with_capacity(wanted.len());
+        for (index, resource, any) in wanted {
+            let cla = decode_one(index, any)?;
+            check_constraints(&cla).map_err(|source| invalid(&cla, source))?;
+            decoded.push((resource, cla));
+        }
+        let mut out = Vec::with_capacity(decoded.len());
+        for (resource, cla) in decoded {
+            if cla.cluster_name != resource.name {
+                return Err(UpdateError::UnexpectedCluster {
+                    expected: resource.name.clone(),
+                    found: cla.cluster_name,
+                });
+            }
+            let hosts = map_hosts(&cla).map_err(|source| invalid(&cla, source))?;
+            out.push((resource.name.clone(), resource.version.clone(), hosts));
+        }
+        Ok(out)
     }
 
     /// A stream or poll failure: `update_attempt` and `update_failure` everywhere; hosts kept.
@@ -248,63 +394,9 @@ fn decode_one(index: usize, any: &Any) -> Result<ClusterLoadAssignment, UpdateEr
         .map_err(|source| UpdateError::Decode { index, source })
 }
 
-/// Validates SotW assignments: one per cluster name, each valid.
-pub(crate) fn validate_sotw(
-    clas: &[ClusterLoadAssignment],
-) -> Result<BTreeMap<String, HostSet>, UpdateError> {
-    let mut out = BTreeMap::new();
-    for cla in clas {
-        let hosts = validate_cla(cla)?;
-        if out.insert(cla.cluster_name.clone(), hosts).is_some() {
-            let count = clas
-                .iter()
-                .filter(|c| c.cluster_name == cla.cluster_name)
-                .count();
-            let name = cla.cluster_name.clone();
-            return Err(UpdateError::Duplicate { name, count });
-        }
-    }
-    Ok(out)
-}
-
-fn validate_cla(cla: &ClusterLoadAssignment) -> Result<HostSet, UpdateError> {
-    hosts_from_cla(cla).map_err(|source| UpdateError::Invalid {
-        name: cla.cluster_name.clone(),
-        source,
-    })
-}
-
-/// Validates the added resources of a delta response: `(name, version, hosts)`.
-fn validate_delta(
-    response: &DeltaDiscoveryResponse,
-) -> Result<Vec<(String, String, HostSet)>, UpdateError> {
-    let mut seen = HashSet::new();
-    let mut out = Vec::new();
-    for (index, resource) in response.resources.iter().enumerate() {
-        let Some(any) = &resource.resource else {
-            let name = resource.name.clone();
-            return Err(UpdateError::MissingBody { name });
-        };
-        let cla = decode_one(index, any)?;
-        let name = if resource.name.is_empty() {
-            cla.cluster_name.clone()
-        } else {
-            resource.name.clone()
-        };
-        if cla.cluster_name != name {
-            let found = cla.cluster_name.clone();
-            return Err(UpdateError::UnexpectedCluster {
-                expected: name,
-                found,
-            });
-        }
-        let hosts = validate_cla(&cla)?;
-        if !seen.insert(name.clone()) {
-            return Err(UpdateError::Duplicate { name, count: 2 });
-        }
-        out.push((name, resource.version.clone(), hosts));
-    }
-    Ok(out)
+fn invalid(cla: &ClusterLoadAssignment, source: ClaError) -> UpdateError {
+    let name = cla.cluster_name.clone();
+    UpdateError::Invalid { name, source }
 }
 
 /// Publishes an accepted assignment to every sink of `resource`.

@@ -16,7 +16,7 @@ use envoy_types::pb::{
 use super::fixtures::{cla, endpoint, locality};
 use crate::discovery::{
     EdsHealth,
-    xds::cla::{ClaError, LOCALITY_REGION, LOCALITY_SUB_ZONE, LOCALITY_ZONE, hosts_from_cla},
+    xds::cla::{ClaError, LOCALITY_REGION, LOCALITY_SUB_ZONE, LOCALITY_ZONE, Rule, hosts_from_cla},
 };
 
 fn one(lb: LbEndpoint) -> ClusterLoadAssignment {
@@ -59,12 +59,11 @@ fn every_health_status_maps() {
         let hosts = hosts_from_cla(&one(lb)).unwrap();
         assert_eq!(hosts[0].eds_health, health, "health_status {value}");
     }
+    // Outside the enum: Envoy has no `defined_only` rule there and routes such a host.
     let mut lb = endpoint("10.0.0.1", 80);
     lb.health_status = 42;
-    assert!(matches!(
-        error_of(lb),
-        ClaError::UnknownHealth { value: 42, .. }
-    ));
+    let hosts = hosts_from_cla(&one(lb)).unwrap();
+    assert_eq!(hosts[0].eds_health, EdsHealth::Unknown);
 }
 
 #[test]
@@ -184,46 +183,146 @@ fn duplicate_address_keeps_first_and_empty_assignment_is_no_hosts() {
     assert!(hosts_from_cla(&cla("web", &[])).unwrap().is_empty());
 }
 
+/// Envoy's chain from the assignment down to one endpoint's socket address.
+const SOCKET: &str = "ClusterLoadAssignmentValidationError.Endpoints[0]: embedded message failed validation | caused by LocalityLbEndpointsValidationError.LbEndpoints[0]: embedded message failed validation | caused by LbEndpointValidationError.Endpoint: embedded message failed validation | caused by EndpointValidationError.Address: embedded message failed validation | caused by ";
+
 #[test]
-fn invalid_endpoints_are_rejected() {
-    let cases: Vec<(LbEndpoint, &str)> = vec![
-        (LbEndpoint::default(), "has no endpoint"),
+fn proto_rules_are_reported_in_envoys_words() {
+    let socket = format!(
+        "{SOCKET}AddressValidationError.SocketAddress: embedded message failed validation | caused by "
+    );
+    let cases: Vec<(LbEndpoint, String)> = vec![
         (
-            endpoint("web.local", 80),
-            "malformed IP address \"web.local\"",
-        ),
-        (endpoint("10.0.0.1", 0), "port 0 is out of range"),
-        (endpoint("10.0.0.1", 70000), "port 70000 is out of range"),
-        (weighted(0), "load_balancing_weight must be at least 1"),
-        (
-            with_socket(|s| s.port_specifier = Some(PortSpecifier::NamedPort("http".into()))),
-            "named port",
+            endpoint("10.0.0.1", 70000),
+            format!("{socket}SocketAddressValidationError.PortValue: value must be less than or equal to 65535"),
         ),
         (
             with_socket(|s| s.port_specifier = None),
-            "has no port_value",
+            format!("{socket}field: \"port_specifier\", reason: is required"),
+        ),
+        (
+            endpoint("", 80),
+            format!("{socket}SocketAddressValidationError.Address: value length must be at least 1 characters"),
+        ),
+        (
+            with_address(Some(Address::default())),
+            format!("{SOCKET}field: \"address\", reason: is required"),
+        ),
+        (
+            weighted(0),
+            "ClusterLoadAssignmentValidationError.Endpoints[0]: embedded message failed validation | caused by LocalityLbEndpointsValidationError.LbEndpoints[0]: embedded message failed validation | caused by LbEndpointValidationError.LoadBalancingWeight: value must be greater than or equal to 1".to_owned(),
+        ),
+    ];
+    for (lb, chain) in cases {
+        let error = error_of(lb);
+        assert!(matches!(error, ClaError::Constraint { .. }), "{error:?}");
+        assert_eq!(
+            error.to_string(),
+            format!("Proto constraint validation failed ({chain})")
+        );
+    }
+}
+
+#[test]
+fn proto_rules_come_in_field_order() {
+    // The endpoint (field 2 of the locality) is checked before the locality's own weight
+    // (field 3) and priority (field 5); the name (field 1 of the assignment) before all.
+    let mut assignment = one(weighted(0));
+    assignment.endpoints[0].load_balancing_weight = Some(UInt32Value { value: 0 });
+    let chain = |e: ClaError| match e {
+        ClaError::Constraint { violation } => violation.rule,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        chain(hosts_from_cla(&assignment).unwrap_err()),
+        Rule::EndpointWeight
+    );
+    assignment.endpoints[0].lb_endpoints.clear();
+    assignment.endpoints[0].priority = 129;
+    assert_eq!(
+        chain(hosts_from_cla(&assignment).unwrap_err()),
+        Rule::LocalityWeight
+    );
+    assignment.endpoints[0].load_balancing_weight = None;
+    assert_eq!(
+        hosts_from_cla(&assignment).unwrap_err().to_string(),
+        "Proto constraint validation failed (ClusterLoadAssignmentValidationError.Endpoints[0]: embedded message failed validation | caused by LocalityLbEndpointsValidationError.Priority: value must be less than or equal to 128)"
+    );
+    assignment.endpoints[0].priority = 128;
+    assert!(hosts_from_cla(&assignment).unwrap().is_empty());
+    assignment.cluster_name.clear();
+    assignment.endpoints[0].priority = 129;
+    assert_eq!(
+        hosts_from_cla(&assignment).unwrap_err().to_string(),
+        "Proto constraint validation failed (ClusterLoadAssignmentValidationError.ClusterName: value length must be at least 1 characters)"
+    );
+}
+
+#[test]
+fn unusable_endpoints_are_rejected_with_envoys_words() {
+    let cases: Vec<(LbEndpoint, &str)> = vec![
+        (
+            LbEndpoint::default(),
+            "Address must be set: endpoints[0].lb_endpoints[0] has no endpoint",
+        ),
+        (
+            with_address(None),
+            "Address must be set: endpoints[0].lb_endpoints[0].endpoint.address has no address",
+        ),
+        (
+            endpoint("web.local", 80),
+            "malformed IP address: web.local. EDS endpoints must be IP literals (endpoints[0].lb_endpoints[0].endpoint.address)",
+        ),
+        (
+            with_socket(|s| s.port_specifier = Some(PortSpecifier::NamedPort("http".into()))),
+            "IP resolver can't handle port specifier type 4: endpoints[0].lb_endpoints[0].endpoint.address has named_port \"http\", use port_value",
         ),
         (
             with_socket(|s| s.resolver_name = "dns".into()),
-            "custom resolver",
+            "Unknown address resolver: dns.",
         ),
-        (with_address(None), "endpoint has no address"),
         (
-            with_address(Some(address::Address::Pipe(Pipe::default()))),
-            "not a pipe address",
+            with_address(Some(Address {
+                address: Some(address::Address::Pipe(Pipe::default())),
+            })),
+            "endpoints[0].lb_endpoints[0].endpoint.address: only socket addresses are supported, not a pipe address",
         ),
     ];
     for (lb, expected) in cases {
         let message = error_of(lb).to_string();
         assert!(
-            message.contains(expected),
-            "{message:?} should contain {expected:?}"
-        );
-        assert!(
-            message.starts_with("endpoints[0].lb_endpoints[0]"),
-            "{message}"
+            message.starts_with(expected),
+            "{message:?} should start with {expected:?}"
         );
     }
+}
+
+#[test]
+fn port_zero_and_never_routable_addresses_are_hosts_of_the_assignment() {
+    // Envoy keeps them (every connect fails); the cluster's loop refuses them (`guard`).
+    let assignment = ClusterLoadAssignment {
+        cluster_name: "web".into(),
+        endpoints: vec![locality(
+            0,
+            vec![
+                endpoint("10.0.0.1", 0),
+                endpoint("0.0.0.0", 80),
+                endpoint("224.0.0.1", 80),
+                endpoint("10.0.0.2", 80),
+            ],
+        )],
+        ..Default::default()
+    };
+    let hosts = hosts_from_cla(&assignment).unwrap();
+    let addrs: Vec<String> = hosts.iter().map(|h| h.addr.to_string()).collect();
+    assert_eq!(
+        addrs,
+        ["10.0.0.1:0", "0.0.0.0:80", "224.0.0.1:80", "10.0.0.2:80"]
+    );
+    let guard = crate::discovery::guard::HostGuard::default();
+    let (kept, refused) = guard.filter(hosts);
+    assert_eq!(kept.len(), 1);
+    assert_eq!(refused[0].1, "port 0");
 }
 
 fn weighted(weight: u32) -> LbEndpoint {
@@ -240,37 +339,32 @@ fn with_socket(
     lb
 }
 
-fn with_address(address: Option<address::Address>) -> LbEndpoint {
+/// An endpoint whose `Address` is `address` (`None`: no `Address` at all).
+fn with_address(address: Option<Address>) -> LbEndpoint {
     let mut lb = endpoint("10.0.0.1", 80);
     let Some(HostIdentifier::Endpoint(e)) = &mut lb.host_identifier else {
         unreachable!()
     };
-    e.address = address.map(|address| Address {
-        address: Some(address),
-    });
+    e.address = address;
     lb
 }
 
 #[test]
-fn invalid_localities_and_names_are_rejected() {
-    let mut assignment = cla("web", &[80]);
-    assignment.endpoints[0].load_balancing_weight = Some(UInt32Value { value: 0 });
-    assert_eq!(
-        hosts_from_cla(&assignment).unwrap_err(),
-        ClaError::ZeroWeight {
-            at: "endpoints[0].load_balancing_weight".into()
-        }
-    );
+fn leds_localities_are_rejected() {
     let mut assignment = cla("web", &[80]);
     assignment.endpoints[0].lb_config = Some(LbConfig::LedsClusterLocalityConfig(
-        LedsClusterLocalityConfig::default(),
+        LedsClusterLocalityConfig {
+            leds_collection_name: "xdstp://leds/web".into(),
+            ..Default::default()
+        },
     ));
+    assert_eq!(
+        hosts_from_cla(&assignment).unwrap_err().to_string(),
+        "A ClusterLoadAssignment for cluster web cannot include both LEDS (resource: xdstp://leds/web) and a list of endpoints."
+    );
+    assignment.endpoints[0].lb_endpoints.clear();
     assert!(matches!(
         hosts_from_cla(&assignment),
         Err(ClaError::Leds { .. })
     ));
-    assert_eq!(
-        hosts_from_cla(&cla("", &[80])),
-        Err(ClaError::EmptyClusterName)
-    );
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use envoy_types::pb::google::protobuf::Any;
 use tokio::sync::watch;
 
-use super::fixtures::{cla, delta, ports, sotw};
+use super::fixtures::{cla, delta, endpoint, ports, sotw};
 use crate::discovery::{
     SourceUpdate as EdsUpdate,
     xds::{
@@ -47,7 +47,7 @@ fn accepted_then_rejected_keeps_last_good() {
     state
         .apply_sotw(&sotw("1", "a", &[cla("web", &[80, 81])]))
         .unwrap();
-    let bad = sotw("2", "b", &[cla("web", &[0])]);
+    let bad = sotw("2", "b", &[cla("web", &[70000])]);
     let error = state.apply_sotw(&bad).unwrap_err();
     assert!(matches!(error, UpdateError::Invalid { .. }), "{error}");
     assert_eq!(state.version_info(), "1");
@@ -77,21 +77,25 @@ fn wrong_type_and_undecodable_resources_are_rejected() {
     let mut response = sotw("1", "a", &[cla("web", &[80])]);
     response.resources[0].type_url = "type.googleapis.com/envoy.config.cluster.v3.Cluster".into();
     let error = state.apply_sotw(&response).unwrap_err();
-    assert!(
-        error
-            .to_string()
-            .contains("does not match the response type"),
-        "{error}"
+    assert_eq!(
+        error.to_string(),
+        "type.googleapis.com/envoy.config.cluster.v3.Cluster does not match the message-wide type URL type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment in DiscoveryResponse (resource 0)"
     );
     let mut response = sotw("1", "a", &[]);
     response.resources.push(Any {
         type_url: CLA_TYPE_URL.into(),
         value: vec![0xff, 0xff, 0xff],
     });
-    assert!(matches!(
-        state.apply_sotw(&response),
-        Err(UpdateError::Decode { index: 0, .. })
-    ));
+    let error = state.apply_sotw(&response).unwrap_err();
+    assert!(matches!(error, UpdateError::Decode { index: 0, .. }));
+    assert!(
+        crate::discovery::xds::grpc::nack_status(&error)
+            .message
+            .starts_with(
+                "Unable to unpack as envoy.config.endpoint.v3.ClusterLoadAssignment: resource 0: "
+            ),
+        "{error}"
+    );
     assert_eq!(values(&clusters[0]).update_rejected, 2);
     assert!(
         clusters[0].rx.borrow().initialized,
@@ -108,12 +112,91 @@ fn one_bad_cluster_rejects_the_whole_response() {
         clusters[0].rx.borrow().hosts.is_empty(),
         "api must not be half-applied"
     );
+}
+
+#[test]
+fn sotw_duplicates_first_wins_without_a_nack() {
+    let (mut state, clusters) = state(&["web"]);
     let duplicate = sotw("1", "a", &[cla("web", &[80]), cla("web", &[81])]);
-    let error = state.apply_sotw(&duplicate).unwrap_err();
+    state.apply_sotw(&duplicate).unwrap();
+    assert_eq!(ports(&clusters[0].rx.borrow()), [80]);
+    let v = values(&clusters[0]);
+    assert_eq!((v.update_success, v.update_rejected), (1, 0));
+    // The ignored one is still held to the proto rules, not to the host mapping.
+    let mut unusable = cla("web", &[83]);
+    unusable.endpoints[0].lb_endpoints[0] = endpoint("web.local", 83);
+    state
+        .apply_sotw(&sotw("2", "b", &[cla("web", &[82]), unusable]))
+        .unwrap();
+    assert_eq!(ports(&clusters[0].rx.borrow()), [82]);
+    let error = state
+        .apply_sotw(&sotw("3", "c", &[cla("web", &[84]), cla("web", &[70000])]))
+        .unwrap_err();
     assert!(
-        error.to_string().contains("unexpected EDS resource length"),
+        error
+            .to_string()
+            .contains("Proto constraint validation failed"),
         "{error}"
     );
+    assert_eq!(ports(&clusters[0].rx.borrow()), [82]);
+    // An empty first one wins too.
+    state
+        .apply_sotw(&sotw("4", "d", &[cla("web", &[]), cla("web", &[85])]))
+        .unwrap();
+    assert!(clusters[0].rx.borrow().hosts.is_empty());
+}
+
+#[test]
+fn rest_duplicates_are_rejected() {
+    let (mut state, clusters) = state(&["web"]);
+    let duplicate = sotw("1", "a", &[cla("web", &[80]), cla("web", &[81])]);
+    let error = state.apply_rest(&duplicate).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "Unexpected EDS resource length: 2 (cluster web)"
+    );
+    assert_eq!(values(&clusters[0]).update_rejected, 1);
+    state
+        .apply_rest(&sotw("2", "b", &[cla("web", &[80])]))
+        .unwrap();
+}
+
+#[test]
+fn port_zero_is_accepted_and_published() {
+    let (mut state, clusters) = state(&["web"]);
+    state
+        .apply_sotw(&sotw("1", "a", &[cla("web", &[0, 80])]))
+        .unwrap();
+    assert_eq!(ports(&clusters[0].rx.borrow()), [0, 80]);
+    assert_eq!(values(&clusters[0]).membership_total, 2);
+}
+
+#[test]
+fn unsubscribed_resources_are_not_mapped() {
+    let mut other = cla("other", &[1]);
+    other.endpoints[0].lb_endpoints[0] = endpoint("not-an-ip", 1);
+    let (mut state, clusters) = state(&["web"]);
+    state
+        .apply_sotw(&sotw("1", "a", &[cla("web", &[80]), other.clone()]))
+        .unwrap();
+    assert_eq!(ports(&clusters[0].rx.borrow()), [80]);
+    // State of the world: every resource is held to the proto rules.
+    let error = state
+        .apply_sotw(&sotw(
+            "2",
+            "b",
+            &[cla("web", &[81]), cla("other", &[70000])],
+        ))
+        .unwrap_err();
+    assert!(matches!(error, UpdateError::Invalid { .. }), "{error}");
+    // Delta: unsubscribed resources are not even decoded.
+    let mut garbage = delta("n1", &[("1", cla("web", &[82]))], &[]);
+    let mut extra = garbage.resources[0].clone();
+    extra.name = "other".into();
+    extra.resource.as_mut().unwrap().value = vec![0xff, 0xff];
+    garbage.resources.push(extra);
+    state.apply_delta(&garbage).unwrap();
+    assert_eq!(ports(&clusters[0].rx.borrow()), [82]);
 }
 
 #[test]
@@ -200,14 +283,19 @@ fn delta_versions_removal_and_name_checks() {
     let error = state.apply_delta(&mismatch).unwrap_err();
     assert_eq!(
         error.to_string(),
-        "unexpected EDS cluster (expecting api): web"
+        "Unexpected EDS cluster (expecting api): web"
     );
     let mut bodiless = delta("n3", &[("8", cla("web", &[81]))], &[]);
     bodiless.resources[0].resource = None;
-    assert!(matches!(
-        state.apply_delta(&bodiless),
-        Err(UpdateError::MissingBody { .. })
-    ));
+    assert_eq!(
+        state.apply_delta(&bodiless).unwrap_err().to_string(),
+        "type URL  embedded in an individual Any does not match the message-wide type URL type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment in DeltaDiscoveryResponse (resource \"web\")"
+    );
+    // A heartbeat (no body, the version held) changes nothing and is no NACK.
+    let mut heartbeat = delta("n3b", &[("7", cla("web", &[81]))], &[]);
+    heartbeat.resources[0].resource = None;
+    state.apply_delta(&heartbeat).unwrap();
+    assert_eq!(ports(&clusters[1].rx.borrow()), [80]);
     state.apply_delta(&delta("n4", &[], &["web"])).unwrap();
     assert!(state.delta_versions().is_empty());
     assert_eq!(
@@ -217,6 +305,52 @@ fn delta_versions_removal_and_name_checks() {
     );
     let v = values(&clusters[1]);
     assert_eq!((v.update_empty, v.update_rejected, v.version), (1, 2, 7));
+}
+
+#[test]
+fn delta_rejections_use_envoys_words() {
+    let (mut state, clusters) = state(&["web"]);
+    let twice = delta(
+        "n1",
+        &[("1", cla("web", &[80])), ("2", cla("web", &[81]))],
+        &[],
+    );
+    assert_eq!(
+        state.apply_delta(&twice).unwrap_err().to_string(),
+        "duplicate name web found among added/updated resources"
+    );
+    let both = delta("n2", &[("1", cla("web", &[80]))], &["web"]);
+    assert_eq!(
+        state.apply_delta(&both).unwrap_err().to_string(),
+        "duplicate name web found in the union of added+removed resources"
+    );
+    let mut wrong = delta("n3", &[("1", cla("web", &[80]))], &[]);
+    wrong.resources[0].resource.as_mut().unwrap().type_url =
+        "type.googleapis.com/envoy.config.cluster.v3.Cluster".into();
+    assert!(
+        state
+            .apply_delta(&wrong)
+            .unwrap_err()
+            .to_string()
+            .starts_with("type URL type.googleapis.com/envoy.config.cluster.v3.Cluster embedded in an individual Any does not match the message-wide type URL")
+    );
+    // The proto rules come before the name check.
+    let mut unnamed = delta("n4", &[("1", cla("", &[80]))], &[]);
+    unnamed.resources[0].name = "web".into();
+    assert!(
+        state
+            .apply_delta(&unnamed)
+            .unwrap_err()
+            .to_string()
+            .contains("Proto constraint validation failed (ClusterLoadAssignmentValidationError.ClusterName: value length must be at least 1 characters)")
+    );
+    assert_eq!(values(&clusters[0]).update_rejected, 4);
+    assert!(clusters[0].rx.borrow().hosts.is_empty());
+    // A resource without a name matches no subscription: ignored, as by Envoy.
+    let mut nameless = delta("n5", &[("1", cla("web", &[80]))], &[]);
+    nameless.resources[0].name.clear();
+    state.apply_delta(&nameless).unwrap();
+    assert!(clusters[0].rx.borrow().hosts.is_empty());
 }
 
 #[test]
@@ -238,5 +372,25 @@ fn failure_and_init_timeout_mark_initialized() {
             values(&clusters[1]).update_attempt
         ),
         (1, 1)
+    );
+}
+
+#[test]
+fn long_nack_messages_are_cut_as_envoy_cuts_them() {
+    let name = "é".repeat(3000);
+    let (mut state, _clusters) = state(&["web"]);
+    let mut twice = delta("n1", &[("1", cla("web", &[80]))], &[]);
+    twice.resources[0].name.clone_from(&name);
+    twice.resources.push(twice.resources[0].clone());
+    let error = state.apply_delta(&twice).unwrap_err();
+    let message = crate::discovery::xds::grpc::nack_status(&error).message;
+    assert!(message.ends_with("...(truncated)"), "{message}");
+    assert!(message.len() <= 4096 + "...(truncated)".len());
+    let short = crate::discovery::xds::grpc::nack_status(&UpdateError::DuplicateAdded {
+        name: "web".into(),
+    });
+    assert_eq!(
+        short.message,
+        "duplicate name web found among added/updated resources"
     );
 }

@@ -97,7 +97,7 @@ async fn sotw_sequence(api: GrpcApi) {
 
     // Bad v2: NACK with the previous version, the nonce and the reason; hosts stay v1.
     stream
-        .send(Ok(sotw("2", "n2", &[cla("web", &[0])])))
+        .send(Ok(sotw("2", "n2", &[cla("web", &[70000])])))
         .await
         .unwrap();
     let nack = server.next_sotw(rpc(api)).await;
@@ -108,7 +108,9 @@ async fn sotw_sequence(api: GrpcApi) {
     let detail = nack.error_detail.expect("a NACK carries error_detail");
     assert_eq!(detail.code, 13);
     assert!(
-        detail.message.contains("port 0 is out of range"),
+        detail
+            .message
+            .contains("PortValue: value must be less than or equal to 65535"),
         "{}",
         detail.message
     );
@@ -240,7 +242,7 @@ async fn delta_sequence(api: GrpcApi) {
     assert_eq!(nack.response_nonce, "d2");
     let message = nack.error_detail.expect("NACK").message;
     assert!(
-        message.contains("malformed IP address \"not-an-ip\""),
+        message.contains("malformed IP address: not-an-ip."),
         "{message}"
     );
     assert_eq!(ports(&client.current("web").unwrap()), [9001]);

@@ -138,6 +138,14 @@ impl XdsServer {
         http(self.control, "POST", "/push", &body.to_string());
     }
 
+    /// Sends exactly `resources` (see `/push_raw` in xds_server.py: duplicates, other names,
+    /// wrong types, raw bytes) at `version` on every stream, until the next [`Self::push`].
+    #[expect(clippy::needless_pass_by_value, reason = "called with json! literals")]
+    pub fn push_raw(&self, version: &str, resources: Value) {
+        let body = serde_json::json!({"version": version, "resources": resources});
+        http(self.control, "POST", "/push_raw", &body.to_string());
+    }
+
     /// Removes `cluster`'s assignment.
     pub fn remove(&self, cluster: &str) {
         http(
@@ -243,12 +251,21 @@ pub struct Envoy {
 impl Envoy {
     /// Starts Envoy with node id `node`, subscribed over SotW ADS to `clusters` (EDS).
     pub fn start(server: &XdsServer, node: &str, clusters: &[&str]) -> Self {
+        Self::spawn(server, node, clusters, "GRPC")
+    }
+
+    /// Starts Envoy with node id `node`, subscribed over delta ADS to `clusters` (EDS).
+    pub fn start_delta(server: &XdsServer, node: &str, clusters: &[&str]) -> Self {
+        Self::spawn(server, node, clusters, "DELTA_GRPC")
+    }
+
+    fn spawn(server: &XdsServer, node: &str, clusters: &[&str], api_type: &str) -> Self {
         let binary = envoy_binary();
         let dir = temp_dir("envoy");
         let bootstrap = dir.join("bootstrap.json");
         std::fs::write(
             &bootstrap,
-            bootstrap_json(server.grpc_addr(), node, clusters),
+            bootstrap_json(server.grpc_addr(), node, clusters, api_type),
         )
         .expect("write bootstrap");
         let address_file = dir.join("admin-address");
@@ -333,9 +350,9 @@ fn envoy_binary() -> PathBuf {
     binary
 }
 
-/// Envoy's bootstrap as JSON (a YAML subset): ADS over SotW gRPC to `xds`, one EDS cluster per
-/// name, admin on an ephemeral 127.0.0.1 port.
-fn bootstrap_json(xds: SocketAddr, node: &str, clusters: &[&str]) -> String {
+/// Envoy's bootstrap as JSON (a YAML subset): ADS over `api_type` (`GRPC` or `DELTA_GRPC`) to
+/// `xds`, one EDS cluster per name, admin on an ephemeral 127.0.0.1 port.
+fn bootstrap_json(xds: SocketAddr, node: &str, clusters: &[&str], api_type: &str) -> String {
     let address = |ip: String, port: u16| serde_json::json!({"socket_address": {"address": ip, "port_value": port}});
     let eds: Vec<Value> = clusters
         .iter()
@@ -362,7 +379,7 @@ fn bootstrap_json(xds: SocketAddr, node: &str, clusters: &[&str]) -> String {
         "node": {"id": node, "cluster": "envoy-test"},
         "admin": {"address": address("127.0.0.1".into(), 0)},
         "dynamic_resources": {"ads_config": {
-            "api_type": "GRPC", "transport_api_version": "V3",
+            "api_type": api_type, "transport_api_version": "V3",
             "grpc_services": [{"envoy_grpc": {"cluster_name": "xds"}}],
         }},
         "static_resources": {"clusters": clusters},

@@ -1,6 +1,7 @@
 //! EDS through the daemon and the kernel (root): a real xDS v3 control plane (the Python server)
-//! pushes endpoints; connects from a fresh cgroup and namespace follow each good version, and an
-//! invalid version is NACKed by the daemon while connects stay on the last good hosts.
+//! pushes endpoints; connects from a fresh cgroup and namespace follow each good version, a host
+//! on port 0 is ACKed (as by Envoy) but never routed, and an invalid version is NACKed by the
+//! daemon while connects stay on the last good hosts.
 
 use std::{
     net::SocketAddr,
@@ -71,13 +72,25 @@ fn eds_versions_drive_the_kernel_and_a_bad_one_is_nacked() {
     server.push("web", "2", endpoints(&[c]));
     wait_for_backends(&netns, &cgroup, &[c]);
 
+    // Port 0 is ACKed, as by Envoy; the host is left out of routing and counted.
     let before = server.requests().len();
-    server.push("web", "3", endpoints(&["127.0.0.34:0"]));
+    server.push("web", "3", endpoints(&[c, "127.0.0.34:0"]));
+    let ack = server.wait_request("the daemon's ACK of port 0", before, |r| {
+        r["node"] == node.as_str() && !r["response_nonce"].as_str().unwrap_or("").is_empty()
+    });
+    assert!(ack["error_detail"].is_null(), "{ack}");
+    assert_eq!(ack["version_info"], "3", "{ack}");
+    wait_for_backends(&netns, &cgroup, &[c]);
+
+    let before = server.requests().len();
+    server.push("web", "4", json!([{"address": "not-an-ip", "port": 8084}]));
     let nack = server.wait_request("the daemon's NACK", before, |r| {
         r["node"] == node.as_str() && !r["error_detail"].is_null()
     });
     assert!(
-        nack["error_detail"].to_string().contains("port 0"),
+        nack["error_detail"]
+            .to_string()
+            .contains("malformed IP address: not-an-ip"),
         "{nack}"
     );
     let probe = wait_for_backends(&netns, &cgroup, &[c]);
@@ -86,4 +99,5 @@ fn eds_versions_drive_the_kernel_and_a_bad_one_is_nacked() {
     let (code, stats) = integration_tests::kernel::http_get(daemon.admin, "/stats").unwrap();
     assert_eq!(code, 200);
     assert!(stats.contains("cluster.web.update_rejected: 1"), "{stats}");
+    assert!(stats.contains("cluster.web.hosts_refused: 1"), "{stats}");
 }

@@ -1,12 +1,15 @@
 //! EDS against a real xDS v3 control plane (Python grpcio + xds-protos): SotW and delta over ADS
 //! and EDS, and REST-JSON; ACK/NACK as the server records them; reconnects; and a cross-check
-//! of hosts and health against a real Envoy 1.40 subscribed to the same server.
+//! against two real Envoy 1.40 (SotW and delta ADS) subscribed to the same server: hosts and
+//! health, and per input the ACK or NACK (with Envoy's words in both NACKs) and the resulting
+//! hosts, for a malformed IP, two assignments of one name and a host on port 0.
 
 use std::{collections::BTreeSet, time::Duration};
 
 use integration_tests::xds_server::{Envoy, WAIT, XdsServer};
 use proxy_core::discovery::{
     EdsHealth, SourceUpdate as EdsUpdate,
+    guard::HostGuard,
     xds::{EdsClient, EdsWatch, GrpcApi, NodeConfig, Transport, XdsSource, spawn_eds},
 };
 use serde_json::{Value, json};
@@ -102,14 +105,17 @@ async fn grpc_sequence(api: GrpcApi, delta: bool) {
     acked(&server, "1");
     let before = tokio::task::block_in_place(|| server.requests().len());
 
-    server.push("web", "2", endpoints(&[0]));
+    server.push("web", "2", endpoints(&[70000]));
     let nack = tokio::task::block_in_place(|| {
         server.wait_request("NACK of v2", before, |r| {
             is_ours(r) && !r["error_detail"].is_null()
         })
     });
     let message = nack["error_detail"].as_str().unwrap();
-    assert!(message.contains("port 0 is out of range"), "{message}");
+    assert!(
+        message.contains("PortValue: value must be less than or equal to 65535"),
+        "{message}"
+    );
     if !delta {
         assert_eq!(
             nack["version_info"], "1",
@@ -203,7 +209,7 @@ async fn rest_json_against_python_control_plane() {
         nack["error_detail"]
             .as_str()
             .unwrap()
-            .contains("port 70000 is out of range"),
+            .contains("value must be less than or equal to 65535"),
         "{nack}"
     );
     assert_eq!(nack["version_info"], "1");
@@ -270,6 +276,129 @@ fn our_hosts(update: &EdsUpdate) -> BTreeSet<(u64, u64, u64, String)> {
         .collect()
 }
 
+/// One xDS flavour compared: a real Envoy and our client, subscribed the same way.
+struct Pair {
+    flavour: &'static str,
+    envoy_node: &'static str,
+    envoy: Envoy,
+    ours_node: &'static str,
+    ours: EdsClient,
+}
+
+impl Pair {
+    fn start(server: &XdsServer, delta: bool) -> Self {
+        let (flavour, envoy_node, ours_node) = if delta {
+            ("delta", "envoy-delta", "ours-delta")
+        } else {
+            ("sotw", "envoy", "ours")
+        };
+        let envoy = tokio::task::block_in_place(|| {
+            if delta {
+                Envoy::start_delta(server, envoy_node, &["web"])
+            } else {
+                Envoy::start(server, envoy_node, &["web"])
+            }
+        });
+        let transport = Transport::Grpc {
+            uri: server.grpc_uri(),
+            api: GrpcApi::Aggregated,
+            delta,
+        };
+        let ours = client(source(transport, ours_node));
+        Self {
+            flavour,
+            envoy_node,
+            envoy,
+            ours_node,
+            ours,
+        }
+    }
+
+    /// Envoy's hosts of `web` once they equal `expected` (or the last seen after [`WAIT`]).
+    async fn envoy_hosts(&self, expected: &BTreeSet<HostView>) -> BTreeSet<HostView> {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let theirs = envoy_hosts(
+                &tokio::task::block_in_place(|| self.envoy.clusters()),
+                "web",
+            );
+            if theirs == *expected || tokio::time::Instant::now() >= deadline {
+                return theirs;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Our published hosts of `web` once they equal `expected` (or the last after [`WAIT`]).
+    async fn our_hosts(&self, expected: &BTreeSet<HostView>) -> BTreeSet<HostView> {
+        let mut updates = self.ours.updates("web").unwrap();
+        let seen = tokio::time::timeout(WAIT, updates.wait_for(|u| our_hosts(u) == *expected));
+        let _ = seen.await;
+        our_hosts(&self.ours.current("web").unwrap())
+    }
+}
+
+/// `(port, weight, priority, health)` of a host, as Envoy's admin shows it.
+type HostView = (u64, u64, u64, String);
+
+/// ACK (`None`) or NACK (`Some(error_detail)`): `node`'s answer to the first response after
+/// the first `skip` requests.
+fn verdict(server: &XdsServer, node: &str, skip: usize) -> Option<String> {
+    let answer = tokio::task::block_in_place(|| {
+        server.wait_request(&format!("{node}'s ACK or NACK"), skip, |r| {
+            r["node"] == node && !r["response_nonce"].as_str().unwrap_or("").is_empty()
+        })
+    });
+    answer["error_detail"].as_str().map(str::to_owned)
+}
+
+/// Pushes with `push`, then checks, for every pair, that Envoy and we both ACK or both NACK (a
+/// NACK of ours containing `nack_words`, Envoy's own text for it) and end with `hosts`.
+async fn step(
+    server: &XdsServer,
+    pairs: &[Pair],
+    what: &str,
+    push: impl FnOnce(&XdsServer),
+    expect: impl Fn(&Pair) -> (Option<&'static str>, BTreeSet<HostView>),
+) {
+    let before = tokio::task::block_in_place(|| server.requests().len());
+    tokio::task::block_in_place(|| push(server));
+    for pair in pairs {
+        let (nack_words, hosts) = expect(pair);
+        let theirs = verdict(server, pair.envoy_node, before);
+        let ours = verdict(server, pair.ours_node, before);
+        let flavour = pair.flavour;
+        assert_eq!(
+            (theirs.is_some(), ours.is_some()),
+            (nack_words.is_some(), nack_words.is_some()),
+            "{what} ({flavour}): ACK/NACK of Envoy (left) and ours (right): {theirs:?} / {ours:?}"
+        );
+        if let Some(words) = nack_words {
+            for (who, message) in [("Envoy", &theirs), ("ours", &ours)] {
+                let message = message.as_deref().unwrap_or_default();
+                assert!(
+                    message.contains(words),
+                    "{what} ({flavour}): {who}'s NACK {message:?} lacks {words:?}"
+                );
+            }
+        }
+        let envoy = pair.envoy_hosts(&hosts).await;
+        let our = pair.our_hosts(&hosts).await;
+        assert_eq!(
+            (&envoy, &our),
+            (&hosts, &hosts),
+            "{what} ({flavour}): hosts of Envoy (left) and ours (right)"
+        );
+    }
+}
+
+fn views(ports: &[u64]) -> BTreeSet<HostView> {
+    ports
+        .iter()
+        .map(|&port| (port, 2, 0, "HEALTHY".to_owned()))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_and_we_agree_on_hosts_health_and_nacks() {
     let server = tokio::task::block_in_place(XdsServer::start);
@@ -289,16 +418,8 @@ async fn envoy_and_we_agree_on_hosts_health_and_nacks() {
         })
         .collect();
     server.push("web", "1", Value::Array(mixed));
-    let envoy = tokio::task::block_in_place(|| Envoy::start(&server, "envoy", &["web"]));
-    let client = client(source(
-        Transport::Grpc {
-            uri: server.grpc_uri(),
-            api: GrpcApi::Aggregated,
-            delta: false,
-        },
-        "ours",
-    ));
-    let mut updates = client.updates("web").unwrap();
+    let pairs = [Pair::start(&server, false), Pair::start(&server, true)];
+    let mut updates = pairs[0].ours.updates("web").unwrap();
     // The server groups endpoints into one locality per priority: priority 0 first.
     let ours = wait_hosts(&mut updates, &[8201, 8203, 8205, 8202, 8204, 8206]).await;
     let raw: Vec<EdsHealth> = ours.hosts.iter().map(|h| h.eds_health).collect();
@@ -314,40 +435,108 @@ async fn envoy_and_we_agree_on_hosts_health_and_nacks() {
         ],
         "raw_health_is_kept"
     );
-    let expected = our_hosts(&ours);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let mut theirs = BTreeSet::new();
-    while tokio::time::Instant::now() < deadline {
-        theirs = envoy_hosts(&tokio::task::block_in_place(|| envoy.clusters()), "web");
-        if theirs.len() == expected.len() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let v1 = our_hosts(&ours);
+    for pair in &pairs {
+        let (envoy, our) = (pair.envoy_hosts(&v1).await, pair.our_hosts(&v1).await);
+        assert_eq!((&envoy, &our), (&v1, &v1), "v1 ({})", pair.flavour);
     }
-    assert_eq!(
-        theirs, expected,
-        "Envoy's hosts (left) differ from ours (right)"
-    );
+    agree_on_nacks_duplicates_and_port_zero(&server, &pairs, &v1).await;
+}
 
-    // An update both must reject: an endpoint that is not an IP literal.
+/// From v1 on: a malformed IP, two assignments of one name, port 0, then a good version.
+async fn agree_on_nacks_duplicates_and_port_zero(
+    server: &XdsServer,
+    pairs: &[Pair],
+    v1: &BTreeSet<HostView>,
+) {
+    // Both reject an endpoint that is not an IP literal; SotW NACKs carry the last good version.
     let before = tokio::task::block_in_place(|| server.requests().len());
-    server.push("web", "2", json!([{"address": "not-an-ip", "port": 8300}]));
+    step(
+        server,
+        pairs,
+        "malformed IP",
+        |s| s.push("web", "2", json!([{"address": "not-an-ip", "port": 8300}])),
+        |_| (Some("malformed IP address: not-an-ip"), v1.clone()),
+    )
+    .await;
     for node in ["envoy", "ours"] {
         let nack = tokio::task::block_in_place(|| {
             server.wait_request(&format!("NACK from {node}"), before, |r| {
                 r["node"] == node && !r["error_detail"].is_null()
             })
         });
-        assert_eq!(
-            nack["version_info"], "1",
-            "{node} NACKs with its last good version: {nack}"
-        );
+        assert_eq!(nack["version_info"], "1", "{node}: {nack}");
     }
-    let envoy_after = envoy_hosts(&tokio::task::block_in_place(|| envoy.clusters()), "web");
-    assert_eq!(envoy_after, expected, "Envoy kept its hosts");
+
+    // Two assignments named web in one response: state of the world takes the first, silently;
+    // delta rejects the duplicate name.
+    let twice = json!([
+        {"name": "web", "endpoints": endpoints(&[8301])},
+        {"name": "web", "endpoints": endpoints(&[8302])},
+    ]);
+    step(
+        server,
+        pairs,
+        "two assignments of one name",
+        |s| s.push_raw("3", twice),
+        |pair| match pair.flavour {
+            "delta" => (
+                Some("duplicate name web found among added/updated resources"),
+                v1.clone(),
+            ),
+            _ => (None, views(&[8301])),
+        },
+    )
+    .await;
+
+    // The first wins even when the second would not map (only the first is resolved).
+    let unusable_second = json!([
+        {"name": "web", "endpoints": endpoints(&[8311])},
+        {"name": "web", "endpoints": [{"address": "not-an-ip", "port": 8312}]},
+    ]);
+    step(
+        server,
+        pairs,
+        "a duplicate that does not map",
+        |s| s.push_raw("4", unusable_second),
+        |pair| match pair.flavour {
+            "delta" => (Some("duplicate name web"), v1.clone()),
+            _ => (None, views(&[8311])),
+        },
+    )
+    .await;
+
+    // Port 0: accepted by both, and a host of the assignment for both; our cluster loop then
+    // leaves it out of routing (`hosts_refused`), where Envoy keeps it and fails its connects.
+    step(
+        server,
+        pairs,
+        "port 0",
+        |s| s.push("web", "5", endpoints(&[8401, 0])),
+        |_| (None, views(&[0, 8401])),
+    )
+    .await;
+    let published = pairs[0].ours.current("web").unwrap().hosts;
+    let (routed, refused) = HostGuard::default().filter(published);
     assert_eq!(
-        our_hosts(&client.current("web").unwrap()),
-        expected,
-        "we kept ours"
+        (
+            ports(&EdsUpdate {
+                hosts: routed,
+                ..Default::default()
+            }),
+            refused.len()
+        ),
+        (vec![8401], 1),
+        "port 0 is refused per host: {refused:?}"
     );
+
+    // Still in step after all that.
+    step(
+        server,
+        pairs,
+        "a good version",
+        |s| s.push("web", "6", endpoints(&[8501, 8502])),
+        |_| (None, views(&[8501, 8502])),
+    )
+    .await;
 }

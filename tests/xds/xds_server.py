@@ -9,8 +9,19 @@ port (HTTP/1.1, JSON):
                  ENDPOINT = {"address": "127.0.0.1", "port": 8080, "health": "HEALTHY",
                              "weight": 3, "priority": 0, "region": "eu", "zone": "eu-1",
                              "hostname": "a", "lb": {"version": "v1"}}
+                 ("port": a string is a named_port, null or absent leaves the port unset;
+                 "health": a number is sent as is, even outside the enum)
                  Nothing is validated: an invalid endpoint (port 0, "not-an-ip", weight 0)
                  goes out as is, for the client to NACK.
+  POST /push_raw {"version": "2", "resources": [RAW, ...]}
+                 RAW = {"name": "web", "endpoints": [ENDPOINT, ...]} with optional
+                       "cluster_name" (the assignment's own name; default: name),
+                       "type_url" (the Any's type; default: ClusterLoadAssignment),
+                       "value_hex" (raw Any bytes instead of an assignment),
+                       "no_body": true (delta: a Resource without its resource)
+                 Sends exactly these resources, in this order and duplicates included, on
+                 every stream (SotW: the response's resources; delta: added resources named
+                 "name" at "version") until the next /push.
   POST /remove   {"cluster": "web"}   delta: removed_resources; SotW: omitted from responses
   POST /drop     {}                   ends every open gRPC stream with UNAVAILABLE
   GET  /requests                      every request received, oldest first (see record())
@@ -28,7 +39,7 @@ from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
-from google.protobuf import json_format, wrappers_pb2
+from google.protobuf import any_pb2, json_format, wrappers_pb2
 from envoy.config.core.v3 import health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
@@ -44,6 +55,7 @@ class Store:
     def __init__(self):
         self.lock = threading.Lock()
         self.resources = {}  # name -> (version, ClusterLoadAssignment)
+        self.raw = None  # (version, [(name, Any or None)]) from /push_raw, until the next /push
         self.system_version = ""
         self.streams = []
         self.requests = []
@@ -77,9 +89,18 @@ class Store:
         with self.lock:
             self.resources[name] = (version, cla)
             self.system_version = version
+            self.raw = None
             streams = list(self.streams)
         for stream in streams:
             stream.put(("changed", name))
+
+    def push_raw(self, version, resources):
+        with self.lock:
+            self.raw = (version, resources)
+            self.system_version = version
+            streams = list(self.streams)
+        for stream in streams:
+            stream.put(("raw", None))
 
     def remove(self, name):
         with self.lock:
@@ -107,14 +128,34 @@ def build_cla(name, endpoints):
         lb = localities[key].lb_endpoints.add()
         socket = lb.endpoint.address.socket_address
         socket.address = spec["address"]
-        socket.port_value = spec["port"]
+        port = spec.get("port")
+        if isinstance(port, str):
+            socket.named_port = port
+        elif port is not None:
+            socket.port_value = port
         lb.endpoint.hostname = spec.get("hostname", "")
-        lb.health_status = health_check_pb2.HealthStatus.Value(spec.get("health", "UNKNOWN"))
+        health = spec.get("health", "UNKNOWN")
+        lb.health_status = health if isinstance(health, int) else health_check_pb2.HealthStatus.Value(health)
         if "weight" in spec:
             lb.load_balancing_weight.CopyFrom(wrappers_pb2.UInt32Value(value=spec["weight"]))
         for key_name, value in spec.get("lb", {}).items():
             lb.metadata.filter_metadata["envoy.lb"][key_name] = value
     return cla
+
+
+def build_raw(spec):
+    """One RAW entry of /push_raw as (name, Any or None)."""
+    name = spec["name"]
+    if spec.get("no_body"):
+        return name, None
+    packed = any_pb2.Any()
+    if "value_hex" in spec:
+        packed.type_url, packed.value = CLA_TYPE, bytes.fromhex(spec["value_hex"])
+    else:
+        packed.Pack(build_cla(spec.get("cluster_name", name), spec.get("endpoints", [])))
+    if "type_url" in spec:
+        packed.type_url = spec["type_url"]
+    return name, packed
 
 
 class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.EndpointDiscoveryServiceServicer):
@@ -173,7 +214,7 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
                         continue
                     names = set(value.resource_names)
                     sent_version = value.version_info
-                elif value not in names:
+                elif event != "raw" and value not in names:
                     continue
                 response = self.sotw_response(names)
                 if response is not None and (event != "request" or response.version_info != sent_version):
@@ -186,9 +227,14 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
         with self.store.lock:
             held = {n: r for n, r in self.store.resources.items() if n in names}
             version = self.store.system_version
+            raw = self.store.raw
         if not version:
             return None
         response = discovery_pb2.DiscoveryResponse(version_info=version, type_url=CLA_TYPE, nonce=self.store.next_nonce())
+        if raw is not None:
+            for _, packed in raw[1]:
+                response.resources.add().CopyFrom(packed if packed is not None else any_pb2.Any())
+            return response
         for name in sorted(held):
             response.resources.add().Pack(held[name][1])
         return response
@@ -212,6 +258,8 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
                     names = set(value.resource_names_subscribe)
                     known = dict(value.initial_resource_versions)
                     targets = names
+                elif event == "raw":
+                    targets = None
                 elif value in names:
                     targets = {value}
                 else:
@@ -225,7 +273,15 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
     def delta_response(self, targets, known, removed):
         response = discovery_pb2.DeltaDiscoveryResponse(type_url=CLA_TYPE)
         with self.store.lock:
-            for name in sorted(targets):
+            raw = self.store.raw if targets is None else None
+            if raw is not None:
+                version, entries = raw
+                for name, packed in entries:
+                    resource = response.resources.add(name=name, version=version)
+                    known[name] = version
+                    if packed is not None:
+                        resource.resource.CopyFrom(packed)
+            for name in sorted(targets or ()):
                 if removed:
                     response.removed_resources.append(name)
                     known.pop(name, None)
@@ -270,6 +326,8 @@ def control_handler(store):
             args = json.loads(body or b"{}")
             if self.path == "/push":
                 store.push(args["cluster"], args["version"], build_cla(args["cluster"], args["endpoints"]))
+            elif self.path == "/push_raw":
+                store.push_raw(args["version"], [build_raw(spec) for spec in args["resources"]])
             elif self.path == "/remove":
                 store.remove(args["cluster"])
             elif self.path == "/drop":

@@ -2,7 +2,8 @@
 //! and EDS, and REST-JSON; ACK/NACK as the server records them; reconnects; and a cross-check
 //! against two real Envoy 1.40 (SotW and delta ADS) subscribed to the same server: hosts and
 //! health, and per input the ACK or NACK (with Envoy's words in both NACKs) and the resulting
-//! hosts, for a malformed IP, two assignments of one name and a host on port 0.
+//! hosts, for a malformed IP, two assignments of one name, a host on port 0, priority 200
+//! and a health_status outside the enum.
 
 use std::{collections::BTreeSet, time::Duration};
 
@@ -530,12 +531,43 @@ async fn agree_on_nacks_duplicates_and_port_zero(
         "port 0 is refused per host: {refused:?}"
     );
 
+    agree_on_proto_rules(server, pairs).await;
+}
+
+/// From the port 0 version on: a priority over 128, a health_status outside the enum, then a
+/// good version.
+async fn agree_on_proto_rules(server: &XdsServer, pairs: &[Pair]) {
+    // A priority above 128 breaks a proto rule: both NACK, in the same words.
+    let priority = json!([{"address": "127.0.0.1", "port": 8601, "weight": 2, "priority": 200}]);
+    step(
+        server,
+        pairs,
+        "priority 200",
+        |s| s.push("web", "6", priority),
+        |_| (
+            Some("LocalityLbEndpointsValidationError.Priority: value must be less than or equal to 128"),
+            views(&[0, 8401]),
+        ),
+    )
+    .await;
+
+    // A health_status outside the enum: both accept and route the host as healthy.
+    let odd_health = json!([{"address": "127.0.0.1", "port": 8701, "weight": 2, "health": 17}]);
+    step(
+        server,
+        pairs,
+        "health_status 17",
+        |s| s.push("web", "7", odd_health),
+        |_| (None, views(&[8701])),
+    )
+    .await;
+
     // Still in step after all that.
     step(
         server,
         pairs,
         "a good version",
-        |s| s.push("web", "6", endpoints(&[8501, 8502])),
+        |s| s.push("web", "8", endpoints(&[8501, 8502])),
         |_| (None, views(&[8501, 8502])),
     )
     .await;

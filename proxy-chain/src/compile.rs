@@ -44,7 +44,12 @@ pub struct CompileRequest {
     pub evaluate_in_datacenter: String,
     /// Trust domain used in SNI names.
     pub evaluate_in_trust_domain: String,
-    /// Mesh gateway mode forced on every target (`Default` = no override).
+    /// Datacenter the compiled chain is used from (Consul 1.8.7's `UseInDatacenter`; its HTTP
+    /// API sets the agent's datacenter, while `compile-dc` sets `evaluate_in_datacenter`).
+    /// Targets in this datacenter get no mesh gateway mode.
+    pub use_in_datacenter: String,
+    /// Mesh gateway mode forced on every target in another datacenter than
+    /// `use_in_datacenter` (`Default` = no override).
     pub override_mesh_gateway: MeshGatewayMode,
     /// Protocol forced on the chain (empty = no override); a non-HTTP protocol drops routers and
     /// splitters.
@@ -58,7 +63,8 @@ pub struct CompileRequest {
 }
 
 impl CompileRequest {
-    /// A request in the `default` namespace and partition, without overrides.
+    /// A request in the `default` namespace and partition, evaluated in and used from
+    /// `datacenter`, without overrides.
     pub fn new(service: &str, datacenter: &str, trust_domain: &str) -> Self {
         CompileRequest {
             service_name: service.to_owned(),
@@ -66,6 +72,7 @@ impl CompileRequest {
             evaluate_in_partition: DEFAULT_TENANCY.to_owned(),
             evaluate_in_datacenter: datacenter.to_owned(),
             evaluate_in_trust_domain: trust_domain.to_owned(),
+            use_in_datacenter: datacenter.to_owned(),
             override_mesh_gateway: MeshGatewayMode::Default,
             override_protocol: String::new(),
             override_connect_timeout: GoDuration::ZERO,
@@ -84,6 +91,8 @@ impl CompileRequest {
             Err(ChainError::DatacenterRequired)
         } else if self.evaluate_in_trust_domain.is_empty() {
             Err(ChainError::TrustDomainRequired)
+        } else if self.use_in_datacenter.is_empty() {
+            Err(ChainError::UseInDatacenterRequired)
         } else {
             Ok(())
         }

@@ -222,6 +222,8 @@ pub enum ChainError {
     DatacenterRequired,
     #[error("evaluateInTrustDomain is required")]
     TrustDomainRequired,
+    #[error("useInDatacenter is required")]
+    UseInDatacenterRequired,
     #[error(
         "discovery chain {} uses inconsistent protocols; service {} has {} which is not {}",
         go_quote(.chain), go_quote(.service), go_quote(.protocol), go_quote(.expected)

@@ -212,7 +212,7 @@ fn datacenter_failover_with_mesh_gateways() {
                 &["main.default.default.dc2", "main.default.default.dc4"],
             ),
             vec![
-                remote(target("main", "", "dc1")),
+                target("main", "", "dc1"),
                 remote(target("main", "", "dc2")),
                 remote(target("main", "", "dc4")),
             ],
@@ -298,7 +298,7 @@ fn default_resolver_with_proxy_defaults() {
         default_chain(single(
             "grpc",
             resolver(&tid("main", "", "dc1"), true, "5s"),
-            vec![remote(target("main", "", "dc1"))],
+            vec![target("main", "", "dc1")],
         )),
     );
 }
@@ -528,16 +528,28 @@ fn router_ignored_due_to_protocol_override() {
 
 #[test]
 fn connect_timeout_and_mesh_gateway_overrides() {
+    // The mesh gateway override does not reach a target in the datacenter the chain is used
+    // from (Consul 1.8.7), so only the timeout customizes this chain.
     let actual = compiled_with(json!([]), true, |r| {
         r.override_connect_timeout = GoDuration::from_secs(60);
         r.override_mesh_gateway = MeshGatewayMode::Local;
     });
     let node = resolver(&tid("main", "", "dc1"), true, "1m0s");
-    let t = with(
-        target("main", "", "dc1"),
-        json!({"ConnectTimeout": "1m0s", "MeshGateway": {"Mode": "local"}}),
-    );
+    let t = with(target("main", "", "dc1"), json!({"ConnectTimeout": "1m0s"}));
     assert_eq!(actual, default_chain(single("tcp", node, vec![t])));
+    let remote = compiled_with(
+        json!([redirect("main", json!({"Datacenter": "dc2"}))]),
+        true,
+        |r| {
+            r.override_mesh_gateway = MeshGatewayMode::Local;
+        },
+    );
+    let node = resolver(&tid("main", "", "dc2"), false, "5s");
+    let t = with(
+        target("main", "", "dc2"),
+        json!({"MeshGateway": {"Mode": "local"}}),
+    );
+    assert_eq!(remote, single("tcp", node, vec![t]));
 }
 
 #[test]

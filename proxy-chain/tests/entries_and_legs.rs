@@ -102,7 +102,7 @@ fn duplicates_invalid_entries_and_bad_json_are_rejected() {
 fn request_fields_are_required() {
     type Clear = fn(&mut CompileRequest);
     let set = Entries::new();
-    let cases: [(Clear, &str); 5] = [
+    let cases: [(Clear, &str); 6] = [
         (|r| r.service_name.clear(), "serviceName is required"),
         (
             |r| r.evaluate_in_namespace.clear(),
@@ -119,6 +119,10 @@ fn request_fields_are_required() {
         (
             |r| r.evaluate_in_trust_domain.clear(),
             "evaluateInTrustDomain is required",
+        ),
+        (
+            |r| r.use_in_datacenter.clear(),
+            "useInDatacenter is required",
         ),
     ];
     for (clear, message) in cases {

@@ -278,6 +278,12 @@ impl Compiler<'_> {
     }
 
     /// Per-target settings: timeout, subset, external SNI and mesh gateway mode.
+    ///
+    /// Mesh gateway modes follow Consul 1.8.7: a target in the datacenter the chain is used
+    /// from (`use_in_datacenter`) and an external target get none; a target in another
+    /// datacenter takes its service-defaults mode, else proxy-defaults', and then the
+    /// request's override, which marks the chain customized only where it changed a mode.
+    /// (Consul 1.11 and later give local targets modes too, for partitions; 1.8.7 does not.)
     fn configure_target(
         &mut self,
         id: &str,
@@ -315,15 +321,24 @@ impl Compiler<'_> {
             target.mesh_gateway.mode = MeshGatewayMode::Default;
             return Ok(());
         }
+        // Not in Consul 1.8.7 (1.10+): every non-external target takes `DialedDirectly`.
         if let Some(defaults) = service_defaults {
-            target.mesh_gateway = defaults.mesh_gateway;
             target.transparent_proxy.dialed_directly = defaults.transparent_proxy.dialed_directly;
         }
         if let Some(proxy) = entries.proxy_defaults() {
-            if target.mesh_gateway.mode.is_default() {
-                target.mesh_gateway.mode = proxy.mesh_gateway.mode;
-            }
             target.transparent_proxy.dialed_directly |= proxy.transparent_proxy.dialed_directly;
+        }
+        if target.datacenter == self.req.use_in_datacenter {
+            target.mesh_gateway.mode = MeshGatewayMode::Default;
+            return Ok(());
+        }
+        if let Some(defaults) = service_defaults {
+            target.mesh_gateway = defaults.mesh_gateway;
+        }
+        if let Some(proxy) = entries.proxy_defaults()
+            && target.mesh_gateway.mode.is_default()
+        {
+            target.mesh_gateway.mode = proxy.mesh_gateway.mode;
         }
         if !override_mode.is_default() && target.mesh_gateway.mode != override_mode {
             target.mesh_gateway.mode = override_mode;

@@ -1,5 +1,6 @@
-//! A private Consul 1.8.7 dev agent on 127.0.0.1 for the Consul catalog tests, with live
-//! service registration and TTL check changes through its HTTP API.
+//! A private Consul 1.8.7 dev agent on 127.0.0.1 for the Consul catalog and discovery chain
+//! tests, with live service registration, TTL check changes, config entries and compiled
+//! discovery chains through its HTTP API.
 //!
 //! Each [`Consul`] picks free loopback ports for every listener (HTTP, DNS, gRPC, serf LAN/WAN,
 //! server RPC), keeps its data and log in a fresh temp dir, disables the update check (no
@@ -153,6 +154,50 @@ impl Consul {
     pub async fn set_check(&self, check_id: &str, status: &str) {
         self.put(&format!("/v1/agent/check/{status}/{check_id}"), None)
             .await;
+    }
+
+    /// `PUT /v1/config` with this config entry (Consul's JSON shape); `(status, body)`.
+    pub async fn write_config(&self, entry: &Value) -> (u16, String) {
+        let body = entry.to_string().into_bytes();
+        self.call("PUT", "/v1/config", Some(&body)).await
+    }
+
+    /// `DELETE /v1/config/<kind>/<name>` (deleting what is not there succeeds too).
+    pub async fn delete_config(&self, kind: &str, name: &str) {
+        let (status, body) = self
+            .call("DELETE", &format!("/v1/config/{kind}/{name}"), None)
+            .await;
+        assert_eq!(status, 200, "DELETE {kind}/{name}: {body}");
+    }
+
+    /// Consul's compiled discovery chain of `service`: `POST /v1/discovery-chain/<service>`
+    /// with `compile-dc` when given and `OverrideMeshGateway.Mode` = `override_mode` (empty:
+    /// none). Returns the `Chain` object.
+    pub async fn compiled_chain(
+        &self,
+        service: &str,
+        compile_dc: Option<&str>,
+        override_mode: &str,
+    ) -> Value {
+        let query = compile_dc
+            .map(|dc| format!("?compile-dc={dc}"))
+            .unwrap_or_default();
+        let path = format!("/v1/discovery-chain/{service}{query}");
+        let body = json!({"OverrideMeshGateway": {"Mode": override_mode}}).to_string();
+        let (status, text) = self.call("POST", &path, Some(body.as_bytes())).await;
+        assert_eq!(status, 200, "POST {path}: {text}\nlog: {}", self.log());
+        let mut answer: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("POST {path}: {e}: {text}"));
+        answer["Chain"].take()
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Option<&[u8]>) -> (u16, String) {
+        let address = self.http.to_string();
+        let response = http::request(&address, method, path, body, CALL_TIMEOUT)
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path} on consul {address}: {e}"));
+        let text = String::from_utf8_lossy(&response.body).into_owned();
+        (response.status, text)
     }
 
     /// Kills the agent now (by its PID); later calls fail as against a dead agent.

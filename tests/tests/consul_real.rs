@@ -1,6 +1,8 @@
 //! Consul catalog discovery against a real Consul 1.8.7 dev agent: services and TTL checks
 //! registered and changed live through the agent's HTTP API, and the backend's host set,
-//! health and weights following within bounded time.
+//! health and weights following within bounded time. And the discovery chain compiler against
+//! Consul's own: the mesh gateway modes of compiled targets, from every source, on local and
+//! remote targets.
 //!
 //! Consul missing is a failure with instructions (`cargo xtask setup` installs it), never a
 //! skip.
@@ -8,12 +10,13 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use integration_tests::consul::{Consul, service};
+use proxy_chain::{CompileRequest, Entries, compile};
 use proxy_core::discovery::{
     EdsHealth,
     consul::{ConsulCluster, ConsulConfig, spawn_consul},
     source::{DiscoverySource as _, SourceUpdate},
 };
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// Upper bound of every wait for the backend to follow a catalog change.
 const FOLLOW: Duration = Duration::from_secs(15);
@@ -216,4 +219,191 @@ async fn unknown_datacenter_and_a_dead_agent_are_failures_that_keep_hosts() {
         one,
         "hosts are kept while consul is down"
     );
+}
+
+/// `"<subset>.<service>.<dc>" -> MeshGateway.Mode` of a compiled chain in Consul's JSON, ours or
+/// Consul's (target IDs differ: 1.8.7 has no partition in them).
+fn target_modes(chain: &Value) -> BTreeMap<String, String> {
+    let targets = chain["Targets"].as_object().cloned().unwrap_or_default();
+    targets
+        .values()
+        .map(|t| {
+            let text = |field: &str| t[field].as_str().unwrap_or("").to_owned();
+            let key = format!(
+                "{}.{}.{}",
+                text("ServiceSubset"),
+                text("Service"),
+                text("Datacenter")
+            );
+            let mode = t["MeshGateway"]["Mode"].as_str().unwrap_or("").to_owned();
+            (key, mode)
+        })
+        .collect()
+}
+
+/// Whether the chain was customized by an override (a non-empty `CustomizationHash`).
+fn customized(chain: &Value) -> bool {
+    chain["CustomizationHash"]
+        .as_str()
+        .is_some_and(|h| !h.is_empty())
+}
+
+/// Compiles `main` from `entries` (already written to `consul`) in Consul and here, evaluated in
+/// `compile_dc` (Consul's `compile-dc`; the agent's dc1 when `None`) and used from dc1, and
+/// checks that both give every target the same mesh gateway mode and agree on customization.
+/// Returns the modes.
+async fn agree(
+    consul: &Consul,
+    entries: &[Value],
+    compile_dc: Option<&str>,
+    override_mode: &str,
+    what: &str,
+) -> BTreeMap<String, String> {
+    let theirs = consul
+        .compiled_chain("main", compile_dc, override_mode)
+        .await;
+    let set = Entries::from_json(&Value::Array(entries.to_vec()).to_string()).expect("entries");
+    let mut request = CompileRequest::new("main", compile_dc.unwrap_or("dc1"), "consul");
+    request.use_in_datacenter = "dc1".to_owned();
+    request.override_mesh_gateway = override_mode.parse().expect("a mode");
+    let ours = serde_json::to_value(compile(&request, &set).expect("compiles")).unwrap();
+    let modes = target_modes(&theirs);
+    assert!(
+        !modes.is_empty(),
+        "{what}: Consul's chain has no targets: {theirs}"
+    );
+    assert_eq!(
+        (target_modes(&ours), customized(&ours)),
+        (modes.clone(), customized(&theirs)),
+        "{what}: ours (left), Consul's (right)\nConsul: {theirs}"
+    );
+    modes
+}
+
+/// Writes `entry` to Consul and expects it accepted.
+async fn write(consul: &Consul, entry: &Value) {
+    let (status, body) = consul.write_config(entry).await;
+    assert_eq!(status, 200, "PUT {entry}: {body}");
+}
+
+/// Config entries that make `main`'s target local, redirected to dc2, or failing over to dc2.
+fn target_kinds() -> [(&'static str, Option<Value>); 3] {
+    [
+        ("local target", None),
+        (
+            "redirect to dc2",
+            Some(
+                json!({"Kind": "service-resolver", "Name": "main", "Redirect": {"Datacenter": "dc2"}}),
+            ),
+        ),
+        (
+            "failover to dc2",
+            Some(json!({"Kind": "service-resolver", "Name": "main",
+                "Failover": {"*": {"Datacenters": ["dc2"]}}})),
+        ),
+    ]
+}
+
+/// Every mesh gateway mode from proxy-defaults, service-defaults and the request's override, on
+/// a local target, a redirect and a failover to another datacenter: Consul 1.8.7's compiled
+/// chain and ours agree. One agent suffices: a chain names other datacenters without
+/// contacting them, and `compile-dc` moves the evaluation datacenter while the agent's stays
+/// the datacenter the chain is used from.
+#[tokio::test]
+async fn compiled_chains_agree_with_consul_on_mesh_gateway_modes() {
+    let consul = Consul::start("dc1").await;
+    for (kind, resolver) in target_kinds() {
+        match &resolver {
+            Some(entry) => write(&consul, entry).await,
+            None => consul.delete_config("service-resolver", "main").await,
+        }
+        for source in ["proxy-defaults", "service-defaults", "override"] {
+            for mode in ["", "none", "local", "remote"] {
+                consul.delete_config("proxy-defaults", "global").await;
+                consul.delete_config("service-defaults", "main").await;
+                let mut entries: Vec<Value> = resolver.iter().cloned().collect();
+                let gateway = json!({"Mode": mode});
+                let override_mode = match source {
+                    "proxy-defaults" => {
+                        entries.push(json!({"Kind": "proxy-defaults", "Name": "global", "MeshGateway": gateway}));
+                        ""
+                    }
+                    "service-defaults" => {
+                        entries.push(json!({"Kind": "service-defaults", "Name": "main", "MeshGateway": gateway}));
+                        ""
+                    }
+                    _ => mode,
+                };
+                if let Some(entry) = entries.last().filter(|e| e["Kind"] != "service-resolver") {
+                    write(&consul, entry).await;
+                }
+                let what = format!("{kind}, {source} {mode:?}");
+                let modes = agree(&consul, &entries, None, override_mode, &what).await;
+                // The remote target has the mode, a local one none (Consul 1.8.7).
+                for (target, got) in &modes {
+                    let want = if target.rsplit('.').next() == Some("dc1") {
+                        ""
+                    } else {
+                        mode
+                    };
+                    assert_eq!(got, want, "{what}: {target}");
+                }
+            }
+        }
+    }
+    precedence_and_compile_dc(&consul).await;
+}
+
+/// service-defaults over proxy-defaults, the override over both; `compile-dc=dc2`; and no
+/// mode on a service-resolver in 1.8.7.
+async fn precedence_and_compile_dc(consul: &Consul) {
+    let redirect =
+        json!({"Kind": "service-resolver", "Name": "main", "Redirect": {"Datacenter": "dc2"}});
+    let global =
+        json!({"Kind": "proxy-defaults", "Name": "global", "MeshGateway": {"Mode": "remote"}});
+    let service =
+        json!({"Kind": "service-defaults", "Name": "main", "MeshGateway": {"Mode": "local"}});
+    for entry in [&redirect, &global, &service] {
+        write(consul, entry).await;
+    }
+    let all = [redirect.clone(), global.clone(), service.clone()];
+    for (override_mode, want) in [("", "local"), ("local", "local"), ("none", "none")] {
+        let what = format!(
+            "service-defaults local over proxy-defaults remote, override {override_mode:?}"
+        );
+        let modes = agree(consul, &all, None, override_mode, &what).await;
+        assert_eq!(modes.values().collect::<Vec<_>>(), [want], "{what}");
+    }
+
+    // Evaluated in dc2 from a dc1 agent: main.dc2 is remote, a redirect back to dc1 is local.
+    consul.delete_config("service-resolver", "main").await;
+    let both = [global.clone(), service.clone()];
+    let modes = agree(consul, &both, Some("dc2"), "", "compile-dc dc2").await;
+    assert_eq!(
+        modes,
+        BTreeMap::from([(".main.dc2".to_owned(), "local".to_owned())])
+    );
+    let home =
+        json!({"Kind": "service-resolver", "Name": "main", "Redirect": {"Datacenter": "dc1"}});
+    write(consul, &home).await;
+    let modes = agree(
+        consul,
+        &[home, global, service],
+        Some("dc2"),
+        "remote",
+        "compile-dc dc2, redirect home",
+    )
+    .await;
+    assert_eq!(
+        modes,
+        BTreeMap::from([(".main.dc1".to_owned(), String::new())])
+    );
+
+    // A service-resolver has no MeshGateway in 1.8.7: both refuse it.
+    let resolver_mode =
+        json!({"Kind": "service-resolver", "Name": "main", "MeshGateway": {"Mode": "local"}});
+    let (status, body) = consul.write_config(&resolver_mode).await;
+    assert_ne!(status, 200, "Consul accepted {resolver_mode}: {body}");
+    let ours = Entries::from_json(&json!([resolver_mode]).to_string());
+    assert!(ours.is_err(), "we accepted {resolver_mode}");
 }

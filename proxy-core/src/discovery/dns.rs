@@ -57,6 +57,7 @@ mod stats;
 mod target;
 #[cfg(test)]
 mod tests;
+mod transport;
 
 use std::sync::Arc;
 
@@ -68,7 +69,7 @@ pub use self::{
         DnsConfigError, DnsEndpoint, DnsLookupFamily, DnsResolverAddress, DnsSettings, RefreshRate,
     },
     fake::{FakeResolver, QueryType},
-    hickory::{BuildResolverError, HickoryResolver},
+    hickory::{BuildResolverError, HickoryResolver, QueryLimits},
     resolver::{
         AddressFamily, AddressRecord, BoxFuture, DnsResolve, ResolveError, SrvRecord,
         resolve_addresses,

@@ -5,28 +5,56 @@
 //! hickory's cache clamps record TTLs to its `positive_max_ttl`, so limiting the cache by TTL
 //! would corrupt the TTLs `respect_dns_ttl` reads. Instead the cache is sized 0 and the entry for
 //! a query is cleared right before the query is made.
+//!
+//! Tries follow Envoy's c-ares resolver ([`QueryLimits`]): one datagram per try, a try that
+//! fails (a timeout, a refused or unreachable server, SERVFAIL, REFUSED) is followed at once by
+//! the next, and the lookup fails when the tries are spent. The sockets ([`super::transport`])
+//! make a server that is down fail a try at once instead of after its timeout.
 
 use std::{net::IpAddr, time::Duration};
 
 use hickory_resolver::{
-    TokioResolver,
-    config::{ConnectionConfig, NameServerConfig, ResolveHosts, ResolverConfig},
-    net::{DnsError, NetError, runtime::TokioRuntimeProvider},
+    Resolver,
+    config::{ConnectionConfig, NameServerConfig, ResolveHosts, ResolverConfig, ResolverOpts},
+    net::{DnsError, NetError},
     proto::{
         op::ResponseCode,
         rr::{RData, Record, RecordType},
     },
 };
+use tracing::debug;
 
 use super::{
     config::DnsSettings,
     resolver::{AddressFamily, AddressRecord, BoxFuture, DnsResolve, ResolveError, SrvRecord},
+    transport::Transport,
 };
+
+/// How long one try waits and how many tries one query makes: the defaults of Envoy's c-ares
+/// resolver (`CaresDnsResolverConfig.query_timeout_seconds` 5 and `query_tries` 4, which Envoy
+/// sets over c-ares' own 2 s and 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueryLimits {
+    /// How long one try waits for its answer.
+    pub timeout: Duration,
+    /// Tries per query, at least 1.
+    pub tries: u8,
+}
+
+impl Default for QueryLimits {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(5),
+            tries: 4,
+        }
+    }
+}
 
 /// The production resolver.
 #[derive(Clone)]
 pub struct HickoryResolver {
-    resolver: TokioResolver,
+    resolver: Resolver<Transport>,
+    tries: u8,
 }
 
 /// The resolver could not be built (unreadable `/etc/resolv.conf` when `dns_resolvers` is empty).
@@ -36,11 +64,19 @@ pub struct BuildResolverError(#[source] NetError);
 
 impl HickoryResolver {
     /// A resolver for `settings.dns_resolvers` (UDP, TCP on truncation), or the system's name
-    /// servers when empty.
+    /// servers when empty, with Envoy's default [`QueryLimits`].
     pub fn new(settings: &DnsSettings) -> Result<Self, BuildResolverError> {
-        let provider = TokioRuntimeProvider::default();
+        Self::with_limits(settings, QueryLimits::default())
+    }
+
+    /// Like [`HickoryResolver::new`], with other tries and try timeout.
+    pub fn with_limits(
+        settings: &DnsSettings,
+        limits: QueryLimits,
+    ) -> Result<Self, BuildResolverError> {
+        let provider = Transport::default();
         let mut builder = if settings.dns_resolvers.is_empty() {
-            TokioResolver::builder(provider).map_err(BuildResolverError)?
+            Resolver::builder(provider).map_err(BuildResolverError)?
         } else {
             // UDP first, TCP when an answer comes back truncated (as c-ares does): a name with
             // more records than a UDP answer holds would otherwise never resolve.
@@ -50,29 +86,48 @@ impl HickoryResolver {
                 tcp.port = server.0.port();
                 NameServerConfig::new(server.0.ip(), true, vec![udp, tcp])
             });
-            let mut builder = TokioResolver::builder_with_config(
+            let mut builder = Resolver::builder_with_config(
                 ResolverConfig::from_name_servers(servers.collect()),
                 provider,
             );
             builder.options_mut().use_hosts_file = ResolveHosts::Never;
             builder
         };
-        builder.options_mut().cache_size = 0;
+        set_options(builder.options_mut(), limits);
         Ok(Self {
             resolver: builder.build().map_err(BuildResolverError)?,
+            tries: limits.tries.max(1),
         })
     }
 
+    /// One query, tried up to `tries` times.
     async fn lookup(
         &self,
         name: &str,
         record_type: RecordType,
     ) -> Result<Vec<Record>, ResolveError> {
-        let failed = |source: NetError| ResolveError {
-            name: name.to_owned(),
-            record_type: record_type_name(record_type),
-            source: Box::new(source),
-        };
+        let mut left = self.tries;
+        loop {
+            match self.try_once(name, record_type).await {
+                Ok(records) => return Ok(records),
+                Err(err) if left <= 1 => {
+                    return Err(ResolveError {
+                        name: name.to_owned(),
+                        record_type: record_type_name(record_type),
+                        source: Box::new(err),
+                    });
+                }
+                Err(err) => {
+                    left -= 1;
+                    debug!(name, %record_type, %err, left, "dns try failed, trying again");
+                }
+            }
+        }
+    }
+
+    /// One try: NXDOMAIN and NODATA are an empty answer, anything else that is not an answer
+    /// is the try's failure.
+    async fn try_once(&self, name: &str, record_type: RecordType) -> Result<Vec<Record>, NetError> {
         self.resolver.clear_lookup_cache(name, record_type);
         match self.resolver.lookup(name, record_type).await {
             Ok(lookup) => Ok(lookup.answers().to_vec()),
@@ -84,9 +139,20 @@ impl HickoryResolver {
             {
                 Ok(Vec::new())
             }
-            Err(err) => Err(failed(err)),
+            Err(err) => Err(err),
         }
     }
+}
+
+/// hickory's options for c-ares' way of trying.
+fn set_options(options: &mut ResolverOpts, limits: QueryLimits) {
+    options.cache_size = 0;
+    options.timeout = limits.timeout;
+    // hickory's own retry skips SERVFAIL and REFUSED answers, which c-ares tries again; the
+    // tries are counted in `lookup` instead.
+    options.attempts = 0;
+    // hickory asks two servers at once by default; c-ares asks one per try.
+    options.num_concurrent_reqs = 1;
 }
 
 fn record_type_name(record_type: RecordType) -> &'static str {

@@ -1,8 +1,10 @@
-//! Unit tests of the DNS cluster state machines, on paused tokio time and the fake resolver.
+//! Unit tests of the DNS cluster state machines, on paused tokio time and the fake resolver, and
+//! of the real resolver against name servers the tests start on 127.0.0.1 (`sockets`).
 
 mod config;
 mod family;
 mod logical;
+mod sockets;
 mod srv;
 mod strict;
 

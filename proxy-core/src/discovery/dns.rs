@@ -31,8 +31,10 @@
 //! `dns_cluster.cc`:
 //! * every resolution counts `update_attempt`, then `update_success` or `update_failure`;
 //! * STRICT_DNS: each distinct `address:port` of a name is a host with the endpoint's weight,
-//!   priority, metadata and health; a successful empty answer means no hosts from that name; a
-//!   failure keeps them; an unchanged set counts `update_no_rebuild` and publishes nothing;
+//!   priority, metadata and health (an address two names return is two hosts, each name keeping
+//!   its own, as Envoy's `ResolveTarget`s do); a successful empty answer means no hosts from that
+//!   name; a failure keeps them; an unchanged set counts `update_no_rebuild` and publishes
+//!   nothing;
 //! * LOGICAL_DNS: the first address is the only host; a successful but empty answer is counted
 //!   as a failure and keeps the previous host (Envoy: "does not stabilize back to 0 hosts");
 //!   a change of the first address (or of the rest of the list) republishes, but

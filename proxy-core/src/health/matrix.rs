@@ -12,8 +12,18 @@
 //! DEGRADED routes when the healthy hosts do not suffice). EDS health and outlier ejection apply
 //! on top of active health. New hosts wait for their first active check (`/pending_active_hc`)
 //! and are excluded from routing and from the panic computation meanwhile.
+//!
+//! One address may be several hosts: a STRICT_DNS address returned by two names is two hosts in
+//! Envoy (each name keeps its own), so it counts twice in membership, routing and weight. Such
+//! hosts share what is known per address: the node-wide probe of that address and the outlier
+//! state (the data path reports connect results per address).
 
-use std::{collections::BTreeMap, net::SocketAddr, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::SocketAddr,
+    ops::RangeInclusive,
+    sync::Arc,
+};
 
 use serde::Serialize;
 use tokio::time::Instant;
@@ -104,13 +114,23 @@ pub struct HostStatus {
     pub flags: HostFlags,
 }
 
-/// Hosts added to or deleted from the membership, so the caller can (un)register probes.
+/// Addresses that gained their first host or lost their last one, so the caller can
+/// (un)register their probes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MembershipChange {
-    /// New hosts.
+    /// Addresses with hosts now and none before.
     pub added: Vec<SocketAddr>,
-    /// Deleted hosts.
+    /// Addresses with no host left.
     pub removed: Vec<SocketAddr>,
+}
+
+/// A member: its address and which occurrence of that address in the discovered hosts it is
+/// (0 for the first).
+type MemberKey = (SocketAddr, u32);
+
+/// Every member key of `addr`.
+fn keys_of(addr: SocketAddr) -> RangeInclusive<MemberKey> {
+    (addr, 0)..=(addr, u32::MAX)
 }
 
 #[derive(Clone, Debug)]
@@ -125,7 +145,7 @@ struct Member {
 pub struct ClusterMembership {
     active_hc: bool,
     panic_threshold: f64,
-    members: BTreeMap<SocketAddr, Member>,
+    members: BTreeMap<MemberKey, Member>,
     outlier: Option<OutlierDetector>,
 }
 
@@ -146,58 +166,64 @@ impl ClusterMembership {
         }
     }
 
-    /// Applies a discovery update (the full host set). Duplicate addresses: the first wins.
+    /// Applies a discovery update (the full host set). A host whose address appears again is
+    /// another host at that address.
     pub fn update_hosts(&mut self, hosts: HostSet) -> MembershipChange {
-        let mut change = MembershipChange::default();
+        let before = self.addresses();
         let mut seen = BTreeMap::new();
+        let mut occurrences: HashMap<SocketAddr, u32> = HashMap::new();
         for host in hosts {
-            seen.entry(host.addr).or_insert(host);
+            let nth = occurrences.entry(host.addr).or_default();
+            seen.insert((host.addr, *nth), host);
+            *nth += 1;
         }
-        for (addr, member) in &mut self.members {
-            member.discovered = seen.contains_key(addr);
+        for (key, member) in &mut self.members {
+            member.discovered = seen.contains_key(key);
         }
-        for (addr, host) in seen {
-            if let Some(member) = self.members.get_mut(&addr) {
+        for (key, host) in seen {
+            if let Some(member) = self.members.get_mut(&key) {
                 member.host = host;
-            } else {
-                let active = if self.active_hc {
-                    HostHealth::new_host()
-                } else {
-                    HostHealth::default()
-                };
-                self.members.insert(
-                    addr,
-                    Member {
-                        host,
-                        discovered: true,
-                        active,
-                    },
-                );
-                change.added.push(addr);
+                continue;
             }
+            // Another host at a known address shares its probe, so it knows its health already.
+            let sibling = self.members.range(keys_of(key.0)).next();
+            let active = match sibling {
+                Some((_, sibling)) => sibling.active,
+                None if self.active_hc => HostHealth::new_host(),
+                None => HostHealth::default(),
+            };
+            let member = Member {
+                host,
+                discovered: true,
+                active,
+            };
+            self.members.insert(key, member);
         }
         let active_hc = self.active_hc;
-        self.members.retain(|addr, m| {
-            let keep = m.discovered || (active_hc && !m.active.failed);
-            if !keep {
-                change.removed.push(*addr);
-            }
-            keep
-        });
+        self.members
+            .retain(|_, m| m.discovered || (active_hc && !m.active.failed));
         self.sync_outlier();
-        change
+        let after = self.addresses();
+        MembershipChange {
+            added: after.difference(&before).copied().collect(),
+            removed: before.difference(&after).copied().collect(),
+        }
     }
 
-    /// Applies an active health result for `addr`. An absent host that failed is deleted.
+    /// Applies an active health result for `addr` (every host there). An absent host that
+    /// failed is deleted.
     pub fn set_active_health(&mut self, addr: SocketAddr, health: HostHealth) -> MembershipChange {
         let mut change = MembershipChange::default();
-        let Some(member) = self.members.get_mut(&addr) else {
-            return change;
-        };
-        member.active = health;
-        if !member.discovered && health.failed {
-            self.members.remove(&addr);
-            change.removed.push(addr);
+        let mut deleted = false;
+        for member in self.members.range_mut(keys_of(addr)).map(|(_, m)| m) {
+            member.active = health;
+            deleted |= !member.discovered && health.failed;
+        }
+        if deleted {
+            self.members.retain(|key, m| key.0 != addr || m.discovered);
+            if self.members.range(keys_of(addr)).next().is_none() {
+                change.removed.push(addr);
+            }
             self.sync_outlier();
         } else if let (false, Some(od)) = (health.failed, &mut self.outlier) {
             od.uneject(addr, Instant::now());
@@ -232,9 +258,9 @@ impl ClusterMembership {
     pub fn host_statuses(&self) -> Vec<HostStatus> {
         self.members
             .iter()
-            .map(|(addr, m)| HostStatus {
+            .map(|(key, m)| HostStatus {
                 host: m.host.clone(),
-                flags: self.flags(*addr, m),
+                flags: self.flags(key.0, m),
             })
             .collect()
     }
@@ -244,7 +270,7 @@ impl ClusterMembership {
         let classified: Vec<(Host, HostClass)> = self
             .members
             .iter()
-            .map(|(addr, m)| (m.host.clone(), self.flags(*addr, m).class()))
+            .map(|(key, m)| (m.host.clone(), self.flags(key.0, m).class()))
             .collect();
         Routing::compute(&classified, self.panic_threshold)
     }
@@ -294,9 +320,15 @@ impl ClusterMembership {
         }
     }
 
+    /// Every address with at least one host.
+    fn addresses(&self) -> BTreeSet<SocketAddr> {
+        self.members.keys().map(|key| key.0).collect()
+    }
+
     fn sync_outlier(&mut self) {
+        let addresses = self.addresses();
         if let Some(od) = &mut self.outlier {
-            od.sync_hosts(self.members.keys().copied());
+            od.sync_hosts(addresses);
         }
     }
 }

@@ -108,6 +108,67 @@ fn absent_and_failed_is_deleted() {
     assert_eq!(routable(&m), vec![1]);
 }
 
+/// One address twice (two STRICT_DNS names resolving to it) is two hosts that share the
+/// address's check: one probe registration, one health, each counted and routed.
+#[test]
+fn one_address_twice_is_two_hosts_sharing_its_check() {
+    let mut m = membership(true, 0.0);
+    let change = m.update_hosts(hosts(&[1, 1, 2]));
+    assert_eq!(
+        change.added,
+        vec![addr(1), addr(2)],
+        "one probe per address"
+    );
+    assert_eq!(m.membership_stats().total, 3);
+    assert_eq!(
+        m.membership_stats().excluded,
+        3,
+        "all wait for their first check"
+    );
+    m.set_active_health(addr(1), HEALTHY);
+    m.set_active_health(addr(2), HEALTHY);
+    assert_eq!(routable(&m), vec![1, 1, 2]);
+    assert_eq!(m.active_healthy_count(), 3);
+
+    // A second host at an address already checked knows its health at once.
+    let change = m.update_hosts(hosts(&[1, 1, 2, 2]));
+    assert_eq!(change, MembershipChange::default());
+    assert_eq!(routable(&m), vec![1, 1, 2, 2]);
+
+    // One of the two goes: the address keeps its probe; the other host stays until it fails.
+    let change = m.update_hosts(hosts(&[1, 2, 2]));
+    assert_eq!(change, MembershipChange::default());
+    assert_eq!(
+        flags(&m),
+        vec!["healthy", "/pending_dynamic_removal", "healthy", "healthy"]
+    );
+    let change = m.set_active_health(addr(1), FAILED);
+    assert!(
+        change.removed.is_empty(),
+        "address 1 is still discovered once"
+    );
+    assert_eq!(flags(&m), vec!["/failed_active_hc", "healthy", "healthy"]);
+    let change = m.update_hosts(hosts(&[2, 2]));
+    assert_eq!(change.removed, vec![addr(1)]);
+    assert_eq!(routable(&m), vec![2, 2]);
+}
+
+#[test]
+fn without_active_hc_one_address_twice_is_two_hosts() {
+    let mut m = membership(false, 0.0);
+    let change = m.update_hosts(hosts(&[1, 1]));
+    assert_eq!(change.added, vec![addr(1)]);
+    assert_eq!(routable(&m), vec![1, 1]);
+    let change = m.update_hosts(hosts(&[1]));
+    assert_eq!(
+        change,
+        MembershipChange::default(),
+        "the address is still there"
+    );
+    assert_eq!(routable(&m), vec![1]);
+    assert_eq!(m.membership_stats().total, 1);
+}
+
 #[test]
 fn unchecked_hosts_are_excluded_and_deleted_when_absent() {
     let mut m = membership(true, 50.0);

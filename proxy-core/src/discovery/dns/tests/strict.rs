@@ -1,16 +1,27 @@
-//! STRICT_DNS: hosts, diffs, stats, refresh timing, backoff.
+//! STRICT_DNS: hosts, diffs, stats, refresh timing, backoff, and one address from two names
+//! through health and load assignment.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, net::SocketAddr, path::Path, sync::Arc, time::Duration};
 
 use tokio::time::Instant;
 
 use super::{addrs, advance, gaps, next_update, secs, strict, v4_settings};
-use crate::discovery::{
-    EdsHealth,
-    dns::{
-        DnsEndpoint, DnsSettings, FakeResolver, QueryType, RefreshRate, StatValues,
-        spawn_strict_dns,
+use crate::{
+    config::Config,
+    discovery::{
+        EdsHealth,
+        dns::{
+            DnsEndpoint, DnsSettings, FakeResolver, QueryType, RefreshRate, StatValues,
+            spawn_strict_dns,
+        },
+        guard::HostGuard,
     },
+    health::{
+        ExtremeRandom, HealthCheckManager,
+        tests::support::{Script, ScriptFactory},
+    },
+    lb,
+    upstream::Upstream,
 };
 
 #[tokio::test(start_paused = true)]
@@ -336,4 +347,67 @@ async fn stats_are_named_like_envoy() {
     assert_eq!(get("cluster.web.update_empty"), Some(0));
     assert_eq!(get("cluster.web.update_no_rebuild"), Some(0));
     assert_eq!(get("cluster.web.membership_total"), Some(1));
+}
+
+/// Envoy keeps one address returned by two names as two hosts (each name's `ResolveTarget` has
+/// its own), so downstream of discovery the address counts twice: two `/clusters` entries, twice
+/// the weight in the kernel's table, `membership_total` 3; and it is probed once (one probe per
+/// address and check, node-wide), both hosts taking that probe's health.
+#[tokio::test(start_paused = true)]
+async fn same_ip_from_two_names_is_two_hosts_downstream() {
+    let fake = FakeResolver::new();
+    fake.set("a.test", &[("127.0.0.1", 30)]);
+    fake.set("b.test", &[("127.0.0.1", 30), ("127.0.0.2", 30)]);
+    let source = Box::new(strict(&fake, v4_settings(), &["a.test", "b.test"]));
+    let script = Arc::new(Script::default());
+    let factory = Arc::new(ScriptFactory(Arc::clone(&script)));
+    let manager = HealthCheckManager::new(factory, Arc::new(ExtremeRandom { max: false }));
+    let yaml = "clusters:\n  - name: web\n    health_checks: [{timeout: 1s, interval: 5s, \
+                unhealthy_threshold: 1, healthy_threshold: 1, tcp_health_check: {}}]\n";
+    let cluster = Config::parse(yaml, Path::new("t.yaml"))
+        .expect("valid")
+        .clusters
+        .remove(0);
+    let up = Upstream::with_source(&cluster, &manager, source, &HostGuard::default()).unwrap();
+    let mut routing = up.routing();
+    let three = routing.wait_for(|r| r.routable().len() == 3);
+    tokio::time::timeout(secs(60), three)
+        .await
+        .expect("three routable hosts within a minute of paused time")
+        .expect("the cluster runs");
+
+    let statuses: Vec<(String, Option<String>, String)> = up
+        .host_statuses()
+        .into_iter()
+        .map(|s| (s.host.addr.to_string(), s.host.hostname, s.flags.render()))
+        .collect();
+    let entry = |addr: &str, name: &str| (addr.to_owned(), Some(name.to_owned()), "healthy".into());
+    assert_eq!(
+        statuses,
+        [
+            entry("127.0.0.1:80", "a.test"),
+            entry("127.0.0.1:80", "b.test"),
+            entry("127.0.0.2:80", "b.test"),
+        ]
+    );
+    let shared: SocketAddr = "127.0.0.1:80".parse().unwrap();
+    let other: SocketAddr = "127.0.0.2:80".parse().unwrap();
+    assert_eq!(
+        script.calls(shared).len(),
+        script.calls(other).len(),
+        "one probe"
+    );
+    let stats: BTreeMap<String, u64> = up.stats().into_iter().collect();
+    assert_eq!(stats["cluster.web.membership_total"], 3);
+    assert_eq!(stats["cluster.web.health_check.healthy"], 3);
+
+    let levels = lb::kernel_levels(&routing.borrow());
+    let weight = |addr: SocketAddr| -> u64 {
+        levels[0]
+            .iter()
+            .filter(|(a, _)| *a == addr)
+            .map(|(_, w)| u64::from(*w))
+            .sum()
+    };
+    assert_eq!(weight(shared), 2 * weight(other), "{levels:?}");
 }

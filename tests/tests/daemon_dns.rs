@@ -18,8 +18,21 @@ fn wait(netns: &Netns, cgroup: &TestCgroup, want: &[&str]) {
 }
 
 fn config(cgroup: &TestCgroup, dns: &Unbound, kind: &str) -> String {
+    config_names(cgroup, dns, kind, &["web.svc.test"])
+}
+
+/// A cluster `web` of `kind` with one endpoint per name (port 8080), behind 127.77.0.1:80.
+fn config_names(cgroup: &TestCgroup, dns: &Unbound, kind: &str, names: &[&str]) -> String {
+    let endpoints: String = names
+        .iter()
+        .map(|name| {
+            format!(
+                "            - endpoint: {{ address: {{ socket_address: {{ address: {name}, port_value: 8080 }} }} }}\n"
+            )
+        })
+        .collect();
     format!(
-        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n  - name: web\n    type: {kind}\n    dns_refresh_rate: 0.2s\n    dns_lookup_family: V4_ONLY\n    dns_resolvers: [\"{}\"]\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n            - endpoint: {{ address: {{ socket_address: {{ address: web.svc.test, port_value: 8080 }} }} }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web }}\n",
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n  - name: web\n    type: {kind}\n    dns_refresh_rate: 0.2s\n    dns_lookup_family: V4_ONLY\n    dns_resolvers: [\"{}\"]\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n{endpoints}services:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web }}\n",
         unique("t"),
         cgroup.path().display(),
         dns.addr(),
@@ -75,4 +88,53 @@ fn logical_dns_uses_the_first_address_only() {
     let probe = Probe::run(&netns, Some(cgroup.path()), vip, 40, false);
     assert_eq!(probe.backends.len(), 1, "{probe:?}");
     assert!(probe.errors.is_empty(), "{probe:?}");
+}
+
+/// One address returned by two names is two hosts, as in Envoy: `/clusters` lists it twice and
+/// it takes twice the share of connects of the address only one name returns.
+#[test]
+fn strict_dns_address_from_two_names_is_two_hosts() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let (shared, single) = ("127.0.0.46:8080", "127.0.0.47:8080");
+    let _servers = BannerServers::start(
+        &netns,
+        &[
+            (shared.parse().unwrap(), shared, false),
+            (single.parse().unwrap(), single, false),
+        ],
+    );
+    let dns = Unbound::start(&[
+        "a.svc.test. 5 IN A 127.0.0.46",
+        "b.svc.test. 5 IN A 127.0.0.46",
+        "b.svc.test. 5 IN A 127.0.0.47",
+    ]);
+    let names = ["a.svc.test", "b.svc.test"];
+    let daemon = Daemon::start(&config_names(&cgroup, &dns, "STRICT_DNS", &names));
+    wait(&netns, &cgroup, &[shared, single]);
+
+    let (_, clusters) = daemon.get("/clusters").expect("admin /clusters");
+    let entries = |host: &str| {
+        let prefix = format!("web::{host}::weight::");
+        clusters.lines().filter(|l| l.starts_with(&prefix)).count()
+    };
+    assert_eq!((entries(shared), entries(single)), (2, 1), "{clusters}");
+    let (_, stats) = daemon.get("/stats").expect("admin /stats");
+    assert!(
+        stats
+            .lines()
+            .any(|l| l == "cluster.web.membership_total: 3"),
+        "{stats}"
+    );
+
+    let vip: SocketAddr = "127.77.0.1:80".parse().unwrap();
+    let n = 300;
+    let probe = Probe::run(&netns, Some(cgroup.path()), vip, n, false);
+    assert!(probe.errors.is_empty(), "{probe:?}");
+    integration_tests::kernel::assert_share(
+        "the shared address",
+        probe.count(shared),
+        n,
+        2.0 / 3.0,
+    );
 }

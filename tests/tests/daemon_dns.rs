@@ -2,7 +2,7 @@
 //! records changed live through unbound-control move connects from a fresh cgroup and
 //! namespace to the new addresses.
 
-use std::{net::SocketAddr, time::Duration};
+use std::{fmt::Write as _, net::SocketAddr, time::Duration};
 
 use integration_tests::{
     kernel::{BannerServers, Daemon, Netns, Probe, TestCgroup, require_root, unique},
@@ -23,14 +23,13 @@ fn config(cgroup: &TestCgroup, dns: &Unbound, kind: &str) -> String {
 
 /// A cluster `web` of `kind` with one endpoint per name (port 8080), behind 127.77.0.1:80.
 fn config_names(cgroup: &TestCgroup, dns: &Unbound, kind: &str, names: &[&str]) -> String {
-    let endpoints: String = names
-        .iter()
-        .map(|name| {
-            format!(
-                "            - endpoint: {{ address: {{ socket_address: {{ address: {name}, port_value: 8080 }} }} }}\n"
-            )
-        })
-        .collect();
+    let mut endpoints = String::new();
+    for name in names {
+        let _ = writeln!(
+            endpoints,
+            "            - endpoint: {{ address: {{ socket_address: {{ address: {name}, port_value: 8080 }} }} }}"
+        );
+    }
     format!(
         "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n  - name: web\n    type: {kind}\n    dns_refresh_rate: 0.2s\n    dns_lookup_family: V4_ONLY\n    dns_resolvers: [\"{}\"]\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n{endpoints}services:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web }}\n",
         unique("t"),

@@ -102,9 +102,15 @@ pub trait SpliceControl: Send + Sync {
 const POLL_FIRST: Duration = Duration::from_micros(200);
 /// The longest such wait (the delay a half-close can get on top of the transfer).
 const POLL_MAX: Duration = Duration::from_millis(50);
-/// A direction whose bytes stopped moving while nothing is queued in the sending socket for
-/// this long lost bytes in the kernel (its peer vanished mid-transfer): the pair is reset.
+/// A direction whose bytes stopped moving, with nothing queued in a sending socket that can no
+/// longer send, for this long lost bytes in the kernel (its peer vanished mid-transfer): the
+/// pair is reset. (When the kernel drops redirected bytes it also reports an error on the
+/// socket, which ends the pair at the next look.)
 const FLUSH_STALL: Duration = Duration::from_secs(2);
+/// The longest bytes may stay out of sight while both sockets are healthy: they sit in the
+/// kernel's socket work queue, whose worker a loaded host can hold back for seconds. Beyond
+/// this, the pair is reset all the same, so no connection waits forever.
+const STALL_LIMIT: Duration = Duration::from_secs(30);
 /// The most passed bytes read at once.
 const COPY_CHUNK: u64 = 64 << 10;
 /// The credit is topped up once this many redirected bytes went into the other socket since
@@ -187,10 +193,17 @@ impl<'a> Direction<'a> {
 
     /// Bytes that went into `to` since splicing (redirected by the kernel or copied here), and
     /// bytes still queued in it.
-    fn written_now(&self) -> Result<(u64, u64), CopyError> {
-        let (now, queued) =
-            sys::tcp_written(self.to.as_fd()).map_err(|e| self.io_error(true, "write", e))?;
-        Ok((now.saturating_sub(self.written_before), queued))
+    /// Fails with the error the kernel reported on `to`, if any (redirected bytes it dropped).
+    fn written_now(&self) -> Result<(u64, sys::TcpWritten), CopyError> {
+        if let Some(e) = self
+            .to
+            .take_error()
+            .map_err(|e| self.io_error(true, "write", e))?
+        {
+            return Err(self.io_error(true, "write", e));
+        }
+        let w = sys::tcp_written(self.to.as_fd()).map_err(|e| self.io_error(true, "write", e))?;
+        Ok((w.total.saturating_sub(self.written_before), w))
     }
 
     /// Waits until `target` bytes went into `to` since splicing; fails when they stopped
@@ -198,11 +211,11 @@ impl<'a> Direction<'a> {
     async fn written(&self, target: u64, lost: &'static str) -> Result<(), CopyError> {
         let mut wait = Progress::new();
         loop {
-            let (now, queued) = self.written_now()?;
+            let (now, w) = self.written_now()?;
             if now >= target {
                 return Ok(());
             }
-            wait.step(now, queued).await.map_err(|()| self.lost(lost))?;
+            wait.step(now, &w).await.map_err(|()| self.lost(lost))?;
         }
     }
 
@@ -219,9 +232,10 @@ impl<'a> Direction<'a> {
         if flow.redirected < self.granted_at + REFRESH_AFTER {
             return Ok(());
         }
-        let (written, _) =
+        let written =
             sys::tcp_written(self.to.as_fd()).map_err(|e| self.io_error(true, "write", e))?;
         let sent = written
+            .total
             .saturating_sub(self.written_before)
             .saturating_sub(self.copied);
         if sent < self.granted_at + REFRESH_AFTER {
@@ -322,13 +336,13 @@ impl<'a> Direction<'a> {
             {
                 self.catch_up(ctl, flow, buf).await?;
             }
-            let (now, queued) = self.written_now()?;
+            let (now, w) = self.written_now()?;
             if now >= target {
                 return socket2::SockRef::from(self.to)
                     .shutdown(std::net::Shutdown::Write)
                     .map_err(|e| self.io_error(true, "write", e));
             }
-            wait.step(now, queued)
+            wait.step(now, &w)
                 .await
                 .map_err(|()| self.lost("spliced bytes stopped short of the half-close"))?;
         }
@@ -352,15 +366,19 @@ impl Progress {
         }
     }
 
-    /// One look found `written` bytes out and `queued` still in the socket: waits for the next
-    /// look, or fails (`Err`) when nothing moved for `FLUSH_STALL` with nothing queued (the
-    /// bytes were lost in the kernel).
-    async fn step(&mut self, written: u64, queued: u64) -> Result<(), ()> {
-        if self.last != Some(written) || queued > 0 {
+    /// One look found `written` bytes out (and `w` of the sending socket): waits for the next
+    /// look, or fails (`Err`) when nothing moved with nothing queued for `FLUSH_STALL` while
+    /// the socket can no longer send, or for `STALL_LIMIT` in any case (the bytes were lost in
+    /// the kernel).
+    async fn step(&mut self, written: u64, w: &sys::TcpWritten) -> Result<(), ()> {
+        if self.last != Some(written) || w.queued > 0 {
             self.last = Some(written);
             self.since = Instant::now();
-        } else if self.since.elapsed() > FLUSH_STALL {
-            return Err(());
+        } else {
+            let stalled = self.since.elapsed();
+            if stalled > STALL_LIMIT || (!w.can_send && stalled > FLUSH_STALL) {
+                return Err(());
+            }
         }
         tokio::time::sleep(self.poll).await;
         self.poll = (self.poll * 2).min(POLL_MAX);
@@ -378,8 +396,9 @@ fn ended_early() -> io::Error {
 /// Reads (or, with `peek`, peeks all of `buf.len()`) bytes the kernel passed to `s`: `passed`
 /// says they are owed, but they can still be on their way into the socket's queue (through the
 /// psock's work queue), and meanwhile a read sees nothing, or the end of the stream once the
-/// peer's FIN came (5.10). So this polls, from 20 us up to 1 ms, rather than trusting either,
-/// and gives up after `FLUSH_STALL`.
+/// peer's FIN came (5.10). So this polls, from 20 us up to 1 ms (`POLL_MAX` once they are
+/// `FLUSH_STALL` late), rather than trusting either, and gives up after `STALL_LIMIT`; an error
+/// on `s` ends the wait at once (`recv` reports it).
 async fn owed(s: &TcpStream, buf: &mut [u8], peek: bool) -> io::Result<usize> {
     let started = Instant::now();
     let mut poll = Duration::from_micros(20);
@@ -390,11 +409,17 @@ async fn owed(s: &TcpStream, buf: &mut [u8], peek: bool) -> io::Result<usize> {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
         }
-        if started.elapsed() > FLUSH_STALL {
+        let late = started.elapsed();
+        if late > STALL_LIMIT {
             return Err(ended_early());
         }
         tokio::time::sleep(poll).await;
-        poll = (poll * 2).min(Duration::from_millis(1));
+        let most = if late > FLUSH_STALL {
+            POLL_MAX
+        } else {
+            Duration::from_millis(1)
+        };
+        poll = (poll * 2).min(most);
     }
 }
 

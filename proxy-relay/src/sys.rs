@@ -311,12 +311,26 @@ pub fn tcp_bytes(fd: BorrowedFd<'_>) -> io::Result<TcpBytes> {
     ))
 }
 
-/// Bytes written to a TCP socket (acknowledged plus queued, never more than the true count)
-/// and bytes still queued (`SIOCOUTQ`).
-pub fn tcp_written(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
-    let (acked, _, _) = tcp_info_bytes(fd)?;
+/// What went into a TCP socket's sending side: see [`tcp_written`].
+#[derive(Clone, Copy, Debug)]
+pub struct TcpWritten {
+    /// Bytes written (acknowledged plus queued, never more than the true count).
+    pub total: u64,
+    /// Bytes still queued (`SIOCOUTQ`).
+    pub queued: u64,
+    /// Whether the socket can still send: ESTABLISHED (1) or CLOSE_WAIT (8).
+    pub can_send: bool,
+}
+
+/// Bytes written to a TCP socket and still queued in it, and whether it can still send.
+pub fn tcp_written(fd: BorrowedFd<'_>) -> io::Result<TcpWritten> {
+    let (acked, _, state) = tcp_info_bytes(fd)?;
     let outq = sock_ioctl(fd, libc::TIOCOUTQ)?;
-    Ok((acked + outq, outq))
+    Ok(TcpWritten {
+        total: acked + outq,
+        queued: outq,
+        can_send: matches!(state, 1 | 8),
+    })
 }
 
 /// Data bytes received in sequence by a TCP socket that received its peer's FIN.

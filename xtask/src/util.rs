@@ -15,9 +15,15 @@ pub fn workspace_root() -> PathBuf {
         .to_owned()
 }
 
-/// Prints a progress line for a step.
+/// When the first step began: progress lines show the time since, so a log says where a long
+/// run (`cargo xtask test` in CI) spent it.
+static STARTED: std::sync::LazyLock<std::time::Instant> =
+    std::sync::LazyLock::new(std::time::Instant::now);
+
+/// Prints a progress line for a step, with the minutes and seconds since the first one.
 pub fn step(msg: impl std::fmt::Display) {
-    eprintln!("==> {msg}");
+    let secs = STARTED.elapsed().as_secs();
+    eprintln!("==> [{:02}:{:02}] {msg}", secs / 60, secs % 60);
 }
 
 /// Prints a detail line under a step.

@@ -75,6 +75,11 @@ pub struct Cluster {
     /// `dns_resolvers` when the file is validated (`config::envoy`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub typed_dns_resolver_config: Option<super::envoy::TypedDnsResolverConfig>,
+    /// DNS clusters: how long one try of a query waits and how many tries it makes, from the
+    /// c-ares resolver's `query_timeout_seconds` and `query_tries` (Envoy's defaults, 5 s and
+    /// 4, when not given). Set only through `typed_dns_resolver_config`, as in Envoy.
+    #[serde(skip)]
+    pub dns_query_limits: crate::discovery::dns::QueryLimits,
     /// How long a connect of the daemon's own to one of the cluster's hosts may take: the proxy
     /// path's upstream connects. Default: `proxy.connect_timeout` (5 s, Envoy's default). On the
     /// kernel path the application connects, and its own timeout applies.

@@ -6,7 +6,8 @@
 //!   `all_addresses_in_single_endpoint: true`, with the DNS fields of the `typed_config`. As in
 //!   Envoy, the cluster's top-level DNS fields are then not read.
 //! - `typed_dns_resolver_config` (the c-ares or getaddrinfo resolver extension) becomes
-//!   `dns_resolvers`.
+//!   `dns_resolvers`, and c-ares' `query_timeout_seconds` and `query_tries` the cluster's
+//!   `dns_query_limits`.
 //!
 //! A field of these messages that the daemon would not honour is an error naming it, never
 //! silently dropped.
@@ -16,7 +17,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{Cluster, ClusterType, error::Invalid};
-use crate::discovery::dns::{DnsLookupFamily, DnsResolverAddress, RefreshRate, duration};
+use crate::discovery::dns::{
+    DnsLookupFamily, DnsResolverAddress, QueryLimits, RefreshRate, duration,
+};
 
 /// `cluster_type.name` of Envoy's DNS cluster extension.
 pub const DNS_CLUSTER: &str = "envoy.cluster.dns";
@@ -98,7 +101,18 @@ struct Cares {
     use_resolvers_as_fallback: bool,
     #[serde(default)]
     dns_resolver_options: Option<ResolverOptions>,
+    /// How long one try waits, in seconds (Envoy's default 5).
+    #[serde(default)]
+    query_timeout_seconds: Option<u64>,
+    /// Tries per query (Envoy's default 4).
+    #[serde(default)]
+    query_tries: Option<u32>,
 }
+
+/// The most tries per query accepted (Envoy takes any count from 1).
+const MAX_QUERY_TRIES: u32 = 255;
+/// The longest try accepted, in seconds (Envoy takes any from 1).
+const MAX_QUERY_TIMEOUT_SECONDS: u64 = 3600;
 
 /// `envoy.config.core.v3.DnsResolverOptions`.
 #[derive(Deserialize)]
@@ -147,9 +161,9 @@ pub(super) fn normalize(i: usize, cluster: &mut Cluster) -> Result<(), Invalid> 
         cluster.respect_dns_ttl = dns.respect_dns_ttl;
         cluster.dns_jitter = dns.dns_jitter;
         cluster.dns_lookup_family = dns.dns_lookup_family.map(Into::into).unwrap_or_default();
-        cluster.dns_resolvers = match dns.typed_dns_resolver_config {
+        (cluster.dns_resolvers, cluster.dns_query_limits) = match dns.typed_dns_resolver_config {
             Some(resolver) => resolvers(&resolver, &field(".typed_dns_resolver_config"))?,
-            None => Vec::new(),
+            None => (Vec::new(), QueryLimits::default()),
         };
     }
     if let Some(resolver) = cluster.typed_dns_resolver_config.take() {
@@ -159,16 +173,18 @@ pub(super) fn normalize(i: usize, cluster: &mut Cluster) -> Result<(), Invalid> 
                 "set either dns_resolvers or typed_dns_resolver_config, not both",
             ));
         }
-        cluster.dns_resolvers = resolvers(&resolver, &at("typed_dns_resolver_config"))?;
+        (cluster.dns_resolvers, cluster.dns_query_limits) =
+            resolvers(&resolver, &at("typed_dns_resolver_config"))?;
     }
     Ok(())
 }
 
-/// The name servers a resolver extension names (none: the system's resolv.conf).
+/// The name servers a resolver extension names (none: the system's resolv.conf) and how its
+/// queries are tried.
 fn resolvers(
     resolver: &TypedDnsResolverConfig,
     at: &str,
-) -> Result<Vec<DnsResolverAddress>, Invalid> {
+) -> Result<(Vec<DnsResolverAddress>, QueryLimits), Invalid> {
     let typed = |inner: &str| format!("{at}.typed_config{inner}");
     match resolver.name.as_str() {
         CARES => {
@@ -201,7 +217,28 @@ fn resolvers(
                     ));
                 }
             }
-            Ok(cares.resolvers)
+            let mut limits = QueryLimits::default();
+            if let Some(seconds) = cares.query_timeout_seconds {
+                if !(1..=MAX_QUERY_TIMEOUT_SECONDS).contains(&seconds) {
+                    return Err(Invalid::new(
+                        typed(".query_timeout_seconds"),
+                        format!("is {seconds}; must be 1 to {MAX_QUERY_TIMEOUT_SECONDS}"),
+                    ));
+                }
+                limits.timeout = Duration::from_secs(seconds);
+            }
+            if let Some(tries) = cares.query_tries {
+                limits.tries = u8::try_from(tries)
+                    .ok()
+                    .filter(|t| *t >= 1)
+                    .ok_or_else(|| {
+                        Invalid::new(
+                            typed(".query_tries"),
+                            format!("is {tries}; must be 1 to {MAX_QUERY_TRIES}"),
+                        )
+                    })?;
+            }
+            Ok((cares.resolvers, limits))
         }
         GETADDRINFO => {
             let gai: GetAddrInfo = serde_path_to_error::deserialize(&resolver.typed_config)
@@ -211,7 +248,7 @@ fn resolvers(
             check_type_url(gai.type_url.as_deref(), GETADDRINFO_TYPE, || {
                 typed(".@type")
             })?;
-            Ok(Vec::new())
+            Ok((Vec::new(), QueryLimits::default()))
         }
         other => Err(Invalid::new(
             format!("{at}.name"),

@@ -4,7 +4,7 @@
 use std::{net::SocketAddr, path::Path, time::Duration};
 
 use super::*;
-use crate::discovery::dns::DnsLookupFamily;
+use crate::discovery::dns::{DnsLookupFamily, QueryLimits};
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::parse(text, Path::new("test.yaml"))
@@ -693,6 +693,26 @@ fn envoy_form_errors_name_the_field() {
             "clusters[0].typed_dns_resolver_config.name",
             "unknown DNS resolver",
         ),
+        (
+            "clusters:\n  - name: a\n    type: STRICT_DNS\n    typed_dns_resolver_config: { name: envoy.network.dns_resolver.cares, typed_config: { query_tries: 0 } }\n",
+            "clusters[0].typed_dns_resolver_config.typed_config.query_tries",
+            "must be 1 to 255",
+        ),
+        (
+            "clusters:\n  - name: a\n    type: STRICT_DNS\n    typed_dns_resolver_config: { name: envoy.network.dns_resolver.cares, typed_config: { query_tries: 4294967295 } }\n",
+            "clusters[0].typed_dns_resolver_config.typed_config.query_tries",
+            "must be 1 to 255",
+        ),
+        (
+            "clusters:\n  - name: a\n    type: STRICT_DNS\n    typed_dns_resolver_config: { name: envoy.network.dns_resolver.cares, typed_config: { query_timeout_seconds: 0 } }\n",
+            "clusters[0].typed_dns_resolver_config.typed_config.query_timeout_seconds",
+            "must be 1 to 3600",
+        ),
+        (
+            "clusters:\n  - name: a\n    type: STRICT_DNS\n    typed_dns_resolver_config: { name: envoy.network.dns_resolver.cares, typed_config: { query_timeout_seconds: -1 } }\n",
+            "clusters[0].typed_dns_resolver_config.typed_config.query_timeout_seconds",
+            "invalid value",
+        ),
     ];
     for (text, want_field, want_msg) in cases {
         let (field, line, _, msg) = invalid(text);
@@ -727,6 +747,8 @@ clusters:
             "@type": type.googleapis.com/envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig
             resolvers: [{ socket_address: { address: 127.0.0.53, port_value: 5353 } }]
             dns_resolver_options: { use_tcp_for_dns_lookups: false, no_default_search_domain: true }
+            query_timeout_seconds: 2
+            query_tries: 3
     load_assignment:
       cluster_name: strict
       endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: web.test, port_value: 80 } } } }] }]
@@ -763,7 +785,16 @@ clusters:
         dns.dns_resolvers.iter().map(|r| r.0).collect::<Vec<_>>(),
         ["127.0.0.53:5353".parse::<SocketAddr>().unwrap()]
     );
+    assert_eq!(
+        strict.dns_query_limits,
+        QueryLimits {
+            timeout: Duration::from_secs(2),
+            tries: 3
+        }
+    );
     let logical = config.cluster("logical").expect("logical");
+    // Not given: Envoy's c-ares defaults.
+    assert_eq!(logical.dns_query_limits, QueryLimits::default());
     assert_eq!(logical.cluster_type, ClusterType::LogicalDns);
     assert_eq!(
         logical.dns_settings().dns_lookup_family,

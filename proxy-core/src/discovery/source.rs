@@ -132,7 +132,7 @@ pub fn start(cluster: &Cluster, xds: &XdsClients) -> Result<Box<dyn DiscoverySou
         ClusterType::Static => Ok(Box::new(FixedSource::new(name, cluster.static_hosts()))),
         ClusterType::StrictDns | ClusterType::LogicalDns => {
             let settings = cluster.dns_settings();
-            let resolver = resolver(name, &settings)?;
+            let resolver = resolver(name, &settings, cluster.dns_query_limits)?;
             let endpoints = cluster.dns_endpoints();
             let spawn = if cluster.cluster_type == ClusterType::StrictDns {
                 spawn_strict_dns
@@ -163,8 +163,9 @@ pub fn start(cluster: &Cluster, xds: &XdsClients) -> Result<Box<dyn DiscoverySou
 fn resolver(
     cluster: &str,
     settings: &super::dns::DnsSettings,
+    limits: super::dns::QueryLimits,
 ) -> Result<std::sync::Arc<HickoryResolver>, SourceError> {
-    HickoryResolver::new(settings)
+    HickoryResolver::with_limits(settings, limits)
         .map(std::sync::Arc::new)
         .map_err(|source| SourceError::Resolver {
             cluster: cluster.to_owned(),
@@ -190,7 +191,7 @@ fn start_custom(
         }
         Some(CustomConfig::DnsSrv(cfg)) => {
             let settings = cluster.dns_settings();
-            let resolver = resolver(name, &settings)?;
+            let resolver = resolver(name, &settings, cluster.dns_query_limits)?;
             let services = cfg
                 .service_names
                 .iter()
@@ -258,6 +259,48 @@ mod tests {
             .expect("valid")
             .clusters
             .remove(0)
+    }
+
+    /// `query_tries` and `query_timeout_seconds` of an Envoy c-ares resolver config reach the
+    /// cluster's resolver: a name server that never answers gets exactly that many datagrams,
+    /// and the lookup fails once their time is spent.
+    #[tokio::test]
+    async fn c_ares_query_limits_reach_the_resolver() {
+        let server = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = server.local_addr().unwrap();
+        let queries = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = queries.clone();
+        let silent = tokio::spawn(async move {
+            let mut buf = [0; 512];
+            while server.recv_from(&mut buf).await.is_ok() {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        let dns = cluster(&format!(
+            "clusters:\n  - name: q\n    type: STRICT_DNS\n    dns_lookup_family: V4_ONLY\n    typed_dns_resolver_config:\n      name: envoy.network.dns_resolver.cares\n      typed_config: {{ resolvers: [{{ socket_address: {{ address: 127.0.0.1, port_value: {} }} }}], query_tries: 2, query_timeout_seconds: 1 }}\n    load_assignment: {{ endpoints: [ {{ lb_endpoints: [ {{ endpoint: {{ address: {{ socket_address: {{ address: web.svc.test, port_value: 80 }} }} }} }} ] }} ] }}\n",
+            addr.port()
+        ));
+        let started = std::time::Instant::now();
+        let source = start(&dns, &XdsClients::default()).expect("strict dns starts");
+        let failures = || {
+            source
+                .named_stats()
+                .into_iter()
+                .find_map(|(n, v)| (n == "cluster.q.update_failure").then_some(v))
+                .unwrap_or(0)
+        };
+        let deadline = started + Duration::from_secs(10);
+        while failures() == 0 {
+            assert!(std::time::Instant::now() < deadline, "no update_failure");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let took = started.elapsed();
+        silent.abort();
+        assert_eq!(queries.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert!(
+            took >= Duration::from_secs(2) && took < Duration::from_secs(4),
+            "two tries of 1 s took {took:?}"
+        );
     }
 
     #[tokio::test]

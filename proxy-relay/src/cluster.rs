@@ -98,6 +98,9 @@ pub struct ClusterHandle {
     traffic: Arc<UpstreamTraffic>,
     /// LEAST_REQUEST: the proxy's open connections per host (shared by the handle's clones).
     least: Option<Arc<ActiveCounts>>,
+    /// The cluster's own `close_connections_on_host_health_failure`, when it has one (else the
+    /// proxy's, in [`DrainPolicy`]).
+    close_on_health_failure: Option<bool>,
 }
 
 /// Open connections (or requests) per host, for LEAST_REQUEST.
@@ -213,7 +216,16 @@ impl ClusterHandle {
             rotation: None,
             traffic: Arc::default(),
             least: None,
+            close_on_health_failure: None,
         }
+    }
+
+    /// The cluster with its own `close_connections_on_host_health_failure` (`None`: the
+    /// proxy's).
+    #[must_use]
+    pub fn with_close_on_health_failure(mut self, close: Option<bool>) -> Self {
+        self.close_on_health_failure = close;
+        self
     }
 
     /// The cluster with its own connect timeout and lb policy (`ROUND_ROBIN` rotates; every
@@ -390,7 +402,13 @@ impl ClusterHandle {
     /// drivers apply when the routing changes.
     pub(crate) fn verdict(&self, state: HostState, policy: DrainPolicy) -> HostVerdict {
         match state {
-            HostState::Unhealthy if policy.close_on_health_failure => HostVerdict::Close,
+            HostState::Unhealthy
+                if self
+                    .close_on_health_failure
+                    .unwrap_or(policy.close_on_health_failure) =>
+            {
+                HostVerdict::Close
+            }
             HostState::Removed if self.drain_on_removal => HostVerdict::Drain,
             _ => HostVerdict::Keep,
         }
@@ -677,6 +695,31 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(3600)).await;
         assert!(!never.is_finished());
         never.abort();
+    }
+
+    /// A cluster's own `close_connections_on_host_health_failure` wins over the proxy's, both
+    /// ways; unset, the proxy's applies.
+    #[test]
+    fn the_clusters_close_on_health_failure_wins_over_the_proxys() {
+        let (_tx, rx) = watch::channel(routing(&[]));
+        let c = |own| {
+            ClusterHandle::new("c", rx.clone(), true, Duration::from_secs(1))
+                .with_close_on_health_failure(own)
+        };
+        let proxy = |close| DrainPolicy {
+            close_on_health_failure: close,
+            ..POLICY
+        };
+        let verdict = |own, close| c(own).verdict(HostState::Unhealthy, proxy(close));
+        assert_eq!(verdict(None, false), HostVerdict::Keep);
+        assert_eq!(verdict(None, true), HostVerdict::Close);
+        assert_eq!(verdict(Some(true), false), HostVerdict::Close);
+        assert_eq!(verdict(Some(false), true), HostVerdict::Keep);
+        // A healthy host is kept whatever the setting.
+        assert_eq!(
+            c(Some(true)).verdict(HostState::Routable, proxy(true)),
+            HostVerdict::Keep
+        );
     }
 
     fn upstream(outlier_detection: &str) -> proxy_core::upstream::Upstream {

@@ -106,6 +106,15 @@ pub struct Cluster {
     /// `healthy_panic_threshold` (default 50 %; 0 disables panic mode).
     #[serde(default)]
     pub common_lb_config: CommonLbConfig,
+    /// With active health checking: delete a host discovery no longer returns at once instead
+    /// of keeping it until it fails a check. Default false (Envoy's).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ignore_health_on_host_removal: bool,
+    /// Proxy path: reset the connections to a host as soon as it fails health checking.
+    /// Unset: `proxy.close_connections_on_host_health_failure` (false). The kernel path never
+    /// closes an application's connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub close_connections_on_host_health_failure: Option<bool>,
     /// ORIGINAL_DST clusters: hosts unused for this long are flushed with their pooled
     /// connections. Default 5000 ms (Envoy's).
     #[serde(
@@ -331,6 +340,7 @@ impl Cluster {
             health_checks: self.health_checks.clone(),
             outlier_detection: self.outlier_detection.clone(),
             common_lb_config: self.common_lb_config,
+            ignore_health_on_host_removal: self.ignore_health_on_host_removal,
         }
     }
 

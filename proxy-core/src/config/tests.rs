@@ -813,3 +813,21 @@ clusters:
         ["[::1]:53".parse::<SocketAddr>().unwrap()]
     );
 }
+
+/// Envoy's per-cluster `ignore_health_on_host_removal` and
+/// `close_connections_on_host_health_failure` load; unset, they are Envoy's defaults (false,
+/// and the proxy's own setting for the close).
+#[test]
+fn per_cluster_health_removal_and_close_settings_load() {
+    let config = parse(
+        "clusters:\n  - name: a\n    ignore_health_on_host_removal: true\n    close_connections_on_host_health_failure: true\n  - name: b\n",
+    )
+    .expect("valid");
+    let a = config.cluster("a").expect("a");
+    assert!(a.ignore_health_on_host_removal);
+    assert!(a.health_config().ignore_health_on_host_removal);
+    assert_eq!(a.close_connections_on_host_health_failure, Some(true));
+    let b = config.cluster("b").expect("b");
+    assert!(!b.health_config().ignore_health_on_host_removal);
+    assert_eq!(b.close_connections_on_host_health_failure, None);
+}

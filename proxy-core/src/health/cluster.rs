@@ -61,7 +61,8 @@ impl ClusterHealth {
         let od = config.outlier_detection.clone();
         Ok(Self {
             name: name.to_owned(),
-            membership: ClusterMembership::new(spec.is_some(), panic, od, random),
+            membership: ClusterMembership::new(spec.is_some(), panic, od, random)
+                .ignoring_health_on_removal(config.ignore_health_on_host_removal),
             manager: manager.clone(),
             spec,
             probes: HashMap::new(),

@@ -142,6 +142,11 @@ pub struct ClusterHealthConfig {
     /// Panic threshold.
     #[serde(default)]
     pub common_lb_config: CommonLbConfig,
+    /// A host that discovery no longer returns is deleted at once, even when active health
+    /// checking still finds it healthy (Envoy's `ignore_health_on_host_removal`). Default false:
+    /// it stays until it fails a check.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ignore_health_on_host_removal: bool,
 }
 
 impl ClusterHealthConfig {

@@ -144,6 +144,8 @@ struct Member {
 #[derive(Debug)]
 pub struct ClusterMembership {
     active_hc: bool,
+    /// `ignore_health_on_host_removal`: an absent host goes at once, healthy or not.
+    ignore_health_on_removal: bool,
     panic_threshold: f64,
     members: BTreeMap<MemberKey, Member>,
     outlier: Option<OutlierDetector>,
@@ -160,10 +162,19 @@ impl ClusterMembership {
     ) -> Self {
         Self {
             active_hc,
+            ignore_health_on_removal: false,
             panic_threshold,
             members: BTreeMap::new(),
             outlier: outlier.map(|c| OutlierDetector::new(c, random)),
         }
+    }
+
+    /// With `ignore`, a host discovery no longer returns is deleted at once, even while active
+    /// health checking finds it healthy (Envoy's `ignore_health_on_host_removal`).
+    #[must_use]
+    pub fn ignoring_health_on_removal(mut self, ignore: bool) -> Self {
+        self.ignore_health_on_removal = ignore;
+        self
     }
 
     /// Applies a discovery update (the full host set). A host whose address appears again is
@@ -199,9 +210,11 @@ impl ClusterMembership {
             };
             self.members.insert(key, member);
         }
-        let active_hc = self.active_hc;
+        // Envoy keeps an absent host that active health checking has not failed (it goes at
+        // its first failure), unless told to ignore health on removal.
+        let keep_absent = self.active_hc && !self.ignore_health_on_removal;
         self.members
-            .retain(|_, m| m.discovered || (active_hc && !m.active.failed));
+            .retain(|_, m| m.discovered || (keep_absent && !m.active.failed));
         self.sync_outlier();
         let after = self.addresses();
         MembershipChange {

@@ -151,7 +151,9 @@ fn cluster_service(
 fn handle(config: &Config, upstream: &Upstream, proxy: &ProxyConfig) -> ClusterHandle {
     let handle = ClusterHandle::from_upstream(upstream, proxy.pool_idle_timeout);
     match config.cluster(upstream.name()) {
-        Some(c) => handle.with_policy(c.connect_timeout, c.lb_policy),
+        Some(c) => handle
+            .with_policy(c.connect_timeout, c.lb_policy)
+            .with_close_on_health_failure(c.close_connections_on_host_health_failure),
         None => handle,
     }
 }

@@ -71,6 +71,20 @@ fn discovered_and_ok_routes() {
     assert_eq!(flags(&m), vec!["healthy", "healthy"]);
 }
 
+/// `ignore_health_on_host_removal`: an absent host goes with the update that left it out,
+/// healthy or not, and its probe is released.
+#[test]
+fn ignoring_health_on_removal_deletes_absent_hosts_at_once() {
+    let mut m = membership(true, 0.0).ignoring_health_on_removal(true);
+    m.update_hosts(hosts(&[1, 2]));
+    m.set_active_health(addr(1), HEALTHY);
+    m.set_active_health(addr(2), HEALTHY);
+    let change = m.update_hosts(hosts(&[1]));
+    assert_eq!(change.removed, vec![addr(2)], "its probe is released");
+    assert_eq!(routable(&m), vec![1]);
+    assert_eq!(flags(&m), vec!["healthy"]);
+}
+
 #[test]
 fn absent_and_ok_keeps_routing_pending_removal() {
     let mut m = checked_pair();

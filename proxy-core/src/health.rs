@@ -33,7 +33,7 @@ pub use cluster_config::{ClusterHealthConfig, CommonLbConfig, OutlierDetection, 
 pub use config::{HealthCheck, HealthConfigError};
 pub use manager::{HealthCheckManager, HealthEvent, ProbeId};
 pub use matrix::{ClusterMembership, HostFlags, HostStatus, MembershipChange};
-pub use outlier::{FailureVerdict, OutlierDetector};
+pub use outlier::{FailureVerdict, OutlierDetector, PassiveResult};
 pub use priority::{HostClass, PriorityRouting, Routing};
 pub use random::{ExtremeRandom, Random, SeededRandom};
 pub use spec::HealthCheckSpec;

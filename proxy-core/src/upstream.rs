@@ -437,6 +437,10 @@ fn on_passive(h: &mut ClusterHealth, signal: PassiveSignal) -> bool {
             h.note_traffic();
             false
         }
+        PassiveSignal::Response(addr, status) => {
+            h.record_result(addr, crate::health::PassiveResult(status));
+            true
+        }
     }
 }
 

@@ -390,6 +390,29 @@ impl ClusterHandle {
         }
     }
 
+    /// Reports the connect of an HTTP exchange: counted like
+    /// [`report_connect`](Self::report_connect), but only a failure goes to outlier detection;
+    /// the exchange's response is its success or failure
+    /// ([`report_response`](Self::report_response)), as in Envoy's router.
+    pub fn report_http_connect(&self, host: BackendAddr, ok: bool) {
+        self.traffic.cx_total.fetch_add(1, Ordering::Relaxed);
+        if ok {
+            return;
+        }
+        self.traffic.cx_connect_fail.fetch_add(1, Ordering::Relaxed);
+        if let Some(tx) = &self.passive {
+            let _ = tx.try_send(PassiveSignal::ConnectFailure(host.0));
+        }
+    }
+
+    /// Reports how an HTTP exchange with `host` ended (a reset before the response as 503) to
+    /// outlier detection (never blocks).
+    pub fn report_response(&self, host: BackendAddr, status: u16) {
+        if let Some(tx) = &self.passive {
+            let _ = tx.try_send(PassiveSignal::Response(host.0, status));
+        }
+    }
+
     /// Drops pooled connections of hosts that are no longer routable, and expired ones.
     pub fn sweep_pool(&self) {
         let routing = self.routing.borrow().clone();
@@ -734,7 +757,10 @@ mod tests {
 
     #[tokio::test]
     async fn connect_failures_eject_through_outlier_detection() {
-        let up = upstream("    outlier_detection: { consecutive_5xx: 2, interval: 0.1s }\n");
+        // Two hosts: ejecting one is 50 % of the cluster, which the cap must allow.
+        let up = upstream(
+            "    outlier_detection: { consecutive_5xx: 2, interval: 0.1s, max_ejection_percent: 50 }\n",
+        );
         up.initialized().wait_for(|i| *i).await.unwrap();
         let c = ClusterHandle::from_upstream(&up, Duration::from_secs(60));
         let bad = addr("127.0.0.2:1");
@@ -751,6 +777,42 @@ mod tests {
         for _ in 0..20 {
             assert_eq!(c.pick(&[]), Some(addr("127.0.0.1:1")));
         }
+    }
+
+    /// HTTP exchanges are judged by their status: two 5xx in a row eject even with a successful
+    /// connect between them (a connect of an HTTP exchange reports only its failure).
+    #[tokio::test]
+    async fn http_5xx_responses_eject_and_connect_successes_do_not_reset_the_run() {
+        let up = upstream(
+            "    outlier_detection: { consecutive_5xx: 2, interval: 0.1s, max_ejection_percent: 50 }\n",
+        );
+        up.initialized().wait_for(|i| *i).await.unwrap();
+        let c = ClusterHandle::from_upstream(&up, Duration::from_secs(60));
+        let bad = addr("127.0.0.2:1");
+        c.report_response(bad, 500);
+        c.report_http_connect(bad, true);
+        c.report_response(bad, 502);
+        let mut routing = up.routing();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            routing.wait_for(|r| r.routable().iter().all(|h| h.addr != bad.0)),
+        )
+        .await
+        .expect("the host answering 5xx is ejected")
+        .unwrap();
+        // A 2xx between two 5xx ends the run: the other host stays.
+        let good = addr("127.0.0.1:1");
+        c.report_response(good, 500);
+        c.report_response(good, 200);
+        c.report_response(good, 500);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            up.routing()
+                .borrow()
+                .routable()
+                .iter()
+                .any(|h| h.addr == good.0)
+        );
     }
 
     #[tokio::test]

@@ -273,7 +273,7 @@ impl Attempts<'_> {
         };
         let req = Request::from_parts(self.parts.clone(), body);
         let pool = self.cluster.pool();
-        let (resp, sender) = exchange(
+        let exchanged = exchange(
             sender,
             host,
             req,
@@ -282,8 +282,14 @@ impl Attempts<'_> {
             self.connect_timeout,
             self.stats,
         )
-        .await
-        .map_err(failed)?;
+        .await;
+        // Outlier detection judges the exchange by its status; a reset before the response is
+        // a 503, as Envoy's router reports it.
+        let status = exchanged
+            .as_ref()
+            .map_or(503, |(resp, _)| resp.status().as_u16());
+        self.cluster.report_response(host, status);
+        let (resp, sender) = exchanged.map_err(failed)?;
         Ok(Answer { resp, sender, host })
     }
 }
@@ -304,7 +310,7 @@ async fn connection(
     if let Err(err) = &result {
         debug!(%err, "upstream connect failed");
     }
-    cluster.report_connect(host, result.is_ok());
+    cluster.report_http_connect(host, result.is_ok());
     result
 }
 

@@ -113,6 +113,7 @@ mod tests {
                 PassiveSignal::ConnectSuccess(_) => 'S',
                 PassiveSignal::ConnectFailure(_) => 'F',
                 PassiveSignal::Traffic => 'T',
+                PassiveSignal::Response(..) => 'R',
             })
             .collect()
     }

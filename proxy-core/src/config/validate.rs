@@ -132,6 +132,10 @@ fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
     if dns {
         validate_dns(i, cluster)?;
     }
+    if let Some(od) = &cluster.outlier_detection {
+        od.validate()
+            .map_err(|err| Invalid::new(at("outlier_detection"), err.to_string()))?;
+    }
     if let Err(err) = cluster.health_config().validate(&cluster.name) {
         let field = if cluster.health_checks.is_empty() {
             "outlier_detection"

@@ -16,7 +16,7 @@ use super::{
     config::HealthConfigError,
     manager::{HealthCheckManager, HealthEvent, ProbeId},
     matrix::{ClusterMembership, HostStatus, MembershipChange},
-    outlier::FailureVerdict,
+    outlier::{FailureVerdict, PassiveResult},
     priority::Routing,
     random::Random,
     spec::HealthCheckSpec,
@@ -33,6 +33,9 @@ pub enum PassiveSignal {
     ConnectSuccess(SocketAddr),
     /// The cluster carried a connection (leaves `no_traffic_interval`).
     Traffic,
+    /// The proxy path's HTTP exchange with the host ended with this status (a reset before the
+    /// response counts as 503). The connect of such an exchange reports only its failure.
+    Response(SocketAddr, u16),
 }
 
 /// Health state of one cluster.
@@ -115,8 +118,13 @@ impl ClusterHealth {
         self.manager.note_traffic(&self.name);
     }
 
-    /// The outlier sweep; returns unejected hosts.
-    pub fn outlier_tick(&mut self) -> Vec<SocketAddr> {
+    /// A passive result of a request (an HTTP status, or a connect result in that form).
+    pub fn record_result(&mut self, addr: SocketAddr, result: PassiveResult) -> FailureVerdict {
+        self.membership.record_result(addr, result, Instant::now())
+    }
+
+    /// The outlier sweep; returns whether a host was ejected or unejected.
+    pub fn outlier_tick(&mut self) -> bool {
         self.membership.outlier_tick(Instant::now())
     }
 

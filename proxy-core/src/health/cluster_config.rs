@@ -10,46 +10,112 @@ use super::{
     spec::HealthCheckSpec,
 };
 
-/// `config.cluster.v3.OutlierDetection`, the consecutive-failure subset.
+/// `config.cluster.v3.OutlierDetection`: the consecutive-5xx, consecutive-gateway-failure,
+/// success-rate and failure-percentage detectors, with Envoy's defaults.
 ///
-/// For an L4 proxy the "5xx" signal is a failed connect (Envoy's TCP proxy does the same).
+/// Results are what Envoy records without `split_external_local_origin_errors`: an HTTP response
+/// of the proxy path counts with its status; a failed connect counts as 503 and a connect that
+/// timed out as 504 (both gateway failures); a successful connect of a TCP connection (either
+/// path) counts as 200, while an HTTP connection's success is its response.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutlierDetection {
-    /// Consecutive failures that eject a host (default 5).
-    #[serde(default = "default_consecutive_5xx")]
+    /// Consecutive 5xx results that eject a host (default 5; 0 disables).
+    #[serde(default = "default_consecutive")]
     pub consecutive_5xx: u32,
-    /// Period of the ejection sweep that unejects hosts and decays backoff (default 10 s).
+    /// Period of the sweep that unejects hosts, runs the success-rate and failure-percentage
+    /// detectors and decays backoff (default 10 s).
     #[serde(default = "default_interval", with = "duration")]
     pub interval: Duration,
-    /// Ejection time, multiplied by the host's ejection count (default 30 s).
+    /// Ejection time, multiplied by the host's ejection backoff (default 30 s).
     #[serde(default = "default_base_ejection_time", with = "duration")]
     pub base_ejection_time: Duration,
-    /// Cap on one ejection's length (default 300 s).
-    #[serde(default = "default_max_ejection_time", with = "duration")]
-    pub max_ejection_time: Duration,
-    /// Most hosts ejected at once, in percent; one host may always be ejected (default 10).
+    /// Cap on one ejection's length (default the larger of 300 s and `base_ejection_time`, as
+    /// Envoy's); see [`OutlierDetection::max_ejection_time`].
+    #[serde(
+        default,
+        rename = "max_ejection_time",
+        with = "duration::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_ejection_time_set: Option<Duration>,
+    /// Most hosts ejected at once, in percent of the cluster's hosts, counting the one about to
+    /// be ejected (default 10).
     #[serde(default = "default_max_ejection_percent")]
     pub max_ejection_percent: u32,
-    /// Chance in percent that a detected consecutive-failure ejection is enforced (default 100).
+    /// One host may be ejected whatever `max_ejection_percent` says (default false).
+    #[serde(default)]
+    pub always_eject_one_host: bool,
+    /// Chance in percent that a consecutive-5xx detection ejects (default 100).
     #[serde(default = "default_enforcing")]
     pub enforcing_consecutive_5xx: u32,
+    /// Consecutive gateway failures (502, 503, 504, failed connects) that eject a host
+    /// (default 5; 0 disables).
+    #[serde(default = "default_consecutive")]
+    pub consecutive_gateway_failure: u32,
+    /// Chance in percent that a gateway-failure detection ejects (default 0: detected and
+    /// counted, not enforced).
+    #[serde(default)]
+    pub enforcing_consecutive_gateway_failure: u32,
+    /// Hosts with enough requests in one interval needed for the success-rate detector
+    /// (default 5).
+    #[serde(default = "default_minimum_hosts")]
+    pub success_rate_minimum_hosts: u32,
+    /// Requests in one interval that make a host count for the success-rate detector
+    /// (default 100).
+    #[serde(default = "default_success_rate_request_volume")]
+    pub success_rate_request_volume: u32,
+    /// A host whose success rate is below the mean minus this factor (in thousandths) times the
+    /// standard deviation is ejected (default 1900: 1.9).
+    #[serde(default = "default_success_rate_stdev_factor")]
+    pub success_rate_stdev_factor: u32,
+    /// Chance in percent that a success-rate detection ejects (default 100).
+    #[serde(default = "default_enforcing")]
+    pub enforcing_success_rate: u32,
+    /// Failure percentage at or above which a host is ejected (default 85).
+    #[serde(default = "default_failure_percentage_threshold")]
+    pub failure_percentage_threshold: u32,
+    /// Hosts with enough requests needed for the failure-percentage detector (default 5).
+    #[serde(default = "default_minimum_hosts")]
+    pub failure_percentage_minimum_hosts: u32,
+    /// Requests in one interval that make a host count for the failure-percentage detector
+    /// (default 50).
+    #[serde(default = "default_failure_percentage_request_volume")]
+    pub failure_percentage_request_volume: u32,
+    /// Chance in percent that a failure-percentage detection ejects (default 0).
+    #[serde(default)]
+    pub enforcing_failure_percentage: u32,
+    /// A passing active health check unejects an ejected host at once (default true).
+    #[serde(default = "default_true")]
+    pub successful_active_health_check_uneject_host: bool,
 }
 
 impl Default for OutlierDetection {
     fn default() -> Self {
         Self {
-            consecutive_5xx: default_consecutive_5xx(),
+            consecutive_5xx: default_consecutive(),
             interval: default_interval(),
             base_ejection_time: default_base_ejection_time(),
-            max_ejection_time: default_max_ejection_time(),
+            max_ejection_time_set: None,
             max_ejection_percent: default_max_ejection_percent(),
+            always_eject_one_host: false,
             enforcing_consecutive_5xx: default_enforcing(),
+            consecutive_gateway_failure: default_consecutive(),
+            enforcing_consecutive_gateway_failure: 0,
+            success_rate_minimum_hosts: default_minimum_hosts(),
+            success_rate_request_volume: default_success_rate_request_volume(),
+            success_rate_stdev_factor: default_success_rate_stdev_factor(),
+            enforcing_success_rate: default_enforcing(),
+            failure_percentage_threshold: default_failure_percentage_threshold(),
+            failure_percentage_minimum_hosts: default_minimum_hosts(),
+            failure_percentage_request_volume: default_failure_percentage_request_volume(),
+            enforcing_failure_percentage: 0,
+            successful_active_health_check_uneject_host: true,
         }
     }
 }
 
-fn default_consecutive_5xx() -> u32 {
+fn default_consecutive() -> u32 {
     5
 }
 fn default_interval() -> Duration {
@@ -58,18 +124,42 @@ fn default_interval() -> Duration {
 fn default_base_ejection_time() -> Duration {
     Duration::from_secs(30)
 }
-fn default_max_ejection_time() -> Duration {
-    Duration::from_secs(300)
-}
+/// Envoy's `max_ejection_time` when unset (or `base_ejection_time`, when larger).
+const DEFAULT_MAX_EJECTION_TIME: Duration = Duration::from_secs(300);
 fn default_max_ejection_percent() -> u32 {
     10
 }
 fn default_enforcing() -> u32 {
     100
 }
+fn default_minimum_hosts() -> u32 {
+    5
+}
+fn default_success_rate_request_volume() -> u32 {
+    100
+}
+fn default_success_rate_stdev_factor() -> u32 {
+    1900
+}
+fn default_failure_percentage_threshold() -> u32 {
+    85
+}
+fn default_failure_percentage_request_volume() -> u32 {
+    50
+}
+fn default_true() -> bool {
+    true
+}
 
 impl OutlierDetection {
-    /// Checks percentages and positive durations.
+    /// The cap on one ejection: as given, else the larger of 300 s and `base_ejection_time`.
+    pub fn max_ejection_time(&self) -> Duration {
+        self.max_ejection_time_set
+            .unwrap_or(DEFAULT_MAX_EJECTION_TIME.max(self.base_ejection_time))
+    }
+
+    /// Checks percentages and positive durations, and that `max_ejection_time` is not below
+    /// `base_ejection_time` (Envoy's rule).
     pub fn validate(&self) -> Result<(), HealthConfigError> {
         for (field, v) in [
             (
@@ -79,6 +169,22 @@ impl OutlierDetection {
             (
                 "outlier_detection.enforcing_consecutive_5xx",
                 self.enforcing_consecutive_5xx,
+            ),
+            (
+                "outlier_detection.enforcing_consecutive_gateway_failure",
+                self.enforcing_consecutive_gateway_failure,
+            ),
+            (
+                "outlier_detection.enforcing_success_rate",
+                self.enforcing_success_rate,
+            ),
+            (
+                "outlier_detection.failure_percentage_threshold",
+                self.failure_percentage_threshold,
+            ),
+            (
+                "outlier_detection.enforcing_failure_percentage",
+                self.enforcing_failure_percentage,
             ),
         ] {
             if v > 100 {
@@ -95,6 +201,9 @@ impl OutlierDetection {
             return Err(HealthConfigError::NotPositive(
                 "outlier_detection.base_ejection_time",
             ));
+        }
+        if self.max_ejection_time() < self.base_ejection_time {
+            return Err(HealthConfigError::MaxEjectionBelowBase);
         }
         Ok(())
     }

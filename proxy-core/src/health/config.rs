@@ -59,6 +59,11 @@ pub enum HealthConfigError {
         /// The value given.
         value: f64,
     },
+    /// `outlier_detection.max_ejection_time` below `base_ejection_time`.
+    #[error(
+        "field `outlier_detection.max_ejection_time`: outlier detector's max_ejection_time cannot be smaller than base_ejection_time"
+    )]
+    MaxEjectionBelowBase,
     /// More than one entry in `health_checks`; Envoy supports one checker per cluster.
     #[error(
         "field `health_checks` holds {0} entries; only one health checker per cluster is supported"

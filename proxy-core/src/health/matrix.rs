@@ -30,7 +30,7 @@ use tokio::time::Instant;
 
 use super::{
     cluster_config::OutlierDetection,
-    outlier::{FailureVerdict, OutlierDetector},
+    outlier::{FailureVerdict, OutlierDetector, PassiveResult},
     priority::{HostClass, Routing},
     random::Random,
     state::HostHealth,
@@ -238,7 +238,9 @@ impl ClusterMembership {
                 change.removed.push(addr);
             }
             self.sync_outlier();
-        } else if let (false, Some(od)) = (health.failed, &mut self.outlier) {
+        } else if let (false, Some(od)) = (health.failed, &mut self.outlier)
+            && od.unejects_on_health_check()
+        {
             od.uneject(addr, Instant::now());
         }
         change
@@ -259,12 +261,24 @@ impl ClusterMembership {
         }
     }
 
-    /// The outlier sweep; call every `outlier_detection.interval`. Returns unejected hosts.
-    pub fn outlier_tick(&mut self, now: Instant) -> Vec<SocketAddr> {
-        self.outlier
-            .as_mut()
-            .map(|od| od.tick(now))
-            .unwrap_or_default()
+    /// One result of a request to `addr` (passive signal): an HTTP status, or a connect
+    /// result in that form; may eject the host.
+    pub fn record_result(
+        &mut self,
+        addr: SocketAddr,
+        result: PassiveResult,
+        now: Instant,
+    ) -> FailureVerdict {
+        match &mut self.outlier {
+            Some(od) => od.record(addr, result, now),
+            None => FailureVerdict::Counted,
+        }
+    }
+
+    /// The outlier sweep; call every `outlier_detection.interval`. Returns whether a host was
+    /// ejected or unejected.
+    pub fn outlier_tick(&mut self, now: Instant) -> bool {
+        self.outlier.as_mut().is_some_and(|od| od.tick(now))
     }
 
     /// Every host with its flags, in address order.

@@ -81,6 +81,18 @@ pub struct OutlierStats {
     pub ejections_detected_consecutive_5xx: u64,
     /// Ejections skipped because `max_ejection_percent` was reached.
     pub ejections_overflow: u64,
+    /// Ejections enforced for consecutive gateway failures.
+    pub ejections_enforced_consecutive_gateway_failure: u64,
+    /// Consecutive-gateway-failure ejections detected (enforced or not).
+    pub ejections_detected_consecutive_gateway_failure: u64,
+    /// Ejections enforced by the success-rate detector.
+    pub ejections_enforced_success_rate: u64,
+    /// Success-rate ejections detected (enforced or not).
+    pub ejections_detected_success_rate: u64,
+    /// Ejections enforced by the failure-percentage detector.
+    pub ejections_enforced_failure_percentage: u64,
+    /// Failure-percentage ejections detected (enforced or not).
+    pub ejections_detected_failure_percentage: u64,
 }
 
 impl OutlierStats {
@@ -103,6 +115,30 @@ impl OutlierStats {
             (
                 "outlier_detection.ejections_overflow",
                 self.ejections_overflow,
+            ),
+            (
+                "outlier_detection.ejections_enforced_consecutive_gateway_failure",
+                self.ejections_enforced_consecutive_gateway_failure,
+            ),
+            (
+                "outlier_detection.ejections_detected_consecutive_gateway_failure",
+                self.ejections_detected_consecutive_gateway_failure,
+            ),
+            (
+                "outlier_detection.ejections_enforced_success_rate",
+                self.ejections_enforced_success_rate,
+            ),
+            (
+                "outlier_detection.ejections_detected_success_rate",
+                self.ejections_detected_success_rate,
+            ),
+            (
+                "outlier_detection.ejections_enforced_failure_percentage",
+                self.ejections_enforced_failure_percentage,
+            ),
+            (
+                "outlier_detection.ejections_detected_failure_percentage",
+                self.ejections_detected_failure_percentage,
             ),
         ]
     }

@@ -60,7 +60,7 @@ fn example_config_parses_with_defaults_applied() {
     let od = cfg.outlier_detection.as_ref().unwrap();
     assert_eq!(od.consecutive_5xx, 3);
     assert_eq!(od.interval, Duration::from_secs(10));
-    assert_eq!(od.max_ejection_time, Duration::from_secs(300));
+    assert_eq!(od.max_ejection_time(), Duration::from_secs(300));
     assert_eq!(od.max_ejection_percent, 10);
     assert_eq!(cfg.common_lb_config.healthy_panic_threshold.value, 0.0);
     // Serialize shows the effective config and round-trips.

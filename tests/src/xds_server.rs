@@ -260,14 +260,20 @@ impl Envoy {
     }
 
     fn spawn(server: &XdsServer, node: &str, clusters: &[&str], api_type: &str) -> Self {
+        Self::with_bootstrap(&bootstrap_json(
+            server.grpc_addr(),
+            node,
+            clusters,
+            api_type,
+        ))
+    }
+
+    /// Starts Envoy with this bootstrap (JSON), its admin address read back from Envoy.
+    pub fn with_bootstrap(bootstrap_json: &str) -> Self {
         let binary = envoy_binary();
         let dir = temp_dir("envoy");
         let bootstrap = dir.join("bootstrap.json");
-        std::fs::write(
-            &bootstrap,
-            bootstrap_json(server.grpc_addr(), node, clusters, api_type),
-        )
-        .expect("write bootstrap");
+        std::fs::write(&bootstrap, bootstrap_json).expect("write bootstrap");
         let address_file = dir.join("admin-address");
         let log = std::fs::File::create(dir.join("envoy.log")).expect("envoy log");
         let child = Command::new(&binary)
@@ -311,6 +317,11 @@ impl Envoy {
             assert!(Instant::now() < deadline, "envoy admin did not come up");
             thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// `GET path` on the admin interface: status and body.
+    pub fn admin(&self, path: &str) -> (u16, String) {
+        http(self.admin, "GET", path, "")
     }
 
     /// `GET /clusters?format=json`.

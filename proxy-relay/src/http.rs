@@ -146,8 +146,11 @@ async fn routed(req: Request<Incoming>, route: &Route, proto: Proto, ctx: &Ctx) 
     if route.retry.enabled() && !payload.replayable() {
         ProxyStats::inc(&stats.retry_or_shadow_abandoned);
     }
+    // The host of the attempt in flight: a request timeout that fires meanwhile is its 504.
+    let in_flight = std::sync::Mutex::new(None);
     let attempts = Attempts {
         cluster,
+        in_flight: &in_flight,
         proto,
         // The chain's resolver ConnectTimeout, else the cluster's own, else the proxy's.
         connect_timeout: leg
@@ -160,7 +163,14 @@ async fn routed(req: Request<Incoming>, route: &Route, proto: Proto, ctx: &Ctx) 
     };
     let result = tokio::select! {
         result = attempts.run() => result,
-        which = clock.clone().expired() => Err(expired_reply(which, stats)),
+        which = clock.clone().expired() => {
+            let host = *in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let (Expired::Request, Some(host)) = (which, host) {
+                // Envoy records a request that timed out as a 504 of its host.
+                cluster.report_response(host, 504);
+            }
+            Err(expired_reply(which, stats))
+        }
     };
     let mut resp = match result {
         Ok(answer) => {
@@ -191,6 +201,8 @@ struct Failed {
 /// The attempts of one routed request.
 struct Attempts<'a> {
     cluster: &'a ClusterHandle,
+    /// The host of the attempt under way, while it waits for its connection or response.
+    in_flight: &'a std::sync::Mutex<Option<BackendAddr>>,
     proto: Proto,
     connect_timeout: Duration,
     policy: &'a RetryPolicy,
@@ -200,6 +212,13 @@ struct Attempts<'a> {
 }
 
 impl Attempts<'_> {
+    fn set_in_flight(&self, host: Option<BackendAddr>) {
+        *self
+            .in_flight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = host;
+    }
+
     /// Tries hosts (a host not tried yet when there is one) until a response the policy does
     /// not retry, a failure it does not retry, or the retries run out; the last response or
     /// failure is the answer. Retries wait for Envoy's default back-off.
@@ -256,7 +275,8 @@ impl Attempts<'_> {
             failure: Some(failure),
             reply: failure_reply(failure),
         };
-        let sender = connection(
+        self.set_in_flight(Some(host));
+        let sender = match connection(
             self.cluster,
             host,
             self.proto,
@@ -264,8 +284,15 @@ impl Attempts<'_> {
             self.stats,
         )
         .await
-        .map_err(|err| failed(attempt_failure(&err)))?;
+        {
+            Ok(sender) => sender,
+            Err(err) => {
+                self.set_in_flight(None);
+                return Err(failed(attempt_failure(&err)));
+            }
+        };
         let Some(body) = self.payload.body() else {
+            self.set_in_flight(None);
             return Err(Failed {
                 failure: None,
                 ..failed(AttemptFailure::ConnectFailure)
@@ -289,6 +316,7 @@ impl Attempts<'_> {
             .as_ref()
             .map_or(503, |(resp, _)| resp.status().as_u16());
         self.cluster.report_response(host, status);
+        self.set_in_flight(None);
         let (resp, sender) = exchanged.map_err(failed)?;
         Ok(Answer { resp, sender, host })
     }

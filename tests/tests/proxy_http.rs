@@ -3,11 +3,12 @@
 //! retries (connect failures, status codes, `RetryOn`, the replayed body and its buffer limit,
 //! another host per retry), the request timeout (before the headers: 504; during the body: the
 //! downstream stream is aborted) and the idle timeout, HTTP/2 cleartext, ORIGINAL_DST pooling
-//! and `x-envoy-original-dst-host`, and the HTTP side of a graceful shutdown.
+//! and `x-envoy-original-dst-host`, the HTTP side of a graceful shutdown, and the statuses
+//! outlier detection gets (5xx answers, timed-out requests as 504).
 
 mod proxy_support;
 
-use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, fmt::Write as _, net::SocketAddr, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -401,4 +402,114 @@ async fn h2_get(
         .await
         .expect("body in time")?;
     Ok(String::from_utf8_lossy(&body.to_bytes()).into_owned())
+}
+
+/// A proxy whose every route goes to one real cluster (`pair`) of `hosts` with this
+/// `outlier_detection`.
+async fn outlier_proxy(
+    hosts: &[SocketAddr],
+    outlier: &str,
+) -> (proxy_core::upstream::Upstream, TestProxy) {
+    let mut yaml = format!(
+        "clusters:\n  - name: pair\n    outlier_detection: {outlier}\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n"
+    );
+    for a in hosts {
+        let _ = writeln!(
+            yaml,
+            "            - endpoint: {{ address: {{ socket_address: {{ address: {}, port_value: {} }} }} }}",
+            a.ip(),
+            a.port()
+        );
+    }
+    let config = proxy_core::config::Config::parse(&yaml, std::path::Path::new("t.yaml"))
+        .expect("valid config");
+    let up = proxy_core::upstream::Upstream::spawn(
+        &config.clusters[0],
+        &proxy_core::health::HealthCheckManager::default(),
+    )
+    .expect("spawns");
+    up.initialized().wait_for(|i| *i).await.unwrap();
+    let handle = ClusterHandle::from_upstream(&up, Duration::from_secs(60));
+    let entries = Entries::from_json(ENTRIES).expect("entries are valid");
+    let chain =
+        compile(&CompileRequest::new("web", "dc1", "consul"), &entries).expect("chain compiles");
+    let table = RouteTable::from_chain(&chain, &|_| Some(handle.clone())).expect("routes");
+    let mut services = ServiceTable::new();
+    services.insert(VIP.parse().unwrap(), Service::Http(Arc::new(table)));
+    let proxy = TestProxy::start(ProxyConfig::default(), services).await;
+    (up, proxy)
+}
+
+fn outlier_stat(up: &proxy_core::upstream::Upstream, name: &str) -> u64 {
+    let name = format!("cluster.pair.outlier_detection.{name}");
+    up.stats()
+        .into_iter()
+        .find_map(|(n, v)| (n == name).then_some(v))
+        .unwrap_or(0)
+}
+
+/// The proxy path's HTTP answers reach outlier detection as their statuses: of two hosts, the
+/// one answering 503 is ejected after `consecutive_5xx` of them in a row (its successful
+/// connects do not break the run), and then every request goes to the other.
+#[tokio::test]
+async fn http_503_answers_eject_their_host() {
+    let failing = Scripted::start("failing", true).await;
+    let good = Scripted::start("good", false).await;
+    let (up, proxy) = outlier_proxy(
+        &[failing.addr, good.addr],
+        "{ consecutive_5xx: 3, interval: 1s, max_ejection_percent: 50 }",
+    )
+    .await;
+    let mut c = http1_client(&proxy, VIP.parse().unwrap()).await;
+    let mut routing = up.routing();
+    let ejected =
+        |r: &proxy_core::health::Routing| r.routable().iter().all(|h| h.addr != failing.addr);
+    let mut sent = 0;
+    while !ejected(&routing.borrow()) {
+        assert!(sent < 200, "the host answering 503 was never ejected");
+        // `/api/` has no retry policy: each answer is the host's.
+        let (status, _) = get(&mut c, "/api/x", &[]).await;
+        assert!(status == 200 || status == 503, "{status}");
+        sent += 1;
+    }
+    tokio::time::timeout(WAIT, routing.wait_for(ejected))
+        .await
+        .expect("ejected in time")
+        .unwrap();
+    assert_eq!(outlier_stat(&up, "ejections_enforced_consecutive_5xx"), 1);
+    for _ in 0..20 {
+        let (status, body) = get(&mut c, "/api/x", &[]).await;
+        assert_eq!((status, who(&body)), (200, "good"), "after {sent} requests");
+    }
+}
+
+/// A request that runs out of its route's timeout is a 504 of the host it waited for, as in
+/// Envoy: two in a row are two gateway failures.
+#[tokio::test]
+async fn timed_out_requests_count_as_gateway_failures() {
+    let server = HttpServer::start("slow").await;
+    let (up, proxy) = outlier_proxy(
+        &[server.addr],
+        "{ consecutive_5xx: 1000, consecutive_gateway_failure: 2, enforcing_consecutive_gateway_failure: 100, max_ejection_percent: 100 }",
+    )
+    .await;
+    let mut c = http1_client(&proxy, VIP.parse().unwrap()).await;
+    // `/slow` answers after 2 s; its route's timeout is 300 ms.
+    for _ in 0..2 {
+        let (status, body) = get(&mut c, "/slow", &[]).await;
+        assert_eq!(status, 504, "{body}");
+    }
+    // One host ejected is the whole cluster: panic mode keeps routing to it, so the ejection
+    // shows in the counters and the host's flags.
+    let deadline = std::time::Instant::now() + WAIT;
+    while outlier_stat(&up, "ejections_enforced_consecutive_gateway_failure") == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not ejected: {:?}",
+            up.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(outlier_stat(&up, "ejections_active"), 1);
+    assert!(up.host_statuses()[0].flags.failed_outlier_check);
 }

@@ -5,6 +5,7 @@
 //! `/config_dump` shows the effective configuration. A bad file yields a [`ConfigError`] that
 //! names the file, line, column and field; the daemon exits with status 64 and changes nothing.
 
+mod admin;
 mod cluster;
 pub mod envoy;
 mod error;
@@ -20,6 +21,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use self::{
+    admin::{Admin, AdminAddress, AdminAddressError, MAX_UNIX_PATH},
     cluster::{
         Address, CONSUL_CLUSTER, Cluster, ClusterType, CustomClusterType, CustomConfig,
         DNS_SRV_CLUSTER, DnsSrvConfig, Endpoint, LbEndpoint, LbPolicy, LoadAssignment,
@@ -51,8 +53,8 @@ pub mod defaults {
         "/sys/fs/bpf".to_owned()
     }
     /// Admin HTTP listener: loopback only.
-    pub fn admin_address() -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], 15000))
+    pub fn admin_address() -> super::AdminAddress {
+        super::AdminAddress::Tcp(SocketAddr::from(([127, 0, 0, 1], 15000)))
     }
     /// Load-balancing weight of an endpoint without one (Envoy: 1).
     pub fn weight() -> u32 {
@@ -123,24 +125,6 @@ pub struct Config {
     /// Compiled discovery chains by service name, filled when the file is validated.
     #[serde(skip)]
     pub chains: std::collections::BTreeMap<String, proxy_chain::CompiledDiscoveryChain>,
-}
-
-/// The admin HTTP interface (`/ready`, `/stats`, `/config_dump`, ...).
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct Admin {
-    /// Listen address. Default `127.0.0.1:15000`; anything but loopback exposes the daemon's
-    /// state to the network, so it is the operator's explicit choice.
-    #[serde(default = "defaults::admin_address")]
-    pub address: std::net::SocketAddr,
-}
-
-impl Default for Admin {
-    fn default() -> Self {
-        Self {
-            address: defaults::admin_address(),
-        }
-    }
 }
 
 impl Config {

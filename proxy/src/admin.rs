@@ -1,40 +1,70 @@
-//! The admin HTTP interface, on loopback by default: `/ready`, `/stats`, `/stats/prometheus`,
-//! `/clusters` (Envoy's text format, or `?format=json`), `/config_dump`, and `/chain/<service>`
-//! (the service's compiled discovery chain in Consul's `CompiledDiscoveryChain` JSON).
+//! The admin HTTP interface, where Envoy users look for it: on loopback (or a unix socket) it
+//! serves `/ready`, `/stats`, `/stats/prometheus`, `/clusters`, `/config_dump`,
+//! `/chain/<service>`, `/server_info`, `/logging`, `/healthcheck/fail` and `/healthcheck/ok`,
+//! and lists them at `/` (the table is in `routes`).
 //!
-//! A deliberately small HTTP/1.1 server (GET only, one request per connection): the admin
-//! interface is for operators and probes, not for traffic. Any local process can reach it, so
-//! it bounds its own cost: `/ready` is answered at once; every other page renders on tokio's
-//! blocking threads, never on the workers that run discovery, health checks and the proxy,
-//! and at most [`RENDERING`] at a time; a request that waits [`READ_TIMEOUT`] for its turn is
-//! answered 503.
+//! HTTP/1.1 by hyper, one request per connection: the admin interface is for operators and
+//! probes, not for traffic. Anyone who can connect can ask, so it bounds its own cost: at most
+//! [`CONNECTIONS`] connections at a time (the others wait in the listen queue), a request head
+//! of at most [`MAX_REQUEST`] bytes that must arrive within [`READ_TIMEOUT`], a connection
+//! closed after [`CONNECTION_LIFETIME`] whatever it does. `/ready` and the other constant-cost
+//! answers are given at once; the pages whose cost grows with the configuration (stats,
+//! clusters, config and chain dumps) render on tokio's blocking threads, never on the workers
+//! that run discovery, health checks and the proxy, and at most [`RENDERING`] at a time; a
+//! request that waits [`TURN_TIMEOUT`] for its turn is answered 503.
 
+mod info;
+mod listen;
 mod render;
+mod routes;
+#[cfg(test)]
+mod tests;
 
 use std::{
     collections::BTreeMap,
-    net::SocketAddr,
-    sync::{Arc, PoisonError},
+    convert::Infallible,
+    sync::{Arc, PoisonError, atomic::AtomicBool},
     time::Duration,
 };
 
-use proxy_core::{config::Config, upstream::Upstream};
+use http_body_util::Full;
+use hyper::{
+    Request, StatusCode,
+    body::{Bytes, Incoming},
+    header::{ALLOW, CONTENT_TYPE, HeaderValue},
+    server::conn::http1,
+    service::service_fn,
+};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use proxy_core::{
+    config::{AdminAddress, Config},
+    upstream::Upstream,
+};
 use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::{TcpListener, TcpStream},
-    sync::{Semaphore, watch},
+    io::{AsyncRead, AsyncWrite},
+    sync::{OwnedSemaphorePermit, Semaphore, watch},
     task::JoinHandle,
 };
 use tracing::debug;
 
+pub use self::{info::Launch, listen::ListenError};
 use crate::{daemon::SharedDataplane, dataplane::Dataplane};
 
 /// Pages rendered at once (the others wait their turn).
 const RENDERING: usize = 2;
-/// Largest request head accepted.
+/// Connections served at once; more wait in the listen queue.
+const CONNECTIONS: usize = 32;
+/// Largest request head accepted (hyper's smallest read buffer); a larger one is answered 431.
 const MAX_REQUEST: usize = 8 * 1024;
-/// A client that sends nothing for this long is dropped.
+/// A client whose request head is not complete after this long is dropped.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a page waits for a rendering turn before it is answered 503.
+const TURN_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a connection is kept, whatever it does (a client that does not read its answer
+/// gives its slot back then). Generous: `proxy status` waits up to a minute for a large page.
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(300);
+/// Pause after a failed `accept` (out of file descriptors), so the loop does not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// What the admin handlers read.
 #[derive(Clone)]
@@ -47,6 +77,13 @@ pub struct State {
     fatal: Option<crate::daemon::Fatal>,
     /// Turns to render a page ([`RENDERING`]).
     rendering: Arc<Semaphore>,
+    /// Set by `/healthcheck/fail`, cleared by `/healthcheck/ok`.
+    health_failed: Arc<AtomicBool>,
+    /// How the daemon was started (`/server_info`, `/logging`).
+    launch: Launch,
+    /// Unit tests have no data path; this stands in for an attached one.
+    #[cfg(test)]
+    assume_attached: bool,
 }
 
 impl State {
@@ -66,7 +103,17 @@ impl State {
             proxy: None,
             fatal: None,
             rendering: Arc::new(Semaphore::new(RENDERING)),
+            health_failed: Arc::new(AtomicBool::new(false)),
+            launch: Launch::default(),
+            #[cfg(test)]
+            assume_attached: false,
         }
+    }
+
+    /// How the daemon was started, for `/server_info`; its log filter for `/logging`.
+    pub fn with_launch(mut self, launch: Launch) -> Self {
+        self.launch = launch;
+        self
     }
 
     /// Adds the proxy path's stats (`proxy.*`) and ORIGINAL_DST hosts.
@@ -81,15 +128,22 @@ impl State {
         self
     }
 
+    /// Whether a part of the daemon panicked.
+    fn failed(&self) -> bool {
+        self.fatal.as_ref().is_some_and(|f| f.cause().is_some())
+    }
+
+    /// Every service published once, nothing failed (`/healthcheck/fail` aside).
     fn ready(&self) -> bool {
-        if self.fatal.as_ref().is_some_and(|f| f.cause().is_some()) {
+        if self.failed() {
             return false;
         }
         let attached = self.dataplane.lock().is_ok_and(|dp| dp.is_some());
+        #[cfg(test)]
+        let attached = attached || self.assume_attached;
         attached && *self.published.borrow() >= self.config.services.len()
     }
 
-    /// Kernel counters, summed over CPUs.
     /// Each published service's kernel counters, by service name.
     fn service_counters(&self) -> Vec<(&str, proxy_common::counters::ServiceCounts)> {
         let guard = self
@@ -119,6 +173,7 @@ impl State {
         Some(svc.cluster.as_str())
     }
 
+    /// Kernel counters, summed over CPUs.
     fn kernel_counters(&self) -> Vec<(&'static str, u64)> {
         let guard = self
             .dataplane
@@ -128,195 +183,149 @@ impl State {
     }
 }
 
-/// Binds `addr` and serves until the returned task is aborted.
-pub async fn serve(addr: SocketAddr, state: State) -> std::io::Result<JoinHandle<()>> {
-    let listener = TcpListener::bind(addr).await?;
-    Ok(tokio::spawn(async move {
-        loop {
-            let Ok((stream, peer)) = listener.accept().await else {
-                continue;
-            };
-            let state = state.clone();
-            tokio::spawn(async move {
-                if let Err(err) = handle(stream, &state).await {
-                    debug!(%peer, %err, "admin request failed");
-                }
-            });
-        }
-    }))
+/// The running admin server; [`Server::stop`] ends it and removes its unix socket file.
+pub struct Server {
+    task: JoinHandle<()>,
 }
 
-async fn handle(mut stream: TcpStream, state: &State) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < MAX_REQUEST {
-        let n = tokio::time::timeout(READ_TIMEOUT, stream.read(&mut chunk))
-            .await
-            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
+impl Server {
+    /// Stops accepting, drops the connections in flight, removes the socket file (which the
+    /// accept loop owns).
+    pub async fn stop(self) {
+        self.task.abort();
+        let _ = self.task.await;
     }
-    let head = String::from_utf8_lossy(&buf);
-    let mut parts = head.lines().next().unwrap_or_default().split_whitespace();
-    let (method, target) = (
-        parts.next().unwrap_or_default(),
-        parts.next().unwrap_or("/"),
-    );
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let response = if method != "GET" {
-        Response::text(405, "only GET is supported\n")
-    } else if path == "/ready" {
-        route(path, query, state)
-    } else {
-        render_in_turn(path, query, state).await
-    };
-    stream.write_all(&response.bytes()).await?;
-    stream.shutdown().await
 }
 
-/// Renders a page on a blocking thread once a turn is free (within [`READ_TIMEOUT`]).
+/// Binds `addr` (a unix socket: mode 0600, a stale socket file replaced) and serves until
+/// [`Server::stop`].
+pub async fn serve(addr: &AdminAddress, state: State) -> Result<Server, ListenError> {
+    let listener = listen::bind(addr).await?;
+    let connections = Arc::new(Semaphore::new(CONNECTIONS));
+    Ok(Server {
+        task: tokio::spawn(accept_loop(listener, connections, state)),
+    })
+}
+
+async fn accept_loop(listener: listen::Listener, connections: Arc<Semaphore>, state: State) {
+    loop {
+        let Ok(slot) = connections.clone().acquire_owned().await else {
+            return;
+        };
+        let accepted = match &listener {
+            listen::Listener::Tcp(tcp) => tcp
+                .accept()
+                .await
+                .map(|(stream, _)| spawn_connection(stream, slot, state.clone())),
+            listen::Listener::Unix { listener, .. } => listener
+                .accept()
+                .await
+                .map(|(stream, _)| spawn_connection(stream, slot, state.clone())),
+        };
+        if let Err(err) = accepted {
+            debug!(%err, "admin accept failed");
+            tokio::time::sleep(ACCEPT_BACKOFF).await;
+        }
+    }
+}
+
+/// Serves one connection (one request) in its own task, holding its connection slot.
+fn spawn_connection<S>(stream: S, slot: OwnedSemaphorePermit, state: State)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let _slot = slot;
+        let service = service_fn(move |request| {
+            let state = state.clone();
+            async move { Ok::<_, Infallible>(respond(&request, &state).await.into_http()) }
+        });
+        let connection = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(READ_TIMEOUT)
+            .max_buf_size(MAX_REQUEST)
+            .keep_alive(false)
+            .serve_connection(TokioIo::new(stream), service);
+        match tokio::time::timeout(CONNECTION_LIFETIME, connection).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => debug!(%err, "admin connection failed"),
+            Err(_) => debug!("admin connection closed after {CONNECTION_LIFETIME:?}"),
+        }
+    });
+}
+
+/// Answers one request: at once, or rendered in turn on a blocking thread.
+async fn respond(request: &Request<Incoming>, state: &State) -> Response {
+    let path = request.uri().path();
+    let query = request.uri().query().unwrap_or_default();
+    if routes::is_page(path) {
+        render_in_turn(path, query, state).await
+    } else {
+        routes::answer(request.method(), path, query, state)
+    }
+}
+
+/// Renders a page on a blocking thread once a turn is free (within [`TURN_TIMEOUT`]).
 async fn render_in_turn(path: &str, query: &str, state: &State) -> Response {
-    let turn = tokio::time::timeout(READ_TIMEOUT, state.rendering.clone().acquire_owned()).await;
+    let turn = tokio::time::timeout(TURN_TIMEOUT, state.rendering.clone().acquire_owned()).await;
     let Ok(Ok(turn)) = turn else {
         return Response::text(
-            503,
+            StatusCode::SERVICE_UNAVAILABLE,
             "busy: other admin requests are being rendered; try again\n",
         );
     };
     let (path, query, state) = (path.to_owned(), query.to_owned(), state.clone());
     let rendered = tokio::task::spawn_blocking(move || {
         let _turn = turn;
-        route(&path, &query, &state)
+        routes::page(&path, &query, &state)
     })
     .await;
-    rendered.unwrap_or_else(|err| Response::text(500, format!("rendering failed: {err}\n")))
+    rendered.unwrap_or_else(|err| {
+        Response::text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("rendering failed: {err}\n"),
+        )
+    })
 }
 
-/// A response: status, content type, body.
+/// A response: status, content type, body, and the `Allow` header of a 405.
 struct Response {
-    status: u16,
+    status: StatusCode,
     content_type: &'static str,
     body: String,
+    allow: Option<&'static str>,
 }
 
 impl Response {
-    fn text(status: u16, body: impl Into<String>) -> Self {
+    fn text(status: StatusCode, body: impl Into<String>) -> Self {
         Self {
             status,
             content_type: "text/plain; charset=utf-8",
             body: body.into(),
+            allow: None,
         }
     }
 
     fn json(value: &impl serde::Serialize) -> Self {
         match serde_json::to_string_pretty(value) {
             Ok(body) => Self {
-                status: 200,
+                status: StatusCode::OK,
                 content_type: "application/json",
                 body: body + "\n",
+                allow: None,
             },
-            Err(err) => Self::text(500, format!("{err}\n")),
+            Err(err) => Self::text(StatusCode::INTERNAL_SERVER_ERROR, format!("{err}\n")),
         }
     }
 
-    fn bytes(&self) -> Vec<u8> {
-        let reason = match self.status {
-            200 => "OK",
-            404 => "Not Found",
-            405 => "Method Not Allowed",
-            500 => "Internal Server Error",
-            _ => "Service Unavailable",
-        };
-        format!(
-            "HTTP/1.1 {} {reason}\r\ncontent-type: {}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{}",
-            self.status,
-            self.content_type,
-            self.body.len(),
-            self.body
-        )
-        .into_bytes()
-    }
-}
-
-fn route(path: &str, query: &str, state: &State) -> Response {
-    let json = query.split('&').any(|kv| kv == "format=json");
-    match path {
-        "/ready" if state.ready() => Response::text(200, "LIVE\n"),
-        "/ready" => Response::text(503, "NOT READY\n"),
-        "/stats" if json => Response::json(&render::stats_map(state)),
-        "/stats" => Response::text(200, render::stats_text(state)),
-        "/stats/prometheus" => Response::text(200, render::prometheus(state)),
-        "/clusters" if json => Response::json(&render::clusters_json(state)),
-        "/clusters" => Response::text(200, render::clusters_text(state)),
-        "/config_dump" => Response::json(&*state.config),
-        _ if path.starts_with("/chain/") => {
-            let service = &path["/chain/".len()..];
-            match state.config.chains.get(service) {
-                Some(chain) => Response::json(chain),
-                None => {
-                    Response::text(404, format!("no discovery chain for service {service:?}\n"))
-                }
-            }
+    fn into_http(self) -> hyper::Response<Full<Bytes>> {
+        let mut response = hyper::Response::new(Full::new(Bytes::from(self.body)));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(self.content_type));
+        if let Some(allow) = self.allow {
+            headers.insert(ALLOW, HeaderValue::from_static(allow));
         }
-        _ => Response::text(
-            404,
-            "not found; try /ready, /stats, /stats/prometheus, /clusters, /config_dump, /chain/<service>\n",
-        ),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Mutex;
-
-    use super::*;
-
-    fn state() -> State {
-        let config = Config::parse("{}", std::path::Path::new("t.yaml")).expect("empty config");
-        State::new(
-            config,
-            Arc::new(Mutex::new(None)),
-            BTreeMap::new(),
-            watch::channel(0).1,
-        )
-    }
-
-    async fn get(addr: SocketAddr, path: &str) -> (String, Duration) {
-        let started = std::time::Instant::now();
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(format!("GET {path} HTTP/1.1\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
-        let mut answer = String::new();
-        s.read_to_string(&mut answer).await.unwrap();
-        (answer, started.elapsed())
-    }
-
-    /// With every rendering turn taken (as by slow pages at scale), `/ready` still answers at
-    /// once and a page waits its turn, then gets 503, instead of tying up the runtime.
-    #[tokio::test]
-    async fn ready_answers_at_once_while_pages_wait_their_turn() {
-        let state = state();
-        let held = state
-            .rendering
-            .clone()
-            .acquire_many_owned(RENDERING as u32)
-            .await;
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        drop(listener);
-        let server = serve(addr, state.clone()).await.unwrap();
-        let (ready, took) = get(addr, "/ready").await;
-        assert!(ready.starts_with("HTTP/1.1 503"), "not attached: {ready}");
-        assert!(took < Duration::from_secs(1), "{took:?}");
-        let (page, took) = get(addr, "/stats").await;
-        assert!(page.contains("busy: other admin requests"), "{page}");
-        assert!(took >= READ_TIMEOUT, "{took:?}");
-        drop(held);
-        let (page, _) = get(addr, "/stats").await;
-        assert!(page.starts_with("HTTP/1.1 200"), "{page}");
-        server.abort();
+        response
     }
 }

@@ -45,9 +45,10 @@ pub enum Command {
     /// Print the services, clusters, hosts, health flags and weights of a running daemon, read
     /// from its admin interface.
     Status {
-        /// The daemon's admin address.
+        /// The daemon's admin address, as in its config's admin.address: ip:port, or
+        /// unix:/path for an admin interface on a unix socket.
         #[arg(long, default_value = "127.0.0.1:15000")]
-        admin: std::net::SocketAddr,
+        admin: proxy_core::config::AdminAddress,
         /// How long the whole answer may take, in seconds (a daemon with many thousands of
         /// services renders for a while).
         #[arg(long, default_value_t = 60)]

@@ -53,10 +53,16 @@ pub type SharedDataplane = Arc<Mutex<Option<Dataplane>>>;
 /// The data path is attached on the calling thread before any other thread exists, and the
 /// process then drops every capability it no longer needs (`crate::privileges`): capabilities
 /// are per thread, so the runtime's and the proxy engine's threads start with the reduced sets.
-pub fn run(mut config: Config, workers: Option<usize>) -> anyhow::Result<()> {
+/// `launch` is what `/server_info` shows and the log filter `/logging` changes.
+pub fn run(
+    mut config: Config,
+    workers: Option<usize>,
+    mut launch: admin::Launch,
+) -> anyhow::Result<()> {
     // The proxy's epoll engine runs as many threads as the runtime.
     config.proxy.engine_threads = workers.and_then(std::num::NonZeroUsize::new);
     let workers = workers.unwrap_or_else(default_workers);
+    launch.concurrency = workers;
     tracing::debug!(workers, "runtime");
     let fatal = Fatal::install();
     let templates = SpecTemplate::all(&config);
@@ -92,7 +98,7 @@ pub fn run(mut config: Config, workers: Option<usize>) -> anyhow::Result<()> {
         }
     };
     runtime.block_on(async {
-        let result = run_async(config, templates, dp.clone(), fatal).await;
+        let result = run_async(config, templates, dp.clone(), fatal, launch).await;
         // An early error removes what this run created and keeps what it adopted. The stop
         // released the data path already; after a failed part (`Fatal`) it stays serving too,
         // released here so that no handle's drop detaches anything (sk_msg) on the way out.
@@ -167,6 +173,7 @@ async fn run_async(
     templates: Vec<SpecTemplate>,
     dp: SharedDataplane,
     fatal: Fatal,
+    launch: admin::Launch,
 ) -> anyhow::Result<()> {
     let mut signals = Signals::install()?;
     // The sweep after the first publish keeps exactly these services.
@@ -211,8 +218,8 @@ async fn run_async(
     if let Some(proxy) = &proxy {
         state = state.with_proxy(proxy.stats_handle());
     }
-    state = state.with_fatal(fatal.clone());
-    let server = match admin::serve(config.admin.address, state).await {
+    state = state.with_fatal(fatal.clone()).with_launch(launch);
+    let server = match admin::serve(&config.admin.address, state).await {
         Ok(server) => server,
         Err(err) => {
             if let Some(proxy) = proxy {
@@ -238,7 +245,8 @@ async fn run_async(
             return Err(Failed(what).into());
         }
     }
-    server.abort();
+    // Removes the admin socket file, when the admin interface is on one.
+    server.stop().await;
     passive.abort();
     traffic.abort();
     if let Some(proxy) = proxy {
@@ -260,7 +268,7 @@ fn start_upstreams(
 ) -> anyhow::Result<BTreeMap<String, Arc<Upstream>>> {
     let mut upstreams = BTreeMap::new();
     // No source may point the data path at the daemon itself.
-    let mut own = vec![config.admin.address];
+    let mut own: Vec<SocketAddr> = config.admin.address.tcp().into_iter().collect();
     own.extend(&config.proxy.listeners);
     let guard = proxy_core::discovery::guard::HostGuard::new(own);
     for cluster in &config.clusters {

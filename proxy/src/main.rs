@@ -11,10 +11,13 @@ use proxy::{
     daemon,
 };
 use proxy_core::config::Config;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(&cli.log);
+    let (logging, subscriber) = proxy::logging::LogControl::new(&cli.log);
+    // Also routes `log` records (aya's) through tracing.
+    subscriber.init();
     match cli.command {
         Command::Check { config } => match proxy::load_config(&config) {
             Ok(cfg) => {
@@ -77,7 +80,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Status { admin, timeout } => status(admin, timeout),
+        Command::Status { admin, timeout } => status(&admin, timeout),
         Command::Uninstall(args) => uninstall(&args),
         Command::Dataplane(DataplaneCommand::Show { instance, json }) => {
             dataplane_show(&instance, json)
@@ -94,7 +97,13 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_BAD_CONFIG);
                 }
             };
-            match daemon::run(cfg, concurrency.map(usize::from)) {
+            let launch = proxy::admin::Launch {
+                config_path: config,
+                log_level: logging.current(),
+                logging: Some(logging),
+                ..proxy::admin::Launch::default()
+            };
+            match daemon::run(cfg, concurrency.map(usize::from), launch) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     eprintln!("error: {err:#}");
@@ -136,14 +145,6 @@ fn probe(args: &ProbeArgs) -> ExitCode {
         return ExitCode::from(CANNOT_START);
     }
     ExitCode::from(proxy::probe::exit_status(&report))
-}
-
-fn init_tracing(filter: &str) {
-    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| filter.to_owned());
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
-        .init();
 }
 
 /// The instance a command names; `Err` is the exit status for a bad configuration.
@@ -230,7 +231,7 @@ fn print<T: serde::Serialize>(
 }
 
 /// `proxy status`.
-fn status(admin: std::net::SocketAddr, timeout: u64) -> ExitCode {
+fn status(admin: &proxy_core::config::AdminAddress, timeout: u64) -> ExitCode {
     let timeout = std::time::Duration::from_secs(timeout);
     match proxy::status::run(admin, timeout, &mut std::io::stdout()) {
         Ok(()) => ExitCode::SUCCESS,

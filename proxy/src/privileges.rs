@@ -149,7 +149,14 @@ pub fn needed(config: &Config, have: &ThreadCaps) -> Vec<Keep> {
             why: "this kernel or this start has no cap_bpf: bpf(2) on the attached maps and links",
         });
     }
-    let mut ports = vec![config.admin.address.port()];
+    // A unix socket admin address needs no port.
+    let mut ports: Vec<u16> = config
+        .admin
+        .address
+        .tcp()
+        .map(|a| a.port())
+        .into_iter()
+        .collect();
     ports.extend(
         config
             .proxy
@@ -268,6 +275,8 @@ mod tests {
             names(&needed(&low, &root)),
             ["cap_bpf", "cap_net_bind_service"]
         );
+        let unix = config("admin: { address: \"unix:/run/proxy/admin.sock\" }\n");
+        assert_eq!(names(&needed(&unix, &root)), ["cap_bpf"]);
         let listener = config("proxy: { listeners: [\"127.0.0.1:80\"] }\n");
         assert_eq!(
             names(&needed(&listener, &root)),

@@ -2,12 +2,14 @@
 //! a running daemon's admin interface (`/clusters?format=json`).
 
 use std::{
-    io::{Read as _, Write as _},
-    net::{SocketAddr, TcpStream},
+    io::{Read, Write},
+    net::TcpStream,
+    os::unix::net::UnixStream,
     time::Duration,
 };
 
 use anyhow::{Context as _, bail};
+use proxy_core::config::AdminAddress;
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -31,7 +33,7 @@ const MAX_ANSWER: usize = 256 << 20;
 
 /// Fetches the daemon's clusters and prints them; the answer must come within `timeout`.
 pub fn run(
-    admin: SocketAddr,
+    admin: &AdminAddress,
     timeout: Duration,
     out: &mut impl std::io::Write,
 ) -> anyhow::Result<()> {
@@ -69,22 +71,74 @@ fn max_timeout() -> Duration {
     Duration::from_secs(365 * 24 * 3600)
 }
 
+/// How long connecting to the admin interface may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A connection to the admin interface, over TCP or a unix socket.
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn connect(addr: &AdminAddress) -> std::io::Result<Self> {
+        match addr {
+            AdminAddress::Tcp(tcp) => {
+                TcpStream::connect_timeout(tcp, CONNECT_TIMEOUT).map(Self::Tcp)
+            }
+            // A local connect does not wait: it succeeds or is refused at once.
+            AdminAddress::Unix(path) => UnixStream::connect(path).map(Self::Unix),
+        }
+    }
+
+    fn set_read_timeout(&self, timeout: Duration) -> std::io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.set_read_timeout(Some(timeout)),
+            Self::Unix(s) => s.set_read_timeout(Some(timeout)),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.read(buf),
+            Self::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.write(buf),
+            Self::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.flush(),
+            Self::Unix(s) => s.flush(),
+        }
+    }
+}
+
 /// One GET, read to its end within `timeout` and at most [`MAX_ANSWER`] bytes.
-fn get(addr: SocketAddr, path: &str, timeout: Duration) -> anyhow::Result<String> {
+fn get(addr: &AdminAddress, path: &str, timeout: Duration) -> anyhow::Result<String> {
     get_bounded(addr, path, timeout, MAX_ANSWER)
 }
 
 fn get_bounded(
-    addr: SocketAddr,
+    addr: &AdminAddress,
     path: &str,
     timeout: Duration,
     max: usize,
 ) -> anyhow::Result<String> {
     let deadline = std::time::Instant::now() + timeout.min(max_timeout());
-    let mut stream =
-        TcpStream::connect_timeout(&addr, Duration::from_secs(2)).with_context(|| {
-            format!("connecting to the admin interface at {addr} (is the daemon running? --admin)")
-        })?;
+    let mut stream = Stream::connect(addr).with_context(|| {
+        format!("connecting to the admin interface at {addr} (is the daemon running? --admin)")
+    })?;
     write!(
         stream,
         "GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n"
@@ -96,7 +150,7 @@ fn get_bounded(
         if left.is_zero() {
             bail!("GET {path}: no complete answer within {timeout:?} (--timeout)");
         }
-        stream.set_read_timeout(Some(left))?;
+        stream.set_read_timeout(left)?;
         let n = match stream.read(&mut chunk) {
             Ok(n) => n,
             Err(e)
@@ -133,7 +187,7 @@ mod tests {
     use super::*;
 
     /// A server that answers every connection with `answer`, then keeps it open.
-    fn server(answer: Vec<u8>) -> SocketAddr {
+    fn server(answer: Vec<u8>) -> AdminAddress {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         std::thread::spawn(move || {
@@ -142,14 +196,14 @@ mod tests {
                 std::thread::sleep(Duration::from_secs(3));
             }
         });
-        addr
+        AdminAddress::Tcp(addr)
     }
 
     #[test]
     fn an_answer_that_never_ends_times_out_as_a_whole() {
         let addr = server(b"HTTP/1.1 200 OK\r\n\r\n[".to_vec());
         let started = std::time::Instant::now();
-        let err = get(addr, "/clusters", Duration::from_millis(300)).unwrap_err();
+        let err = get(&addr, "/clusters", Duration::from_millis(300)).unwrap_err();
         assert!(
             err.to_string().contains("no complete answer within"),
             "{err}"
@@ -162,7 +216,7 @@ mod tests {
         let mut answer = b"HTTP/1.1 200 OK\r\n\r\n".to_vec();
         answer.extend(std::iter::repeat_n(b'x', 10_000));
         let addr = server(answer);
-        let err = get_bounded(addr, "/clusters", Duration::from_secs(2), 1000).unwrap_err();
+        let err = get_bounded(&addr, "/clusters", Duration::from_secs(2), 1000).unwrap_err();
         assert!(err.to_string().contains("larger than 1000 bytes"), "{err}");
     }
 }

@@ -831,3 +831,16 @@ fn per_cluster_health_removal_and_close_settings_load() {
     assert!(!b.health_config().ignore_health_on_host_removal);
     assert_eq!(b.close_connections_on_host_health_failure, None);
 }
+
+#[test]
+fn admin_on_a_unix_socket_parses_and_a_bad_path_is_located() {
+    let config = parse("admin:\n  address: unix:/run/proxy/admin.sock\n").unwrap();
+    assert_eq!(
+        config.admin.address.unix(),
+        Some(Path::new("/run/proxy/admin.sock"))
+    );
+    let (field, line, column, msg) = invalid("instance: x\nadmin:\n  address: unix:admin.sock\n");
+    assert_eq!(field, "admin.address");
+    assert_eq!((line, column), (3, 3), "{msg}");
+    assert!(msg.contains("is not absolute"), "{msg}");
+}

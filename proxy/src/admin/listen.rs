@@ -1,0 +1,147 @@
+//! The admin listener: a TCP address, or a unix socket created with mode 0600.
+//!
+//! The socket file is bound, set to 0600, and only then listened on: until `listen(2)` a
+//! connect is refused, so there is no moment in which the wider mode that `bind(2)` leaves lets
+//! anyone in. A stale socket file (a daemon killed before it could remove its own) is replaced;
+//! anything else at the path is left alone and refused, and so is a socket another process
+//! still serves.
+
+use std::{
+    io,
+    os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _},
+    path::{Path, PathBuf},
+};
+
+use proxy_core::config::AdminAddress;
+use tokio::net::{TcpListener, UnixListener};
+
+/// Mode of the unix socket file: read and write (connect) for its owner only.
+const SOCKET_MODE: u32 = 0o600;
+/// Pending connections the unix socket queues (the TCP listener's are tokio's default).
+const BACKLOG: i32 = 128;
+
+/// Why the admin interface could not listen.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    /// `bind(2)`, `listen(2)` or `chmod(2)` failed.
+    #[error("{what} {addr}: {source}")]
+    Io {
+        /// The step that failed.
+        what: &'static str,
+        /// The admin address.
+        addr: AdminAddress,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Something that is not a socket is at the socket path.
+    #[error(
+        "{} exists and is not a socket; refusing to replace it (remove it, or choose another admin.address)",
+        path.display()
+    )]
+    NotASocket {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// A live process accepts connections on the socket path.
+    #[error(
+        "another process serves {} (a second daemon with the same admin.address?)",
+        path.display()
+    )]
+    InUse {
+        /// The socket path.
+        path: PathBuf,
+    },
+}
+
+/// A bound admin listener.
+pub(super) enum Listener {
+    Tcp(TcpListener),
+    /// The listener and its file, removed when this is dropped.
+    Unix {
+        listener: UnixListener,
+        _file: SocketFile,
+    },
+}
+
+/// The unix socket file this daemon created; dropping it removes the file, if it is still the
+/// one this daemon bound (same device and inode).
+pub(super) struct SocketFile {
+    path: PathBuf,
+    id: (u64, u64),
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let ours =
+            std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.id);
+        if ours && let Err(err) = std::fs::remove_file(&self.path) {
+            tracing::warn!(path = %self.path.display(), %err, "removing the admin socket");
+        }
+    }
+}
+
+/// Binds `addr` (must be called inside a tokio runtime).
+pub(super) async fn bind(addr: &AdminAddress) -> Result<Listener, ListenError> {
+    let io = |what| {
+        let addr = addr.clone();
+        move |source| ListenError::Io { what, addr, source }
+    };
+    match addr {
+        AdminAddress::Tcp(tcp) => Ok(Listener::Tcp(
+            TcpListener::bind(tcp).await.map_err(io("binding"))?,
+        )),
+        AdminAddress::Unix(path) => {
+            remove_stale(path).await?;
+            let socket = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)
+                .map_err(io("creating a socket for"))?;
+            let sockaddr = socket2::SockAddr::unix(path).map_err(io("binding"))?;
+            socket.bind(&sockaddr).map_err(io("binding"))?;
+            // From here the file exists; a failure below must not leave it behind.
+            let meta = std::fs::symlink_metadata(path).map_err(io("reading back"))?;
+            let file = SocketFile {
+                path: path.clone(),
+                id: (meta.dev(), meta.ino()),
+            };
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
+                .map_err(io("setting mode 0600 on"))?;
+            socket.listen(BACKLOG).map_err(io("listening on"))?;
+            socket.set_nonblocking(true).map_err(io("listening on"))?;
+            let listener = UnixListener::from_std(std::os::unix::net::UnixListener::from(socket))
+                .map_err(io("listening on"))?;
+            Ok(Listener::Unix {
+                listener,
+                _file: file,
+            })
+        }
+    }
+}
+
+/// Removes a socket file that no process serves; refuses anything else at `path`.
+async fn remove_stale(path: &Path) -> Result<(), ListenError> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(stale_io("reading", path, source)),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(ListenError::NotASocket {
+            path: path.to_owned(),
+        });
+    }
+    if tokio::net::UnixStream::connect(path).await.is_ok() {
+        return Err(ListenError::InUse {
+            path: path.to_owned(),
+        });
+    }
+    tracing::info!(path = %path.display(), "replacing a stale admin socket");
+    std::fs::remove_file(path).map_err(|source| stale_io("removing the stale socket", path, source))
+}
+
+fn stale_io(what: &'static str, path: &Path, source: io::Error) -> ListenError {
+    ListenError::Io {
+        what,
+        addr: AdminAddress::Unix(path.to_owned()),
+        source,
+    }
+}

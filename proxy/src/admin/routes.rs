@@ -1,0 +1,223 @@
+//! Which path does what: the endpoint table (the index at `/` prints it), the methods each
+//! takes, and the answers that cost next to nothing (`/ready`, the index, `/server_info`,
+//! `/logging`, `/healthcheck/*`). The pages whose cost grows with the configuration are rendered
+//! by `render`, on a blocking thread.
+
+use std::{fmt::Write as _, sync::atomic::Ordering};
+
+use hyper::{Method, StatusCode};
+use tracing::info;
+
+use super::{Response, State, render};
+
+/// One endpoint of the index.
+struct Endpoint {
+    path: &'static str,
+    /// Changes the server's state: POST only (Envoy's `mutates_server_state`).
+    post: bool,
+    help: &'static str,
+}
+
+/// Every endpoint, in the index's (alphabetical) order.
+const ENDPOINTS: &[Endpoint] = &[
+    Endpoint {
+        path: "/",
+        post: false,
+        help: "this list of endpoints",
+    },
+    Endpoint {
+        path: "/chain/<service>",
+        post: false,
+        help: "the service's compiled discovery chain (Consul's CompiledDiscoveryChain JSON)",
+    },
+    Endpoint {
+        path: "/clusters",
+        post: false,
+        help: "every host of every cluster: health flags, weight, priority; ?format=json for JSON",
+    },
+    Endpoint {
+        path: "/config_dump",
+        post: false,
+        help: "the effective configuration, as JSON",
+    },
+    Endpoint {
+        path: "/healthcheck/fail",
+        post: true,
+        help: "fail health checks: /ready answers 503 DRAINING until /healthcheck/ok",
+    },
+    Endpoint {
+        path: "/healthcheck/ok",
+        post: true,
+        help: "pass health checks again after /healthcheck/fail",
+    },
+    Endpoint {
+        path: "/help",
+        post: false,
+        help: "this list of endpoints",
+    },
+    Endpoint {
+        path: "/logging",
+        post: false,
+        help: "the log filter in force; POST /logging?level=<level> sets every target's level \
+               (trace, debug, info, warning, error, critical, off)",
+    },
+    Endpoint {
+        path: "/ready",
+        post: false,
+        help: "200 LIVE once every service is published, else 503",
+    },
+    Endpoint {
+        path: "/server_info",
+        post: false,
+        help: "version, state, uptime and command line options, as JSON",
+    },
+    Endpoint {
+        path: "/stats",
+        post: false,
+        help: "every counter and gauge, `name: value` lines; ?format=json for JSON",
+    },
+    Endpoint {
+        path: "/stats/prometheus",
+        post: false,
+        help: "every counter and gauge in Prometheus' text format",
+    },
+];
+
+/// Whether `path` is a page rendered on a blocking thread, in turn ([`render::page`]).
+pub(super) fn is_page(path: &str) -> bool {
+    matches!(
+        path,
+        "/stats" | "/stats/prometheus" | "/clusters" | "/config_dump"
+    ) || path.starts_with("/chain/")
+}
+
+/// The answer to every request that is not a page.
+pub(super) fn answer(method: &Method, path: &str, query: &str, state: &State) -> Response {
+    match path {
+        "/ready" => ready(state),
+        "/" | "/help" => Response::text(StatusCode::OK, index()),
+        "/server_info" => Response::json(&super::info::server_info(state)),
+        "/logging" if query.is_empty() => logging_list(state),
+        "/logging" => post_only(method, path).unwrap_or_else(|| logging_set(query, state)),
+        "/healthcheck/fail" | "/healthcheck/ok" => post_only(method, path).unwrap_or_else(|| {
+            let fail = path == "/healthcheck/fail";
+            state.health_failed.store(fail, Ordering::Relaxed);
+            if fail {
+                info!(
+                    "admin: failing health checks (/ready answers 503) until POST /healthcheck/ok"
+                );
+            } else {
+                info!("admin: passing health checks again");
+            }
+            Response::text(StatusCode::OK, "OK\n")
+        }),
+        _ => {
+            let mut body = format!("not found: {path:?}\n\n");
+            body.push_str(&index());
+            Response::text(StatusCode::NOT_FOUND, body)
+        }
+    }
+}
+
+/// `/ready`: Envoy's answer (`LIVE`, or the state's name with 503), except that a daemon not yet
+/// serving every service answers `NOT READY` as it always has.
+fn ready(state: &State) -> Response {
+    if !state.ready() {
+        Response::text(StatusCode::SERVICE_UNAVAILABLE, "NOT READY\n")
+    } else if state.health_failed.load(Ordering::Relaxed) {
+        Response::text(StatusCode::SERVICE_UNAVAILABLE, "DRAINING\n")
+    } else {
+        Response::text(StatusCode::OK, "LIVE\n")
+    }
+}
+
+/// A 405 (with `Allow: POST`) for anything but POST on an endpoint that changes state.
+fn post_only(method: &Method, path: &str) -> Option<Response> {
+    if method == Method::POST {
+        return None;
+    }
+    tracing::debug!(%method, path, "admin: refused a state change by a method other than POST");
+    let mut refused = Response::text(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!(
+            "method {method} is not allowed on {path}: it changes the server's state, so it takes POST\n"
+        ),
+    );
+    refused.allow = Some("POST");
+    Some(refused)
+}
+
+/// The index: every endpoint with its help line; `(POST)` marks those that change state.
+fn index() -> String {
+    let mut out = String::from("admin endpoints:\n");
+    for e in ENDPOINTS {
+        let post = if e.post { " (POST)" } else { "" };
+        let _ = writeln!(out, "  {}{post}: {}", e.path, e.help);
+    }
+    out
+}
+
+fn logging_list(state: &State) -> Response {
+    match &state.launch.logging {
+        Some(log) => Response::text(
+            StatusCode::OK,
+            format!("active log filter: {}\n", log.current()),
+        ),
+        None => Response::text(
+            StatusCode::OK,
+            "active log filter: (not managed by this server)\n",
+        ),
+    }
+}
+
+/// `POST /logging?level=<level>`; anything else in the query is a 400 that changes nothing.
+fn logging_set(query: &str, state: &State) -> Response {
+    let usage = format!(
+        "\nusage: POST /logging?level=<level> (sets every target's level)\nlevels: {}\n",
+        crate::logging::LEVELS.join(" ")
+    );
+    let bad =
+        |why: String| Response::text(StatusCode::BAD_REQUEST, format!("error: {why}\n{usage}"));
+    let mut params = query.split('&').filter(|p| !p.is_empty());
+    let (Some(param), None) = (params.next(), params.next()) else {
+        return bad("give exactly one parameter, level=<level>".to_owned());
+    };
+    let Some(level) = param.strip_prefix("level=") else {
+        return bad(format!(
+            "unsupported parameter {param:?}: only level= is (per-target levels are not)"
+        ));
+    };
+    let Some(log) = &state.launch.logging else {
+        return bad("this server's log filter cannot be changed at run time".to_owned());
+    };
+    match log.set_level(level) {
+        Ok(now) => {
+            info!(level, filter = %now, "admin: log level changed");
+            Response::text(StatusCode::OK, format!("active log filter: {now}\n"))
+        }
+        Err(err) => bad(err.to_string()),
+    }
+}
+
+/// A page that may be expensive (see [`is_page`]); runs on a blocking thread.
+pub(super) fn page(path: &str, query: &str, state: &State) -> Response {
+    let json = query.split('&').any(|kv| kv == "format=json");
+    match path {
+        "/stats" if json => Response::json(&render::stats_map(state)),
+        "/stats" => Response::text(StatusCode::OK, render::stats_text(state)),
+        "/stats/prometheus" => Response::text(StatusCode::OK, render::prometheus(state)),
+        "/clusters" if json => Response::json(&render::clusters_json(state)),
+        "/clusters" => Response::text(StatusCode::OK, render::clusters_text(state)),
+        "/config_dump" => Response::json(&*state.config),
+        _ => {
+            let service = path.strip_prefix("/chain/").unwrap_or(path);
+            match state.config.chains.get(service) {
+                Some(chain) => Response::json(chain),
+                None => Response::text(
+                    StatusCode::NOT_FOUND,
+                    format!("no discovery chain for service {service:?}\n"),
+                ),
+            }
+        }
+    }
+}

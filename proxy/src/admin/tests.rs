@@ -1,0 +1,453 @@
+//! The admin server over real sockets: every endpoint, every refusal, the cost bounds, the
+//! unix socket.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Mutex,
+    time::Instant,
+};
+
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::{TcpListener, TcpStream, UnixStream},
+};
+
+use super::*;
+
+fn state() -> State {
+    let config = Config::parse("{}", std::path::Path::new("t.yaml")).expect("empty config");
+    State::new(
+        config,
+        Arc::new(Mutex::new(None)),
+        BTreeMap::new(),
+        watch::channel(0).1,
+    )
+}
+
+/// A free loopback address (bound a moment ago).
+async fn free_addr() -> AdminAddress {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    AdminAddress::Tcp(listener.local_addr().unwrap())
+}
+
+async fn serving(state: State) -> (Server, AdminAddress) {
+    let addr = free_addr().await;
+    let server = serve(&addr, state).await.expect("serving on loopback");
+    (server, addr)
+}
+
+/// Writes `request` raw and reads the whole answer (the server closes after one).
+async fn exchange(addr: &AdminAddress, request: &str) -> String {
+    let mut answer = Vec::new();
+    match addr {
+        AdminAddress::Tcp(tcp) => {
+            let mut s = TcpStream::connect(tcp).await.unwrap();
+            s.write_all(request.as_bytes()).await.unwrap();
+            let _ = s.read_to_end(&mut answer).await;
+        }
+        AdminAddress::Unix(path) => {
+            let mut s = UnixStream::connect(path).await.unwrap();
+            s.write_all(request.as_bytes()).await.unwrap();
+            let _ = s.read_to_end(&mut answer).await;
+        }
+    }
+    String::from_utf8(answer).expect("UTF-8 answer")
+}
+
+async fn call(addr: &AdminAddress, method: &str, target: &str) -> (u16, String, String) {
+    let answer = exchange(
+        addr,
+        &format!("{method} {target} HTTP/1.1\r\nhost: t\r\n\r\n"),
+    )
+    .await;
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_ascii_lowercase(), body.to_owned())
+}
+
+async fn get(addr: &AdminAddress, target: &str) -> (u16, String) {
+    let (status, _, body) = call(addr, "GET", target).await;
+    (status, body)
+}
+
+/// With every rendering turn taken (as by slow pages at scale), `/ready` still answers at
+/// once and a page waits its turn, then gets 503, instead of tying up the runtime.
+#[tokio::test]
+async fn ready_answers_at_once_while_pages_wait_their_turn() {
+    let state = state();
+    let held = state
+        .rendering
+        .clone()
+        .acquire_many_owned(RENDERING as u32)
+        .await;
+    let (server, addr) = serving(state.clone()).await;
+    let started = Instant::now();
+    let (status, body) = get(&addr, "/ready").await;
+    assert_eq!((status, body.as_str()), (503, "NOT READY\n"));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    let started = Instant::now();
+    let (status, body) = get(&addr, "/stats").await;
+    assert_eq!(status, 503);
+    assert!(body.contains("busy: other admin requests"), "{body}");
+    assert!(started.elapsed() >= TURN_TIMEOUT, "{:?}", started.elapsed());
+    drop(held);
+    assert_eq!(get(&addr, "/stats").await.0, 200);
+    server.stop().await;
+}
+
+/// Every page answers with the renderer's output, byte for byte, under the same content type.
+#[tokio::test]
+async fn pages_render_what_they_rendered_before() {
+    let state = state();
+    let (server, addr) = serving(state.clone()).await;
+    let text = "text/plain; charset=utf-8";
+    let json = "application/json";
+    let pretty = |v: &dyn erased::Value| v.pretty() + "\n";
+    for (target, content_type, want) in [
+        ("/stats", text, render::stats_text(&state)),
+        (
+            "/stats?format=json",
+            json,
+            pretty(&render::stats_map(&state)),
+        ),
+        ("/stats/prometheus", text, render::prometheus(&state)),
+        ("/clusters", text, render::clusters_text(&state)),
+        (
+            "/clusters?format=json",
+            json,
+            pretty(&render::clusters_json(&state)),
+        ),
+        ("/config_dump", json, pretty(&*state.config)),
+    ] {
+        let (status, head, body) = call(&addr, "GET", target).await;
+        assert_eq!(status, 200, "{target}");
+        assert!(
+            head.contains(&format!("content-type: {content_type}")),
+            "{target}: {head}"
+        );
+        assert!(
+            head.contains(&format!("content-length: {}", want.len())),
+            "{target}: {head}"
+        );
+        assert_eq!(body, want, "{target}");
+    }
+    assert!(render::stats_text(&state).contains("server.services: 0"));
+    let (status, body) = get(&addr, "/chain/web").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (404, "no discovery chain for service \"web\"\n")
+    );
+    server.stop().await;
+}
+
+/// serde_json's pretty form of anything `Serialize`, behind one object-safe trait.
+mod erased {
+    pub trait Value {
+        fn pretty(&self) -> String;
+    }
+    impl<T: serde::Serialize> Value for T {
+        fn pretty(&self) -> String {
+            serde_json::to_string_pretty(self).expect("serializable")
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_index_lists_every_endpoint_and_unknown_paths_get_it_with_a_404() {
+    let (server, addr) = serving(state()).await;
+    let (status, index) = get(&addr, "/").await;
+    assert_eq!(status, 200);
+    for path in [
+        "/chain/<service>",
+        "/clusters",
+        "/config_dump",
+        "/healthcheck/fail (POST)",
+        "/healthcheck/ok (POST)",
+        "/help",
+        "/logging",
+        "/ready",
+        "/server_info",
+        "/stats",
+        "/stats/prometheus",
+    ] {
+        assert!(
+            index.contains(&format!("\n  {path}: ")),
+            "{path} missing:\n{index}"
+        );
+    }
+    assert_eq!(get(&addr, "/help").await, (200, index.clone()));
+    let (status, body) = get(&addr, "/nope?x=1").await;
+    assert_eq!(status, 404);
+    assert!(
+        body.starts_with("not found: \"/nope\"\n\nadmin endpoints:\n"),
+        "{body}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn server_info_reports_state_uptime_and_options() {
+    let mut state = state().with_launch(Launch {
+        config_path: Some(PathBuf::from("/etc/proxy/config.yaml")),
+        log_level: "info".to_owned(),
+        concurrency: 3,
+        ..Launch::default()
+    });
+    let (server, addr) = serving(state.clone()).await;
+    let info = |body: String| -> serde_json::Value { serde_json::from_str(&body).expect("JSON") };
+    let (status, body) = get(&addr, "/server_info").await;
+    assert_eq!(status, 200);
+    let v = info(body);
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(v["state"], "INITIALIZING");
+    assert_eq!(v["uptime_current_epoch"], "0s");
+    assert_eq!(v["uptime_all_epochs"], "0s");
+    let options = &v["command_line_options"];
+    assert_eq!(options["config_path"], "/etc/proxy/config.yaml");
+    assert_eq!(options["log_level"], "info");
+    assert_eq!(options["concurrency"], 3);
+    server.stop().await;
+    state.assume_attached = true;
+    let (server, addr) = serving(state).await;
+    assert_eq!(info(get(&addr, "/server_info").await.1)["state"], "LIVE");
+    server.stop().await;
+}
+
+/// Envoy's drain switch: after `/healthcheck/fail`, `/ready` is 503 DRAINING and so is
+/// `/server_info`'s state, until `/healthcheck/ok`. GET changes nothing: it is a 405.
+#[tokio::test]
+async fn healthcheck_fail_and_ok_take_post_and_turn_ready_off_and_on() {
+    let mut state = state();
+    state.assume_attached = true;
+    let (server, addr) = serving(state).await;
+    let server_state = async |addr: &AdminAddress| {
+        let body = get(addr, "/server_info").await.1;
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["state"].clone()
+    };
+    assert_eq!(get(&addr, "/ready").await, (200, "LIVE\n".to_owned()));
+    for method in ["GET", "HEAD", "PUT"] {
+        let (status, head, _) = call(&addr, method, "/healthcheck/fail").await;
+        assert_eq!(status, 405, "{method}");
+        assert!(head.contains("\r\nallow: post"), "{method}: {head}");
+    }
+    let (_, _, body) = call(&addr, "GET", "/healthcheck/fail").await;
+    assert_eq!(
+        body,
+        "method GET is not allowed on /healthcheck/fail: it changes the server's state, so it \
+         takes POST\n"
+    );
+    assert_eq!(get(&addr, "/ready").await.0, 200, "a GET changed nothing");
+    let (status, _, body) = call(&addr, "POST", "/healthcheck/fail").await;
+    assert_eq!((status, body.as_str()), (200, "OK\n"));
+    assert_eq!(get(&addr, "/ready").await, (503, "DRAINING\n".to_owned()));
+    assert_eq!(server_state(&addr).await, "DRAINING");
+    assert_eq!(call(&addr, "GET", "/healthcheck/ok").await.0, 405);
+    assert_eq!(get(&addr, "/ready").await.0, 503, "a GET changed nothing");
+    assert_eq!(call(&addr, "POST", "/healthcheck/ok").await.0, 200);
+    assert_eq!(get(&addr, "/ready").await, (200, "LIVE\n".to_owned()));
+    assert_eq!(server_state(&addr).await, "LIVE");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn logging_lists_sets_and_refuses_bad_levels_without_changing_anything() {
+    let (control, _subscriber) = crate::logging::LogControl::new("info");
+    control.set_level("info").unwrap();
+    let state = state().with_launch(Launch {
+        logging: Some(control.clone()),
+        ..Launch::default()
+    });
+    let (server, addr) = serving(state).await;
+    assert_eq!(
+        get(&addr, "/logging").await,
+        (200, "active log filter: info\n".to_owned())
+    );
+    let (status, head, _) = call(&addr, "GET", "/logging?level=debug").await;
+    assert_eq!(status, 405);
+    assert!(head.contains("\r\nallow: post"), "{head}");
+    assert_eq!(control.current(), "info", "a GET changed nothing");
+    let (status, _, body) = call(&addr, "POST", "/logging?level=debug").await;
+    assert_eq!((status, body.as_str()), (200, "active log filter: debug\n"));
+    assert_eq!(control.current(), "debug");
+    for (query, why) in [
+        ("level=loud", "error: unknown log level \"loud\"\n"),
+        ("level=", "error: unknown log level \"\"\n"),
+        (
+            "paths=a:debug",
+            "error: unsupported parameter \"paths=a:debug\"",
+        ),
+        ("level=info&level=warn", "error: give exactly one parameter"),
+    ] {
+        let (status, _, body) = call(&addr, "POST", &format!("/logging?{query}")).await;
+        assert_eq!(status, 400, "{query}");
+        assert!(body.starts_with(why), "{query}: {body}");
+        assert!(
+            body.contains("levels: trace debug info warning"),
+            "{query}: {body}"
+        );
+    }
+    assert_eq!(
+        control.current(),
+        "debug",
+        "a refused change changed nothing"
+    );
+    assert_eq!(
+        call(&addr, "POST", "/logging").await.2,
+        "active log filter: debug\n"
+    );
+    server.stop().await;
+}
+
+/// Hostile input: no panic, a clear refusal, and the server keeps answering.
+#[tokio::test]
+async fn malformed_and_oversized_requests_are_refused() {
+    let (server, addr) = serving(state()).await;
+    let huge = format!(
+        "GET /stats HTTP/1.1\r\nx-big: {}\r\n\r\n",
+        "a".repeat(2 * MAX_REQUEST)
+    );
+    let answer = exchange(&addr, &huge).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    for garbage in [
+        "BLAH\r\n\r\n",
+        "GET\r\n\r\n",
+        "\0\0\0\0\r\n\r\n",
+        "GET / HTTP/9.9\r\n\r\n",
+    ] {
+        let answer = exchange(&addr, garbage).await;
+        assert!(
+            answer.is_empty()
+                || answer.starts_with("HTTP/1.1 4")
+                || answer.starts_with("HTTP/1.1 5"),
+            "{garbage:?}: {answer}"
+        );
+    }
+    // A body on a POST is ignored, not read.
+    let posted = "POST /healthcheck/ok HTTP/1.1\r\ncontent-length: 5\r\n\r\nhello";
+    assert!(exchange(&addr, posted).await.starts_with("HTTP/1.1 200"));
+    assert_eq!(get(&addr, "/ready").await.0, 503);
+    server.stop().await;
+}
+
+/// A client that never completes its request head is dropped after [`READ_TIMEOUT`]; while
+/// [`CONNECTIONS`] of them hold every slot, the next client waits in the queue, then is served.
+#[tokio::test]
+async fn slow_clients_time_out_and_hold_at_most_the_connection_slots() {
+    let (server, addr) = serving(state()).await;
+    let AdminAddress::Tcp(tcp) = addr else {
+        unreachable!()
+    };
+    let mut slow = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let mut s = TcpStream::connect(tcp).await.unwrap();
+        s.write_all(b"GET /ready HTTP/1.1\r\n").await.unwrap();
+        slow.push(s);
+    }
+    let started = Instant::now();
+    let (status, _) = get(&addr, "/ready").await;
+    let waited = started.elapsed();
+    assert_eq!(status, 503);
+    assert!(
+        waited + Duration::from_millis(500) >= READ_TIMEOUT,
+        "{waited:?}"
+    );
+    assert!(waited < READ_TIMEOUT * 2, "{waited:?}");
+    let mut rest = Vec::new();
+    let read = slow[0].read_to_end(&mut rest).await;
+    assert!(
+        read.is_err() || rest.is_empty() || rest.starts_with(b"HTTP/1.1 408"),
+        "{rest:?}"
+    );
+    server.stop().await;
+}
+
+/// A fresh directory for one test's socket files.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("proxy-admin-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::symlink_metadata(path)
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777
+}
+
+#[tokio::test]
+async fn a_unix_socket_is_0600_served_and_removed_on_stop() {
+    let dir = scratch("mode");
+    let path = dir.join("admin.sock");
+    let addr = AdminAddress::Unix(path.clone());
+    let server = serve(&addr, state())
+        .await
+        .expect("serving on a unix socket");
+    assert_eq!(mode(&path), 0o600);
+    assert_eq!(get(&addr, "/ready").await, (503, "NOT READY\n".to_owned()));
+    // `proxy status` over the socket.
+    let status_addr = addr.clone();
+    let table = tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        crate::status::run(&status_addr, Duration::from_secs(10), &mut out).map(|()| out)
+    })
+    .await
+    .unwrap()
+    .expect("proxy status over the unix socket");
+    assert!(String::from_utf8_lossy(&table).starts_with("SERVICE"));
+    server.stop().await;
+    assert!(!path.exists(), "the socket file is removed on stop");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn a_stale_socket_is_replaced_but_a_live_one_or_a_regular_file_is_refused() {
+    let dir = scratch("stale");
+    let path = dir.join("admin.sock");
+    let addr = AdminAddress::Unix(path.clone());
+    // Stale: bound, then its listener gone (as after kill -9).
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    let server = serve(&addr, state())
+        .await
+        .expect("replacing a stale socket");
+    assert_eq!(get(&addr, "/ready").await.0, 503);
+    // Live: this server still has it.
+    let err = serve(&addr, state())
+        .await
+        .err()
+        .expect("a live socket is refused");
+    assert!(matches!(err, ListenError::InUse { .. }), "{err}");
+    assert!(err.to_string().contains("another process serves"), "{err}");
+    server.stop().await;
+    // A regular file is never deleted.
+    std::fs::write(&path, "keep me").unwrap();
+    let err = serve(&addr, state())
+        .await
+        .err()
+        .expect("a regular file is refused");
+    assert!(
+        err.to_string().contains("exists and is not a socket"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "keep me");
+    // Nor is a directory.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    let err = serve(&addr, state())
+        .await
+        .err()
+        .expect("a directory is refused");
+    assert!(matches!(err, ListenError::NotASocket { .. }), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -13,6 +13,8 @@ use clap::{Parser, Subcommand};
 #[command(name = "proxy", version, propagate_version = true)]
 pub struct Cli {
     /// Log filter, in tracing's EnvFilter syntax (e.g. `info`, `proxy=debug`). RUST_LOG also works.
+    /// A running daemon's level can be changed with `POST /logging?level=debug` on its admin
+    /// interface.
     #[arg(long, global = true, env = "PROXY_LOG", default_value = "info")]
     pub log: String,
     /// What to do.
@@ -24,7 +26,8 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the daemon (as root): load and attach the kernel programs, publish the configured
-    /// services, serve the admin interface; SIGINT or SIGTERM detaches and removes everything.
+    /// services, serve the admin interface (admin.address; `GET /` lists its endpoints); SIGINT
+    /// or SIGTERM stops it, leaving the data path serving for the next start.
     Run {
         /// Configuration file (YAML or JSON). Without it, the embedded default configuration
         /// (the demo's: one STATIC cluster of three loopback hosts behind 127.77.0.1:80) is used.

@@ -32,9 +32,12 @@ impl LogControl {
     pub fn new(filter: &str) -> (Self, impl tracing::Subscriber + Send + Sync + 'static) {
         let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| filter.to_owned());
         let (layer, handle) = reload::Layer::new(EnvFilter::new(filter));
-        let subscriber = tracing_subscriber::registry()
-            .with(layer)
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr));
+        let subscriber = tracing_subscriber::registry().with(layer).with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                // As `tracing_subscriber::fmt()` did: a failed write is reported on stderr.
+                .log_internal_errors(true),
+        );
         (Self { handle }, subscriber)
     }
 

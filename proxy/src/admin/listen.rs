@@ -129,10 +129,16 @@ async fn remove_stale(path: &Path) -> Result<(), ListenError> {
             path: path.to_owned(),
         });
     }
-    if tokio::net::UnixStream::connect(path).await.is_ok() {
-        return Err(ListenError::InUse {
-            path: path.to_owned(),
-        });
+    // Only a refused connect proves that no process listens: a live listener whose queue is
+    // full answers EAGAIN, and its socket must not be taken away.
+    match tokio::net::UnixStream::connect(path).await {
+        Ok(_) => {
+            return Err(ListenError::InUse {
+                path: path.to_owned(),
+            });
+        }
+        Err(err) if err.kind() == io::ErrorKind::ConnectionRefused => {}
+        Err(source) => return Err(stale_io("probing the existing socket", path, source)),
     }
     tracing::info!(path = %path.display(), "replacing a stale admin socket");
     std::fs::remove_file(path).map_err(|source| stale_io("removing the stale socket", path, source))

@@ -12,6 +12,8 @@
 //! The health state sits behind a lock so the admin interface can read host flags and stats at
 //! any time.
 
+mod traffic;
+
 use std::{
     sync::{
         Arc, Mutex, MutexGuard,
@@ -25,6 +27,7 @@ use tokio::{
     task::JoinHandle,
 };
 
+pub use self::traffic::{HostTraffic, OpenConnection, UpstreamTraffic};
 use crate::{
     config::Cluster,
     discovery::{
@@ -57,42 +60,6 @@ pub enum UpstreamError {
     /// Its discovery source could not start.
     #[error(transparent)]
     Discovery(#[from] SourceError),
-}
-
-/// Envoy's per-cluster upstream counters for the connections the daemon's proxy makes to a
-/// cluster's hosts. The kernel path's connections are the application's own; the admin adds
-/// them from the kernel's per-service counters under the same names.
-#[derive(Debug, Default)]
-pub struct UpstreamTraffic {
-    /// Connects started to a host (`upstream_cx_total`).
-    pub cx_total: AtomicU64,
-    /// Connects that failed or timed out (`upstream_cx_connect_fail`).
-    pub cx_connect_fail: AtomicU64,
-    /// Choices that found no routable host (`upstream_cx_none_healthy`).
-    pub cx_none_healthy: AtomicU64,
-    /// Choices made in panic mode (`lb_healthy_panic`).
-    pub lb_healthy_panic: AtomicU64,
-}
-
-impl UpstreamTraffic {
-    /// The counters with Envoy's names, without the `cluster.<name>.` prefix.
-    pub fn named(&self) -> [(&'static str, u64); 4] {
-        [
-            ("upstream_cx_total", self.cx_total.load(Ordering::Relaxed)),
-            (
-                "upstream_cx_connect_fail",
-                self.cx_connect_fail.load(Ordering::Relaxed),
-            ),
-            (
-                "upstream_cx_none_healthy",
-                self.cx_none_healthy.load(Ordering::Relaxed),
-            ),
-            (
-                "lb_healthy_panic",
-                self.lb_healthy_panic.load(Ordering::Relaxed),
-            ),
-        ]
-    }
 }
 
 /// A running cluster.
@@ -165,12 +132,14 @@ impl Upstream {
         let (init_tx, initialized) = watch::channel(false);
         let (views, views_rx) = mpsc::unbounded_channel();
         let refused = Arc::new(AtomicU64::new(0));
+        let traffic = Arc::new(UpstreamTraffic::default());
         let inputs = Inputs {
             hosts: source.updates(),
             guard: Guarded {
                 guard: guard.clone(),
                 cluster: name.clone(),
                 refused: refused.clone(),
+                traffic: traffic.clone(),
             },
             // The cluster's one subscription, taken before its first hosts register probes.
             events: manager.subscribe(),
@@ -192,7 +161,7 @@ impl Upstream {
             source,
             outlier_detection,
             refused,
-            traffic: Arc::default(),
+            traffic,
             task,
         })
     }
@@ -301,10 +270,13 @@ struct Guarded {
     guard: HostGuard,
     cluster: String,
     refused: Arc<AtomicU64>,
+    /// Per-host counters of hosts no longer discovered are forgotten here.
+    traffic: Arc<UpstreamTraffic>,
 }
 
 impl Guarded {
-    /// `hosts` less what the guard refuses; a change in what is refused is logged.
+    /// `hosts` less what the guard refuses; a change in what is refused is logged. Per-host
+    /// counters of hosts left out (and with no open connection) are forgotten.
     fn apply(&self, hosts: HostSet) -> HostSet {
         let (kept, refused) = self.guard.filter(hosts);
         let before = self.refused.swap(refused.len() as u64, Ordering::Relaxed);
@@ -313,6 +285,8 @@ impl Guarded {
                 tracing::warn!(cluster = %self.cluster, %addr, why, "host refused: not a usable address; the cluster's other hosts are used");
             }
         }
+        let discovered: std::collections::HashSet<_> = kept.iter().map(|h| h.addr).collect();
+        self.traffic.retain_hosts(|addr| discovered.contains(&addr));
         kept
     }
 }

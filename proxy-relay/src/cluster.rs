@@ -16,7 +16,7 @@ use std::{
 use proxy_core::{
     health::{PassiveSignal, Routing},
     lb,
-    upstream::{Upstream, UpstreamTraffic},
+    upstream::{OpenConnection, Upstream, UpstreamTraffic},
 };
 use tokio::sync::{mpsc, watch};
 
@@ -316,6 +316,12 @@ impl ClusterHandle {
         &self.traffic
     }
 
+    /// A connection to `host` opens: counted in the cluster's and the host's
+    /// `upstream_cx_active` until the guard is dropped (hold it as long as the socket).
+    pub fn open_connection(&self, host: BackendAddr) -> OpenConnection {
+        self.traffic.open(host.0)
+    }
+
     /// [`ClusterHandle::pick`] for a connection or request that lasts: with LEAST_REQUEST, the
     /// lease counts it in its host's open connections until it is dropped.
     pub fn pick_leased(&self, tried: &[BackendAddr]) -> Option<(BackendAddr, Option<ActiveLease>)> {
@@ -376,10 +382,7 @@ impl ClusterHandle {
     /// Reports a connect result: counted in the cluster's upstream counters and sent to its
     /// outlier detection (never blocks).
     pub fn report_connect(&self, host: BackendAddr, ok: bool) {
-        self.traffic.cx_total.fetch_add(1, Ordering::Relaxed);
-        if !ok {
-            self.traffic.cx_connect_fail.fetch_add(1, Ordering::Relaxed);
-        }
+        self.traffic.connect_result(host.0, ok);
         if let Some(tx) = &self.passive {
             let signal = if ok {
                 PassiveSignal::ConnectSuccess(host.0)

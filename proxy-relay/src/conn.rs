@@ -11,6 +11,7 @@ use std::{
     time::Duration,
 };
 
+use proxy_core::upstream::OpenConnection;
 use socket2::{Domain, Protocol, Socket, Type};
 use tracing::debug;
 
@@ -112,6 +113,8 @@ pub(crate) struct Chosen {
     pub(crate) lease: Option<HostLease>,
     /// LEAST_REQUEST: the connection's place in its host's open count.
     pub(crate) active: Option<ActiveLease>,
+    /// A cluster's host: the connection's place in `upstream_cx_active`.
+    pub(crate) open: Option<OpenConnection>,
 }
 
 /// The host for `target`, or `None` when the cluster has no healthy host: then counted
@@ -125,6 +128,7 @@ pub(crate) fn choose(target: Target<'_>, client: &impl AsFd, shared: &Shared) ->
                 host,
                 lease,
                 active: None,
+                open: None,
             })
         }
         Target::Cluster(cluster) => {
@@ -138,6 +142,7 @@ pub(crate) fn choose(target: Target<'_>, client: &impl AsFd, shared: &Shared) ->
                 host,
                 lease: None,
                 active,
+                open: Some(cluster.open_connection(host)),
             })
         }
     }

@@ -22,13 +22,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use proxy_core::time::after;
+use proxy_core::{time::after, upstream::OpenConnection};
 use tracing::{debug, warn};
 
 use crate::{
     addr::ClientAddr,
     cluster::{ActiveLease, ClusterHandle, HostVerdict},
-    conn::{self, Action, Actions, Admitted, Chosen, ConnectFailure, ProxyClose, Started, Target},
+    conn::{self, Action, Actions, Admitted, ConnectFailure, ProxyClose, Started, Target},
     drain::DrainWatcher,
     flow::{self, End, Flows, SCRATCH, Side},
     listener,
@@ -266,6 +266,8 @@ struct Conn {
     _lease: Option<HostLease>,
     /// LEAST_REQUEST: the connection's place in its host's open count.
     _active: Option<ActiveLease>,
+    /// A cluster's host: the connection's place in `upstream_cx_active`.
+    _open: Option<OpenConnection>,
     /// Counts the connection until its slot is freed.
     _admitted: Admitted<Arc<ProxyStats>>,
     /// Set while the connect is on: its deadline.
@@ -560,14 +562,10 @@ impl Worker {
             Some(Action::Original) => (Target::Original(orig), None),
             Some(Action::Cluster(ci)) => (Target::Cluster(&routes.clusters[*ci]), Some(*ci)),
         };
-        let Some(Chosen {
-            host,
-            lease,
-            active,
-        }) = conn::choose(target, &client, &self.shared)
-        else {
+        let Some(chosen) = conn::choose(target, &client, &self.shared) else {
             return;
         };
+        let host = chosen.host;
         let handle = cluster.map(|ci| &routes.clusters[ci]);
         let failed = |failure| conn::connect_failed(&failure, host, handle, &client, stats);
         let (upstream, unsent, connecting) =
@@ -615,8 +613,9 @@ impl Worker {
             upstream,
             host,
             cluster,
-            _lease: lease,
-            _active: active,
+            _lease: chosen.lease,
+            _active: chosen.active,
+            _open: chosen.open,
             _admitted: admitted,
             connecting,
             drain_deadline: None,

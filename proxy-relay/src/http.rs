@@ -334,7 +334,8 @@ async fn connection(
         ProxyStats::inc(&stats.upstream_cx_pool_reuse);
         return Ok(sender);
     }
-    let result = pool::connect(host, proto, timeout, stats, cluster.pool()).await;
+    let open = Some(cluster.open_connection(host));
+    let result = pool::connect(host, proto, timeout, stats, cluster.pool(), open).await;
     if let Err(err) = &result {
         debug!(%err, "upstream connect failed");
     }
@@ -374,7 +375,7 @@ async fn original_dst(req: Request<Incoming>, proto: Proto, ctx: &Ctx) -> Respon
             ProxyStats::inc(&shared.stats.upstream_cx_pool_reuse);
             s
         }
-        None => match pool::connect(host, proto, timeout, &shared.stats, pool).await {
+        None => match pool::connect(host, proto, timeout, &shared.stats, pool, None).await {
             Ok(s) => s,
             Err(err) => {
                 debug!(%err, "ORIGINAL_DST connect failed");
@@ -411,7 +412,7 @@ async fn exchange(
     let result = match sender.try_send(req).await {
         Err((err, Some(req))) => {
             debug!(%err, "pooled connection unusable; reconnecting");
-            sender = pool::connect(host, proto, connect_timeout, stats, pool)
+            sender = pool::connect(host, proto, connect_timeout, stats, pool, None)
                 .await
                 .map_err(|err| attempt_failure(&err))?;
             sender.try_send(req).await

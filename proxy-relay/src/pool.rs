@@ -19,6 +19,7 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use proxy_core::upstream::OpenConnection;
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::TcpStream,
@@ -185,18 +186,21 @@ impl Pool {
 
 /// Opens a new upstream connection and does the HTTP handshake; counts `upstream_cx_total`,
 /// `upstream_cx_connect_fail` and the bytes it moves. An HTTP/2 connection is registered in
-/// `pool` right away (it is shared).
+/// `pool` right away (it is shared). `open`, a cluster's connection count, lives as long as the
+/// socket does (`upstream_cx_active`).
 pub async fn connect(
     host: BackendAddr,
     proto: Proto,
     timeout: Duration,
     stats: &Arc<ProxyStats>,
     pool: &Pool,
+    open: Option<OpenConnection>,
 ) -> Result<Sender, ConnectError> {
     let stream = connect_tcp(host, timeout, stats).await?;
     let io = TokioIo::new(Metered {
         inner: stream,
         stats: stats.clone(),
+        _open: open,
     });
     let handshake = |source| ConnectError::Handshake { host, source };
     match proto {
@@ -258,6 +262,8 @@ pub(crate) async fn within_connect_timeout<T>(
 struct Metered {
     inner: TcpStream,
     stats: Arc<ProxyStats>,
+    /// A cluster's connection: counted in `upstream_cx_active` as long as the socket lives.
+    _open: Option<OpenConnection>,
 }
 
 impl AsyncRead for Metered {

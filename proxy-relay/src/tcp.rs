@@ -37,6 +37,7 @@ pub(crate) async fn forward(
         host,
         lease: _lease,
         active: _active,
+        open: _open,
     }) = conn::choose(target, &client, shared)
     else {
         return;

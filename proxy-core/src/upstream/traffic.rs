@@ -1,0 +1,183 @@
+//! Envoy's per-cluster and per-host upstream counters for the connections the daemon's proxy
+//! makes to a cluster's hosts. The kernel path's connections are the application's own; the
+//! admin adds them from the kernel's per-service counters under the cluster names, and has no
+//! per-host or active-connection figures for them.
+//!
+//! `upstream_cx_active` is a gauge held by [`OpenConnection`] guards: one exists per open
+//! upstream connection and gives its count back when dropped, so no path can forget to.
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{
+        Arc, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+/// A cluster's upstream counters (cluster-wide and per host).
+#[derive(Debug, Default)]
+pub struct UpstreamTraffic {
+    /// Connects started to a host (`upstream_cx_total`).
+    pub cx_total: AtomicU64,
+    /// Connects that failed or timed out (`upstream_cx_connect_fail`).
+    pub cx_connect_fail: AtomicU64,
+    /// Choices that found no routable host (`upstream_cx_none_healthy`).
+    pub cx_none_healthy: AtomicU64,
+    /// Choices made in panic mode (`lb_healthy_panic`).
+    pub lb_healthy_panic: AtomicU64,
+    /// Upstream connections open now (`upstream_cx_active`); moved only by [`OpenConnection`].
+    cx_active: AtomicU64,
+    /// Per host, by address (Envoy's `host_statuses[].stats`).
+    hosts: Mutex<HashMap<SocketAddr, HostTraffic>>,
+}
+
+/// One host's counters, as `/clusters` shows them (`cx_total`, `cx_connect_fail`, `cx_active`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct HostTraffic {
+    /// Connects started to the host.
+    pub cx_total: u64,
+    /// Connects to it that failed or timed out.
+    pub cx_connect_fail: u64,
+    /// Connections to it open now (gauge).
+    pub cx_active: u64,
+}
+
+/// An open upstream connection of a cluster: counted in `upstream_cx_active` (the cluster's
+/// and its host's) from [`UpstreamTraffic::open`] until dropped.
+#[derive(Debug)]
+pub struct OpenConnection {
+    traffic: Arc<UpstreamTraffic>,
+    host: SocketAddr,
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.traffic.cx_active.fetch_sub(1, Ordering::Relaxed);
+        if let Some(host) = self.traffic.lock_hosts().get_mut(&self.host) {
+            host.cx_active = host.cx_active.saturating_sub(1);
+        }
+    }
+}
+
+impl UpstreamTraffic {
+    /// Counts a connect result for `host`, in the cluster's and the host's counters.
+    pub fn connect_result(&self, host: SocketAddr, ok: bool) {
+        self.cx_total.fetch_add(1, Ordering::Relaxed);
+        if !ok {
+            self.cx_connect_fail.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut hosts = self.lock_hosts();
+        let counts = hosts.entry(host).or_default();
+        counts.cx_total += 1;
+        counts.cx_connect_fail += u64::from(!ok);
+    }
+
+    /// A connection to `host` opens (its connect is starting): counted as active until the
+    /// returned guard is dropped.
+    pub fn open(self: &Arc<Self>, host: SocketAddr) -> OpenConnection {
+        self.cx_active.fetch_add(1, Ordering::Relaxed);
+        self.lock_hosts().entry(host).or_default().cx_active += 1;
+        OpenConnection {
+            traffic: self.clone(),
+            host,
+        }
+    }
+
+    /// Upstream connections open now.
+    pub fn cx_active(&self) -> u64 {
+        self.cx_active.load(Ordering::Relaxed)
+    }
+
+    /// `host`'s counters (all zero for a host the proxy never connected to).
+    pub fn host(&self, host: SocketAddr) -> HostTraffic {
+        self.lock_hosts().get(&host).copied().unwrap_or_default()
+    }
+
+    /// Forgets the counters of hosts that `keep` rejects and that have no open connection, so
+    /// hosts that come and go do not accumulate (Envoy's per-host stats go with the host).
+    pub fn retain_hosts(&self, keep: impl Fn(SocketAddr) -> bool) {
+        self.lock_hosts()
+            .retain(|addr, counts| counts.cx_active > 0 || keep(*addr));
+    }
+
+    /// The cluster-wide stats with Envoy's names, without the `cluster.<name>.` prefix.
+    pub fn named(&self) -> [(&'static str, u64); 5] {
+        [
+            ("upstream_cx_total", self.cx_total.load(Ordering::Relaxed)),
+            (
+                "upstream_cx_connect_fail",
+                self.cx_connect_fail.load(Ordering::Relaxed),
+            ),
+            ("upstream_cx_active", self.cx_active()),
+            (
+                "upstream_cx_none_healthy",
+                self.cx_none_healthy.load(Ordering::Relaxed),
+            ),
+            (
+                "lb_healthy_panic",
+                self.lb_healthy_panic.load(Ordering::Relaxed),
+            ),
+        ]
+    }
+
+    fn lock_hosts(&self) -> MutexGuard<'_, HashMap<SocketAddr, HostTraffic>> {
+        self.hosts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn active_follows_the_guards_per_cluster_and_per_host() {
+        let traffic = Arc::new(UpstreamTraffic::default());
+        let (a, b) = (addr("127.0.0.1:1"), addr("127.0.0.2:1"));
+        let first = traffic.open(a);
+        let second = traffic.open(a);
+        let third = traffic.open(b);
+        assert_eq!(traffic.cx_active(), 3);
+        assert_eq!(traffic.host(a).cx_active, 2);
+        drop(first);
+        drop(third);
+        assert_eq!(traffic.cx_active(), 1);
+        assert_eq!(
+            (traffic.host(a).cx_active, traffic.host(b).cx_active),
+            (1, 0)
+        );
+        // A host gone from discovery keeps its entry while a connection to it is open.
+        traffic.retain_hosts(|_| false);
+        assert_eq!(traffic.host(a).cx_active, 1);
+        drop(second);
+        assert_eq!(traffic.cx_active(), 0);
+        traffic.retain_hosts(|_| false);
+        assert_eq!(traffic.host(a), HostTraffic::default());
+    }
+
+    #[test]
+    fn connect_results_count_per_cluster_and_per_host() {
+        let traffic = UpstreamTraffic::default();
+        let (a, b) = (addr("127.0.0.1:1"), addr("[::1]:1"));
+        traffic.connect_result(a, true);
+        traffic.connect_result(a, false);
+        traffic.connect_result(b, true);
+        assert_eq!(
+            traffic.host(a),
+            HostTraffic {
+                cx_total: 2,
+                cx_connect_fail: 1,
+                cx_active: 0
+            }
+        );
+        assert_eq!(traffic.host(b).cx_total, 1);
+        let named: HashMap<_, _> = traffic.named().into_iter().collect();
+        assert_eq!(named["upstream_cx_total"], 3);
+        assert_eq!(named["upstream_cx_connect_fail"], 1);
+        assert_eq!(named["upstream_cx_active"], 0);
+    }
+}

@@ -1,5 +1,5 @@
 //! The admin HTTP interface, where Envoy users look for it: on loopback (or a unix socket) it
-//! serves `/ready`, `/stats`, `/stats/prometheus`, `/clusters`, `/config_dump`,
+//! serves `/ready`, `/stats`, `/stats/prometheus`, `/clusters`, `/routing`, `/config_dump`,
 //! `/chain/<service>`, `/server_info`, `/logging`, `/healthcheck/fail` and `/healthcheck/ok`,
 //! and lists them at `/` (the table is in `routes`).
 //!

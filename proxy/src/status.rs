@@ -1,5 +1,6 @@
 //! `proxy status`: a readable table of services, clusters, hosts, health and weights, read from
-//! a running daemon's admin interface (`/clusters?format=json`).
+//! a running daemon's admin interface (`/routing`, the daemon's own view; `/clusters?format=json`
+//! is Envoy's schema, which has no services and no routable flag).
 
 use std::{
     io::{Read, Write},
@@ -37,8 +38,8 @@ pub fn run(
     timeout: Duration,
     out: &mut impl std::io::Write,
 ) -> anyhow::Result<()> {
-    let body = get(admin, "/clusters?format=json", timeout)?;
-    let clusters: Vec<Cluster> = serde_json::from_str(&body).context("parsing /clusters")?;
+    let body = get(admin, "/routing", timeout)?;
+    let clusters: Vec<Cluster> = serde_json::from_str(&body).context("parsing /routing")?;
     writeln!(
         out,
         "{:<28} {:<14} {:<24} {:>4} {:>8} {:<9} HEALTH",

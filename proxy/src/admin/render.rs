@@ -1,9 +1,12 @@
 //! Rendering of stats and clusters in Envoy's formats.
 
+mod clusters;
+
 use std::{collections::BTreeMap, fmt::Write as _};
 
 use serde::Serialize;
 
+pub(super) use self::clusters::{clusters_json, clusters_text, routing};
 use super::State;
 
 /// Every stat: kernel counters (`bpf.*`), each service's kernel counters (`service.<name>.*`),
@@ -62,8 +65,28 @@ fn all_stats(state: &State) -> BTreeMap<String, u64> {
     stats
 }
 
-pub(super) fn stats_map(state: &State) -> BTreeMap<String, u64> {
-    all_stats(state)
+/// `/stats?format=json` in Envoy's form: `{"stats": [{"name": ..., "value": ...}, ...]}`,
+/// sorted by name, values as JSON numbers. Envoy ends the list with a `histograms` entry; the
+/// daemon keeps no histograms, so there is none.
+#[derive(Serialize)]
+pub(super) struct StatsJson {
+    stats: Vec<StatJson>,
+}
+
+/// One stat of [`StatsJson`].
+#[derive(Serialize)]
+struct StatJson {
+    name: String,
+    value: u64,
+}
+
+pub(super) fn stats_map(state: &State) -> StatsJson {
+    StatsJson {
+        stats: all_stats(state)
+            .into_iter()
+            .map(|(name, value)| StatJson { name, value })
+            .collect(),
+    }
 }
 
 /// `name: value` lines, Envoy's `/stats` text format.
@@ -150,111 +173,31 @@ fn sanitize(name: &str) -> String {
         .collect()
 }
 
-/// One host in `/clusters?format=json`.
-#[derive(Serialize)]
-struct HostJson {
-    address: String,
-    health_flags: String,
-    weight: u32,
-    priority: u32,
-    routable: bool,
-}
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
 
-/// One cluster in `/clusters?format=json`.
-#[derive(Serialize)]
-pub(super) struct ClusterJson {
-    name: String,
-    services: Vec<String>,
-    hosts: Vec<HostJson>,
-}
+    use proxy_core::config::Config;
+    use tokio::sync::watch;
 
-pub(super) fn clusters_json(state: &State) -> Vec<ClusterJson> {
-    state
-        .upstreams
-        .iter()
-        .map(|(name, upstream)| {
-            let routable: Vec<_> = upstream
-                .routing()
-                .borrow()
-                .routable()
-                .iter()
-                .map(|h| h.addr)
-                .collect();
-            let hosts = upstream
-                .host_statuses()
-                .into_iter()
-                .map(|s| HostJson {
-                    address: s.host.addr.to_string(),
-                    health_flags: s.flags.render(),
-                    weight: s.host.weight,
-                    priority: s.host.priority,
-                    routable: routable.contains(&s.host.addr),
-                })
-                .collect();
-            let services = state
-                .config
-                .services
-                .iter()
-                .filter(|s| state.config.service_clusters(s).contains(name))
-                .map(|s| format!("{} {}:{}", s.name, s.address, s.port))
-                .collect();
-            ClusterJson {
-                name: name.clone(),
-                services,
-                hosts,
-            }
-        })
-        .chain(original_dst_clusters(state))
-        .collect()
-}
+    use super::*;
 
-/// ORIGINAL_DST clusters: the proxy path's current original-destination hosts (one pool
-/// shared by every ORIGINAL_DST cluster), all routable.
-fn original_dst_clusters(state: &State) -> Vec<ClusterJson> {
-    let hosts = state
-        .proxy
-        .as_ref()
-        .map(proxy_relay::ProxyStatsHandle::original_dst_hosts)
-        .unwrap_or_default();
-    state
-        .config
-        .clusters
-        .iter()
-        .filter(|c| state.config.is_original_dst(&c.name))
-        .map(|c| ClusterJson {
-            name: c.name.clone(),
-            services: state
-                .config
-                .services
-                .iter()
-                .filter(|s| s.cluster == c.name)
-                .map(|s| format!("{} {}:{}", s.name, s.address, s.port))
-                .collect(),
-            hosts: hosts
-                .iter()
-                .map(|h| HostJson {
-                    address: h.to_string(),
-                    health_flags: "healthy".to_owned(),
-                    weight: 1,
-                    priority: 0,
-                    routable: true,
-                })
-                .collect(),
-        })
-        .collect()
-}
-
-/// Envoy's `/clusters` text: `cluster::host::field::value`.
-pub(super) fn clusters_text(state: &State) -> String {
-    let mut out = String::new();
-    for cluster in clusters_json(state) {
-        for host in &cluster.hosts {
-            let prefix = format!("{}::{}", cluster.name, host.address);
-            let _ = writeln!(out, "{prefix}::health_flags::{}", host.health_flags);
-            let _ = writeln!(out, "{prefix}::weight::{}", host.weight);
-            let _ = writeln!(out, "{prefix}::priority::{}", host.priority);
-            let _ = writeln!(out, "{prefix}::routable::{}", host.routable);
-        }
+    /// Envoy's `/stats?format=json` form: one list under `stats`, sorted by name.
+    #[test]
+    fn stats_json_is_envoys_form() {
+        let config = Config::parse("{}", std::path::Path::new("t.yaml")).expect("empty config");
+        let state = State::new(
+            config,
+            Arc::new(Mutex::new(None)),
+            BTreeMap::new(),
+            watch::channel(0).1,
+        );
+        assert_eq!(
+            serde_json::to_value(stats_map(&state)).unwrap(),
+            serde_json::json!({"stats": [
+                {"name": "server.clusters", "value": 0},
+                {"name": "server.services", "value": 0}
+            ]})
+        );
     }
-    out
 }

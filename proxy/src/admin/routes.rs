@@ -33,7 +33,8 @@ const ENDPOINTS: &[Endpoint] = &[
     Endpoint {
         path: "/clusters",
         post: false,
-        help: "every host of every cluster: health flags, weight, priority; ?format=json for JSON",
+        help: "every host of every cluster: health flags, weight, priority; ?format=json for \
+               Envoy's JSON (envoy.admin.v3.Clusters)",
     },
     Endpoint {
         path: "/config_dump",
@@ -67,6 +68,12 @@ const ENDPOINTS: &[Endpoint] = &[
         help: "200 LIVE once every service is published, else 503",
     },
     Endpoint {
+        path: "/routing",
+        post: false,
+        help: "the daemon's own view, as JSON: per cluster the services using it and which \
+               hosts are routable now",
+    },
+    Endpoint {
         path: "/server_info",
         post: false,
         help: "version, state, uptime and command line options, as JSON",
@@ -87,7 +94,7 @@ const ENDPOINTS: &[Endpoint] = &[
 pub(super) fn is_page(path: &str) -> bool {
     matches!(
         path,
-        "/stats" | "/stats/prometheus" | "/clusters" | "/config_dump"
+        "/stats" | "/stats/prometheus" | "/clusters" | "/routing" | "/config_dump"
     ) || path.starts_with("/chain/")
 }
 
@@ -208,6 +215,7 @@ pub(super) fn page(path: &str, query: &str, state: &State) -> Response {
         "/stats/prometheus" => Response::text(StatusCode::OK, render::prometheus(state)),
         "/clusters" if json => Response::json(&render::clusters_json(state)),
         "/clusters" => Response::text(StatusCode::OK, render::clusters_text(state)),
+        "/routing" => Response::json(&render::routing(state)),
         "/config_dump" => Response::json(&*state.config),
         _ => {
             let service = path.strip_prefix("/chain/").unwrap_or(path);

@@ -1,0 +1,494 @@
+//! `/clusters`: Envoy's text, Envoy's JSON schema (`?format=json`), and the daemon's own view
+//! (`/routing`: which services use a cluster, which hosts are routable now).
+//!
+//! The JSON is `envoy.admin.v3.Clusters` as Envoy 1.40 prints it (proto3 JSON with the
+//! original field names): false booleans, zeros, empty strings and empty lists are left out,
+//! 64-bit stat values are strings, a stat's `type` is printed only for gauges, and `locality`
+//! is always there (`{}` when unknown). Not printed, because the daemon has no such thing:
+//! `added_via_api` (always false here: clusters come from the file), `circuit_breakers`,
+//! `success_rate` and the outlier success-rate thresholds.
+
+use std::{fmt::Write as _, net::SocketAddr};
+
+use proxy_core::{
+    discovery::{EdsHealth, Host},
+    health::{HostFlags, HostStatus},
+    upstream::HostTraffic,
+};
+use serde::Serialize;
+
+use crate::admin::State;
+
+/// `envoy.admin.v3.Clusters`.
+#[derive(Serialize)]
+pub(crate) struct Clusters {
+    cluster_statuses: Vec<ClusterStatus>,
+}
+
+/// `envoy.admin.v3.ClusterStatus`.
+#[derive(Serialize)]
+struct ClusterStatus {
+    name: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    host_statuses: Vec<EnvoyHost>,
+    observability_name: String,
+}
+
+/// `envoy.admin.v3.HostStatus`.
+#[derive(Serialize)]
+struct EnvoyHost {
+    address: Address,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    stats: Vec<SimpleMetric>,
+    health_status: HostHealthStatus,
+    #[serde(skip_serializing_if = "is_zero")]
+    weight: u32,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    hostname: String,
+    #[serde(skip_serializing_if = "is_zero")]
+    priority: u32,
+    locality: Locality,
+}
+
+/// `envoy.config.core.v3.Address` with its `socket_address`.
+#[derive(Serialize)]
+struct Address {
+    socket_address: SocketAddress,
+}
+
+#[derive(Serialize)]
+struct SocketAddress {
+    address: String,
+    #[serde(skip_serializing_if = "is_zero")]
+    port_value: u32,
+}
+
+/// `envoy.admin.v3.SimpleMetric`: `type` only for a gauge, `value` only when not 0.
+#[derive(Serialize)]
+struct SimpleMetric {
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<String>,
+    name: &'static str,
+}
+
+impl SimpleMetric {
+    fn new(name: &'static str, gauge: bool, value: u64) -> Self {
+        Self {
+            kind: gauge.then_some("GAUGE"),
+            value: (value != 0).then(|| value.to_string()),
+            name,
+        }
+    }
+}
+
+/// `envoy.admin.v3.HostHealthStatus`; a false flag is left out.
+#[derive(Serialize)]
+struct HostHealthStatus {
+    #[serde(skip_serializing_if = "is_false")]
+    failed_active_health_check: bool,
+    #[serde(skip_serializing_if = "is_false")]
+    failed_outlier_check: bool,
+    #[serde(skip_serializing_if = "is_false")]
+    failed_active_degraded_check: bool,
+    #[serde(skip_serializing_if = "is_false")]
+    pending_dynamic_removal: bool,
+    #[serde(skip_serializing_if = "is_false")]
+    pending_active_hc: bool,
+    #[serde(skip_serializing_if = "is_false")]
+    active_hc_timeout: bool,
+    eds_health_status: &'static str,
+}
+
+impl HostHealthStatus {
+    /// The flags of `flags` and the status discovery gave (`eds`) as Envoy 1.40 prints it:
+    /// UNKNOWN as HEALTHY and TIMEOUT as UNHEALTHY (seen on a real Envoy), whatever active
+    /// checking found (that is `failed_active_health_check`).
+    fn new(flags: &HostFlags, eds: EdsHealth) -> Self {
+        let eds_health_status = match eds {
+            EdsHealth::Unknown | EdsHealth::Healthy => "HEALTHY",
+            EdsHealth::Unhealthy | EdsHealth::Timeout => "UNHEALTHY",
+            EdsHealth::Draining => "DRAINING",
+            EdsHealth::Degraded => "DEGRADED",
+        };
+        Self {
+            failed_active_health_check: flags.failed_active_hc,
+            failed_outlier_check: flags.failed_outlier_check,
+            failed_active_degraded_check: flags.degraded_active_hc,
+            pending_dynamic_removal: flags.pending_dynamic_removal,
+            pending_active_hc: flags.pending_active_hc,
+            active_hc_timeout: flags.active_hc_timeout,
+            eds_health_status,
+        }
+    }
+}
+
+/// `envoy.config.core.v3.Locality`, from an EDS host's `locality.*` metadata.
+#[derive(Serialize, Default)]
+struct Locality {
+    #[serde(skip_serializing_if = "String::is_empty")]
+    region: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    zone: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    sub_zone: String,
+}
+
+impl Locality {
+    fn of(host: &Host) -> Self {
+        let get = |key: &str| host.metadata.get(key).cloned().unwrap_or_default();
+        Self {
+            region: get(proxy_core::discovery::xds::cla::LOCALITY_REGION),
+            zone: get(proxy_core::discovery::xds::cla::LOCALITY_ZONE),
+            sub_zone: get(proxy_core::discovery::xds::cla::LOCALITY_SUB_ZONE),
+        }
+    }
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
+}
+
+fn address(addr: SocketAddr) -> Address {
+    Address {
+        socket_address: SocketAddress {
+            address: addr.ip().to_string(),
+            port_value: u32::from(addr.port()),
+        },
+    }
+}
+
+/// The host stats the daemon has, in Envoy's order (counters, then gauges). Only the proxy
+/// path's connections are in them; Envoy's `rq_*` are not kept per host.
+fn host_stats(traffic: HostTraffic) -> Vec<SimpleMetric> {
+    vec![
+        SimpleMetric::new("cx_connect_fail", false, traffic.cx_connect_fail),
+        SimpleMetric::new("cx_total", false, traffic.cx_total),
+        SimpleMetric::new("cx_active", true, traffic.cx_active),
+    ]
+}
+
+fn envoy_host(status: &HostStatus, traffic: HostTraffic) -> EnvoyHost {
+    let host = &status.host;
+    EnvoyHost {
+        address: address(host.addr),
+        stats: host_stats(traffic),
+        health_status: HostHealthStatus::new(&status.flags, host.eds_health),
+        weight: host.weight,
+        hostname: host.hostname.clone().unwrap_or_default(),
+        priority: host.priority,
+        locality: Locality::of(host),
+    }
+}
+
+/// `/clusters?format=json`: every cluster in Envoy's schema, ORIGINAL_DST clusters with the
+/// proxy path's current original-destination hosts.
+pub(crate) fn clusters_json(state: &State) -> Clusters {
+    let mut cluster_statuses: Vec<ClusterStatus> = state
+        .upstreams
+        .iter()
+        .map(|(name, upstream)| {
+            let traffic = upstream.traffic();
+            let host_statuses = upstream
+                .host_statuses()
+                .iter()
+                .map(|s| envoy_host(s, traffic.host(s.host.addr)))
+                .collect();
+            ClusterStatus {
+                name: name.clone(),
+                host_statuses,
+                observability_name: name.clone(),
+            }
+        })
+        .collect();
+    let original = original_dst_hosts(state);
+    for name in original_dst_names(state) {
+        let host_statuses = original
+            .iter()
+            .map(|&addr| {
+                let status = HostStatus {
+                    host: Host::new(addr),
+                    flags: HostFlags::default(),
+                };
+                EnvoyHost {
+                    stats: Vec::new(),
+                    ..envoy_host(&status, HostTraffic::default())
+                }
+            })
+            .collect();
+        cluster_statuses.push(ClusterStatus {
+            observability_name: name.clone(),
+            name,
+            host_statuses,
+        });
+    }
+    Clusters { cluster_statuses }
+}
+
+/// One host in `/routing`.
+#[derive(Serialize)]
+struct RoutingHost {
+    address: String,
+    health_flags: String,
+    weight: u32,
+    priority: u32,
+    routable: bool,
+}
+
+/// One cluster in `/routing`: the daemon's own view, which `proxy status` reads.
+#[derive(Serialize)]
+pub(crate) struct RoutingCluster {
+    name: String,
+    services: Vec<String>,
+    hosts: Vec<RoutingHost>,
+}
+
+/// The services (`name address:port`) that `uses` says use a cluster.
+fn services_where(
+    state: &State,
+    uses: impl Fn(&proxy_core::config::Service) -> bool,
+) -> Vec<String> {
+    state
+        .config
+        .services
+        .iter()
+        .filter(|s| uses(s))
+        .map(|s| format!("{} {}:{}", s.name, s.address, s.port))
+        .collect()
+}
+
+/// `/routing`: per cluster, the services using it and each host's flags, weight, priority and
+/// whether new connections go to it now.
+pub(crate) fn routing(state: &State) -> Vec<RoutingCluster> {
+    let mut clusters: Vec<RoutingCluster> = state
+        .upstreams
+        .iter()
+        .map(|(name, upstream)| {
+            let routable: Vec<_> = upstream
+                .routing()
+                .borrow()
+                .routable()
+                .iter()
+                .map(|h| h.addr)
+                .collect();
+            let hosts = upstream
+                .host_statuses()
+                .into_iter()
+                .map(|s| RoutingHost {
+                    address: s.host.addr.to_string(),
+                    health_flags: s.flags.render(),
+                    weight: s.host.weight,
+                    priority: s.host.priority,
+                    routable: routable.contains(&s.host.addr),
+                })
+                .collect();
+            RoutingCluster {
+                name: name.clone(),
+                services: services_where(state, |s| {
+                    state.config.service_clusters(s).contains(name)
+                }),
+                hosts,
+            }
+        })
+        .collect();
+    // ORIGINAL_DST: one pool of hosts shared by every such cluster, all routable.
+    let original = original_dst_hosts(state);
+    for name in original_dst_names(state) {
+        clusters.push(RoutingCluster {
+            services: services_where(state, |s| s.cluster == name),
+            hosts: original
+                .iter()
+                .map(|h| RoutingHost {
+                    address: h.to_string(),
+                    health_flags: "healthy".to_owned(),
+                    weight: 1,
+                    priority: 0,
+                    routable: true,
+                })
+                .collect(),
+            name,
+        });
+    }
+    clusters
+}
+
+fn original_dst_names(state: &State) -> Vec<String> {
+    state
+        .config
+        .clusters
+        .iter()
+        .filter(|c| state.config.is_original_dst(&c.name))
+        .map(|c| c.name.clone())
+        .collect()
+}
+
+fn original_dst_hosts(state: &State) -> Vec<SocketAddr> {
+    state
+        .proxy
+        .as_ref()
+        .map(proxy_relay::ProxyStatsHandle::original_dst_hosts)
+        .unwrap_or_default()
+}
+
+/// Envoy's `/clusters` text: `cluster::host::field::value`.
+pub(crate) fn clusters_text(state: &State) -> String {
+    let mut out = String::new();
+    for cluster in routing(state) {
+        for host in &cluster.hosts {
+            let prefix = format!("{}::{}", cluster.name, host.address);
+            let _ = writeln!(out, "{prefix}::health_flags::{}", host.health_flags);
+            let _ = writeln!(out, "{prefix}::weight::{}", host.weight);
+            let _ = writeln!(out, "{prefix}::priority::{}", host.priority);
+            let _ = writeln!(out, "{prefix}::routable::{}", host.routable);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        collections::BTreeMap,
+        sync::{Arc, Mutex},
+    };
+
+    use proxy_core::{config::Config, health::HealthCheckManager, upstream::Upstream};
+    use serde_json::json;
+    use tokio::sync::watch;
+
+    use super::*;
+
+    const CONFIG: &str = "clusters:
+  - name: c
+    load_assignment:
+      endpoints:
+        - lb_endpoints:
+            - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 81 } } }
+              load_balancing_weight: 3
+        - priority: 1
+          lb_endpoints:
+            - endpoint: { address: { socket_address: { address: \"::1\", port_value: 82 } } }
+services:
+  - { name: web, address: 127.77.0.1, port: 80, cluster: c }
+";
+
+    async fn state() -> (State, Arc<proxy_core::upstream::UpstreamTraffic>) {
+        let config = Config::parse(CONFIG, std::path::Path::new("t.yaml")).expect("config");
+        let upstream =
+            Upstream::spawn(&config.clusters[0], &HealthCheckManager::default()).expect("spawn");
+        upstream.initialized().wait_for(|i| *i).await.unwrap();
+        let traffic = upstream.traffic();
+        let upstreams = BTreeMap::from([("c".to_owned(), Arc::new(upstream))]);
+        let state = State::new(
+            config,
+            Arc::new(Mutex::new(None)),
+            upstreams,
+            watch::channel(0).1,
+        );
+        (state, traffic)
+    }
+
+    /// The JSON is Envoy's: defaults left out, stat values as strings, gauges typed, the
+    /// daemon's own fields nowhere.
+    #[tokio::test]
+    async fn clusters_json_is_envoys_schema() {
+        let (state, traffic) = state().await;
+        let host = "127.0.0.1:81".parse().unwrap();
+        traffic.connect_result(host, true);
+        traffic.connect_result(host, false);
+        let _open = traffic.open(host);
+        let json = serde_json::to_value(clusters_json(&state)).unwrap();
+        let stats = |fail: Option<&str>, total: Option<&str>, active: Option<&str>| {
+            let mut v = vec![
+                json!({"name": "cx_connect_fail"}),
+                json!({"name": "cx_total"}),
+                json!({"type": "GAUGE", "name": "cx_active"}),
+            ];
+            for (i, value) in [fail, total, active].into_iter().enumerate() {
+                if let Some(value) = value {
+                    v[i]["value"] = json!(value);
+                }
+            }
+            v
+        };
+        let expected = json!({"cluster_statuses": [{
+            "name": "c",
+            "observability_name": "c",
+            "host_statuses": [
+                {
+                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": 81}},
+                    "stats": stats(Some("1"), Some("2"), Some("1")),
+                    "health_status": {"eds_health_status": "HEALTHY"},
+                    "weight": 3,
+                    "locality": {}
+                },
+                {
+                    "address": {"socket_address": {"address": "::1", "port_value": 82}},
+                    "stats": stats(None, None, None),
+                    "health_status": {"eds_health_status": "HEALTHY"},
+                    "weight": 1,
+                    "priority": 1,
+                    "locality": {}
+                }
+            ]
+        }]});
+        assert_eq!(json, expected, "{json:#}");
+    }
+
+    #[test]
+    fn health_flags_map_to_envoys_and_false_ones_are_left_out() {
+        let flags = HostFlags {
+            failed_active_hc: true,
+            pending_active_hc: true,
+            eds_status_draining: true,
+            ..HostFlags::default()
+        };
+        assert_eq!(
+            serde_json::to_value(HostHealthStatus::new(&flags, EdsHealth::Draining)).unwrap(),
+            json!({"failed_active_health_check": true, "pending_active_hc": true, "eds_health_status": "DRAINING"})
+        );
+        let flags = HostFlags {
+            failed_eds_health: true,
+            failed_outlier_check: true,
+            ..HostFlags::default()
+        };
+        assert_eq!(
+            serde_json::to_value(HostHealthStatus::new(&flags, EdsHealth::Timeout)).unwrap(),
+            json!({"failed_outlier_check": true, "eds_health_status": "UNHEALTHY"})
+        );
+        assert_eq!(
+            serde_json::to_value(HostHealthStatus::new(
+                &HostFlags::default(),
+                EdsHealth::Unknown
+            ))
+            .unwrap(),
+            json!({"eds_health_status": "HEALTHY"})
+        );
+    }
+
+    /// `/routing` keeps what `proxy status` shows, and the text `/clusters` is unchanged.
+    #[tokio::test]
+    async fn routing_and_text_keep_the_daemons_view() {
+        let (state, _traffic) = state().await;
+        let json = serde_json::to_value(routing(&state)).unwrap();
+        assert_eq!(json[0]["services"], json!(["web 127.77.0.1:80"]));
+        assert_eq!(
+            json[0]["hosts"][0],
+            json!({"address": "127.0.0.1:81", "health_flags": "healthy", "weight": 3, "priority": 0, "routable": true})
+        );
+        // Priority 1 is not needed while priority 0 is healthy.
+        assert_eq!(json[0]["hosts"][1]["routable"], json!(false));
+        let text = clusters_text(&state);
+        assert!(
+            text.starts_with(
+                "c::127.0.0.1:81::health_flags::healthy\nc::127.0.0.1:81::weight::3\n"
+            ),
+            "{text}"
+        );
+    }
+}

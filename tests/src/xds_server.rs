@@ -260,23 +260,28 @@ impl Envoy {
     }
 
     fn spawn(server: &XdsServer, node: &str, clusters: &[&str], api_type: &str) -> Self {
-        Self::with_bootstrap(&bootstrap_json(
-            server.grpc_addr(),
-            node,
-            clusters,
-            api_type,
-        ))
+        Self::launch(
+            &bootstrap_json(server.grpc_addr(), node, clusters, api_type),
+            None,
+        )
     }
 
-    /// Starts Envoy with this bootstrap (JSON), its admin address read back from Envoy.
-    pub fn with_bootstrap(bootstrap_json: &str) -> Self {
+    /// Starts Envoy on `bootstrap` (JSON; its admin should listen on port 0, whose address is
+    /// read back), inside the network namespace at `netns` when given (then reach its admin
+    /// from inside that namespace: [`Envoy::admin`]).
+    pub fn with_bootstrap(bootstrap: &str, netns: Option<&Path>) -> Self {
+        Self::launch(bootstrap, netns)
+    }
+
+    fn launch(bootstrap_text: &str, netns: Option<&Path>) -> Self {
         let binary = envoy_binary();
         let dir = temp_dir("envoy");
         let bootstrap = dir.join("bootstrap.json");
-        std::fs::write(&bootstrap, bootstrap_json).expect("write bootstrap");
+        std::fs::write(&bootstrap, bootstrap_text).expect("write bootstrap");
         let address_file = dir.join("admin-address");
         let log = std::fs::File::create(dir.join("envoy.log")).expect("envoy log");
-        let child = Command::new(&binary)
+        let mut command = Command::new(&binary);
+        command
             .arg("-c")
             .arg(&bootstrap)
             .arg("--admin-address-path")
@@ -290,7 +295,11 @@ impl Envoy {
             ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
+            .stderr(log);
+        if let Some(ns) = netns {
+            crate::kernel::exec_in_netns(&mut command, ns);
+        }
+        let child = command
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
         let mut envoy = Self {
@@ -300,6 +309,11 @@ impl Envoy {
         };
         envoy.admin = envoy.wait_admin(&address_file);
         envoy
+    }
+
+    /// Its admin address.
+    pub fn admin(&self) -> SocketAddr {
+        self.admin
     }
 
     fn wait_admin(&mut self, address_file: &Path) -> SocketAddr {
@@ -320,7 +334,7 @@ impl Envoy {
     }
 
     /// `GET path` on the admin interface: status and body.
-    pub fn admin(&self, path: &str) -> (u16, String) {
+    pub fn admin_get(&self, path: &str) -> (u16, String) {
         http(self.admin, "GET", path, "")
     }
 

@@ -124,7 +124,7 @@ fn envoy_bootstrap(hosts: &[SocketAddr], outlier: &Value) -> String {
 
 /// The port of Envoy's listener `in`.
 fn listener_port(envoy: &Envoy) -> u16 {
-    let (_, body) = envoy.admin("/listeners?format=json");
+    let (_, body) = envoy.admin_get("/listeners?format=json");
     let listeners: Value = serde_json::from_str(&body).expect("listeners JSON");
     listeners["listener_statuses"][0]["local_address"]["socket_address"]["port_value"]
         .as_u64()
@@ -134,7 +134,7 @@ fn listener_port(envoy: &Envoy) -> u16 {
 
 /// Envoy's value of `cluster.web.<name>` (0 when absent).
 fn envoy_stat(envoy: &Envoy, name: &str) -> u64 {
-    let (_, body) = envoy.admin(&format!("/stats?filter=^cluster\\.web\\.{name}$"));
+    let (_, body) = envoy.admin_get(&format!("/stats?filter=^cluster\\.web\\.{name}$"));
     body.lines()
         .find_map(|l| l.split_once(": ").and_then(|(_, v)| v.trim().parse().ok()))
         .unwrap_or(0)
@@ -260,7 +260,7 @@ async fn compare(outlier_json: Value, outlier_yaml: &str) -> Vec<u64> {
     let (a, b) = (Backend::start(), Backend::start());
     let dead = refusing_port();
     let hosts = [a.addr, b.addr, dead];
-    let envoy = Envoy::with_bootstrap(&envoy_bootstrap(&hosts, &outlier_json));
+    let envoy = Envoy::with_bootstrap(&envoy_bootstrap(&hosts, &outlier_json), None);
     drive_envoy(&envoy);
     let results = envoy_host_results(&envoy);
     let envoy_counters: Vec<u64> = COUNTERS

@@ -1,0 +1,401 @@
+//! The daemon and a real Envoy 1.40 side by side (root): the same STATIC cluster of three
+//! loopback backends with the same active TCP health check, in one fresh network namespace. Both
+//! admin interfaces are read in Envoy's JSON schemas (`/clusters?format=json`,
+//! `/stats?format=json`) and compared: per host (address, port, failed_active_health_check,
+//! eds_health_status, weight, priority) over time while backends die, the open-connection gauges
+//! (`upstream_cx_active`, per host `cx_active`) while clients hold connections, and panic mode
+//! (`lb_healthy_panic`, membership) when two of three hosts are down. Envoy's traffic goes
+//! through its tcp_proxy; the daemon's through the kernel redirect to its proxy path.
+
+use std::{
+    net::{SocketAddr, TcpStream},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use integration_tests::{
+    kernel::{
+        BannerServers, Daemon, InCgroup, Netns, Probe, TestCgroup, in_netns, require_root,
+        skip_without_dataplane, unique,
+    },
+    xds_server::{Envoy, http, python},
+};
+use serde_json::{Value, json};
+
+const BACKENDS: [&str; 3] = ["127.0.0.91:8091", "127.0.0.92:8092", "127.0.0.93:8093"];
+const VIP: &str = "127.77.9.1:80";
+/// Envoy's tcp_proxy listener (the daemon's proxy listener is 127.0.0.1:15001).
+const ENVOY_LISTENER: &str = "127.0.0.1:15002";
+/// Envoy's defaults but a short interval (and `no_traffic_interval`, which would otherwise keep
+/// an idle cluster at 60 s); the thresholds and timeout have no default in Envoy.
+fn health_check() -> Value {
+    json!({"timeout": "1s", "interval": "0.5s", "no_traffic_interval": "0.5s",
+           "unhealthy_threshold": 2, "healthy_threshold": 1, "tcp_health_check": {}})
+}
+
+/// The cluster both run, as Envoy's JSON (the daemon reads the same fields from its YAML).
+fn cluster() -> Value {
+    let endpoints: Vec<Value> = BACKENDS
+        .iter()
+        .map(|b| {
+            let b: SocketAddr = b.parse().unwrap();
+            json!({"endpoint": {"address": {"socket_address": {"address": b.ip().to_string(), "port_value": b.port()}}}})
+        })
+        .collect();
+    json!({
+        "name": "c",
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "common_lb_config": {"healthy_panic_threshold": {"value": 50}},
+        "health_checks": [health_check()],
+        "load_assignment": {"cluster_name": "c", "endpoints": [{"lb_endpoints": endpoints}]}
+    })
+}
+
+fn envoy_bootstrap() -> String {
+    let listener: SocketAddr = ENVOY_LISTENER.parse().unwrap();
+    json!({
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+        "static_resources": {
+            "listeners": [{
+                "name": "l",
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": listener.port()}},
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.tcp_proxy",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+                        "stat_prefix": "tp",
+                        "cluster": "c"
+                    }
+                }]}]
+            }],
+            "clusters": [cluster()]
+        }
+    })
+    .to_string()
+}
+
+fn daemon_config(cgroup: &TestCgroup) -> String {
+    let vip: SocketAddr = VIP.parse().unwrap();
+    // JSON is YAML: the daemon gets the very cluster Envoy gets, less the fields it derives.
+    let mut cluster = cluster();
+    cluster["load_assignment"]
+        .as_object_mut()
+        .unwrap()
+        .remove("cluster_name");
+    format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nproxy:\n  listeners: [\"127.0.0.1:15001\"]\nclusters:\n  - {cluster}\nservices:\n  - {{ name: web, address: \"{}\", port: {}, cluster: c, mode: proxy }}\n",
+        unique("sbs"),
+        cgroup.path().display(),
+        vip.ip(),
+        vip.port()
+    )
+}
+
+/// The two admin interfaces, read from inside the namespace.
+struct Sides<'a> {
+    netns: &'a Netns,
+    envoy: SocketAddr,
+    daemon: &'a Daemon,
+}
+
+impl Sides<'_> {
+    fn envoy_get(&self, path: &str) -> Value {
+        let (admin, path) = (self.envoy, path.to_owned());
+        // Envoy answers chunked: `http` decodes that (and asserts 200).
+        let (_, body) = in_netns(self.netns, move || http(admin, "GET", &path, ""))
+            .join()
+            .expect("envoy admin answers");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("envoy JSON ({e}): {body}"))
+    }
+
+    fn daemon_get(&self, path: &str) -> Value {
+        let (code, body) = self.daemon.get(path).expect("daemon admin answers");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("daemon JSON ({e}): {body}"))
+    }
+
+    /// (Envoy's, the daemon's) `/clusters?format=json`.
+    fn clusters(&self) -> (Value, Value) {
+        (
+            self.envoy_get("/clusters?format=json"),
+            self.daemon_get("/clusters?format=json"),
+        )
+    }
+
+    /// (Envoy's, the daemon's) value of `name` in `/stats?format=json`.
+    fn stat(&self, name: &str) -> (u64, u64) {
+        (
+            stat(&self.envoy_get("/stats?format=json"), name),
+            stat(&self.daemon_get("/stats?format=json"), name),
+        )
+    }
+}
+
+/// A stat from `{"stats": [{"name", "value"}, ...]}`.
+fn stat(stats: &Value, name: &str) -> u64 {
+    stats["stats"]
+        .as_array()
+        .expect("a stats list")
+        .iter()
+        .find(|s| s["name"] == name)
+        .and_then(|s| s["value"].as_u64())
+        .unwrap_or_else(|| panic!("no {name} in {stats:#}"))
+}
+
+/// A host of cluster `c` reduced to what both must agree on.
+type HostView = (String, u64, bool, String, u64, u64);
+
+fn hosts_of(clusters: &Value) -> Vec<HostView> {
+    let cluster = clusters["cluster_statuses"]
+        .as_array()
+        .expect("cluster_statuses")
+        .iter()
+        .find(|c| c["name"] == "c")
+        .unwrap_or_else(|| panic!("no cluster c in {clusters:#}"));
+    let mut hosts: Vec<HostView> = cluster["host_statuses"]
+        .as_array()
+        .expect("host_statuses")
+        .iter()
+        .map(|h| {
+            let sa = &h["address"]["socket_address"];
+            let health = &h["health_status"];
+            (
+                sa["address"].as_str().unwrap_or_default().to_owned(),
+                sa["port_value"].as_u64().unwrap_or(0),
+                health["failed_active_health_check"]
+                    .as_bool()
+                    .unwrap_or(false),
+                health["eds_health_status"]
+                    .as_str()
+                    .unwrap_or("UNKNOWN")
+                    .to_owned(),
+                h["weight"].as_u64().unwrap_or(0),
+                h["priority"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    hosts.sort();
+    hosts
+}
+
+/// A host's `cx_active` in `host_statuses[].stats` (a gauge printed without `value` when 0).
+fn host_cx_active(clusters: &Value) -> u64 {
+    clusters["cluster_statuses"][0]["host_statuses"]
+        .as_array()
+        .expect("host_statuses")
+        .iter()
+        .flat_map(|h| h["stats"].as_array().cloned().unwrap_or_default())
+        .filter(|s| s["name"] == "cx_active")
+        .map(|s| {
+            assert_eq!(s["type"], "GAUGE", "{s}");
+            s["value"].as_str().map_or(0, |v| v.parse().unwrap())
+        })
+        .sum()
+}
+
+fn failed(view: &[HostView], backend: &str) -> bool {
+    let addr: SocketAddr = backend.parse().unwrap();
+    view.iter()
+        .find(|h| h.0 == addr.ip().to_string() && h.1 == u64::from(addr.port()))
+        .unwrap_or_else(|| panic!("no {backend} in {view:?}"))
+        .2
+}
+
+/// Samples both views every 250 ms until `done` holds for both (at most `within`); returns
+/// when each first did, after the start.
+fn until_both(
+    sides: &Sides<'_>,
+    within: Duration,
+    what: &str,
+    done: impl Fn(&[HostView]) -> bool,
+) -> (Duration, Duration) {
+    let start = Instant::now();
+    let (mut envoy_at, mut daemon_at) = (None, None);
+    loop {
+        let (envoy, daemon) = sides.clusters();
+        let (envoy, daemon) = (hosts_of(&envoy), hosts_of(&daemon));
+        let now = start.elapsed();
+        if envoy_at.is_none() && done(&envoy) {
+            envoy_at = Some(now);
+        }
+        if daemon_at.is_none() && done(&daemon) {
+            daemon_at = Some(now);
+        }
+        if let (Some(e), Some(d)) = (envoy_at, daemon_at) {
+            println!("{what}: envoy after {e:?}, daemon after {d:?}");
+            return (e, d);
+        }
+        assert!(
+            now < within,
+            "{what}: not both within {within:?} (envoy {envoy_at:?}, daemon {daemon_at:?})\nenvoy:  {envoy:?}\ndaemon: {daemon:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The daemon's JSON parses as `envoy.admin.v3.Clusters` with protobuf's strict JSON parser
+/// (unknown fields refused), when the test's Python has the xDS protos.
+fn assert_parses_as_envoy_clusters(clusters: &Value) {
+    let script = "import sys\nfrom google.protobuf import json_format\nfrom envoy.admin.v3 import clusters_pb2\njson_format.Parse(sys.stdin.read(), clusters_pb2.Clusters())\n";
+    let python: PathBuf = python();
+    let mut child = match std::process::Command::new(&python)
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(err) => {
+            println!(
+                "skipping the strict proto parse: {} ({err})",
+                python.display()
+            );
+            return;
+        }
+    };
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(clusters.to_string().as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if err.contains("ModuleNotFoundError") {
+        println!(
+            "skipping the strict proto parse: no xds-protos in {}",
+            python.display()
+        );
+        return;
+    }
+    assert!(
+        out.status.success(),
+        "not an envoy.admin.v3.Clusters: {err}"
+    );
+}
+
+/// Holds `n` connections to `target` from inside the namespace (in `cgroup` when given, so the
+/// kernel redirects them) for `time`; its answer is how many connected.
+fn hold(
+    netns: &Netns,
+    cgroup: Option<&TestCgroup>,
+    target: &str,
+    n: usize,
+    time: Duration,
+) -> InCgroup {
+    let target: SocketAddr = target.parse().unwrap();
+    InCgroup::spawn(cgroup.map(TestCgroup::path), netns, move || {
+        let conns: Vec<TcpStream> = (0..n)
+            .filter_map(|_| TcpStream::connect_timeout(&target, Duration::from_secs(1)).ok())
+            .collect();
+        std::thread::sleep(time);
+        conns.len().to_string()
+    })
+}
+
+/// Polls until (Envoy's, the daemon's) `upstream_cx_active` and the sums of their hosts'
+/// `cx_active` are all `want` (at most 4 s).
+fn until_active(sides: &Sides<'_>, want: u64) {
+    let deadline = Instant::now() + Duration::from_secs(4);
+    loop {
+        let cluster = sides.stat("cluster.c.upstream_cx_active");
+        let (envoy, daemon) = sides.clusters();
+        let hosts = (host_cx_active(&envoy), host_cx_active(&daemon));
+        if cluster == (want, want) && hosts == (want, want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "upstream_cx_active (envoy, daemon) {cluster:?}, hosts' cx_active {hosts:?}, want {want}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn health_active_connections_and_panic_match_envoy() {
+    require_root();
+    if skip_without_dataplane("health_active_connections_and_panic_match_envoy") {
+        return;
+    }
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let addr = |i: usize| -> SocketAddr { BACKENDS[i].parse().unwrap() };
+    let backend_a = BannerServers::start_holding(&netns, &[(addr(0), "a", false)]);
+    let mut backend_b = Some(BannerServers::start_holding(
+        &netns,
+        &[(addr(1), "b", false)],
+    ));
+    let mut backend_c = Some(BannerServers::start_holding(
+        &netns,
+        &[(addr(2), "c", false)],
+    ));
+    let daemon = Daemon::start_in(&netns, &daemon_config(&cgroup));
+    let envoy = Envoy::with_bootstrap(&envoy_bootstrap(), Some(&netns.path()));
+    let sides = Sides {
+        netns: &netns,
+        envoy: envoy.admin(),
+        daemon: &daemon,
+    };
+
+    // Every host checked and healthy on both, and the same hosts.
+    until_both(&sides, Duration::from_secs(10), "all healthy", |v| {
+        v.len() == 3 && v.iter().all(|h| !h.2)
+    });
+    let (envoy_json, daemon_json) = sides.clusters();
+    assert_eq!(hosts_of(&envoy_json), hosts_of(&daemon_json));
+    assert_parses_as_envoy_clusters(&daemon_json);
+
+    // Open connections: the cluster gauge and the hosts' gauges agree, and fall back to 0.
+    let held = 4;
+    let envoy_clients = hold(&netns, None, ENVOY_LISTENER, held, Duration::from_secs(2));
+    let daemon_clients = hold(&netns, Some(&cgroup), VIP, held, Duration::from_secs(2));
+    until_active(&sides, held as u64);
+    assert_eq!(
+        envoy_clients.wait(Duration::from_secs(10)),
+        held.to_string()
+    );
+    assert_eq!(
+        daemon_clients.wait(Duration::from_secs(10)),
+        held.to_string()
+    );
+    until_active(&sides, 0);
+
+    // One backend dies: both mark it failed within a few intervals of each other, and then
+    // show the same hosts again.
+    drop(backend_c.take());
+    let (envoy_at, daemon_at) = until_both(&sides, Duration::from_secs(10), "one host down", |v| {
+        failed(v, BACKENDS[2])
+    });
+    assert!(
+        envoy_at.abs_diff(daemon_at) <= Duration::from_secs(2),
+        "envoy {envoy_at:?}, daemon {daemon_at:?}"
+    );
+    let (envoy_json, daemon_json) = sides.clusters();
+    assert_eq!(hosts_of(&envoy_json), hosts_of(&daemon_json));
+    // Two of three healthy is above the 50 % threshold: no panic on either.
+    let n = 12;
+    Probe::run(&netns, None, ENVOY_LISTENER.parse().unwrap(), n, false);
+    Probe::run(&netns, Some(cgroup.path()), VIP.parse().unwrap(), n, false);
+    assert_eq!(sides.stat("cluster.c.lb_healthy_panic"), (0, 0));
+
+    // A second dies: one of three healthy is under 50 %, both are in panic and pick among all
+    // three, counting each pick.
+    drop(backend_b.take());
+    until_both(&sides, Duration::from_secs(10), "two hosts down", |v| {
+        failed(v, BACKENDS[1]) && failed(v, BACKENDS[2])
+    });
+    let (envoy_json, daemon_json) = sides.clusters();
+    assert_eq!(hosts_of(&envoy_json), hosts_of(&daemon_json));
+    assert_eq!(sides.stat("cluster.c.membership_healthy"), (1, 1));
+    assert_eq!(sides.stat("cluster.c.membership_total"), (3, 3));
+    let envoy_probe = Probe::run(&netns, None, ENVOY_LISTENER.parse().unwrap(), n, false);
+    let daemon_probe = Probe::run(&netns, Some(cgroup.path()), VIP.parse().unwrap(), n, false);
+    println!("panic: envoy {envoy_probe:?}\n       daemon {daemon_probe:?}");
+    assert_eq!(
+        sides.stat("cluster.c.lb_healthy_panic"),
+        (u64::from(n), u64::from(n)),
+        "one count per connection in panic mode"
+    );
+    assert_eq!(sides.stat("cluster.c.upstream_cx_none_healthy"), (0, 0));
+    drop(backend_a);
+}

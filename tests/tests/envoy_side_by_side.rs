@@ -5,7 +5,9 @@
 //! eds_health_status, weight, priority) over time while backends die, the open-connection gauges
 //! (`upstream_cx_active`, per host `cx_active`) while clients hold connections, and panic mode
 //! (`lb_healthy_panic`, membership) when two of three hosts are down. Envoy's traffic goes
-//! through its tcp_proxy; the daemon's through the kernel redirect to its proxy path.
+//! through its tcp_proxy; the daemon's through the kernel redirect to its proxy path. A second
+//! case leaves `no_traffic_interval` at its default (60 s) and sends no traffic: both find a dead
+//! host by two checks a minute apart, at the same time (about two minutes; runs in parallel).
 
 use std::{
     net::{SocketAddr, TcpStream},
@@ -26,15 +28,20 @@ const BACKENDS: [&str; 3] = ["127.0.0.91:8091", "127.0.0.92:8092", "127.0.0.93:8
 const VIP: &str = "127.77.9.1:80";
 /// Envoy's tcp_proxy listener (the daemon's proxy listener is 127.0.0.1:15001).
 const ENVOY_LISTENER: &str = "127.0.0.1:15002";
-/// Envoy's defaults but a short interval (and `no_traffic_interval`, which would otherwise keep
-/// an idle cluster at 60 s); the thresholds and timeout have no default in Envoy.
-fn health_check() -> Value {
-    json!({"timeout": "1s", "interval": "0.5s", "no_traffic_interval": "0.5s",
-           "unhealthy_threshold": 2, "healthy_threshold": 1, "tcp_health_check": {}})
+/// Envoy's defaults but a short interval, and a short `no_traffic_interval` unless
+/// `default_no_traffic` (then an idle cluster is checked every 60 s); the thresholds and timeout
+/// have no default in Envoy.
+fn health_check(default_no_traffic: bool) -> Value {
+    let mut check = json!({"timeout": "1s", "interval": "0.5s", "no_traffic_interval": "0.5s",
+           "unhealthy_threshold": 2, "healthy_threshold": 1, "tcp_health_check": {}});
+    if default_no_traffic {
+        check.as_object_mut().unwrap().remove("no_traffic_interval");
+    }
+    check
 }
 
 /// The cluster both run, as Envoy's JSON (the daemon reads the same fields from its YAML).
-fn cluster() -> Value {
+fn cluster(default_no_traffic: bool) -> Value {
     let endpoints: Vec<Value> = BACKENDS
         .iter()
         .map(|b| {
@@ -47,12 +54,12 @@ fn cluster() -> Value {
         "type": "STATIC",
         "connect_timeout": "1s",
         "common_lb_config": {"healthy_panic_threshold": {"value": 50}},
-        "health_checks": [health_check()],
+        "health_checks": [health_check(default_no_traffic)],
         "load_assignment": {"cluster_name": "c", "endpoints": [{"lb_endpoints": endpoints}]}
     })
 }
 
-fn envoy_bootstrap() -> String {
+fn envoy_bootstrap(default_no_traffic: bool) -> String {
     let listener: SocketAddr = ENVOY_LISTENER.parse().unwrap();
     json!({
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
@@ -69,16 +76,16 @@ fn envoy_bootstrap() -> String {
                     }
                 }]}]
             }],
-            "clusters": [cluster()]
+            "clusters": [cluster(default_no_traffic)]
         }
     })
     .to_string()
 }
 
-fn daemon_config(cgroup: &TestCgroup) -> String {
+fn daemon_config(cgroup: &TestCgroup, default_no_traffic: bool) -> String {
     let vip: SocketAddr = VIP.parse().unwrap();
     // JSON is YAML: the daemon gets the very cluster Envoy gets, less the fields it derives.
-    let mut cluster = cluster();
+    let mut cluster = cluster(default_no_traffic);
     cluster["load_assignment"]
         .as_object_mut()
         .unwrap()
@@ -329,8 +336,8 @@ fn health_active_connections_and_panic_match_envoy() {
         &netns,
         &[(addr(2), "c", false)],
     ));
-    let daemon = Daemon::start_in(&netns, &daemon_config(&cgroup));
-    let envoy = Envoy::with_bootstrap(&envoy_bootstrap(), Some(&netns.path()));
+    let daemon = Daemon::start_in(&netns, &daemon_config(&cgroup, false));
+    let envoy = Envoy::with_bootstrap(&envoy_bootstrap(false), Some(&netns.path()));
     let sides = Sides {
         netns: &netns,
         envoy: envoy.admin(),
@@ -398,4 +405,49 @@ fn health_active_connections_and_panic_match_envoy() {
     );
     assert_eq!(sides.stat("cluster.c.upstream_cx_none_healthy"), (0, 0));
     drop(backend_a);
+}
+
+/// With `no_traffic_interval` at its default (60 s) and no traffic, a dead host is found by two
+/// checks a minute apart on both, at about the same time (both started their checks within a
+/// second or two of each other).
+#[test]
+fn idle_cluster_finds_a_dead_host_at_no_traffic_interval_as_envoy() {
+    require_root();
+    if skip_without_dataplane("idle_cluster_finds_a_dead_host_at_no_traffic_interval_as_envoy") {
+        return;
+    }
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let servers: Vec<_> = BACKENDS
+        .iter()
+        .map(|b| BannerServers::start_holding(&netns, &[(b.parse().unwrap(), "x", false)]))
+        .collect();
+    let daemon = Daemon::start_in(&netns, &daemon_config(&cgroup, true));
+    let envoy = Envoy::with_bootstrap(&envoy_bootstrap(true), Some(&netns.path()));
+    let sides = Sides {
+        netns: &netns,
+        envoy: envoy.admin(),
+        daemon: &daemon,
+    };
+    until_both(&sides, Duration::from_secs(10), "all healthy", |v| {
+        v.len() == 3 && v.iter().all(|h| !h.2)
+    });
+    let mut servers = servers.into_iter();
+    drop(servers.next_back());
+    let (envoy_at, daemon_at) =
+        until_both(&sides, Duration::from_secs(150), "idle host down", |v| {
+            failed(v, BACKENDS[2])
+        });
+    for at in [envoy_at, daemon_at] {
+        assert!(
+            at > Duration::from_secs(55),
+            "found after {at:?}: checks ran faster than no_traffic_interval"
+        );
+    }
+    assert!(
+        envoy_at.abs_diff(daemon_at) <= Duration::from_secs(5),
+        "envoy {envoy_at:?}, daemon {daemon_at:?}"
+    );
+    let (envoy_json, daemon_json) = sides.clusters();
+    assert_eq!(hosts_of(&envoy_json), hosts_of(&daemon_json));
+    assert_eq!(sides.stat("cluster.c.upstream_cx_total"), (0, 0));
 }

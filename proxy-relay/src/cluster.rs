@@ -398,11 +398,10 @@ impl ClusterHandle {
     /// the exchange's response is its success or failure
     /// ([`report_response`](Self::report_response)), as in Envoy's router.
     pub fn report_http_connect(&self, host: BackendAddr, ok: bool) {
-        self.traffic.cx_total.fetch_add(1, Ordering::Relaxed);
+        self.traffic.connect_result(host.0, ok);
         if ok {
             return;
         }
-        self.traffic.cx_connect_fail.fetch_add(1, Ordering::Relaxed);
         if let Some(tx) = &self.passive {
             let _ = tx.try_send(PassiveSignal::ConnectFailure(host.0));
         }
@@ -795,6 +794,9 @@ mod tests {
         c.report_response(bad, 500);
         c.report_http_connect(bad, true);
         c.report_response(bad, 502);
+        // The connect is counted like any other, for the cluster and the host.
+        let counted = up.traffic().host(bad.0);
+        assert_eq!((counted.cx_total, counted.cx_connect_fail), (1, 0));
         let mut routing = up.routing();
         tokio::time::timeout(
             Duration::from_secs(5),

@@ -29,6 +29,8 @@ pub struct Unbound {
     addr: SocketAddr,
     control: PathBuf,
     child: Child,
+    /// The namespace it serves in, for a restart.
+    netns: Option<PathBuf>,
 }
 
 impl Unbound {
@@ -81,9 +83,36 @@ impl Unbound {
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             control,
             child,
+            netns: netns.map(Path::to_path_buf),
         };
         unbound.wait_until_serving()?;
         Ok(unbound)
+    }
+
+    /// Stops the server (SIGKILL to its PID): its port is closed, so queries are refused until
+    /// [`Unbound::restart`].
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again on the same port with the records of its config file (changes
+    /// made live before the stop are gone).
+    pub fn restart(&mut self) {
+        self.stop();
+        let log = std::fs::File::create(self.dir.join("unbound.log")).expect("unbound log");
+        let mut cmd = Command::new(find_binary("unbound"));
+        cmd.args(["-d", "-p", "-c"])
+            .arg(&self.conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        if let Some(ns) = &self.netns {
+            crate::kernel::exec_in_netns(&mut cmd, ns);
+        }
+        self.child = cmd.spawn().expect("unbound restarts");
+        self.wait_until_serving()
+            .unwrap_or_else(|log| panic!("unbound did not restart on {}: {log}", self.addr));
     }
 
     /// The UDP address to send queries to.

@@ -8,6 +8,10 @@
 //! through its tcp_proxy; the daemon's through the kernel redirect to its proxy path. A second
 //! case leaves `no_traffic_interval` at its default (60 s) and sends no traffic: both find a dead
 //! host by two checks a minute apart, at the same time (about two minutes; runs in parallel).
+//! A third runs a STRICT_DNS cluster on both against one unbound in the namespace: an address
+//! two names return is two hosts, a stopped server leaves both with their hosts and counting
+//! failures, and after its restart with a changed record both follow within a backoff and a
+//! refresh of each other.
 
 use std::{
     net::{SocketAddr, TcpStream},
@@ -20,6 +24,7 @@ use integration_tests::{
         BannerServers, Daemon, InCgroup, Netns, Probe, TestCgroup, in_netns, require_root,
         skip_without_dataplane, unique,
     },
+    unbound::Unbound,
     xds_server::{Envoy, http, python},
 };
 use serde_json::{Value, json};
@@ -450,4 +455,125 @@ fn idle_cluster_finds_a_dead_host_at_no_traffic_interval_as_envoy() {
     let (envoy_json, daemon_json) = sides.clusters();
     assert_eq!(hosts_of(&envoy_json), hosts_of(&daemon_json));
     assert_eq!(sides.stat("cluster.c.upstream_cx_total"), (0, 0));
+}
+
+/// The STRICT_DNS cluster both run against the same unbound: two names, one address returned by
+/// both (two hosts in Envoy), a 1 s refresh and a 1-2 s failure backoff.
+fn dns_cluster(resolver: SocketAddr) -> Value {
+    let endpoint = |name: &str| json!({"endpoint": {"address": {"socket_address": {"address": name, "port_value": 8091}}}});
+    json!({
+        "name": "c",
+        "type": "STRICT_DNS",
+        "connect_timeout": "1s",
+        "dns_refresh_rate": "1s",
+        "dns_failure_refresh_rate": {"base_interval": "1s", "max_interval": "2s"},
+        "dns_lookup_family": "V4_ONLY",
+        "typed_dns_resolver_config": {
+            "name": "envoy.network.dns_resolver.cares",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig",
+                "resolvers": [{"socket_address": {"address": resolver.ip().to_string(), "port_value": resolver.port()}}],
+                "dns_resolver_options": {"no_default_search_domain": true}
+            }
+        },
+        "load_assignment": {"cluster_name": "c", "endpoints": [{"lb_endpoints": [endpoint("a.svc.test"), endpoint("b.svc.test")]}]}
+    })
+}
+
+/// Hosts as (address, port) in order, from a view.
+fn addresses(view: &[HostView]) -> Vec<String> {
+    view.iter().map(|h| format!("{}:{}", h.0, h.1)).collect()
+}
+
+/// STRICT_DNS side by side, one unbound for both: an address two names return is two hosts on
+/// both; with the server stopped both keep their hosts and count failures; restarted with a
+/// changed record, both show the new hosts within a refresh and a backoff of each other.
+#[test]
+fn strict_dns_through_an_outage_matches_envoy() {
+    require_root();
+    if skip_without_dataplane("strict_dns_through_an_outage_matches_envoy") {
+        return;
+    }
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let mut unbound = Unbound::start_in(
+        &netns.path(),
+        &[
+            "a.svc.test. 5 IN A 127.0.0.91",
+            "b.svc.test. 5 IN A 127.0.0.91",
+            "b.svc.test. 5 IN A 127.0.0.92",
+        ],
+    );
+    let cluster = dns_cluster(unbound.addr());
+    let envoy_bootstrap = json!({
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+        "static_resources": {"clusters": [cluster.clone()]}
+    })
+    .to_string();
+    let mut ours = cluster;
+    ours["load_assignment"]
+        .as_object_mut()
+        .unwrap()
+        .remove("cluster_name");
+    let vip: SocketAddr = VIP.parse().unwrap();
+    let config = format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n  - {ours}\nservices:\n  - {{ name: web, address: \"{}\", port: {}, cluster: c }}\n",
+        unique("sbsdns"),
+        cgroup.path().display(),
+        vip.ip(),
+        vip.port()
+    );
+    let daemon = Daemon::start_in(&netns, &config);
+    let envoy = Envoy::with_bootstrap(&envoy_bootstrap, Some(&netns.path()));
+    let sides = Sides {
+        netns: &netns,
+        envoy: envoy.admin(),
+        daemon: &daemon,
+    };
+    let first = [
+        "127.0.0.91:8091".to_owned(),
+        "127.0.0.91:8091".to_owned(),
+        "127.0.0.92:8091".to_owned(),
+    ];
+    until_both(&sides, Duration::from_secs(10), "resolved", |v| {
+        addresses(v) == first
+    });
+    let (envoy_json, daemon_json) = sides.clusters();
+    assert_eq!(hosts_of(&envoy_json), hosts_of(&daemon_json));
+
+    // The server goes away: every lookup fails at once (its port is closed); both keep the
+    // hosts they had and count the failures.
+    unbound.stop();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(4) {
+        let (envoy_json, daemon_json) = sides.clusters();
+        assert_eq!(
+            addresses(&hosts_of(&envoy_json)),
+            first,
+            "Envoy kept its hosts"
+        );
+        assert_eq!(
+            addresses(&hosts_of(&daemon_json)),
+            first,
+            "the daemon kept its hosts"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let (envoy_failures, daemon_failures) = sides.stat("cluster.c.update_failure");
+    println!("update_failure after 4 s down: envoy {envoy_failures}, daemon {daemon_failures}");
+    assert!(envoy_failures > 0 && daemon_failures > 0);
+
+    // Back, with b.svc.test moved: both follow within a backoff and a refresh of each other.
+    unbound.restart();
+    unbound.replace("b.svc.test.", &["b.svc.test. 5 IN A 127.0.0.93"]);
+    let moved = ["127.0.0.91:8091".to_owned(), "127.0.0.93:8091".to_owned()];
+    let (envoy_at, daemon_at) =
+        until_both(&sides, Duration::from_secs(15), "after the restart", |v| {
+            addresses(v) == moved
+        });
+    assert!(
+        envoy_at.abs_diff(daemon_at) <= Duration::from_secs(3),
+        "envoy {envoy_at:?}, daemon {daemon_at:?}"
+    );
+    let (envoy_json, daemon_json) = sides.clusters();
+    assert_eq!(hosts_of(&envoy_json), hosts_of(&daemon_json));
 }

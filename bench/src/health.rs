@@ -58,7 +58,7 @@ pub fn run(endpoints: u32, port: u16, interval_ms: u64, secs: f64) -> anyhow::Re
         let attempts = stats.attempt.load(Ordering::Relaxed) - a0;
         let successes = stats.success.load(Ordering::Relaxed) - s0;
         for p in probes {
-            manager.unregister("bench", p);
+            manager.unregister("bench", p, &stats);
         }
         println!(
             "{}",

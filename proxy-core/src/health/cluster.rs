@@ -163,7 +163,7 @@ impl ClusterHealth {
         for addr in change.removed {
             if let Some(probe) = self.probes.remove(&addr) {
                 self.owners.remove(&probe);
-                self.manager.unregister(&self.name, probe);
+                self.manager.unregister(&self.name, probe, &self.stats);
             }
         }
         let Some(spec) = self.spec.clone() else {
@@ -199,7 +199,7 @@ impl ClusterHealth {
 impl Drop for ClusterHealth {
     fn drop(&mut self) {
         for probe in self.probes.values() {
-            self.manager.unregister(&self.name, *probe);
+            self.manager.unregister(&self.name, *probe, &self.stats);
         }
     }
 }

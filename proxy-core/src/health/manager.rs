@@ -63,7 +63,16 @@ struct ProbeKey {
 struct ProbeShared {
     health: Mutex<HostHealth>,
     had_traffic: AtomicBool,
-    stats: Mutex<Vec<(String, Arc<HealthCheckStats>)>>,
+    /// The stats of each cluster instance using the probe, with its registrations: a cluster
+    /// replaced by a reload registers its new instance before the old one goes, and each counts
+    /// into its own stats.
+    stats: Mutex<Vec<StatsUser>>,
+}
+
+#[derive(Debug)]
+struct StatsUser {
+    stats: Arc<HealthCheckStats>,
+    uses: usize,
 }
 
 struct Probe {
@@ -157,17 +166,24 @@ impl HealthCheckManager {
         let probe = reg.probes.get_mut(&key).expect("inserted above");
         let uses = probe.users.entry(cluster.to_owned()).or_default();
         *uses += 1;
-        if *uses == 1 {
-            lock(&probe.shared.stats).push((cluster.to_owned(), Arc::clone(stats)));
-            if traffic {
-                probe.shared.had_traffic.store(true, Ordering::Relaxed);
-            }
+        if *uses == 1 && traffic {
+            probe.shared.had_traffic.store(true, Ordering::Relaxed);
         }
+        let mut users = lock(&probe.shared.stats);
+        match users.iter_mut().find(|u| Arc::ptr_eq(&u.stats, stats)) {
+            Some(user) => user.uses += 1,
+            None => users.push(StatsUser {
+                stats: Arc::clone(stats),
+                uses: 1,
+            }),
+        }
+        drop(users);
         (probe.id, *lock(&probe.shared.health))
     }
 
-    /// Drops one registration of `cluster` on `probe`; the probe stops with its last user.
-    pub fn unregister(&self, cluster: &str, probe: ProbeId) {
+    /// Drops one registration of `cluster` (counting into `stats`) on `probe`; the probe stops
+    /// with its last user.
+    pub fn unregister(&self, cluster: &str, probe: ProbeId, stats: &Arc<HealthCheckStats>) {
         let mut reg = self.registry();
         let Some(key) = reg.keys.get(&probe).cloned() else {
             return;
@@ -179,9 +195,16 @@ impl HealthCheckManager {
             *uses -= 1;
             if *uses == 0 {
                 entry.users.remove(cluster);
-                lock(&entry.shared.stats).retain(|(name, _)| name != cluster);
             }
         }
+        let mut users = lock(&entry.shared.stats);
+        if let Some(i) = users.iter().position(|u| Arc::ptr_eq(&u.stats, stats)) {
+            users[i].uses -= 1;
+            if users[i].uses == 0 {
+                users.swap_remove(i);
+            }
+        }
+        drop(users);
         if entry.users.is_empty() {
             entry.task.abort();
             reg.probes.remove(&key);
@@ -310,8 +333,8 @@ impl ProbeRun {
     }
 
     fn each_stats(&self, f: impl Fn(&HealthCheckStats)) {
-        for (_, stats) in lock(&self.shared.stats).iter() {
-            f(stats);
+        for user in lock(&self.shared.stats).iter() {
+            f(&user.stats);
         }
     }
 }

@@ -234,3 +234,30 @@ async fn failing_host_leaves_routing_after_the_threshold() {
     assert!(routing.priorities[0].panic);
     assert_eq!(routing.routable().len(), 2);
 }
+
+/// A reload starts a changed cluster's new instance before the old one stops: both register
+/// the same probe under the same name. The probe (and the host's health) is kept, and after the
+/// old instance goes, checks count in the new instance's stats, not the old one's.
+#[tokio::test(start_paused = true)]
+async fn a_replaced_cluster_instance_keeps_the_probe_and_counts_in_its_own_stats() {
+    let script = Arc::new(Script::default());
+    let mgr = manager(&script, Arc::new(ExtremeRandom { max: false }));
+    mgr.note_traffic("c");
+    let spec = Arc::new(spec());
+    let (old, new) = (
+        Arc::new(HealthCheckStats::default()),
+        Arc::new(HealthCheckStats::default()),
+    );
+    let (probe, _) = mgr.register("c", addr(1), &spec, &old);
+    sleep(secs(6)).await; // checks at 0 and 5
+    let (same, health) = mgr.register("c", addr(1), &spec, &new);
+    assert_eq!(same, probe, "the probe is shared, not restarted");
+    assert!(!health.pending, "its health so far is kept");
+    mgr.unregister("c", probe, &old);
+    assert_eq!(mgr.probe_count(), 1, "the new instance still uses it");
+    sleep(secs(10)).await; // checks at 10 and 15
+    assert_eq!(old.attempt.load(Ordering::Relaxed), 2);
+    assert_eq!(new.attempt.load(Ordering::Relaxed), 2);
+    mgr.unregister("c", probe, &new);
+    assert_eq!(mgr.probe_count(), 0, "the last user stopped it");
+}

@@ -1,7 +1,7 @@
 //! The admin HTTP interface, where Envoy users look for it: on loopback (or a unix socket) it
 //! serves `/ready`, `/stats`, `/stats/prometheus`, `/clusters`, `/routing`, `/config_dump`,
-//! `/chain/<service>`, `/server_info`, `/logging`, `/healthcheck/fail` and `/healthcheck/ok`,
-//! and lists them at `/` (the table is in `routes`).
+//! `/chain/<service>`, `/server_info`, `/logging`, `/healthcheck/fail`, `/healthcheck/ok` and
+//! `/reload`, and lists them at `/` (the table is in `routes`).
 //!
 //! HTTP/1.1 by hyper, one request per connection: the admin interface is for operators and
 //! probes, not for traffic. Anyone who can connect can ask, so it bounds its own cost: at most
@@ -21,7 +21,7 @@ mod routes;
 mod tests;
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     convert::Infallible,
     sync::{Arc, PoisonError, atomic::AtomicBool},
     time::Duration,
@@ -36,19 +36,23 @@ use hyper::{
     service::service_fn,
 };
 use hyper_util::rt::{TokioIo, TokioTimer};
+use proxy_common::service::ServiceKey;
 use proxy_core::{
     config::{AdminAddress, Config},
     upstream::Upstream,
 };
 use tokio::{
     io::{AsyncRead, AsyncWrite},
-    sync::{OwnedSemaphorePermit, Semaphore, watch},
+    sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch},
     task::JoinHandle,
 };
 use tracing::debug;
 
 pub use self::{info::Launch, listen::ListenError};
-use crate::{daemon::SharedDataplane, dataplane::Dataplane};
+use crate::{
+    daemon::{Live, SharedDataplane},
+    dataplane::Dataplane,
+};
 
 /// Pages rendered at once (the others wait their turn).
 const RENDERING: usize = 2;
@@ -66,13 +70,41 @@ const CONNECTION_LIFETIME: Duration = Duration::from_secs(300);
 /// Pause after a failed `accept` (out of file descriptors), so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// How long `POST /reload` waits for the daemon to apply a configuration (a new cluster's first
+/// hosts are awaited, up to the daemon's first-publish wait).
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The keys of the services published at least once under the configuration in force.
+pub type Published = watch::Receiver<BTreeSet<ServiceKey>>;
+
+/// Why a reload changed nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReloadRefused {
+    /// The file does not parse or validate (`file:line:column` and the field).
+    #[error("{0}")]
+    Invalid(String),
+    /// The change needs a restart (the fields named).
+    #[error("{0}")]
+    NeedsRestart(String),
+    /// The daemon could not apply it (a cluster's discovery could not start).
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// A reload request to the daemon: the answer goes back on the channel.
+pub type ReloadRequest = oneshot::Sender<Result<String, ReloadRefused>>;
+
 /// What the admin handlers read.
 #[derive(Clone)]
 pub struct State {
     config: Arc<Config>,
     dataplane: SharedDataplane,
     upstreams: BTreeMap<String, Arc<Upstream>>,
-    published: watch::Receiver<usize>,
+    published: Published,
+    /// The configuration in force, when a reload can replace it.
+    live: Option<watch::Receiver<Live>>,
+    /// Where `POST /reload` asks the daemon.
+    reloads: Option<mpsc::Sender<ReloadRequest>>,
     proxy: Option<proxy_relay::ProxyStatsHandle>,
     fatal: Option<crate::daemon::Fatal>,
     /// Turns to render a page ([`RENDERING`]).
@@ -93,13 +125,15 @@ impl State {
         config: Config,
         dataplane: SharedDataplane,
         upstreams: BTreeMap<String, Arc<Upstream>>,
-        published: watch::Receiver<usize>,
+        published: Published,
     ) -> Self {
         Self {
             config: Arc::new(config),
             dataplane,
             upstreams,
             published,
+            live: None,
+            reloads: None,
             proxy: None,
             fatal: None,
             rendering: Arc::new(Semaphore::new(RENDERING)),
@@ -128,6 +162,29 @@ impl State {
         self
     }
 
+    /// Follows the configuration in force (`live`), and serves `POST /reload` by asking the
+    /// daemon on `reloads`.
+    pub fn with_reload(
+        mut self,
+        live: watch::Receiver<Live>,
+        reloads: mpsc::Sender<ReloadRequest>,
+    ) -> Self {
+        self.live = Some(live);
+        self.reloads = Some(reloads);
+        self
+    }
+
+    /// This state with the configuration in force now (what one request reads throughout).
+    fn current(&self) -> Self {
+        let mut now = self.clone();
+        if let Some(live) = &self.live {
+            let live = live.borrow();
+            now.config = Arc::clone(&live.config);
+            now.upstreams = live.upstreams.clone();
+        }
+        now
+    }
+
     /// Whether a part of the daemon panicked.
     fn failed(&self) -> bool {
         self.fatal.as_ref().is_some_and(|f| f.cause().is_some())
@@ -141,7 +198,13 @@ impl State {
         let attached = self.dataplane.lock().is_ok_and(|dp| dp.is_some());
         #[cfg(test)]
         let attached = attached || self.assume_attached;
-        attached && *self.published.borrow() >= self.config.services.len()
+        let published = self.published.borrow();
+        attached
+            && self
+                .config
+                .services
+                .iter()
+                .all(|svc| published.contains(&crate::daemon::service_key(svc)))
     }
 
     /// Each published service's kernel counters, by service name.
@@ -258,10 +321,57 @@ where
 async fn respond(request: &Request<Incoming>, state: &State) -> Response {
     let path = request.uri().path();
     let query = request.uri().query().unwrap_or_default();
+    let state = &state.current();
+    if path == "/reload" {
+        return match routes::post_only(request.method(), path) {
+            Some(refused) => refused,
+            None => reload(state).await,
+        };
+    }
     if routes::is_page(path) {
         render_in_turn(path, query, state).await
     } else {
         routes::answer(request.method(), path, query, state)
+    }
+}
+
+/// `POST /reload`: the daemon re-reads its configuration file and applies the difference.
+/// 200 with what changed; 400 for a file that does not validate, 409 for a change that needs a
+/// restart, 500 when applying failed (each changes nothing), 503 when reloads are not served.
+async fn reload(state: &State) -> Response {
+    let Some(reloads) = &state.reloads else {
+        return Response::text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "reload is not available on this server\n",
+        );
+    };
+    let (tx, rx) = oneshot::channel();
+    if reloads.send(tx).await.is_err() {
+        return Response::text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the daemon is stopping; nothing was reloaded\n",
+        );
+    }
+    match tokio::time::timeout(RELOAD_TIMEOUT, rx).await {
+        Ok(Ok(Ok(summary))) => Response::text(StatusCode::OK, format!("{summary}\n")),
+        Ok(Ok(Err(refused))) => {
+            let (status, text) = match refused {
+                ReloadRefused::Invalid(why) => (StatusCode::BAD_REQUEST, why),
+                ReloadRefused::NeedsRestart(why) => (StatusCode::CONFLICT, why),
+                ReloadRefused::Failed(why) => (StatusCode::INTERNAL_SERVER_ERROR, why),
+            };
+            Response::text(status, format!("error: {text}\n"))
+        }
+        Ok(Err(_)) => Response::text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the daemon stopped before answering\n",
+        ),
+        Err(_) => Response::text(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!(
+                "no answer within {RELOAD_TIMEOUT:?}; the reload may still complete (see the daemon's log)\n"
+            ),
+        ),
     }
 }
 

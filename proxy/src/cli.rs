@@ -57,6 +57,21 @@ pub enum Command {
         #[arg(long, default_value_t = 60)]
         timeout: u64,
     },
+    /// Ask a running daemon to re-read its configuration file and apply what changed (as
+    /// SIGHUP does): untouched clusters keep their health state, DNS timers, Consul watches and
+    /// xDS streams, and untouched services their kernel entries. Exit status 0 when applied,
+    /// 64 with file:line:column when the file is invalid, 1 when the change needs a restart or
+    /// could not be applied; in every refusal nothing changed.
+    Reload {
+        /// The daemon's admin address, as in its config's admin.address: ip:port, or
+        /// unix:/path for an admin interface on a unix socket.
+        #[arg(long, default_value = "127.0.0.1:15000")]
+        admin: proxy_core::config::AdminAddress,
+        /// How long to wait for the daemon's answer, in seconds (a new cluster's first hosts
+        /// are awaited).
+        #[arg(long, default_value_t = 70)]
+        timeout: u64,
+    },
     /// Consul discovery chain tools.
     #[command(subcommand)]
     Chain(ChainCommand),

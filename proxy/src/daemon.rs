@@ -3,9 +3,10 @@
 //! routable hosts, admin served, clean stop.
 
 mod proxy_path;
+mod reload;
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::PathBuf,
     sync::{Arc, Mutex},
@@ -20,20 +21,20 @@ use proxy_common::service::{
 use proxy_core::{
     chain::{self, ChainPlan},
     config::{Config, LbPolicy, Protocol, Service, ServiceMode},
-    discovery::xds::XdsClients,
+    discovery::{guard::HostGuard, xds::XdsClients},
     health::{HealthCheckManager, Routing},
     lb,
     upstream::Upstream,
 };
 use tokio::{
     signal::unix::{SignalKind, signal},
-    sync::watch,
-    task::JoinSet,
+    sync::{mpsc, watch},
+    task::JoinHandle,
 };
 use tracing::{error, info, warn};
 
 use crate::{
-    admin,
+    admin::{self, ReloadRefused, ReloadRequest},
     dataplane::{self, Dataplane, DataplaneOptions, ServiceSpec},
     privileges,
 };
@@ -44,6 +45,17 @@ const FIRST_PUBLISH_WAIT: Duration = Duration::from_secs(10);
 
 /// The data path, shared by the publishers and the admin interface; `None` after shutdown.
 pub type SharedDataplane = Arc<Mutex<Option<Dataplane>>>;
+
+/// The configuration in force and its running clusters, as the admin interface and the passive
+/// feed read them; a reload replaces both.
+#[derive(Clone)]
+pub struct Live {
+    pub config: Arc<Config>,
+    pub upstreams: BTreeMap<String, Arc<Upstream>>,
+}
+
+/// The keys of the services published at least once (under any configuration of this run).
+type PublishedTx = watch::Sender<BTreeSet<ServiceKey>>;
 
 /// Runs the daemon until SIGINT or SIGTERM, then drains the proxy path and exits, leaving the
 /// kernel's data path attached and serving the last published state for the next start
@@ -176,73 +188,96 @@ async fn run_async(
     launch: admin::Launch,
 ) -> anyhow::Result<()> {
     let mut signals = Signals::install()?;
+    let config_path = launch.config_path.clone();
     // The sweep after the first publish keeps exactly these services.
     let keys: Vec<ServiceKey> = templates.iter().map(|t| t.key).collect();
-    let manager = HealthCheckManager::default();
+    let ctx = Context {
+        follow_sockets: needs_sockops(&config, &templates),
+        manager: HealthCheckManager::default(),
+        guard: host_guard(&config),
+        dp: dp.clone(),
+        published: watch::channel(BTreeSet::new()).0,
+    };
     let xds = XdsClients::start(&config).context("starting the xDS clients")?;
-    let upstreams = start_upstreams(&config, &manager, &xds)?;
+    let upstreams = start_upstreams(&config, &ctx, &xds, &BTreeSet::new())?;
     // The proxy listener is live and known to the kernel before a service is published in
     // proxy mode.
     let proxy = proxy_path::start(&config, &upstreams, &dp)
         .await
         .context("starting the proxy path")?;
-    let (published_tx, published_rx) = watch::channel(0usize);
-    let mut publishers = JoinSet::new();
-    for (svc, spec) in config.services.iter().zip(templates) {
-        // A proxy-mode service is only a redirect in the kernel: the proxy reads its clusters.
-        let kernel_clusters = match svc.mode {
-            ServiceMode::Direct => config.service_clusters(svc),
-            ServiceMode::Proxy => Vec::new(),
-        };
-        let inputs: Vec<ClusterInput> = kernel_clusters
-            .into_iter()
-            .map(|name| {
-                let up = &upstreams[&name];
-                ClusterInput {
-                    name,
-                    routing: up.routing(),
-                    initialized: up.initialized(),
-                }
-            })
-            .collect();
-        let (dp, published) = (dp.clone(), published_tx.clone());
-        publishers.spawn(publish_loop(spec, inputs, dp, published));
+    let mut running = Running {
+        config,
+        upstreams,
+        xds,
+        publishers: BTreeMap::new(),
+    };
+    for (svc, spec) in running.config.services.clone().iter().zip(templates) {
+        running.spawn_publisher(svc, spec, &ctx);
     }
-    drop(published_tx);
+    let (live_tx, live_rx) = watch::channel(running.live());
+    let (reload_tx, mut reload_rx) = mpsc::channel::<ReloadRequest>(4);
     let mut state = admin::State::new(
-        config.clone(),
+        running.config.clone(),
         dp.clone(),
-        upstreams.clone(),
-        published_rx.clone(),
-    );
+        running.upstreams.clone(),
+        ctx.published.subscribe(),
+    )
+    .with_reload(live_rx.clone(), reload_tx);
     if let Some(proxy) = &proxy {
         state = state.with_proxy(proxy.stats_handle());
     }
     state = state.with_fatal(fatal.clone()).with_launch(launch);
-    let server = match admin::serve(&config.admin.address, state).await {
+    let admin_address = running.config.admin.address.clone();
+    let server = match admin::serve(&admin_address, state).await {
         Ok(server) => server,
         Err(err) => {
             if let Some(proxy) = proxy {
                 proxy_path::stop(proxy, &dp).await;
             }
-            return Err(err).context(format!("admin listener on {}", config.admin.address));
+            return Err(err).context(format!("admin listener on {admin_address}"));
         }
     };
-    sweep_after_first_publish(&keys, &dp, published_rx).await;
-    let passive = tokio::spawn(crate::passive::run(dp.clone(), upstreams.clone()));
-    let traffic = tokio::spawn(crate::traffic::run(
+    sweep_after_first_publish(&keys, &dp, ctx.published.subscribe()).await;
+    let passive = tokio::spawn(crate::passive::run(dp.clone(), live_rx));
+    let mut traffic = tokio::spawn(crate::traffic::run(
         dp.clone(),
-        manager.clone(),
-        crate::traffic::watched(&config),
+        ctx.manager.clone(),
+        crate::traffic::watched(&running.config),
     ));
-    info!(admin = %config.admin.address, services = config.services.len(), "ready");
-    tokio::select! {
-        () = signals.wait() => {}
-        what = fatal.wait() => {
-            // /ready is down already (the admin reads the same record). No clean-up: the data
-            // path keeps serving what was published, and the next start adopts it.
-            error!(%what, "a part of the daemon failed; exiting with the data path left pinned for the next start");
-            return Err(Failed(what).into());
+    info!(admin = %admin_address, services = running.config.services.len(), "ready");
+    loop {
+        let request = tokio::select! {
+            signal = signals.wait() => match signal {
+                Signal::Stop => break,
+                Signal::Reload => None,
+            },
+            Some(request) = reload_rx.recv() => {
+                info!("admin: reload requested");
+                Some(request)
+            }
+            what = fatal.clone().wait() => {
+                // /ready is down already (the admin reads the same record). No clean-up: the
+                // data path keeps serving what was published, and the next start adopts it.
+                error!(%what, "a part of the daemon failed; exiting with the data path left pinned for the next start");
+                return Err(Failed(what).into());
+            }
+        };
+        let outcome = running.reload(config_path.as_deref(), &ctx).await;
+        match &outcome {
+            Ok(summary) => {
+                info!(%summary, "configuration reloaded");
+                live_tx.send_replace(running.live());
+                traffic.abort();
+                traffic = tokio::spawn(crate::traffic::run(
+                    dp.clone(),
+                    ctx.manager.clone(),
+                    crate::traffic::watched(&running.config),
+                ));
+            }
+            Err(refused) => error!(%refused, "reload refused; the configuration in force stays"),
+        }
+        if let Some(request) = request {
+            let _ = request.send(outcome);
         }
     }
     // Removes the admin socket file, when the admin interface is on one.
@@ -252,31 +287,189 @@ async fn run_async(
     if let Some(proxy) = proxy {
         proxy_path::stop(proxy, &dp).await;
     }
-    publishers.abort_all();
-    drop(upstreams);
-    drop(xds);
+    running.stop().await;
     // The kernel keeps serving the last published state; the next start adopts it.
     release(&dp);
     Ok(())
 }
 
-/// Starts discovery and health for every cluster (EDS clusters over their xDS connection).
-fn start_upstreams(
-    config: &Config,
-    manager: &HealthCheckManager,
-    xds: &XdsClients,
-) -> anyhow::Result<BTreeMap<String, Arc<Upstream>>> {
-    let mut upstreams = BTreeMap::new();
-    // No source may point the data path at the daemon itself.
+/// What every configuration of the run shares: the data path and how it was attached, the
+/// health checker, the host guard, the record of published services.
+struct Context {
+    /// Whether this run attached sockops (a reload cannot add it).
+    follow_sockets: bool,
+    manager: HealthCheckManager,
+    guard: HostGuard,
+    dp: SharedDataplane,
+    published: PublishedTx,
+}
+
+/// The configuration in force and what it started.
+struct Running {
+    config: Config,
+    upstreams: BTreeMap<String, Arc<Upstream>>,
+    xds: XdsClients,
+    /// Each service's publisher, by kernel key.
+    publishers: BTreeMap<ServiceKey, JoinHandle<()>>,
+}
+
+impl Running {
+    fn live(&self) -> Live {
+        Live {
+            config: Arc::new(self.config.clone()),
+            upstreams: self.upstreams.clone(),
+        }
+    }
+
+    /// Starts the publisher of `svc` (its kernel entry is rewritten whenever a cluster it reads
+    /// changes).
+    fn spawn_publisher(&mut self, svc: &Service, spec: SpecTemplate, ctx: &Context) {
+        // A proxy-mode service is only a redirect in the kernel: the proxy reads its clusters.
+        let kernel_clusters = match svc.mode {
+            ServiceMode::Direct => self.config.service_clusters(svc),
+            ServiceMode::Proxy => Vec::new(),
+        };
+        let inputs: Vec<ClusterInput> = kernel_clusters
+            .into_iter()
+            .filter_map(|name| {
+                let up = self.upstreams.get(&name)?;
+                Some(ClusterInput {
+                    name,
+                    routing: up.routing(),
+                    initialized: up.initialized(),
+                })
+            })
+            .collect();
+        let key = spec.key;
+        let task = tokio::spawn(publish_loop(
+            spec,
+            inputs,
+            ctx.dp.clone(),
+            ctx.published.clone(),
+        ));
+        self.publishers.insert(key, task);
+    }
+
+    /// SIGHUP or `POST /reload`: re-reads the configuration file and applies what changed.
+    /// Nothing changes unless the whole difference can be applied: a file that does not
+    /// validate, a change that needs a restart, or a cluster that cannot start is refused
+    /// first. Clusters and services that did not change keep running untouched: their health
+    /// state, DNS timers, Consul watches and xDS streams, and their kernel entries.
+    async fn reload(
+        &mut self,
+        path: Option<&std::path::Path>,
+        ctx: &Context,
+    ) -> Result<String, ReloadRefused> {
+        let Some(path) = path.map(std::path::Path::to_owned) else {
+            return Err(ReloadRefused::Failed(
+                "the daemon was started without --config: there is no file to re-read".to_owned(),
+            ));
+        };
+        let loaded = tokio::task::spawn_blocking(move || crate::load_config(&path))
+            .await
+            .map_err(|err| ReloadRefused::Failed(format!("reading the configuration: {err}")))?;
+        let mut new = loaded.map_err(|err| ReloadRefused::Invalid(err.to_string()))?;
+        // The thread count comes from the command line, not the file.
+        new.proxy.engine_threads = self.config.proxy.engine_threads;
+        let templates = SpecTemplate::all(&new);
+        let plan = reload::plan(
+            &self.config,
+            &new,
+            ctx.follow_sockets,
+            needs_sockops(&new, &templates),
+            service_key,
+        )
+        .map_err(|err| ReloadRefused::NeedsRestart(err.to_string()))?;
+        check_round_robin(&templates, &ctx.dp)
+            .map_err(|err| ReloadRefused::NeedsRestart(format!("{err:#}")))?;
+        if plan.is_empty() {
+            self.config = new;
+            return Ok(format!("no change ({})", plan.summary()));
+        }
+        // Everything that can fail happens before the first change.
+        let fresh_xds =
+            if plan.xds_restart {
+                Some(XdsClients::start(&new).map_err(|err| {
+                    ReloadRefused::Failed(format!("starting the xDS clients: {err}"))
+                })?)
+            } else {
+                None
+            };
+        let started = start_upstreams(
+            &new,
+            ctx,
+            fresh_xds.as_ref().unwrap_or(&self.xds),
+            &plan.start,
+        )
+        .map_err(|err| ReloadRefused::Failed(format!("{err:#}")))?;
+        // Apply: the publishers that go stop first (a stopped publisher writes nothing more),
+        // then the new clusters replace the old, then the new publishers write over the old
+        // entries (one generation flip each: the kernel never sees a half-written set).
+        for key in plan.publish.iter().chain(&plan.remove) {
+            if let Some(task) = self.publishers.remove(key) {
+                task.abort();
+                let _ = task.await;
+            }
+        }
+        for name in &plan.stop {
+            self.upstreams.remove(name);
+        }
+        self.upstreams.extend(started);
+        if let Some(xds) = fresh_xds {
+            self.xds = xds;
+        }
+        self.config = new;
+        let services = self.config.services.clone();
+        for (svc, spec) in services.iter().zip(templates) {
+            if plan.publish.contains(&spec.key) {
+                self.spawn_publisher(svc, spec, ctx);
+            }
+        }
+        ctx.published
+            .send_modify(|published| published.retain(|k| !plan.remove.contains(k)));
+        let keys: Vec<ServiceKey> = services.iter().map(service_key).collect();
+        // Removed services go once the new set is in (bounded, as at start).
+        sweep_after_first_publish(&keys, &ctx.dp, ctx.published.subscribe()).await;
+        Ok(plan.summary())
+    }
+
+    /// Stops every publisher, cluster and xDS connection.
+    async fn stop(self) {
+        for task in self.publishers.values() {
+            task.abort();
+        }
+        for task in self.publishers.into_values() {
+            let _ = task.await;
+        }
+        drop(self.upstreams);
+        drop(self.xds);
+    }
+}
+
+/// No source may point the data path at the daemon itself.
+fn host_guard(config: &Config) -> HostGuard {
     let mut own: Vec<SocketAddr> = config.admin.address.tcp().into_iter().collect();
     own.extend(&config.proxy.listeners);
-    let guard = proxy_core::discovery::guard::HostGuard::new(own);
+    HostGuard::new(own)
+}
+
+/// Starts discovery and health for the clusters of `config` named in `only` (all when it is
+/// empty); EDS clusters subscribe over their xDS connection.
+fn start_upstreams(
+    config: &Config,
+    ctx: &Context,
+    xds: &XdsClients,
+    only: &BTreeSet<String>,
+) -> anyhow::Result<BTreeMap<String, Arc<Upstream>>> {
+    let mut upstreams = BTreeMap::new();
     for cluster in &config.clusters {
         // ORIGINAL_DST hosts are the proxied connections' destinations, kept by the proxy path.
-        if config.is_original_dst(&cluster.name) {
+        if config.is_original_dst(&cluster.name)
+            || (!only.is_empty() && !only.contains(&cluster.name))
+        {
             continue;
         }
-        let upstream = Upstream::spawn_in(cluster, manager, xds, &guard)?;
+        let upstream = Upstream::spawn_in(cluster, &ctx.manager, xds, &ctx.guard)?;
         upstreams.insert(cluster.name.clone(), Arc::new(upstream));
     }
     Ok(upstreams)
@@ -290,10 +483,10 @@ fn start_upstreams(
 async fn sweep_after_first_publish(
     keys: &[ServiceKey],
     dp: &SharedDataplane,
-    mut published: watch::Receiver<usize>,
+    mut published: watch::Receiver<BTreeSet<ServiceKey>>,
 ) {
-    let all = keys.len();
-    let waited = tokio::time::timeout(FIRST_PUBLISH_WAIT, published.wait_for(|n| *n >= all)).await;
+    let all_in = |set: &BTreeSet<ServiceKey>| keys.iter().all(|k| set.contains(k));
+    let waited = tokio::time::timeout(FIRST_PUBLISH_WAIT, published.wait_for(all_in)).await;
     if waited.is_err() {
         warn!("not every service was published within {FIRST_PUBLISH_WAIT:?}; sweeping anyway");
     }
@@ -319,7 +512,7 @@ async fn publish_loop(
     template: SpecTemplate,
     mut inputs: Vec<ClusterInput>,
     dp: SharedDataplane,
-    published: watch::Sender<usize>,
+    published: PublishedTx,
 ) {
     // Until its clusters have their first result, an adopted previous state (or nothing) is
     // better than an empty host set; after the wait, publish what there is.
@@ -347,7 +540,9 @@ async fn publish_loop(
         match result {
             Ok(_) if first => {
                 first = false;
-                published.send_modify(|n| *n += 1);
+                published.send_modify(|set| {
+                    set.insert(spec.key);
+                });
             }
             Ok(_) => {}
             Err(err) => {
@@ -558,12 +753,18 @@ fn abandon(dp: &SharedDataplane) {
     }
 }
 
+/// What a caught signal asks for.
+enum Signal {
+    Stop,
+    Reload,
+}
+
 /// SIGINT and SIGTERM, caught from the start of the run: a signal that arrives while the
 /// daemon is still starting (even right after `/ready` turned 200) is kept and makes it stop
 /// cleanly (drain the proxy path, leave the data path serving) instead of dying on the default
-/// action in the middle of a publish or a drain. SIGHUP,
+/// action in the middle of a publish or a drain. SIGHUP reloads the configuration file.
 /// SIGUSR1, SIGUSR2 and SIGALRM, whose default action would also kill it that way, are caught
-/// and logged: a stray `kill -HUP` (the usual "reload") must not take the host's data path down.
+/// and logged.
 struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
@@ -585,15 +786,22 @@ impl Signals {
         })
     }
 
-    /// Waits for SIGINT or SIGTERM; the others are logged on the way.
-    async fn wait(&mut self) {
+    /// Waits for SIGINT or SIGTERM (stop) or SIGHUP (reload); the others are logged on the way.
+    async fn wait(&mut self) -> Signal {
         loop {
             tokio::select! {
-                _ = self.int.recv() => return info!("SIGINT: shutting down"),
-                _ = self.term.recv() => return info!("SIGTERM: shutting down"),
-                _ = self.hup.recv() => warn!(
-                    "SIGHUP: ignored; this daemon does not reload its configuration yet (restart it to apply a change)"
-                ),
+                _ = self.int.recv() => {
+                    info!("SIGINT: shutting down");
+                    return Signal::Stop;
+                }
+                _ = self.term.recv() => {
+                    info!("SIGTERM: shutting down");
+                    return Signal::Stop;
+                }
+                _ = self.hup.recv() => {
+                    info!("SIGHUP: reloading the configuration");
+                    return Signal::Reload;
+                }
                 _ = self.usr1.recv() => warn!("SIGUSR1: ignored (it has no meaning here)"),
                 _ = self.usr2.recv() => warn!("SIGUSR2: ignored (it has no meaning here)"),
                 _ = self.alrm.recv() => warn!("SIGALRM: ignored (it has no meaning here)"),

@@ -81,6 +81,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Status { admin, timeout } => status(&admin, timeout),
+        Command::Reload { admin, timeout } => reload(&admin, timeout),
         Command::Uninstall(args) => uninstall(&args),
         Command::Dataplane(DataplaneCommand::Show { instance, json }) => {
             dataplane_show(&instance, json)
@@ -110,6 +111,29 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+    }
+}
+
+/// `proxy reload`: 0 when applied, 64 for an invalid file, 1 for any other refusal or error.
+fn reload(admin: &proxy_core::config::AdminAddress, timeout: u64) -> ExitCode {
+    use proxy::status::Reloaded;
+    match proxy::status::reload(admin, std::time::Duration::from_secs(timeout)) {
+        Ok(Reloaded::Done(summary)) => {
+            println!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Ok(Reloaded::Invalid(why)) => {
+            eprintln!("{why}");
+            ExitCode::from(EXIT_BAD_CONFIG)
+        }
+        Ok(Reloaded::Refused(why)) => {
+            eprintln!("{why}");
+            ExitCode::FAILURE
+        }
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
         }
     }
 }

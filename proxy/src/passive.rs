@@ -7,17 +7,13 @@
 //! `ConnectSuccess` followed by the failures of the new run, so "consecutive" means what it
 //! means in Envoy, at the resolution of one period.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    net::SocketAddr,
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::HashMap, net::SocketAddr, time::Duration};
 
-use proxy_core::{health::PassiveSignal, upstream::Upstream};
+use proxy_core::health::PassiveSignal;
+use tokio::sync::watch;
 use tracing::debug;
 
-use crate::daemon::SharedDataplane;
+use crate::daemon::{Live, SharedDataplane};
 
 /// How often the counters are read.
 pub const PERIOD: Duration = Duration::from_millis(250);
@@ -70,7 +66,8 @@ fn signals(backend: SocketAddr, last: Reading, now: Reading) -> Vec<PassiveSigna
 
 /// Runs until the data path is shut down. Counts present at start (a previous run's, adopted
 /// with the pins) are the baseline, not new failures.
-pub async fn run(dp: SharedDataplane, upstreams: BTreeMap<String, Arc<Upstream>>) {
+/// The clusters are read from `live` at each tick, so a reload's clusters get their signals.
+pub async fn run(dp: SharedDataplane, live: watch::Receiver<Live>) {
     let Some(mut last) = read(&dp) else { return };
     let mut ticker = tokio::time::interval(PERIOD);
     loop {
@@ -85,6 +82,7 @@ pub async fn run(dp: SharedDataplane, upstreams: BTreeMap<String, Arc<Upstream>>
             if signals.is_empty() {
                 continue;
             }
+            let upstreams = live.borrow().upstreams.clone();
             for upstream in upstreams.values() {
                 if !upstream
                     .host_statuses()

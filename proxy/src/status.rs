@@ -136,20 +136,61 @@ fn get_bounded(
     timeout: Duration,
     max: usize,
 ) -> anyhow::Result<String> {
+    let (status, head, body) = request(addr, "GET", path, timeout, max)?;
+    if status != 200 {
+        bail!("GET {path}: {}", head.lines().next().unwrap_or_default());
+    }
+    Ok(body)
+}
+
+/// What `proxy reload` reports: the daemon's answer, and whether the file was invalid.
+pub enum Reloaded {
+    /// Applied (or no change).
+    Done(String),
+    /// The file does not validate; nothing changed.
+    Invalid(String),
+    /// Refused for another reason (needs a restart, failed to apply); nothing changed.
+    Refused(String),
+}
+
+/// `POST /reload` on the daemon at `addr`.
+pub fn reload(addr: &AdminAddress, timeout: Duration) -> anyhow::Result<Reloaded> {
+    let (status, head, body) = request(addr, "POST", "/reload", timeout, 1 << 20)?;
+    let body = body.trim_end().to_owned();
+    Ok(match status {
+        200 => Reloaded::Done(body),
+        400 => Reloaded::Invalid(body),
+        409 | 500 | 503 | 504 => Reloaded::Refused(body),
+        _ => bail!(
+            "POST /reload: {}: {body}",
+            head.lines().next().unwrap_or_default()
+        ),
+    })
+}
+
+/// One request, read to its end within `timeout` and at most `max` bytes: the status code,
+/// the head and the body.
+fn request(
+    addr: &AdminAddress,
+    method: &str,
+    path: &str,
+    timeout: Duration,
+    max: usize,
+) -> anyhow::Result<(u16, String, String)> {
     let deadline = std::time::Instant::now() + timeout.min(max_timeout());
     let mut stream = Stream::connect(addr).with_context(|| {
         format!("connecting to the admin interface at {addr} (is the daemon running? --admin)")
     })?;
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nhost: admin\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
     )?;
     let mut raw = Vec::new();
     let mut chunk = vec![0u8; 64 * 1024];
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
-            bail!("GET {path}: no complete answer within {timeout:?} (--timeout)");
+            bail!("{method} {path}: no complete answer within {timeout:?} (--timeout)");
         }
         stream.set_read_timeout(left)?;
         let n = match stream.read(&mut chunk) {
@@ -160,25 +201,32 @@ fn get_bounded(
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) =>
             {
-                bail!("GET {path}: no complete answer within {timeout:?} (--timeout)")
+                bail!("{method} {path}: no complete answer within {timeout:?} (--timeout)")
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e).with_context(|| format!("GET {path}")),
+            Err(e) => return Err(e).with_context(|| format!("{method} {path}")),
         };
         if n == 0 {
             break;
         }
         if raw.len() + n > max {
-            bail!("GET {path}: the answer is larger than {max} bytes");
+            bail!("{method} {path}: the answer is larger than {max} bytes");
         }
         raw.extend_from_slice(&chunk[..n]);
     }
     let response = String::from_utf8(raw).context("the answer is not UTF-8")?;
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    if !head.starts_with("HTTP/1.1 200") {
-        bail!("GET {path}: {}", head.lines().next().unwrap_or_default());
-    }
-    Ok(body.to_owned())
+    let status = head
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+        .with_context(|| {
+            format!(
+                "{method} {path}: not an HTTP answer: {:?}",
+                head.lines().next().unwrap_or_default()
+            )
+        })?;
+    Ok((status, head.to_owned(), body.to_owned()))
 }
 
 #[cfg(test)]

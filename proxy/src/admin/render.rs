@@ -190,7 +190,7 @@ mod tests {
             config,
             Arc::new(Mutex::new(None)),
             BTreeMap::new(),
-            watch::channel(0).1,
+            watch::channel(std::collections::BTreeSet::default()).1,
         );
         assert_eq!(
             serde_json::to_value(stats_map(&state)).unwrap(),

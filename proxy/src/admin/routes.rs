@@ -63,6 +63,12 @@ const ENDPOINTS: &[Endpoint] = &[
                (trace, debug, info, warning, error, critical, off)",
     },
     Endpoint {
+        path: "/reload",
+        post: true,
+        help: "re-read the configuration file and apply what changed (as SIGHUP does); 400 for \
+               an invalid file, 409 for a change that needs a restart: either changes nothing",
+    },
+    Endpoint {
         path: "/ready",
         post: false,
         help: "200 LIVE once every service is published, else 503",
@@ -139,7 +145,7 @@ fn ready(state: &State) -> Response {
 }
 
 /// A 405 (with `Allow: POST`) for anything but POST on an endpoint that changes state.
-fn post_only(method: &Method, path: &str) -> Option<Response> {
+pub(super) fn post_only(method: &Method, path: &str) -> Option<Response> {
     if method == Method::POST {
         return None;
     }

@@ -20,7 +20,7 @@ fn state() -> State {
         config,
         Arc::new(Mutex::new(None)),
         BTreeMap::new(),
-        watch::channel(0).1,
+        watch::channel(std::collections::BTreeSet::default()).1,
     )
 }
 
@@ -174,6 +174,7 @@ async fn the_index_lists_every_endpoint_and_unknown_paths_get_it_with_a_404() {
         "/help",
         "/logging",
         "/ready",
+        "/reload (POST)",
         "/server_info",
         "/stats",
         "/stats/prometheus",
@@ -254,6 +255,57 @@ async fn healthcheck_fail_and_ok_take_post_and_turn_ready_off_and_on() {
     assert_eq!(call(&addr, "POST", "/healthcheck/ok").await.0, 200);
     assert_eq!(get(&addr, "/ready").await, (200, "LIVE\n".to_owned()));
     assert_eq!(server_state(&addr).await, "LIVE");
+    server.stop().await;
+}
+
+/// `POST /reload` asks the daemon and answers with its outcome: 200 applied, 400 invalid file,
+/// 409 needs a restart, 500 failed; a GET is a 405 that asks nothing. Pages read the
+/// configuration in force after the daemon swaps it.
+#[tokio::test]
+async fn reload_asks_the_daemon_and_pages_follow_the_new_configuration() {
+    let (reload_tx, mut reload_rx) = mpsc::channel::<ReloadRequest>(1);
+    let parse = |yaml: &str| Config::parse(yaml, Path::new("t.yaml")).unwrap();
+    let (live_tx, live_rx) = watch::channel(Live {
+        config: Arc::new(parse("{}")),
+        upstreams: BTreeMap::new(),
+    });
+    let (server, addr) = serving(state().with_reload(live_rx, reload_tx)).await;
+    let answers = [
+        Ok("clusters: 1 added".to_owned()),
+        Err(ReloadRefused::Invalid("t.yaml:3:7: bad".to_owned())),
+        Err(ReloadRefused::NeedsRestart("instance changed".to_owned())),
+        Err(ReloadRefused::Failed("no".to_owned())),
+    ];
+    let daemon = tokio::spawn(async move {
+        for answer in answers {
+            let request = reload_rx.recv().await.expect("a request");
+            request.send(answer).unwrap();
+        }
+        reload_rx
+    });
+    assert_eq!(call(&addr, "GET", "/reload").await.0, 405);
+    for (code, text) in [
+        (200, "clusters: 1 added\n"),
+        (400, "error: t.yaml:3:7: bad\n"),
+        (409, "error: instance changed\n"),
+        (500, "error: no\n"),
+    ] {
+        let (status, _, body) = call(&addr, "POST", "/reload").await;
+        assert_eq!((status, body.as_str()), (code, text));
+    }
+    let mut reload_rx = daemon.await.unwrap();
+    assert!(reload_rx.try_recv().is_err(), "the GET asked nothing");
+    let (_, stats) = get(&addr, "/stats").await;
+    assert!(stats.contains("server.services: 0"), "{stats}");
+    live_tx.send_replace(Live {
+        config: Arc::new(parse("services: [ { name: s, address: 127.77.0.1, port: 80, cluster: c } ]\nclusters: [ { name: c, load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 1 } } } } ] } ] } } ]\n")),
+        upstreams: BTreeMap::new(),
+    });
+    let (_, stats) = get(&addr, "/stats").await;
+    assert!(stats.contains("server.services: 1"), "{stats}");
+    drop(reload_rx);
+    let (status, _, _) = call(&addr, "POST", "/reload").await;
+    assert_eq!(status, 503, "the daemon is gone");
     server.stop().await;
 }
 

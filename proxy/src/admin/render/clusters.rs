@@ -388,7 +388,7 @@ services:
             config,
             Arc::new(Mutex::new(None)),
             upstreams,
-            watch::channel(0).1,
+            watch::channel(std::collections::BTreeSet::default()).1,
         );
         (state, traffic)
     }

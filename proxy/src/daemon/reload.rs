@@ -1,0 +1,380 @@
+//! What a reload changes: the difference between the configuration in force and a new one, as
+//! the clusters to start and stop and the services to republish or remove; or why the new one
+//! needs a restart instead.
+//!
+//! Equality is by value over every field of a cluster or a service (their `Debug` form, which
+//! covers the fields serde skips). A cluster that is equal keeps its running discovery, health
+//! state and watches; a service that is equal, and whose clusters all stay, keeps its publisher,
+//! so its kernel entry is not rewritten.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
+};
+
+use proxy_common::service::ServiceKey;
+use proxy_core::{
+    config::{Config, ServiceMode},
+    discovery::xds::eds_clusters,
+};
+
+/// The difference a reload applies.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Clusters to start: new, or changed (started before the old instance stops).
+    pub start: BTreeSet<String>,
+    /// Clusters to stop: removed, or changed.
+    pub stop: BTreeSet<String>,
+    /// The xDS connections restart: the EDS clusters or the `xds` block changed. Every EDS
+    /// cluster is then in `start` and `stop`.
+    pub xds_restart: bool,
+    /// Services whose publisher is started or replaced: new, changed, or reading a cluster in
+    /// `start`.
+    pub publish: BTreeSet<ServiceKey>,
+    /// Services to remove from the kernel.
+    pub remove: BTreeSet<ServiceKey>,
+    /// Clusters and services that stay as they run.
+    pub kept_clusters: usize,
+    pub kept_services: usize,
+}
+
+impl Plan {
+    /// One line for the log and the reload command.
+    pub fn summary(&self) -> String {
+        let started = self.start.difference(&self.stop).count();
+        let stopped = self.stop.difference(&self.start).count();
+        let replaced = self.start.intersection(&self.stop).count();
+        format!(
+            "clusters: {started} added, {stopped} removed, {replaced} changed, {} unchanged; \
+             services: {} published, {} removed, {} unchanged{}",
+            self.kept_clusters,
+            self.publish.len(),
+            self.remove.len(),
+            self.kept_services,
+            if self.xds_restart {
+                "; the xDS connections restarted"
+            } else {
+                ""
+            }
+        )
+    }
+
+    /// Whether nothing changes.
+    pub fn is_empty(&self) -> bool {
+        self.start.is_empty()
+            && self.stop.is_empty()
+            && self.publish.is_empty()
+            && self.remove.is_empty()
+    }
+}
+
+/// Why a reload needs a restart: the fields named, with what a restart would do.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}; restart the daemon to apply this (nothing was changed)")]
+pub struct NeedsRestart(pub String);
+
+/// The difference from `old` to `new` (both validated), for a data path attached with sockops
+/// (`follow_sockets`) or without. `key` is a service's kernel key.
+pub fn plan(
+    old: &Config,
+    new: &Config,
+    follow_sockets: bool,
+    new_needs_sockops: bool,
+    key: impl Fn(&proxy_core::config::Service) -> ServiceKey,
+) -> Result<Plan, NeedsRestart> {
+    fixed_fields(old, new)?;
+    if new_needs_sockops && !follow_sockets {
+        return Err(NeedsRestart(
+            "the new configuration needs sockops (proxy mode, outlier detection, LEAST_REQUEST \
+             or splice), which this run did not attach"
+                .to_owned(),
+        ));
+    }
+    let mut plan = Plan::default();
+    let eds = |c: &Config| format!("{:?} {:?}", eds_clusters(c), c.xds);
+    plan.xds_restart = eds(old) != eds(new);
+    let olds: BTreeMap<&str, String> = old
+        .clusters
+        .iter()
+        .filter(|c| !old.is_original_dst(&c.name))
+        .map(|c| (c.name.as_str(), format!("{c:?}")))
+        .collect();
+    let news: BTreeMap<&str, String> = new
+        .clusters
+        .iter()
+        .filter(|c| !new.is_original_dst(&c.name))
+        .map(|c| (c.name.as_str(), format!("{c:?}")))
+        .collect();
+    let is_eds = |c: &Config, name: &str| eds_clusters(c).iter().any(|(n, _)| n == name);
+    for (name, was) in &olds {
+        let restarts = plan.xds_restart && is_eds(old, name);
+        match news.get(name) {
+            Some(now) if now == was && !restarts => plan.kept_clusters += 1,
+            Some(_) => {
+                plan.stop.insert((*name).to_owned());
+                plan.start.insert((*name).to_owned());
+            }
+            None => {
+                plan.stop.insert((*name).to_owned());
+            }
+        }
+    }
+    for name in news.keys().filter(|n| !olds.contains_key(*n)) {
+        plan.start.insert((*name).to_owned());
+    }
+    proxy_path_unchanged(old, new, &plan)?;
+    let services = |c: &Config| -> BTreeMap<ServiceKey, String> {
+        c.services
+            .iter()
+            .map(|svc| (key(svc), service_fingerprint(c, svc)))
+            .collect()
+    };
+    let (old_services, new_services) = (services(old), services(new));
+    for (k, svc) in new.services.iter().map(|s| (key(s), s)) {
+        let reads_restarted = new
+            .service_clusters(svc)
+            .iter()
+            .any(|c| plan.start.contains(c));
+        let same = old_services.get(&k) == new_services.get(&k);
+        if same && !reads_restarted {
+            plan.kept_services += 1;
+        } else {
+            plan.publish.insert(k);
+        }
+    }
+    plan.remove = old_services
+        .keys()
+        .filter(|k| !new_services.contains_key(k))
+        .copied()
+        .collect();
+    Ok(plan)
+}
+
+/// The fields that shape what this run attached and bound: the instance and its pins, the
+/// cgroup, the admin listener, the proxy listeners and their settings, splicing.
+fn fixed_fields(old: &Config, new: &Config) -> Result<(), NeedsRestart> {
+    let mut changed = Vec::new();
+    if old.instance != new.instance {
+        changed.push("instance");
+    }
+    if old.cgroup != new.cgroup {
+        changed.push("cgroup");
+    }
+    if old.bpffs != new.bpffs {
+        changed.push("bpffs");
+    }
+    if format!("{:?}", old.admin) != format!("{:?}", new.admin) {
+        changed.push("admin");
+    }
+    if old.proxy != new.proxy {
+        changed.push("proxy");
+    }
+    if old.splice != new.splice {
+        changed.push("splice");
+    }
+    if changed.is_empty() {
+        return Ok(());
+    }
+    Err(NeedsRestart(format!(
+        "changed field(s) that a reload cannot apply: {}",
+        changed.join(", ")
+    )))
+}
+
+/// The proxy path's services are fixed for the run: its table of proxy-mode services, their
+/// chains and clusters, and the fallback cluster must stay as they are.
+fn proxy_path_unchanged(old: &Config, new: &Config, plan: &Plan) -> Result<(), NeedsRestart> {
+    let proxied = |c: &Config| -> (String, BTreeSet<String>) {
+        let mut clusters: BTreeSet<String> = c.proxy.fallback_cluster.iter().cloned().collect();
+        let mut text = String::new();
+        for svc in c.services.iter().filter(|s| s.mode == ServiceMode::Proxy) {
+            clusters.extend(c.service_clusters(svc));
+            let _ = write!(text, "{svc:?} {:?};", c.chains.get(&svc.name));
+        }
+        for name in &clusters {
+            let _ = write!(text, "{:?};", c.cluster(name));
+        }
+        (text, clusters)
+    };
+    let ((old_text, old_clusters), (new_text, _)) = (proxied(old), proxied(new));
+    let restarted: Vec<&String> = old_clusters
+        .iter()
+        .filter(|c| plan.stop.contains(*c))
+        .collect();
+    if old_text != new_text || !restarted.is_empty() {
+        return Err(NeedsRestart(
+            "the proxy path's services changed (a proxy-mode service, its chain, a cluster it \
+             reads or the fallback cluster); a reload cannot change them yet"
+                .to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// Everything a service's publisher depends on but its clusters' hosts.
+fn service_fingerprint(config: &Config, svc: &proxy_core::config::Service) -> String {
+    let clusters: Vec<String> = config
+        .service_clusters(svc)
+        .iter()
+        .map(|name| format!("{:?}", config.cluster(name).map(|c| c.lb_policy)))
+        .collect();
+    format!(
+        "{svc:?} {:?} {:?} {clusters:?} {}",
+        config.chain_plan(svc),
+        config.service_clusters(svc),
+        config.datacenter
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    const ENDPOINT: &str = "load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: PORT } } } } ] } ] }";
+
+    fn cluster(name: &str, port: u16) -> String {
+        format!(
+            "  - {{ name: {name}, {} }}\n",
+            ENDPOINT.replace("PORT", &port.to_string())
+        )
+    }
+
+    fn config(clusters: &[(&str, u16)], services: &[(&str, &str, &str)], extra: &str) -> Config {
+        let mut yaml = String::from(extra);
+        yaml.push_str("clusters:\n");
+        for (name, port) in clusters {
+            yaml.push_str(&cluster(name, *port));
+        }
+        yaml.push_str("services:\n");
+        for (name, vip, cluster) in services {
+            let _ = writeln!(
+                yaml,
+                "  - {{ name: {name}, address: {vip}, port: 80, cluster: {cluster} }}"
+            );
+        }
+        Config::parse(&yaml, Path::new("t.yaml")).expect("valid config")
+    }
+
+    fn diff(old: &Config, new: &Config) -> Result<Plan, NeedsRestart> {
+        plan(old, new, false, false, crate::daemon::service_key)
+    }
+
+    fn names(set: &BTreeSet<String>) -> Vec<&str> {
+        set.iter().map(String::as_str).collect()
+    }
+
+    #[test]
+    fn the_same_file_changes_nothing() {
+        let a = config(&[("a", 1)], &[("s", "127.77.0.1", "a")], "");
+        let plan = diff(&a, &a).unwrap();
+        assert!(plan.is_empty(), "{plan:?}");
+        assert_eq!((plan.kept_clusters, plan.kept_services), (1, 1));
+    }
+
+    #[test]
+    fn added_removed_and_changed_clusters_and_the_services_reading_them() {
+        let old = config(
+            &[("stay", 1), ("change", 2), ("gone", 3)],
+            &[
+                ("s-stay", "127.77.0.1", "stay"),
+                ("s-change", "127.77.0.2", "change"),
+                ("s-gone", "127.77.0.3", "gone"),
+            ],
+            "",
+        );
+        let new = config(
+            &[("stay", 1), ("change", 22), ("new", 4)],
+            &[
+                ("s-stay", "127.77.0.1", "stay"),
+                ("s-change", "127.77.0.2", "change"),
+                ("s-new", "127.77.0.4", "new"),
+            ],
+            "",
+        );
+        let plan = diff(&old, &new).unwrap();
+        assert_eq!(names(&plan.start), ["change", "new"]);
+        assert_eq!(names(&plan.stop), ["change", "gone"]);
+        let key = |vip: &str| {
+            crate::daemon::service_key(
+                new.services
+                    .iter()
+                    .chain(&old.services)
+                    .find(|s| s.address.to_string() == vip)
+                    .unwrap(),
+            )
+        };
+        assert_eq!(
+            plan.publish,
+            BTreeSet::from([key("127.77.0.2"), key("127.77.0.4")])
+        );
+        assert_eq!(plan.remove, BTreeSet::from([key("127.77.0.3")]));
+        assert_eq!((plan.kept_clusters, plan.kept_services), (1, 1));
+        assert_eq!(
+            plan.summary(),
+            "clusters: 1 added, 1 removed, 1 changed, 1 unchanged; services: 2 published, 1 removed, 1 unchanged"
+        );
+    }
+
+    #[test]
+    fn a_service_moved_to_another_cluster_or_address_is_republished() {
+        let old = config(
+            &[("a", 1), ("b", 2)],
+            &[("s", "127.77.0.1", "a"), ("t", "127.77.0.2", "a")],
+            "",
+        );
+        let new = config(
+            &[("a", 1), ("b", 2)],
+            &[("s", "127.77.0.1", "b"), ("t", "127.77.0.3", "a")],
+            "",
+        );
+        let plan = diff(&old, &new).unwrap();
+        assert!(plan.start.is_empty() && plan.stop.is_empty(), "{plan:?}");
+        assert_eq!(plan.publish.len(), 2, "s reads b, t has a new address");
+        assert_eq!(plan.remove.len(), 1, "t's old address goes");
+    }
+
+    #[test]
+    fn fields_of_the_run_need_a_restart() {
+        let base = config(&[("a", 1)], &[("s", "127.77.0.1", "a")], "");
+        for (extra, field) in [
+            ("instance: other\n", "instance"),
+            ("cgroup: other\n", "cgroup"),
+            ("admin: { address: 127.0.0.1:15999 }\n", "admin"),
+            ("splice: true\n", "splice"),
+            ("proxy: { drain_timeout: 3s }\n", "proxy"),
+        ] {
+            let new = config(&[("a", 1)], &[("s", "127.77.0.1", "a")], extra);
+            let err = diff(&base, &new).expect_err(field);
+            assert!(err.to_string().contains(field), "{field}: {err}");
+            assert!(err.to_string().contains("nothing was changed"), "{err}");
+        }
+    }
+
+    #[test]
+    fn sockops_that_this_run_did_not_attach_need_a_restart() {
+        let a = config(&[("a", 1)], &[("s", "127.77.0.1", "a")], "");
+        let err = plan(&a, &a, false, true, crate::daemon::service_key).unwrap_err();
+        assert!(err.0.contains("sockops"), "{err}");
+        assert!(plan(&a, &a, true, true, crate::daemon::service_key).is_ok());
+    }
+
+    #[test]
+    fn proxy_mode_services_cannot_change_yet() {
+        let listener = "proxy: { listeners: [\"127.0.0.1:15001\"] }\n";
+        let proxied = |port: u16, vip: &str| {
+            let yaml = format!(
+                "{listener}clusters:\n{}services:\n  - {{ name: p, address: {vip}, port: 80, cluster: a, mode: proxy }}\n",
+                cluster("a", port)
+            );
+            Config::parse(&yaml, Path::new("t.yaml")).expect("valid config")
+        };
+        let base = proxied(1, "127.77.0.1");
+        assert!(diff(&base, &base).unwrap().is_empty());
+        for new in [proxied(2, "127.77.0.1"), proxied(1, "127.77.0.9")] {
+            let err = diff(&base, &new).expect_err("the proxy path changed");
+            assert!(err.0.contains("proxy path"), "{err}");
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! Reload (root): SIGHUP and `proxy reload` re-read the configuration file and apply what
+//! changed, under connect loops from inside the cgroup. A service and a cluster are added, one
+//! of each removed, and one cluster changed; the untouched cluster keeps its running health
+//! checker (its check count goes on, it does not start again) and the services that stay lose
+//! not one connect. A broken file, and a change that needs a restart, are refused with the
+//! reason (the file's line and column for the broken one) in the log and as `proxy reload`'s
+//! exit status, and change nothing.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use integration_tests::kernel::{
+    BannerServers, Daemon, InCgroup, LoopReport, Netns, PinDir, TestCgroup, proxy_bin,
+    require_root, skip_without_dataplane, tcp_loop, unique,
+};
+
+/// Service VIPs.
+const STAY: &str = "127.77.9.1:80";
+const CHANGE: &str = "127.77.9.2:80";
+const GONE: &str = "127.77.9.3:80";
+const NEW: &str = "127.77.9.4:80";
+/// Hosts (their banner is their address).
+const H_STAY: &str = "127.0.0.81:8081";
+const H_CHANGE_OLD: &str = "127.0.0.82:8082";
+const H_CHANGE_NEW: &str = "127.0.0.84:8084";
+const H_GONE: &str = "127.0.0.83:8083";
+const H_NEW: &str = "127.0.0.85:8085";
+
+/// The client loops run across every reload of the test.
+const LOOP_FOR: Duration = Duration::from_secs(14);
+
+/// Checked every 0.5 s from the start (the test is about reload, not `no_traffic_interval`,
+/// whose default daemon_health.rs shows).
+const CHECK: &str = "    health_checks:\n      - { timeout: 0.5s, interval: 0.5s, no_traffic_interval: 0.5s, unhealthy_threshold: 2, healthy_threshold: 1, tcp_health_check: {} }\n";
+
+fn cluster(name: &str, host: &str) -> String {
+    let host: SocketAddr = host.parse().unwrap();
+    format!(
+        "  - name: {name}\n{CHECK}    load_assignment:\n      endpoints:\n        - lb_endpoints:\n            - endpoint: {{ address: {{ socket_address: {{ address: \"{}\", port_value: {} }} }} }}\n",
+        host.ip(),
+        host.port()
+    )
+}
+
+fn service(name: &str, vip: &str, cluster: &str) -> String {
+    let vip: SocketAddr = vip.parse().unwrap();
+    format!(
+        "  - {{ name: {name}, address: \"{}\", port: {}, cluster: {cluster} }}\n",
+        vip.ip(),
+        vip.port()
+    )
+}
+
+fn head(instance: &str, cgroup: &Path, admin: &str) -> String {
+    format!(
+        "instance: {instance}\ncgroup: {}\nadmin:\n  address: \"{admin}\"\n",
+        cgroup.display()
+    )
+}
+
+/// The first configuration: `stay`, `change` (on its old host) and `gone`.
+fn first(head: &str) -> String {
+    format!(
+        "{head}clusters:\n{}{}{}services:\n{}{}{}",
+        cluster("stay", H_STAY),
+        cluster("change", H_CHANGE_OLD),
+        cluster("gone", H_GONE),
+        service("s-stay", STAY, "stay"),
+        service("s-change", CHANGE, "change"),
+        service("s-gone", GONE, "gone"),
+    )
+}
+
+/// The second: `stay` as it was, `change` on a new host, `gone` removed, `new` added.
+fn second(head: &str) -> String {
+    format!(
+        "{head}clusters:\n{}{}{}services:\n{}{}{}",
+        cluster("stay", H_STAY),
+        cluster("change", H_CHANGE_NEW),
+        cluster("new", H_NEW),
+        service("s-stay", STAY, "stay"),
+        service("s-change", CHANGE, "change"),
+        service("s-new", NEW, "new"),
+    )
+}
+
+fn client(cgroup: &TestCgroup, netns: &Netns, vip: &str, within: Duration) -> InCgroup {
+    let vip: SocketAddr = vip.parse().unwrap();
+    InCgroup::spawn(Some(cgroup.path()), netns, move || {
+        serde_json::to_string(&tcp_loop(vip, 10_000_000, within)).unwrap()
+    })
+}
+
+/// A few connects to `vip` from the cgroup: what answered.
+fn reach(cgroup: &TestCgroup, netns: &Netns, vip: &str) -> LoopReport {
+    let vip: SocketAddr = vip.parse().unwrap();
+    let c = InCgroup::spawn(Some(cgroup.path()), netns, move || {
+        serde_json::to_string(&tcp_loop(vip, 5, Duration::from_secs(5))).unwrap()
+    });
+    LoopReport::parse(&c.wait(Duration::from_secs(30)))
+}
+
+/// `proxy reload` against the daemon's admin interface, inside its namespace: exit code, stdout
+/// and stderr.
+fn proxy_reload(netns: &Netns, admin: SocketAddr) -> (i32, String, String) {
+    let out = Command::new("ip")
+        .args(["netns", "exec", netns.name()])
+        .arg(proxy_bin())
+        .args(["reload", "--admin", &admin.to_string()])
+        .output()
+        .expect("running proxy reload");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Waits (bounded) until the log has `n` lines containing `what`.
+fn wait_log(daemon: &Daemon, what: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while daemon.log_text().matches(what).count() < n {
+        assert!(
+            Instant::now() < deadline,
+            "no {n}x {what:?} in the log:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn reload_applies_the_difference_and_refuses_what_it_cannot() {
+    require_root();
+    if skip_without_dataplane("reload_applies_the_difference_and_refuses_what_it_cannot") {
+        return;
+    }
+    let netns = Netns::new();
+    let cgroup = TestCgroup::new();
+    let servers: Vec<(SocketAddr, &str, bool)> =
+        [H_STAY, H_CHANGE_OLD, H_CHANGE_NEW, H_GONE, H_NEW]
+            .iter()
+            .map(|h| (h.parse().unwrap(), *h, false))
+            .collect();
+    let _servers = BannerServers::start(&netns, &servers);
+    let instance = unique("rl");
+    let _pins = PinDir(PathBuf::from("/sys/fs/bpf").join(&instance));
+    let mut daemon = Daemon::start_in(&netns, &first(&head(&instance, cgroup.path(), "{admin}")));
+    let head = head(&instance, cgroup.path(), &daemon.admin.to_string());
+    assert_eq!(reach(&cgroup, &netns, GONE).banners.get(H_GONE), Some(&5));
+    let attempts = |d: &Daemon| d.stat("cluster.stay.health_check.attempt");
+
+    let stay = client(&cgroup, &netns, STAY, LOOP_FOR);
+    let change = client(&cgroup, &netns, CHANGE, LOOP_FOR);
+    std::thread::sleep(Duration::from_secs(1));
+
+    // SIGHUP with the second file: the difference is applied.
+    let before = attempts(&daemon);
+    std::fs::write(&daemon.config, second(&head)).unwrap();
+    daemon.signal(libc::SIGHUP);
+    wait_log(&daemon, "configuration reloaded", 1);
+    let log = daemon.log_text();
+    assert!(
+        log.contains("clusters: 1 added, 1 removed, 1 changed, 1 unchanged; services: 2 published, 1 removed, 1 unchanged"),
+        "{log}"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let after = attempts(&daemon);
+    assert!(
+        after > before,
+        "the untouched cluster's checker went on counting ({before} -> {after}); a restarted one would count from 0"
+    );
+    assert_eq!(
+        reach(&cgroup, &netns, NEW).banners.get(H_NEW),
+        Some(&5),
+        "the added service"
+    );
+    assert_eq!(
+        reach(&cgroup, &netns, CHANGE).banners.get(H_CHANGE_NEW),
+        Some(&5),
+        "the changed cluster's new host"
+    );
+    let gone = reach(&cgroup, &netns, GONE);
+    assert_eq!(
+        gone.ok(),
+        0,
+        "the removed service is no longer served: {gone:?}"
+    );
+    let (_, clusters) = daemon.get("/clusters").expect("admin");
+    assert!(!clusters.contains("gone::"), "{clusters}");
+    assert!(clusters.contains(&format!("new::{H_NEW}::")), "{clusters}");
+
+    refusals_change_nothing(&daemon, &netns, &cgroup, &second(&head), &instance);
+
+    let stay = LoopReport::parse(&stay.wait(Duration::from_secs(60)));
+    let change = LoopReport::parse(&change.wait(Duration::from_secs(60)));
+    println!(
+        "across 5 reloads: {} connects to the untouched service, {} failed; {} to the service whose cluster changed, {} failed ({:?})",
+        stay.ok(),
+        stay.failed(),
+        change.ok(),
+        change.failed(),
+        change.banners
+    );
+    assert_eq!(stay.failed(), 0, "{stay:?}");
+    assert!(stay.ok() > 100, "{stay:?}");
+    assert_eq!(stay.banners.keys().collect::<Vec<_>>(), [H_STAY]);
+    assert_eq!(change.failed(), 0, "{change:?}");
+    assert!(
+        change.banners.contains_key(H_CHANGE_OLD) && change.banners.contains_key(H_CHANGE_NEW),
+        "{change:?}"
+    );
+    assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
+}
+
+/// A broken file (by `proxy reload`, then by SIGHUP) and a change that needs a restart are
+/// refused with the reason and change nothing; `good`, the file in force, again is "no change".
+fn refusals_change_nothing(
+    daemon: &Daemon,
+    netns: &Netns,
+    cgroup: &TestCgroup,
+    good: &str,
+    instance: &str,
+) {
+    // A broken file, by `proxy reload`: exit 64, the file's line and column, nothing changes.
+    std::fs::write(&daemon.config, good.replace("port: 80", "port: eighty")).unwrap();
+    let (code, _, stderr) = proxy_reload(netns, daemon.admin);
+    assert_eq!(code, 64, "{stderr}");
+    let config_name = daemon.config.display().to_string();
+    assert!(
+        stderr.contains(&format!("{config_name}:")) && stderr.contains("port"),
+        "the error names the file, line and column: {stderr}"
+    );
+    wait_log(daemon, "reload refused", 1);
+    // A change that needs a restart: exit 1, nothing changes.
+    std::fs::write(
+        &daemon.config,
+        good.replace(&format!("instance: {instance}"), "instance: another"),
+    )
+    .unwrap();
+    let (code, _, stderr) = proxy_reload(netns, daemon.admin);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("instance") && stderr.contains("restart"),
+        "{stderr}"
+    );
+    // SIGHUP with a broken file: refused in the log.
+    std::fs::write(&daemon.config, "clusters: [").unwrap();
+    daemon.signal(libc::SIGHUP);
+    wait_log(daemon, "reload refused", 3);
+    assert_eq!(
+        reach(cgroup, netns, CHANGE).banners.get(H_CHANGE_NEW),
+        Some(&5),
+        "the refused reloads changed nothing"
+    );
+    // The same good file again: no change, and `proxy reload` says so.
+    std::fs::write(&daemon.config, good).unwrap();
+    let (code, stdout, stderr) = proxy_reload(netns, daemon.admin);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.starts_with("no change"), "{stdout}");
+}

@@ -33,10 +33,11 @@
 //!   already, replaced by the new ones). [`PinKind::Unknown`] pins (a newer version's, or not
 //!   ours) are never removed, only logged: a graceful stop removes current and retired pins and
 //!   leaves the directory when anything else is in it.
-//! - **What is not covered.** Between the attach of new programs and the first publish, a new
-//!   map starts empty; a version bump of the service maps therefore means connects to services
-//!   are not translated until the first publish (a same-version restart adopts the maps and has
-//!   no such window).
+//! - **Carrying state over.** Between the attach of new programs and the first publish, a new
+//!   map starts empty. For the service maps the daemon closes that window: the previous
+//!   layout's entries (`service::legacy`) are copied into the empty current maps before any
+//!   program is attached (`proxy/src/dataplane/migrate.rs`). A future layout change of the
+//!   service maps needs its own step there; counters and per-socket maps start empty.
 
 /// Longest map or program name the kernel keeps (`BPF_OBJ_NAME_LEN` is 16 with the NUL); aya
 /// truncates a longer one silently, and the pin would then not match the declared name.

@@ -22,7 +22,7 @@ pub mod socket;
 mod pod {
     use crate::{
         counters::ServiceCounts,
-        service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey},
+        service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey, legacy::ServiceV1},
         socket::{
             PairFlow, PairGrant, PassiveCounts, PeerSlot, Settings, SockTuple, UdpReverseKey,
         },
@@ -55,4 +55,6 @@ mod pod {
     unsafe impl aya::Pod for PeerSlot {}
     // SAFETY: as above.
     unsafe impl aya::Pod for ServiceCounts {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for ServiceV1 {}
 }

@@ -165,3 +165,31 @@ pub struct Backend {
     pub _pad: u8,
 }
 const _: () = assert!(size_of::<Backend>() == 20);
+
+/// Layouts of earlier versions that a new daemon still reads, to carry their state over
+/// (`abi::RETIRED` names their maps).
+pub mod legacy {
+    use core::mem::size_of;
+
+    /// Value of `SERVICES_V1` (before `Service` gained `backend`); `SLOTS_V1` and `BACKENDS_V1`
+    /// hold [`super::SlotTable`] and [`super::Backend`] as `_V2` does, under the same keys.
+    /// Its flags are [`super::SERVICE_F_PROXY`] and [`super::SERVICE_F_MAGLEV`].
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct ServiceV1 {
+        /// Stable identifier of the service, host byte order.
+        pub id: u32,
+        /// The live generation, host byte order.
+        pub generation: u32,
+        /// `SERVICE_F_*` bits, host byte order.
+        pub flags: u32,
+        /// Explicit padding; always zero.
+        pub _pad: u32,
+    }
+    const _: () = assert!(size_of::<ServiceV1>() == 16);
+
+    /// The `_V1` names of the three service maps.
+    pub const SERVICES_V1: &str = "SERVICES_V1";
+    pub const SLOTS_V1: &str = "SLOTS_V1";
+    pub const BACKENDS_V1: &str = "BACKENDS_V1";
+}

@@ -10,6 +10,7 @@
 mod error;
 mod loader;
 mod maps;
+mod migrate;
 mod mounts;
 mod pair;
 mod pins;
@@ -20,6 +21,7 @@ pub use self::{
     error::DataplaneError,
     loader::{Dataplane, DataplaneOptions, Uninstalled, uninstall},
     maps::{KERNEL_ONLY, KernelMaps, PairMaps, RuntimeMapSet, ServiceMaps},
+    migrate::upgrade as upgrade_v1,
     mounts::{cgroup2_mount, resolve_cgroup},
     pair::{PAIR_CREDIT, PairError, PairGuard, PairSide, PairSplicer},
     pins::RetiredPins,

@@ -6,18 +6,21 @@
 use std::{collections::BTreeMap, fs, net::SocketAddr, path::Path};
 
 use anyhow::Context as _;
+use aya::maps::{HashMap, Map, MapData};
 use proxy_common::{
+    abi::maps,
     counters::ServiceCounts,
     service::{
         Backend, MAX_PRIORITIES, PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV, SERVICE_F_PANIC,
         SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, SLOTS,
-        Service, ServiceKey, SlotTableKey,
+        Service, ServiceKey, SlotTable, SlotTableKey,
+        legacy::{BACKENDS_V1, SERVICES_V1, SLOTS_V1, ServiceV1},
     },
     socket::SETTINGS_F_SPLICE,
 };
 use serde::Serialize;
 
-use crate::dataplane::{KernelMaps, RuntimeMaps, ServiceMaps, kernel_addr};
+use crate::dataplane::{KernelMaps, RuntimeMaps, kernel_addr};
 
 /// Everything `show` prints.
 #[derive(Debug, Serialize)]
@@ -26,6 +29,9 @@ pub struct Snapshot {
     pub pins: String,
     /// Whether a daemon holds the instance's lock now.
     pub daemon_running: bool,
+    /// The service maps' layout: `current`, or the earlier one found (`SERVICES_V1`: a daemon
+    /// of an earlier version left them; its counters are not read).
+    pub layout: &'static str,
     /// The proxy listeners proxy-mode services are redirected to, if set.
     pub proxy_listeners: Vec<String>,
     /// Whether local pairs are spliced.
@@ -88,6 +94,9 @@ pub fn read(pin_dir: &Path, names: &BTreeMap<ServiceKey, String>) -> anyhow::Res
             pin_dir.display()
         );
     }
+    if !pin_dir.join(maps::SERVICES).exists() && pin_dir.join(SERVICES_V1).exists() {
+        return read_v1(pin_dir, names);
+    }
     let KernelMaps {
         service, runtime, ..
     } = KernelMaps::open_pinned(pin_dir)
@@ -103,7 +112,11 @@ pub fn read(pin_dir: &Path, names: &BTreeMap<ServiceKey, String>) -> anyhow::Res
                 slots: SLOTS as u32,
             }]]
         } else {
-            levels(service, &svc)
+            levels(
+                &svc,
+                |key| service.slots.get(key, 0).ok(),
+                |id| service.backends.get(&id, 0).ok(),
+            )
         };
         let counters = service
             .svc_counters
@@ -130,6 +143,7 @@ pub fn read(pin_dir: &Path, names: &BTreeMap<ServiceKey, String>) -> anyhow::Res
     Ok(Snapshot {
         pins: pin_dir.display().to_string(),
         daemon_running: daemon_running(pin_dir),
+        layout: "current",
         proxy_listeners,
         splice: settings.flags & SETTINGS_F_SPLICE != 0,
         services,
@@ -142,6 +156,50 @@ pub fn read(pin_dir: &Path, names: &BTreeMap<ServiceKey, String>) -> anyhow::Res
     })
 }
 
+/// The service maps an earlier version (before `_V2`) left: services, their slot tables and
+/// hosts. That version's counters and settings have other layouts and are not read.
+fn read_v1(pin_dir: &Path, names: &BTreeMap<ServiceKey, String>) -> anyhow::Result<Snapshot> {
+    fn open<K: aya::Pod, V: aya::Pod>(
+        pin_dir: &Path,
+        name: &str,
+    ) -> anyhow::Result<HashMap<MapData, K, V>> {
+        let data = MapData::from_pin(pin_dir.join(name))
+            .with_context(|| format!("opening {name} in {}", pin_dir.display()))?;
+        HashMap::try_from(Map::HashMap(data)).with_context(|| format!("reading {name}"))
+    }
+    let services: HashMap<MapData, ServiceKey, ServiceV1> = open(pin_dir, SERVICES_V1)?;
+    let slots: HashMap<MapData, SlotTableKey, SlotTable> = open(pin_dir, SLOTS_V1)?;
+    let backends: HashMap<MapData, u32, Backend> = open(pin_dir, BACKENDS_V1)?;
+    let mut views = Vec::new();
+    for entry in &services {
+        let (key, old) = entry.context("reading SERVICES_V1")?;
+        let svc = crate::dataplane::upgrade_v1(old);
+        views.push(ServiceView {
+            address: service_addr(&key),
+            name: names.get(&key).cloned(),
+            id: svc.id,
+            generation: svc.generation,
+            flags: flag_names(svc.flags),
+            priorities: levels(
+                &svc,
+                |key| slots.get(key, 0).ok(),
+                |id| backends.get(&id, 0).ok(),
+            ),
+            counters: CountsView::default(),
+        });
+    }
+    views.sort_by(|a, b| a.address.cmp(&b.address));
+    Ok(Snapshot {
+        pins: pin_dir.display().to_string(),
+        daemon_running: daemon_running(pin_dir),
+        layout: SERVICES_V1,
+        proxy_listeners: Vec::new(),
+        splice: false,
+        services: views,
+        counters: BTreeMap::new(),
+    })
+}
+
 /// Whether a daemon holds the instance's lock (an exclusive `flock` on the pin directory).
 fn daemon_running(pin_dir: &Path) -> bool {
     let Ok(dir) = fs::File::open(pin_dir) else {
@@ -150,8 +208,13 @@ fn daemon_running(pin_dir: &Path) -> bool {
     matches!(dir.try_lock_shared(), Err(fs::TryLockError::WouldBlock))
 }
 
-/// The hosts of each priority of the live generation, with their slot counts.
-fn levels(maps: &ServiceMaps, svc: &Service) -> Vec<Vec<HostView>> {
+/// The hosts of each priority of the live generation, with their slot counts (`table` and
+/// `backend` read the slot tables and backends of the service's layout).
+fn levels(
+    svc: &Service,
+    table: impl Fn(&SlotTableKey) -> Option<SlotTable>,
+    backend: impl Fn(u32) -> Option<Backend>,
+) -> Vec<Vec<HostView>> {
     let mut levels = Vec::new();
     for priority in 0..MAX_PRIORITIES {
         let key = SlotTableKey {
@@ -159,7 +222,7 @@ fn levels(maps: &ServiceMaps, svc: &Service) -> Vec<Vec<HostView>> {
             generation: svc.generation,
             priority,
         };
-        let Ok(table) = maps.slots.get(&key, 0) else {
+        let Some(table) = table(&key) else {
             continue;
         };
         let mut slots: BTreeMap<u32, u32> = BTreeMap::new();
@@ -170,8 +233,8 @@ fn levels(maps: &ServiceMaps, svc: &Service) -> Vec<Vec<HostView>> {
         let mut hosts: Vec<HostView> = slots
             .into_iter()
             .map(|(id, n)| HostView {
-                address: maps.backends.get(&id, 0).map_or_else(
-                    |_| format!("(backend {id} missing)"),
+                address: backend(id).map_or_else(
+                    || format!("(backend {id} missing)"),
                     |b| backend_addr(&b).to_string(),
                 ),
                 slots: n,
@@ -222,6 +285,13 @@ pub fn print(snap: &Snapshot, out: &mut impl std::io::Write) -> std::io::Result<
         "no daemon is running: the kernel serves the last published state"
     };
     writeln!(out, "instance {} ({state})", snap.pins)?;
+    if snap.layout != "current" {
+        writeln!(
+            out,
+            "service maps of an earlier version ({}): the next daemon carries them over; counters and settings are not shown",
+            snap.layout
+        )?;
+    }
     let listeners = if snap.proxy_listeners.is_empty() {
         "none".to_owned()
     } else {

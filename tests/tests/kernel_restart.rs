@@ -238,6 +238,37 @@ fn same_map(a: &str, b: &str) -> bool {
     base(a) == base(b)
 }
 
+/// Creates a map of the given kind and sizes, pinned as `dir/name`.
+fn create_pinned(
+    dir: &Path,
+    name: &str,
+    (kind, key, value): (bpf_map_type, usize, usize),
+    max_entries: u32,
+    map_flags: u32,
+) -> MapData {
+    let def = bpf_map_def {
+        map_type: kind as u32,
+        key_size: key as u32,
+        value_size: value as u32,
+        max_entries,
+        map_flags,
+        id: 0,
+        pinning: PinningType::None,
+    };
+    let map = aya_obj::Map::Legacy(LegacyMap {
+        def,
+        inner_def: None,
+        section_index: 0,
+        section_kind: EbpfSectionKind::Maps,
+        symbol_index: None,
+        data: Vec::new(),
+    });
+    let map = MapData::create(map, name, None).unwrap_or_else(|e| panic!("creating {name}: {e}"));
+    map.pin(dir.join(name))
+        .unwrap_or_else(|e| panic!("pinning {name}: {e}"));
+    map
+}
+
 /// Creates a map like the one an earlier version pinned as `name` (its kind and key size) and
 /// pins it under `dir`.
 fn plant(dir: &Path, name: &str) {
@@ -260,26 +291,7 @@ fn plant(dir: &Path, name: &str) {
     } else {
         (bpf_map_type::BPF_MAP_TYPE_HASH, size_of::<ServiceKey>(), 16)
     };
-    let def = bpf_map_def {
-        map_type: kind as u32,
-        key_size: key as u32,
-        value_size: value as u32,
-        max_entries: 16,
-        map_flags: 0,
-        id: 0,
-        pinning: PinningType::None,
-    };
-    let map = aya_obj::Map::Legacy(LegacyMap {
-        def,
-        inner_def: None,
-        section_index: 0,
-        section_kind: EbpfSectionKind::Maps,
-        symbol_index: None,
-        data: Vec::new(),
-    });
-    let map = MapData::create(map, name, None).unwrap_or_else(|e| panic!("creating {name}: {e}"));
-    map.pin(dir.join(name))
-        .unwrap_or_else(|e| panic!("pinning {name}: {e}"));
+    create_pinned(dir, name, (kind, key, value), 16, 0);
 }
 
 /// An instance directory holding what an earlier version left, and pins that are not ours.
@@ -404,8 +416,158 @@ fn a_new_daemon_removes_an_earlier_versions_pins_after_the_first_publish() {
     );
 }
 
-/// SIGHUP, SIGUSR1, SIGUSR2 and SIGALRM, whose default action kills a process, are logged and
-/// change nothing: the daemon stays ready, and a SIGTERM afterwards still stops it cleanly.
+/// The service maps as the version before `_V2` pinned them (`SERVICES_V1`, `SLOTS_V1`,
+/// `BACKENDS_V1`, with their definitions of that version), serving `VIP` from [`HOSTS`] in one
+/// slot table of generation 1.
+fn plant_v1_service_maps(dir: &Path) {
+    use aya::maps::{HashMap, Map};
+    use proxy_common::service::{
+        SLOT_CAPACITY, SLOTS, SlotTable, SlotTableKey,
+        legacy::{BACKENDS_V1, SERVICES_V1, SLOTS_V1, ServiceV1},
+    };
+    const NO_PREALLOC: u32 = 1;
+    std::fs::create_dir_all(dir).expect("creating the instance directory");
+    let hash = bpf_map_type::BPF_MAP_TYPE_HASH;
+    let backends = create_pinned(
+        dir,
+        BACKENDS_V1,
+        (hash, 4, size_of::<Backend>()),
+        262_144,
+        NO_PREALLOC,
+    );
+    let mut backends: HashMap<_, u32, Backend> = HashMap::try_from(Map::HashMap(backends)).unwrap();
+    for (id, host) in (1..).zip(HOSTS) {
+        let backend = proxy::dataplane::backend_of(host.parse().unwrap());
+        backends.insert(id, backend, 0).unwrap();
+    }
+    let slots = create_pinned(
+        dir,
+        SLOTS_V1,
+        (hash, size_of::<SlotTableKey>(), size_of::<SlotTable>()),
+        262_144,
+        NO_PREALLOC,
+    );
+    let mut slots: HashMap<_, SlotTableKey, SlotTable> =
+        HashMap::try_from(Map::HashMap(slots)).unwrap();
+    let mut table = SlotTable {
+        len: SLOTS as u32,
+        ..SlotTable::default()
+    };
+    for (i, slot) in table.slots.iter_mut().enumerate().take(SLOT_CAPACITY) {
+        *slot = (i % HOSTS.len()) as u32 + 1;
+    }
+    let key = SlotTableKey {
+        service_id: 1,
+        generation: 1,
+        priority: 0,
+    };
+    slots.insert(key, table, 0).unwrap();
+    let services = create_pinned(
+        dir,
+        SERVICES_V1,
+        (hash, size_of::<ServiceKey>(), size_of::<ServiceV1>()),
+        65_536,
+        NO_PREALLOC,
+    );
+    let mut services: HashMap<_, ServiceKey, ServiceV1> =
+        HashMap::try_from(Map::HashMap(services)).unwrap();
+    let vip: SocketAddr = VIP.parse().unwrap();
+    let service = ServiceV1 {
+        id: 1,
+        generation: 1,
+        flags: 0,
+        _pad: 0,
+    };
+    let key = proxy::dataplane::publish_key(vip.ip(), vip.port(), proxy_common::service::PROTO_TCP);
+    services.insert(key, service, 0).unwrap();
+}
+
+/// An upgrade across a layout change: the instance holds only the service maps of the version
+/// before `_V2`. The new daemon carries their host sets over before it attaches its programs,
+/// so connects to the VIP are served from the moment the programs are attached, while the
+/// first publish still waits for discovery (a DNS server that never answers holds it for the
+/// first-publish wait, 10 s). Without the carry-over every connect of that window fails.
+#[test]
+fn an_upgrade_from_the_v1_layout_serves_the_old_host_sets_until_the_first_publish() {
+    require_root();
+    if skip_without_dataplane(
+        "an_upgrade_from_the_v1_layout_serves_the_old_host_sets_until_the_first_publish",
+    ) {
+        return;
+    }
+    let at = Instance::new("v1");
+    plant_v1_service_maps(&at.pins);
+    // `dataplane show` reads the earlier layout too, and says so.
+    let table = dataplane_show(&["--instance", &at.name]);
+    assert!(table.contains("SERVICES_V1"), "{table}");
+    for host in HOSTS {
+        assert!(
+            table.contains(&format!("{host} ")),
+            "{host} not shown:\n{table}"
+        );
+    }
+    assert!(table.contains(VIP), "{table}");
+    // A resolver that takes queries and never answers: the cluster stays uninitialized.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").expect("binding a silent resolver");
+    let vip: SocketAddr = VIP.parse().unwrap();
+    let config = format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n  - name: web\n    type: STRICT_DNS\n    dns_resolvers: [\"{}\"]\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n            - endpoint: {{ address: {{ socket_address: {{ address: web.upgrade.test, port_value: 8081 }} }} }}\nservices:\n  - {{ name: web, address: \"{}\", port: {}, cluster: web }}\n",
+        at.name,
+        at.cgroup.path().display(),
+        silent.local_addr().unwrap(),
+        vip.ip(),
+        vip.port()
+    );
+    // The client starts once the new programs are attached (their links are pinned) and loops
+    // for 3 s, well inside the 10 s before the first publish.
+    let link = at.pins.join(pins::LINK_CONNECT4);
+    let client = InCgroup::spawn(Some(at.cgroup.path()), &at.netns, move || {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !link.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        serde_json::to_string(&tcp_loop(vip, 10_000_000, Duration::from_secs(3))).unwrap()
+    });
+    let mut daemon = Daemon::start(&config);
+    let report = LoopReport::parse(&client.wait(Duration::from_secs(60)));
+    println!(
+        "between the attach and the first publish: {} connects served from the carried-over V1 host set, {} failed ({:?})",
+        report.ok(),
+        report.failed(),
+        report.banners
+    );
+    assert_eq!(report.failed(), 0, "{report:?}");
+    assert!(report.ok() > 100, "{report:?}");
+    for host in HOSTS {
+        assert!(
+            report.banners.contains_key(host),
+            "{host} not reached: {report:?}"
+        );
+    }
+    let log = strip_ansi(&daemon.log_text());
+    assert!(
+        log.contains("carried the previous layout's services") && log.contains("services=1"),
+        "{log}"
+    );
+    assert!(
+        log.contains("adopted=1"),
+        "the publisher adopted it:\n{log}"
+    );
+    // Once every service was published, the V1 maps are unpinned.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while at.pins.join("SERVICES_V1").exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !at.pins.join("SERVICES_V1").exists(),
+        "retired after the first publish"
+    );
+    assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
+}
+
+/// SIGHUP, SIGUSR1, SIGUSR2 and SIGALRM, whose default action kills a process, do not stop the
+/// daemon: SIGHUP reloads the (unchanged) file, the others are logged; the daemon stays ready,
+/// and a SIGTERM afterwards still stops it cleanly.
 #[test]
 fn stray_signals_are_logged_and_do_not_stop_the_daemon() {
     require_root();
@@ -417,17 +579,16 @@ fn stray_signals_are_logged_and_do_not_stop_the_daemon() {
     let dir = PathBuf::from("/sys/fs/bpf").join(&instance);
     let _pin_guard = PinDir(dir.clone());
     let mut daemon = Daemon::start(&config(&instance, cgroup.path()));
-    for (sig, name) in [
-        (libc::SIGHUP, "SIGHUP"),
-        (libc::SIGUSR1, "SIGUSR1"),
-        (libc::SIGUSR2, "SIGUSR2"),
-        (libc::SIGALRM, "SIGALRM"),
+    // SIGHUP reloads (the file is unchanged: nothing changes); the others are logged.
+    for (sig, name, logged) in [
+        (libc::SIGHUP, "SIGHUP", "summary=no change"),
+        (libc::SIGUSR1, "SIGUSR1", "SIGUSR1: ignored"),
+        (libc::SIGUSR2, "SIGUSR2", "SIGUSR2: ignored"),
+        (libc::SIGALRM, "SIGALRM", "SIGALRM: ignored"),
     ] {
         daemon.signal(sig);
         let deadline = Instant::now() + Duration::from_secs(5);
-        while !strip_ansi(&daemon.log_text()).contains(&format!("{name}: ignored"))
-            && Instant::now() < deadline
-        {
+        while !strip_ansi(&daemon.log_text()).contains(logged) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
         assert!(
@@ -436,8 +597,8 @@ fn stray_signals_are_logged_and_do_not_stop_the_daemon() {
             daemon.log_text()
         );
         assert!(
-            strip_ansi(&daemon.log_text()).contains(&format!("{name}: ignored")),
-            "{name} not logged:\n{}",
+            strip_ansi(&daemon.log_text()).contains(logged),
+            "{name} not logged as {logged:?}:\n{}",
             daemon.log_text()
         );
         assert_eq!(

@@ -164,6 +164,9 @@ impl Dataplane {
             .override_global(abi::features::GLOBAL, &features, true)
             .load(EBPF_OBJECT)
             .map_err(DataplaneError::Load)?;
+        // Before any program is attached: an earlier layout's host sets, carried over, are
+        // served until the first publish.
+        super::migrate::service_maps_v1(&mut ebpf, pin_dir);
         let cgroup_fd = fs::File::open(&opts.cgroup).map_err(|source| DataplaneError::Io {
             what: "opening the cgroup",
             path: opts.cgroup.clone(),

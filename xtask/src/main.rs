@@ -7,6 +7,7 @@ mod apt;
 mod bench;
 mod consul;
 mod demo;
+mod fuzz;
 mod lint;
 mod qemu;
 mod setup;
@@ -48,6 +49,19 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
+    /// The fuzz targets of `fuzz/` (config, chain entries, EDS assignments, DNS answers, PROXY
+    /// headers, HTTP routing) under libFuzzer, each for a bounded time from its corpus; fails if
+    /// an input crashes one (kept under fuzz/artifacts/). Needs the nightly toolchain.
+    Fuzz {
+        /// Targets to run (all by default).
+        targets: Vec<String>,
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Add the new inputs the fuzzer finds to the repository's corpus (to commit).
+        #[arg(long)]
+        grow: bool,
+    },
     /// The style gates alone: nightly rustfmt --check with the repository's rustfmt.toml, and
     /// clippy with the workspace lint set on every crate (the kernel programs on their target).
     Lint,
@@ -88,6 +102,15 @@ fn main() -> anyhow::Result<()> {
         Task::Setup => setup::run(),
         Task::Demo { count } => demo::run(count),
         Task::Lint => setup::run().and_then(|()| lint::run()),
+        Task::Fuzz {
+            targets,
+            seconds,
+            grow,
+        } => fuzz::run(&fuzz::Options {
+            targets: targets.iter().map(String::as_str).collect(),
+            each: std::time::Duration::from_secs(seconds),
+            grow,
+        }),
         Task::Test { filter } => test::run(filter.as_deref()),
         Task::Bench { args } => bench::run(&args),
         Task::Vm {

@@ -1,14 +1,17 @@
 //! `cargo xtask test`: every test. Setup, the style gates (`lint.rs`), unit tests of every crate
-//! (no root needed), then the root-only integration tests against the real kernel, the real eBPF
+//! (no root needed), a bounded run of every fuzz target, then the root-only integration tests against the real kernel, the real eBPF
 //! object and real servers, then the kernel tests on Linux 5.10 in QEMU.
 
 use anyhow::Context as _;
 
 use crate::{
-    bench, lint, setup,
+    bench, fuzz, lint, setup,
     util::{self, step},
     vm,
 };
+
+/// How long each fuzz target runs in the suite (`cargo xtask fuzz` runs longer).
+const FUZZ_EACH: std::time::Duration = std::time::Duration::from_secs(15);
 
 pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
     setup::run()?;
@@ -26,6 +29,13 @@ pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
     ]);
     unit.args(filter.map(|f| vec!["--", f]).unwrap_or_default());
     util::run(&mut unit, "unit tests")?;
+    // Every fuzz target for a bounded time from its corpus (the corpora and the regressions
+    // were replayed by the unit tests above); does not stop the other tests.
+    let fuzzed = fuzz::run(&fuzz::Options {
+        targets: Vec::new(),
+        each: FUZZ_EACH,
+        grow: false,
+    });
 
     util::require_root("the integration tests")?;
     let proxy = util::build_proxy()?;
@@ -49,6 +59,7 @@ pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
     // The benchmark harness, once with tiny counts, so it cannot rot; numbers are not judged.
     let smoke = bench::smoke(&proxy);
     style.context("the style gates failed (cargo xtask lint)")?;
+    fuzzed.context("fuzzing failed (cargo xtask fuzz)")?;
     integrated?;
     vm.context("the kernel tests failed on Linux 5.10 in QEMU")?;
     smoke.context("the benchmark harness smoke run (cargo xtask bench --smoke) failed")?;

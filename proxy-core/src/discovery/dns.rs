@@ -71,7 +71,7 @@ pub use self::{
         DnsConfigError, DnsEndpoint, DnsLookupFamily, DnsResolverAddress, DnsSettings, RefreshRate,
     },
     fake::{FakeResolver, QueryType},
-    hickory::{BuildResolverError, HickoryResolver, QueryLimits},
+    hickory::{BuildResolverError, HickoryResolver, QueryLimits, address_records, srv_records},
     resolver::{
         AddressFamily, AddressRecord, BoxFuture, DnsResolve, ResolveError, SrvRecord,
         resolve_addresses,

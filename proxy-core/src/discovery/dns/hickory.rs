@@ -164,6 +164,42 @@ fn record_type_name(record_type: RecordType) -> &'static str {
     }
 }
 
+/// The A and AAAA records of an answer, with their own TTLs (the CNAME records of a chain are
+/// skipped; any other record is ignored).
+pub fn address_records(records: &[Record]) -> Vec<AddressRecord> {
+    records
+        .iter()
+        .filter_map(|record| {
+            let ip = match &record.data {
+                RData::A(a) => IpAddr::V4(a.0),
+                RData::AAAA(aaaa) => IpAddr::V6(aaaa.0),
+                _ => return None,
+            };
+            Some(AddressRecord {
+                ip,
+                ttl: ttl(record),
+            })
+        })
+        .collect()
+}
+
+/// The SRV records of an answer (any other record is ignored).
+pub fn srv_records(records: &[Record]) -> Vec<SrvRecord> {
+    records
+        .iter()
+        .filter_map(|record| match &record.data {
+            RData::SRV(srv) => Some(SrvRecord {
+                priority: srv.priority,
+                weight: srv.weight,
+                port: srv.port,
+                target: srv.target.to_ascii(),
+                ttl: ttl(record),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
 fn ttl(record: &Record) -> Duration {
     Duration::from_secs(u64::from(record.ttl))
 }
@@ -180,19 +216,7 @@ impl DnsResolve for HickoryResolver {
         };
         Box::pin(async move {
             let records = self.lookup(name, record_type).await?;
-            // CNAME records of the chain are skipped; the address record's own TTL is used.
-            let addresses = records.iter().filter_map(|record| {
-                let ip = match &record.data {
-                    RData::A(a) => IpAddr::V4(a.0),
-                    RData::AAAA(aaaa) => IpAddr::V6(aaaa.0),
-                    _ => return None,
-                };
-                Some(AddressRecord {
-                    ip,
-                    ttl: ttl(record),
-                })
-            });
-            Ok(addresses.collect())
+            Ok(address_records(&records))
         })
     }
 
@@ -202,17 +226,7 @@ impl DnsResolve for HickoryResolver {
     ) -> BoxFuture<'a, Result<Vec<SrvRecord>, ResolveError>> {
         Box::pin(async move {
             let records = self.lookup(name, RecordType::SRV).await?;
-            let srv = records.iter().filter_map(|record| match &record.data {
-                RData::SRV(srv) => Some(SrvRecord {
-                    priority: srv.priority,
-                    weight: srv.weight,
-                    port: srv.port,
-                    target: srv.target.to_ascii(),
-                    ttl: ttl(record),
-                }),
-                _ => None,
-            });
-            Ok(srv.collect())
+            Ok(srv_records(&records))
         })
     }
 }

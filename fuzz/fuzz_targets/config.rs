@@ -1,0 +1,6 @@
+//! libFuzzer entry point of [`proxy_fuzz::config`].
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let _accepted = proxy_fuzz::config(data);
+});

@@ -11,7 +11,9 @@
 //! A third runs a STRICT_DNS cluster on both against one unbound in the namespace: an address
 //! two names return is two hosts, a stopped server leaves both with their hosts and counting
 //! failures, and after its restart with a changed record both follow within a backoff and a
-//! refresh of each other.
+//! refresh of each other. A fourth subscribes both to one xDS server's EDS cluster and pushes
+//! the same assignments: every EDS health status, weights, priorities, hosts leaving; both
+//! `/clusters` and the membership stats must agree after each version.
 
 use std::{
     net::{SocketAddr, TcpStream},
@@ -25,7 +27,7 @@ use integration_tests::{
         skip_without_dataplane, unique,
     },
     unbound::Unbound,
-    xds_server::{Envoy, http, python},
+    xds_server::{Envoy, XdsServer, http, python},
 };
 use serde_json::{Value, json};
 
@@ -104,9 +106,9 @@ fn daemon_config(cgroup: &TestCgroup, default_no_traffic: bool) -> String {
     )
 }
 
-/// The two admin interfaces, read from inside the namespace.
+/// The two admin interfaces, read from inside the namespace (from the test's own when `None`).
 struct Sides<'a> {
-    netns: &'a Netns,
+    netns: Option<&'a Netns>,
     envoy: SocketAddr,
     daemon: &'a Daemon,
 }
@@ -115,9 +117,12 @@ impl Sides<'_> {
     fn envoy_get(&self, path: &str) -> Value {
         let (admin, path) = (self.envoy, path.to_owned());
         // Envoy answers chunked: `http` decodes that (and asserts 200).
-        let (_, body) = in_netns(self.netns, move || http(admin, "GET", &path, ""))
-            .join()
-            .expect("envoy admin answers");
+        let (_, body) = match self.netns {
+            Some(netns) => in_netns(netns, move || http(admin, "GET", &path, ""))
+                .join()
+                .expect("envoy admin answers"),
+            None => http(admin, "GET", &path, ""),
+        };
         serde_json::from_str(&body).unwrap_or_else(|e| panic!("envoy JSON ({e}): {body}"))
     }
 
@@ -344,7 +349,7 @@ fn health_active_connections_and_panic_match_envoy() {
     let daemon = Daemon::start_in(&netns, &daemon_config(&cgroup, false));
     let envoy = Envoy::with_bootstrap(&envoy_bootstrap(false), Some(&netns.path()));
     let sides = Sides {
-        netns: &netns,
+        netns: Some(&netns),
         envoy: envoy.admin(),
         daemon: &daemon,
     };
@@ -429,7 +434,7 @@ fn idle_cluster_finds_a_dead_host_at_no_traffic_interval_as_envoy() {
     let daemon = Daemon::start_in(&netns, &daemon_config(&cgroup, true));
     let envoy = Envoy::with_bootstrap(&envoy_bootstrap(true), Some(&netns.path()));
     let sides = Sides {
-        netns: &netns,
+        netns: Some(&netns),
         envoy: envoy.admin(),
         daemon: &daemon,
     };
@@ -525,7 +530,7 @@ fn strict_dns_through_an_outage_matches_envoy() {
     let daemon = Daemon::start_in(&netns, &config);
     let envoy = Envoy::with_bootstrap(&envoy_bootstrap, Some(&netns.path()));
     let sides = Sides {
-        netns: &netns,
+        netns: Some(&netns),
         envoy: envoy.admin(),
         daemon: &daemon,
     };
@@ -576,4 +581,119 @@ fn strict_dns_through_an_outage_matches_envoy() {
     );
     let (envoy_json, daemon_json) = sides.clusters();
     assert_eq!(hosts_of(&envoy_json), hosts_of(&daemon_json));
+}
+
+/// The membership stats both must agree on.
+const MEMBERSHIP: [&str; 3] = [
+    "cluster.c.membership_total",
+    "cluster.c.membership_healthy",
+    "cluster.c.membership_degraded",
+];
+
+/// One EDS endpoint for the server (`tests/xds/xds_server.py`).
+fn endpoint(addr: &str, health: &str, weight: u32, priority: u32) -> Value {
+    let addr: SocketAddr = addr.parse().unwrap();
+    json!({"address": addr.ip().to_string(), "port": addr.port(), "health": health,
+           "weight": weight, "priority": priority})
+}
+
+#[test]
+fn eds_health_matrix_matches_envoy() {
+    require_root();
+    if skip_without_dataplane("eds_health_matrix_matches_envoy") {
+        return;
+    }
+    let cgroup = TestCgroup::new();
+    let server = XdsServer::start();
+    let statuses = [
+        "HEALTHY",
+        "UNHEALTHY",
+        "DEGRADED",
+        "DRAINING",
+        "TIMEOUT",
+        "UNKNOWN",
+    ];
+    let first: Vec<Value> = statuses
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let i = u32::try_from(i).unwrap();
+            endpoint(&format!("127.0.0.{}:80{}", 41 + i, 41 + i), h, 1 + i, i % 2)
+        })
+        .collect();
+    server.push("c", "1", Value::Array(first));
+    let envoy = Envoy::start(&server, &unique("envoy"), &["c"]);
+    let vip: SocketAddr = VIP.parse().unwrap();
+    let config = format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nxds:\n  node: {{ id: {}, cluster: edge }}\n  ads_config: {{ api_type: GRPC, server_uri: \"{}\" }}\nclusters:\n  - name: c\n    type: EDS\n    eds_cluster_config: {{ eds_config: {{ ads: {{}} }} }}\nservices:\n  - {{ name: web, address: \"{}\", port: {}, cluster: c }}\n",
+        unique("sbseds"),
+        cgroup.path().display(),
+        unique("daemon"),
+        server.grpc_addr(),
+        vip.ip(),
+        vip.port()
+    );
+    let daemon = Daemon::start(&config);
+    let sides = Sides {
+        netns: None,
+        envoy: envoy.admin(),
+        daemon: &daemon,
+    };
+    // Each version: both show it, then their hosts and membership agree.
+    let agree = |version: &str, hosts: usize| {
+        until_both(
+            &sides,
+            Duration::from_secs(10),
+            &format!("version {version}"),
+            |v| v.len() == hosts,
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let (envoy_json, daemon_json) = sides.clusters();
+            let (e, d) = (hosts_of(&envoy_json), hosts_of(&daemon_json));
+            let stats: Vec<(u64, u64)> = MEMBERSHIP.iter().map(|m| sides.stat(m)).collect();
+            if e == d && stats.iter().all(|(a, b)| a == b) {
+                println!(
+                    "version {version}: {} hosts agree; membership (envoy, daemon) {stats:?}",
+                    e.len()
+                );
+                return e;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "version {version}:\nenvoy:  {e:?}\ndaemon: {d:?}\nmembership (envoy, daemon) {stats:?}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    };
+    // Envoy's admin prints TIMEOUT as UNHEALTHY and UNKNOWN as HEALTHY; both must do so.
+    let v1 = agree("1", 6);
+    let eds: Vec<&str> = v1.iter().map(|h| h.3.as_str()).collect();
+    for status in ["HEALTHY", "UNHEALTHY", "DEGRADED", "DRAINING"] {
+        assert!(eds.contains(&status), "{status} missing from {eds:?}");
+    }
+    // Every host changes its status, two leave, one joins at a new priority.
+    server.push(
+        "c",
+        "2",
+        json!([
+            endpoint("127.0.0.41:8041", "DRAINING", 2, 0),
+            endpoint("127.0.0.42:8042", "HEALTHY", 2, 0),
+            endpoint("127.0.0.43:8043", "UNHEALTHY", 5, 1),
+            endpoint("127.0.0.44:8044", "DEGRADED", 1, 0),
+            endpoint("127.0.0.47:8047", "HEALTHY", 1, 2),
+        ]),
+    );
+    agree("2", 5);
+    // Nothing healthy is left.
+    server.push(
+        "c",
+        "3",
+        json!([
+            endpoint("127.0.0.41:8041", "UNHEALTHY", 1, 0),
+            endpoint("127.0.0.42:8042", "TIMEOUT", 1, 0),
+        ]),
+    );
+    agree("3", 2);
+    assert_eq!(sides.stat("cluster.c.membership_healthy"), (0, 0));
 }

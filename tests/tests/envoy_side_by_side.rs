@@ -7,7 +7,9 @@
 //! (`lb_healthy_panic`, membership) when two of three hosts are down. Envoy's traffic goes
 //! through its tcp_proxy; the daemon's through the kernel redirect to its proxy path. A second
 //! case leaves `no_traffic_interval` at its default (60 s) and sends no traffic: both find a dead
-//! host by two checks a minute apart, at the same time (about two minutes; runs in parallel).
+//! host by two checks a minute apart, at the same time (about two minutes; runs in parallel);
+//! beside it, the same default with traffic right after start: both find a dead host at the
+//! 60 s check and the one `interval` after it.
 //! A third runs a STRICT_DNS cluster on both against one unbound in the namespace: an address
 //! two names return is two hosts, a stopped server leaves both with their hosts and counting
 //! failures, and after its restart with a changed record both follow within a backoff and a
@@ -460,6 +462,69 @@ fn idle_cluster_finds_a_dead_host_at_no_traffic_interval_as_envoy() {
     let (envoy_json, daemon_json) = sides.clusters();
     assert_eq!(hosts_of(&envoy_json), hosts_of(&daemon_json));
     assert_eq!(sides.stat("cluster.c.upstream_cx_total"), (0, 0));
+}
+
+/// With `no_traffic_interval` at its default (60 s) and traffic through both right after start,
+/// a host that dies is found at the check already scheduled 60 s after start and the one
+/// `interval` after it (traffic moved both off the slow rate): on both at the same time, about a
+/// minute before the idle case above finds its host. Runs beside it, so the suite waits once.
+#[test]
+fn busy_cluster_leaves_no_traffic_interval_as_envoy() {
+    require_root();
+    if skip_without_dataplane("busy_cluster_leaves_no_traffic_interval_as_envoy") {
+        return;
+    }
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let servers: Vec<_> = BACKENDS
+        .iter()
+        .map(|b| BannerServers::start_holding(&netns, &[(b.parse().unwrap(), "x", false)]))
+        .collect();
+    let daemon = Daemon::start_in(&netns, &daemon_config(&cgroup, true));
+    let envoy = Envoy::with_bootstrap(&envoy_bootstrap(true), Some(&netns.path()));
+    let start = Instant::now();
+    let sides = Sides {
+        netns: Some(&netns),
+        envoy: envoy.admin(),
+        daemon: &daemon,
+    };
+    until_both(&sides, Duration::from_secs(10), "all healthy", |v| {
+        v.len() == 3 && v.iter().all(|h| !h.2)
+    });
+    let envoy_clients = hold(&netns, None, ENVOY_LISTENER, 3, Duration::from_millis(500));
+    let daemon_clients = hold(&netns, Some(&cgroup), VIP, 3, Duration::from_millis(500));
+    assert_eq!(envoy_clients.wait(Duration::from_secs(10)), "3");
+    assert_eq!(daemon_clients.wait(Duration::from_secs(10)), "3");
+    let (envoy_cx, daemon_cx) = sides.stat("cluster.c.upstream_cx_total");
+    assert!(
+        envoy_cx >= 3 && daemon_cx >= 3,
+        "traffic: envoy {envoy_cx}, daemon {daemon_cx}"
+    );
+    let mut servers = servers.into_iter();
+    drop(servers.next_back());
+    let (envoy_at, daemon_at) =
+        until_both(&sides, Duration::from_secs(90), "busy host down", |v| {
+            failed(v, BACKENDS[2])
+        });
+    let since_start = start.elapsed();
+    println!(
+        "busy host down {since_start:?} after both started (no_traffic_interval 60 s, interval 0.5 s, threshold 2)"
+    );
+    for at in [envoy_at, daemon_at] {
+        assert!(
+            at > Duration::from_secs(50),
+            "found after {at:?}: the check at no_traffic_interval was not waited for"
+        );
+    }
+    assert!(
+        since_start < Duration::from_secs(80),
+        "found {since_start:?} after start: the second check waited no_traffic_interval again"
+    );
+    assert!(
+        envoy_at.abs_diff(daemon_at) <= Duration::from_secs(5),
+        "envoy {envoy_at:?}, daemon {daemon_at:?}"
+    );
+    let (envoy_json, daemon_json) = sides.clusters();
+    assert_eq!(hosts_of(&envoy_json), hosts_of(&daemon_json));
 }
 
 /// The STRICT_DNS cluster both run against the same unbound: two names, one address returned by

@@ -200,4 +200,152 @@ mod tests {
             ]})
         );
     }
+
+    /// One parsed sample line: family, labels (unescaped), value.
+    type Sample = (String, Vec<(String, String)>, u64);
+
+    /// A strict reader of the text exposition format the page claims: every family has exactly
+    /// one `# TYPE` line (counter or gauge) before its samples, which are contiguous; names are
+    /// valid metric names; label values are quoted with `\\`, `\"` and `\n` escapes.
+    fn parse_exposition(text: &str) -> Result<Vec<Sample>, String> {
+        let valid_name = |n: &str| {
+            !n.is_empty()
+                && !n.starts_with(|c: char| c.is_ascii_digit())
+                && n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+        };
+        let mut typed: BTreeMap<String, String> = BTreeMap::new();
+        let mut current: Option<String> = None;
+        let mut samples = Vec::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (family, kind) = rest.split_once(' ').ok_or(format!("bad TYPE: {line}"))?;
+                if !valid_name(family) || !matches!(kind, "counter" | "gauge") {
+                    return Err(format!("bad TYPE: {line}"));
+                }
+                if typed.insert(family.to_owned(), kind.to_owned()).is_some() {
+                    return Err(format!("second TYPE for {family}"));
+                }
+                current = Some(family.to_owned());
+                continue;
+            }
+            let (series, value) = line.rsplit_once(' ').ok_or(format!("bad line: {line}"))?;
+            let value: u64 = value.parse().map_err(|_| format!("bad value: {line}"))?;
+            let (family, labels) = match series.split_once('{') {
+                None => (series, Vec::new()),
+                Some((family, rest)) => {
+                    let body = rest
+                        .strip_suffix('}')
+                        .ok_or(format!("bad labels: {line}"))?;
+                    let mut labels = Vec::new();
+                    let mut chars = body.chars().peekable();
+                    while chars.peek().is_some() {
+                        let name: String = chars.by_ref().take_while(|c| *c != '=').collect();
+                        if !valid_name(&name) || chars.next() != Some('"') {
+                            return Err(format!("bad label: {line}"));
+                        }
+                        let mut value = String::new();
+                        loop {
+                            match chars.next().ok_or(format!("unterminated: {line}"))? {
+                                '"' => break,
+                                '\\' => match chars.next() {
+                                    Some('\\') => value.push('\\'),
+                                    Some('"') => value.push('"'),
+                                    Some('n') => value.push('\n'),
+                                    _ => return Err(format!("bad escape: {line}")),
+                                },
+                                c => value.push(c),
+                            }
+                        }
+                        labels.push((name, value));
+                        match chars.next() {
+                            None => break,
+                            Some(',') => {}
+                            Some(_) => return Err(format!("bad separator: {line}")),
+                        }
+                    }
+                    (family, labels)
+                }
+            };
+            if current.as_deref() != Some(family) {
+                return Err(format!("sample of {family} outside its TYPE block: {line}"));
+            }
+            samples.push((family.to_owned(), labels, value));
+        }
+        Ok(samples)
+    }
+
+    #[test]
+    fn the_exposition_parser_refuses_what_prometheus_refuses() {
+        for bad in [
+            "# TYPE a counter\n# TYPE a gauge\na 1\n",
+            "a 1\n",
+            "# TYPE a counter\na{x=\"1} 1\n",
+            "# TYPE a counter\na{x=\"\\q\"} 1\n",
+            "# TYPE a summary\na 1\n",
+            "# TYPE a counter\n# TYPE b counter\na 1\n",
+        ] {
+            assert!(parse_exposition(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// `/stats/prometheus` parses as the text exposition format, with every cluster, service and
+    /// kernel stat present under its label, and label values escaped (a service name may hold
+    /// any character the configuration allows; the escaping is checked with the worst ones).
+    #[tokio::test]
+    async fn prometheus_parses_with_one_type_per_family_and_escaped_labels() {
+        let config = Config::parse(
+            "clusters:\n  - name: c.x\n    load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 81 } } } } ] } ] }\n  - name: c\n    load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 82 } } } } ] } ] }\nservices:\n  - { name: web, address: 127.77.0.1, port: 80, cluster: c }\n",
+            std::path::Path::new("t.yaml"),
+        )
+        .expect("config");
+        let manager = proxy_core::health::HealthCheckManager::default();
+        let mut upstreams = BTreeMap::new();
+        for cluster in &config.clusters {
+            let up = proxy_core::upstream::Upstream::spawn(cluster, &manager).expect("spawn");
+            up.initialized().wait_for(|i| *i).await.unwrap();
+            upstreams.insert(cluster.name.clone(), Arc::new(up));
+        }
+        let state = State::new(
+            config,
+            Arc::new(Mutex::new(None)),
+            upstreams,
+            watch::channel(std::collections::BTreeSet::default()).1,
+        );
+        let text = prometheus(&state);
+        let samples = parse_exposition(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let of = |family: &str, cluster: &str| {
+            samples.iter().find(|(f, labels, _)| {
+                f == family && labels == &[("envoy_cluster_name".to_owned(), cluster.to_owned())]
+            })
+        };
+        // `c` and `c.x`: a stat of `c.x` must not be read as a stat `x.…` of `c`.
+        for cluster in ["c", "c.x"] {
+            let found = of("envoy_cluster_membership_total", cluster);
+            assert_eq!(found.map(|s| s.2), Some(1), "{cluster}\n{text}");
+        }
+        assert!(
+            of("envoy_cluster_x_membership_total", "c").is_none(),
+            "{text}"
+        );
+        assert!(
+            samples
+                .iter()
+                .any(|(f, l, v)| f == "envoy_server_services" && l.is_empty() && *v == 1),
+            "{text}"
+        );
+        assert_eq!(label_value("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
+        let line = format!(
+            "# TYPE t counter\nt{{service=\"{}\"}} 3\n",
+            label_value("a\\b\"c\nd")
+        );
+        assert_eq!(
+            parse_exposition(&line).unwrap(),
+            [(
+                "t".to_owned(),
+                vec![("service".to_owned(), "a\\b\"c\nd".to_owned())],
+                3
+            )]
+        );
+    }
 }

@@ -1,0 +1,282 @@
+//! Fault injection (root), each case printing what was kept and what was lost.
+//!
+//! - The daemon killed (`kill -9`) at random points while it publishes (and, after the first
+//!   round, republishes with every host moved) thousands of services:
+//!   after every kill the pinned maps hold only whole services (each service entry's live
+//!   generation has its slot tables, every slot names a backend that exists), and the next
+//!   start adopts them and publishes the rest.
+//! - The xDS server's streams dropped: the last accepted hosts keep serving, the daemon
+//!   resubscribes with the version it had, and the next version applies.
+//!
+//! Other faults have their cases beside the feature they test (README, "When something fails"):
+//! a killed backend (daemon_health.rs, envoy_side_by_side.rs), a DNS server down and back
+//! (envoy_side_by_side.rs), the daemon killed under a connect loop (kernel_restart.rs), Consul
+//! answers it must skip (daemon_consul.rs).
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use integration_tests::{
+    kernel::{
+        BannerServers, Daemon, InCgroup, LoopReport, Netns, PinDir, TempDir, TestCgroup, free_port,
+        proxy_bin, require_root, skip_without_dataplane, tcp_loop, unique,
+    },
+    xds_server::XdsServer,
+};
+use serde_json::{Value, json};
+
+/// Services in the publish case: enough that a publish takes a while, each with two hosts (so
+/// each has a slot table and backends, not the one-host shortcut).
+const SERVICES: usize = 2_000;
+
+/// `round` moves every host's port, so each run republishes every service (a new generation).
+fn many_services(instance: &str, cgroup: &TestCgroup, admin: SocketAddr, round: usize) -> String {
+    use std::fmt::Write as _;
+    let mut yaml = format!(
+        "instance: {instance}\ncgroup: {}\nadmin:\n  address: \"{admin}\"\nclusters:\n",
+        cgroup.path().display()
+    );
+    let host = |i: usize, k: usize| {
+        format!(
+            "{{ endpoint: {{ address: {{ socket_address: {{ address: 127.1.{}.{}, port_value: {} }} }} }} }}",
+            i / 250,
+            i % 250 + 1,
+            9000 + k + 10 * round
+        )
+    };
+    for i in 0..SERVICES {
+        let _ = writeln!(
+            yaml,
+            "  - {{ name: c{i}, load_assignment: {{ endpoints: [ {{ lb_endpoints: [ {}, {} ] }} ] }} }}",
+            host(i, 0),
+            host(i, 1)
+        );
+    }
+    yaml.push_str("services:\n");
+    for i in 0..SERVICES {
+        let _ = writeln!(
+            yaml,
+            "  - {{ name: s{i}, address: 127.78.{}.{}, port: 80, cluster: c{i} }}",
+            i / 250,
+            i % 250 + 1
+        );
+    }
+    yaml
+}
+
+/// `proxy dataplane show --json` of an instance.
+fn show(instance: &str) -> Value {
+    let out = Command::new(proxy_bin())
+        .args(["dataplane", "show", "--instance", instance, "--json"])
+        .output()
+        .expect("running proxy dataplane show");
+    assert!(
+        out.status.success(),
+        "dataplane show: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("dataplane show JSON")
+}
+
+/// Checks that every service in the kernel is whole: its live generation's table is there,
+/// names only existing backends, two hosts each, both of one version. Returns how many services there are.
+fn whole_services(snapshot: &Value) -> usize {
+    let services = snapshot["services"].as_array().expect("services");
+    for svc in services {
+        let levels = svc["priorities"].as_array().expect("priorities");
+        let hosts: Vec<&Value> = levels
+            .iter()
+            .flat_map(|l| l.as_array().expect("a level"))
+            .collect();
+        assert_eq!(
+            hosts.len(),
+            2,
+            "a half-written service (its table or a backend is missing): {svc}"
+        );
+        let mut rounds = Vec::new();
+        for host in hosts {
+            let addr = host["address"].as_str().expect("address");
+            assert!(!addr.contains("missing"), "a slot names no backend: {svc}");
+            let port: u16 = addr.rsplit_once(':').expect("ip:port").1.parse().unwrap();
+            rounds.push((port - 9000) / 10);
+        }
+        assert!(
+            rounds.windows(2).all(|w| w[0] == w[1]),
+            "one table mixes two versions of the host set: {svc}"
+        );
+    }
+    services.len()
+}
+
+/// A small deterministic generator for the kill points (no dependency for one sequence).
+struct Points(u64);
+
+impl Points {
+    fn next_ms(&mut self, below: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % below
+    }
+}
+
+#[test]
+fn kill9_during_a_publish_never_leaves_a_half_written_service() {
+    require_root();
+    if skip_without_dataplane("kill9_during_a_publish_never_leaves_a_half_written_service") {
+        return;
+    }
+    let cgroup = TestCgroup::new();
+    let instance = unique("fk");
+    let _pins = PinDir(PathBuf::from("/sys/fs/bpf").join(&instance));
+    let dir = TempDir::new();
+    let config = dir.0.join("config.yaml");
+    let seed = std::process::id().into();
+    println!("kill points seeded with {seed}");
+    let mut points = Points(seed);
+    for round in 0..6 {
+        std::fs::write(
+            &config,
+            many_services(&instance, &cgroup, free_port(), round),
+        )
+        .unwrap();
+        let mut child = Command::new(proxy_bin())
+            .args(["run", "--config"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting the daemon");
+        // Attaching takes a moment; the publish follows it. Kill points spread over both.
+        let at = Duration::from_millis(200 + points.next_ms(1_500));
+        std::thread::sleep(at);
+        let _ = child.kill();
+        let _ = child.wait();
+        let link = PathBuf::from("/sys/fs/bpf")
+            .join(&instance)
+            .join(proxy_common::abi::pins::LINK_CONNECT4);
+        if !link.exists() {
+            println!("round {round}: killed after {at:?}, before the data path was attached");
+            continue;
+        }
+        let whole = whole_services(&show(&instance));
+        println!(
+            "round {round}: killed after {at:?}; {whole} of {SERVICES} services in the kernel, every one whole"
+        );
+    }
+    // The next start adopts what is there and publishes the rest.
+    let admin = free_port();
+    std::fs::write(&config, many_services(&instance, &cgroup, admin, 6)).unwrap();
+    let mut daemon = Command::new(proxy_bin())
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting the daemon");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ready = loop {
+        if integration_tests::kernel::http_get(admin, "/ready").is_some_and(|(code, _)| code == 200)
+        {
+            break true;
+        }
+        if Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let whole = ready.then(|| whole_services(&show(&instance)));
+    // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
+    unsafe { libc::kill(daemon.id().cast_signed(), libc::SIGTERM) };
+    let _ = daemon.wait();
+    let _ = Command::new(proxy_bin())
+        .args(["uninstall", "--config"])
+        .arg(&config)
+        .status();
+    assert!(ready, "the restarted daemon never became ready");
+    assert_eq!(whole, Some(SERVICES), "the restart published every service");
+}
+
+/// The EDS endpoints of the xDS case.
+fn endpoints(hosts: &[&str]) -> Value {
+    let list: Vec<Value> = hosts
+        .iter()
+        .map(|h| {
+            let a: SocketAddr = h.parse().unwrap();
+            json!({"address": a.ip().to_string(), "port": a.port(), "health": "HEALTHY"})
+        })
+        .collect();
+    Value::Array(list)
+}
+
+#[test]
+fn xds_streams_dropped_keep_the_hosts_and_resume_the_version() {
+    require_root();
+    if skip_without_dataplane("xds_streams_dropped_keep_the_hosts_and_resume_the_version") {
+        return;
+    }
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let (a, b) = ("127.0.0.51:8051", "127.0.0.52:8052");
+    let _servers = BannerServers::start(
+        &netns,
+        &[
+            (a.parse().unwrap(), a, false),
+            (b.parse().unwrap(), b, false),
+        ],
+    );
+    let server = XdsServer::start();
+    server.push("web", "1", endpoints(&[a]));
+    let node = unique("node");
+    let config = format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nxds:\n  node: {{ id: {node}, cluster: edge }}\n  ads_config: {{ api_type: GRPC, server_uri: \"{}\" }}\nclusters:\n  - name: web\n    type: EDS\n    eds_cluster_config: {{ eds_config: {{ ads: {{}} }} }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web }}\n",
+        unique("fx"),
+        cgroup.path().display(),
+        server.grpc_addr(),
+    );
+    let daemon = Daemon::start(&config);
+    let vip: SocketAddr = "127.77.0.1:80".parse().unwrap();
+    let client = InCgroup::spawn(Some(cgroup.path()), &netns, move || {
+        serde_json::to_string(&tcp_loop(vip, 10_000_000, Duration::from_secs(4))).unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let before = server.requests().len();
+    server.drop_streams();
+    // The daemon comes back on a new stream, saying which version it has.
+    let resubscribed = server.wait_request("the resubscription", before, |r| {
+        r["node"] == node.as_str() && r["version_info"] == "1"
+    });
+    assert!(resubscribed["error_detail"].is_null(), "{resubscribed}");
+    let report = LoopReport::parse(&client.wait(Duration::from_secs(30)));
+    println!(
+        "streams dropped under a connect loop: {} connects kept on the last hosts, {} failed",
+        report.ok(),
+        report.failed()
+    );
+    assert_eq!(report.failed(), 0, "{report:?}");
+    assert_eq!(report.banners.keys().collect::<Vec<_>>(), [a]);
+    // The next version applies on the new stream.
+    server.push("web", "2", endpoints(&[b]));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let c = InCgroup::spawn(Some(cgroup.path()), &netns, move || {
+            serde_json::to_string(&tcp_loop(vip, 5, Duration::from_secs(2))).unwrap()
+        });
+        let seen = LoopReport::parse(&c.wait(Duration::from_secs(10)));
+        if seen.banners.get(b) == Some(&5) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "version 2 never applied: {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(daemon.stat("cluster.web.update_rejected"), 0);
+}

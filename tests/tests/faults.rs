@@ -7,6 +7,8 @@
 //!   start adopts them and publishes the rest.
 //! - The xDS server's streams dropped: the last accepted hosts keep serving, the daemon
 //!   resubscribes with the version it had, and the next version applies.
+//! - The link to a backend's namespace cut and restored: health checks take the host out (the
+//!   connects lost before that are counted), none fail after it, and the host comes back.
 //!
 //! Other faults have their cases beside the feature they test (README, "When something fails"):
 //! a killed backend (daemon_health.rs, envoy_side_by_side.rs), a DNS server down and back
@@ -279,4 +281,138 @@ fn xds_streams_dropped_keep_the_hosts_and_resume_the_version() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(daemon.stat("cluster.web.update_rejected"), 0);
+}
+
+/// Runs `ip` with `args`, asserting success.
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("running ip");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Connects from the cgroup in `netns` for `within`: what answered and what failed.
+fn connect_for(
+    netns: &Netns,
+    cgroup: &TestCgroup,
+    vip: SocketAddr,
+    within: Duration,
+) -> LoopReport {
+    let c = InCgroup::spawn(Some(cgroup.path()), netns, move || {
+        serde_json::to_string(&tcp_loop(vip, 10_000_000, within)).unwrap()
+    });
+    LoopReport::parse(&c.wait(within + Duration::from_secs(30)))
+}
+
+#[test]
+fn a_cut_link_takes_its_host_out_and_a_restored_one_brings_it_back() {
+    require_root();
+    if skip_without_dataplane("a_cut_link_takes_its_host_out_and_a_restored_one_brings_it_back") {
+        return;
+    }
+    // The daemon and the client in `near`, one backend on its loopback and one in `far`,
+    // behind a veth pair.
+    let (near, far, cgroup) = (Netns::new(), Netns::new(), TestCgroup::new());
+    let veth = format!("v{}", std::process::id() % 100_000);
+    let peer = format!("{veth}p");
+    ip(&[
+        "-n",
+        near.name(),
+        "link",
+        "add",
+        &veth,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &peer,
+        "netns",
+        far.name(),
+    ]);
+    ip(&[
+        "-n",
+        near.name(),
+        "addr",
+        "add",
+        "10.77.0.1/24",
+        "dev",
+        &veth,
+    ]);
+    ip(&[
+        "-n",
+        far.name(),
+        "addr",
+        "add",
+        "10.77.0.2/24",
+        "dev",
+        &peer,
+    ]);
+    ip(&["-n", near.name(), "link", "set", &veth, "up"]);
+    ip(&["-n", far.name(), "link", "set", &peer, "up"]);
+    let (local, remote) = ("127.0.0.61:8061", "10.77.0.2:8062");
+    let _local = BannerServers::start(&near, &[(local.parse().unwrap(), local, false)]);
+    let _remote = BannerServers::start(&far, &[(remote.parse().unwrap(), remote, false)]);
+    let check = "health_checks: [ { timeout: 0.5s, interval: 0.5s, no_traffic_interval: 0.5s, unhealthy_threshold: 2, healthy_threshold: 1, tcp_health_check: {} } ]";
+    let endpoint = |h: &str| {
+        let a: SocketAddr = h.parse().unwrap();
+        format!(
+            "{{ endpoint: {{ address: {{ socket_address: {{ address: \"{}\", port_value: {} }} }} }} }}",
+            a.ip(),
+            a.port()
+        )
+    };
+    let config = format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n  - {{ name: web, {check}, load_assignment: {{ endpoints: [ {{ lb_endpoints: [ {}, {} ] }} ] }} }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web }}\n",
+        unique("fl"),
+        cgroup.path().display(),
+        endpoint(local),
+        endpoint(remote),
+    );
+    let daemon = Daemon::start_in(&near, &config);
+    let vip: SocketAddr = "127.77.0.1:80".parse().unwrap();
+    let both = connect_for(&near, &cgroup, vip, Duration::from_secs(1));
+    assert_eq!(both.failed(), 0, "{both:?}");
+    assert!(both.banners.contains_key(remote), "{both:?}");
+
+    // Cut: connects to the far host fail until two checks have failed.
+    ip(&["-n", near.name(), "link", "set", &veth, "down"]);
+    let cut = connect_for(&near, &cgroup, vip, Duration::from_secs(3));
+    let after = connect_for(&near, &cgroup, vip, Duration::from_secs(2));
+    println!(
+        "link cut: {} connects failed while the checks found it ({:?}), then {} of {} to the near host, {} failed",
+        cut.failed(),
+        cut.errors,
+        after.banners.get(local).copied().unwrap_or(0),
+        after.ok(),
+        after.failed()
+    );
+    assert_eq!(
+        after.failed(),
+        0,
+        "connects still fail after detection: {after:?}"
+    );
+    assert_eq!(
+        after.banners.keys().collect::<Vec<_>>(),
+        [local],
+        "{after:?}"
+    );
+    assert!(daemon.stat("cluster.web.health_check.failure") >= 2);
+
+    // Restored: the far host passes a check and is routed again.
+    ip(&["-n", near.name(), "link", "set", &veth, "up"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = connect_for(&near, &cgroup, vip, Duration::from_millis(500));
+        if seen.banners.contains_key(remote) {
+            assert_eq!(seen.failed(), 0, "{seen:?}");
+            println!("link restored: the far host answers again");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the far host never came back: {seen:?}"
+        );
+    }
 }

@@ -306,15 +306,9 @@ fn connect_for(
     LoopReport::parse(&c.wait(within + Duration::from_secs(30)))
 }
 
-#[test]
-fn a_cut_link_takes_its_host_out_and_a_restored_one_brings_it_back() {
-    require_root();
-    if skip_without_dataplane("a_cut_link_takes_its_host_out_and_a_restored_one_brings_it_back") {
-        return;
-    }
-    // The daemon and the client in `near`, one backend on its loopback and one in `far`,
-    // behind a veth pair.
-    let (near, far, cgroup) = (Netns::new(), Netns::new(), TestCgroup::new());
+/// A veth pair from `near` (10.77.0.1/24) to `far` (10.77.0.2/24), both ends up; returns the
+/// name of the near end. Deleting either namespace removes it.
+fn veth_pair(near: &Netns, far: &Netns) -> String {
     let veth = format!("v{}", std::process::id() % 100_000);
     let peer = format!("{veth}p");
     ip(&[
@@ -351,6 +345,19 @@ fn a_cut_link_takes_its_host_out_and_a_restored_one_brings_it_back() {
     ]);
     ip(&["-n", near.name(), "link", "set", &veth, "up"]);
     ip(&["-n", far.name(), "link", "set", &peer, "up"]);
+    veth
+}
+
+#[test]
+fn a_cut_link_takes_its_host_out_and_a_restored_one_brings_it_back() {
+    require_root();
+    if skip_without_dataplane("a_cut_link_takes_its_host_out_and_a_restored_one_brings_it_back") {
+        return;
+    }
+    // The daemon and the client in `near`, one backend on its loopback and one in `far`,
+    // behind a veth pair.
+    let (near, far, cgroup) = (Netns::new(), Netns::new(), TestCgroup::new());
+    let veth = veth_pair(&near, &far);
     let (local, remote) = ("127.0.0.61:8061", "10.77.0.2:8062");
     let _local = BannerServers::start(&near, &[(local.parse().unwrap(), local, false)]);
     let _remote = BannerServers::start(&far, &[(remote.parse().unwrap(), remote, false)]);

@@ -11,7 +11,7 @@ use crate::{
 };
 
 /// How long each fuzz target runs in the suite (`cargo xtask fuzz` runs longer).
-const FUZZ_EACH: std::time::Duration = std::time::Duration::from_secs(15);
+const FUZZ_EACH: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
     setup::run()?;

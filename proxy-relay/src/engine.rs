@@ -396,12 +396,11 @@ impl Worker {
         match cmd {
             Cmd::Drain => {
                 self.draining = true;
-                // Closing the sockets takes them out of epoll and the reuseport group.
-                self.listeners.iter_mut().for_each(|l| *l = None);
+                self.close_listeners();
             }
             Cmd::Close => {
                 self.draining = true;
-                self.listeners.iter_mut().for_each(|l| *l = None);
+                self.close_listeners();
                 self.close_all("shutdown deadline passed");
             }
             Cmd::Routing(ci) => self.routing_changed(ci),
@@ -411,6 +410,18 @@ impl Worker {
             }
         }
         false
+    }
+
+    /// Stops accepting: the listening sockets leave epoll, then close. Closing alone would not
+    /// do: after a takeover the daemon that took over holds the same sockets, so they stay
+    /// open, and epoll (which watches the open socket, not the descriptor) would go on
+    /// reporting their connections here.
+    fn close_listeners(&mut self) {
+        for slot in &mut self.listeners {
+            if let Some((listener, _)) = slot.take() {
+                self.ep.delete(listener.as_fd());
+            }
+        }
     }
 
     /// Whether a connection's timer still stands: a connect that finished, a host that came

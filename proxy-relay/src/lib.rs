@@ -4,7 +4,9 @@
 //! removal and on shutdown; Envoy-named stats.
 //!
 //! Entry point: [`serve`] binds the listeners and returns a [`ProxyHandle`]; the caller keeps it
-//! and calls [`ProxyHandle::shutdown`] (two-phase drain) when the daemon stops.
+//! and calls [`ProxyHandle::shutdown`] (two-phase drain) when the daemon stops. A daemon that
+//! takes over from another one starts on the listening sockets that one handed over instead
+//! ([`serve_inherited`]), and hands its own over with [`ProxyHandle::handover`].
 //!
 //! The crate knows nothing of the kernel programs: the daemon passes in what it has of them
 //! behind three traits, [`OriginalDst`] (the kernel's original-destination map), [`Splicer`] and
@@ -51,7 +53,7 @@ mod tcp;
 
 use std::{
     net::SocketAddr,
-    sync::{Arc, atomic::Ordering},
+    sync::{Arc, Mutex, PoisonError, atomic::Ordering},
 };
 
 pub use proxy_core::config::proxy::{
@@ -115,6 +117,51 @@ pub enum ProxyError {
     /// The epoll engine's threads could not start.
     #[error("starting the proxy's epoll engine: {0}")]
     Engine(#[source] std::io::Error),
+    /// A configured listener address has no socket among those handed over.
+    #[error(
+        "no handed-over listening socket for the proxy listener {addr} (the daemon taken over listens elsewhere)"
+    )]
+    NotHandedOver {
+        /// The configured address.
+        addr: SocketAddr,
+    },
+    /// Handed-over sockets that no configured listener address uses.
+    #[error(
+        "handed-over listening sockets on {addrs:?} match no configured proxy listener address"
+    )]
+    HandedOverUnused {
+        /// Their addresses.
+        addrs: Vec<SocketAddr>,
+    },
+    /// A handed-over descriptor is not a listening TCP socket, or could not be set up.
+    #[error("a handed-over proxy listener socket: {0}")]
+    HandedOverSocket(#[source] std::io::Error),
+}
+
+/// The listening sockets of a running proxy, for handing over to the daemon that takes over
+/// ([`ProxyHandle::handover`]). Empty once the proxy's shutdown began: a draining proxy's
+/// listeners close.
+#[derive(Clone, Default)]
+pub struct Handover(Arc<Mutex<Vec<std::net::TcpListener>>>);
+
+impl Handover {
+    /// New descriptors of every listening socket (all `SO_REUSEPORT` sockets of each address);
+    /// empty once the proxy drains.
+    pub fn sockets(&self) -> std::io::Result<Vec<std::net::TcpListener>> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(std::net::TcpListener::try_clone)
+            .collect()
+    }
+
+    fn close(&self) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
 }
 
 /// A running proxy.
@@ -125,6 +172,7 @@ pub struct ProxyHandle {
     background: Vec<JoinHandle<()>>,
     engine: Option<engine::Engine>,
     local_addrs: Vec<SocketAddr>,
+    handover: Handover,
 }
 
 /// A cheap handle on the proxy's stats, for the admin interface.
@@ -166,11 +214,33 @@ fn engine_threads(config: &ProxyConfig) -> usize {
 }
 
 /// Binds the configured listeners and starts serving. Must run inside a tokio runtime.
+pub async fn serve(config: ProxyConfig, deps: ProxyDeps) -> Result<ProxyHandle, ProxyError> {
+    start(config, deps, None).await
+}
+
+/// Starts serving on listening sockets another daemon handed over (a takeover) instead of
+/// binding: every configured listener address must have its sockets there (port 0 takes the
+/// port they have), and every socket must belong to a configured address. All are accepted
+/// from, so no connection queued on one of them is lost; the epoll engine spreads them over
+/// its threads and, when they are `SO_REUSEPORT` sockets and fewer than its threads, binds one
+/// more per thread. Must run inside a tokio runtime.
+pub async fn serve_inherited(
+    config: ProxyConfig,
+    deps: ProxyDeps,
+    sockets: Vec<std::net::TcpListener>,
+) -> Result<ProxyHandle, ProxyError> {
+    start(config, deps, Some(sockets)).await
+}
+
 #[expect(
     clippy::unused_async,
     reason = "the signature says it must run inside a tokio runtime (it spawns tasks)"
 )]
-pub async fn serve(config: ProxyConfig, deps: ProxyDeps) -> Result<ProxyHandle, ProxyError> {
+async fn start(
+    config: ProxyConfig,
+    deps: ProxyDeps,
+    inherited: Option<Vec<std::net::TcpListener>>,
+) -> Result<ProxyHandle, ProxyError> {
     if config.splice == SpliceMode::Kernel && deps.splicer.is_none() {
         return Err(ProxyError::SpliceUnavailable);
     }
@@ -183,24 +253,12 @@ pub async fn serve(config: ProxyConfig, deps: ProxyDeps) -> Result<ProxyHandle, 
         && config.splice == SpliceMode::Copy
         && config.proxy_protocol == ProxyProtocolMode::Off)
         .then(|| engine_threads(&config));
-    let mut bound = Vec::new();
-    let mut engine_sockets: Vec<Vec<std::net::TcpListener>> = Vec::new();
-    let mut local_addrs = Vec::new();
-    for &addr in &config.listeners {
-        let bind_error = |source| ProxyError::Bind { addr, source };
-        if let Some(n) = engine_threads {
-            let sockets = listener::bind_reuseport(addr, n).map_err(bind_error)?;
-            local_addrs.push(sockets[0].local_addr().map_err(bind_error)?);
-            engine_sockets.resize_with(sockets.len(), Vec::new);
-            for (thread, socket) in engine_sockets.iter_mut().zip(sockets) {
-                thread.push(socket);
-            }
-        } else {
-            let l = listener::bind(addr).map_err(bind_error)?;
-            local_addrs.push(l.get_ref().local_addr().map_err(bind_error)?);
-            bound.push(l);
-        }
-    }
+    let listener::Bound {
+        tokio: bound,
+        engine: engine_sockets,
+        local_addrs,
+        handover,
+    } = listener::Bound::new(&config.listeners, engine_threads, inherited)?;
     let orig_dst_cluster = Arc::new(OriginalDstCluster::new(config.cleanup_interval));
     let shared = Arc::new(Shared {
         stats: Arc::default(),
@@ -238,6 +296,7 @@ pub async fn serve(config: ProxyConfig, deps: ProxyDeps) -> Result<ProxyHandle, 
         background,
         engine,
         local_addrs,
+        handover: Handover(Arc::new(Mutex::new(handover))),
     })
 }
 
@@ -278,6 +337,11 @@ impl ProxyHandle {
         &self.shared.orig_dst_cluster
     }
 
+    /// The listening sockets, for handing over to a daemon that takes over from this one.
+    pub fn handover(&self) -> Handover {
+        self.handover.clone()
+    }
+
     /// Connections open now.
     pub fn active_connections(&self) -> u64 {
         self.shared
@@ -291,6 +355,8 @@ impl ProxyHandle {
     /// then reset what is left.
     pub async fn shutdown(mut self) -> DrainOutcome {
         let deadline = self.shared.config.shutdown_timeout;
+        // The handover's descriptors must not keep the listeners open while they drain.
+        self.handover.close();
         let outcome = match self.trigger.take() {
             Some(trigger) => trigger.drain(deadline).await,
             None => DrainOutcome::Graceful,
@@ -349,5 +415,97 @@ mod tests {
         let threads = handle.engine.as_ref().map(engine::Engine::threads);
         assert_eq!(threads, Some(3), "one engine thread per configured thread");
         handle.shutdown().await;
+    }
+
+    fn on(addr: SocketAddr, threads: usize) -> ProxyConfig {
+        ProxyConfig {
+            listeners: vec![addr],
+            engine_threads: NonZeroUsize::new(threads),
+            ..ProxyConfig::default()
+        }
+    }
+
+    /// A takeover in one process: the second proxy serves on the first one's sockets (and adds
+    /// `SO_REUSEPORT` sockets for its extra engine threads); the first one's drain does not
+    /// close them.
+    #[tokio::test]
+    async fn a_second_proxy_serves_on_handed_over_sockets() {
+        let first = serve(on(SocketAddr::from(([127, 0, 0, 1], 0)), 1), deps())
+            .await
+            .expect("serving");
+        let addr = first.local_addrs()[0];
+        let sockets = first.handover().sockets().expect("duplicates");
+        assert_eq!(sockets.len(), 1);
+        let config = on(SocketAddr::from(([127, 0, 0, 1], 0)), 3);
+        let second = serve_inherited(config, deps(), sockets)
+            .await
+            .expect("serving on handed-over sockets");
+        assert_eq!(
+            second.local_addrs(),
+            [addr],
+            "port 0 takes the handed-over port"
+        );
+        assert_eq!(second.handover().sockets().expect("duplicates").len(), 3);
+        first.shutdown().await;
+        // Without an original destination the proxy resets the connection (at times before
+        // the connect is seen to complete): accepted and counted by the second one, never
+        // refused by the kernel.
+        for _ in 0..5 {
+            match tokio::net::TcpStream::connect(addr).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+                Err(e) => panic!("connect: {e}"),
+            }
+        }
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        let counted = || {
+            second
+                .stats()
+                .into_iter()
+                .find_map(|(n, v)| (n == "downstream_cx_no_original_dst").then_some(v))
+        };
+        while counted() != Some(5) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(counted(), Some(5));
+        second.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn handed_over_sockets_must_match_the_configured_listeners() {
+        let first = serve(on(SocketAddr::from(([127, 0, 0, 1], 0)), 1), deps())
+            .await
+            .expect("serving");
+        let addr = first.local_addrs()[0];
+        let elsewhere = SocketAddr::from(([127, 0, 0, 2], addr.port()));
+        let sockets = first.handover().sockets().expect("duplicates");
+        let err = serve_inherited(on(elsewhere, 1), deps(), sockets)
+            .await
+            .err()
+            .expect("refused");
+        assert!(matches!(err, ProxyError::NotHandedOver { .. }), "{err}");
+        let mut config = on(addr, 1);
+        config.listeners.clear();
+        let sockets = first.handover().sockets().expect("duplicates");
+        let err = serve_inherited(config, deps(), sockets).await.err();
+        assert!(matches!(err, Some(ProxyError::NoListener)), "{err:?}");
+        let other = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let mut sockets = first.handover().sockets().expect("duplicates");
+        sockets.push(other);
+        let err = serve_inherited(on(addr, 1), deps(), sockets).await.err();
+        assert!(
+            matches!(err, Some(ProxyError::HandedOverUnused { .. })),
+            "{err:?}"
+        );
+        first.shutdown().await;
+        assert!(
+            refused(addr).await,
+            "the listener closes once its last holder drains"
+        );
+    }
+
+    /// Whether a connect to `addr` is refused.
+    async fn refused(addr: SocketAddr) -> bool {
+        tokio::net::TcpStream::connect(addr).await.is_err()
     }
 }

@@ -1,7 +1,7 @@
 //! The listener: accepts redirected connections, finds each one's original destination, refuses
 //! what has none, and hands the rest to the TCP or HTTP path, each in a span of its own.
 
-use std::{io, net::SocketAddr, os::fd::AsFd, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, io, net::SocketAddr, os::fd::AsFd, sync::Arc, time::Duration};
 
 use proxy_core::config::proxy::ProxyProtocolMode;
 use socket2::{Domain, Socket, Type};
@@ -9,6 +9,7 @@ use tokio::{io::unix::AsyncFd, net::TcpStream, time::Instant};
 use tracing::{Instrument, debug, debug_span, field, warn};
 
 use crate::{
+    ProxyError,
     addr::{ClientAddr, OrigDstAddr},
     client::Client,
     conn::{Action, Admitted, Target},
@@ -34,6 +35,7 @@ pub(crate) type Listener = AsyncFd<std::net::TcpListener>;
 
 /// Binds one listener address (IPv6 addresses are v6-only, so `[::]` and `0.0.0.0` can both be
 /// configured).
+#[cfg(test)]
 pub(crate) fn bind(addr: SocketAddr) -> io::Result<Listener> {
     let listener = bind_std(addr, false)?;
     sys::register_readable(listener)
@@ -69,6 +71,124 @@ fn bind_std(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net::TcpListe
     socket.bind(&addr.into())?;
     socket.listen(BACKLOG)?;
     Ok(socket.into())
+}
+
+/// The listening sockets of every configured address, bound here or handed over, sorted for
+/// the tokio accept loops or the epoll engine's threads.
+pub(crate) struct Bound {
+    /// One accept loop each (the tokio path).
+    pub(crate) tokio: Vec<Listener>,
+    /// Per engine thread, its sockets (the epoll engine).
+    pub(crate) engine: Vec<Vec<std::net::TcpListener>>,
+    /// The bound address of each configured one, in order.
+    pub(crate) local_addrs: Vec<SocketAddr>,
+    /// A second descriptor of every socket, for handing them over in turn.
+    pub(crate) handover: Vec<std::net::TcpListener>,
+}
+
+impl Bound {
+    /// Binds `addrs` (`engine_threads`: `SO_REUSEPORT` sockets for that many engine threads,
+    /// `None`: one socket each for the tokio path), or takes them from `inherited`.
+    pub(crate) fn new(
+        addrs: &[SocketAddr],
+        engine_threads: Option<usize>,
+        inherited: Option<Vec<std::net::TcpListener>>,
+    ) -> Result<Self, ProxyError> {
+        let mut inherited = inherited.map(by_address).transpose()?;
+        let mut bound = Self {
+            tokio: Vec::new(),
+            engine: std::iter::repeat_with(Vec::new)
+                .take(engine_threads.unwrap_or(0))
+                .collect(),
+            local_addrs: Vec::new(),
+            handover: Vec::new(),
+        };
+        for &addr in addrs {
+            let bind_error = |source| ProxyError::Bind { addr, source };
+            let sockets = match &mut inherited {
+                Some(handed) => take_handed_over(handed, addr, engine_threads)?,
+                None => match engine_threads {
+                    Some(n) => bind_reuseport(addr, n).map_err(bind_error)?,
+                    None => vec![bind_std(addr, false).map_err(bind_error)?],
+                },
+            };
+            bound
+                .local_addrs
+                .push(sockets[0].local_addr().map_err(bind_error)?);
+            for (i, socket) in sockets.into_iter().enumerate() {
+                bound.handover.push(socket.try_clone().map_err(bind_error)?);
+                match engine_threads {
+                    Some(n) => bound.engine[i % n].push(socket),
+                    None => bound
+                        .tokio
+                        .push(sys::register_readable(socket).map_err(bind_error)?),
+                }
+            }
+        }
+        match inherited {
+            Some(left) if !left.is_empty() => Err(ProxyError::HandedOverUnused {
+                addrs: left.into_keys().collect(),
+            }),
+            _ => Ok(bound),
+        }
+    }
+}
+
+/// Handed-over sockets by their bound address; each must be a listening TCP socket.
+fn by_address(
+    sockets: Vec<std::net::TcpListener>,
+) -> Result<BTreeMap<SocketAddr, Vec<std::net::TcpListener>>, ProxyError> {
+    let mut by_addr: BTreeMap<SocketAddr, Vec<std::net::TcpListener>> = BTreeMap::new();
+    for socket in sockets {
+        let check = || -> io::Result<SocketAddr> {
+            let sock = socket2::SockRef::from(&socket);
+            if sock.r#type()? != Type::STREAM || !sock.is_listener()? {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "not a listening TCP socket",
+                ));
+            }
+            socket.set_nonblocking(true)?;
+            socket.local_addr()
+        };
+        let addr = check().map_err(ProxyError::HandedOverSocket)?;
+        by_addr.entry(addr).or_default().push(socket);
+    }
+    Ok(by_addr)
+}
+
+/// The handed-over sockets of the configured `addr` (port 0: any port of its IP), plus, for an
+/// engine with more threads than there are sockets and when they are `SO_REUSEPORT` sockets,
+/// new ones in their group (best effort: the handed-over ones serve either way).
+fn take_handed_over(
+    handed: &mut BTreeMap<SocketAddr, Vec<std::net::TcpListener>>,
+    addr: SocketAddr,
+    engine_threads: Option<usize>,
+) -> Result<Vec<std::net::TcpListener>, ProxyError> {
+    let found = handed
+        .keys()
+        .copied()
+        .find(|a| *a == addr || (addr.port() == 0 && a.ip() == addr.ip()));
+    let Some((actual, mut sockets)) = found
+        .and_then(|a| handed.remove_entry(&a))
+        .filter(|(_, sockets)| !sockets.is_empty())
+    else {
+        return Err(ProxyError::NotHandedOver { addr });
+    };
+    let reuse_port = socket2::SockRef::from(&sockets[0])
+        .reuse_port()
+        .unwrap_or(false);
+    let want = engine_threads.unwrap_or(0);
+    while reuse_port && sockets.len() < want {
+        match bind_std(actual, true) {
+            Ok(socket) => sockets.push(socket),
+            Err(err) => {
+                warn!(%err, addr = %actual, "binding one more listening socket per engine thread failed; the handed-over ones serve");
+                break;
+            }
+        }
+    }
+    Ok(sockets)
 }
 
 /// Accepts until draining starts, then drops the listener (new connects are refused).

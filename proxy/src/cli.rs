@@ -38,6 +38,15 @@ pub enum Command {
         /// --concurrency). Default: the CPUs the daemon may run on.
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
         concurrency: Option<u16>,
+        /// Take over from the daemon running this instance, for a restart or an upgrade without
+        /// a refused connect on the proxy path: it hands over its listening sockets through
+        /// /run/proxy/<instance>.takeover, stops accepting once this daemon accepts, drains its
+        /// open connections (proxy.shutdown_timeout) and exits 0; this daemon adopts the data
+        /// path as a normal start does. The configuration must keep proxy.listeners and bpffs
+        /// (else the takeover is refused, this daemon exits 1 and the running one serves on).
+        /// Without a running daemon, starts normally.
+        #[arg(long)]
+        takeover: bool,
     },
     /// Connect to an address COUNT times from inside a cgroup (and optionally a network
     /// namespace) and report which backend answered (by the first line it sends) and what

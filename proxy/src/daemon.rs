@@ -4,6 +4,7 @@
 
 mod proxy_path;
 mod reload;
+mod takeover;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -33,6 +34,7 @@ use tokio::{
 };
 use tracing::{error, info, warn};
 
+pub use self::takeover::TakeoverError;
 use crate::{
     admin::{self, ReloadRefused, ReloadRequest},
     dataplane::{self, Dataplane, DataplaneOptions, ServiceSpec},
@@ -59,7 +61,9 @@ type PublishedTx = watch::Sender<BTreeSet<ServiceKey>>;
 
 /// Runs the daemon until SIGINT or SIGTERM, then drains the proxy path and exits, leaving the
 /// kernel's data path attached and serving the last published state for the next start
-/// (`proxy uninstall` removes it).
+/// (`proxy uninstall` removes it). With `launch.takeover` it first takes the instance over from
+/// the daemon running it, and it hands the instance over in turn when a new daemon asks
+/// (`takeover`: no refused connect on the proxy path either way).
 /// `workers` is the runtime's thread count; by default one per CPU the daemon may run on.
 ///
 /// The data path is attached on the calling thread before any other thread exists, and the
@@ -84,8 +88,11 @@ pub fn run(
         instance: config.instance.clone(),
         follow_sockets: needs_sockops(&config, &templates),
     };
+    // `--takeover`: the running daemon hands over before the instance's lock is taken.
+    let inherited = takeover::request(&config, launch.takeover)
+        .context("taking over from the running daemon")?;
     let dp: SharedDataplane = Arc::new(Mutex::new(Some(
-        Dataplane::open(&opts).context("attaching the data path")?,
+        takeover::open_dataplane(&opts, inherited.is_some()).context("attaching the data path")?,
     )));
     let privileged = || -> anyhow::Result<()> {
         check_round_robin(&templates, &dp)?;
@@ -110,7 +117,7 @@ pub fn run(
         }
     };
     runtime.block_on(async {
-        let result = run_async(config, templates, dp.clone(), fatal, launch).await;
+        let result = run_async(config, templates, dp.clone(), fatal, launch, inherited).await;
         // An early error removes what this run created and keeps what it adopted. The stop
         // released the data path already; after a failed part (`Fatal`) it stays serving too,
         // released here so that no handle's drop detaches anything (sk_msg) on the way out.
@@ -186,6 +193,7 @@ async fn run_async(
     dp: SharedDataplane,
     fatal: Fatal,
     launch: admin::Launch,
+    inherited: Option<takeover::Inherited>,
 ) -> anyhow::Result<()> {
     let mut signals = Signals::install()?;
     let config_path = launch.config_path.clone();
@@ -202,7 +210,7 @@ async fn run_async(
     let upstreams = start_upstreams(&config, &ctx, &xds, &BTreeSet::new())?;
     // The proxy listener is live and known to the kernel before a service is published in
     // proxy mode.
-    let proxy = proxy_path::start(&config, &upstreams, &dp)
+    let proxy = proxy_path::start(&config, &upstreams, &dp, inherited)
         .await
         .context("starting the proxy path")?;
     let mut running = Running {
@@ -244,13 +252,16 @@ async fn run_async(
         ctx.manager.clone(),
         crate::traffic::watched(&running.config),
     ));
+    // Takeover: a new daemon may ask this one for the instance from now on.
+    let mut takeover = takeover::Server::start(&running.config, proxy.as_ref());
     info!(admin = %admin_address, services = running.config.services.len(), "ready");
-    loop {
+    let committed = loop {
         let request = tokio::select! {
             signal = signals.wait() => match signal {
-                Signal::Stop => break,
+                Signal::Stop => break None,
                 Signal::Reload => None,
             },
+            committed = takeover.committed() => break Some(committed),
             Some(request) = reload_rx.recv() => {
                 info!("admin: reload requested");
                 Some(request)
@@ -279,17 +290,38 @@ async fn run_async(
         if let Some(request) = request {
             let _ = request.send(outcome);
         }
-    }
+    };
     // Removes the admin socket file, when the admin interface is on one.
     server.stop().await;
     passive.abort();
     traffic.abort();
+    finish(committed, takeover, proxy, running, &dp).await
+}
+
+/// The end of the run. After a takeover's commit: hand the instance over
+/// ([`takeover::hand_over`]), the clusters serving the drain. Otherwise the stop: drain the
+/// proxy path and leave the kernel serving the last published state for the next start.
+async fn finish(
+    committed: Option<takeover::Committed>,
+    takeover: takeover::Server,
+    proxy: Option<proxy_relay::ProxyHandle>,
+    running: Running,
+    dp: &SharedDataplane,
+) -> anyhow::Result<()> {
+    if let Some(committed) = committed {
+        // Nothing of this daemon publishes from here.
+        running.publishers.values().for_each(JoinHandle::abort);
+        let handed = takeover::hand_over(committed, takeover, proxy, dp).await;
+        running.stop().await;
+        return handed;
+    }
+    drop(takeover);
     if let Some(proxy) = proxy {
-        proxy_path::stop(proxy, &dp).await;
+        proxy_path::stop(proxy, dp).await;
     }
     running.stop().await;
     // The kernel keeps serving the last published state; the next start adopts it.
-    release(&dp);
+    release(dp);
     Ok(())
 }
 

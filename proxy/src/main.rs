@@ -89,6 +89,7 @@ fn main() -> ExitCode {
         Command::Run {
             config,
             concurrency,
+            takeover,
         } => {
             let cfg = match config.as_deref().map(proxy::load_config) {
                 None => Config::embedded_default(),
@@ -102,6 +103,7 @@ fn main() -> ExitCode {
                 config_path: config,
                 log_level: logging.current(),
                 logging: Some(logging),
+                takeover,
                 ..proxy::admin::Launch::default()
             };
             match daemon::run(cfg, concurrency.map(usize::from), launch) {

@@ -278,3 +278,176 @@ pub mod caps {
         }
     }
 }
+
+/// The effective user id of the process.
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// `getsockopt(SO_PEERCRED)`: the user id of the process at the other end of a unix socket (as
+/// it was when it connected or listened).
+pub fn peer_uid(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u32> {
+    use std::os::fd::AsRawFd as _;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes and outlive the call; the kernel writes at
+    // most `len` bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if len as usize != size_of::<libc::ucred>() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "short SO_PEERCRED answer",
+        ));
+    }
+    Ok(cred.uid)
+}
+
+/// At most this many descriptors travel in one message of [`send_with_fds`] and
+/// [`recv_with_fds`] (the kernel's limit is 253, `SCM_MAX_FD`).
+pub const MAX_FDS_PER_MESSAGE: usize = 64;
+
+/// `sendmsg(2)` of one packet (`payload`) with `fds` as `SCM_RIGHTS`, on a connected unix
+/// socket; `MSG_NOSIGNAL`, so a peer that went away is an error (EPIPE), not SIGPIPE.
+pub fn send_with_fds(
+    fd: std::os::fd::BorrowedFd<'_>,
+    payload: &[u8],
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    if fds.len() > MAX_FDS_PER_MESSAGE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "too many descriptors for one message",
+        ));
+    }
+    let raw: Vec<libc::c_int> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    let data_len = size_of_val(raw.as_slice());
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(data_len as u32) } as usize;
+    // u64 elements keep the buffer aligned for `cmsghdr`.
+    let mut control = vec![0u64; space.div_ceil(size_of::<u64>())];
+    let mut iov = libc::iovec {
+        iov_base: payload.as_ptr().cast_mut().cast(),
+        iov_len: payload.len(),
+    };
+    // SAFETY: an all-zero msghdr is a valid empty one.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    if !raw.is_empty() {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: msg_control points at `space` bytes, enough for one header and `data_len`
+        // bytes of data (CMSG_SPACE), so CMSG_FIRSTHDR is non-null and CMSG_DATA has room for
+        // the descriptors; the buffer is aligned for cmsghdr (u64 elements).
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(data_len as u32) as _;
+            std::ptr::copy_nonoverlapping(
+                raw.as_ptr().cast::<u8>(),
+                libc::CMSG_DATA(cmsg),
+                data_len,
+            );
+        }
+    }
+    // SAFETY: `msg` points at `iov` (valid for `payload.len()` bytes, only read) and at
+    // `control`, all alive for the call; the descriptors are open (borrowed).
+    let sent = unsafe { libc::sendmsg(fd.as_raw_fd(), &raw const msg, libc::MSG_NOSIGNAL) };
+    if sent < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(sent as usize)
+    }
+}
+
+/// `recvmsg(2)` of one packet into `buf`, with the descriptors it carries (close-on-exec, at
+/// most [`MAX_FDS_PER_MESSAGE`]). A packet longer than `buf`, or with more descriptors or
+/// other control data than expected, is an error (`InvalidData`), and any descriptor that came
+/// with it is closed. `Ok((0, []))` is the peer's orderly close.
+pub fn recv_with_fds(
+    fd: std::os::fd::BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> io::Result<(usize, Vec<std::os::fd::OwnedFd>)> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+    let data_max = MAX_FDS_PER_MESSAGE * size_of::<libc::c_int>();
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(data_max as u32) } as usize;
+    let mut control = vec![0u64; space.div_ceil(size_of::<u64>())];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: an all-zero msghdr is a valid empty one.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: `msg` points at `iov` (valid for writes of `buf.len()` bytes) and at `control`
+    // (`space` bytes), both alive for the call.
+    let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &raw mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fds = Vec::new();
+    let mut foreign = false;
+    // SAFETY: the kernel filled `msg_control` up to `msg_controllen`; CMSG_FIRSTHDR/NXTHDR stay
+    // within it, each SCM_RIGHTS header's data holds (cmsg_len - CMSG_LEN(0)) / 4 descriptors,
+    // copied out bytewise, each of them newly installed in this process and owned by nobody else.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let bytes = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let data = libc::CMSG_DATA(cmsg);
+                for i in 0..bytes / size_of::<libc::c_int>() {
+                    let mut raw = [0u8; size_of::<libc::c_int>()];
+                    std::ptr::copy_nonoverlapping(
+                        data.add(i * raw.len()),
+                        raw.as_mut_ptr(),
+                        raw.len(),
+                    );
+                    fds.push(OwnedFd::from_raw_fd(libc::c_int::from_ne_bytes(raw)));
+                }
+            } else {
+                foreign = true;
+            }
+            cmsg = libc::CMSG_NXTHDR(&raw const msg, cmsg);
+        }
+    }
+    if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 || foreign {
+        // `fds` closes what did arrive.
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a truncated message, or unexpected control data",
+        ));
+    }
+    Ok((n as usize, fds))
+}
+
+/// Registers a socket with tokio's event loop (readable and writable).
+pub fn register_async(
+    socket: socket2::Socket,
+) -> io::Result<tokio::io::unix::AsyncFd<socket2::Socket>> {
+    // SAFETY: the socket owns its descriptor, which stays open and the same until the AsyncFd
+    // (its only owner from here) is dropped.
+    Ok(unsafe { tokio::io::unix::AsyncFd::register(socket) }?)
+}

@@ -21,6 +21,8 @@ pub struct Launch {
     pub started: SystemTime,
     /// The global log filter, when this process installed one.
     pub logging: Option<LogControl>,
+    /// `--takeover`: take over from the running daemon of the instance (`daemon::takeover`).
+    pub takeover: bool,
 }
 
 impl Default for Launch {
@@ -31,6 +33,7 @@ impl Default for Launch {
             concurrency: 0,
             started: SystemTime::now(),
             logging: None,
+            takeover: false,
         }
     }
 }

@@ -26,17 +26,23 @@ use proxy_relay::{
 use tokio::net::TcpStream;
 use tracing::{info, warn};
 
-use super::SharedDataplane;
+use super::{SharedDataplane, takeover::Inherited};
 use crate::dataplane::{OriginalDestinations, PairGuard, PairSplicer};
 
 /// Starts the proxy path when the configuration uses it (`None` otherwise), and points the
-/// kernel's proxy-mode redirect at its listeners.
+/// kernel's proxy-mode redirect at its listeners. After a takeover (`inherited`) it accepts on
+/// the sockets the previous daemon handed over, once the clusters have their first hosts (the
+/// previous daemon accepts on them meanwhile), and then tells that daemon to drain.
 pub async fn start(
     config: &Config,
     upstreams: &BTreeMap<String, Arc<Upstream>>,
     dp: &SharedDataplane,
+    mut inherited: Option<Inherited>,
 ) -> anyhow::Result<Option<ProxyHandle>> {
     if !config.uses_proxy() {
+        if let Some(inherited) = inherited {
+            inherited.serving();
+        }
         return Ok(None);
     }
     let proxy_config = config.effective_proxy();
@@ -54,15 +60,18 @@ pub async fn start(
         };
         (original_dst, splicer)
     };
-    let handle = proxy_path::serve(
-        proxy_config,
-        ProxyDeps {
-            original_dst: Arc::new(original_dst),
-            services,
-            splicer,
-        },
-    )
-    .await?;
+    let deps = ProxyDeps {
+        original_dst: Arc::new(original_dst),
+        services,
+        splicer,
+    };
+    let handle = match inherited.as_mut().map(Inherited::take_listeners) {
+        Some(sockets) => {
+            clusters_initialized(upstreams).await;
+            proxy_path::serve_inherited(proxy_config, deps, sockets).await?
+        }
+        None => proxy_path::serve(proxy_config, deps).await?,
+    };
     let (v4, v6) = first_per_family(handle.local_addrs());
     let mut guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dp = guard.as_mut().context("the data path is not attached")?;
@@ -71,7 +80,28 @@ pub async fn start(
             .with_context(|| format!("publishing the proxy listener {addr} to the kernel"))?;
     }
     info!(listeners = ?handle.local_addrs(), "proxy path ready");
+    if let Some(inherited) = inherited {
+        inherited.serving();
+    }
     Ok(Some(handle))
+}
+
+/// Waits (at most `FIRST_PUBLISH_WAIT`) until every cluster has its first discovery result.
+async fn clusters_initialized(upstreams: &BTreeMap<String, Arc<Upstream>>) {
+    let all = async {
+        for upstream in upstreams.values() {
+            let _ = upstream.initialized().wait_for(|i| *i).await;
+        }
+    };
+    if tokio::time::timeout(super::FIRST_PUBLISH_WAIT, all)
+        .await
+        .is_err()
+    {
+        warn!(
+            "clusters not initialized within {:?}; taking over the proxy listeners with what they have",
+            super::FIRST_PUBLISH_WAIT
+        );
+    }
 }
 
 /// Withdraws the kernel's redirect target (new proxy-mode connects are refused from now on),

@@ -362,6 +362,29 @@ impl Dataplane {
         std::mem::forget(self);
     }
 
+    /// Hands the instance over to a daemon that takes over (`proxy run --takeover`): like
+    /// [`Dataplane::release`], but the instance's lock and this process's link descriptors
+    /// close now. The pins keep the programs attached until the new daemon replaces them with
+    /// its own (as after a stop), so the two daemons' programs never run side by side while
+    /// this one drains.
+    pub fn hand_over(self) {
+        let Self {
+            ebpf,
+            pin_dir,
+            links,
+            publisher,
+            runtime,
+            pair,
+            _lock: lock,
+            ..
+        } = self;
+        drop(links);
+        drop(lock);
+        // Forgotten, as in `release`: dropping the object would detach sk_msg.
+        std::mem::forget((ebpf, publisher, runtime, pair));
+        info!(pins = %pin_dir.display(), "data path handed over to the daemon taking over");
+    }
+
     /// After a failed start: removes what this run created, and keeps what it adopted. A run
     /// that found a previous state pinned leaves it serving ([`Dataplane::release`]); one that
     /// created the instance removes it ([`Dataplane::shutdown`]).

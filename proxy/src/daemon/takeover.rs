@@ -1,0 +1,253 @@
+//! Takeover (`proxy run --takeover`): a new daemon replaces a running one of the same instance
+//! without a refused connect on the proxy path, in the manner of Envoy's hot restart.
+//!
+//! Every running daemon listens on a unix socket, `/run/proxy/<instance>.takeover` (mode 0600
+//! in a directory of mode 0700, both the daemon's user's; the peer's uid is checked with
+//! `SO_PEERCRED` on both ends). The new daemon, before it takes the instance's lock, asks:
+//!
+//! ```text
+//! new                                   old (serving, keeps accepting throughout)
+//!  hello {version}            ->
+//!                             <-  offer {pin_dir, listeners: n}, then fds {count} packets
+//!                                 carrying the n listening sockets (SCM_RIGHTS)
+//!  checks: same pin directory, the sockets' addresses are its proxy.listeners
+//!  refuse {reason}            ->  (mismatch: the new one exits 1, the old one changes nothing)
+//!  commit                     ->  stops its admin interface, publishers and kernel-counter
+//!                                 readers; closes its links and its lock (the pins stay)
+//!                             <-  released
+//!  takes the lock, adopts the pins (a normal start), starts its proxy path on the sockets it
+//!  was given (the kernel's redirect target is the same sockets: nothing to change there)
+//!  serving                    ->  stops accepting, drains its connections (shutdown_timeout),
+//!                                 exits 0
+//! ```
+//!
+//! Until `commit` the old daemon has changed nothing. It keeps accepting until `serving`, so a
+//! connect is taken by whichever process accepts first and none is refused; once it stops, the
+//! sockets live on in the new process, so no connection queued on them is reset. If the new
+//! one fails after `commit`, the old one drains and exits 1, leaving the data path pinned as a
+//! SIGTERM does (the next start adopts it).
+//!
+//! Messages are JSON objects, one per `SOCK_SEQPACKET` packet of at most [`MAX_PACKET`] bytes;
+//! every step has a deadline, and anything unexpected ends the attempt (the old daemon serves
+//! on and listens for the next).
+
+mod client;
+mod server;
+
+use std::{
+    io,
+    net::SocketAddr,
+    os::fd::OwnedFd,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+
+pub use self::{
+    client::{Inherited, open_dataplane, request},
+    server::{Committed, Server, hand_over},
+};
+use crate::sys;
+
+/// Where the takeover sockets live.
+pub const RUNTIME_DIR: &str = "/run/proxy";
+/// The protocol's version; a daemon speaking another one is refused.
+const VERSION: u32 = 1;
+/// The largest packet either side sends or accepts.
+const MAX_PACKET: usize = 4096;
+/// At most this many listening sockets are handed over (engine threads x listener addresses).
+const MAX_LISTENERS: usize = 4096;
+/// How long each step of the handshake may take.
+const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the old daemon may take to stop its parts and release the instance.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the old daemon keeps accepting while the new one starts (adopting the data path,
+/// first discovery results); then it drains anyway.
+const SERVING_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the new daemon tries the instance's lock after the old one released it.
+const LOCK_RETRY: Duration = Duration::from_secs(2);
+
+/// One message of the handshake.
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "snake_case", deny_unknown_fields)]
+enum Msg {
+    /// New to old: the first message.
+    Hello { version: u32 },
+    /// Old to new: what follows.
+    Offer {
+        version: u32,
+        /// The old daemon's process id, for the logs.
+        pid: u32,
+        /// Its instance's pin directory.
+        pin_dir: PathBuf,
+        /// How many listening sockets the `fds` packets carry.
+        listeners: u32,
+    },
+    /// Old to new: a packet carrying `count` listening sockets.
+    Fds { count: u32 },
+    /// Either way: the attempt ends here, and why.
+    Refuse { reason: String },
+    /// New to old: go ahead.
+    Commit,
+    /// Old to new: the instance's lock is free, nothing of the old daemon writes the data path.
+    Released,
+    /// New to old: the new daemon's proxy path accepts; stop accepting and drain.
+    Serving,
+}
+
+/// Why a takeover failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TakeoverError {
+    /// A system call on the takeover socket failed.
+    #[error("{what} ({}): {source}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// The other side is not of this daemon's user.
+    #[error(
+        "the process at the other end of {} runs as uid {uid}, not as this daemon's: refused",
+        path.display()
+    )]
+    Peer { path: PathBuf, uid: u32 },
+    /// The other side sent something the step does not expect.
+    #[error("expected {expected} on the takeover socket, got {got}")]
+    Unexpected { expected: &'static str, got: String },
+    /// The other side closed the connection.
+    #[error("the other daemon closed the takeover connection while waiting for {expected}")]
+    Closed { expected: &'static str },
+    /// The other side ended the attempt.
+    #[error("the other daemon refused the takeover: {reason}")]
+    Refused { reason: String },
+    /// The running daemon's listeners are not the ones this configuration has.
+    #[error(
+        "the running daemon listens on {running:?} and this configuration on {configured:?} (proxy.listeners): a takeover keeps the listening sockets, so their addresses cannot change; change them with a plain restart instead"
+    )]
+    Listeners {
+        running: Vec<SocketAddr>,
+        configured: Vec<SocketAddr>,
+    },
+    /// The running daemon's instance lives elsewhere.
+    #[error(
+        "the running daemon's pin directory is {} and this configuration's is {} (bpffs): a takeover cannot move the instance",
+        running.display(),
+        configured.display()
+    )]
+    PinDir {
+        running: PathBuf,
+        configured: PathBuf,
+    },
+}
+
+/// The takeover socket of `instance`.
+pub fn socket_path(instance: &str) -> PathBuf {
+    Path::new(RUNTIME_DIR).join(format!("{instance}.takeover"))
+}
+
+fn check_peer(fd: std::os::fd::BorrowedFd<'_>, path: &Path) -> Result<(), TakeoverError> {
+    let uid = sys::peer_uid(fd).map_err(|source| TakeoverError::Io {
+        what: "reading the peer's credentials on",
+        path: path.to_owned(),
+        source,
+    })?;
+    if uid == sys::effective_uid() {
+        Ok(())
+    } else {
+        Err(TakeoverError::Peer {
+            path: path.to_owned(),
+            uid,
+        })
+    }
+}
+
+fn unexpected(expected: &'static str, got: &Msg) -> TakeoverError {
+    match got {
+        Msg::Refuse { reason } => TakeoverError::Refused {
+            reason: reason.clone(),
+        },
+        other => TakeoverError::Unexpected {
+            expected,
+            got: format!("{other:?}"),
+        },
+    }
+}
+
+fn encode(msg: &Msg) -> Vec<u8> {
+    // A message of this enum always serialises.
+    serde_json::to_vec(msg).unwrap_or_default()
+}
+
+/// One packet: a message, or why it is not one (`expected` names the step for the error).
+fn decode(
+    packet: &[u8],
+    fds: Vec<OwnedFd>,
+    expected: &'static str,
+) -> Result<(Msg, Vec<OwnedFd>), TakeoverError> {
+    if packet.is_empty() {
+        return Err(TakeoverError::Closed { expected });
+    }
+    match serde_json::from_slice(packet) {
+        Ok(msg) => Ok((msg, fds)),
+        Err(err) => Err(TakeoverError::Unexpected {
+            expected,
+            got: format!("{} bytes that are not a message ({err})", packet.len()),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_and_garbage_is_refused() {
+        for msg in [
+            Msg::Hello { version: 1 },
+            Msg::Offer {
+                version: 1,
+                pid: 7,
+                pin_dir: PathBuf::from("/sys/fs/bpf/proxy"),
+                listeners: 2,
+            },
+            Msg::Fds { count: 2 },
+            Msg::Refuse {
+                reason: "no".to_owned(),
+            },
+            Msg::Commit,
+            Msg::Released,
+            Msg::Serving,
+        ] {
+            let (back, _) = decode(&encode(&msg), Vec::new(), "any").expect("decodes");
+            assert_eq!(back, msg);
+        }
+        for garbage in [
+            &b"{"[..],
+            b"\xff\xfe",
+            br#"{"msg":"hello"}"#,
+            br#"{"msg":"hello","version":1,"extra":2}"#,
+            br#"{"msg":"launch"}"#,
+            b"null",
+        ] {
+            let err = decode(garbage, Vec::new(), "hello").expect_err("refused");
+            assert!(matches!(err, TakeoverError::Unexpected { .. }), "{err}");
+        }
+        assert!(matches!(
+            decode(b"", Vec::new(), "hello"),
+            Err(TakeoverError::Closed { .. })
+        ));
+    }
+
+    #[test]
+    fn a_refusal_is_reported_as_such() {
+        let err = unexpected(
+            "offer",
+            &Msg::Refuse {
+                reason: "busy".to_owned(),
+            },
+        );
+        assert!(matches!(err, TakeoverError::Refused { .. }), "{err}");
+    }
+}

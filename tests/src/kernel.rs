@@ -334,18 +334,38 @@ impl Daemon {
         Self::start_with(config, Some(netns.path()), &[])
     }
 
+    /// Like [`Daemon::start_in`], with `args` after `proxy run --config FILE` (e.g.
+    /// `--takeover`).
+    pub fn start_in_with(netns: &Netns, config: &str, args: &[&str]) -> Self {
+        let netns = Some(netns.path());
+        crate::start_retrying("the daemon", 4, || {
+            Self::try_start(config, netns.clone(), &[], args)
+        })
+    }
+
+    /// One start of [`Daemon::start_in_with`], not retried: `Err` with the exit status and the
+    /// log if the daemon exited before it was ready (a start expected to fail).
+    pub fn try_start_in(netns: &Netns, config: &str, args: &[&str]) -> Result<Self, String> {
+        Self::try_start(config, Some(netns.path()), &[], args)
+    }
+
     #[expect(
         clippy::needless_pass_by_value,
         reason = "each retry takes a clone of the namespace path"
     )]
     fn start_with(config: &str, netns: Option<PathBuf>, wrapper: &[&str]) -> Self {
         crate::start_retrying("the daemon", 4, || {
-            Self::try_start(config, netns.clone(), wrapper)
+            Self::try_start(config, netns.clone(), wrapper, &[])
         })
     }
 
     /// One start; `Err` with the daemon's log if it exited before it was ready.
-    fn try_start(config: &str, netns: Option<PathBuf>, wrapper: &[&str]) -> Result<Self, String> {
+    fn try_start(
+        config: &str,
+        netns: Option<PathBuf>,
+        wrapper: &[&str],
+        args: &[&str],
+    ) -> Result<Self, String> {
         let dir = TempDir::new();
         let admin = match &netns {
             Some(ns) => in_netns_path(ns, free_port),
@@ -366,6 +386,7 @@ impl Daemon {
         };
         cmd.args(["run", "--config"])
             .arg(&path)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("dup"))
             .stderr(file);
@@ -689,6 +710,23 @@ impl Daemon {
         if let Some(child) = &self.child {
             // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
             unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+        }
+    }
+
+    /// Waits up to `within` for the daemon to exit on its own (it is reaped then); its exit
+    /// status, or `None` if it still runs.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            let status = self.child.as_mut()?.try_wait().ok().flatten();
+            if let Some(status) = status {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 

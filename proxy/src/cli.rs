@@ -43,7 +43,7 @@ pub enum Command {
         /// /run/proxy/<instance>.takeover, stops accepting once this daemon accepts, drains its
         /// open connections (proxy.shutdown_timeout) and exits 0; this daemon adopts the data
         /// path as a normal start does. The configuration must keep proxy.listeners and bpffs
-        /// (else the takeover is refused, this daemon exits 1 and the running one serves on).
+        /// (else the takeover is refused, this daemon exits 64 and the running one serves on).
         /// Without a running daemon, starts normally.
         #[arg(long)]
         takeover: bool,

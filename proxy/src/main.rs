@@ -108,13 +108,20 @@ fn main() -> ExitCode {
             };
             match daemon::run(cfg, concurrency.map(usize::from), launch) {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(err) => {
-                    eprintln!("error: {err:#}");
-                    ExitCode::FAILURE
-                }
+                Err(err) => run_failed(&err),
             }
         }
     }
+}
+
+/// `proxy run`'s status after an error: 64 when the configuration is why a takeover was
+/// refused (not worth retrying: `proxy@.service` does not), 1 otherwise.
+fn run_failed(err: &anyhow::Error) -> ExitCode {
+    eprintln!("error: {err:#}");
+    let refused = err
+        .downcast_ref::<daemon::TakeoverError>()
+        .is_some_and(daemon::TakeoverError::is_config);
+    ExitCode::from(if refused { EXIT_BAD_CONFIG } else { 1 })
 }
 
 /// `proxy reload`: 0 when applied, 64 for an invalid file, 1 for any other refusal or error.

@@ -287,6 +287,10 @@ fn a_takeover_with_other_listeners_is_refused_and_the_old_daemon_serves_on() {
         refused.contains("a takeover keeps the listening sockets"),
         "the refusal says why:\n{refused}"
     );
+    assert!(
+        refused.starts_with("exit status: 64"),
+        "a configuration that cannot take over exits 64 (not retried by proxy@.service):\n{refused}"
+    );
     assert_eq!(report.failed(), 0, "{report:?}");
     assert!(report.ok() > 100, "{report:?}");
     assert!(

@@ -102,8 +102,11 @@ pub enum TakeoverError {
     /// A system call on the takeover socket failed.
     #[error("{what} ({}): {source}", path.display())]
     Io {
+        /// The step that failed.
         what: &'static str,
+        /// The takeover socket.
         path: PathBuf,
+        /// Why.
         #[source]
         source: io::Error,
     },
@@ -112,22 +115,40 @@ pub enum TakeoverError {
         "the process at the other end of {} runs as uid {uid}, not as this daemon's: refused",
         path.display()
     )]
-    Peer { path: PathBuf, uid: u32 },
+    Peer {
+        /// The takeover socket.
+        path: PathBuf,
+        /// The peer's uid.
+        uid: u32,
+    },
     /// The other side sent something the step does not expect.
     #[error("expected {expected} on the takeover socket, got {got}")]
-    Unexpected { expected: &'static str, got: String },
+    Unexpected {
+        /// The message the step waits for.
+        expected: &'static str,
+        /// What came instead.
+        got: String,
+    },
     /// The other side closed the connection.
     #[error("the other daemon closed the takeover connection while waiting for {expected}")]
-    Closed { expected: &'static str },
+    Closed {
+        /// The message the step waited for.
+        expected: &'static str,
+    },
     /// The other side ended the attempt.
     #[error("the other daemon refused the takeover: {reason}")]
-    Refused { reason: String },
+    Refused {
+        /// Its reason.
+        reason: String,
+    },
     /// The running daemon's listeners are not the ones this configuration has.
     #[error(
         "the running daemon listens on {running:?} and this configuration on {configured:?} (proxy.listeners): a takeover keeps the listening sockets, so their addresses cannot change; change them with a plain restart instead"
     )]
     Listeners {
+        /// The running daemon's listener addresses.
         running: Vec<SocketAddr>,
+        /// This configuration's.
         configured: Vec<SocketAddr>,
     },
     /// The running daemon's instance lives elsewhere.
@@ -137,9 +158,19 @@ pub enum TakeoverError {
         configured.display()
     )]
     PinDir {
+        /// The running daemon's pin directory.
         running: PathBuf,
+        /// This configuration's.
         configured: PathBuf,
     },
+}
+
+impl TakeoverError {
+    /// Whether the configuration is why (the listeners or the pin directory differ): the
+    /// daemon exits 64 then, as for a configuration that does not validate.
+    pub fn is_config(&self) -> bool {
+        matches!(self, Self::Listeners { .. } | Self::PinDir { .. })
+    }
 }
 
 /// The takeover socket of `instance`.

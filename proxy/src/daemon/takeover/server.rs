@@ -351,3 +351,99 @@ fn listen(path: &Path) -> Result<(AsyncFd<Socket>, SocketFile), TakeoverError> {
     info!(socket = %path.display(), "takeover socket ready");
     Ok((listener, file))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connected pair: the daemon's end registered with tokio, the other end blocking.
+    fn pair() -> (AsyncFd<Socket>, Socket) {
+        let (ours, theirs) = Socket::pair(Domain::UNIX, Type::SEQPACKET, None).expect("pair");
+        ours.set_nonblocking(true).expect("nonblocking");
+        (sys::register_async(ours).expect("register"), theirs)
+    }
+
+    fn offer() -> Offer {
+        Offer {
+            pin_dir: PathBuf::from("/sys/fs/bpf/t"),
+            sockets: None,
+        }
+    }
+
+    fn send_raw(s: &Socket, bytes: &[u8]) {
+        sys::send_with_fds(s.as_fd(), bytes, &[]).expect("send");
+    }
+
+    fn recv_msg(s: &Socket) -> Msg {
+        let mut buf = [0u8; MAX_PACKET];
+        let (n, _) = sys::recv_with_fds(s.as_fd(), &mut buf).expect("recv");
+        decode(&buf[..n], Vec::new(), "any").expect("a message").0
+    }
+
+    #[tokio::test]
+    async fn a_full_handshake_ends_in_a_commit() {
+        let (ours, theirs) = pair();
+        let peer = std::thread::spawn(move || {
+            send_raw(&theirs, &encode(&Msg::Hello { version: VERSION }));
+            let offer = recv_msg(&theirs);
+            send_raw(&theirs, &encode(&Msg::Commit));
+            offer
+        });
+        handshake(&ours, Path::new("t"), &offer())
+            .await
+            .expect("committed");
+        let offered = peer.join().expect("peer");
+        assert!(
+            matches!(offered, Msg::Offer { listeners: 0, ref pin_dir, .. } if pin_dir == Path::new("/sys/fs/bpf/t")),
+            "{offered:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn garbage_another_version_and_a_refusal_end_the_attempt() {
+        for first in [
+            b"\x00\x01garbage".to_vec(),
+            br#"{"msg":"hello","version":1,"pid":3}"#.to_vec(),
+            encode(&Msg::Commit),
+        ] {
+            let (ours, theirs) = pair();
+            send_raw(&theirs, &first);
+            let err = handshake(&ours, Path::new("t"), &offer())
+                .await
+                .expect_err("refused");
+            assert!(matches!(err, TakeoverError::Unexpected { .. }), "{err}");
+        }
+        let (ours, theirs) = pair();
+        send_raw(&theirs, &encode(&Msg::Hello { version: 2 }));
+        let err = handshake(&ours, Path::new("t"), &offer()).await;
+        assert!(err.is_err());
+        assert!(
+            matches!(recv_msg(&theirs), Msg::Refuse { .. }),
+            "the other side learns why"
+        );
+        let (ours, theirs) = pair();
+        let peer = std::thread::spawn(move || {
+            send_raw(&theirs, &encode(&Msg::Hello { version: VERSION }));
+            let _ = recv_msg(&theirs);
+            let reason = "listeners differ".to_owned();
+            send_raw(&theirs, &encode(&Msg::Refuse { reason }));
+        });
+        let err = handshake(&ours, Path::new("t"), &offer()).await;
+        peer.join().expect("peer");
+        assert!(matches!(err, Err(TakeoverError::Refused { .. })), "{err:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_or_vanished_peer_ends_the_attempt() {
+        let (ours, _theirs) = pair();
+        let err = handshake(&ours, Path::new("t"), &offer()).await;
+        assert!(
+            matches!(err, Err(TakeoverError::Io { what, .. }) if what.contains("timed out")),
+            "{err:?}"
+        );
+        let (ours, theirs) = pair();
+        drop(theirs);
+        let err = handshake(&ours, Path::new("t"), &offer()).await;
+        assert!(matches!(err, Err(TakeoverError::Closed { .. })), "{err:?}");
+    }
+}

@@ -175,12 +175,20 @@ fn the_cgroup_a_killed_run_created_goes_at_uninstall() {
 
 /// The shipped systemd unit, `docs/deploy/proxy.service`.
 fn unit() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/deploy/proxy.service");
+    unit_file("proxy.service")
+}
+
+/// A unit file of `docs/deploy`.
+fn unit_file(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs/deploy")
+        .join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// `systemd-analyze verify` accepts the unit without an error or a warning (with its paths
-/// pointed at the built binary and an example configuration).
+/// `systemd-analyze verify` accepts the units without an error or a warning (with their paths
+/// pointed at the built binary and an example configuration): `proxy.service`, and the
+/// takeover template `proxy@.service` as its instance `proxy@blue.service`.
 #[test]
 fn the_systemd_unit_verifies() {
     let Ok(found) = std::process::Command::new("systemd-analyze")
@@ -193,24 +201,26 @@ fn the_systemd_unit_verifies() {
     assert!(found.status.success());
     let tmp = TempDir::new();
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/static.yaml");
-    let text = unit()
-        .replace("/usr/local/bin/proxy", &proxy_bin().display().to_string())
-        .replace("/etc/proxy/proxy.yaml", &example.display().to_string());
-    let path = tmp.0.join("proxy.service");
-    std::fs::write(&path, text).unwrap();
-    let out = std::process::Command::new("systemd-analyze")
-        .arg("verify")
-        .arg(&path)
-        .output()
-        .expect("running systemd-analyze verify");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    // Unknown keys and bad values are warnings with status 0: they count as failures here.
-    let about_unit: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.contains("proxy.service"))
-        .collect();
-    assert!(about_unit.is_empty(), "{stderr}");
+    for (file, as_unit) in [
+        ("proxy.service", "proxy.service"),
+        ("proxy@.service", "proxy@blue.service"),
+    ] {
+        let text = unit_file(file)
+            .replace("/usr/local/bin/proxy", &proxy_bin().display().to_string())
+            .replace("/etc/proxy/proxy.yaml", &example.display().to_string());
+        let path = tmp.0.join(as_unit);
+        std::fs::write(&path, text).unwrap();
+        let out = std::process::Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(&path)
+            .output()
+            .expect("running systemd-analyze verify");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{as_unit}: {stderr}");
+        // Unknown keys and bad values are warnings with status 0: they count as failures here.
+        let about_unit: Vec<&str> = stderr.lines().filter(|l| l.contains(as_unit)).collect();
+        assert!(about_unit.is_empty(), "{as_unit}: {stderr}");
+    }
 }
 
 /// The unit's capability bounding set is all the daemon needs: started as root within it (as

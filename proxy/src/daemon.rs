@@ -34,7 +34,7 @@ use tokio::{
 };
 use tracing::{error, info, warn};
 
-pub use self::takeover::TakeoverError;
+pub use self::takeover::{TakeoverError, remove_stale_socket as remove_stale_takeover_socket};
 use crate::{
     admin::{self, ReloadRefused, ReloadRequest},
     dataplane::{self, Dataplane, DataplaneOptions, ServiceSpec},

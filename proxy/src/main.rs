@@ -196,7 +196,11 @@ fn uninstall(args: &InstanceArgs) -> ExitCode {
         Err(code) => return code,
     };
     let (bpffs, instance) = (&at.bpffs, &at.name);
-    match proxy::dataplane::uninstall(bpffs, instance) {
+    let uninstalled = proxy::dataplane::uninstall(bpffs, instance);
+    if uninstalled.is_ok() && daemon::remove_stale_takeover_socket(instance) {
+        println!("instance {instance:?}: stale takeover socket removed");
+    }
+    match uninstalled {
         Ok(None) => {
             println!(
                 "instance {instance:?}: nothing pinned under {}",

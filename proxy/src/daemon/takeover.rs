@@ -178,6 +178,27 @@ pub fn socket_path(instance: &str) -> PathBuf {
     Path::new(RUNTIME_DIR).join(format!("{instance}.takeover"))
 }
 
+/// Removes `instance`'s takeover socket file if no process accepts on it (a daemon killed
+/// before it could remove its own), so that `proxy uninstall` leaves nothing of the instance
+/// behind; whether it did. Only a refused connect proves the socket stale: one a live daemon
+/// serves stays.
+pub fn remove_stale_socket(instance: &str) -> bool {
+    use std::os::unix::fs::FileTypeExt as _;
+    let path = socket_path(instance);
+    let is_socket = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket());
+    if !is_socket {
+        return false;
+    }
+    let refused = socket2::Socket::new(
+        socket2::Domain::UNIX,
+        socket2::Type::SEQPACKET.cloexec(),
+        None,
+    )
+    .and_then(|s| s.connect(&socket2::SockAddr::unix(&path)?))
+    .is_err_and(|e| e.kind() == io::ErrorKind::ConnectionRefused);
+    refused && std::fs::remove_file(&path).is_ok()
+}
+
 fn check_peer(fd: std::os::fd::BorrowedFd<'_>, path: &Path) -> Result<(), TakeoverError> {
     let uid = sys::peer_uid(fd).map_err(|source| TakeoverError::Io {
         what: "reading the peer's credentials on",

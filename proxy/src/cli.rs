@@ -17,6 +17,16 @@ pub struct Cli {
     /// interface.
     #[arg(long, global = true, env = "PROXY_LOG", default_value = "info")]
     pub log: String,
+    /// How log records are written to stderr: `text` (one readable line each) or `json` (one
+    /// JSON object per line: timestamp, level, fields, target).
+    #[arg(
+        long,
+        global = true,
+        env = "PROXY_LOG_FORMAT",
+        value_enum,
+        default_value_t = crate::logging::LogFormat::Text
+    )]
+    pub log_format: crate::logging::LogFormat,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -226,6 +236,7 @@ mod tests {
     use clap::Parser as _;
 
     use super::{Cli, Command};
+    use crate::logging::LogFormat;
 
     fn concurrency(args: &[&str]) -> Result<Option<u16>, clap::Error> {
         let cli = Cli::try_parse_from(["proxy", "run"].iter().chain(args))?;
@@ -233,6 +244,33 @@ mod tests {
             Command::Run { concurrency, .. } => Ok(concurrency),
             other => panic!("parsed as {other:?}"),
         }
+    }
+
+    #[test]
+    fn log_format_is_text_or_json_and_anything_else_is_refused() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(
+                ["proxy"]
+                    .iter()
+                    .chain(args)
+                    .chain(&["check", "-c", "x.yaml"]),
+            )
+        };
+        let format = |args: &[&str]| parse(args).expect("parses").log_format;
+        assert_eq!(format(&[]), LogFormat::Text);
+        assert_eq!(format(&["--log-format", "json"]), LogFormat::Json);
+        assert_eq!(format(&["--log-format", "text"]), LogFormat::Text);
+        // Global: also after the subcommand.
+        let cli = Cli::try_parse_from(["proxy", "check", "-c", "x.yaml", "--log-format", "json"])
+            .expect("parses");
+        assert_eq!(cli.log_format, LogFormat::Json);
+        let err = parse(&["--log-format", "xml"]).expect_err("xml is no format");
+        let text = err.to_string();
+        assert!(
+            text.contains("invalid value 'xml' for '--log-format <LOG_FORMAT>'")
+                && text.contains("[possible values: text, json]"),
+            "{text}"
+        );
     }
 
     #[test]

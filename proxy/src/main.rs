@@ -15,7 +15,7 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let (logging, subscriber) = proxy::logging::LogControl::new(&cli.log);
+    let (logging, subscriber) = proxy::logging::LogControl::new(&cli.log, cli.log_format);
     // Also routes `log` records (aya's) through tracing.
     subscriber.init();
     match cli.command {

@@ -311,7 +311,8 @@ async fn reload_asks_the_daemon_and_pages_follow_the_new_configuration() {
 
 #[tokio::test]
 async fn logging_lists_sets_and_refuses_bad_levels_without_changing_anything() {
-    let (control, _subscriber) = crate::logging::LogControl::new("info");
+    let (control, _subscriber) =
+        crate::logging::LogControl::new("info", crate::logging::LogFormat::Text);
     control.set_level("info").unwrap();
     let state = state().with_launch(Launch {
         logging: Some(control.clone()),

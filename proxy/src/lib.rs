@@ -16,6 +16,7 @@ pub mod passive;
 pub mod privileges;
 pub mod probe;
 pub mod show;
+mod socket_file;
 pub mod status;
 #[allow(
     unsafe_code,

@@ -8,12 +8,14 @@
 
 use std::{
     io,
-    os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _},
+    os::unix::fs::{FileTypeExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
 };
 
 use proxy_core::config::AdminAddress;
 use tokio::net::{TcpListener, UnixListener};
+
+use crate::socket_file::SocketFile;
 
 /// Mode of the unix socket file: read and write (connect) for its owner only.
 const SOCKET_MODE: u32 = 0o600;
@@ -64,23 +66,6 @@ pub(super) enum Listener {
     },
 }
 
-/// The unix socket file this daemon created; dropping it removes the file, if it is still the
-/// one this daemon bound (same device and inode).
-pub(super) struct SocketFile {
-    path: PathBuf,
-    id: (u64, u64),
-}
-
-impl Drop for SocketFile {
-    fn drop(&mut self) {
-        let ours =
-            std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.id);
-        if ours && let Err(err) = std::fs::remove_file(&self.path) {
-            tracing::warn!(path = %self.path.display(), %err, "removing the admin socket");
-        }
-    }
-}
-
 /// Binds `addr` (must be called inside a tokio runtime).
 pub(super) async fn bind(addr: &AdminAddress) -> Result<Listener, ListenError> {
     let io = |what| {
@@ -98,11 +83,7 @@ pub(super) async fn bind(addr: &AdminAddress) -> Result<Listener, ListenError> {
             let sockaddr = socket2::SockAddr::unix(path).map_err(io("binding"))?;
             socket.bind(&sockaddr).map_err(io("binding"))?;
             // From here the file exists; a failure below must not leave it behind.
-            let meta = std::fs::symlink_metadata(path).map_err(io("reading back"))?;
-            let file = SocketFile {
-                path: path.clone(),
-                id: (meta.dev(), meta.ino()),
-            };
+            let file = SocketFile::bound(path, "admin").map_err(io("reading back"))?;
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
                 .map_err(io("setting mode 0600 on"))?;
             socket.listen(BACKLOG).map_err(io("listening on"))?;

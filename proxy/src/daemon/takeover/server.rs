@@ -21,7 +21,7 @@ use super::{
     MAX_PACKET, Msg, RUNTIME_DIR, SERVING_TIMEOUT, STEP_TIMEOUT, TakeoverError, VERSION,
     check_peer, decode, encode, socket_path, unexpected,
 };
-use crate::{daemon::SharedDataplane, sys};
+use crate::{daemon::SharedDataplane, socket_file::SocketFile, sys};
 
 /// The running daemon's takeover socket: answers one attempt at a time and yields the one a
 /// new daemon committed to. Dropping it closes the socket and removes its file.
@@ -282,23 +282,6 @@ async fn recv(
     decode(&buf[..n], fds, expected)
 }
 
-/// The socket file this daemon created; dropping it removes the file if it is still the one
-/// it bound (same device and inode).
-struct SocketFile {
-    path: PathBuf,
-    id: (u64, u64),
-}
-
-impl Drop for SocketFile {
-    fn drop(&mut self) {
-        let ours =
-            std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.id);
-        if ours && let Err(err) = std::fs::remove_file(&self.path) {
-            warn!(path = %self.path.display(), %err, "removing the takeover socket");
-        }
-    }
-}
-
 /// Binds the takeover socket at `path`: the runtime directory is created 0700 (an existing one
 /// must be this user's and writable by nobody else), a stale socket file is replaced (this
 /// daemon holds the instance's lock: no other daemon of the instance listens there), the file
@@ -339,11 +322,7 @@ fn listen(path: &Path) -> Result<(AsyncFd<Socket>, SocketFile), TakeoverError> {
     socket
         .bind(&SockAddr::unix(path).map_err(io("naming", path))?)
         .map_err(io("binding", path))?;
-    let meta = std::fs::symlink_metadata(path).map_err(io("reading back", path))?;
-    let file = SocketFile {
-        path: path.to_owned(),
-        id: (meta.dev(), meta.ino()),
-    };
+    let file = SocketFile::bound(path, "takeover").map_err(io("reading back", path))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .map_err(io("setting mode 0600 on", path))?;
     socket.listen(4).map_err(io("listening on", path))?;

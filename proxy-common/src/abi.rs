@@ -88,7 +88,12 @@ pub mod maps {
     /// Proxy-pair splicing: the daemon's credit for each spliced socket.
     pub const PAIR_GRANT: &str = "PAIR_GRANT_V1";
 
-    /// Every map of the object; all of them are pinned under their name.
+    /// aya-log's ring buffer of kernel log records (the name is aya-log-ebpf's). Not pinned and
+    /// not in [`ALL`]: each daemon creates its own and reads it only when `kernel_log` is not
+    /// `off`; records of a previous daemon's programs that nobody reads go with its buffer.
+    pub const LOGS: &str = "AYA_LOGS";
+
+    /// Every map of the object except [`LOGS`]; all of them are pinned under their name.
     pub const ALL: [&str; 19] = [
         ACTIVE,
         SERVICES,
@@ -208,6 +213,25 @@ pub mod features {
     /// `bpf_set_retval` in cgroup sock_addr programs (Linux 5.18): a refused connect fails
     /// with `ECONNREFUSED` instead of `EPERM`.
     pub const SET_RETVAL: u32 = 1 << 0;
+}
+
+/// The level of the kernel's log records (aya-log), a read-only global of the object set by the
+/// loader before load, like [`features`]. The programs emit a record only if the level is at
+/// least the record's; at [`kernel_log::OFF`] (the object's own value) every record's code is a
+/// dead branch the verifier removes before the program runs.
+pub mod kernel_log {
+    /// The global's symbol in the object: a `u8`, one of the levels below.
+    pub const GLOBAL: &str = "KERNEL_LOG_LEVEL";
+    /// No records (the default).
+    pub const OFF: u8 = 0;
+    /// Records of errors: state the daemon published that the kernel cannot use.
+    pub const ERROR: u8 = 1;
+    /// Also refusals an operator can act on (a service with no host) and failed map updates.
+    pub const WARN: u8 = 2;
+    /// Also informational records (none yet).
+    pub const INFO: u8 = 3;
+    /// Everything.
+    pub const DEBUG: u8 = 4;
 }
 
 /// Pin names under `<bpffs>/<instance>/` besides the maps (which are pinned under their own

@@ -122,9 +122,48 @@ pub struct Config {
     /// stack. Default false until the benchmarks show it wins (see BENCHMARKS.md).
     #[serde(default)]
     pub splice: bool,
+    /// Log records of the kernel programs, on their error paths only (a connect refused because
+    /// its service has no routable host, published state the kernel cannot use, a failed map
+    /// update), each with the service address and the reason: `off` (default), `error`, `warn`,
+    /// `info` or `debug`. Fixed when the daemon loads the programs; at `off` the records' code
+    /// is removed by the kernel's verifier and the daemon does not read the log buffer. Records
+    /// appear in the daemon's log with the target `kernel`.
+    #[serde(default)]
+    pub kernel_log: KernelLogLevel,
     /// Compiled discovery chains by service name, filled when the file is validated.
     #[serde(skip)]
     pub chains: std::collections::BTreeMap<String, proxy_chain::CompiledDiscoveryChain>,
+}
+
+/// How much the kernel programs log (`kernel_log`), from none to everything.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KernelLogLevel {
+    /// No records; the records' code is not even in the programs the kernel runs.
+    #[default]
+    Off,
+    /// Published state the kernel cannot use (a slot naming a missing host).
+    Error,
+    /// Also refused connects and datagrams, and failed map updates.
+    Warn,
+    /// Also informational records.
+    Info,
+    /// Everything.
+    Debug,
+}
+
+impl KernelLogLevel {
+    /// The value of the programs' load-time global (`proxy_common::abi::kernel_log`).
+    pub fn abi(self) -> u8 {
+        use proxy_common::abi::kernel_log;
+        match self {
+            Self::Off => kernel_log::OFF,
+            Self::Error => kernel_log::ERROR,
+            Self::Warn => kernel_log::WARN,
+            Self::Info => kernel_log::INFO,
+            Self::Debug => kernel_log::DEBUG,
+        }
+    }
 }
 
 impl Config {

@@ -37,11 +37,12 @@ use proxy_common::{
 };
 
 use crate::{
-    features,
+    features, log,
     maps::{SOCK_ORIG_V1, SOCK_VIP_V2, count},
     peer,
     sendmsg::remember_reply,
-    translate::{MAPPED, Outcomes, Refuse, Target, key4, key6, target, write4, write6},
+    sock_addr::{MAPPED, key4, key6, write4, write6},
+    translate::{Outcomes, Refuse, Target, target},
 };
 
 /// Verdict of a cgroup sock_addr program: let the syscall proceed.
@@ -56,6 +57,7 @@ const CONNECT: Outcomes = Outcomes {
     rewritten: counters::CONNECT_REWRITTEN,
     not_service: counters::CONNECT_NOT_SERVICE,
     no_host: counters::CONNECT_NO_HOST,
+    connect: true,
 };
 
 #[cgroup_sock_addr(connect4)]
@@ -161,6 +163,12 @@ fn remember(ctx: &SockAddrContext, key: &ServiceKey, t: &Target, family: u8, see
     if t.proxied {
         if SOCK_ORIG_V1.insert(&cookie, key, 0).is_err() {
             count(counters::ORIG_DST_RECORD_FAILED);
+            log::service!(
+                warn,
+                WARN,
+                key,
+                "original destination not recorded; the proxy will refuse it"
+            );
         }
         return;
     }

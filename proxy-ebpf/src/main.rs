@@ -1,8 +1,9 @@
 //! Kernel programs of the proxy.
 //!
 //! One file per hook family; every map is in [`maps`]. Entry points are thin: each calls a worker
-//! that returns `Result` and maps it to a verdict in exactly one place. Nothing here logs per
-//! connect or per packet: outcomes are counted in `COUNTERS_V2`.
+//! that returns `Result` and maps it to a verdict in exactly one place. Outcomes are counted in
+//! `COUNTERS_V2`; nothing logs on a path that succeeds. The error paths an operator can act on
+//! emit a record ([`log`]) when the daemon loads the programs with a kernel log level.
 #![no_std]
 #![no_main]
 // ROUND_ROBIN's atomic fetch-and-add is one instruction of inline assembly (`select::next_turn`).
@@ -18,6 +19,7 @@
 
 mod connect;
 mod features;
+mod log;
 mod maps;
 mod pair;
 mod passive;
@@ -26,6 +28,7 @@ mod recvmsg;
 mod select;
 mod sendmsg;
 mod sk_msg;
+mod sock_addr;
 mod sock_addr_reverse;
 mod sockops;
 mod translate;

@@ -1,12 +1,11 @@
-//! Every map of the kernel programs. Names carry a layout version (`_V1`, `_V2`) so that a daemon of a
-//! newer layout can pin its maps beside the old ones during an upgrade. Maps are pinned by name
-//! under `<bpffs>/<instance>/` by the daemon's loader (the sockhash too: the sk_msg program is
-//! attached to it, and the attachment lives exactly as long as the map).
+//! Every map of the kernel programs. Names carry a layout version (`_V1`, `_V2`) so that a newer
+//! layout's maps can be pinned beside the old ones during an upgrade. The daemon's loader pins
+//! them by name under `<bpffs>/<instance>/` (the sockhash too: the sk_msg program is attached to
+//! it, and the attachment lives exactly as long as the map).
 //!
-//! `#[map]` names a map after its static, so the names are spelled here as identifiers; userspace
-//! takes them from `proxy_common::abi::maps`, which also holds the version policy. The `proxy`
-//! crate's test `the_object_declares_exactly_the_abi` fails when the two lists differ: a renamed
-//! or added static needs its constant there (and a retired name in `abi::RETIRED`).
+//! `#[map]` names a map after its static; userspace takes the names (and the version policy)
+//! from `proxy_common::abi::maps`, and the `proxy` test `the_object_declares_exactly_the_abi`
+//! fails when the lists differ (a retired name goes in `abi::RETIRED`).
 
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},

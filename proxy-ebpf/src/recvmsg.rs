@@ -19,7 +19,7 @@ use proxy_common::{
 
 use crate::{
     maps::{UDP_REV_V1, count},
-    translate::{MAPPED, set_user_ip6, user_ip6},
+    sock_addr::{MAPPED, set_user_ip6, user_ip6},
 };
 
 /// Verdict of a recvmsg program: always proceed (rejecting is not allowed for this hook).

@@ -25,7 +25,8 @@ use proxy_common::{
 
 use crate::{
     maps::{UDP_REV_V1, count},
-    translate::{MAPPED, Outcomes, Refuse, key4, key6, target, write4, write6},
+    sock_addr::{MAPPED, key4, key6, write4, write6},
+    translate::{Outcomes, Refuse, target},
 };
 
 /// Verdict of a cgroup sock_addr program: let the syscall proceed.
@@ -37,6 +38,7 @@ const SENDMSG: Outcomes = Outcomes {
     rewritten: counters::SENDMSG_REWRITTEN,
     not_service: counters::SENDMSG_NOT_SERVICE,
     no_host: counters::SENDMSG_NO_HOST,
+    connect: false,
 };
 
 #[cgroup_sock_addr(sendmsg4)]

@@ -18,7 +18,7 @@ use proxy_common::{
 use crate::{
     maps::{SOCK_VIP_V2, count},
     peer,
-    translate::{MAPPED, set_user_ip6},
+    sock_addr::{MAPPED, set_user_ip6},
 };
 
 /// Verdict of a getpeername program: always proceed (rejecting is not allowed for this hook).

@@ -38,7 +38,6 @@ use aya_ebpf::{
 };
 use proxy_common::{
     counters,
-    service::Backend,
     socket::{
         SETTINGS_F_SPLICE, SETTINGS_KEY, SOCK_VIP_F_COUNTED, SOCK_VIP_F_LEAST, SOCK_VIP_F_PASSIVE,
         SOCK_VIP_F_PROXIED, SockTuple, SockVip,
@@ -46,9 +45,9 @@ use proxy_common::{
 };
 
 use crate::{
+    log,
     maps::{ORIG_DST_V1, SETTINGS_V1, SOCK_ORIG_V1, SOCK_VIP_V2, SPLICE_V1, active_add, count},
-    passive,
-    tuple::{self, Fields},
+    passive, tuple,
 };
 
 /// Return value of a sockops program; only meaningful for ops that ask for a reply.
@@ -78,7 +77,7 @@ fn try_sockops(ctx: &SockOpsContext) -> Result<(), Failed> {
             let flags = followed(ctx);
             let t = conn(ctx)?;
             if flags & SOCK_VIP_F_PASSIVE != 0 {
-                passive::end_run(&backend_of(&t));
+                passive::end_run(&tuple::remote(&t));
             }
             if flags & SOCK_VIP_F_PROXIED == 0 {
                 return splice(ctx);
@@ -109,7 +108,7 @@ fn watch(ctx: &SockOpsContext) -> Result<(), Failed> {
         .map_err(|_| Failed(counters::SOCKOPS_CB_FLAGS_FAILED))?;
     // Counted only once the close callback is sure to come, and marked, so that it is taken
     // back exactly once.
-    if followed & SOCK_VIP_F_LEAST != 0 && active_add(&backend_of(&conn(ctx)?), 1) {
+    if followed & SOCK_VIP_F_LEAST != 0 && active_add(&tuple::remote(&conn(ctx)?), 1) {
         set_counted(ctx, true);
     }
     Ok(())
@@ -177,9 +176,15 @@ fn rekey_orig_dst(ctx: &SockOpsContext, t: &SockTuple) -> Result<(), Failed> {
         return Ok(());
     };
     let _ = SOCK_ORIG_V1.remove(&cookie);
-    ORIG_DST_V1
-        .insert(t, &vip, 0)
-        .map_err(|_| Failed(counters::ORIG_DST_REKEY_FAILED))?;
+    if ORIG_DST_V1.insert(t, &vip, 0).is_err() {
+        log::service!(
+            warn,
+            WARN,
+            &vip,
+            "original destination not re-keyed; the proxy will refuse it"
+        );
+        return Err(Failed(counters::ORIG_DST_REKEY_FAILED));
+    }
     count(counters::ORIG_DST_REKEYED);
     Ok(())
 }
@@ -212,7 +217,7 @@ fn closed(ctx: &SockOpsContext, old: u32) -> Result<(), Failed> {
     let t = conn(ctx)?;
     if flags & SOCK_VIP_F_COUNTED != 0 {
         // Adding u64::MAX is taking one back.
-        active_add(&backend_of(&t), u64::MAX);
+        active_add(&tuple::remote(&t), u64::MAX);
         set_counted(ctx, false);
     }
     if flags & SOCK_VIP_F_PROXIED != 0 && ORIG_DST_V1.remove(&t).is_ok() {
@@ -221,36 +226,15 @@ fn closed(ctx: &SockOpsContext, old: u32) -> Result<(), Failed> {
     if flags & SOCK_VIP_F_PASSIVE == 0 {
         return Ok(());
     }
-    passive::closed(&backend_of(&t), old)
+    passive::closed(&tuple::remote(&t), old)
         .map_err(|passive::NotRecorded| Failed(counters::PASSIVE_RECORD_FAILED))
-}
-
-/// The remote end of a connection, as the backend the passive signal is kept for.
-#[inline(always)]
-fn backend_of(t: &SockTuple) -> Backend {
-    Backend {
-        addr: t.remote,
-        port: t.remote_port,
-        family: t.family,
-        _pad: 0,
-    }
 }
 
 /// The connection as this socket sees it.
 #[inline(always)]
 fn conn(ctx: &SockOpsContext) -> Result<SockTuple, Failed> {
     // SAFETY: the context pointer is valid for the duration of the program.
-    let ops = unsafe { &*ctx.ops };
-    tuple::from_fields(&Fields {
-        family: ops.family,
-        local_ip4: ops.local_ip4,
-        remote_ip4: ops.remote_ip4,
-        local_ip6: tuple::words(&raw const ops.local_ip6),
-        remote_ip6: tuple::words(&raw const ops.remote_ip6),
-        local_port: ops.local_port,
-        remote_port: ops.remote_port,
-    })
-    .ok_or(Failed(counters::SOCKHASH_INSERT_FAILED))
+    tuple::from_ops(unsafe { &*ctx.ops }).ok_or(Failed(counters::SOCKHASH_INSERT_FAILED))
 }
 
 /// Whether the daemon turned splicing on (read in place: the settings are not copied).

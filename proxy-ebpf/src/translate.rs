@@ -1,17 +1,18 @@
-//! What the sock_addr hooks share: the service key of the syscall's address, the choice of a
-//! target (a backend, or the proxy listener), and writing an address back with the 4-byte stores
-//! the verifier accepts.
+//! What the sock_addr hooks share: the choice of a target for a service key (a backend, or the
+//! proxy listener). The key of a syscall's address and writing an address back are in
+//! [`crate::sock_addr`].
 
-use aya_ebpf::{EbpfContext as _, bindings::bpf_sock_addr, programs::SockAddrContext};
+use aya_ebpf::{EbpfContext as _, programs::SockAddrContext};
 use proxy_common::{
     counters,
     service::{
-        Backend, FAMILY_V4, FAMILY_V6, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_PANIC,
+        Backend, FAMILY_V4, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_PANIC,
         SERVICE_F_PASSIVE, SERVICE_F_PROXY, Service, ServiceKey,
     },
 };
 
 use crate::{
+    log,
     maps::{SERVICES_V2, ServiceOutcome, count, count_service, settings},
     select::{NoBackend, choose},
 };
@@ -27,6 +28,8 @@ pub struct Outcomes {
     pub not_service: u32,
     /// A service with no routable host.
     pub no_host: u32,
+    /// The hook family is connect4/6 (else sendmsg4/6), for log records.
+    pub connect: bool,
 }
 
 /// Where a service address goes.
@@ -45,82 +48,6 @@ pub struct Target {
 /// [`target`]).
 const RETRIES: u32 = 3;
 
-/// `ffff` in the third word of an IPv4-mapped IPv6 address, network byte order.
-pub const MAPPED: u32 = u32::from_be(0x0000_ffff);
-
-/// The service key of an IPv4 syscall address.
-#[inline(always)]
-pub fn key4(sa: &bpf_sock_addr) -> ServiceKey {
-    ServiceKey {
-        addr: [sa.user_ip4, 0, 0, 0],
-        port: sa.user_port as u16,
-        proto: sa.protocol as u8,
-        family: FAMILY_V4,
-    }
-}
-
-/// The service key of an IPv6 syscall address, and whether it is IPv4-mapped (then the key is
-/// the IPv4 service: a dual-stack socket dialling an IPv4 address).
-#[inline(always)]
-pub fn key6(sa: &bpf_sock_addr) -> (ServiceKey, bool) {
-    let ip6 = user_ip6(sa);
-    let mapped = ip6[0] == 0 && ip6[1] == 0 && ip6[2] == MAPPED;
-    let key = ServiceKey {
-        addr: if mapped { [ip6[3], 0, 0, 0] } else { ip6 },
-        port: sa.user_port as u16,
-        proto: sa.protocol as u8,
-        family: if mapped { FAMILY_V4 } else { FAMILY_V6 },
-    };
-    (key, mapped)
-}
-
-/// Reads `bpf_sock_addr.user_ip6` one word at a time: the verifier accepts only 4-byte loads
-/// of it, and the compiler may merge plain reads of neighbouring words into 8-byte loads.
-#[inline(always)]
-pub fn user_ip6(sa: &bpf_sock_addr) -> [u32; 4] {
-    // SAFETY: each pointer is a field of the valid context; volatile keeps the 4-byte loads.
-    unsafe {
-        [
-            core::ptr::read_volatile(&raw const sa.user_ip6[0]),
-            core::ptr::read_volatile(&raw const sa.user_ip6[1]),
-            core::ptr::read_volatile(&raw const sa.user_ip6[2]),
-            core::ptr::read_volatile(&raw const sa.user_ip6[3]),
-        ]
-    }
-}
-
-/// Writes `dest` into an IPv4 syscall address.
-#[inline(always)]
-pub fn write4(sa: &mut bpf_sock_addr, dest: &Backend) {
-    sa.user_ip4 = dest.addr[0];
-    // The verifier refuses 2-byte stores to user_port: write the whole word.
-    sa.user_port = u32::from(dest.port);
-}
-
-/// Writes `dest` into an IPv6 syscall address, IPv4-mapped when `mapped`.
-#[inline(always)]
-pub fn write6(sa: &mut bpf_sock_addr, mapped: bool, dest: &Backend) {
-    if mapped {
-        set_user_ip6(sa, [0, 0, MAPPED, dest.addr[0]]);
-    } else {
-        set_user_ip6(sa, dest.addr);
-    }
-    sa.user_port = u32::from(dest.port);
-}
-
-/// Writes `bpf_sock_addr.user_ip6` one word at a time: the verifier accepts only 4-byte stores
-/// at fixed offsets of the context, and a plain array assignment may be lowered to a memcpy.
-#[inline(always)]
-pub fn set_user_ip6(sa: &mut bpf_sock_addr, words: [u32; 4]) {
-    // SAFETY: each pointer is a field of the valid context; volatile keeps the 4-byte stores.
-    unsafe {
-        core::ptr::write_volatile(&raw mut sa.user_ip6[0], words[0]);
-        core::ptr::write_volatile(&raw mut sa.user_ip6[1], words[1]);
-        core::ptr::write_volatile(&raw mut sa.user_ip6[2], words[2]);
-        core::ptr::write_volatile(&raw mut sa.user_ip6[3], words[3]);
-    }
-}
-
 /// Where `key` goes: `Ok(None)` when the syscall must proceed untouched. Proxy mode applies when
 /// `allow_proxy` (TCP connects); everything else selects a backend (`ROTATE`: see
 /// [`choose`]).
@@ -137,7 +64,7 @@ pub fn target<const ROTATE: bool>(
         return Ok(None);
     };
     if allow_proxy && svc.flags & SERVICE_F_PROXY != 0 {
-        let redirect = proxy_listener(key.family);
+        let redirect = proxy_listener(key);
         count_service(
             svc.id,
             if redirect.is_ok() {
@@ -160,6 +87,12 @@ pub fn target<const ROTATE: bool>(
     };
     if dest.family != key.family {
         count(counters::CONNECT_FAMILY_MISMATCH);
+        log::service!(
+            error,
+            ERROR,
+            key,
+            "a host of the other family was published; not rewritten"
+        );
         return Ok(None);
     }
     count(outcomes.rewritten);
@@ -198,6 +131,12 @@ fn backend<const ROTATE: bool>(
             Ok(backend) => return Ok(Some((*backend, svc.flags))),
             Err(NoBackend::Missing) => {
                 count(counters::CONNECT_BACKEND_MISSING);
+                log::service!(
+                    error,
+                    ERROR,
+                    key,
+                    "a slot names a missing backend; not rewritten"
+                );
                 return Ok(None);
             }
             Err(NoBackend::NoHost) => {}
@@ -210,6 +149,11 @@ fn backend<const ROTATE: bool>(
             }
             Some(_) => {
                 count(outcomes.no_host);
+                if outcomes.connect {
+                    log::service!(warn, WARN, key, "connect refused: no routable host");
+                } else {
+                    log::service!(warn, WARN, key, "datagram refused: no routable host");
+                }
                 count_service(svc.id, ServiceOutcome::NoHost);
                 return Err(Refuse);
             }
@@ -219,9 +163,10 @@ fn backend<const ROTATE: bool>(
     }
 }
 
-/// The proxy listener for clients of `family`; refused when the daemon has set none.
+/// The proxy listener for a client of `key`'s family; refused when the daemon has set none.
 #[inline(always)]
-fn proxy_listener(family: u8) -> Result<Target, Refuse> {
+fn proxy_listener(key: &ServiceKey) -> Result<Target, Refuse> {
+    let family = key.family;
     let s = settings();
     let dest = if family == FAMILY_V4 {
         s.proxy_v4
@@ -230,6 +175,12 @@ fn proxy_listener(family: u8) -> Result<Target, Refuse> {
     };
     if dest.family != family {
         count(counters::CONNECT_PROXY_NO_LISTENER);
+        log::service!(
+            warn,
+            WARN,
+            key,
+            "connect refused: proxy-mode service, no proxy listener"
+        );
         return Err(Refuse);
     }
     count(counters::CONNECT_PROXY_REDIRECTED);

@@ -2,12 +2,13 @@
 //! [`SockTuple`]. IPv4-mapped IPv6 connections are keyed as IPv4, so the proxy's IPv4 listener
 //! and a dual-stack client agree on the key.
 
+use aya_ebpf::bindings::bpf_sock_ops;
 use proxy_common::{
-    service::{FAMILY_V4, FAMILY_V6},
+    service::{Backend, FAMILY_V4, FAMILY_V6},
     socket::SockTuple,
 };
 
-use crate::translate::MAPPED;
+use crate::sock_addr::MAPPED;
 
 /// `AF_INET`.
 const AF_INET: u32 = 2;
@@ -82,4 +83,30 @@ pub fn words(ip6: *const [u32; 4]) -> [u32; 4] {
 #[inline(always)]
 fn is_mapped(ip6: &[u32; 4]) -> bool {
     ip6[0] == 0 && ip6[1] == 0 && ip6[2] == MAPPED
+}
+
+/// The connection as a sockops socket sees it.
+#[inline(always)]
+pub fn from_ops(ops: &bpf_sock_ops) -> Option<SockTuple> {
+    from_fields(&Fields {
+        family: ops.family,
+        local_ip4: ops.local_ip4,
+        remote_ip4: ops.remote_ip4,
+        local_ip6: words(&raw const ops.local_ip6),
+        remote_ip6: words(&raw const ops.remote_ip6),
+        local_port: ops.local_port,
+        remote_port: ops.remote_port,
+    })
+}
+
+/// The remote end of a connection, as the backend the passive signal and the open-connection
+/// counts are kept for.
+#[inline(always)]
+pub fn remote(t: &SockTuple) -> Backend {
+    Backend {
+        addr: t.remote,
+        port: t.remote_port,
+        family: t.family,
+        _pad: 0,
+    }
 }

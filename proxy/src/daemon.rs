@@ -87,6 +87,7 @@ pub fn run(
         bpffs: PathBuf::from(&config.bpffs),
         instance: config.instance.clone(),
         follow_sockets: needs_sockops(&config, &templates),
+        kernel_log: config.kernel_log,
     };
     // `--takeover`: the running daemon hands over before the instance's lock is taken.
     let inherited = takeover::request(&config, launch.takeover)
@@ -197,6 +198,9 @@ async fn run_async(
 ) -> anyhow::Result<()> {
     let mut signals = Signals::install()?;
     let config_path = launch.config_path.clone();
+    // First, so that records of the start (a connect refused before its service is published)
+    // are shown too.
+    let kernel_log = take_kernel_log(&dp).map(|log| tokio::spawn(crate::kernel_log::run(log)));
     // The sweep after the first publish keeps exactly these services.
     let keys: Vec<ServiceKey> = templates.iter().map(|t| t.key).collect();
     let ctx = Context {
@@ -295,6 +299,9 @@ async fn run_async(
     server.stop().await;
     passive.abort();
     traffic.abort();
+    if let Some(kernel_log) = kernel_log {
+        kernel_log.abort();
+    }
     finish(committed, takeover, proxy, running, &dp).await
 }
 
@@ -323,6 +330,12 @@ async fn finish(
     // The kernel keeps serving the last published state; the next start adopts it.
     release(dp);
     Ok(())
+}
+
+/// The reader of the kernel's log records, when `kernel_log` is not off.
+fn take_kernel_log(dp: &SharedDataplane) -> Option<crate::kernel_log::KernelLog> {
+    let mut guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    guard.as_mut()?.take_kernel_log()
 }
 
 /// What every configuration of the run shares: the data path and how it was attached, the

@@ -57,10 +57,11 @@ mod tests {
             .map(String::as_str)
             .filter(|name| !name.starts_with('.'))
             .collect();
+        let mut declared = BTreeSet::from(abi::maps::ALL);
+        declared.insert(abi::maps::LOGS);
         assert_eq!(
-            maps,
-            BTreeSet::from(abi::maps::ALL),
-            "maps of the object vs abi::maps::ALL"
+            maps, declared,
+            "maps of the object vs abi::maps::ALL and LOGS"
         );
         let programs: BTreeSet<&str> = obj.programs.keys().map(String::as_str).collect();
         assert_eq!(
@@ -92,6 +93,17 @@ mod tests {
                 aya_obj::Map::Btf(_) => assert_eq!(name, abi::maps::SOCK_VIP, "{name}"),
             }
         }
+    }
+
+    /// aya-log's ring buffer is not pinned: each daemon reads only its own programs' records,
+    /// and a stopped daemon's buffer goes with its programs.
+    #[test]
+    fn the_log_buffer_is_an_unpinned_ring_buffer() {
+        let obj = object();
+        let map = &obj.maps[abi::maps::LOGS];
+        let ringbuf = aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_RINGBUF as u32;
+        assert_eq!(map.map_type(), ringbuf);
+        assert_eq!(map.pinning(), PinningType::None);
     }
 
     /// The sk_msg and stream verdict programs go on sockhashes, the maps the loader attaches

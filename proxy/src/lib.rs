@@ -11,6 +11,7 @@ pub mod admin;
 pub mod cli;
 pub mod daemon;
 pub mod dataplane;
+pub mod kernel_log;
 pub mod logging;
 pub mod passive;
 pub mod privileges;

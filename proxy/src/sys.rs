@@ -451,3 +451,14 @@ pub fn register_async(
     // (its only owner from here) is dropped.
     Ok(unsafe { tokio::io::unix::AsyncFd::register(socket) }?)
 }
+
+/// Registers the reader of the kernel's log records with tokio's event loop for readability.
+pub fn register_kernel_log(
+    log: crate::kernel_log::KernelLog,
+) -> io::Result<tokio::io::unix::AsyncFd<crate::kernel_log::KernelLog>> {
+    // SAFETY: the reader owns the ring buffer's descriptor (its map), which stays open and the
+    // same until the AsyncFd (its only owner from here) is dropped.
+    Ok(unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(log, tokio::io::Interest::READABLE)
+    }?)
+}

@@ -746,6 +746,7 @@ impl Daemon {
 mod clients;
 mod fork;
 mod in_process;
+pub mod xlated;
 
 pub use self::{
     clients::{

@@ -844,3 +844,31 @@ fn admin_on_a_unix_socket_parses_and_a_bad_path_is_located() {
     assert_eq!((line, column), (3, 3), "{msg}");
     assert!(msg.contains("is not absolute"), "{msg}");
 }
+
+#[test]
+fn kernel_log_is_off_by_default_and_a_bad_level_points_at_its_line() {
+    let minimal = "services: []\n";
+    assert_eq!(
+        parse(minimal).expect("valid").kernel_log,
+        KernelLogLevel::Off
+    );
+    for (text, level) in [
+        ("kernel_log: off\n", KernelLogLevel::Off),
+        ("kernel_log: error\n", KernelLogLevel::Error),
+        ("kernel_log: warn\n", KernelLogLevel::Warn),
+        ("kernel_log: info\n", KernelLogLevel::Info),
+        ("kernel_log: debug\n", KernelLogLevel::Debug),
+    ] {
+        assert_eq!(parse(text).expect(text).kernel_log, level, "{text}");
+    }
+    let (field, line, column, message) = invalid("instance: a\nkernel_log: loud\n");
+    assert_eq!(
+        (field.as_str(), line, column),
+        ("kernel_log", 2, 13),
+        "{message}"
+    );
+    assert!(
+        message.starts_with("test.yaml:2:13: kernel_log: unknown variant `loud`, expected one of `off`, `error`, `warn`, `info`, `debug`"),
+        "{message}"
+    );
+}

@@ -151,7 +151,8 @@ pub fn plan(
 }
 
 /// The fields that shape what this run attached and bound: the instance and its pins, the
-/// cgroup, the admin listener, the proxy listeners and their settings, splicing.
+/// cgroup, the admin listener, the proxy listeners and their settings, splicing, the kernel
+/// programs' log level.
 fn fixed_fields(old: &Config, new: &Config) -> Result<(), NeedsRestart> {
     let mut changed = Vec::new();
     if old.instance != new.instance {
@@ -171,6 +172,10 @@ fn fixed_fields(old: &Config, new: &Config) -> Result<(), NeedsRestart> {
     }
     if old.splice != new.splice {
         changed.push("splice");
+    }
+    // The programs' log level is a read-only global, fixed when they were loaded.
+    if old.kernel_log != new.kernel_log {
+        changed.push("kernel_log");
     }
     if changed.is_empty() {
         return Ok(());
@@ -343,6 +348,7 @@ mod tests {
             ("cgroup: other\n", "cgroup"),
             ("admin: { address: 127.0.0.1:15999 }\n", "admin"),
             ("splice: true\n", "splice"),
+            ("kernel_log: warn\n", "kernel_log"),
             ("proxy: { drain_timeout: 3s }\n", "proxy"),
         ] {
             let new = config(&[("a", 1)], &[("s", "127.77.0.1", "a")], extra);

@@ -65,6 +65,11 @@ pub enum DataplaneError {
     /// The object could not be loaded (maps created, or pinned maps reused).
     #[error("loading the eBPF object failed (is this root, with a kernel that has BPF and BTF?)")]
     Load(#[source] aya::EbpfError),
+    /// The reader of the programs' log records could not be set up (`kernel_log` is not off).
+    #[error(
+        "reading the kernel's log records (kernel_log) failed: {0}; set kernel_log: off to run without them"
+    )]
+    KernelLog(#[source] aya_log::Error),
     /// A program is missing from the object, or could not be loaded or attached.
     #[error("program {name}: {source}")]
     Program {

@@ -14,6 +14,7 @@ use aya::{
     },
 };
 use proxy_common::abi::{self, maps, pins, programs};
+use proxy_core::config::KernelLogLevel;
 use tracing::{debug, info, warn};
 
 use super::{
@@ -57,6 +58,9 @@ pub struct DataplaneOptions {
     /// services are all plain kernel-path ones goes without. Then publishing a service that
     /// needs it, or turning splicing on, is refused ([`DataplaneError::NoSockops`]).
     pub follow_sockets: bool,
+    /// The level of the programs' log records, fixed at load ([`KernelLogLevel::Off`]: none,
+    /// and no reader of the log buffer).
+    pub kernel_log: KernelLogLevel,
 }
 
 /// The loaded and attached kernel programs and their maps.
@@ -72,6 +76,9 @@ pub struct Dataplane {
     runtime: RuntimeMaps,
     /// The proxy-pair splicer, or why its program could not be attached.
     pair: Result<PairSplicer, String>,
+    /// The reader of the programs' log records, until the daemon takes it; `None` when the
+    /// level is off.
+    kernel_log: Option<crate::kernel_log::KernelLog>,
     /// This run created the pin directory: there was no previous state to keep.
     fresh: bool,
     /// The instance's lock (`flock` on the pin directory), held while this daemon runs.
@@ -158,15 +165,19 @@ impl Dataplane {
             })?;
         }
         let features = kernel_features();
+        let log_level = opts.kernel_log.abi();
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(pin_dir)
             .map_pin_path(maps::SOCK_VIP, pin_dir.join(maps::SOCK_VIP))
             .override_global(abi::features::GLOBAL, &features, true)
+            .override_global(abi::kernel_log::GLOBAL, &log_level, true)
             .load(EBPF_OBJECT)
             .map_err(DataplaneError::Load)?;
         // Before any program is attached: an earlier layout's host sets, carried over, are
         // served until the first publish.
         super::migrate::service_maps_v1(&mut ebpf, pin_dir);
+        // Before anything is attached, so that a failure leaves nothing behind.
+        let kernel_log = kernel_log_reader(&mut ebpf, opts.kernel_log)?;
         let cgroup_fd = fs::File::open(&opts.cgroup).map_err(|source| DataplaneError::Io {
             what: "opening the cgroup",
             path: opts.cgroup.clone(),
@@ -243,7 +254,7 @@ impl Dataplane {
             (Ok(()), Err(err)) => return Err(err),
             (Err(why), _) => Err(why),
         };
-        info!(cgroup = %opts.cgroup.display(), pins = %pin_dir.display(), adopted = publisher.adopted(), sockops = opts.follow_sockets, round_robin, econnrefused = features & abi::features::SET_RETVAL != 0, "data path attached");
+        info!(cgroup = %opts.cgroup.display(), pins = %pin_dir.display(), adopted = publisher.adopted(), sockops = opts.follow_sockets, round_robin, econnrefused = features & abi::features::SET_RETVAL != 0, kernel_log = ?opts.kernel_log, "data path attached");
         Ok(Self {
             ebpf,
             pin_dir: pin_dir.to_owned(),
@@ -254,6 +265,7 @@ impl Dataplane {
             publisher,
             runtime,
             pair,
+            kernel_log,
             fresh: false,
             _lock: lock,
         })
@@ -264,6 +276,26 @@ impl Dataplane {
         self.pair
             .clone()
             .map_err(|why| DataplaneError::PairUnavailable { why })
+    }
+
+    /// The reader of the programs' log records, for the task that shows them (once; `None`
+    /// when `kernel_log` is off).
+    pub fn take_kernel_log(&mut self) -> Option<crate::kernel_log::KernelLog> {
+        self.kernel_log.take()
+    }
+
+    /// What the kernel reports about a loaded program of the object (`None` if the object has
+    /// no such program or it is not loaded).
+    pub fn program_info(&self, name: &str) -> Option<aya::programs::ProgramInfo> {
+        let program = self.ebpf.program(name)?;
+        let info = match program {
+            Program::CgroupSockAddr(p) => p.info(),
+            Program::SockOps(p) => p.info(),
+            Program::SkMsg(p) => p.info(),
+            Program::SkSkb(p) => p.info(),
+            _ => return None,
+        };
+        info.ok()
     }
 
     /// The publisher of service host sets.
@@ -410,6 +442,7 @@ impl Dataplane {
             publisher,
             runtime,
             pair,
+            kernel_log,
             fresh: _,
             _lock,
         } = self;
@@ -420,7 +453,7 @@ impl Dataplane {
             }
         }
         // Dropping the object detaches sk_msg from the sockhash; removing the pins frees the maps.
-        drop((publisher, runtime, pair, ebpf));
+        drop((publisher, runtime, pair, kernel_log, ebpf));
         pin_files::remove_ours(&pin_dir);
         if created_cgroup && let Err(err) = fs::remove_dir(&cgroup) {
             warn!(cgroup = %cgroup.display(), %err, "cgroup not removed (processes still in it?)");
@@ -548,6 +581,20 @@ fn kernel_features() -> u32 {
         }
     }
     bits
+}
+
+/// The reader of the programs' log records (aya-log's ring buffer, taken out of the object), or
+/// none when the level is off.
+fn kernel_log_reader(
+    ebpf: &mut Ebpf,
+    level: KernelLogLevel,
+) -> Result<Option<crate::kernel_log::KernelLog>, DataplaneError> {
+    if level == KernelLogLevel::Off {
+        return Ok(None);
+    }
+    aya_log::EbpfLogger::init_with_logger(ebpf, crate::kernel_log::KernelRecords)
+        .map(Some)
+        .map_err(DataplaneError::KernelLog)
 }
 
 /// Loads one program (not yet loaded) of the object.

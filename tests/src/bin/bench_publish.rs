@@ -81,6 +81,7 @@ fn main() {
         instance: format!("proxy_bench_publish_{}", std::process::id()),
         // Plain kernel-path services, as the daemon publishes them.
         follow_sockets: false,
+        kernel_log: proxy_core::config::KernelLogLevel::Off,
     };
     let mut dp = Dataplane::open(&opts).expect("opening the data path");
     // Join the cgroup (for the flip check's connects); move back before shutdown removes it.

@@ -44,13 +44,32 @@ impl InProcess {
     /// Like [`InProcess::open_with`], with pins under `/sys/fs/bpf/<instance>/` (which may hold
     /// pins already).
     pub fn open_instance(cgroup: &TestCgroup, instance: &str, follow_sockets: bool) -> Self {
-        let opts = proxy::dataplane::DataplaneOptions {
+        Self::open_options(&proxy::dataplane::DataplaneOptions {
             cgroup: cgroup.path().to_owned(),
             bpffs: PathBuf::from("/sys/fs/bpf"),
             instance: instance.to_owned(),
             follow_sockets,
-        };
-        let dp = proxy::dataplane::Dataplane::open(&opts)
+            kernel_log: proxy_core::config::KernelLogLevel::Off,
+        })
+    }
+
+    /// Like [`InProcess::open_with`] without sockops, the programs loaded with the kernel log
+    /// level `kernel_log`.
+    pub fn open_logging(
+        cgroup: &TestCgroup,
+        kernel_log: proxy_core::config::KernelLogLevel,
+    ) -> Self {
+        Self::open_options(&proxy::dataplane::DataplaneOptions {
+            cgroup: cgroup.path().to_owned(),
+            bpffs: PathBuf::from("/sys/fs/bpf"),
+            instance: unique("ptl"),
+            follow_sockets: false,
+            kernel_log,
+        })
+    }
+
+    fn open_options(opts: &proxy::dataplane::DataplaneOptions) -> Self {
+        let dp = proxy::dataplane::Dataplane::open(opts)
             .unwrap_or_else(|e| panic!("opening the data path: {e:?}"));
         Self { dp: Some(dp) }
     }

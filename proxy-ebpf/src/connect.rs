@@ -163,12 +163,7 @@ fn remember(ctx: &SockAddrContext, key: &ServiceKey, t: &Target, family: u8, see
     if t.proxied {
         if SOCK_ORIG_V1.insert(&cookie, key, 0).is_err() {
             count(counters::ORIG_DST_RECORD_FAILED);
-            log::service!(
-                warn,
-                WARN,
-                key,
-                "original destination not recorded; the proxy will refuse it"
-            );
+            log::service!(warn, WARN, key, "original destination lost; proxy refuses");
         }
         return;
     }

@@ -177,12 +177,7 @@ fn rekey_orig_dst(ctx: &SockOpsContext, t: &SockTuple) -> Result<(), Failed> {
     };
     let _ = SOCK_ORIG_V1.remove(&cookie);
     if ORIG_DST_V1.insert(t, &vip, 0).is_err() {
-        log::service!(
-            warn,
-            WARN,
-            &vip,
-            "original destination not re-keyed; the proxy will refuse it"
-        );
+        log::service!(warn, WARN, &vip, "original destination not re-keyed");
         return Err(Failed(counters::ORIG_DST_REKEY_FAILED));
     }
     count(counters::ORIG_DST_REKEYED);

@@ -28,7 +28,8 @@ pub struct Outcomes {
     pub not_service: u32,
     /// A service with no routable host.
     pub no_host: u32,
-    /// The hook family is connect4/6 (else sendmsg4/6), for log records.
+    /// The hook family is connect4/6 (else sendmsg4/6), for log records. A flag, not the
+    /// record's text: the verifier cannot follow a string pointer read from a struct.
     pub connect: bool,
 }
 
@@ -87,12 +88,7 @@ pub fn target<const ROTATE: bool>(
     };
     if dest.family != key.family {
         count(counters::CONNECT_FAMILY_MISMATCH);
-        log::service!(
-            error,
-            ERROR,
-            key,
-            "a host of the other family was published; not rewritten"
-        );
+        log::service!(error, ERROR, key, "host of other family; not rewritten");
         return Ok(None);
     }
     count(outcomes.rewritten);
@@ -131,12 +127,7 @@ fn backend<const ROTATE: bool>(
             Ok(backend) => return Ok(Some((*backend, svc.flags))),
             Err(NoBackend::Missing) => {
                 count(counters::CONNECT_BACKEND_MISSING);
-                log::service!(
-                    error,
-                    ERROR,
-                    key,
-                    "a slot names a missing backend; not rewritten"
-                );
+                log::service!(error, ERROR, key, "slot names a missing backend");
                 return Ok(None);
             }
             Err(NoBackend::NoHost) => {}
@@ -175,12 +166,7 @@ fn proxy_listener(key: &ServiceKey) -> Result<Target, Refuse> {
     };
     if dest.family != family {
         count(counters::CONNECT_PROXY_NO_LISTENER);
-        log::service!(
-            warn,
-            WARN,
-            key,
-            "connect refused: proxy-mode service, no proxy listener"
-        );
+        log::service!(warn, WARN, key, "connect refused: no proxy listener");
         return Err(Refuse);
     }
     count(counters::CONNECT_PROXY_REDIRECTED);

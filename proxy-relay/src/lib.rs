@@ -148,19 +148,18 @@ impl Handover {
     /// New descriptors of every listening socket (all `SO_REUSEPORT` sockets of each address);
     /// empty once the proxy drains.
     pub fn sockets(&self) -> std::io::Result<Vec<std::net::TcpListener>> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.lock()
             .iter()
             .map(std::net::TcpListener::try_clone)
             .collect()
     }
 
     fn close(&self) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
+        self.lock().clear();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<std::net::TcpListener>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -241,6 +240,22 @@ async fn start(
     deps: ProxyDeps,
     inherited: Option<Vec<std::net::TcpListener>>,
 ) -> Result<ProxyHandle, ProxyError> {
+    start_with(config, deps, inherited, None)
+}
+
+/// What a successor takes over from the proxy it replaces ([`ProxyHandle::successor`]).
+struct Continued {
+    stats: Arc<ProxyStats>,
+    orig_dst_cluster: Arc<OriginalDstCluster>,
+    handover: Handover,
+}
+
+fn start_with(
+    config: ProxyConfig,
+    deps: ProxyDeps,
+    inherited: Option<Vec<std::net::TcpListener>>,
+    continued: Option<Continued>,
+) -> Result<ProxyHandle, ProxyError> {
     if config.splice == SpliceMode::Kernel && deps.splicer.is_none() {
         return Err(ProxyError::SpliceUnavailable);
     }
@@ -259,9 +274,20 @@ async fn start(
         local_addrs,
         handover,
     } = listener::Bound::new(&config.listeners, engine_threads, inherited)?;
-    let orig_dst_cluster = Arc::new(OriginalDstCluster::new(config.cleanup_interval));
+    let (stats, orig_dst_cluster, handover) = match continued {
+        Some(c) => {
+            // The successor's sockets are what a takeover hands over from now on.
+            *c.handover.lock() = handover;
+            (c.stats, c.orig_dst_cluster, c.handover)
+        }
+        None => (
+            Arc::default(),
+            Arc::new(OriginalDstCluster::new(config.cleanup_interval)),
+            Handover(Arc::new(Mutex::new(handover))),
+        ),
+    };
     let shared = Arc::new(Shared {
-        stats: Arc::default(),
+        stats,
         original_dst: deps.original_dst,
         actions: conn::Actions::compile(&deps.services, ClusterHandle::clone),
         services: deps.services,
@@ -296,7 +322,7 @@ async fn start(
         background,
         engine,
         local_addrs,
-        handover: Handover(Arc::new(Mutex::new(handover))),
+        handover,
     })
 }
 
@@ -348,6 +374,41 @@ impl ProxyHandle {
             .stats
             .downstream_cx_active
             .load(Ordering::Relaxed)
+    }
+
+    /// A proxy with a new service table (a reload), serving on this one's listening sockets
+    /// from now on, with its config, its stats and ORIGINAL_DST hosts (the counters go on, and
+    /// handles taken from this one keep reading them), and its place for a takeover's
+    /// handover. This one is left to [`shutdown`](Self::shutdown): it stops accepting and
+    /// drains its live connections, which keep the routes they started with. On error nothing
+    /// changed and this one serves on. Must run inside a tokio runtime.
+    #[expect(
+        clippy::unused_async,
+        reason = "the signature says it must run inside a tokio runtime (it spawns tasks)"
+    )]
+    pub async fn successor(&mut self, deps: ProxyDeps) -> Result<ProxyHandle, ProxyError> {
+        let sockets = self
+            .handover
+            .sockets()
+            .map_err(ProxyError::HandedOverSocket)?;
+        let continued = Continued {
+            stats: self.shared.stats.clone(),
+            orig_dst_cluster: self.shared.orig_dst_cluster.clone(),
+            handover: Handover::default(),
+        };
+        let mut next = start_with(
+            self.shared.config.clone(),
+            deps,
+            Some(sockets),
+            Some(continued),
+        )?;
+        // Only now that it serves: this one's place for the handover (a takeover server holds
+        // it) lists the successor's sockets and moves to it; this one's drain then closes an
+        // empty list.
+        let theirs = std::mem::take(&mut *next.handover.lock());
+        *self.handover.lock() = theirs;
+        std::mem::swap(&mut self.handover, &mut next.handover);
+        Ok(next)
     }
 
     /// Graceful shutdown: stop accepting (the listeners close), let connections finish for
@@ -422,6 +483,146 @@ mod tests {
             listeners: vec![addr],
             engine_threads: NonZeroUsize::new(threads),
             ..ProxyConfig::default()
+        }
+    }
+
+    /// A server that writes `name` on each connection, then echoes.
+    async fn named_server(name: &'static str) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    use tokio::io::AsyncWriteExt as _;
+                    if s.write_all(name.as_bytes()).await.is_ok() {
+                        let (mut r, mut w) = s.split();
+                        let _ = tokio::io::copy(&mut r, &mut w).await;
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// Every connection was redirected to `.0`.
+    struct To(SocketAddr);
+
+    impl OriginalDst for To {
+        fn lookup(&self, _: SocketAddr, _: SocketAddr) -> Option<SocketAddr> {
+            Some(self.0)
+        }
+    }
+
+    /// `vip` served by a one-host cluster whose host is `host`.
+    fn table(vip: SocketAddr, host: SocketAddr) -> ServiceTable {
+        use proxy_core::{
+            discovery::Host,
+            health::{HostClass, Routing},
+        };
+        let routing = Routing::compute(&[(Host::new(host), HostClass::Healthy)], 50.0);
+        // The sender may go: the cluster keeps its last routing.
+        let (_tx, rx) = tokio::sync::watch::channel(routing);
+        let cluster = ClusterHandle::new("c", rx, true, std::time::Duration::from_secs(1));
+        let mut t = ServiceTable::new();
+        t.insert(vip, Service::Tcp(cluster));
+        t
+    }
+
+    /// Connects to the proxy and reads the backend's name.
+    async fn dial(proxy: SocketAddr) -> (tokio::net::TcpStream, String) {
+        use tokio::io::AsyncReadExt as _;
+        let mut s = tokio::net::TcpStream::connect(proxy)
+            .await
+            .expect("connect");
+        let mut name = [0u8; 1];
+        tokio::time::timeout(std::time::Duration::from_secs(5), s.read_exact(&mut name))
+            .await
+            .expect("the backend's name in time")
+            .expect("the backend's name");
+        (s, String::from_utf8_lossy(&name).into_owned())
+    }
+
+    /// A reload of the proxy path's services: the successor routes new connections with its
+    /// table, on the same listening sockets; a connection of the old table goes on through the
+    /// old one's drain; the stats go on counting in one place; a takeover's handover (taken
+    /// before the reload) lists the successor's sockets, and the old one's list is empty.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_successor_routes_with_its_table_while_the_old_one_drains() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let (a, b) = (named_server("A").await, named_server("B").await);
+        let vip = SocketAddr::from(([10, 0, 0, 1], 80));
+        for event_loop in [EventLoop::Epoll, EventLoop::Tokio] {
+            let config = ProxyConfig {
+                listeners: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
+                event_loop,
+                engine_threads: NonZeroUsize::new(2),
+                ..ProxyConfig::default()
+            };
+            let deps = |host| ProxyDeps {
+                original_dst: Arc::new(To(vip)),
+                services: table(vip, host),
+                splicer: None,
+            };
+            let mut first = serve(config, deps(a)).await.expect("serving");
+            let listen = first.local_addrs()[0];
+            let handover = first.handover();
+            let stats = first.stats_handle();
+            let (mut old_conn, name) = dial(listen).await;
+            assert_eq!(name, "A", "{event_loop:?}");
+            let second = first
+                .successor(deps(b))
+                .await
+                .expect("the successor serves");
+            assert_eq!(second.local_addrs(), [listen], "{event_loop:?}");
+            let listed = handover.sockets().unwrap().len();
+            assert!(listed > 0, "{event_loop:?}: the successor's sockets");
+            assert_eq!(listed, second.handover().sockets().unwrap().len());
+            assert!(
+                first.handover().sockets().unwrap().is_empty(),
+                "{event_loop:?}"
+            );
+            let draining = tokio::spawn(first.shutdown());
+            // Until the old one has stopped accepting (its threads take the drain command),
+            // it may still take a connection from the shared sockets, with its own table.
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+            let (mut early, mut in_a_row) = (0, 0);
+            while in_a_row < 5 {
+                early += 1;
+                in_a_row = if dial(listen).await.1 == "B" {
+                    in_a_row + 1
+                } else {
+                    0
+                };
+                assert!(tokio::time::Instant::now() < deadline, "{event_loop:?}");
+            }
+            for _ in 0..20 {
+                let (_, name) = dial(listen).await;
+                assert_eq!(
+                    name, "B",
+                    "{event_loop:?}: new connections take the new table"
+                );
+            }
+            // The connection of the old table still relays.
+            old_conn.write_all(b"x").await.unwrap();
+            let mut echoed = [0u8; 1];
+            old_conn.read_exact(&mut echoed).await.unwrap();
+            assert_eq!(&echoed, b"x", "{event_loop:?}");
+            drop(old_conn);
+            let outcome = tokio::time::timeout(std::time::Duration::from_secs(10), draining)
+                .await
+                .expect("the old one drains once its connection ends")
+                .unwrap();
+            assert_eq!(outcome, DrainOutcome::Graceful, "{event_loop:?}");
+            let total = stats
+                .stats()
+                .into_iter()
+                .find_map(|(n, v)| (n == "downstream_cx_total").then_some(v));
+            assert_eq!(
+                total,
+                Some(21 + early),
+                "{event_loop:?}: one count across both"
+            );
+            second.shutdown().await;
         }
     }
 

@@ -222,6 +222,8 @@ async fn run_async(
         upstreams,
         xds,
         publishers: BTreeMap::new(),
+        proxy,
+        draining: Vec::new(),
     };
     for (svc, spec) in running.config.services.clone().iter().zip(templates) {
         running.spawn_publisher(svc, spec, &ctx);
@@ -235,7 +237,7 @@ async fn run_async(
         ctx.published.subscribe(),
     )
     .with_reload(live_rx.clone(), reload_tx);
-    if let Some(proxy) = &proxy {
+    if let Some(proxy) = &running.proxy {
         state = state.with_proxy(proxy.stats_handle());
     }
     state = state.with_fatal(fatal.clone()).with_launch(launch);
@@ -243,7 +245,7 @@ async fn run_async(
     let server = match admin::serve(&admin_address, state).await {
         Ok(server) => server,
         Err(err) => {
-            if let Some(proxy) = proxy {
+            if let Some(proxy) = running.proxy.take() {
                 proxy_path::stop(proxy, &dp).await;
             }
             return Err(err).context(format!("admin listener on {admin_address}"));
@@ -251,13 +253,9 @@ async fn run_async(
     };
     sweep_after_first_publish(&keys, &dp, ctx.published.subscribe()).await;
     let passive = tokio::spawn(crate::passive::run(dp.clone(), live_rx));
-    let mut traffic = tokio::spawn(crate::traffic::run(
-        dp.clone(),
-        ctx.manager.clone(),
-        crate::traffic::watched(&running.config),
-    ));
-    // Takeover: a new daemon may ask this one for the instance from now on.
-    let mut takeover = takeover::Server::start(&running.config, proxy.as_ref());
+    let mut traffic = spawn_traffic(&running.config, &ctx);
+    // Takeover: a new daemon may ask for the instance from now on (a reload keeps its sockets).
+    let mut takeover = takeover::Server::start(&running.config, running.proxy.as_ref());
     info!(admin = %admin_address, services = running.config.services.len(), "ready");
     let committed = loop {
         let request = tokio::select! {
@@ -283,11 +281,7 @@ async fn run_async(
                 info!(%summary, "configuration reloaded");
                 live_tx.send_replace(running.live());
                 traffic.abort();
-                traffic = tokio::spawn(crate::traffic::run(
-                    dp.clone(),
-                    ctx.manager.clone(),
-                    crate::traffic::watched(&running.config),
-                ));
+                traffic = spawn_traffic(&running.config, &ctx);
             }
             Err(refused) => error!(%refused, "reload refused; the configuration in force stays"),
         }
@@ -302,7 +296,7 @@ async fn run_async(
     if let Some(kernel_log) = kernel_log {
         kernel_log.abort();
     }
-    finish(committed, takeover, proxy, running, &dp).await
+    finish(committed, takeover, running, &dp).await
 }
 
 /// The end of the run. After a takeover's commit: hand the instance over
@@ -311,10 +305,10 @@ async fn run_async(
 async fn finish(
     committed: Option<takeover::Committed>,
     takeover: takeover::Server,
-    proxy: Option<proxy_relay::ProxyHandle>,
-    running: Running,
+    mut running: Running,
     dp: &SharedDataplane,
 ) -> anyhow::Result<()> {
+    let proxy = running.proxy.take();
     if let Some(committed) = committed {
         // Nothing of this daemon publishes from here.
         running.publishers.values().for_each(JoinHandle::abort);
@@ -330,6 +324,16 @@ async fn finish(
     // The kernel keeps serving the last published state; the next start adopts it.
     release(dp);
     Ok(())
+}
+
+/// The traffic feed of health checking for the services of `config`.
+fn spawn_traffic(config: &Config, ctx: &Context) -> JoinHandle<()> {
+    let watched = crate::traffic::watched(config);
+    tokio::spawn(crate::traffic::run(
+        ctx.dp.clone(),
+        ctx.manager.clone(),
+        watched,
+    ))
 }
 
 /// The reader of the kernel's log records, when `kernel_log` is not off.
@@ -356,6 +360,11 @@ struct Running {
     xds: XdsClients,
     /// Each service's publisher, by kernel key.
     publishers: BTreeMap<ServiceKey, JoinHandle<()>>,
+    /// The proxy path, when the configuration uses it.
+    proxy: Option<proxy_relay::ProxyHandle>,
+    /// Proxies a reload replaced, draining their live connections (each until its
+    /// `shutdown_timeout` at most).
+    draining: Vec<JoinHandle<()>>,
 }
 
 impl Running {
@@ -447,6 +456,19 @@ impl Running {
             &plan.start,
         )
         .map_err(|err| ReloadRefused::Failed(format!("{err:#}")))?;
+        let successor = match (&mut self.proxy, plan.proxy_path) {
+            (Some(proxy), true) => {
+                // The clusters as they run after the reload.
+                let mut after = self.upstreams.clone();
+                after.retain(|name, _| !plan.stop.contains(name));
+                after.extend(started.iter().map(|(k, v)| (k.clone(), v.clone())));
+                let next = proxy_path::successor(proxy, &new, &after, &ctx.dp)
+                    .await
+                    .map_err(|err| ReloadRefused::Failed(format!("{err:#}")))?;
+                Some(next)
+            }
+            _ => None,
+        };
         // Apply: the publishers that go stop first (a stopped publisher writes nothing more),
         // then the new clusters replace the old, then the new publishers write over the old
         // entries (one generation flip each: the kernel never sees a half-written set).
@@ -460,6 +482,20 @@ impl Running {
             self.upstreams.remove(name);
         }
         self.upstreams.extend(started);
+        if let Some(next) = successor {
+            // New proxy-mode connections take the new table from here (the successor serves
+            // on the same sockets); the old proxy's live connections drain on theirs.
+            if let Some(old) = self.proxy.replace(next) {
+                self.draining.retain(|task| !task.is_finished());
+                self.draining.push(tokio::spawn(async move {
+                    let outcome = old.shutdown().await;
+                    info!(
+                        ?outcome,
+                        "the proxy path's previous services drained after a reload"
+                    );
+                }));
+            }
+        }
         if let Some(xds) = fresh_xds {
             self.xds = xds;
         }
@@ -478,12 +514,16 @@ impl Running {
         Ok(plan.summary())
     }
 
-    /// Stops every publisher, cluster and xDS connection.
+    /// Stops every publisher, cluster and xDS connection, after the drains of proxies a
+    /// reload replaced (each bounded by its `shutdown_timeout`).
     async fn stop(self) {
         for task in self.publishers.values() {
             task.abort();
         }
         for task in self.publishers.into_values() {
+            let _ = task.await;
+        }
+        for task in self.draining {
             let _ = task.await;
         }
         drop(self.upstreams);

@@ -263,3 +263,82 @@ fn refusals_change_nothing(
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.starts_with("no change"), "{stdout}");
 }
+
+/// A `mode: proxy` service and its hosts (banner servers).
+const PROXIED: &str = "127.77.9.5:80";
+const H_PROXIED_OLD: &str = "127.0.0.86:8086";
+const H_PROXIED_NEW: &str = "127.0.0.87:8087";
+
+/// The proxy-mode service `p` on cluster `pc` with `host`, and the untouched `stay`.
+fn proxied(head: &str, host: &str) -> String {
+    format!(
+        "{head}proxy:\n  listeners: [\"127.0.0.1:15091\"]\nclusters:\n{}{}services:\n{}  - {{ name: p, address: \"127.77.9.5\", port: 80, cluster: pc, mode: proxy }}\n",
+        cluster("stay", H_STAY),
+        cluster("pc", host),
+        service("s-stay", STAY, "stay"),
+    )
+}
+
+/// A reload that moves a proxy-mode service's cluster to another host: a successor proxy takes
+/// the listening sockets with the new table while a connect loop runs through it; not one
+/// connect fails, new connections reach the new host, and the proxy's counters go on.
+#[test]
+fn reload_gives_the_proxy_path_its_new_services_without_a_failed_connect() {
+    require_root();
+    if skip_without_dataplane(
+        "reload_gives_the_proxy_path_its_new_services_without_a_failed_connect",
+    ) {
+        return;
+    }
+    let netns = Netns::new();
+    let cgroup = TestCgroup::new();
+    let servers: Vec<(SocketAddr, &str, bool)> = [H_STAY, H_PROXIED_OLD, H_PROXIED_NEW]
+        .iter()
+        .map(|h| (h.parse().unwrap(), *h, false))
+        .collect();
+    let _servers = BannerServers::start(&netns, &servers);
+    let instance = unique("rp");
+    let _pins = PinDir(PathBuf::from("/sys/fs/bpf").join(&instance));
+    let mut daemon = Daemon::start_in(
+        &netns,
+        &proxied(&head(&instance, cgroup.path(), "{admin}"), H_PROXIED_OLD),
+    );
+    let head = head(&instance, cgroup.path(), &daemon.admin.to_string());
+    assert_eq!(
+        reach(&cgroup, &netns, PROXIED).banners.get(H_PROXIED_OLD),
+        Some(&5)
+    );
+    let looping = client(&cgroup, &netns, PROXIED, Duration::from_secs(6));
+    std::thread::sleep(Duration::from_secs(2));
+    let before = daemon.stat("proxy.downstream_cx_total");
+    std::fs::write(&daemon.config, proxied(&head, H_PROXIED_NEW)).unwrap();
+    let (code, stdout, stderr) = proxy_reload(&netns, daemon.admin);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("the proxy path took the new services"),
+        "{stdout}"
+    );
+    assert_eq!(
+        reach(&cgroup, &netns, PROXIED).banners.get(H_PROXIED_NEW),
+        Some(&5),
+        "new connections take the new table"
+    );
+    let report = LoopReport::parse(&looping.wait(Duration::from_secs(60)));
+    let after = daemon.stat("proxy.downstream_cx_total");
+    println!(
+        "proxy-mode service across the reload: {} connects, {} failed ({:?}); proxy.downstream_cx_total {before} -> {after}",
+        report.ok(),
+        report.failed(),
+        report.banners
+    );
+    assert_eq!(report.failed(), 0, "{report:?}");
+    assert!(
+        report.banners.contains_key(H_PROXIED_OLD) && report.banners.contains_key(H_PROXIED_NEW),
+        "{report:?}"
+    );
+    assert!(
+        after >= before + u64::from(report.ok()) / 2,
+        "the successor counts on from the old proxy's total ({before} -> {after})"
+    );
+    assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
+}

@@ -46,25 +46,7 @@ pub async fn start(
         return Ok(None);
     }
     let proxy_config = config.effective_proxy();
-    let services = service_table(config, upstreams, &proxy_config)?;
-    let (original_dst, splicer) = {
-        let guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let dp = guard.as_ref().context("the data path is not attached")?;
-        let original_dst = dp.original_destinations();
-        let splicer: Option<Arc<dyn Splicer>> = match proxy_config.splice {
-            SpliceMode::Copy => None,
-            SpliceMode::Kernel => Some(Arc::new(
-                dp.pair_splicer()
-                    .context("proxy.splice: kernel needs the kernel's proxy-pair splicing")?,
-            )),
-        };
-        (original_dst, splicer)
-    };
-    let deps = ProxyDeps {
-        original_dst: Arc::new(original_dst),
-        services,
-        splicer,
-    };
+    let deps = deps(config, upstreams, dp, &proxy_config)?;
     let handle = match inherited.as_mut().map(Inherited::take_listeners) {
         Some(sockets) => {
             clusters_initialized(upstreams).await;
@@ -84,6 +66,49 @@ pub async fn start(
         inherited.serving();
     }
     Ok(Some(handle))
+}
+
+/// What the proxy path of `config` needs: its service table over `upstreams`, and the data
+/// path's original destinations and splicer.
+fn deps(
+    config: &Config,
+    upstreams: &BTreeMap<String, Arc<Upstream>>,
+    dp: &SharedDataplane,
+    proxy_config: &ProxyConfig,
+) -> anyhow::Result<ProxyDeps> {
+    let services = service_table(config, upstreams, proxy_config)?;
+    let guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dp = guard.as_ref().context("the data path is not attached")?;
+    let splicer: Option<Arc<dyn Splicer>> = match proxy_config.splice {
+        SpliceMode::Copy => None,
+        SpliceMode::Kernel => Some(Arc::new(
+            dp.pair_splicer()
+                .context("proxy.splice: kernel needs the kernel's proxy-pair splicing")?,
+        )),
+    };
+    Ok(ProxyDeps {
+        original_dst: Arc::new(dp.original_destinations()),
+        services,
+        splicer,
+    })
+}
+
+/// A reload that changed the proxy path's services: a proxy with the table of `config` over
+/// `upstreams` (the clusters as they will run after the reload) takes over `running`'s
+/// listening sockets, stats and handover place. `running` is left to drain
+/// ([`ProxyHandle::shutdown`]); on error nothing changed. The listener addresses stay (a
+/// change of `proxy` needs a restart), so the kernel's redirect target stays too.
+pub async fn successor(
+    running: &mut ProxyHandle,
+    config: &Config,
+    upstreams: &BTreeMap<String, Arc<Upstream>>,
+    dp: &SharedDataplane,
+) -> anyhow::Result<ProxyHandle> {
+    let deps = deps(config, upstreams, dp, &config.effective_proxy())?;
+    running
+        .successor(deps)
+        .await
+        .context("starting the proxy path with the new services")
 }
 
 /// Waits (at most `FIRST_PUBLISH_WAIT`) until every cluster has its first discovery result.

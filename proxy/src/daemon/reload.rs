@@ -1,6 +1,6 @@
 //! What a reload changes: the difference between the configuration in force and a new one, as
-//! the clusters to start and stop and the services to republish or remove; or why the new one
-//! needs a restart instead.
+//! the clusters to start and stop, the services to republish or remove, and whether the proxy
+//! path takes new services; or why the new one needs a restart instead.
 //!
 //! Equality is by value over every field of a cluster or a service (their `Debug` form, which
 //! covers the fields serde skips). A cluster that is equal keeps its running discovery, health
@@ -33,6 +33,9 @@ pub struct Plan {
     pub publish: BTreeSet<ServiceKey>,
     /// Services to remove from the kernel.
     pub remove: BTreeSet<ServiceKey>,
+    /// The proxy path's services change: a successor proxy with the new table takes over the
+    /// listening sockets, and the old one drains its live connections.
+    pub proxy_path: bool,
     /// Clusters and services that stay as they run.
     pub kept_clusters: usize,
     pub kept_services: usize,
@@ -46,13 +49,18 @@ impl Plan {
         let replaced = self.start.intersection(&self.stop).count();
         format!(
             "clusters: {started} added, {stopped} removed, {replaced} changed, {} unchanged; \
-             services: {} published, {} removed, {} unchanged{}",
+             services: {} published, {} removed, {} unchanged{}{}",
             self.kept_clusters,
             self.publish.len(),
             self.remove.len(),
             self.kept_services,
             if self.xds_restart {
                 "; the xDS connections restarted"
+            } else {
+                ""
+            },
+            if self.proxy_path {
+                "; the proxy path took the new services (live connections drain on the old)"
             } else {
                 ""
             }
@@ -65,6 +73,7 @@ impl Plan {
             && self.stop.is_empty()
             && self.publish.is_empty()
             && self.remove.is_empty()
+            && !self.proxy_path
     }
 }
 
@@ -122,7 +131,7 @@ pub fn plan(
     for name in news.keys().filter(|n| !olds.contains_key(*n)) {
         plan.start.insert((*name).to_owned());
     }
-    proxy_path_unchanged(old, new, &plan)?;
+    plan.proxy_path = proxy_path_changes(old, new, &plan)?;
     let services = |c: &Config| -> BTreeMap<ServiceKey, String> {
         c.services
             .iter()
@@ -186,9 +195,25 @@ fn fixed_fields(old: &Config, new: &Config) -> Result<(), NeedsRestart> {
     )))
 }
 
-/// The proxy path's services are fixed for the run: its table of proxy-mode services, their
-/// chains and clusters, and the fallback cluster must stay as they are.
-fn proxy_path_unchanged(old: &Config, new: &Config, plan: &Plan) -> Result<(), NeedsRestart> {
+/// Whether the proxy path's services change: its table of proxy-mode services, their chains and
+/// clusters, the fallback cluster, or a cluster any of them reads that restarts. Then the proxy
+/// path gets a successor with the new table ([`Plan::proxy_path`]). Starting or stopping the
+/// proxy path altogether, or changing what its listeners do, needs a restart.
+fn proxy_path_changes(old: &Config, new: &Config, plan: &Plan) -> Result<bool, NeedsRestart> {
+    if old.uses_proxy() != new.uses_proxy() {
+        return Err(NeedsRestart(format!(
+            "the proxy path would {} (the first proxy-mode service or fallback_cluster added, or \
+             the last removed)",
+            if new.uses_proxy() { "start" } else { "stop" }
+        )));
+    }
+    if old.effective_proxy() != new.effective_proxy() {
+        return Err(NeedsRestart(
+            "changed field(s) that a reload cannot apply: the ORIGINAL_DST cluster's \
+             cleanup_interval, connect_timeout or original_dst_lb_config (the proxy's settings)"
+                .to_owned(),
+        ));
+    }
     let proxied = |c: &Config| -> (String, BTreeSet<String>) {
         let mut clusters: BTreeSet<String> = c.proxy.fallback_cluster.iter().cloned().collect();
         let mut text = String::new();
@@ -202,18 +227,8 @@ fn proxy_path_unchanged(old: &Config, new: &Config, plan: &Plan) -> Result<(), N
         (text, clusters)
     };
     let ((old_text, old_clusters), (new_text, _)) = (proxied(old), proxied(new));
-    let restarted: Vec<&String> = old_clusters
-        .iter()
-        .filter(|c| plan.stop.contains(*c))
-        .collect();
-    if old_text != new_text || !restarted.is_empty() {
-        return Err(NeedsRestart(
-            "the proxy path's services changed (a proxy-mode service, its chain, a cluster it \
-             reads or the fallback cluster); a reload cannot change them yet"
-                .to_owned(),
-        ));
-    }
-    Ok(())
+    let restarted = old_clusters.iter().any(|c| plan.stop.contains(c));
+    Ok(old_text != new_text || restarted)
 }
 
 /// Everything a service's publisher depends on but its clusters' hosts.
@@ -367,20 +382,37 @@ mod tests {
     }
 
     #[test]
-    fn proxy_mode_services_cannot_change_yet() {
+    fn proxy_mode_service_changes_give_the_proxy_path_a_successor() {
         let listener = "proxy: { listeners: [\"127.0.0.1:15001\"] }\n";
-        let proxied = |port: u16, vip: &str| {
+        let proxied = |port: u16, vip: &str, extra: &str| {
             let yaml = format!(
-                "{listener}clusters:\n{}services:\n  - {{ name: p, address: {vip}, port: 80, cluster: a, mode: proxy }}\n",
+                "{listener}clusters:\n{}{extra}services:\n  - {{ name: p, address: {vip}, port: 80, cluster: a, mode: proxy }}\n",
                 cluster("a", port)
             );
             Config::parse(&yaml, Path::new("t.yaml")).expect("valid config")
         };
-        let base = proxied(1, "127.77.0.1");
+        let base = proxied(1, "127.77.0.1", "");
         assert!(diff(&base, &base).unwrap().is_empty());
-        for new in [proxied(2, "127.77.0.1"), proxied(1, "127.77.0.9")] {
-            let err = diff(&base, &new).expect_err("the proxy path changed");
-            assert!(err.0.contains("proxy path"), "{err}");
+        // A cluster the proxy reads changes; the service moves; an unrelated cluster comes.
+        for (new, proxy_path) in [
+            (proxied(2, "127.77.0.1", ""), true),
+            (proxied(1, "127.77.0.9", ""), true),
+            (proxied(1, "127.77.0.1", &cluster("b", 3)), false),
+        ] {
+            let plan = diff(&base, &new).expect("applied by a reload");
+            assert_eq!(plan.proxy_path, proxy_path, "{plan:?}");
+            assert!(!plan.is_empty());
+            assert_eq!(
+                plan.summary()
+                    .contains("the proxy path took the new services"),
+                proxy_path
+            );
+        }
+        // Starting or stopping the proxy path needs a restart.
+        let direct = config(&[("a", 1)], &[("s", "127.77.0.1", "a")], listener);
+        for (old, new) in [(&base, &direct), (&direct, &base)] {
+            let err = diff(old, new).expect_err("the proxy path starts or stops");
+            assert!(err.0.contains("the proxy path would"), "{err}");
         }
     }
 }

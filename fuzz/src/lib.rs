@@ -93,7 +93,6 @@ pub fn dns_answer(data: &[u8]) -> bool {
         let _ = guard().refuses(SocketAddr::new(record.ip, 80));
     }
     for srv in srv_records(records) {
-        let _ = srv.target.len();
         let _ = guard().refuses(SocketAddr::new(IpAddr::from([127, 0, 0, 1]), srv.port));
     }
     true

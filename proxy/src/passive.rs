@@ -73,6 +73,8 @@ pub async fn run(dp: SharedDataplane, live: watch::Receiver<Live>) {
     loop {
         ticker.tick().await;
         let Some(now) = read(&dp) else { return };
+        // Taken once per tick, and only when a backend has signals (failures are rare).
+        let mut upstreams = None;
         for (backend, reading) in &now {
             let before = last.get(backend).copied().unwrap_or_default();
             if *reading == before {
@@ -82,7 +84,7 @@ pub async fn run(dp: SharedDataplane, live: watch::Receiver<Live>) {
             if signals.is_empty() {
                 continue;
             }
-            let upstreams = live.borrow().upstreams.clone();
+            let upstreams = upstreams.get_or_insert_with(|| live.borrow().upstreams.clone());
             for upstream in upstreams.values() {
                 if !upstream
                     .host_statuses()

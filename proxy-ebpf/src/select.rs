@@ -10,7 +10,7 @@
 
 use proxy_common::service::{
     Backend, MAX_PRIORITIES, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_ROUND_ROBIN,
-    SERVICE_F_SINGLE, SLOT_MASK, Service, SlotTableKey,
+    SERVICE_F_SINGLE, SLOT_MASK, Service, SlotTable, SlotTableKey,
 };
 
 use crate::maps::{BACKENDS_V2, SLOTS_V2, active_of};
@@ -51,48 +51,84 @@ pub fn choose<const ROTATE: bool>(svc: &Service, netns_cookie: u64) -> Result<&B
         // The element is only used before this program returns; the map is not preallocated,
         // so it is not reused while we hold it. Only `cursor` is ever written through it.
         if let Some(table) = SLOTS_V2.get_ptr_mut(&key) {
-            // SAFETY: as above; `len` and `slots` are written only by the daemon, which replaces
-            // a table rather than changing it in place.
-            let len = unsafe { (*table).len };
-            if len > 0 {
-                let turn = if rotate {
-                    // SAFETY: the element is live and 8-byte aligned (`SlotTable` is
-                    // `align(8)`, and the kernel aligns map values to 8), and every write of
-                    // `cursor` is this atomic add.
-                    unsafe { next_turn(table.cast::<u64>()) }
-                } else {
-                    hash
-                };
-                // The daemon keeps len <= SLOTS; the mask is what proves the bound to the
-                // verifier (a modulo result is not tracked), and a corrupt len can at worst pick
-                // a stale slot inside the array.
-                let index = ((turn % len) as usize) & SLOT_MASK;
-                // SAFETY: as above.
-                let id = *unsafe { (*table).slots.get(index) }.ok_or(NoBackend::Missing)?;
-                // SAFETY: as above.
-                let first = unsafe { BACKENDS_V2.get(&id) }.ok_or(NoBackend::Missing)?;
-                if svc.flags & SERVICE_F_LEAST_REQUEST == 0 {
-                    return Ok(first);
-                }
-                // LEAST_REQUEST: a second draw, and the one with fewer open connections (the
-                // first on a tie). Draws are with replacement, as Envoy's.
-                // SAFETY: a helper without arguments or side effects.
-                let again = unsafe { aya_ebpf::helpers::bpf_get_prandom_u32() };
-                let index = ((again % len) as usize) & SLOT_MASK;
-                // SAFETY: as above.
-                let id = *unsafe { (*table).slots.get(index) }.ok_or(NoBackend::Missing)?;
-                // SAFETY: as above.
-                let second = unsafe { BACKENDS_V2.get(&id) }.ok_or(NoBackend::Missing)?;
-                return Ok(if active_of(second) < active_of(first) {
-                    second
-                } else {
-                    first
-                });
+            // SAFETY: as above.
+            if let Some(chosen) = unsafe { from_table(table, svc.flags, rotate, hash) } {
+                return chosen;
             }
         }
         priority += 1;
     }
     Err(NoBackend::NoHost)
+}
+
+/// The choice from one priority's table (`None`: the table is empty, try the next priority).
+///
+/// # Safety
+/// `table` is a live element of `SLOTS_V2`, used before the program returns (the map is not
+/// preallocated, so it is not reused meanwhile); `len` and `slots` are written only by the
+/// daemon, which replaces a table rather than changing it in place; only `cursor` is written
+/// through it.
+#[inline(always)]
+unsafe fn from_table(
+    table: *mut SlotTable,
+    flags: u32,
+    rotate: bool,
+    hash: u32,
+) -> Option<Result<&'static Backend, NoBackend>> {
+    // SAFETY: the caller's contract.
+    let len = unsafe { (*table).len };
+    if len == 0 {
+        return None;
+    }
+    let turn = if rotate {
+        // SAFETY: the element is live and 8-byte aligned (`SlotTable` is `align(8)`, and the
+        // kernel aligns map values to 8), and every write of `cursor` is this atomic add.
+        unsafe { next_turn(table.cast::<u64>()) }
+    } else {
+        hash
+    };
+    // SAFETY: the caller's contract.
+    let first = match unsafe { slot(table, len, turn) } {
+        Ok(first) => first,
+        Err(missing) => return Some(Err(missing)),
+    };
+    if flags & SERVICE_F_LEAST_REQUEST == 0 {
+        return Some(Ok(first));
+    }
+    // LEAST_REQUEST: a second draw, and the one with fewer open connections (the first on a
+    // tie). Draws are with replacement, as Envoy's.
+    // SAFETY: a helper without arguments or side effects.
+    let again = unsafe { aya_ebpf::helpers::bpf_get_prandom_u32() };
+    // SAFETY: the caller's contract.
+    Some(unsafe { slot(table, len, again) }.map(|second| {
+        if active_of(second) < active_of(first) {
+            second
+        } else {
+            first
+        }
+    }))
+}
+
+/// The backend in the slot `turn` picks of a table of `len` slots.
+///
+/// # Safety
+/// `table` is a live element of `SLOTS_V2`, used before the program returns (the map is not
+/// preallocated, so it is not reused meanwhile); its `slots` are written only by the daemon,
+/// which replaces a table rather than changing it in place.
+#[inline(always)]
+unsafe fn slot(
+    table: *const SlotTable,
+    len: u32,
+    turn: u32,
+) -> Result<&'static Backend, NoBackend> {
+    // The daemon keeps len <= SLOTS; the mask is what proves the bound to the verifier (a
+    // modulo result is not tracked), and a corrupt len can at worst pick a stale slot inside
+    // the array.
+    let index = ((turn % len) as usize) & SLOT_MASK;
+    // SAFETY: the caller's contract.
+    let id = *unsafe { (*table).slots.get(index) }.ok_or(NoBackend::Missing)?;
+    // SAFETY: read-only use before the program returns; the map is not preallocated.
+    unsafe { BACKENDS_V2.get(&id) }.ok_or(NoBackend::Missing)
 }
 
 /// The next turn of a ROUND_ROBIN table: its `cursor`, incremented atomically across CPUs.

@@ -65,16 +65,7 @@ pub fn target<const ROTATE: bool>(
         return Ok(None);
     };
     if allow_proxy && svc.flags & SERVICE_F_PROXY != 0 {
-        let redirect = proxy_listener(key);
-        count_service(
-            svc.id,
-            if redirect.is_ok() {
-                ServiceOutcome::ToProxy
-            } else {
-                ServiceOutcome::NoHost
-            },
-        );
-        return redirect.map(Some);
+        return to_proxy(svc, key).map(Some);
     }
     // Only consistent hashing reads the client's network namespace.
     let netns = if svc.flags & SERVICE_F_MAGLEV != 0 {
@@ -92,20 +83,37 @@ pub fn target<const ROTATE: bool>(
         return Ok(None);
     }
     count(outcomes.rewritten);
-    count_service(
-        svc.id,
-        if flags & SERVICE_F_PANIC != 0 {
-            ServiceOutcome::ToHostInPanic
-        } else {
-            ServiceOutcome::ToHost
-        },
-    );
-    Ok(Some(Target {
+    Ok(Some(to_host(svc.id, dest, flags)))
+}
+
+/// A proxy-mode service: the proxy listener, counted for the service either way.
+#[inline(always)]
+fn to_proxy(svc: &Service, key: &ServiceKey) -> Result<Target, Refuse> {
+    let redirect = proxy_listener(key);
+    let outcome = if redirect.is_ok() {
+        ServiceOutcome::ToProxy
+    } else {
+        ServiceOutcome::NoHost
+    };
+    count_service(svc.id, outcome);
+    redirect
+}
+
+/// The chosen backend `dest` of service `id`, whose entry had `flags`, counted for the service.
+#[inline(always)]
+fn to_host(id: u32, dest: Backend, flags: u32) -> Target {
+    let outcome = if flags & SERVICE_F_PANIC != 0 {
+        ServiceOutcome::ToHostInPanic
+    } else {
+        ServiceOutcome::ToHost
+    };
+    count_service(id, outcome);
+    Target {
         dest,
         proxied: false,
         passive: flags & SERVICE_F_PASSIVE != 0,
         least: flags & SERVICE_F_LEAST_REQUEST != 0,
-    }))
+    }
 }
 
 /// A backend of `svc` (and the flags of the service entry it was chosen from); `Ok(None)` when

@@ -75,7 +75,7 @@ pub mod maps {
     /// Per-CPU counters, indexed by `crate::counters`. `_V2`: more counters.
     pub const COUNTERS: &str = "COUNTERS_V2";
     /// Per-CPU counters of each service, by `Service::id`.
-    pub const SVC_COUNTERS: &str = "SVC_COUNTERS_V2";
+    pub const SVC_COUNTERS: &str = "SVC_COUNTERS_V3";
     /// Open connections per backend of LEAST_REQUEST services (`socket`).
     pub const ACTIVE: &str = "ACTIVE_V1";
     /// Proxy-pair splicing: the sockhash the stream verdict program is attached to.
@@ -268,7 +268,7 @@ pub mod pins {
 /// Pin names of earlier versions: maps whose layout moved to a new suffix, and pins of programs
 /// that were renamed or removed. A daemon removes them from its instance directory once its own
 /// programs are attached and every service was published once (see the version policy above).
-pub const RETIRED: [&str; 7] = [
+pub const RETIRED: [&str; 8] = [
     // `Service` gained `backend`: the three service maps moved to `_V2` together.
     "SERVICES_V1",
     "SLOTS_V1",
@@ -279,8 +279,9 @@ pub const RETIRED: [&str; 7] = [
     "SOCK_VIP_V1",
     // Keyed by 4-tuple, replaced by a sockhash keyed by cookie.
     "PAIR_PEER_V1",
-    // `ServiceCounts` gained `panic`.
+    // `ServiceCounts` gained `panic`, then `passive_failures`.
     "SVC_COUNTERS_V1",
+    "SVC_COUNTERS_V2",
 ];
 
 /// What a file under `<bpffs>/<instance>/` is to this version of the daemon.

@@ -3,7 +3,7 @@
 //!
 //! `NAMES[i]` is the exported name of index `i`; a unit test keeps the two lists in step.
 //!
-//! Per service, `SVC_COUNTERS_V2` (a per-CPU hash by `Service::id`) holds [`ServiceCounts`]: the
+//! Per service, `SVC_COUNTERS_V3` (a per-CPU hash by `Service::id`) holds [`ServiceCounts`]: the
 //! same outcomes, for the one service, exported with its name.
 
 /// connect4/6: a service address was rewritten to a chosen host.
@@ -132,11 +132,11 @@ mod tests {
     }
 }
 
-/// Value of `SVC_COUNTERS_V2` (per CPU, by `Service::id`): what happened to the connects and
+/// Value of `SVC_COUNTERS_V3` (per CPU, by `Service::id`): what happened to the connects and
 /// datagrams addressed to one service. The hooks create a service's entry on its first use; the
 /// daemon deletes it with the service. A service's clusters count as having carried traffic
 /// (Envoy's "no traffic" health-check interval ends) once `to_host` or `to_proxy` moved. `_V2`:
-/// `panic` was added.
+/// `panic` was added; `_V3`: `passive_failures`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServiceCounts {
@@ -149,8 +149,12 @@ pub struct ServiceCounts {
     /// Of `to_host`, those chosen while the service's routing was in panic mode (the daemon
     /// publishes it with `SERVICE_F_PANIC`): Envoy's `lb_healthy_panic`.
     pub panic: u64,
+    /// Connects of the service that sockops saw fail or reset (sockets it follows for the
+    /// passive health signal, `SERVICE_F_PASSIVE`): `passive_connect_failed` and
+    /// `passive_reset` of this service.
+    pub passive_failures: u64,
 }
-const _: () = assert!(core::mem::size_of::<ServiceCounts>() == 32);
+const _: () = assert!(core::mem::size_of::<ServiceCounts>() == 40);
 
 impl ServiceCounts {
     /// The sum of per-CPU values.
@@ -161,6 +165,7 @@ impl ServiceCounts {
             to_proxy: a.to_proxy.wrapping_add(c.to_proxy),
             no_host: a.no_host.wrapping_add(c.no_host),
             panic: a.panic.wrapping_add(c.panic),
+            passive_failures: a.passive_failures.wrapping_add(c.passive_failures),
         })
     }
 }

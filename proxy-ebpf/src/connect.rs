@@ -22,7 +22,7 @@
 //!   to `SOCK_VIP_V2` (the socket's local storage) for a socket sockops follows (proxy mode, or
 //!   passive health), or else to `SOCK_PEER_V1` (a slot by cookie, for getpeername); `SOCK_ORIG_V1`
 //!   (proxy mode), `UDP_REV_V1` (connected UDP, for recvfrom), `COUNTERS_V2` and the service's
-//!   `SVC_COUNTERS_V2` entry.
+//!   `SVC_COUNTERS_V3` entry.
 
 use aya_ebpf::{
     EbpfContext as _,

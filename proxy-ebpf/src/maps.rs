@@ -159,7 +159,7 @@ pub static COUNTERS_V2: PerCpuArray<u64> = PerCpuArray::pinned(counters::COUNT, 
 /// Per-CPU counters of each service, by `Service::id`; entries are created by the hooks on a
 /// service's first use and deleted by the daemon with the service.
 #[map]
-pub static SVC_COUNTERS_V2: PerCpuHashMap<u32, ServiceCounts> =
+pub static SVC_COUNTERS_V3: PerCpuHashMap<u32, ServiceCounts> =
     PerCpuHashMap::pinned(65_536, BPF_F_NO_PREALLOC);
 
 /// Which of a service's counters [`count_service`] adds to.
@@ -170,40 +170,35 @@ pub enum ServiceOutcome {
     ToHostInPanic,
     ToProxy,
     NoHost,
+    /// A followed connect failed or was reset (sockops, passive health).
+    PassiveFailure,
 }
 
 /// Adds one to a counter of service `id` on this CPU (creating its entry on first use).
 #[inline(always)]
 pub fn count_service(id: u32, outcome: ServiceOutcome) {
-    if let Some(counts) = SVC_COUNTERS_V2.get_ptr_mut(&id) {
+    let add = |counts: &mut ServiceCounts| match outcome {
+        ServiceOutcome::ToHost => counts.to_host += 1,
+        ServiceOutcome::ToHostInPanic => {
+            counts.to_host += 1;
+            counts.panic += 1;
+        }
+        ServiceOutcome::ToProxy => counts.to_proxy += 1,
+        ServiceOutcome::NoHost => counts.no_host += 1,
+        ServiceOutcome::PassiveFailure => counts.passive_failures += 1,
+    };
+    if let Some(counts) = SVC_COUNTERS_V3.get_ptr_mut(&id) {
         // SAFETY: the pointer comes from the map and is valid for this CPU; per-CPU values are
         // not shared with other CPUs, and a preempting program at worst loses one increment.
-        let counts = unsafe { &mut *counts };
-        match outcome {
-            ServiceOutcome::ToHost => counts.to_host += 1,
-            ServiceOutcome::ToHostInPanic => {
-                counts.to_host += 1;
-                counts.panic += 1;
-            }
-            ServiceOutcome::ToProxy => counts.to_proxy += 1,
-            ServiceOutcome::NoHost => counts.no_host += 1,
-        }
+        add(unsafe { &mut *counts });
         return;
     }
     let mut first = ServiceCounts::default();
-    match outcome {
-        ServiceOutcome::ToHost => first.to_host = 1,
-        ServiceOutcome::ToHostInPanic => {
-            first.to_host = 1;
-            first.panic = 1;
-        }
-        ServiceOutcome::ToProxy => first.to_proxy = 1,
-        ServiceOutcome::NoHost => first.no_host = 1,
-    }
+    add(&mut first);
     // Another CPU may create it at the same moment (BPF_NOEXIST then fails): that CPU's entry
     // is the service's, and this one increment is lost. A full map also loses it; the global
     // counters still have it.
-    let _ = SVC_COUNTERS_V2.insert(&id, &first, u64::from(BPF_NOEXIST));
+    let _ = SVC_COUNTERS_V3.insert(&id, &first, u64::from(BPF_NOEXIST));
 }
 
 /// Adds one to a counter of this CPU.

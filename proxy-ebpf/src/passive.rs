@@ -4,12 +4,17 @@
 //! `PASSIVE_RUN_V1`, which an established connect ends.
 //!
 //! Called from `sockops` only; never changes a connection's fate. Writes `PASSIVE_V1`,
-//! `PASSIVE_RUN_V1` and `COUNTERS_V2`.
+//! `PASSIVE_RUN_V1`, `COUNTERS_V2` and the service's `SVC_COUNTERS_V3` entry (read from
+//! `SERVICES_V2`).
 
 use aya_ebpf::bindings::{BPF_NOEXIST, BPF_TCP_CLOSE_WAIT, BPF_TCP_ESTABLISHED, BPF_TCP_SYN_SENT};
-use proxy_common::{counters, service::Backend, socket::PassiveCounts};
+use proxy_common::{
+    counters,
+    service::{Backend, ServiceKey},
+    socket::PassiveCounts,
+};
 
-use crate::maps::{PASSIVE_RUN_V1, PASSIVE_V1, count};
+use crate::maps::{PASSIVE_RUN_V1, PASSIVE_V1, SERVICES_V2, ServiceOutcome, count, count_service};
 
 /// The backend's counters could not be created (the map is full, or lost an insert race twice).
 pub struct NotRecorded;
@@ -55,6 +60,24 @@ fn extend_run(backend: &Backend) {
         .is_err()
     {
         count(counters::PASSIVE_RECORD_FAILED);
+    }
+}
+
+/// Whether a followed socket that reached CLOSE from `old` failed (see [`closed`]).
+#[inline(always)]
+pub fn is_failure(old: u32) -> bool {
+    matches!(
+        old,
+        BPF_TCP_SYN_SENT | BPF_TCP_ESTABLISHED | BPF_TCP_CLOSE_WAIT
+    )
+}
+
+/// A failure of a connect to the service at `key`, in its `passive_failures`.
+#[inline(always)]
+pub fn service_failed(key: &ServiceKey) {
+    // SAFETY: read-only use before the program returns; the map is not preallocated.
+    if let Some(svc) = unsafe { SERVICES_V2.get(key) } {
+        count_service(svc.id, ServiceOutcome::PassiveFailure);
     }
 }
 

@@ -11,7 +11,7 @@
 //! - Minimum kernel 4.18; 5.7 for `bpf_get_netns_cookie`.
 //! - Reads `SERVICES_V2`, `SLOTS_V2`, `BACKENDS_V2`; writes `UDP_REV_V1` (only when the entry is
 //!   missing or different, so a steady flow costs one lookup per datagram), `COUNTERS_V2` and the
-//!   service's `SVC_COUNTERS_V2` entry.
+//!   service's `SVC_COUNTERS_V3` entry.
 
 use aya_ebpf::{
     EbpfContext as _, helpers::bpf_get_socket_cookie, macros::cgroup_sock_addr,

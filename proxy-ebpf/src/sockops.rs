@@ -221,6 +221,10 @@ fn closed(ctx: &SockOpsContext, old: u32) -> Result<(), Failed> {
     if flags & SOCK_VIP_F_PASSIVE == 0 {
         return Ok(());
     }
+    // SAFETY: a value of the socket's storage, valid while the program runs.
+    if let Some(vip) = unsafe { dialled(ctx).as_ref() }.filter(|_| passive::is_failure(old)) {
+        passive::service_failed(&vip.key);
+    }
     passive::closed(&tuple::remote(&t), old)
         .map_err(|passive::NotRecorded| Failed(counters::PASSIVE_RECORD_FAILED))
 }

@@ -58,13 +58,14 @@ pub struct ServiceView {
     pub counters: CountsView,
 }
 
-/// A service's kernel counters (`SVC_COUNTERS_V2`, summed over CPUs).
+/// A service's kernel counters (`SVC_COUNTERS_V3`, summed over CPUs).
 #[derive(Debug, Default, Serialize)]
 pub struct CountsView {
     pub to_host: u64,
     pub to_proxy: u64,
     pub no_host: u64,
     pub panic: u64,
+    pub passive_failures: u64,
 }
 
 impl From<ServiceCounts> for CountsView {
@@ -74,6 +75,7 @@ impl From<ServiceCounts> for CountsView {
             to_proxy: c.to_proxy,
             no_host: c.no_host,
             panic: c.panic,
+            passive_failures: c.passive_failures,
         }
     }
 }
@@ -304,7 +306,7 @@ pub fn print(snap: &Snapshot, out: &mut impl std::io::Write) -> std::io::Result<
     )?;
     writeln!(
         out,
-        "{:<28} {:<16} {:>6} {:>5} {:<4} {:<28} {:>6} {:>10} {:>10} {:>10} {:>10}",
+        "{:<28} {:<16} {:>6} {:>5} {:<4} {:<28} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10}",
         "SERVICE",
         "NAME",
         "ID",
@@ -315,7 +317,8 @@ pub fn print(snap: &Snapshot, out: &mut impl std::io::Write) -> std::io::Result<
         "TO_HOST",
         "TO_PROXY",
         "NO_HOST",
-        "PANIC"
+        "PANIC",
+        "FAILED"
     )?;
     for svc in &snap.services {
         let name = svc.name.as_deref().unwrap_or("-");
@@ -325,8 +328,8 @@ pub fn print(snap: &Snapshot, out: &mut impl std::io::Write) -> std::io::Result<
             svc.address, svc.id, svc.generation
         );
         let counts = format!(
-            "{:>10} {:>10} {:>10} {:>10}",
-            c.to_host, c.to_proxy, c.no_host, c.panic
+            "{:>10} {:>10} {:>10} {:>10} {:>10}",
+            c.to_host, c.to_proxy, c.no_host, c.panic, c.passive_failures
         );
         let mut first = true;
         let mut line = |prio: &str, host: &str, slots: &str| {

@@ -3,7 +3,7 @@
 //! `interval` from then on; without this feed every cluster would stay at the slow rate and a
 //! dead host of a busy service would be found a minute or two late.
 //!
-//! The source is the kernel's per-service counters (`SVC_COUNTERS_V2`): a connect or datagram
+//! The source is the kernel's per-service counters (`SVC_COUNTERS_V3`): a connect or datagram
 //! sent to a host, or a connect redirected to the proxy listener, is traffic for every cluster the
 //! service reads (for a chain, each of its targets: the counters are per service, not per
 //! target). Like Envoy's `upstream_cx_total`, once a cluster had traffic it keeps the fast rate.

@@ -33,7 +33,7 @@ fn connect_failures_eject_the_host() {
         endpoint(good),
         endpoint(bad),
     );
-    let _daemon = Daemon::start(&config);
+    let daemon = Daemon::start(&config);
     let vip: SocketAddr = "127.77.0.1:80".parse().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -47,4 +47,8 @@ fn connect_failures_eject_the_host() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // The refused connects before the ejection, in the service's kernel counter.
+    let failed = daemon.stat("service.web.cx_passive_failure");
+    println!("service.web.cx_passive_failure: {failed}");
+    assert!(failed >= 2, "at least consecutive_5xx failures: {failed}");
 }

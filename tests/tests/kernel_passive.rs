@@ -1,7 +1,8 @@
 //! The kernel's passive health signal (root): for services published with `SERVICE_F_PASSIVE`
 //! (a cluster with outlier detection), sockops counts, per backend, connects that never got
 //! established and established connections that were reset, and the daemon reads them with
-//! `Dataplane::passive_counters`. Other services' connections are not followed at all.
+//! `Dataplane::passive_counters`, and per service in its `passive_failures` (the daemon's
+//! `service.<name>.cx_passive_failure`). Other services' connections are not followed at all.
 
 use std::{
     net::{SocketAddr, TcpListener},
@@ -44,6 +45,14 @@ fn report_for(dp: &InProcess, backend: SocketAddr) -> PassiveReport {
         .unwrap_or_else(|| panic!("no passive counters for {backend}"))
 }
 
+/// The service at `vip`'s count of passive failures.
+fn service_failures(dp: &InProcess, vip: SocketAddr) -> u64 {
+    let key = proxy::dataplane::publish_key(vip.ip(), vip.port(), proxy_common::service::PROTO_TCP);
+    dp.service_counts(&key)
+        .expect("the service is published")
+        .passive_failures
+}
+
 fn run_client(cgroup: &TestCgroup, netns: &Netns, vip: SocketAddr) -> LoopReport {
     LoopReport::parse(
         &InCgroup::spawn(Some(cgroup.path()), netns, move || {
@@ -82,6 +91,7 @@ fn connects_to_a_closed_port_count_as_failures_of_that_backend(#[case] fam: Fami
         "{passive:?}"
     );
     assert_eq!(dp.counter("passive_connect_failed"), u64::from(CONNECTS));
+    assert_eq!(service_failures(&dp, vip), u64::from(CONNECTS));
 }
 
 #[rstest]
@@ -124,6 +134,7 @@ fn connections_reset_by_the_server_count_as_resets_of_that_backend(#[case] fam: 
         "{passive:?}"
     );
     assert_eq!(dp.counter("passive_reset"), u64::from(CONNECTS));
+    assert_eq!(service_failures(&dp, vip), u64::from(CONNECTS));
 }
 
 #[test]
@@ -203,4 +214,5 @@ fn services_without_the_passive_flag_are_not_followed() {
     let counted = dp.passive_counters().expect("reading passive counters");
     assert!(counted.iter().all(|r| r.backend != closed), "{counted:?}");
     assert_eq!(dp.counter("passive_connect_failed"), 0);
+    assert_eq!(service_failures(&dp, vip), 0);
 }

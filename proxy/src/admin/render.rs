@@ -24,6 +24,7 @@ fn all_stats(state: &State) -> BTreeMap<String, u64> {
             ("cx_to_proxy", counts.to_proxy),
             ("cx_no_host", counts.no_host),
             ("cx_panic", counts.panic),
+            ("cx_passive_failure", counts.passive_failures),
         ] {
             stats.insert(format!("service.{service}.{stat}"), value);
         }

@@ -22,8 +22,9 @@
 //! Contract: fail-open, always: this program never changes a connection's fate; a failure only
 //! costs the feature (counted). Minimum kernel 4.13 (sockops), 4.16 (`STATE_CB`), 4.18
 //! (sockhash), 5.3 (`bpf_sock_ops.sk`, `bpf_sk_storage_get`), 5.7 for attaching through
-//! bpf_link. Reads `SOCK_VIP_V2`, `SOCK_ORIG_V1`, `SETTINGS_V1`; writes `ORIG_DST_V1`,
-//! `SOCK_ORIG_V1`, `SPLICE_V1`, `PASSIVE_V1`, `PASSIVE_RUN_V1`, `COUNTERS_V2`.
+//! bpf_link. Reads `SOCK_VIP_V2`, `SOCK_ORIG_V1`, `SETTINGS_V1`, `SERVICES_V2`; writes
+//! `ORIG_DST_V1`, `SOCK_ORIG_V1`, `SPLICE_V1`, `PASSIVE_V1`, `PASSIVE_RUN_V1`, `COUNTERS_V2`,
+//! `SVC_COUNTERS_V3`.
 
 use aya_ebpf::{
     EbpfContext as _,

@@ -441,14 +441,15 @@ impl Running {
             return Ok(format!("no change ({})", plan.summary()));
         }
         // Everything that can fail happens before the first change.
-        let fresh_xds =
-            if plan.xds_restart {
-                Some(XdsClients::start(&new).map_err(|err| {
-                    ReloadRefused::Failed(format!("starting the xDS clients: {err}"))
-                })?)
-            } else {
-                None
-            };
+        let xds_failed = |err| ReloadRefused::Failed(format!("starting the xDS clients: {err}"));
+        // A restart, or clusters added on the running streams (taken back if the reload is
+        // refused below) and removed at the commit.
+        let (fresh_xds, xds_change) = if plan.xds_restart {
+            (Some(XdsClients::start(&new).map_err(xds_failed)?), None)
+        } else {
+            let change = self.xds.prepare(&self.config, &new).map_err(xds_failed)?;
+            (change.as_ref().map(XdsClients::preview), change)
+        };
         let started = start_upstreams(
             &new,
             ctx,
@@ -496,8 +497,15 @@ impl Running {
                 }));
             }
         }
-        if let Some(xds) = fresh_xds {
-            self.xds = xds;
+        let xds_summary = xds_change.as_ref().map(|c| (c.is_empty(), c.summary()));
+        match xds_change {
+            // The removed clusters stopped above: their subscriptions go now.
+            Some(change) => self.xds = change.commit(),
+            None => {
+                if let Some(xds) = fresh_xds {
+                    self.xds = xds;
+                }
+            }
         }
         self.config = new;
         let services = self.config.services.clone();
@@ -511,7 +519,10 @@ impl Running {
         let keys: Vec<ServiceKey> = services.iter().map(service_key).collect();
         // Removed services go once the new set is in (bounded, as at start).
         sweep_after_first_publish(&keys, &ctx.dp, ctx.published.subscribe()).await;
-        Ok(plan.summary())
+        Ok(match xds_summary {
+            Some((false, xds)) => format!("{}; {xds}", plan.summary()),
+            _ => plan.summary(),
+        })
     }
 
     /// Stops every publisher, cluster and xDS connection, after the drains of proxies a

@@ -9,7 +9,10 @@ use std::{
 };
 
 use integration_tests::{
-    kernel::{BannerServers, Daemon, Netns, Probe, TestCgroup, require_root, unique},
+    kernel::{
+        BannerServers, Daemon, InCgroup, LoopReport, Netns, Probe, TestCgroup, require_root,
+        tcp_loop, unique,
+    },
     xds_server::XdsServer,
 };
 use serde_json::{Value, json};
@@ -100,4 +103,137 @@ fn eds_versions_drive_the_kernel_and_a_bad_one_is_nacked() {
     assert_eq!(code, 200);
     assert!(stats.contains("cluster.web.update_rejected: 1"), "{stats}");
     assert!(stats.contains("cluster.web.hosts_refused: 1"), "{stats}");
+}
+
+/// The daemon's configuration: EDS cluster `web` (and `api` when `with_api`) over one ADS
+/// stream of `api_type`, each behind a service.
+fn reload_config(
+    instance: &str,
+    cgroup: &TestCgroup,
+    node: &str,
+    server: &XdsServer,
+    api_type: &str,
+    with_api: bool,
+) -> String {
+    let (api_cluster, api_service) = if with_api {
+        (
+            "  - name: api\n    type: EDS\n    eds_cluster_config: { eds_config: { ads: {} } }\n",
+            "  - { name: api, address: 127.77.0.2, port: 80, cluster: api }\n",
+        )
+    } else {
+        ("", "")
+    };
+    format!(
+        "instance: {instance}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nxds:\n  node: {{ id: {node}, cluster: edge }}\n  ads_config: {{ api_type: {api_type}, server_uri: \"{}\" }}\nclusters:\n  - name: web\n    type: EDS\n    eds_cluster_config: {{ eds_config: {{ ads: {{}} }} }}\n{api_cluster}services:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web }}\n{api_service}",
+        cgroup.path().display(),
+        server.grpc_addr(),
+    )
+}
+
+/// Sends SIGHUP with `config` in the file and waits for the `n`-th "configuration reloaded".
+fn reload(daemon: &Daemon, config: &str, n: usize) -> String {
+    let admin = daemon.admin.to_string();
+    std::fs::write(&daemon.config, config.replace("{admin}", &admin)).unwrap();
+    daemon.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = daemon.log_text();
+        if let Some(line) = log
+            .lines()
+            .filter(|l| l.contains("configuration reloaded"))
+            .nth(n - 1)
+        {
+            return line.to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no reload {n} in the log:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A reload that adds an EDS cluster and one that removes it change the subscription on the
+/// running ADS stream (state of the world and delta): the daemon opens no second stream, the
+/// untouched cluster's service loses no connect, the added cluster gets its hosts, and the
+/// removed one is unsubscribed.
+#[rstest::rstest]
+#[case::sotw("GRPC")]
+#[case::delta("DELTA_GRPC")]
+fn reload_changes_eds_clusters_on_the_running_stream(#[case] api_type: &str) {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let (a, b) = ("127.0.0.35:8085", "127.0.0.36:8086");
+    let _servers = BannerServers::start(
+        &netns,
+        &[
+            (a.parse().unwrap(), a, false),
+            (b.parse().unwrap(), b, false),
+        ],
+    );
+    let server = XdsServer::start();
+    server.push("web", "1", endpoints(&[a]));
+    server.push("api", "1", endpoints(&[b]));
+    let (node, instance) = (unique("node"), unique("t"));
+    let config = |with_api| reload_config(&instance, &cgroup, &node, &server, api_type, with_api);
+    let mut daemon = Daemon::start(&config(false));
+    wait_for_backends(&netns, &cgroup, &[a]);
+    let web: SocketAddr = "127.77.0.1:80".parse().unwrap();
+    let looping = InCgroup::spawn(Some(cgroup.path()), &netns, move || {
+        serde_json::to_string(&tcp_loop(web, 10_000_000, Duration::from_secs(6))).unwrap()
+    });
+    std::thread::sleep(Duration::from_secs(1));
+
+    let added = reload(&daemon, &config(true), 1);
+    assert!(added.contains("1 cluster(s) subscribed"), "{added}");
+    let api: SocketAddr = "127.77.0.2:80".parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Probe::run(&netns, Some(cgroup.path()), api, 5, false).count(b) != 5 {
+        assert!(
+            Instant::now() < deadline,
+            "the added cluster never got its host"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let removed = reload(&daemon, &config(false), 2);
+    assert!(removed.contains("1 unsubscribed"), "{removed}");
+
+    let report = LoopReport::parse(&looping.wait(Duration::from_secs(60)));
+    let ours: Vec<Value> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r["node"] == node.as_str())
+        .collect();
+    let streams: std::collections::BTreeSet<u64> =
+        ours.iter().filter_map(|r| r["stream"].as_u64()).collect();
+    println!(
+        "{api_type}: {} connects to the untouched cluster's service across two reloads, {} failed; {} requests on {} stream(s)",
+        report.ok(),
+        report.failed(),
+        ours.len(),
+        streams.len()
+    );
+    assert_eq!(report.failed(), 0, "{report:?}");
+    assert_eq!(streams.len(), 1, "one stream throughout: {ours:?}");
+    let last = ours.last().expect("requests");
+    if api_type == "DELTA_GRPC" {
+        assert!(
+            ours.iter().any(|r| r["subscribe"] == json!(["api"])),
+            "{ours:?}"
+        );
+        assert!(
+            ours.iter().any(|r| r["unsubscribe"] == json!(["api"])),
+            "{ours:?}"
+        );
+    } else {
+        assert_eq!(last["resource_names"], json!(["web"]), "{ours:?}");
+        assert!(
+            ours.iter()
+                .any(|r| r["resource_names"] == json!(["api", "web"])),
+            "{ours:?}"
+        );
+    }
+    let (_, clusters) = integration_tests::kernel::http_get(daemon.admin, "/clusters").unwrap();
+    assert!(!clusters.contains("api::"), "{clusters}");
+    assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
 }

@@ -24,7 +24,8 @@ port (HTTP/1.1, JSON):
                  "name" at "version") until the next /push.
   POST /remove   {"cluster": "web"}   delta: removed_resources; SotW: omitted from responses
   POST /drop     {}                   ends every open gRPC stream with UNAVAILABLE
-  GET  /requests                      every request received, oldest first (see record())
+  GET  /requests                      every request received, oldest first (see record()); each
+                                      names its stream (numbered from 1 as they open)
 
 Prints "READY grpc=<port> control=<port>" on stdout once both listen. Stops on SIGTERM/SIGKILL
 or when stdin closes.
@@ -58,6 +59,7 @@ class Store:
         self.raw = None  # (version, [(name, Any or None)]) from /push_raw, until the next /push
         self.system_version = ""
         self.streams = []
+        self.opened = 0
         self.requests = []
         self.nonce = 0
 
@@ -66,11 +68,12 @@ class Store:
             self.nonce += 1
             return str(self.nonce)
 
-    def record(self, kind, rpc, request):
+    def record(self, kind, rpc, request, stream=0):
         detail = request.error_detail.message if request.HasField("error_detail") else None
         entry = {
             "kind": kind,
             "rpc": rpc,
+            "stream": stream,
             "node": request.node.id,
             "type_url": request.type_url,
             "response_nonce": request.response_nonce,
@@ -78,6 +81,7 @@ class Store:
         }
         if kind == "delta":
             entry["subscribe"] = list(request.resource_names_subscribe)
+            entry["unsubscribe"] = list(request.resource_names_unsubscribe)
             entry["initial_resource_versions"] = dict(request.initial_resource_versions)
         else:
             entry["version_info"] = request.version_info
@@ -178,11 +182,13 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
         events = queue.Queue()
         with self.store.lock:
             self.store.streams.append(events)
+            self.store.opened += 1
+            stream = self.store.opened
 
         def read():
             try:
                 for request in request_iterator:
-                    self.store.record(kind, rpc, request)
+                    self.store.record(kind, rpc, request, stream)
                     if request.type_url == CLA_TYPE:
                         events.put(("request", request))
             except grpc.RpcError:
@@ -210,10 +216,19 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
                 if event == "drop":
                     context.abort(grpc.StatusCode.UNAVAILABLE, "dropped by the test")
                 if event == "request":
-                    if value.response_nonce:
+                    # An ACK or NACK names what the client holds; only a change of the names
+                    # (a client adding or removing clusters on the stream) asks for more.
+                    if value.response_nonce and set(value.resource_names) == names:
                         continue
+                    added = set(value.resource_names) - names
                     names = set(value.resource_names)
-                    sent_version = value.version_info
+                    if value.response_nonce and not added:
+                        continue
+                    if value.response_nonce:
+                        # The stream's resources again, the new ones included.
+                        sent_version = None
+                    else:
+                        sent_version = value.version_info
                 elif event != "raw" and value not in names:
                     continue
                 response = self.sotw_response(names)
@@ -241,7 +256,7 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
 
     def delta(self, rpc, request_iterator, context):
         events = self.open("delta", rpc, request_iterator)
-        names, known = set(), {}
+        names, known, first = set(), {}, True
         try:
             while context.is_active():
                 try:
@@ -255,9 +270,18 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
                 if event == "request":
                     if value.response_nonce:
                         continue
-                    names = set(value.resource_names_subscribe)
-                    known = dict(value.initial_resource_versions)
-                    targets = names
+                    if first:
+                        first = False
+                        names = set(value.resource_names_subscribe)
+                        known = dict(value.initial_resource_versions)
+                        targets = names
+                    else:
+                        # Subscriptions changed on the open stream.
+                        names |= set(value.resource_names_subscribe)
+                        for name in value.resource_names_unsubscribe:
+                            names.discard(name)
+                            known.pop(name, None)
+                        targets = set(value.resource_names_subscribe)
                 elif event == "raw":
                     targets = None
                 elif value in names:

@@ -6,7 +6,9 @@
 //! cluster's `eds_cluster_config` as an [`EdsClusterConfig`] (so `Config::parse` reports their
 //! errors with file:line:column). [`XdsClients::start`] groups a validated config's EDS clusters
 //! by control-plane connection ([`plan`]) and starts one [`EdsClient`] per connection; each
-//! cluster's [`EdsSource`] (a [`DiscoverySource`]) shares its connection's client.
+//! cluster's [`EdsSource`] (a [`DiscoverySource`]) shares its connection's client. A reload
+//! changes them in place ([`XdsClients::prepare`], [`XdsChange::commit`]): clusters added or
+//! removed are subscribed or unsubscribed on the running stream, and the others keep it.
 //!
 //! Lower level: [`spawn_eds`] starts one connection. The returned [`EdsClient`] owns the
 //! connection task (aborted on drop), publishes one [`SourceUpdate`] watch per cluster (the
@@ -55,7 +57,10 @@ use std::{
 };
 
 use envoy_types::pb::envoy::config::core::v3::Node;
-use tokio::{sync::watch, task::AbortHandle};
+use tokio::{
+    sync::{Notify, watch},
+    task::AbortHandle,
+};
 
 pub use self::{
     backoff::Backoff,
@@ -77,32 +82,68 @@ use self::{
 use super::{DiscoverySource, SourceUpdate};
 use crate::config::{ClusterType, Config};
 
+/// One subscribed cluster's output: its updates and stats.
+struct Output {
+    rx: watch::Receiver<SourceUpdate>,
+    stats: Arc<ClusterStats>,
+    /// The resource it reads.
+    resource: String,
+}
+
 /// The running EDS subscriptions of one control-plane connection. Dropping it stops them.
+/// A reload adds and removes clusters on the running stream ([`EdsClient::subscribe`],
+/// [`EdsClient::unsubscribe`]); the others keep their state.
 pub struct EdsClient {
-    outputs: BTreeMap<String, (watch::Receiver<SourceUpdate>, Arc<ClusterStats>)>,
+    source: XdsSource,
+    outputs: Mutex<BTreeMap<String, Output>>,
+    state: Arc<Mutex<EdsState>>,
+    resources_changed: Arc<Notify>,
     control: Arc<ControlPlaneStats>,
     tasks: Vec<AbortHandle>,
 }
 
 impl EdsClient {
+    fn outputs(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Output>> {
+        self.outputs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The connection's source.
+    pub fn source(&self) -> &XdsSource {
+        &self.source
+    }
+
     /// The subscribed cluster names.
-    pub fn clusters(&self) -> impl Iterator<Item = &str> {
-        self.outputs.keys().map(String::as_str)
+    pub fn clusters(&self) -> Vec<String> {
+        self.outputs().keys().cloned().collect()
+    }
+
+    /// The subscribed clusters and the resources they read.
+    pub fn watches(&self) -> Vec<EdsWatch> {
+        let outputs = self.outputs();
+        outputs
+            .iter()
+            .map(|(cluster, o)| EdsWatch {
+                cluster: cluster.clone(),
+                resource: o.resource.clone(),
+            })
+            .collect()
     }
 
     /// A receiver of `cluster`'s updates; the current value is the latest state.
     pub fn updates(&self, cluster: &str) -> Option<watch::Receiver<SourceUpdate>> {
-        self.outputs.get(cluster).map(|(rx, _)| rx.clone())
+        self.outputs().get(cluster).map(|o| o.rx.clone())
     }
 
     /// `cluster`'s latest published state.
     pub fn current(&self, cluster: &str) -> Option<SourceUpdate> {
-        self.outputs.get(cluster).map(|(rx, _)| rx.borrow().clone())
+        self.outputs().get(cluster).map(|o| o.rx.borrow().clone())
     }
 
     /// `cluster`'s counters and gauges.
-    pub fn cluster_stats(&self, cluster: &str) -> Option<&Arc<ClusterStats>> {
-        self.outputs.get(cluster).map(|(_, stats)| stats)
+    pub fn cluster_stats(&self, cluster: &str) -> Option<Arc<ClusterStats>> {
+        self.outputs().get(cluster).map(|o| Arc::clone(&o.stats))
     }
 
     /// The connection's stats.
@@ -112,19 +153,62 @@ impl EdsClient {
 
     /// Every `(name, value)` pair: `cluster.<name>.*` for each cluster, then `control_plane.*`.
     pub fn named_stats(&self) -> Vec<(String, u64)> {
-        let clusters = self
-            .outputs
+        let mut named: Vec<(String, u64)> = self
+            .outputs()
             .iter()
-            .flat_map(|(name, (_, stats))| stats.named(name));
-        clusters.chain(self.control.named()).collect()
+            .flat_map(|(name, o)| o.stats.named(name))
+            .collect();
+        named.extend(self.control.named());
+        named
     }
 
     /// Waits until every cluster is initialized (first update, rejection, failure or
     /// `initial_fetch_timeout`).
     pub async fn initialized(&self) {
-        for (rx, _) in self.outputs.values() {
-            // The sender lives in the task; it is only dropped when the task is aborted.
-            let _ = rx.clone().wait_for(|update| update.initialized).await;
+        let receivers: Vec<_> = self.outputs().values().map(|o| o.rx.clone()).collect();
+        for mut rx in receivers {
+            // The sender lives in the state; it is only dropped when the cluster goes.
+            let _ = rx.wait_for(|update| update.initialized).await;
+        }
+    }
+
+    /// Subscribes `watch` on the running stream: a resource another cluster reads already
+    /// gives its hosts at once; a new one is asked for in the stream's next request. Refused
+    /// for a cluster the connection already has.
+    pub fn subscribe(&self, watch: EdsWatch) -> Result<(), XdsConfigError> {
+        let mut outputs = self.outputs();
+        if outputs.contains_key(&watch.cluster) {
+            return Err(XdsConfigError::Server {
+                field: format!("clusters.{}", watch.cluster),
+                reason: "cluster subscribed twice on one connection".into(),
+            });
+        }
+        let (tx, rx) = watch::channel(SourceUpdate::default());
+        let stats = Arc::new(ClusterStats::default());
+        let sink = Sink {
+            cluster: watch.cluster.clone(),
+            tx,
+            stats: Arc::clone(&stats),
+        };
+        grpc::lock(&self.state).subscribe(watch.resource.clone(), sink);
+        outputs.insert(
+            watch.cluster,
+            Output {
+                rx,
+                stats,
+                resource: watch.resource,
+            },
+        );
+        self.resources_changed.notify_one();
+        Ok(())
+    }
+
+    /// Removes `cluster` from the running stream (its updates end); a resource no cluster
+    /// reads any more is no longer asked for.
+    pub fn unsubscribe(&self, cluster: &str) {
+        if self.outputs().remove(cluster).is_some() {
+            grpc::lock(&self.state).unsubscribe(cluster);
+            self.resources_changed.notify_one();
         }
     }
 }
@@ -142,7 +226,6 @@ impl Drop for EdsClient {
 #[derive(Default)]
 pub struct XdsClients {
     by_cluster: BTreeMap<String, Arc<EdsClient>>,
-    connections: usize,
 }
 
 impl XdsClients {
@@ -157,18 +240,18 @@ impl XdsClients {
         for (source, watches) in plan(xds, &clusters, &static_resolver(config))? {
             let client = Arc::new(spawn_eds(source, watches)?);
             for name in client.clusters() {
-                clients
-                    .by_cluster
-                    .insert(name.to_owned(), Arc::clone(&client));
+                clients.by_cluster.insert(name, Arc::clone(&client));
             }
-            clients.connections += 1;
         }
         Ok(clients)
     }
 
     /// How many control-plane connections run.
     pub fn connections(&self) -> usize {
-        self.connections
+        let mut seen: Vec<*const EdsClient> = self.by_cluster.values().map(Arc::as_ptr).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        seen.len()
     }
 
     /// The source of EDS cluster `cluster`, if a connection subscribes it.
@@ -179,6 +262,150 @@ impl XdsClients {
             updates: client.updates(cluster)?,
             client: Arc::clone(client),
         })
+    }
+
+    /// What a reload from `self` (running `old`'s EDS clusters) to the validated `new` changes
+    /// on the connections, prepared without touching a running cluster: clusters added on a
+    /// connection that runs are subscribed on its stream, connections that are new start.
+    /// Clusters that stay keep their subscription and state, also when their cluster is
+    /// otherwise changed. `Ok(None)`: the change needs every connection restarted (the `xds`
+    /// block, or a staying cluster's `eds_cluster_config`, changed). Removed clusters are
+    /// unsubscribed by [`XdsChange::commit`]; a change dropped uncommitted takes back what it
+    /// subscribed.
+    pub fn prepare(&self, old: &Config, new: &Config) -> Result<Option<XdsChange>, XdsConfigError> {
+        if restart_needed(old, new) {
+            return Ok(None);
+        }
+        let new_eds = eds_clusters(new);
+        let mut change = XdsChange::default();
+        let Some(xds) = new.xds.as_ref().filter(|_| !new_eds.is_empty()) else {
+            change.removed = self
+                .by_cluster
+                .iter()
+                .map(|(n, c)| (Arc::clone(c), n.clone()))
+                .collect();
+            return Ok(Some(change));
+        };
+        let running: Vec<Arc<EdsClient>> = {
+            let mut all: Vec<Arc<EdsClient>> = self.by_cluster.values().cloned().collect();
+            all.sort_by_key(|c| Arc::as_ptr(c) as usize);
+            all.dedup_by_key(|c| Arc::as_ptr(c) as usize);
+            all
+        };
+        for (source, watches) in plan(xds, &new_eds, &static_resolver(new))? {
+            if let Some(client) = running.iter().find(|c| *c.source() == source) {
+                self.keep_or_subscribe(client, watches, &mut change)?;
+            } else {
+                let client = Arc::new(spawn_eds(source, watches)?);
+                change.started += 1;
+                for name in client.clusters() {
+                    change.next.insert(name, Arc::clone(&client));
+                }
+            }
+        }
+        change.removed = self
+            .by_cluster
+            .iter()
+            .filter(|(name, _)| !change.next.contains_key(*name))
+            .map(|(name, client)| (Arc::clone(client), name.clone()))
+            .collect();
+        Ok(Some(change))
+    }
+
+    /// `watches` on the running `client`: the clusters it has stay, the others are
+    /// subscribed (recorded in `change` to be taken back if it is not committed).
+    fn keep_or_subscribe(
+        &self,
+        client: &Arc<EdsClient>,
+        watches: Vec<EdsWatch>,
+        change: &mut XdsChange,
+    ) -> Result<(), XdsConfigError> {
+        for watch in watches {
+            let kept = self.by_cluster.get(&watch.cluster);
+            if kept.is_some_and(|c| Arc::ptr_eq(c, client)) {
+                change.next.insert(watch.cluster, Arc::clone(client));
+                continue;
+            }
+            client.subscribe(watch.clone())?;
+            change
+                .added
+                .push((Arc::clone(client), watch.cluster.clone()));
+            change.next.insert(watch.cluster, Arc::clone(client));
+        }
+        Ok(())
+    }
+
+    /// The sources as they are once `change` is committed (for starting the reload's
+    /// clusters before the first change).
+    pub fn preview(change: &XdsChange) -> Self {
+        Self {
+            by_cluster: change.next.clone(),
+        }
+    }
+}
+
+/// Whether going from `old` to `new` needs every xDS connection restarted: the `xds` block
+/// changed, or a cluster in both has another `eds_cluster_config` (its resource or source).
+/// Otherwise a reload adds and removes clusters on the running streams
+/// ([`XdsClients::prepare`]).
+pub fn restart_needed(old: &Config, new: &Config) -> bool {
+    let old_eds = eds_clusters(old);
+    let kept_changed = eds_clusters(new)
+        .iter()
+        .any(|(name, eds)| old_eds.iter().any(|(n, e)| n == name && e != eds));
+    format!("{:?}", old.xds) != format!("{:?}", new.xds) || kept_changed
+}
+
+/// A prepared change of the running connections ([`XdsClients::prepare`]).
+#[derive(Default)]
+pub struct XdsChange {
+    /// Every EDS cluster of the new configuration and its connection.
+    next: BTreeMap<String, Arc<EdsClient>>,
+    /// Subscribed on a running connection by the preparation.
+    added: Vec<(Arc<EdsClient>, String)>,
+    /// To unsubscribe at the commit.
+    removed: Vec<(Arc<EdsClient>, String)>,
+    /// New connections.
+    started: usize,
+    committed: bool,
+}
+
+impl XdsChange {
+    /// One line: what changes on the connections.
+    pub fn summary(&self) -> String {
+        format!(
+            "xDS: {} cluster(s) subscribed and {} unsubscribed on running streams, {} connection(s) started",
+            self.added.len(),
+            self.removed.len(),
+            self.started
+        )
+    }
+
+    /// Whether nothing changes.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty() && self.started == 0
+    }
+
+    /// Applies the change: removed clusters leave their streams (call it once their clusters
+    /// stopped); returns the connections as they now run.
+    pub fn commit(mut self) -> XdsClients {
+        self.committed = true;
+        for (client, cluster) in &self.removed {
+            client.unsubscribe(cluster);
+        }
+        XdsClients {
+            by_cluster: std::mem::take(&mut self.next),
+        }
+    }
+}
+
+impl Drop for XdsChange {
+    fn drop(&mut self) {
+        if !self.committed {
+            for (client, cluster) in &self.added {
+                client.unsubscribe(cluster);
+            }
+        }
     }
 }
 
@@ -237,19 +464,24 @@ pub fn spawn_eds(source: XdsSource, watches: Vec<EdsWatch>) -> Result<EdsClient,
     for watch in watches {
         let (tx, rx) = watch::channel(SourceUpdate::default());
         let stats = Arc::new(ClusterStats::default());
-        if outputs
-            .insert(watch.cluster.clone(), (rx, Arc::clone(&stats)))
-            .is_some()
-        {
+        let output = Output {
+            rx,
+            stats: Arc::clone(&stats),
+            resource: watch.resource.clone(),
+        };
+        if outputs.insert(watch.cluster.clone(), output).is_some() {
             return Err(XdsConfigError::Server {
                 field: format!("clusters.{}", watch.cluster),
                 reason: "cluster subscribed twice on one connection".into(),
             });
         }
-        sinks.push((watch.resource, Sink { tx, stats }));
+        let cluster = watch.cluster;
+        sinks.push((watch.resource, Sink { cluster, tx, stats }));
     }
     let state = Arc::new(Mutex::new(EdsState::new(sinks)));
     let control = Arc::new(ControlPlaneStats::default());
+    let resources_changed = Arc::new(Notify::new());
+    let kept_source = source.clone();
     let backoff = Backoff::new(source.backoff.0, source.backoff.1);
     let node = Node {
         id: source.node.id.clone(),
@@ -267,6 +499,7 @@ pub fn spawn_eds(source: XdsSource, watches: Vec<EdsWatch>) -> Result<EdsClient,
                 node,
                 state: Arc::clone(&state),
                 control: Arc::clone(&control),
+                resources_changed: Arc::clone(&resources_changed),
             };
             tokio::spawn(grpc::run(sub, backoff))
         }
@@ -289,14 +522,18 @@ pub fn spawn_eds(source: XdsSource, watches: Vec<EdsWatch>) -> Result<EdsClient,
     let mut tasks = vec![main.abort_handle()];
     if !source.initial_fetch_timeout.is_zero() {
         let timeout = source.initial_fetch_timeout;
+        let timed = Arc::clone(&state);
         let timer = tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
-            grpc::lock(&state).on_init_timeout();
+            grpc::lock(&timed).on_init_timeout();
         });
         tasks.push(timer.abort_handle());
     }
     Ok(EdsClient {
-        outputs,
+        source: kept_source,
+        outputs: Mutex::new(outputs),
+        state,
+        resources_changed,
         control,
         tasks,
     })

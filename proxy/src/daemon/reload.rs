@@ -25,8 +25,10 @@ pub struct Plan {
     pub start: BTreeSet<String>,
     /// Clusters to stop: removed, or changed.
     pub stop: BTreeSet<String>,
-    /// The xDS connections restart: the EDS clusters or the `xds` block changed. Every EDS
-    /// cluster is then in `start` and `stop`.
+    /// The xDS connections restart: the `xds` block, or a staying EDS cluster's
+    /// `eds_cluster_config`, changed. Every EDS cluster is then in `start` and `stop`.
+    /// Otherwise EDS clusters added or removed are subscribed or unsubscribed on the running
+    /// streams, and the others keep theirs.
     pub xds_restart: bool,
     /// Services whose publisher is started or replaced: new, changed, or reading a cluster in
     /// `start`.
@@ -99,9 +101,10 @@ pub fn plan(
                 .to_owned(),
         ));
     }
-    let mut plan = Plan::default();
-    let eds = |c: &Config| format!("{:?} {:?}", eds_clusters(c), c.xds);
-    plan.xds_restart = eds(old) != eds(new);
+    let mut plan = Plan {
+        xds_restart: proxy_core::discovery::xds::restart_needed(old, new),
+        ..Plan::default()
+    };
     let olds: BTreeMap<&str, String> = old
         .clusters
         .iter()

@@ -33,7 +33,7 @@ use envoy_types::pb::{
     google::rpc::Status,
 };
 use thiserror::Error;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
@@ -105,6 +105,8 @@ pub(crate) struct GrpcSubscription {
     pub(crate) node: Node,
     pub(crate) state: Arc<Mutex<EdsState>>,
     pub(crate) control: Arc<ControlPlaneStats>,
+    /// Woken when a reload changed the subscribed resources.
+    pub(crate) resources_changed: Arc<Notify>,
 }
 
 /// Runs streams forever (until the task is aborted), reconnecting with `backoff`.
@@ -142,7 +144,9 @@ async fn connect(uri: &str) -> Result<Channel, StreamError> {
 async fn run_sotw(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backoff) -> StreamError {
     let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
     let first = {
-        let state = lock(&sub.state);
+        let mut state = lock(&sub.state);
+        // The first request names every resource: nothing is pending on a new stream.
+        let _ = state.take_pending();
         sotw_request(
             sub,
             state.version_info(),
@@ -151,6 +155,8 @@ async fn run_sotw(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backof
             None,
         )
     };
+    let mut asked = first.resource_names.clone();
+    let mut last_nonce = String::new();
     let _ = tx.send(first).await;
     let outbound = tonic::Request::new(ReceiverStream::new(rx));
     let response = match sub.api {
@@ -172,15 +178,34 @@ async fn run_sotw(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backof
     };
     sub.control.set_connected(true);
     loop {
-        let response = match inbound.message().await {
-            Ok(Some(response)) => response,
-            Ok(None) => return StreamError::Closed,
-            Err(status) => return status.into(),
+        let response = tokio::select! {
+            message = inbound.message() => match message {
+                Ok(Some(response)) => response,
+                Ok(None) => return StreamError::Closed,
+                Err(status) => return status.into(),
+            },
+            () = sub.resources_changed.notified() => {
+                // As Envoy: the new resource names, with the version and nonce we hold.
+                let request = {
+                    let mut state = lock(&sub.state);
+                    let _ = state.take_pending();
+                    sotw_request(sub, state.version_info(), state.names(), last_nonce.clone(), None)
+                };
+                if request.resource_names != asked {
+                    asked.clone_from(&request.resource_names);
+                    tracing::info!(resources = ?asked, "EDS subscription changed on the running stream");
+                    if tx.send(request).await.is_err() {
+                        return StreamError::Closed;
+                    }
+                }
+                continue;
+            }
         };
         if response.type_url != CLA_TYPE_URL {
             tracing::debug!(type_url = %response.type_url, "ignoring a response of another type");
             continue;
         }
+        last_nonce.clone_from(&response.nonce);
         let request = {
             let mut state = lock(&sub.state);
             let detail = state.apply_sotw(&response).err().map(|e| nack_status(&e));
@@ -194,6 +219,7 @@ async fn run_sotw(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backof
             )
         };
         log_decision(request.error_detail.as_ref(), &request.version_info);
+        asked.clone_from(&request.resource_names);
         if tx.send(request).await.is_err() {
             return StreamError::Closed;
         }
@@ -204,7 +230,8 @@ async fn run_sotw(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backof
 async fn run_delta(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backoff) -> StreamError {
     let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
     let first = {
-        let state = lock(&sub.state);
+        let mut state = lock(&sub.state);
+        let _ = state.take_pending();
         DeltaDiscoveryRequest {
             node: Some(sub.node.clone()),
             type_url: CLA_TYPE_URL.to_owned(),
@@ -234,10 +261,30 @@ async fn run_delta(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backo
     };
     sub.control.set_connected(true);
     loop {
-        let response = match inbound.message().await {
-            Ok(Some(response)) => response,
-            Ok(None) => return StreamError::Closed,
-            Err(status) => return status.into(),
+        let response = tokio::select! {
+            message = inbound.message() => match message {
+                Ok(Some(response)) => response,
+                Ok(None) => return StreamError::Closed,
+                Err(status) => return status.into(),
+            },
+            () = sub.resources_changed.notified() => {
+                let (subscribe, unsubscribe) = lock(&sub.state).take_pending();
+                if subscribe.is_empty() && unsubscribe.is_empty() {
+                    continue;
+                }
+                tracing::info!(?subscribe, ?unsubscribe, "EDS subscription changed on the running stream");
+                let request = DeltaDiscoveryRequest {
+                    node: Some(sub.node.clone()),
+                    type_url: CLA_TYPE_URL.to_owned(),
+                    resource_names_subscribe: subscribe,
+                    resource_names_unsubscribe: unsubscribe,
+                    ..Default::default()
+                };
+                if tx.send(request).await.is_err() {
+                    return StreamError::Closed;
+                }
+                continue;
+            }
         };
         if response.type_url != CLA_TYPE_URL {
             tracing::debug!(type_url = %response.type_url, "ignoring a response of another type");

@@ -118,7 +118,9 @@ pub(crate) async fn run(sub: RestSubscription, mut backoff: Backoff) {
 }
 
 fn request_body(sub: &RestSubscription, poll: &PollState) -> Vec<u8> {
-    let state = lock(&sub.state);
+    let mut state = lock(&sub.state);
+    // Every poll names every resource: a reload's changes need no request of their own.
+    let _ = state.take_pending();
     let error = poll.error.as_deref().map(|message| (13, message));
     let request = json::discovery_request(
         &sub.node,

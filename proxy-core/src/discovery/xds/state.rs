@@ -134,6 +134,8 @@ enum Duplicates {
 
 /// One consumer of a resource: an EDS cluster (two clusters may share a `service_name`).
 pub(crate) struct Sink {
+    /// The cluster's name.
+    pub(crate) cluster: String,
     pub(crate) tx: watch::Sender<SourceUpdate>,
     pub(crate) stats: Arc<ClusterStats>,
 }
@@ -151,6 +153,10 @@ pub(crate) struct EdsState {
     /// SotW: the `version_info` of the last accepted response (sent back in ACKs, NACKs and
     /// the first request of a new stream).
     version_info: String,
+    /// Delta: resource names subscribed and unsubscribed since the stream's last request (a
+    /// new stream's first request names every resource instead).
+    pending_subscribe: Vec<String>,
+    pending_unsubscribe: Vec<String>,
 }
 
 impl EdsState {
@@ -168,10 +174,74 @@ impl EdsState {
         Self {
             resources,
             version_info: String::new(),
+            pending_subscribe: Vec::new(),
+            pending_unsubscribe: Vec::new(),
         }
     }
 
-    /// Subscribed resource names, sorted.
+    /// Adds a cluster to resource `name` on the running stream (a reload). A resource already
+    /// subscribed gives the new cluster the hosts it holds at once; a new one is asked for
+    /// (delta: in the next request's `resource_names_subscribe`; state of the world: the next
+    /// request names it).
+    pub(crate) fn subscribe(&mut self, name: String, sink: Sink) {
+        if let Some(resource) = self.resources.get_mut(&name) {
+            if let Some(hosts) = &resource.hosts {
+                sink.tx.send_modify(|update| {
+                    update.version += 1;
+                    update.version_info.clone_from(&self.version_info);
+                    update.initialized = true;
+                    update.hosts.clone_from(hosts);
+                    update.added.clone_from(hosts);
+                });
+                sink.stats.set_membership(hosts);
+            }
+            resource.sinks.push(sink);
+            return;
+        }
+        self.pending_unsubscribe.retain(|n| *n != name);
+        self.pending_subscribe.push(name.clone());
+        self.resources.insert(
+            name,
+            Resource {
+                sinks: vec![sink],
+                hosts: None,
+                delta_version: None,
+            },
+        );
+    }
+
+    /// Removes `cluster` from the resource it reads; a resource no cluster reads any more is
+    /// no longer asked for. Its watch closes.
+    pub(crate) fn unsubscribe(&mut self, cluster: &str) {
+        let Some(name) = self
+            .resources
+            .iter()
+            .find(|(_, r)| r.sinks.iter().any(|s| s.cluster == cluster))
+            .map(|(name, _)| name.clone())
+        else {
+            return;
+        };
+        let Some(resource) = self.resources.get_mut(&name) else {
+            return;
+        };
+        resource.sinks.retain(|s| s.cluster != cluster);
+        if resource.sinks.is_empty() {
+            self.resources.remove(&name);
+            self.pending_subscribe.retain(|n| *n != name);
+            self.pending_unsubscribe.push(name);
+        }
+    }
+
+    /// Delta: the names subscribed and unsubscribed since the last call (or the stream's
+    /// start), for the next request.
+    pub(crate) fn take_pending(&mut self) -> (Vec<String>, Vec<String>) {
+        (
+            std::mem::take(&mut self.pending_subscribe),
+            std::mem::take(&mut self.pending_unsubscribe),
+        )
+    }
+
+    /// Subscribed resource names, sorted. A new stream asks for these: nothing is pending.
     pub(crate) fn names(&self) -> Vec<String> {
         self.resources.keys().cloned().collect()
     }

@@ -28,6 +28,7 @@ fn state(resources: &[&str]) -> (EdsState, Vec<Cluster>) {
         sinks.push((
             (*resource).to_owned(),
             Sink {
+                cluster: (*resource).to_owned(),
                 tx,
                 stats: Arc::clone(&stats),
             },
@@ -393,4 +394,57 @@ fn long_nack_messages_are_cut_as_envoy_cuts_them() {
         short.message,
         "duplicate name web found among added/updated resources"
     );
+}
+
+/// A reload's subscription changes: a cluster added on a resource already held gets its hosts
+/// at once and asks for nothing; a new resource is asked for; a resource is let go only when
+/// its last cluster goes; the untouched cluster keeps its state.
+#[test]
+fn subscriptions_change_without_touching_the_others() {
+    let (mut state, clusters) = state(&["web"]);
+    state
+        .apply_sotw(&sotw("1", "a", &[cla("web", &[80])]))
+        .unwrap();
+    let sink = |cluster: &str| {
+        let (tx, rx) = watch::channel(EdsUpdate::default());
+        let stats = Arc::new(ClusterStats::default());
+        let cluster = cluster.to_owned();
+        (
+            Sink {
+                cluster,
+                tx,
+                stats: Arc::clone(&stats),
+            },
+            Cluster { rx, stats },
+        )
+    };
+    // A second cluster on the resource `web`: its hosts at once, nothing to ask for.
+    let (web2, web2_out) = sink("web2");
+    state.subscribe("web".to_owned(), web2);
+    assert_eq!(ports(&web2_out.rx.borrow()), [80]);
+    assert!(web2_out.rx.borrow().initialized);
+    assert_eq!(state.take_pending(), (vec![], vec![]));
+    // A new resource: asked for.
+    let (api, api_out) = sink("api");
+    state.subscribe("api".to_owned(), api);
+    assert_eq!(state.names(), ["api", "web"]);
+    assert_eq!(state.take_pending(), (vec!["api".to_owned()], vec![]));
+    state
+        .apply_sotw(&sotw("2", "b", &[cla("web", &[80]), cla("api", &[90])]))
+        .unwrap();
+    assert_eq!(ports(&api_out.rx.borrow()), [90]);
+    // `web2` goes: `web` stays subscribed for `web`; `api` goes: let go.
+    state.unsubscribe("web2");
+    assert_eq!(state.take_pending(), (vec![], vec![]));
+    assert!(
+        web2_out.rx.has_changed().is_err(),
+        "the removed cluster's watch closed"
+    );
+    state.unsubscribe("api");
+    assert_eq!(state.take_pending(), (vec![], vec!["api".to_owned()]));
+    assert_eq!(state.names(), ["web"]);
+    // The untouched cluster: one membership change (version 1 only), hosts kept.
+    let web = clusters[0].rx.borrow().clone();
+    assert_eq!((web.version, ports(&web)), (1, vec![80]));
+    assert_eq!(values(&clusters[0]).update_success, 2);
 }

@@ -37,6 +37,8 @@ pub struct Consul {
     dir: PathBuf,
     http: SocketAddr,
     datacenter: String,
+    /// HTTP, DNS, gRPC, serf LAN, serf WAN and server ports, kept for a restart.
+    ports: Vec<u16>,
     child: Option<Child>,
 }
 
@@ -80,52 +82,39 @@ impl Consul {
     /// One start; `Err` with the reason and the agent's log when it exited or elected no leader
     /// in time (the agent is killed and its directory removed on the way out).
     async fn try_start(datacenter: &str) -> Result<Self, String> {
-        let binary = consul_binary();
         let dir = temp_dir();
         let ports = free_ports(6);
-        let log_path = dir.join("consul.log");
-        let log = std::fs::File::create(&log_path)
-            .unwrap_or_else(|e| panic!("cannot create {}: {e}", log_path.display()));
-        let stderr = log.try_clone().expect("clone log handle");
-        let child = Command::new(&binary)
-            .args([
-                "agent",
-                "-dev",
-                "-bind",
-                "127.0.0.1",
-                "-client",
-                "127.0.0.1",
-            ])
-            .args([
-                "-node",
-                "proxy-test",
-                "-datacenter",
-                datacenter,
-                "-log-level",
-                "warn",
-            ])
-            .args(["-hcl", "disable_update_check = true"])
-            .arg("-data-dir")
-            .arg(dir.join("data"))
-            .args(["-http-port", &ports[0].to_string()])
-            .args(["-dns-port", &ports[1].to_string()])
-            .args(["-grpc-port", &ports[2].to_string()])
-            .args(["-serf-lan-port", &ports[3].to_string()])
-            .args(["-serf-wan-port", &ports[4].to_string()])
-            .args(["-server-port", &ports[5].to_string()])
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(stderr)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let child = spawn_agent(&dir, datacenter, &ports);
         let mut consul = Self {
             dir,
             http: SocketAddr::from(([127, 0, 0, 1], ports[0])),
             datacenter: datacenter.to_owned(),
+            ports,
             child: Some(child),
         };
         consul.wait_until_leader().await?;
         Ok(consul)
+    }
+
+    /// Starts the agent again after [`Consul::kill`], on the same ports and data directory
+    /// (what it restores of earlier registrations is its own business: set the catalog after),
+    /// and waits until it serves.
+    pub async fn restart(&mut self) {
+        assert!(self.child.is_none(), "restart follows kill");
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            self.child = Some(spawn_agent(&self.dir, &self.datacenter, &self.ports));
+            match self.wait_until_leader().await {
+                Ok(()) => return,
+                // A port still held by the killed agent's sockets: try again shortly.
+                Err(why) if Instant::now() < deadline => {
+                    self.kill();
+                    eprintln!("consul restart: {why}; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(why) => panic!("consul did not come back: {why}"),
+            }
+        }
     }
 
     /// The HTTP API address.
@@ -314,4 +303,48 @@ fn temp_dir() -> PathBuf {
     std::fs::create_dir_all(&dir)
         .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
     dir
+}
+
+/// Starts a dev agent of `datacenter` with its data and log (appended) in `dir`, on `ports`
+/// (HTTP, DNS, gRPC, serf LAN, serf WAN, server).
+fn spawn_agent(dir: &Path, datacenter: &str, ports: &[u16]) -> Child {
+    let binary = consul_binary();
+    let log_path = dir.join("consul.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .unwrap_or_else(|e| panic!("cannot open {}: {e}", log_path.display()));
+    let stderr = log.try_clone().expect("clone log handle");
+    Command::new(&binary)
+        .args([
+            "agent",
+            "-dev",
+            "-bind",
+            "127.0.0.1",
+            "-client",
+            "127.0.0.1",
+        ])
+        .args([
+            "-node",
+            "proxy-test",
+            "-datacenter",
+            datacenter,
+            "-log-level",
+            "warn",
+        ])
+        .args(["-hcl", "disable_update_check = true"])
+        .arg("-data-dir")
+        .arg(dir.join("data"))
+        .args(["-http-port", &ports[0].to_string()])
+        .args(["-dns-port", &ports[1].to_string()])
+        .args(["-grpc-port", &ports[2].to_string()])
+        .args(["-serf-lan-port", &ports[3].to_string()])
+        .args(["-serf-wan-port", &ports[4].to_string()])
+        .args(["-server-port", &ports[5].to_string()])
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(stderr)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()))
 }

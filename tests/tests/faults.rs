@@ -9,6 +9,9 @@
 //!   resubscribes with the version it had, and the next version applies.
 //! - The link to a backend's namespace cut and restored: health checks take the host out (the
 //!   connects lost before that are counted), none fail after it, and the host comes back.
+//! - The Consul agent killed and started again: failed queries are counted, the last hosts keep
+//!   serving (0 failed connects), `/ready` stays 200, and the catalog as registered after the
+//!   restart reaches the kernel.
 //!
 //! Other faults have their cases beside the feature they test (README, "When something fails"):
 //! a killed backend (daemon_health.rs, envoy_side_by_side.rs), a DNS server down and back
@@ -422,4 +425,94 @@ fn a_cut_link_takes_its_host_out_and_a_restored_one_brings_it_back() {
             "the far host never came back: {seen:?}"
         );
     }
+}
+
+/// The Consul agent killed under a connect loop and started again, its catalog then set with
+/// one host changed: while it is down the
+/// daemon counts failed queries and keeps the last hosts, so no connect fails; once it is back
+/// the change in the catalog reaches the kernel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_down_keeps_the_hosts_and_back_applies_the_catalog() {
+    use integration_tests::consul::{Consul, service};
+    require_root();
+    if skip_without_dataplane("consul_down_keeps_the_hosts_and_back_applies_the_catalog") {
+        return;
+    }
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let (a, b, c) = ("127.0.0.54:8080", "127.0.0.55:8080", "127.0.0.56:8080");
+    let _servers = BannerServers::start(&netns, &[a, b, c].map(|h| (h.parse().unwrap(), h, false)));
+    let mut consul = Consul::start("dc1").await;
+    consul
+        .register(service("web-1", "web", "127.0.0.54", 8080))
+        .await;
+    consul
+        .register(service("web-2", "web", "127.0.0.55", 8080))
+        .await;
+    let config = format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n  - name: web\n    cluster_type:\n      name: proxy.clusters.consul\n      typed_config: {{ address: \"{}\", service: web, datacenter: dc1, wait: 1s }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web }}\n",
+        unique("t"),
+        cgroup.path().display(),
+        consul.http_addr(),
+    );
+    let vip: SocketAddr = "127.77.0.1:80".parse().unwrap();
+    let within = Duration::from_secs(20);
+    let mut daemon = tokio::task::block_in_place(|| Daemon::start(&config));
+    tokio::task::block_in_place(|| {
+        integration_tests::kernel::wait_for_backends(&netns, &cgroup, vip, &[a, b], within);
+    });
+    let looping = InCgroup::spawn(Some(cgroup.path()), &netns, move || {
+        serde_json::to_string(&tcp_loop(vip, 10_000_000, Duration::from_secs(8))).unwrap()
+    });
+
+    consul.kill();
+    let failures = |d: &Daemon| d.stat("cluster.web.update_failure");
+    let before = tokio::task::block_in_place(|| failures(&daemon));
+    let deadline = Instant::now() + within;
+    while tokio::task::block_in_place(|| failures(&daemon)) < before + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "no failed query with the agent down"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (ready, _) = tokio::task::block_in_place(|| daemon.get("/ready")).expect("admin");
+    assert_eq!(
+        ready, 200,
+        "discovery failures keep the daemon ready, as in Envoy"
+    );
+    let down = tokio::task::block_in_place(|| {
+        integration_tests::kernel::Probe::run(&netns, Some(cgroup.path()), vip, 40, false)
+    });
+    let kept: Vec<&str> = down.backends.keys().map(String::as_str).collect();
+    assert!(
+        down.errors.is_empty() && kept == [a, b],
+        "hosts kept while down: {down:?}"
+    );
+
+    consul.restart().await;
+    // What a restarted dev agent restores of its registrations (and of their TTL checks' state)
+    // is its business: the catalog is set afresh, host a under a new ID, b gone, c new.
+    consul.deregister("web-1").await;
+    consul.deregister("web-2").await;
+    consul
+        .register(service("web-4", "web", "127.0.0.54", 8080))
+        .await;
+    consul
+        .register(service("web-3", "web", "127.0.0.56", 8080))
+        .await;
+    tokio::task::block_in_place(|| {
+        integration_tests::kernel::wait_for_backends(&netns, &cgroup, vip, &[a, c], within);
+    });
+    let report =
+        tokio::task::block_in_place(|| LoopReport::parse(&looping.wait(Duration::from_secs(60))));
+    let failed_queries = tokio::task::block_in_place(|| failures(&daemon)) - before;
+    println!(
+        "consul down and back: {} connects, {} failed ({:?}); {failed_queries} failed queries; while down the hosts stayed {:?}",
+        report.ok(),
+        report.failed(),
+        report.banners,
+        kept
+    );
+    assert_eq!(report.failed(), 0, "{report:?}");
+    assert!(tokio::task::block_in_place(|| daemon.stop()), "clean stop");
 }

@@ -253,6 +253,7 @@ async fn run_async(
     };
     sweep_after_first_publish(&keys, &dp, ctx.published.subscribe()).await;
     let passive = tokio::spawn(crate::passive::run(dp.clone(), live_rx));
+    let reaper = tokio::spawn(reap(dp.clone()));
     let mut traffic = spawn_traffic(&running.config, &ctx);
     // Takeover: a new daemon may ask for the instance from now on (a reload keeps its sockets).
     let mut takeover = takeover::Server::start(&running.config, running.proxy.as_ref());
@@ -292,6 +293,7 @@ async fn run_async(
     // Removes the admin socket file, when the admin interface is on one.
     server.stop().await;
     passive.abort();
+    reaper.abort();
     traffic.abort();
     if let Some(kernel_log) = kernel_log {
         kernel_log.abort();
@@ -836,6 +838,21 @@ fn take(dp: &SharedDataplane) -> Option<Dataplane> {
 }
 
 /// The stop: the data path stays attached and pinned ([`Dataplane::release`]).
+/// Frees retired generations whose grace period passed, once a second. Publishing frees them
+/// too, but the generations the last publishes of a burst retired (a reload's, say) would
+/// otherwise wait for the next publish.
+async fn reap(dp: SharedDataplane) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let mut guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match guard.as_mut() {
+            Some(dp) => dp.publisher().reap(false),
+            None => return,
+        }
+    }
+}
+
 fn release(dp: &SharedDataplane) {
     if let Some(dp) = take(dp) {
         dp.release();

@@ -296,6 +296,9 @@ impl Drop for BannerServers {
     }
 }
 
+/// How long a started daemon may take to answer `/ready` with 200.
+const READY_WITHIN: Duration = Duration::from_secs(60);
+
 /// The real daemon, run from its binary with a config file; on drop, SIGTERM, wait, and
 /// `proxy uninstall` (the stop keeps the data path serving; the test's must go).
 pub struct Daemon {
@@ -407,7 +410,8 @@ impl Daemon {
     }
 
     fn wait_ready(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // Generous: a debug build publishing 10,000 services (load.rs) takes tens of seconds.
+        let deadline = Instant::now() + READY_WITHIN;
         while Instant::now() < deadline {
             let child = self.child.as_mut().expect("running");
             if let Ok(Some(status)) = child.try_wait() {
@@ -419,7 +423,7 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("daemon not ready in 20 s:\n{}", self.log_text());
+        panic!("daemon not ready in {READY_WITHIN:?}:\n{}", self.log_text());
     }
 
     /// The daemon's log so far.
@@ -429,10 +433,15 @@ impl Daemon {
 
     /// A GET on the admin interface (from inside the daemon's namespace).
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        self.get_within(path, Duration::from_secs(2))
+    }
+
+    /// [`Daemon::get`] allowing `idle` between reads (a large answer's rendering).
+    pub fn get_within(&self, path: &str, idle: Duration) -> Option<(u16, String)> {
         let (admin, path) = (self.admin, path.to_owned());
         match &self.netns {
-            Some(ns) => in_netns_path(ns, move || http_get(admin, &path)),
-            None => http_get(admin, &path),
+            Some(ns) => in_netns_path(ns, move || http_get_within(admin, &path, idle)),
+            None => http_get_within(admin, &path, idle),
         }
     }
 
@@ -577,8 +586,13 @@ pub fn free_port() -> SocketAddr {
 
 /// A GET on the host's loopback; returns (status, body).
 pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    http_get_within(addr, path, Duration::from_secs(2))
+}
+
+/// [`http_get`] allowing `idle` between reads.
+pub fn http_get_within(addr: SocketAddr, path: &str, idle: Duration) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream.set_read_timeout(Some(idle)).ok()?;
     write!(
         stream,
         "GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n"

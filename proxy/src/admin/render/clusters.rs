@@ -8,7 +8,7 @@
 //! `added_via_api` (always false here: clusters come from the file), `circuit_breakers`,
 //! `success_rate` and the outlier success-rate thresholds.
 
-use std::{fmt::Write as _, net::SocketAddr};
+use std::{collections::BTreeMap, fmt::Write as _, net::SocketAddr};
 
 use proxy_core::{
     discovery::{EdsHealth, Host},
@@ -265,11 +265,28 @@ fn services_where(
 /// `/routing`: per cluster, the services using it and each host's flags, weight, priority and
 /// whether new connections go to it now.
 pub(crate) fn routing(state: &State) -> Vec<RoutingCluster> {
+    // Each service's clusters once (not every service per cluster: 10,000 of each would be
+    // 10^8 lookups).
+    let mut users: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    let clusters_of: Vec<Vec<String>> = state
+        .config
+        .services
+        .iter()
+        .map(|s| state.config.service_clusters(s))
+        .collect();
+    for (svc, clusters) in state.config.services.iter().zip(&clusters_of) {
+        for cluster in clusters {
+            users
+                .entry(cluster.as_str())
+                .or_default()
+                .push(format!("{} {}:{}", svc.name, svc.address, svc.port));
+        }
+    }
     let mut clusters: Vec<RoutingCluster> = state
         .upstreams
         .iter()
         .map(|(name, upstream)| {
-            let routable: Vec<_> = upstream
+            let routable: std::collections::HashSet<_> = upstream
                 .routing()
                 .borrow()
                 .routable()
@@ -289,9 +306,7 @@ pub(crate) fn routing(state: &State) -> Vec<RoutingCluster> {
                 .collect();
             RoutingCluster {
                 name: name.clone(),
-                services: services_where(state, |s| {
-                    state.config.service_clusters(s).contains(name)
-                }),
+                services: users.remove(name.as_str()).unwrap_or_default(),
                 hosts,
             }
         })

@@ -98,12 +98,18 @@ fn deps(
 /// listening sockets, stats and handover place. `running` is left to drain
 /// ([`ProxyHandle::shutdown`]); on error nothing changed. The listener addresses stay (a
 /// change of `proxy` needs a restart), so the kernel's redirect target stays too.
+///
+/// The successor serves only once every cluster it reads has its first discovery result
+/// (bounded by `FIRST_PUBLISH_WAIT`), as Envoy warms a changed cluster before it replaces the
+/// old one: until then `running` serves on its routes. A cluster that has not delivered yet has
+/// no host, and a connection the successor took then would be reset.
 pub async fn successor(
     running: &mut ProxyHandle,
     config: &Config,
     upstreams: &BTreeMap<String, Arc<Upstream>>,
     dp: &SharedDataplane,
 ) -> anyhow::Result<ProxyHandle> {
+    clusters_initialized(upstreams).await;
     let deps = deps(config, upstreams, dp, &config.effective_proxy())?;
     running
         .successor(deps)
@@ -123,7 +129,7 @@ async fn clusters_initialized(upstreams: &BTreeMap<String, Arc<Upstream>>) {
         .is_err()
     {
         warn!(
-            "clusters not initialized within {:?}; taking over the proxy listeners with what they have",
+            "clusters not initialized within {:?}; the proxy path serves with what they have",
             super::FIRST_PUBLISH_WAIT
         );
     }

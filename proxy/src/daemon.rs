@@ -583,7 +583,15 @@ async fn sweep_after_first_publish(
     dp: &SharedDataplane,
     mut published: watch::Receiver<BTreeSet<ServiceKey>>,
 ) {
-    let all_in = |set: &BTreeSet<ServiceKey>| keys.iter().all(|k| set.contains(k));
+    // Checked after every first publish: keys found in are not looked up again. Looking every
+    // key up each time is quadratic in services, and ran on the workers the publishers need.
+    let mut found = 0;
+    let all_in = |set: &BTreeSet<ServiceKey>| {
+        while keys.get(found).is_some_and(|k| set.contains(k)) {
+            found += 1;
+        }
+        found == keys.len()
+    };
     let waited = tokio::time::timeout(FIRST_PUBLISH_WAIT, published.wait_for(all_in)).await;
     if waited.is_err() {
         warn!("not every service was published within {FIRST_PUBLISH_WAIT:?}; sweeping anyway");

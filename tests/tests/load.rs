@@ -3,6 +3,8 @@
 //! through the proxy path) while two reloads move the hosts of 2,000 clusters and of the
 //! looped service. Shown, with the figures printed:
 //! - not one connect fails (every host of the looped services listens, before and after);
+//! - the start's and each reload's first publish of every service ends within the daemon's
+//!   wait for it (it does not run out);
 //! - the daemon's memory does not grow from one reload round to the next;
 //! - the kernel maps hold what the configuration needs and no more: one entry per service, one
 //!   backend per host; the maps keyed by socket cookie or 4-tuple (`SOCK_ORIG`, `ORIG_DST`) are
@@ -264,6 +266,7 @@ fn ten_thousand_services_under_a_million_connections_and_reloads() {
     assert_eq!(services, SERVICES + 1);
     assert_eq!(backends, SERVICES * HOSTS_PER_SERVICE);
     assert_eq!((sock_orig, orig_dst), (0, 0), "entries of closed sockets");
+    assert_first_publishes_in_time(&daemon.log_text());
     // Memory: a reload holds two configurations for a moment, so the first one may raise the
     // peak; the second must not raise it further (no growth per round), within 25 % (the
     // allocator keeps freed pages in its arenas).
@@ -273,4 +276,18 @@ fn ten_thousand_services_under_a_million_connections_and_reloads() {
         "the daemon grew from reload to reload: {rss:?}"
     );
     assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
+}
+
+/// The start and each reload wait (bounded) for every service's first publish before they
+/// sweep; at this scale that wait must end because all were published, not at its bound.
+fn assert_first_publishes_in_time(log: &str) {
+    assert!(
+        !log.contains("not every service was published"),
+        "a first publish outlasted the daemon's wait:\n{}",
+        log.lines()
+            .filter(|l| l.contains("WARN"))
+            .take(20)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }

@@ -367,6 +367,7 @@ impl Publisher {
     /// After a start that adopted pinned maps: removes services that are not in `keep`, then
     /// slot tables of dead generations and backends nothing references.
     pub fn sweep(&mut self, keep: &[ServiceKey]) -> Result<(), DataplaneError> {
+        let keep: HashSet<&ServiceKey> = keep.iter().collect();
         let stale: Vec<ServiceKey> = self
             .live
             .keys()

@@ -133,6 +133,22 @@ pub struct Config {
     /// Compiled discovery chains by service name, filled when the file is validated.
     #[serde(skip)]
     pub chains: std::collections::BTreeMap<String, proxy_chain::CompiledDiscoveryChain>,
+    /// Where each cluster is in `clusters`, built on the first lookup by name.
+    #[serde(skip)]
+    cluster_index: ClusterIndex,
+}
+
+/// Cluster positions by name for [`Config::cluster`], which every service's set-up asks for
+/// its clusters: a scan of `clusters` each time is quadratic in services at 10,000 of them.
+/// `clusters` is public, so a position is checked against the name before it is trusted, and a
+/// name not found (or found elsewhere) falls back to the scan: a stale index is only slower.
+#[derive(Clone, Default)]
+struct ClusterIndex(std::sync::OnceLock<std::collections::HashMap<String, usize>>);
+
+impl std::fmt::Debug for ClusterIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterIndex")
+    }
 }
 
 /// How much the kernel programs log (`kernel_log`), from none to everything.
@@ -197,7 +213,19 @@ impl Config {
 
     /// The cluster named `name`.
     pub fn cluster(&self, name: &str) -> Option<&Cluster> {
-        self.clusters.iter().find(|c| c.name == name)
+        let index = self.cluster_index.0.get_or_init(|| {
+            let mut index = std::collections::HashMap::with_capacity(self.clusters.len());
+            for (i, c) in self.clusters.iter().enumerate() {
+                // The first of a name, as the scan finds it.
+                index.entry(c.name.clone()).or_insert(i);
+            }
+            index
+        });
+        let indexed = index
+            .get(name)
+            .and_then(|&i| self.clusters.get(i))
+            .filter(|c| c.name == name);
+        indexed.or_else(|| self.clusters.iter().find(|c| c.name == name))
     }
 
     /// The kernel execution plan of a chain service (`None` for a service with a plain cluster, and

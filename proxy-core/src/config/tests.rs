@@ -872,3 +872,33 @@ fn kernel_log_is_off_by_default_and_a_bad_level_points_at_its_line() {
         "{message}"
     );
 }
+
+#[test]
+fn clusters_are_found_by_name_also_after_the_list_changed() {
+    let cluster = |name: &str| {
+        format!(
+            "  - {{ name: {name}, load_assignment: {{ endpoints: [ {{ lb_endpoints: [ {{ endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: 9000 }} }} }} }} ] }} ] }} }}\n"
+        )
+    };
+    let text = format!(
+        "clusters:\n{}{}{}services: []\n",
+        cluster("a"),
+        cluster("b"),
+        cluster("c")
+    );
+    let mut config = parse(&text).unwrap();
+    let name = |c: Option<&Cluster>| c.map(|c| c.name.clone());
+    assert_eq!(name(config.cluster("b")), Some("b".to_owned()));
+    assert_eq!(name(config.cluster("x")), None);
+    // `clusters` is public: a lookup after the list changed must not trust old positions.
+    let b = config.clusters.remove(1);
+    config.clusters.push(b.clone());
+    let mut x = b;
+    x.name = "x".to_owned();
+    config.clusters.insert(0, x);
+    for want in ["a", "b", "c", "x"] {
+        assert_eq!(name(config.cluster(want)), Some(want.to_owned()), "{want}");
+    }
+    config.clusters.retain(|c| c.name != "c");
+    assert_eq!(name(config.cluster("c")), None);
+}

@@ -286,6 +286,9 @@ async fn run_async(
             }
             Err(refused) => error!(%refused, "reload refused; the configuration in force stays"),
         }
+        // Applied or refused, the reload built a second configuration and dropped one; the
+        // memory goes back before the answer, so what a caller measures then is what stays.
+        let _ = tokio::task::spawn_blocking(crate::sys::release_free_memory).await;
         if let Some(request) = request {
             let _ = request.send(outcome);
         }

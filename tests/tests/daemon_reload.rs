@@ -279,6 +279,50 @@ fn proxied(head: &str, host: &str) -> String {
     )
 }
 
+/// What the proxy-mode reload tests start from: the hosts' servers and a daemon whose
+/// proxy-mode service [`PROXIED`] reads cluster `pc` on [`H_PROXIED_OLD`], checked reachable.
+struct ProxiedReload {
+    daemon: Daemon,
+    /// The configuration's head, with the daemon's admin address.
+    head: String,
+    _pins: PinDir,
+    _servers: BannerServers,
+    cgroup: TestCgroup,
+    netns: Netns,
+}
+
+impl ProxiedReload {
+    /// `prefix` names the daemon's instance.
+    fn start(prefix: &str) -> Self {
+        let netns = Netns::new();
+        let cgroup = TestCgroup::new();
+        let servers: Vec<(SocketAddr, &str, bool)> = [H_STAY, H_PROXIED_OLD, H_PROXIED_NEW]
+            .iter()
+            .map(|h| (h.parse().unwrap(), *h, false))
+            .collect();
+        let servers = BannerServers::start(&netns, &servers);
+        let instance = unique(prefix);
+        let pins = PinDir(PathBuf::from("/sys/fs/bpf").join(&instance));
+        let daemon = Daemon::start_in(
+            &netns,
+            &proxied(&head(&instance, cgroup.path(), "{admin}"), H_PROXIED_OLD),
+        );
+        let head = head(&instance, cgroup.path(), &daemon.admin.to_string());
+        assert_eq!(
+            reach(&cgroup, &netns, PROXIED).banners.get(H_PROXIED_OLD),
+            Some(&5)
+        );
+        Self {
+            daemon,
+            head,
+            _pins: pins,
+            _servers: servers,
+            cgroup,
+            netns,
+        }
+    }
+}
+
 /// A reload that moves a proxy-mode service's cluster to another host: a successor proxy takes
 /// the listening sockets with the new table while a connect loop runs through it; not one
 /// connect fails, new connections reach the new host, and the proxy's counters go on.
@@ -290,24 +334,15 @@ fn reload_gives_the_proxy_path_its_new_services_without_a_failed_connect() {
     ) {
         return;
     }
-    let netns = Netns::new();
-    let cgroup = TestCgroup::new();
-    let servers: Vec<(SocketAddr, &str, bool)> = [H_STAY, H_PROXIED_OLD, H_PROXIED_NEW]
-        .iter()
-        .map(|h| (h.parse().unwrap(), *h, false))
-        .collect();
-    let _servers = BannerServers::start(&netns, &servers);
-    let instance = unique("rp");
-    let _pins = PinDir(PathBuf::from("/sys/fs/bpf").join(&instance));
-    let mut daemon = Daemon::start_in(
-        &netns,
-        &proxied(&head(&instance, cgroup.path(), "{admin}"), H_PROXIED_OLD),
-    );
-    let head = head(&instance, cgroup.path(), &daemon.admin.to_string());
-    assert_eq!(
-        reach(&cgroup, &netns, PROXIED).banners.get(H_PROXIED_OLD),
-        Some(&5)
-    );
+    // Named (not `..`), so that nothing drops here; dropped in reverse: the daemon first.
+    let ProxiedReload {
+        netns,
+        cgroup,
+        _servers,
+        _pins,
+        head,
+        mut daemon,
+    } = ProxiedReload::start("rp");
     let looping = client(&cgroup, &netns, PROXIED, Duration::from_secs(6));
     std::thread::sleep(Duration::from_secs(2));
     let before = daemon.stat("proxy.downstream_cx_total");
@@ -448,29 +483,20 @@ fn a_proxy_mode_reload_waits_for_the_new_clusters_first_hosts() {
     if skip_without_dataplane("a_proxy_mode_reload_waits_for_the_new_clusters_first_hosts") {
         return;
     }
-    let netns = Netns::new();
-    let cgroup = TestCgroup::new();
-    let servers: Vec<(SocketAddr, &str, bool)> = [H_STAY, H_PROXIED_OLD, H_PROXIED_NEW]
-        .iter()
-        .map(|h| (h.parse().unwrap(), *h, false))
-        .collect();
-    let _servers = BannerServers::start(&netns, &servers);
+    // Named (not `..`), so that nothing drops here; dropped in reverse: the daemon first.
+    let ProxiedReload {
+        netns,
+        cgroup,
+        _servers,
+        _pins,
+        head,
+        mut daemon,
+    } = ProxiedReload::start("rw");
     let new_host: SocketAddr = H_PROXIED_NEW.parse().unwrap();
     let std::net::IpAddr::V4(new_ip) = new_host.ip() else {
         unreachable!("an IPv4 literal")
     };
     let _dns = SlowDns::start(&netns, new_ip);
-    let instance = unique("rw");
-    let _pins = PinDir(PathBuf::from("/sys/fs/bpf").join(&instance));
-    let mut daemon = Daemon::start_in(
-        &netns,
-        &proxied(&head(&instance, cgroup.path(), "{admin}"), H_PROXIED_OLD),
-    );
-    let head = head(&instance, cgroup.path(), &daemon.admin.to_string());
-    assert_eq!(
-        reach(&cgroup, &netns, PROXIED).banners.get(H_PROXIED_OLD),
-        Some(&5)
-    );
     let looping = client(&cgroup, &netns, PROXIED, Duration::from_secs(6));
     std::thread::sleep(Duration::from_secs(1));
     std::fs::write(&daemon.config, proxied_by_slow_dns(&head, new_host.port())).unwrap();

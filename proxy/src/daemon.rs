@@ -383,26 +383,33 @@ impl Running {
     /// Starts the publisher of `svc` (its kernel entry is rewritten whenever a cluster it reads
     /// changes).
     fn spawn_publisher(&mut self, svc: &Service, spec: SpecTemplate, ctx: &Context) {
+        let clusters = self.config.service_clusters(svc);
+        // Both paths wait for the clusters behind the service before its first publish: the
+        // kernel's levels are built from them, and a proxy-mode service's redirect sends
+        // connections to a proxy that reads them (a connection it took before their first
+        // hosts would be reset). /ready, which waits for every first publish, then means that
+        // every service serves.
+        let warm: Vec<watch::Receiver<bool>> = clusters
+            .iter()
+            .filter_map(|name| Some(self.upstreams.get(name)?.initialized()))
+            .collect();
         // A proxy-mode service is only a redirect in the kernel: the proxy reads its clusters.
         let kernel_clusters = match svc.mode {
-            ServiceMode::Direct => self.config.service_clusters(svc),
+            ServiceMode::Direct => clusters,
             ServiceMode::Proxy => Vec::new(),
         };
         let inputs: Vec<ClusterInput> = kernel_clusters
             .into_iter()
             .filter_map(|name| {
-                let up = self.upstreams.get(&name)?;
-                Some(ClusterInput {
-                    name,
-                    routing: up.routing(),
-                    initialized: up.initialized(),
-                })
+                let routing = self.upstreams.get(&name)?.routing();
+                Some(ClusterInput { name, routing })
             })
             .collect();
         let key = spec.key;
         let task = tokio::spawn(publish_loop(
             spec,
             inputs,
+            warm,
             ctx.dp.clone(),
             ctx.published.clone(),
         ));
@@ -608,26 +615,27 @@ async fn sweep_after_first_publish(
     }
 }
 
-/// One cluster a service reads.
+/// One cluster a service's kernel entry reads.
 struct ClusterInput {
     name: String,
     routing: watch::Receiver<Routing>,
-    initialized: watch::Receiver<bool>,
 }
 
 /// Publishes one service whenever the routing of a cluster it reads changes (the publisher
 /// itself skips writes when the kernel already has exactly this).
+/// Until `warm` (the service's clusters' `initialized`) all hold, an adopted previous state (or
+/// nothing) is better than an empty host set; after `FIRST_PUBLISH_WAIT`, it publishes what
+/// there is.
 async fn publish_loop(
     template: SpecTemplate,
     mut inputs: Vec<ClusterInput>,
+    mut warm: Vec<watch::Receiver<bool>>,
     dp: SharedDataplane,
     published: PublishedTx,
 ) {
-    // Until its clusters have their first result, an adopted previous state (or nothing) is
-    // better than an empty host set; after the wait, publish what there is.
     let all_initialized = async {
-        for input in &mut inputs {
-            let _ = input.initialized.wait_for(|i| *i).await;
+        for initialized in &mut warm {
+            let _ = initialized.wait_for(|i| *i).await;
         }
     };
     if tokio::time::timeout(FIRST_PUBLISH_WAIT, all_initialized)
@@ -1003,16 +1011,8 @@ mod tests {
     async fn any_changed_wakes_on_any_input_and_ends_with_them() {
         let input = |name: &str| {
             let (tx, routing) = watch::channel(Routing::default());
-            let (_, initialized) = watch::channel(true);
             let name = name.to_owned();
-            (
-                tx,
-                ClusterInput {
-                    name,
-                    routing,
-                    initialized,
-                },
-            )
+            (tx, ClusterInput { name, routing })
         };
         assert!(!any_changed(&mut []).await, "no input: nothing to wait for");
         let (a_tx, a) = input("a");

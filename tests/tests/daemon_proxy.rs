@@ -21,6 +21,7 @@ use integration_tests::{
         BannerServers, Daemon, InCgroup, Netns, Probe, TestCgroup, require_root, unique,
         wait_for_backends,
     },
+    slow_dns::{SLOW_ANSWER, SlowDns},
     unbound::Unbound,
 };
 
@@ -46,6 +47,39 @@ fn cluster(name: &str, endpoints: &str) -> String {
     format!(
         "  - name: {name}\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n{endpoints}"
     )
+}
+
+/// `/ready` waits for the clusters behind a proxy-mode service: here a STRICT_DNS cluster whose
+/// DNS server answers [`SLOW_ANSWER`] late. Once the daemon says ready, every connect through
+/// the service reaches the host. Before the proxy-mode service's first publish waited for its
+/// cluster, the daemon was ready at once and the first connects were reset (no host yet): the
+/// start-up race behind a reload test that failed on a fresh clone.
+#[test]
+fn ready_means_a_proxy_mode_services_cluster_has_its_first_hosts() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let host: SocketAddr = "127.0.0.21:8081".parse().unwrap();
+    let _servers = BannerServers::start(&netns, &[(host, "late", false)]);
+    let dns: SocketAddr = "127.0.0.53:53".parse().unwrap();
+    let _dns = SlowDns::start(&netns, dns, "127.0.0.21".parse().unwrap());
+    let config = format!(
+        "{}clusters:\n  - name: web\n    type: STRICT_DNS\n    dns_lookup_family: V4_ONLY\n    dns_resolvers: [\"{dns}\"]\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n            - endpoint: {{ address: {{ socket_address: {{ address: web.slow.test, port_value: {} }} }} }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web, mode: proxy }}\n",
+        header(&cgroup, ""),
+        host.port(),
+    );
+    let started = Instant::now();
+    let daemon = Daemon::start_in(&netns, &config);
+    let ready_after = started.elapsed();
+    let n = 20;
+    let probe = Probe::run(&netns, Some(cgroup.path()), VIP.parse().unwrap(), n, false);
+    println!("ready after {ready_after:?}; first connects: {probe:?}");
+    assert!(probe.errors.is_empty(), "{probe:?}");
+    assert_eq!(probe.count("late"), n, "{probe:?}");
+    assert!(
+        ready_after >= SLOW_ANSWER,
+        "ready after {ready_after:?}, before the cluster's first DNS answer"
+    );
+    drop(daemon);
 }
 
 #[test]

@@ -13,9 +13,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration_tests::kernel::{
-    BannerServers, Daemon, InCgroup, LoopReport, Netns, PinDir, TestCgroup, proxy_bin,
-    require_root, skip_without_dataplane, tcp_loop, unique,
+use integration_tests::{
+    kernel::{
+        BannerServers, Daemon, InCgroup, LoopReport, Netns, PinDir, TestCgroup, proxy_bin,
+        require_root, skip_without_dataplane, tcp_loop, unique,
+    },
+    slow_dns::{SLOW_ANSWER, SlowDns},
 };
 
 /// Service VIPs.
@@ -382,9 +385,6 @@ fn reload_gives_the_proxy_path_its_new_services_without_a_failed_connect() {
 const SLOW_NAME: &str = "pc.slow.test";
 /// Where [`SlowDns`] listens, in the test's namespace.
 const SLOW_DNS: &str = "127.0.0.53:53";
-/// How long [`SlowDns`] takes to answer: the new cluster's first discovery result comes this
-/// late.
-const SLOW_ANSWER: Duration = Duration::from_millis(1500);
 
 /// `proxied` with `pc` as a STRICT_DNS cluster of [`SLOW_NAME`], resolved by [`SlowDns`].
 fn proxied_by_slow_dns(head: &str, port: u16) -> String {
@@ -393,83 +393,6 @@ fn proxied_by_slow_dns(head: &str, port: u16) -> String {
         cluster("stay", H_STAY),
         service("s-stay", STAY, "stay"),
     )
-}
-
-/// A DNS server in the test's namespace that answers each A question with one address,
-/// [`SLOW_ANSWER`] after it came (other questions get an empty answer). Stopped on drop.
-struct SlowDns {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl SlowDns {
-    fn start(netns: &Netns, answer: std::net::Ipv4Addr) -> Self {
-        use std::sync::{Arc, atomic::AtomicBool};
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (flag, path) = (stop.clone(), netns.path());
-        let thread = std::thread::spawn(move || {
-            proxy::enter_netns(&path).expect("entering the test namespace");
-            let socket = std::net::UdpSocket::bind(SLOW_DNS).expect("binding the DNS server");
-            socket
-                .set_read_timeout(Some(Duration::from_millis(100)))
-                .expect("timeout");
-            ready_tx.send(()).expect("test alive");
-            let mut buf = [0u8; 512];
-            while !flag.load(std::sync::atomic::Ordering::SeqCst) {
-                let Ok((n, from)) = socket.recv_from(&mut buf) else {
-                    continue;
-                };
-                if let Some(reply) = dns_reply(&buf[..n], answer) {
-                    std::thread::sleep(SLOW_ANSWER);
-                    let _ = socket.send_to(&reply, from);
-                }
-            }
-        });
-        ready_rx
-            .recv_timeout(Duration::from_secs(5))
-            .expect("DNS server started");
-        Self {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for SlowDns {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// The answer to a one-question DNS `query`: `addr` for an A question, no record otherwise.
-/// `None` for what is not a one-question query.
-fn dns_reply(query: &[u8], addr: std::net::Ipv4Addr) -> Option<Vec<u8>> {
-    if query.len() < 12 || query[4..6] != [0, 1] {
-        return None;
-    }
-    // The question: labels up to the root, then type and class.
-    let mut at = 12;
-    while *query.get(at)? != 0 {
-        at += 1 + usize::from(query[at]);
-    }
-    let end = at + 5;
-    let qtype = query.get(at + 1..at + 3)?;
-    let is_a = qtype == [0, 1];
-    let mut reply = Vec::with_capacity(end + 16);
-    reply.extend_from_slice(&query[..2]);
-    // QR, RD, RA, no error; one question, one or no answer, nothing else.
-    reply.extend_from_slice(&[0x81, 0x80, 0, 1, 0, u8::from(is_a), 0, 0, 0, 0]);
-    reply.extend_from_slice(query.get(12..end)?);
-    if is_a {
-        // A pointer to the question's name, A, IN, TTL 300, four bytes.
-        reply.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 1, 0x2c, 0, 4]);
-        reply.extend_from_slice(&addr.octets());
-    }
-    Some(reply)
 }
 
 /// A reload that moves a proxy-mode service to a cluster whose first discovery result comes
@@ -496,7 +419,7 @@ fn a_proxy_mode_reload_waits_for_the_new_clusters_first_hosts() {
     let std::net::IpAddr::V4(new_ip) = new_host.ip() else {
         unreachable!("an IPv4 literal")
     };
-    let _dns = SlowDns::start(&netns, new_ip);
+    let _dns = SlowDns::start(&netns, SLOW_DNS.parse().unwrap(), new_ip);
     let looping = client(&cgroup, &netns, PROXIED, Duration::from_secs(6));
     std::thread::sleep(Duration::from_secs(1));
     std::fs::write(&daemon.config, proxied_by_slow_dns(&head, new_host.port())).unwrap();

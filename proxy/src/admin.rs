@@ -50,7 +50,7 @@ use tracing::debug;
 
 pub use self::{info::Launch, listen::ListenError};
 use crate::{
-    daemon::{Live, SharedDataplane},
+    daemon::state::{Live, SharedDataplane},
     dataplane::Dataplane,
 };
 
@@ -106,7 +106,7 @@ pub struct State {
     /// Where `POST /reload` asks the daemon.
     reloads: Option<mpsc::Sender<ReloadRequest>>,
     proxy: Option<proxy_relay::ProxyStatsHandle>,
-    fatal: Option<crate::daemon::Fatal>,
+    fatal: Option<crate::daemon::state::Fatal>,
     /// Turns to render a page ([`RENDERING`]).
     rendering: Arc<Semaphore>,
     /// Set by `/healthcheck/fail`, cleared by `/healthcheck/ok`.
@@ -157,7 +157,7 @@ impl State {
     }
 
     /// `/ready` goes down when a part of the daemon panicked (`fatal`).
-    pub fn with_fatal(mut self, fatal: crate::daemon::Fatal) -> Self {
+    pub fn with_fatal(mut self, fatal: crate::daemon::state::Fatal) -> Self {
         self.fatal = Some(fatal);
         self
     }
@@ -204,7 +204,7 @@ impl State {
                 .config
                 .services
                 .iter()
-                .all(|svc| published.contains(&crate::daemon::service_key(svc)))
+                .all(|svc| published.contains(&crate::daemon::state::service_key(svc)))
     }
 
     /// Each published service's kernel counters, by service name.
@@ -220,7 +220,7 @@ impl State {
             .services
             .iter()
             .filter_map(|svc| {
-                let counts = dp.service_counts(&crate::daemon::service_key(svc))?;
+                let counts = dp.service_counts(&crate::daemon::state::service_key(svc))?;
                 Some((svc.name.as_str(), counts))
             })
             .collect()

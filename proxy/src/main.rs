@@ -91,6 +91,12 @@ fn main() -> ExitCode {
             concurrency,
             takeover,
         } => {
+            // Before anything else, and before any thread exists: a signal during the start
+            // stops or reloads the daemon once it runs instead of killing it half-attached.
+            if let Err(err) = daemon::hold_signals() {
+                eprintln!("error: holding signals during the start: {err}");
+                return ExitCode::FAILURE;
+            }
             let cfg = match config.as_deref().map(proxy::load_config) {
                 None => Config::embedded_default(),
                 Some(Ok(cfg)) => cfg,

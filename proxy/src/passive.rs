@@ -13,7 +13,7 @@ use proxy_core::health::PassiveSignal;
 use tokio::sync::watch;
 use tracing::debug;
 
-use crate::daemon::{Live, SharedDataplane};
+use crate::daemon::state::{Live, SharedDataplane};
 
 /// How often the counters are read.
 pub const PERIOD: Duration = Duration::from_millis(250);

@@ -475,3 +475,37 @@ pub fn register_kernel_log(
         tokio::io::unix::AsyncFd::register_with_interest(log, tokio::io::Interest::READABLE)
     }?)
 }
+
+/// Blocks (`how` = `SIG_BLOCK`) or unblocks (`SIG_UNBLOCK`) `signals` for the calling thread;
+/// threads it starts afterwards inherit the mask. A blocked signal stays pending until a thread
+/// unblocks it.
+fn mask_signals(how: libc::c_int, signals: &[libc::c_int]) -> io::Result<()> {
+    // SAFETY: an all-zero sigset_t is a valid value to initialise with sigemptyset.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, exclusively borrowed sigset_t for each call.
+    unsafe {
+        libc::sigemptyset(&raw mut set);
+        for &signal in signals {
+            if libc::sigaddset(&raw mut set, signal) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+    }
+    // SAFETY: `set` is initialised; the old mask is not asked for (null).
+    let rc = unsafe { libc::pthread_sigmask(how, &raw const set, std::ptr::null_mut()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(rc))
+    }
+}
+
+/// Holds `signals` pending for the calling thread and the threads it starts.
+pub fn block_signals(signals: &[libc::c_int]) -> io::Result<()> {
+    mask_signals(libc::SIG_BLOCK, signals)
+}
+
+/// Lets the calling thread take `signals` again (pending ones are delivered now).
+pub fn unblock_signals(signals: &[libc::c_int]) -> io::Result<()> {
+    mask_signals(libc::SIG_UNBLOCK, signals)
+}

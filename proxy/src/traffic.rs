@@ -14,7 +14,7 @@ use proxy_common::service::ServiceKey;
 use proxy_core::{config::Config, health::HealthCheckManager};
 use tracing::debug;
 
-use crate::daemon::{SharedDataplane, service_key};
+use crate::daemon::state::{SharedDataplane, service_key};
 
 /// How often the counters are read, at most one period behind the first connection.
 pub const PERIOD: Duration = Duration::from_secs(1);

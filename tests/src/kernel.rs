@@ -296,6 +296,24 @@ impl Drop for BannerServers {
     }
 }
 
+/// The daemon's log without terminal colour codes.
+pub fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// How long a started daemon may take to answer `/ready` with 200.
 const READY_WITHIN: Duration = Duration::from_secs(60);
 
@@ -362,6 +380,33 @@ impl Daemon {
         })
     }
 
+    /// Starts `proxy run` on `config` (in the test's own namespace) and returns at once,
+    /// without waiting for `/ready`: for what happens during the start.
+    pub fn spawn(config: &str) -> Self {
+        Self::launch(config, None, &[], &[])
+    }
+
+    /// Waits (at most `within`) until the daemon's log, without colour codes, contains `what`;
+    /// whether it did.
+    pub fn wait_log(&self, what: &str, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            if strip_ansi(&self.log_text()).contains(what) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Waits for `/ready` (at most a minute); `Err` with the exit status and log if the daemon
+    /// exited first.
+    pub fn ready(&mut self) -> Result<(), String> {
+        self.wait_ready()
+    }
+
     /// One start; `Err` with the daemon's log if it exited before it was ready.
     fn try_start(
         config: &str,
@@ -369,6 +414,13 @@ impl Daemon {
         wrapper: &[&str],
         args: &[&str],
     ) -> Result<Self, String> {
+        let mut daemon = Self::launch(config, netns, wrapper, args);
+        daemon.wait_ready()?;
+        Ok(daemon)
+    }
+
+    /// Writes the configuration and spawns the daemon.
+    fn launch(config: &str, netns: Option<PathBuf>, wrapper: &[&str], args: &[&str]) -> Self {
         let dir = TempDir::new();
         let admin = match &netns {
             Some(ns) => in_netns_path(ns, free_port),
@@ -397,16 +449,14 @@ impl Daemon {
             exec_in_netns(&mut cmd, ns);
         }
         let child = cmd.spawn().expect("starting the daemon");
-        let mut daemon = Self {
+        Self {
             child: Some(child),
             config: path,
             admin,
             netns,
             log,
             _dir: dir,
-        };
-        daemon.wait_ready()?;
-        Ok(daemon)
+        }
     }
 
     fn wait_ready(&mut self) -> Result<(), String> {

@@ -23,7 +23,8 @@ use aya_obj::{
 };
 use integration_tests::kernel::{
     BannerServers, Daemon, InCgroup, InProcess, LoopReport, Netns, PinDir, TempDir, TestCgroup,
-    framed_exchange, free_port, proxy_bin, require_root, skip_without_dataplane, tcp_loop, unique,
+    framed_exchange, free_port, proxy_bin, require_root, skip_without_dataplane, strip_ansi,
+    tcp_loop, unique,
 };
 use proxy::dataplane::RuntimeMaps;
 use proxy_common::{
@@ -68,24 +69,6 @@ fn counter(pins: &Path, name: &str) -> u64 {
         .into_iter()
         .find_map(|(n, v)| (n == name).then_some(v))
         .expect("counter")
-}
-
-/// The daemon's log without terminal colour codes.
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// What the restart tests share: the banner servers of [`HOSTS`] in a namespace, a cgroup, and
@@ -620,6 +603,59 @@ fn stray_signals_are_logged_and_do_not_stop_the_daemon() {
         dir.join(maps::SERVICES).exists(),
         "the stop leaves the data path pinned"
     );
+}
+
+/// A signal in the first moments of a start, while the data path is being attached, no longer
+/// kills the daemon by the signal's default action (a `systemctl stop` or `reload` right after
+/// `start`): `proxy run` holds the signals it handles from its first step, so a SIGTERM then
+/// stops it cleanly (exit 0) once it runs, and a SIGHUP reloads it once it runs. Before, both
+/// killed it half-attached.
+#[test]
+fn a_signal_during_the_start_is_handled_once_the_daemon_runs() {
+    require_root();
+    if skip_without_dataplane("a_signal_during_the_start_is_handled_once_the_daemon_runs") {
+        return;
+    }
+    let starting = "starting: attaching the data path";
+    for (sig, name, then) in [
+        (libc::SIGTERM, "SIGTERM", "SIGTERM: shutting down"),
+        (libc::SIGHUP, "SIGHUP", "summary=no change"),
+    ] {
+        let cgroup = TestCgroup::new();
+        let instance = unique("sigs");
+        let _pin_guard = PinDir(PathBuf::from("/sys/fs/bpf").join(&instance));
+        let mut daemon = Daemon::spawn(&config(&instance, cgroup.path()));
+        assert!(
+            daemon.wait_log(starting, Duration::from_secs(10)),
+            "{name}: the start was not logged:\n{}",
+            daemon.log_text()
+        );
+        daemon.signal(sig);
+        if sig == libc::SIGTERM {
+            let status = daemon.wait_exit(Duration::from_secs(30));
+            assert!(
+                status.is_some_and(|s| s.success()),
+                "{name} during the start: {status:?}\n{}",
+                daemon.log_text()
+            );
+        } else {
+            daemon
+                .ready()
+                .unwrap_or_else(|log| panic!("{name} during the start: {log}"));
+            assert!(
+                daemon.wait_log(then, Duration::from_secs(10)),
+                "{name} not handled once up:\n{}",
+                daemon.log_text()
+            );
+            assert!(daemon.terminate(), "clean stop:\n{}", daemon.log_text());
+        }
+        assert!(
+            strip_ansi(&daemon.log_text()).contains(then),
+            "{name}: {then:?} not logged:\n{}",
+            daemon.log_text()
+        );
+        assert!(daemon.uninstall(), "{name}: uninstall");
+    }
 }
 
 /// One daemon per instance: a second one on the same instance exits non-zero with a clear

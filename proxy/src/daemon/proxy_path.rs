@@ -124,13 +124,13 @@ async fn clusters_initialized(upstreams: &BTreeMap<String, Arc<Upstream>>) {
             let _ = upstream.initialized().wait_for(|i| *i).await;
         }
     };
-    if tokio::time::timeout(super::FIRST_PUBLISH_WAIT, all)
+    if tokio::time::timeout(super::publish::FIRST_PUBLISH_WAIT, all)
         .await
         .is_err()
     {
         warn!(
             "clusters not initialized within {:?}; the proxy path serves with what they have",
-            super::FIRST_PUBLISH_WAIT
+            super::publish::FIRST_PUBLISH_WAIT
         );
     }
 }

@@ -101,7 +101,7 @@ pub async fn hand_over(
     drop(server);
     // Taking the data path out of the shared slot waits for a publish in progress; publishers
     // and readers find nothing from now on.
-    if let Some(dataplane) = crate::daemon::take(dp) {
+    if let Some(dataplane) = crate::daemon::state::take(dp) {
         dataplane.hand_over();
     }
     let conn = committed.conn;

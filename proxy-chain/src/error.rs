@@ -86,6 +86,12 @@ pub enum ValidationError {
     },
     #[error("the sum of all split weights must be 100, not {0:.6}")]
     SplitWeightSum(f32),
+    /// Ours: Consul 1.8.7 accepts a negative weight when the sum is 100 (`[200, -100]`), but a
+    /// weight is a share of the traffic, which no proxy can make negative.
+    #[error(
+        "Splits[{index}] has a negative Weight ({weight}): a weight is the split's share of the traffic, from 0 to 100"
+    )]
+    NegativeSplitWeight { index: usize, weight: f32 },
     #[error("Subset defined with empty name")]
     SubsetEmptyName,
     #[error("Subset {} is invalid: {reason}", go_quote(.name))]

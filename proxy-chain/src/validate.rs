@@ -218,6 +218,17 @@ pub fn validate_splitter(splitter: &ServiceSplitter) -> Result<(), ValidationErr
             });
         }
     }
+    for (index, split) in splitter.splits.iter().enumerate() {
+        // Consul's words: its float-to-int conversion turns NaN into a sum that is not 100
+        // (Rust's would turn it into 0, and `[NaN, 100]` would pass).
+        if split.weight.is_nan() {
+            return Err(ValidationError::SplitWeightSum(f32::NAN));
+        }
+        if split.weight < 0.0 {
+            let weight = split.weight;
+            return Err(ValidationError::NegativeSplitWeight { index, weight });
+        }
+    }
     // Saturating: a weight of 1e30 is a typo to report, not an overflow.
     let sum = splitter
         .splits

@@ -154,6 +154,29 @@ fn splitter_rules() {
         ))
         .starts_with("the sum of all split weights must be 100, not "),
     );
+    // Consul 1.8.7 accepts [200, -100] (the sum is 100); no proxy can send a negative share.
+    assert_eq!(
+        err(splitter(
+            json!([{"Weight": 200, "ServiceSubset": "a"}, {"Weight": -100, "ServiceSubset": "b"}])
+        )),
+        "Splits[1] has a negative Weight (-100): a weight is the split's share of the traffic, from 0 to 100"
+    );
+    // NaN (YAML's `.nan`; JSON has none) is refused in Consul's words, never read as 0.
+    for weights in [[f32::NAN, 100.0], [100.0, f32::NAN]] {
+        let mut entry: crate::entries::ServiceSplitter = serde_json::from_value(json!({
+            "Name": "web",
+            "Splits": [{"Weight": 1, "ServiceSubset": "a"}, {"Weight": 1, "ServiceSubset": "b"}]
+        }))
+        .unwrap();
+        for (split, weight) in entry.splits.iter_mut().zip(weights) {
+            split.weight = weight;
+        }
+        assert_eq!(
+            super::validate_splitter(&entry).unwrap_err().to_string(),
+            "the sum of all split weights must be 100, not NaN",
+            "{weights:?}"
+        );
+    }
     // 0.01 is the resolution: 33.333 rounds to 33.33.
     assert_eq!(
         check(

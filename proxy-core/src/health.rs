@@ -30,7 +30,7 @@ pub(crate) mod tests;
 pub use checker::{Checker, CheckerFactory, NetworkCheckers, ProtocolChecker};
 pub use cluster::{ClusterHealth, PassiveSignal};
 pub use cluster_config::{ClusterHealthConfig, CommonLbConfig, OutlierDetection, Percent};
-pub use config::{HealthCheck, HealthConfigError};
+pub use config::{HealthCheck, HealthConfigError, MIN_TIMER_INTERVAL};
 pub use manager::{HealthCheckManager, HealthEvent, ProbeId};
 pub use matrix::{ClusterMembership, HostFlags, HostStatus, MembershipChange};
 pub use outlier::{FailureVerdict, OutlierDetector, PassiveResult};

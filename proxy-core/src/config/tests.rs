@@ -142,6 +142,11 @@ fn semantic_errors_name_the_field() {
             "only ORIGINAL_DST",
         ),
         (
+            "clusters:\n  - name: a\n    type: ORIGINAL_DST\n    cleanup_interval: 0.000000001s\n",
+            "clusters[0].cleanup_interval",
+            "at least 1ms",
+        ),
+        (
             "clusters:\n  - name: a\n    type: ORIGINAL_DST\n  - name: b\n    type: ORIGINAL_DST\n    cleanup_interval: 1s\n",
             "clusters[1].cleanup_interval",
             "share one host pool",

@@ -228,10 +228,14 @@ fn validate_original_dst(i: usize, cluster: &super::Cluster) -> Result<(), Inval
             "ORIGINAL_DST clusters choose no host; use CLUSTER_PROVIDED (or leave lb_policy out)",
         ));
     }
-    if cluster.cleanup_interval.is_some_and(|d| d.is_zero()) {
+    if let Some(d) = cluster.cleanup_interval
+        && d < crate::health::MIN_TIMER_INTERVAL
+    {
         return Err(Invalid::new(
             at("cleanup_interval"),
-            "must be greater than 0",
+            format!(
+                "is {d:?}; a timer interval must be at least 1ms (a shorter one would spin a CPU)"
+            ),
         ));
     }
     Ok(())

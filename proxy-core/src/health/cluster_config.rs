@@ -197,6 +197,7 @@ impl OutlierDetection {
         if self.interval.is_zero() {
             return Err(HealthConfigError::NotPositive("outlier_detection.interval"));
         }
+        super::config::timer_interval("outlier_detection.interval", Some(self.interval))?;
         if self.base_ejection_time.is_zero() {
             return Err(HealthConfigError::NotPositive(
                 "outlier_detection.base_ejection_time",

@@ -23,6 +23,17 @@ pub enum HealthConfigError {
     /// A duration that must be positive is zero.
     #[error("health check field `{0}` must be greater than 0")]
     NotPositive(&'static str),
+    /// A timer interval below [`MIN_TIMER_INTERVAL`]: a loop that wakes every few nanoseconds
+    /// would spin a CPU.
+    #[error(
+        "`{field}` is {value:?}; a timer interval must be at least 1ms (a shorter one would spin a CPU)"
+    )]
+    BelowTimerFloor {
+        /// The field.
+        field: &'static str,
+        /// The configured value.
+        value: Duration,
+    },
     /// None or several of `tcp_health_check`, `http_health_check`, `grpc_health_check` are set.
     #[error(
         "exactly one of `tcp_health_check`, `http_health_check`, `grpc_health_check` must be set, found {0}"
@@ -248,6 +259,19 @@ impl HealthCheck {
     pub fn validate(&self, cluster: &str) -> Result<HealthCheckSpec, HealthConfigError> {
         let timeout = positive(self.timeout, "timeout")?;
         let interval = positive(self.interval, "interval")?;
+        for (field, value) in [
+            ("interval", Some(interval)),
+            ("no_traffic_interval", Some(self.no_traffic_interval)),
+            (
+                "no_traffic_healthy_interval",
+                self.no_traffic_healthy_interval,
+            ),
+            ("unhealthy_interval", self.unhealthy_interval),
+            ("unhealthy_edge_interval", self.unhealthy_edge_interval),
+            ("healthy_edge_interval", self.healthy_edge_interval),
+        ] {
+            timer_interval(field, value)?;
+        }
         let unhealthy_threshold = threshold(self.unhealthy_threshold, "unhealthy_threshold")?;
         let healthy_threshold = threshold(self.healthy_threshold, "healthy_threshold")?;
         let unhealthy_interval = self.unhealthy_interval.unwrap_or(interval);
@@ -291,6 +315,23 @@ impl HealthCheck {
             service_name: grpc.service_name.clone(),
             authority: grpc.authority.clone().unwrap_or_else(|| cluster.to_owned()),
         }))
+    }
+}
+
+/// The shortest timer interval taken anywhere in the configuration (DNS refreshes have the same
+/// floor): a shorter one is a typo that would make a loop spin.
+pub const MIN_TIMER_INTERVAL: Duration = Duration::from_millis(1);
+
+/// `value`, when set, is at least [`MIN_TIMER_INTERVAL`].
+pub fn timer_interval(
+    field: &'static str,
+    value: Option<Duration>,
+) -> Result<(), HealthConfigError> {
+    match value {
+        Some(value) if value < MIN_TIMER_INTERVAL => {
+            Err(HealthConfigError::BelowTimerFloor { field, value })
+        }
+        _ => Ok(()),
     }
 }
 

@@ -159,6 +159,51 @@ fn validation_names_the_field() {
     ));
 }
 
+/// A 1 ns interval passed and spun a CPU: every timer interval has a 1 ms floor, as DNS
+/// refreshes have.
+#[test]
+fn every_timer_interval_has_a_one_millisecond_floor() {
+    let base = "timeout: 1s, unhealthy_threshold: 1, healthy_threshold: 1, tcp_health_check: {}";
+    for field in [
+        "interval",
+        "no_traffic_interval",
+        "no_traffic_healthy_interval",
+        "unhealthy_interval",
+        "unhealthy_edge_interval",
+        "healthy_edge_interval",
+    ] {
+        let interval = if field == "interval" {
+            ""
+        } else {
+            "interval: 1s, "
+        };
+        assert_eq!(
+            check(&format!("{{{interval}{field}: 0.000000001s, {base}}}")),
+            Err(HealthConfigError::BelowTimerFloor {
+                field,
+                value: Duration::from_nanos(1)
+            }),
+            "{field}"
+        );
+        assert_eq!(
+            check(&format!("{{{interval}{field}: 0.001s, {base}}}")),
+            Ok(()),
+            "{field} at the floor"
+        );
+    }
+    let od: ClusterHealthConfig =
+        serde_yaml::from_str("outlier_detection: {interval: 0.000000001s}").unwrap();
+    let err = od.validate("c").unwrap_err();
+    assert_eq!(
+        err,
+        HealthConfigError::BelowTimerFloor {
+            field: "outlier_detection.interval",
+            value: Duration::from_nanos(1)
+        }
+    );
+    assert!(err.to_string().contains("at least 1ms"), "{err}");
+}
+
 #[test]
 fn unknown_fields_and_bad_durations_are_rejected() {
     assert!(serde_yaml::from_str::<HealthCheck>("{timeout: 1s, colour: red}").is_err());

@@ -216,6 +216,50 @@ fn semantic_errors_name_the_field() {
     }
 }
 
+/// A STATIC host the data path would refuse at run time (never a host, or the daemon's own VIP)
+/// is refused by `proxy check`, at its line.
+#[test]
+fn static_hosts_that_are_never_hosts_are_refused() {
+    let cases = [
+        (
+            "clusters:\n  - name: a\n    load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: \"0.0.0.0\", port_value: 80 } } } } ] } ] }\n",
+            "clusters[0].load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address",
+            "unspecified",
+        ),
+        (
+            "clusters:\n  - name: a\n    load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: \"255.255.255.255\", port_value: 80 } } } } ] } ] }\n",
+            "clusters[0].load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address",
+            "broadcast",
+        ),
+        (
+            "clusters:\n  - name: a\n    load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: \"224.0.0.1\", port_value: 80 } } } } ] } ] }\n",
+            "clusters[0].load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address",
+            "multicast",
+        ),
+        (
+            "clusters:\n  - name: a\n    load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: \"169.254.169.254\", port_value: 80 } } } } ] } ] }\n",
+            "clusters[0].load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address",
+            "link-local",
+        ),
+        (
+            "clusters:\n  - name: a\n    load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: \"fe80::1\", port_value: 80 } } } } ] } ] }\n",
+            "clusters[0].load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address",
+            "link-local",
+        ),
+        (
+            "clusters:\n  - name: a\n    load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: \"127.77.0.1\", port_value: 80 } } } } ] } ] }\nservices:\n  - {name: s, address: 127.77.0.1, port: 80, cluster: a}\n",
+            "clusters[0].load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address",
+            "VIP",
+        ),
+    ];
+    for (text, want_field, want_msg) in cases {
+        let (field, line, _, msg) = invalid(text);
+        assert_eq!(field, want_field, "{text}");
+        assert!(line > 0, "{msg}");
+        assert!(msg.contains(want_msg), "{msg}");
+    }
+}
+
 #[test]
 fn duplicate_service_address_rejected() {
     let text = "clusters:\n  - name: a\nservices:\n  - {name: s, address: 127.77.0.1, port: 80, cluster: a}\n  - {name: t, address: 127.77.0.1, port: 80, cluster: a}\n";

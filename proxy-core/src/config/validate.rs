@@ -10,6 +10,7 @@ use super::{ClusterType, Config, LbPolicy, ServiceMode, error::Invalid};
 /// Validates `config`, typing each custom cluster's `typed_config` on the way.
 pub(super) fn validate(config: &mut Config) -> Result<(), Invalid> {
     validate_names(config)?;
+    let guard = crate::discovery::guard::HostGuard::for_config(config);
     for (i, cluster) in config.clusters.iter_mut().enumerate() {
         super::envoy::normalize(i, cluster)?;
         if cluster.connect_timeout.is_some_and(|t| t.is_zero()) {
@@ -25,7 +26,7 @@ pub(super) fn validate(config: &mut Config) -> Result<(), Invalid> {
                     custom.typed = Some(typed);
                 }
             }
-            None => validate_cluster(i, cluster)?,
+            None => validate_cluster(i, cluster, &guard)?,
         }
     }
     validate_services(config)
@@ -101,7 +102,11 @@ fn validate_paths(config: &Config) -> Result<(), Invalid> {
     Ok(())
 }
 
-fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
+fn validate_cluster(
+    i: usize,
+    cluster: &super::Cluster,
+    guard: &crate::discovery::guard::HostGuard,
+) -> Result<(), Invalid> {
     let at = |field: &str| format!("clusters[{i}].{field}");
     let dns = match cluster.cluster_type {
         ClusterType::Static => false,
@@ -156,6 +161,18 @@ fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
             ));
         }
     }
+    validate_endpoints(i, cluster, dns, guard)
+}
+
+/// The endpoints of a cluster's `load_assignment`: priorities in range, IP literals where no
+/// name is resolved, ports and weights above 0, and no address the data path refuses.
+fn validate_endpoints(
+    i: usize,
+    cluster: &super::Cluster,
+    dns: bool,
+    guard: &crate::discovery::guard::HostGuard,
+) -> Result<(), Invalid> {
+    let at = |field: &str| format!("clusters[{i}].{field}");
     let Some(assignment) = &cluster.load_assignment else {
         return Ok(());
     };
@@ -183,6 +200,17 @@ fn validate_cluster(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
                 return Err(Invalid::new(
                     at("endpoint.address.socket_address.port_value"),
                     "must not be 0",
+                ));
+            }
+            if let Ok(ip) = sa.address.parse::<IpAddr>()
+                && let Some(why) = guard.refuses(std::net::SocketAddr::new(ip, sa.port_value))
+            {
+                return Err(Invalid::new(
+                    at("endpoint.address.socket_address"),
+                    format!(
+                        "{ip}:{} is {why}, which is never a host (the data path would refuse it)",
+                        sa.port_value
+                    ),
                 ));
             }
             if lb.load_balancing_weight == 0 {

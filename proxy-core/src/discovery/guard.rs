@@ -1,8 +1,11 @@
 //! Host addresses no source may hand the data path, whatever it is (a static list, DNS, Consul,
-//! EDS): the unspecified address, broadcast, multicast, port 0, and the daemon's own listener and
-//! admin addresses (a connect there would loop, or reach the admin interface from the cgroup).
-//! Refused hosts are left out of the cluster, logged once per change, and counted in the
-//! cluster's `hosts_refused` gauge; the others are used.
+//! EDS): the unspecified address, broadcast, multicast, link-local addresses (169.254.0.0/16,
+//! fe80::/10: a cloud's metadata service at 169.254.169.254 among them), port 0, the daemon's own
+//! listener and admin addresses (a connect there would loop, or reach the admin interface from
+//! the cgroup) and its services' own addresses (VIP:port: a connect there is not rewritten again
+//! and goes nowhere). Refused hosts are left out of the cluster, logged once per change, and
+//! counted in the cluster's `hosts_refused` gauge; the others are used. `proxy check` refuses
+//! them in a STATIC cluster's endpoints.
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -19,10 +22,19 @@ fn canonical_ip(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// 169.254.0.0/16 or fe80::/10.
+fn is_link_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => v6.is_unicast_link_local(),
+    }
+}
+
 /// What a cluster refuses besides the address kinds that are never a host.
 #[derive(Clone, Debug, Default)]
 pub struct HostGuard {
     own: Arc<[SocketAddr]>,
+    vips: Arc<[SocketAddr]>,
 }
 
 impl HostGuard {
@@ -30,7 +42,27 @@ impl HostGuard {
     /// stands for every local one, and then covers loopback).
     #[must_use]
     pub fn new(own: Vec<SocketAddr>) -> Self {
-        Self { own: own.into() }
+        Self {
+            own: own.into(),
+            vips: Arc::default(),
+        }
+    }
+
+    /// The guard of a configuration: its admin and proxy listener addresses, and its services'
+    /// VIP:port.
+    #[must_use]
+    pub fn for_config(config: &crate::config::Config) -> Self {
+        let mut own: Vec<SocketAddr> = config.admin.address.tcp().into_iter().collect();
+        own.extend(&config.proxy.listeners);
+        let vips = config
+            .services
+            .iter()
+            .map(|s| SocketAddr::new(canonical_ip(s.address), s.port))
+            .collect();
+        Self {
+            own: own.into(),
+            vips,
+        }
     }
 
     /// Why `addr` cannot be a host, if it cannot.
@@ -50,6 +82,12 @@ impl HostGuard {
             && v4.is_broadcast()
         {
             return Some("the broadcast address");
+        }
+        if is_link_local(ip) {
+            return Some("a link-local address");
+        }
+        if self.vips.contains(&SocketAddr::new(ip, addr.port())) {
+            return Some("a service address (VIP) of this daemon");
         }
         let own = self.own.iter().any(|o| {
             let o_ip = canonical_ip(o.ip());
@@ -99,6 +137,10 @@ mod tests {
             ("127.0.0.1:15000", "own"),
             ("[::ffff:127.0.0.1]:15000", "own"),
             ("127.0.0.5:15001", "own"),
+            ("169.254.169.254:80", "link-local"),
+            ("169.254.10.1:80", "link-local"),
+            ("[fe80::1]:80", "link-local"),
+            ("[::ffff:169.254.169.254]:80", "link-local"),
         ] {
             let got = guard
                 .refuses(a(addr))
@@ -109,7 +151,7 @@ mod tests {
             "127.0.0.1:8080",
             "10.0.0.1:15000",
             "[::1]:443",
-            "169.254.10.1:80",
+            "127.77.0.1:80",
         ] {
             assert_eq!(guard.refuses(a(ok)), None, "{ok}");
         }
@@ -119,5 +161,25 @@ mod tests {
         ]);
         assert_eq!(kept.len(), 1);
         assert_eq!(refused, [(a("0.0.0.0:80"), "the unspecified address")]);
+    }
+
+    #[test]
+    fn refuses_the_daemons_own_services() {
+        let config = crate::config::Config::parse(
+            "admin: { address: \"127.0.0.1:15999\" }\nclusters:\n  - name: a\n    load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 8080 } } } } ] } ] }\nservices:\n  - { name: s, address: 127.77.0.1, port: 80, cluster: a }\n",
+            std::path::Path::new("t.yaml"),
+        )
+        .expect("valid");
+        let guard = HostGuard::for_config(&config);
+        assert_eq!(
+            guard.refuses(a("127.77.0.1:80")),
+            Some("a service address (VIP) of this daemon")
+        );
+        assert_eq!(
+            guard.refuses(a("[::ffff:127.77.0.1]:80")),
+            Some("a service address (VIP) of this daemon")
+        );
+        assert!(guard.refuses(a("127.0.0.1:15999")).is_some(), "admin");
+        assert_eq!(guard.refuses(a("127.77.0.1:81")), None, "another port");
     }
 }

@@ -4,7 +4,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::SocketAddr,
     sync::Arc,
 };
 
@@ -248,9 +247,7 @@ impl Running {
 
 /// No source may point the data path at the daemon itself.
 pub(super) fn host_guard(config: &Config) -> HostGuard {
-    let mut own: Vec<SocketAddr> = config.admin.address.tcp().into_iter().collect();
-    own.extend(&config.proxy.listeners);
-    HostGuard::new(own)
+    HostGuard::for_config(config)
 }
 
 /// Starts discovery and health for the clusters of `config` named in `only` (all when it is

@@ -672,6 +672,15 @@ fn config_entry_files_are_read_as_hostile_input() {
     std::fs::create_dir_all(&dir).unwrap();
     let secret = dir.join("token");
     std::fs::write(&secret, "s3cr3t-t0ken-value\n").unwrap();
+    // A YAML or JSON list whose elements are not entries: serde would quote them.
+    let yaml_list = dir.join("list.yaml");
+    std::fs::write(&yaml_list, "- root:s3cr3t-hash:19000\n- s3cr3t-2\n").unwrap();
+    let json_list = dir.join("list.json");
+    std::fs::write(
+        &json_list,
+        "[\"s3cr3t-t0ken\", {\"Kind\": \"s3cr3t-kind\"}]",
+    )
+    .unwrap();
     let fifo = dir.join("fifo");
     let made = std::process::Command::new("mkfifo").arg(&fifo).status();
     assert!(
@@ -680,6 +689,8 @@ fn config_entry_files_are_read_as_hostile_input() {
     );
     for (file, want) in [
         (&secret, "not a list of config entries"),
+        (&yaml_list, "entry 0: "),
+        (&json_list, "entry 0: invalid type: string (...)"),
         (&fifo, "not a regular file"),
     ] {
         let text = format!("config_entry_files: [\"{}\"]\n", file.display());

@@ -493,6 +493,25 @@ fn validate_services(config: &Config) -> Result<(), Invalid> {
     validate_original_dst_agree(config)
 }
 
+/// `message` with every double-quoted or backquoted part replaced by `(...)`: what serde quotes
+/// is what it read.
+fn without_quoted(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut open: Option<char> = None;
+    for c in message.chars() {
+        match open {
+            Some(q) if c == q => open = None,
+            Some(_) => {}
+            None if c == '"' || c == '`' => {
+                open = Some(c);
+                out.push_str("(...)");
+            }
+            None => out.push(c),
+        }
+    }
+    out
+}
+
 /// Reads the config entries (inline and from files), validates them with Consul's rules and
 /// compiles the chain of every chain service; the plan must map onto configured clusters.
 pub(super) fn compile_chains(
@@ -528,9 +547,16 @@ pub(super) fn compile_chains(
                 ),
             ));
         }
-        let list: Vec<proxy_chain::ConfigEntry> = serde_yaml::from_value(value)
-            .map_err(|e| Invalid::new(&at, format!("{}: {e}", path.display())))?;
-        for entry in list {
+        let serde_yaml::Value::Sequence(list) = value else {
+            unreachable!("checked to be a sequence above")
+        };
+        for (n, value) in list.into_iter().enumerate() {
+            // serde's words quote the values it could not read (`invalid type: string "..."`):
+            // from a file that is not a list of entries they would be its content.
+            let entry: proxy_chain::ConfigEntry = serde_yaml::from_value(value).map_err(|e| {
+                let why = without_quoted(&e.to_string());
+                Invalid::new(&at, format!("{}: entry {n}: {why}", path.display()))
+            })?;
             entries
                 .insert(entry)
                 .map_err(|e| Invalid::new(&at, format!("{}: {e}", path.display())))?;

@@ -34,7 +34,10 @@ use self::{
 pub use self::{
     signals::hold_signals,
     state::{Fatal, Live, SharedDataplane, service_addr, service_key},
-    takeover::{TakeoverError, remove_stale_socket as remove_stale_takeover_socket},
+    takeover::{
+        TakeoverError, remove_stale_socket as remove_stale_takeover_socket,
+        socket_path as takeover_socket_path,
+    },
 };
 use crate::{
     admin::{self, ReloadRequest},

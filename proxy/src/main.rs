@@ -203,7 +203,7 @@ fn uninstall(args: &InstanceArgs) -> ExitCode {
     };
     let (bpffs, instance) = (&at.bpffs, &at.name);
     let uninstalled = proxy::dataplane::uninstall(bpffs, instance);
-    if uninstalled.is_ok() && daemon::remove_stale_takeover_socket(instance) {
+    if uninstalled.is_ok() && daemon::remove_stale_takeover_socket(bpffs, instance) {
         println!("instance {instance:?}: stale takeover socket removed");
     }
     match uninstalled {

@@ -320,11 +320,84 @@ fn uninstall_removes_the_takeover_socket_a_killed_daemon_left() {
     }
     let (netns, cgroup) = (Netns::new(), TestCgroup::new());
     let instance = unique("tk");
-    let socket = std::path::Path::new("/run/proxy").join(format!("{instance}.takeover"));
+    let socket =
+        proxy::daemon::takeover_socket_path(std::path::Path::new("/sys/fs/bpf"), &instance);
     let mut daemon = Daemon::start_in(&netns, &config(&instance, &cgroup, r#""127.0.0.1:15001""#));
     assert!(socket.exists(), "{} while it runs", socket.display());
     daemon.kill9();
     assert!(socket.exists(), "kill -9 leaves {}", socket.display());
     assert!(daemon.uninstall(), "proxy uninstall");
     assert!(!socket.exists(), "{} after uninstall", socket.display());
+}
+
+/// A bpffs the test mounts at a directory of its own; unmounted and removed on drop.
+struct OwnBpffs(std::path::PathBuf);
+
+impl OwnBpffs {
+    fn mount() -> Self {
+        let dir = std::env::temp_dir().join(unique("bpffs"));
+        std::fs::create_dir_all(&dir).expect("a directory for the bpffs");
+        let status = std::process::Command::new("mount")
+            .args(["-t", "bpf", "bpf"])
+            .arg(&dir)
+            .status()
+            .expect("mount");
+        assert!(status.success(), "mounting a bpffs at {}", dir.display());
+        Self(dir)
+    }
+}
+
+impl Drop for OwnBpffs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Two daemons of one instance name on two bpffs mounts are two instances: each has its own
+/// takeover socket (named after its pin directory), and each can be taken over. Before, the
+/// socket was named after the instance alone: the second daemon found it taken, ran without
+/// one, and a takeover of it reached the first daemon, whose pin directory it refused.
+#[test]
+fn one_instance_name_on_two_bpffs_mounts_can_each_be_taken_over() {
+    require_root();
+    if skip_without_dataplane("one_instance_name_on_two_bpffs_mounts_can_each_be_taken_over") {
+        return;
+    }
+    let own = OwnBpffs::mount();
+    let instance = unique("tb");
+    let listeners = r#""127.0.0.1:15001""#;
+    let (netns_a, cgroup_a) = (Netns::new(), TestCgroup::new());
+    let (netns_b, cgroup_b) = (Netns::new(), TestCgroup::new());
+    let config_a = config(&instance, &cgroup_a, listeners);
+    let config_b = format!(
+        "bpffs: {}\n{}",
+        own.0.display(),
+        config(&instance, &cgroup_b, listeners)
+    );
+    let mut a = Daemon::start_in(&netns_a, &config_a);
+    let mut b = Daemon::start_in(&netns_b, &config_b);
+    for (bpffs, daemon) in [(std::path::Path::new("/sys/fs/bpf"), &a), (&*own.0, &b)] {
+        let socket = proxy::daemon::takeover_socket_path(bpffs, &instance);
+        assert!(
+            socket.exists(),
+            "{} while it runs:\n{}",
+            socket.display(),
+            daemon.log_text()
+        );
+    }
+    for (name, netns, config, old) in [
+        ("b", &netns_b, &config_b, &mut b),
+        ("a", &netns_a, &config_a, &mut a),
+    ] {
+        let mut new = Daemon::try_start_in(netns, config, &["--takeover"])
+            .unwrap_or_else(|log| panic!("the takeover of {name} failed:\n{log}"));
+        let status = old.wait_exit(SHUTDOWN + Duration::from_secs(10));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{name}: the old daemon hands over and exits 0 ({status:?}):\n{}",
+            old.log_text()
+        );
+        assert!(new.stop(), "{name}: clean stop:\n{}", new.log_text());
+    }
 }

@@ -1,9 +1,13 @@
 //! Takeover (`proxy run --takeover`): a new daemon replaces a running one of the same instance
 //! without a refused connect on the proxy path, in the manner of Envoy's hot restart.
 //!
-//! Every running daemon listens on a unix socket, `/run/proxy/<instance>.takeover` (mode 0600
-//! in a directory of mode 0700, both the daemon's user's; the peer's uid is checked with
-//! `SO_PEERCRED` on both ends). The new daemon, before it takes the instance's lock, asks:
+//! Every running daemon listens on a unix socket, `/run/proxy/<instance>-<pin hash>.takeover`
+//! (mode 0600 in a directory of mode 0700, both the daemon's user's; the peer's uid is checked
+//! with `SO_PEERCRED` on both ends), named after its pin directory (the place its instance lock
+//! is taken), so two daemons of one instance name on two bpffs mounts never share one. The new
+//! daemon, before it takes the instance's lock, asks (a daemon of an earlier version listens on
+//! `/run/proxy/<instance>.takeover`, which is asked when the first is not there; its offer names
+//! its pin directory, which must be the new one's):
 //!
 //! ```text
 //! new                                   old (serving, keeps accepting throughout)
@@ -173,19 +177,42 @@ impl TakeoverError {
     }
 }
 
-/// The takeover socket of `instance`.
-pub fn socket_path(instance: &str) -> PathBuf {
+/// The takeover socket of the instance pinned under `bpffs`/`instance`: its name carries a hash
+/// of that pin directory, the place of the instance's lock, so that the same instance name on
+/// another bpffs has a socket of its own.
+pub fn socket_path(bpffs: &Path, instance: &str) -> PathBuf {
+    let pin_dir = bpffs.join(instance);
+    let hash = fnv1a(pin_dir.as_os_str().as_encoded_bytes());
+    Path::new(RUNTIME_DIR).join(format!("{instance}-{hash:016x}.takeover"))
+}
+
+/// Where a daemon of an earlier version, which named the socket after the instance alone,
+/// listens.
+fn legacy_socket_path(instance: &str) -> PathBuf {
     Path::new(RUNTIME_DIR).join(format!("{instance}.takeover"))
 }
 
-/// Removes `instance`'s takeover socket file if no process accepts on it (a daemon killed
+/// FNV-1a, 64 bits: stable across versions and builds (a socket name must not change with
+/// the standard library's hasher).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| {
+        (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Removes the takeover socket files of the instance at `bpffs`/`instance` (and one an earlier
+/// version left under the instance's name) if no process accepts on them (a daemon killed
 /// before it could remove its own), so that `proxy uninstall` leaves nothing of the instance
-/// behind; whether it did. Only a refused connect proves the socket stale: one a live daemon
-/// serves stays.
-pub fn remove_stale_socket(instance: &str) -> bool {
+/// behind; whether it removed one. Only a refused connect proves a socket stale: one a live
+/// daemon serves stays.
+pub fn remove_stale_socket(bpffs: &Path, instance: &str) -> bool {
+    let current = remove_stale(&socket_path(bpffs, instance));
+    remove_stale(&legacy_socket_path(instance)) || current
+}
+
+fn remove_stale(path: &Path) -> bool {
     use std::os::unix::fs::FileTypeExt as _;
-    let path = socket_path(instance);
-    let is_socket = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket());
+    let is_socket = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket());
     if !is_socket {
         return false;
     }
@@ -194,9 +221,9 @@ pub fn remove_stale_socket(instance: &str) -> bool {
         socket2::Type::SEQPACKET.cloexec(),
         None,
     )
-    .and_then(|s| s.connect(&socket2::SockAddr::unix(&path)?))
+    .and_then(|s| s.connect(&socket2::SockAddr::unix(path)?))
     .is_err_and(|e| e.kind() == io::ErrorKind::ConnectionRefused);
-    refused && std::fs::remove_file(&path).is_ok()
+    refused && std::fs::remove_file(path).is_ok()
 }
 
 fn check_peer(fd: std::os::fd::BorrowedFd<'_>, path: &Path) -> Result<(), TakeoverError> {
@@ -301,5 +328,26 @@ mod tests {
             },
         );
         assert!(matches!(err, TakeoverError::Refused { .. }), "{err}");
+    }
+
+    #[test]
+    fn the_socket_is_named_after_the_pin_directory() {
+        let a = socket_path(Path::new("/sys/fs/bpf"), "proxy");
+        let b = socket_path(Path::new("/run/bpf-b"), "proxy");
+        assert_ne!(a, b, "one instance name on two bpffs mounts");
+        assert_eq!(a, socket_path(Path::new("/sys/fs/bpf"), "proxy"), "stable");
+        // FNV-1a of "/sys/fs/bpf/proxy": the name must not change between versions.
+        assert_eq!(
+            a,
+            Path::new(RUNTIME_DIR).join(format!(
+                "proxy-{:016x}.takeover",
+                fnv1a(b"/sys/fs/bpf/proxy")
+            ))
+        );
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+        // The longest instance name still fits sun_path (107 bytes).
+        let longest = socket_path(Path::new("/sys/fs/bpf"), &"i".repeat(64));
+        assert!(longest.as_os_str().len() <= 107, "{}", longest.display());
     }
 }

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use super::{
     LOCK_RETRY, MAX_LISTENERS, MAX_PACKET, Msg, RELEASE_TIMEOUT, STEP_TIMEOUT, TakeoverError,
-    VERSION, check_peer, decode, encode, socket_path, unexpected,
+    VERSION, check_peer, decode, encode, legacy_socket_path, socket_path, unexpected,
 };
 use crate::{
     dataplane::{Dataplane, DataplaneError, DataplaneOptions},
@@ -58,27 +58,18 @@ pub fn request(config: &Config, takeover: bool) -> Result<Option<Inherited>, Tak
     if !takeover {
         return Ok(None);
     }
-    let path = socket_path(&config.instance);
+    let current = socket_path(Path::new(&config.bpffs), &config.instance);
+    // A daemon of an earlier version listens under the instance's name alone; its offer names
+    // its pin directory, which `receive_offer` checks against this configuration's.
+    let Some((conn, path)) = connect_any(&[current.clone(), legacy_socket_path(&config.instance)])?
+    else {
+        info!(socket = %current.display(), "--takeover: no daemon of this instance to take over from; starting normally");
+        return Ok(None);
+    };
     let io = |what| {
         let path = path.clone();
         move |source| TakeoverError::Io { what, path, source }
     };
-    let conn = Socket::new(Domain::UNIX, Type::SEQPACKET.cloexec(), None)
-        .map_err(io("creating a socket for"))?;
-    let addr = SockAddr::unix(&path).map_err(io("naming"))?;
-    match conn.connect(&addr) {
-        Ok(()) => {}
-        Err(err)
-            if matches!(
-                err.kind(),
-                io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
-            ) =>
-        {
-            info!(socket = %path.display(), "--takeover: no daemon of this instance to take over from; starting normally");
-            return Ok(None);
-        }
-        Err(err) => return Err(io("connecting to")(err)),
-    }
     check_peer(conn.as_fd(), &path)?;
     conn.set_write_timeout(Some(STEP_TIMEOUT))
         .map_err(io("setting a timeout on"))?;
@@ -99,6 +90,30 @@ pub fn request(config: &Config, takeover: bool) -> Result<Option<Inherited>, Tak
         conn,
         path,
     }))
+}
+
+/// A connection to the first of `paths` a daemon accepts on, with its path; `None` when none
+/// does (missing, or a stale file).
+fn connect_any(paths: &[PathBuf]) -> Result<Option<(Socket, PathBuf)>, TakeoverError> {
+    for path in paths {
+        let io = |what| {
+            let path = path.clone();
+            move |source| TakeoverError::Io { what, path, source }
+        };
+        let conn = Socket::new(Domain::UNIX, Type::SEQPACKET.cloexec(), None)
+            .map_err(io("creating a socket for"))?;
+        let addr = SockAddr::unix(path).map_err(io("naming"))?;
+        match conn.connect(&addr) {
+            Ok(()) => return Ok(Some((conn, path.clone()))),
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+                ) => {}
+            Err(err) => return Err(io("connecting to")(err)),
+        }
+    }
+    Ok(None)
 }
 
 /// Reads the offer and its sockets and checks them against `config`; a mismatch is answered

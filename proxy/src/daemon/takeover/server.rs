@@ -51,7 +51,7 @@ impl Server {
             pin_dir: Path::new(&config.bpffs).join(&config.instance),
             sockets: proxy.map(ProxyHandle::handover),
         };
-        let path = socket_path(&config.instance);
+        let path = socket_path(Path::new(&config.bpffs), &config.instance);
         match listen(&path) {
             Ok((listener, file)) => Self {
                 task: Some(tokio::spawn(serve(listener, path, offer, tx))),

@@ -263,6 +263,9 @@ pub mod pins {
     /// Not a pin: a symbolic link to the cgroup a run of this instance created, so that the run
     /// that stops cleanly removes it even when the one that created it was killed.
     pub const OWNED_CGROUP: &str = "owned_cgroup";
+    /// Not a pin: a symbolic link to the bpffs mount point a run of this instance mounted (it
+    /// found none there), so that `proxy uninstall` unmounts it once nothing else is pinned in it.
+    pub const OWNED_BPFFS: &str = "owned_bpffs";
 }
 
 /// Pin names of earlier versions: maps whose layout moved to a new suffix, and pins of programs
@@ -301,7 +304,8 @@ pub fn classify(pin: &str) -> PinKind {
         || pins::LINKS.iter().any(|(_, link)| *link == pin)
         || pin == pins::PROG_SPLICE
         || pin == pins::PROG_PAIR
-        || pin == pins::OWNED_CGROUP;
+        || pin == pins::OWNED_CGROUP
+        || pin == pins::OWNED_BPFFS;
     if current {
         PinKind::Current
     } else if RETIRED.contains(&pin) {

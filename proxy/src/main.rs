@@ -219,8 +219,11 @@ fn uninstall(args: &InstanceArgs) -> ExitCode {
                 || "no cgroup of its own".to_owned(),
                 |c| format!("cgroup {} removed", c.display()),
             );
+            let bpffs = done.bpffs.map_or_else(String::new, |b| {
+                format!(", the bpffs it mounted at {} unmounted", b.display())
+            });
             println!(
-                "instance {instance:?} uninstalled: {} programs detached, pins removed, {cgroup}",
+                "instance {instance:?} uninstalled: {} programs detached, pins removed, {cgroup}{bpffs}",
                 done.links
             );
             ExitCode::SUCCESS

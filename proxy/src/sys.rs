@@ -25,6 +25,19 @@ pub fn mount_bpffs(target: &Path) -> io::Result<()> {
     }
 }
 
+/// Unmounts the filesystem at `target`.
+pub fn unmount(target: &Path) -> io::Result<()> {
+    let target = CString::new(target.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
+    // SAFETY: `target` is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe { libc::umount2(target.as_ptr(), 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Lifts the locked-memory limit, which kernels before 5.11 charge BPF maps against.
 pub fn raise_memlock_rlimit() -> io::Result<()> {
     let limit = libc::rlimit {

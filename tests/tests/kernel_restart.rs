@@ -658,6 +658,78 @@ fn a_signal_during_the_start_is_handled_once_the_daemon_runs() {
     }
 }
 
+/// Whether a bpffs is mounted at `dir` (from /proc/mounts).
+fn bpffs_mounted(dir: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/mounts").expect("/proc/mounts");
+    mounts.lines().any(|line| {
+        let mut fields = line.split_whitespace();
+        fields.nth(1) == dir.to_str() && fields.next() == Some("bpf")
+    })
+}
+
+/// A test's mount point: unmounted (if still mounted) and removed on drop, whatever the test's
+/// end.
+struct Mountpoint(PathBuf);
+
+impl Drop for Mountpoint {
+    fn drop(&mut self) {
+        if bpffs_mounted(&self.0) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// A bpffs the daemon mounted (none was at `bpffs`) is unmounted by `proxy uninstall` once
+/// nothing else is pinned in it, also after a restart (the second run finds it mounted but it
+/// is still the instance's); one the daemon found mounted stays. Before, the daemon's mount
+/// stayed after uninstall.
+#[test]
+fn uninstall_unmounts_a_bpffs_the_daemon_mounted() {
+    require_root();
+    if skip_without_dataplane("uninstall_unmounts_a_bpffs_the_daemon_mounted") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(unique("bpffs"));
+    let mountpoint = Mountpoint(dir.clone());
+    let cgroup = TestCgroup::new();
+    let instance = unique("mnt");
+    let text = format!(
+        "bpffs: {}\n{}",
+        dir.display(),
+        config(&instance, cgroup.path())
+    );
+    assert!(!bpffs_mounted(&dir));
+    // Kept until the end: a dropped `Daemon` uninstalls its instance.
+    let mut first = Daemon::start(&text);
+    assert!(bpffs_mounted(&dir), "the daemon mounted it");
+    assert!(first.terminate(), "clean stop");
+    assert!(bpffs_mounted(&dir), "the stop leaves the data path pinned");
+    let mut second = Daemon::start(&text);
+    assert!(second.terminate(), "clean stop");
+    assert!(second.uninstall(), "proxy uninstall");
+    assert!(
+        !bpffs_mounted(&dir),
+        "uninstall unmounts what the instance mounted, after a restart too"
+    );
+    // A bpffs the daemon found mounted is not its to unmount.
+    let status = std::process::Command::new("mount")
+        .args(["-t", "bpf", "bpf"])
+        .arg(&dir)
+        .status()
+        .expect("mount");
+    assert!(status.success());
+    let mut daemon = Daemon::start(&text);
+    assert!(daemon.terminate(), "clean stop");
+    assert!(daemon.uninstall(), "proxy uninstall");
+    assert!(
+        bpffs_mounted(&dir),
+        "a bpffs the daemon did not mount stays"
+    );
+    drop((daemon, second, first));
+    drop(mountpoint);
+}
+
 /// One daemon per instance: a second one on the same instance exits non-zero with a clear
 /// error before it touches anything, and the first keeps its pins and stops cleanly.
 #[test]

@@ -93,7 +93,7 @@ impl Dataplane {
         if let Err(err) = crate::sys::raise_memlock_rlimit() {
             debug!(%err, "could not raise RLIMIT_MEMLOCK (only matters before kernel 5.11)");
         }
-        ensure_bpffs(&opts.bpffs)?;
+        let mounted = ensure_bpffs(&opts.bpffs)?;
         let pin_dir = opts.bpffs.join(&opts.instance);
         let created_pin_dir = !pin_dir.exists();
         fs::create_dir_all(&pin_dir).map_err(|source| DataplaneError::Io {
@@ -110,6 +110,9 @@ impl Dataplane {
                 return Err(err);
             }
         };
+        if mounted {
+            pin_files::record_owned_bpffs(&pin_dir, &opts.bpffs);
+        }
         let previous = pin_files::owned_cgroup(&pin_dir);
         let created_cgroup = !opts.cgroup.exists();
         let mut dataplane = match Self::open_in(opts, &pin_dir, created_cgroup, lock) {
@@ -469,6 +472,9 @@ pub struct Uninstalled {
     pub links: usize,
     /// The cgroup the instance had created, if it was removed.
     pub cgroup: Option<PathBuf>,
+    /// The bpffs a run of the instance had mounted, if it was unmounted (nothing else was
+    /// pinned in it).
+    pub bpffs: Option<PathBuf>,
 }
 
 /// Removes an instance whose daemon is stopped: unpins its links (detaching its programs from
@@ -481,7 +487,7 @@ pub fn uninstall(bpffs: &Path, instance: &str) -> Result<Option<Uninstalled>, Da
     if !pin_dir.is_dir() {
         return Ok(None);
     }
-    let _lock = lock_instance(&pin_dir, instance)?;
+    let lock = lock_instance(&pin_dir, instance)?;
     let mut done = Uninstalled::default();
     // connect4 last: until then a connect still finds its service.
     for (_, link) in pins::LINKS.iter().rev() {
@@ -490,7 +496,13 @@ pub fn uninstall(bpffs: &Path, instance: &str) -> Result<Option<Uninstalled>, Da
         }
     }
     let owned = pin_files::owned_cgroup(&pin_dir);
+    let mounted = pin_files::owned_bpffs(&pin_dir);
     pin_files::remove_ours(&pin_dir);
+    // The lock's descriptor is in the mount: it would keep it busy.
+    drop(lock);
+    if mounted.as_deref() == Some(bpffs) {
+        done.bpffs = unmount_if_empty(bpffs);
+    }
     if let Some(cgroup) = owned {
         match remove_cgroup(&cgroup) {
             Ok(()) => done.cgroup = Some(cgroup),
@@ -502,6 +514,35 @@ pub fn uninstall(bpffs: &Path, instance: &str) -> Result<Option<Uninstalled>, Da
     }
     info!(instance, links = done.links, "uninstalled");
     Ok(Some(done))
+}
+
+/// Unmounts the bpffs at `bpffs`, which this instance mounted, when nothing is left in it but
+/// what the kernel puts in every mount (no other instance, no other program's pins);
+/// `Some(bpffs)` when it did.
+fn unmount_if_empty(bpffs: &Path) -> Option<PathBuf> {
+    // What the kernel puts in every new bpffs mount (its preloaded iterators, 5.10+).
+    const KERNEL_ENTRIES: [&str; 2] = ["maps.debug", "progs.debug"];
+    let left: Vec<String> = fs::read_dir(bpffs)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| !KERNEL_ENTRIES.contains(&name.as_str()))
+        .collect();
+    if !left.is_empty() {
+        info!(bpffs = %bpffs.display(), ?left, "the bpffs this instance mounted stays mounted: other pins are in it");
+        return None;
+    }
+    match crate::sys::unmount(bpffs) {
+        Ok(()) => {
+            info!(bpffs = %bpffs.display(), "unmounted the bpffs this instance had mounted");
+            Some(bpffs.to_owned())
+        }
+        Err(err) => {
+            warn!(bpffs = %bpffs.display(), %err, "the bpffs this instance mounted could not be unmounted");
+            None
+        }
+    }
 }
 
 /// Removes an empty cgroup. Processes that just left may still be counted for a moment
@@ -543,9 +584,10 @@ fn lock_instance(pin_dir: &Path, instance: &str) -> Result<fs::File, DataplaneEr
     }
 }
 
-fn ensure_bpffs(bpffs: &Path) -> Result<(), DataplaneError> {
+/// Mounts a bpffs at `bpffs` unless one is there; whether it mounted one.
+fn ensure_bpffs(bpffs: &Path) -> Result<bool, DataplaneError> {
     if mounts::is_bpffs(bpffs) {
-        return Ok(());
+        return Ok(false);
     }
     mounts::may_mount_bpffs(bpffs)?;
     fs::create_dir_all(bpffs).map_err(|source| DataplaneError::Io {
@@ -559,7 +601,7 @@ fn ensure_bpffs(bpffs: &Path) -> Result<(), DataplaneError> {
         source,
     })?;
     info!(path = %bpffs.display(), "mounted bpffs");
-    Ok(())
+    Ok(true)
 }
 
 /// What the kernel offers beyond the programs' minimum, as the bits of

@@ -109,6 +109,20 @@ pub(super) fn record_owned_cgroup(dir: &Path, cgroup: Option<&Path>) {
     }
 }
 
+/// The bpffs mount point a run of this instance mounted, if one recorded it in `dir`.
+pub(super) fn owned_bpffs(dir: &Path) -> Option<PathBuf> {
+    fs::read_link(dir.join(pins::OWNED_BPFFS)).ok()
+}
+
+/// Records in `dir` that this instance mounted the bpffs at `bpffs` (kept across restarts: a
+/// later run finds it mounted, but it is still this instance's to unmount).
+pub(super) fn record_owned_bpffs(dir: &Path, bpffs: &Path) {
+    let link = dir.join(pins::OWNED_BPFFS);
+    if let Err(err) = std::os::unix::fs::symlink(bpffs, &link) {
+        warn!(link = %link.display(), %err, "could not record the bpffs this daemon mounted; proxy uninstall will leave it mounted");
+    }
+}
+
 /// The file names in `dir`, sorted (none when it cannot be read).
 fn names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(dir)

@@ -54,7 +54,10 @@ use tokio::{
 };
 use tracing::info;
 
-pub use self::{info::Launch, listen::ListenError};
+pub use self::{
+    info::Launch,
+    listen::{ListenError, remove_stale_socket},
+};
 use crate::{
     daemon::{Live, SharedDataplane},
     dataplane::Dataplane,

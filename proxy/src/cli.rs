@@ -100,9 +100,9 @@ pub enum Command {
     #[command(subcommand)]
     Dataplane(DataplaneCommand),
     /// Remove an instance's data path: detach its programs, remove its pins, the cgroup it
-    /// created and a takeover socket a killed daemon left. Stopping the daemon (SIGTERM) leaves
-    /// the data path serving for the next start; this is how it goes for good. Refused while a
-    /// daemon runs the instance. Needs root.
+    /// created and the takeover and admin control sockets a killed daemon left. Stopping the
+    /// daemon (SIGTERM) leaves the data path serving for the next start; this is how it goes
+    /// for good. Refused while a daemon runs the instance. Needs root.
     Uninstall(InstanceArgs),
     /// Validate a configuration file and exit: status 0 if it is usable, 64 with
     /// file:line:column and the field if not. Needs no privileges and touches nothing.

@@ -184,6 +184,17 @@ async fn remove_stale(path: &Path) -> Result<(), ListenError> {
     std::fs::remove_file(path).map_err(|source| stale_io("removing the stale socket", path, source))
 }
 
+/// Removes the unix socket file at `path` if no process accepts on it (a daemon killed before
+/// it could remove its own), so that `proxy uninstall` leaves nothing of the instance behind;
+/// whether it did. Only a refused connect proves it stale.
+pub fn remove_stale_socket(path: &Path) -> bool {
+    let is_socket = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket());
+    is_socket
+        && std::os::unix::net::UnixStream::connect(path)
+            .is_err_and(|e| e.kind() == io::ErrorKind::ConnectionRefused)
+        && std::fs::remove_file(path).is_ok()
+}
+
 fn stale_io(what: &'static str, path: &Path, source: io::Error) -> ListenError {
     ListenError::Io {
         what,

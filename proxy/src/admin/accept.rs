@@ -47,9 +47,21 @@ struct Live {
     asked: Arc<AtomicBool>,
 }
 
+/// The connections being served; dropping this (the accept loop aborted) closes them all.
+struct Serving(VecDeque<Live>);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        for conn in &self.0 {
+            conn.task.abort();
+        }
+    }
+}
+
 /// Accepts on `listener` until aborted, keeping at most `budget` connections.
 pub(super) async fn run(listener: Listener, budget: usize, access: Access, state: State) {
-    let mut live = VecDeque::with_capacity(budget);
+    let mut serving = Serving(VecDeque::with_capacity(budget));
+    let live = &mut serving.0;
     loop {
         let asked = Arc::new(AtomicBool::new(false));
         let conn = Conn {
@@ -69,7 +81,7 @@ pub(super) async fn run(listener: Listener, budget: usize, access: Access, state
         };
         match accepted {
             Ok(task) => {
-                make_room(&mut live, budget);
+                make_room(live, budget);
                 live.push_back(Live { task, asked });
             }
             Err(err) => {

@@ -70,3 +70,19 @@ async fn slow_clients_are_shed_and_time_out_while_ready_answers_at_once() {
     );
     server.stop().await;
 }
+
+/// Stopping the server closes the connections it was serving, not only its listeners.
+#[tokio::test]
+async fn stop_closes_the_connections_in_flight() {
+    let (server, addr) = serving(state()).await;
+    let AdminAddress::Tcp(tcp) = addr else {
+        unreachable!()
+    };
+    let mut idle = TcpStream::connect(tcp).await.unwrap();
+    // The daemon has it once a request on another connection was answered after it.
+    assert_eq!(get(&addr, "/ready").await.0, 503);
+    server.stop().await;
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(1), idle.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "still open a second after stop");
+}

@@ -33,33 +33,40 @@ async fn free_addr() -> AdminAddress {
     AdminAddress::Tcp(listener.local_addr().unwrap())
 }
 
-/// A fresh control socket path (in this process's scratch directory).
-fn control_path() -> PathBuf {
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let dir = std::env::temp_dir().join(format!("proxy-admin-{}-control", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    dir.join(format!("{n}.sock"))
+/// A server under test; [`Served::stop`] also removes its control socket's directory.
+struct Served {
+    server: Server,
+    dir: PathBuf,
+}
+
+impl Served {
+    async fn stop(self) {
+        self.server.stop().await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// Serves `state` on a free loopback port (returned) and a fresh control socket.
-async fn serving(state: State) -> (Server, AdminAddress) {
+async fn serving(state: State) -> (Served, AdminAddress) {
     let (server, addr, _) = serving_both(state).await;
     (server, addr)
 }
 
-/// Serves `state`; returns the server, its TCP address and its control socket.
-async fn serving_both(state: State) -> (Server, AdminAddress, AdminAddress) {
-    let addr = free_addr().await;
-    let control = control_path();
+/// Serves `state`; returns the server, its TCP address and its control socket (in a fresh
+/// directory of its own).
+async fn serving_both(state: State) -> (Served, AdminAddress, AdminAddress) {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = scratch(&format!("control-{n}"));
+    let (addr, control) = (free_addr().await, dir.join("control.sock"));
     let server = serve_with(&addr, &control, state)
         .await
         .expect("serving on loopback");
-    (server, addr, AdminAddress::Unix(control))
+    (Served { server, dir }, addr, AdminAddress::Unix(control))
 }
 
 /// Serves `state`; returns the server and its control socket (where state changes go).
-async fn controlled(state: State) -> (Server, AdminAddress) {
+async fn controlled(state: State) -> (Served, AdminAddress) {
     let (server, _, control) = serving_both(state).await;
     (server, control)
 }

@@ -545,7 +545,7 @@ pub fn free_port() -> anyhow::Result<SocketAddr> {
 pub fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
         .ok()?;
     let mut buf = String::new();
     let _ = s.read_to_string(&mut buf);

@@ -1,18 +1,27 @@
-//! The admin HTTP interface, where Envoy users look for it: on loopback (or a unix socket) it
-//! serves `/ready`, `/stats`, `/stats/prometheus`, `/clusters`, `/routing`, `/config_dump`,
-//! `/chain/<service>`, `/server_info`, `/logging`, `/healthcheck/fail`, `/healthcheck/ok` and
-//! `/reload`, and lists them at `/` (the table is in `routes`).
+//! The admin HTTP interface, where Envoy users look for it: `/ready`, `/stats`,
+//! `/stats/prometheus`, `/clusters`, `/routing`, `/config_dump`, `/chain/<service>`,
+//! `/server_info`, `/logging`, `/healthcheck/fail`, `/healthcheck/ok` and `/reload`, listed at
+//! `/` (the table is in `routes`).
+//!
+//! Two listeners. `admin.address` (loopback TCP by default) serves what shows; anyone on the
+//! host can connect to it, so it answers only requests whose `Host` names it, and refuses
+//! what changes the daemon's state with a 403 unless the operator turned that on
+//! (`guard`). The control socket, a unix socket of mode 0600, serves everything to its owner
+//! (`proxy reload`, `proxy status`), with its own connection budget and rendering turns, so
+//! nothing done on TCP can keep it from answering.
 //!
 //! HTTP/1.1 by hyper, one request per connection: the admin interface is for operators and
-//! probes, not for traffic. Anyone who can connect can ask, so it bounds its own cost: at most
-//! [`CONNECTIONS`] connections at a time (the others wait in the listen queue), a request head
-//! of at most [`MAX_REQUEST`] bytes that must arrive within [`READ_TIMEOUT`], a connection
-//! closed after [`CONNECTION_LIFETIME`] whatever it does. `/ready` and the other constant-cost
-//! answers are given at once; the pages whose cost grows with the configuration (stats,
-//! clusters, config and chain dumps) render on tokio's blocking threads, never on the workers
-//! that run discovery, health checks and the proxy, and at most [`RENDERING`] at a time; a
-//! request that waits [`TURN_TIMEOUT`] for its turn is answered 503.
+//! probes, not for traffic. Each listener bounds its own cost (`accept`): a budget of
+//! connections in which a new one sheds the oldest idle one, a request head of at most
+//! 8 KiB that must arrive within 2 s, a connection closed after 5 minutes whatever it does.
+//! `/ready` and the other constant-cost answers are given at once; the pages whose cost grows
+//! with the configuration (stats, clusters, config and chain dumps) render on tokio's blocking
+//! threads, never on the workers that run discovery, health checks and the proxy, and at most
+//! [`RENDERING`] at a time per listener; a request that waits [`TURN_TIMEOUT`] for its turn is
+//! answered 503.
 
+mod accept;
+mod guard;
 mod info;
 mod listen;
 mod render;
@@ -22,7 +31,8 @@ mod tests;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    convert::Infallible,
+    net::SocketAddr,
+    path::Path,
     sync::{Arc, PoisonError, atomic::AtomicBool},
     time::Duration,
 };
@@ -32,43 +42,31 @@ use hyper::{
     Request, StatusCode,
     body::{Bytes, Incoming},
     header::{ALLOW, CONTENT_TYPE, HeaderValue},
-    server::conn::http1,
-    service::service_fn,
 };
-use hyper_util::rt::{TokioIo, TokioTimer};
 use proxy_common::service::ServiceKey;
 use proxy_core::{
     config::{AdminAddress, Config},
     upstream::Upstream,
 };
 use tokio::{
-    io::{AsyncRead, AsyncWrite},
-    sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch},
+    sync::{Semaphore, mpsc, oneshot, watch},
     task::JoinHandle,
 };
-use tracing::debug;
+use tracing::info;
 
-pub use self::{info::Launch, listen::ListenError};
+pub use self::{
+    info::Launch,
+    listen::{ListenError, remove_stale_socket},
+};
 use crate::{
     daemon::state::{Live, SharedDataplane},
     dataplane::Dataplane,
 };
 
-/// Pages rendered at once (the others wait their turn).
+/// Pages rendered at once per listener (the others wait their turn).
 const RENDERING: usize = 2;
-/// Connections served at once; more wait in the listen queue.
-const CONNECTIONS: usize = 32;
-/// Largest request head accepted (hyper's smallest read buffer); a larger one is answered 431.
-const MAX_REQUEST: usize = 8 * 1024;
-/// A client whose request head is not complete after this long is dropped.
-const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a page waits for a rendering turn before it is answered 503.
 const TURN_TIMEOUT: Duration = Duration::from_secs(5);
-/// The longest a connection is kept, whatever it does (a client that does not read its answer
-/// gives its slot back then). Generous: `proxy status` waits up to a minute for a large page.
-const CONNECTION_LIFETIME: Duration = Duration::from_secs(300);
-/// Pause after a failed `accept` (out of file descriptors), so the loop does not spin.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// How long `POST /reload` waits for the daemon to apply a configuration (a new cluster's first
 /// hosts are awaited, up to the daemon's first-publish wait).
@@ -246,89 +244,85 @@ impl State {
     }
 }
 
-/// The running admin server; [`Server::stop`] ends it and removes its unix socket file.
+/// The running admin server; [`Server::stop`] ends it and removes its unix socket files.
 pub struct Server {
-    task: JoinHandle<()>,
+    tasks: Vec<JoinHandle<()>>,
 }
 
 impl Server {
-    /// Stops accepting, drops the connections in flight, removes the socket file (which the
-    /// accept loop owns).
+    /// Stops accepting, drops the connections in flight, removes the socket files (which the
+    /// accept loops own).
     pub async fn stop(self) {
-        self.task.abort();
-        let _ = self.task.await;
+        for task in &self.tasks {
+            task.abort();
+        }
+        for task in self.tasks {
+            let _ = task.await;
+        }
     }
 }
 
-/// Binds `addr` (a unix socket: mode 0600, a stale socket file replaced) and serves until
+/// Binds `addr` (a unix socket: mode 0600, a stale socket file replaced) and the control
+/// socket of `state`'s configuration (`admin.control_socket`), and serves until
 /// [`Server::stop`].
 pub async fn serve(addr: &AdminAddress, state: State) -> Result<Server, ListenError> {
+    let control = state.config.admin.control_path(&state.config.instance);
+    serve_with(addr, &control, state).await
+}
+
+/// [`serve`] with the control socket at `control`.
+async fn serve_with(
+    addr: &AdminAddress,
+    control: &Path,
+    state: State,
+) -> Result<Server, ListenError> {
+    listen::prepare_dir(control)?;
+    let control_listener = listen::bind(&AdminAddress::Unix(control.to_owned())).await?;
     let listener = listen::bind(addr).await?;
-    let connections = Arc::new(Semaphore::new(CONNECTIONS));
+    let access = match addr {
+        AdminAddress::Tcp(address) => guard::Access::Tcp {
+            address: *address,
+            mutations: state.config.admin.allow_tcp_mutations,
+            control: control.display().to_string(),
+        },
+        AdminAddress::Unix(_) => guard::Access::Owner,
+    };
+    // The control socket renders in turns of its own: pages asked on TCP never delay it.
+    let control_state = State {
+        rendering: Arc::new(Semaphore::new(RENDERING)),
+        ..state.clone()
+    };
+    info!(control = %control.display(), "admin control socket ready");
     Ok(Server {
-        task: tokio::spawn(accept_loop(listener, connections, state)),
+        tasks: vec![
+            tokio::spawn(accept::run(listener, accept::CONNECTIONS, access, state)),
+            tokio::spawn(accept::run(
+                control_listener,
+                accept::CONTROL_CONNECTIONS,
+                guard::Access::Owner,
+                control_state,
+            )),
+        ],
     })
 }
 
-async fn accept_loop(listener: listen::Listener, connections: Arc<Semaphore>, state: State) {
-    loop {
-        let Ok(slot) = connections.clone().acquire_owned().await else {
-            return;
-        };
-        let accepted = match &listener {
-            listen::Listener::Tcp(tcp) => tcp
-                .accept()
-                .await
-                .map(|(stream, _)| spawn_connection(stream, slot, state.clone())),
-            listen::Listener::Unix { listener, .. } => listener
-                .accept()
-                .await
-                .map(|(stream, _)| spawn_connection(stream, slot, state.clone())),
-        };
-        if let Err(err) = accepted {
-            debug!(%err, "admin accept failed");
-            tokio::time::sleep(ACCEPT_BACKOFF).await;
-        }
+/// Answers one request on a listener with `access` (`local`: the address a TCP client
+/// connected to): a refusal, at once, or rendered in turn on a blocking thread.
+async fn respond(
+    request: &Request<Incoming>,
+    access: &guard::Access,
+    local: Option<SocketAddr>,
+    state: &State,
+) -> Response {
+    if let Err(refused) = guard::admit(request, access, local) {
+        return refused;
     }
-}
-
-/// Serves one connection (one request) in its own task, holding its connection slot.
-fn spawn_connection<S>(stream: S, slot: OwnedSemaphorePermit, state: State)
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    tokio::spawn(async move {
-        let _slot = slot;
-        let service = service_fn(move |request| {
-            let state = state.clone();
-            async move { Ok::<_, Infallible>(respond(&request, &state).await.into_http()) }
-        });
-        let connection = http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(READ_TIMEOUT)
-            .max_buf_size(MAX_REQUEST)
-            .keep_alive(false)
-            .serve_connection(TokioIo::new(stream), service);
-        match tokio::time::timeout(CONNECTION_LIFETIME, connection).await {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => debug!(%err, "admin connection failed"),
-            Err(_) => debug!("admin connection closed after {CONNECTION_LIFETIME:?}"),
-        }
-    });
-}
-
-/// Answers one request: at once, or rendered in turn on a blocking thread.
-async fn respond(request: &Request<Incoming>, state: &State) -> Response {
     let path = request.uri().path();
     let query = request.uri().query().unwrap_or_default();
     let state = &state.current();
     if path == "/reload" {
-        return match routes::post_only(request.method(), path) {
-            Some(refused) => refused,
-            None => reload(state).await,
-        };
-    }
-    if routes::is_page(path) {
+        reload(state).await
+    } else if routes::is_page(path) {
         render_in_turn(path, query, state).await
     } else {
         routes::answer(request.method(), path, query, state)

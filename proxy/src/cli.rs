@@ -67,9 +67,10 @@ pub enum Command {
     /// Print the services, clusters, hosts, health flags and weights of a running daemon, read
     /// from its admin interface.
     Status {
-        /// The daemon's admin address, as in its config's admin.address: ip:port, or
-        /// unix:/path for an admin interface on a unix socket.
-        #[arg(long, default_value = "127.0.0.1:15000")]
+        /// Where to ask: the daemon's control socket (unix:/run/proxy/<instance>.admin, or its
+        /// admin.control_socket; root's), or its read-only admin.address (ip:port, which
+        /// anyone on the host may read).
+        #[arg(long, default_value = "unix:/run/proxy/proxy.admin")]
         admin: proxy_core::config::AdminAddress,
         /// How long the whole answer may take, in seconds (a daemon with many thousands of
         /// services renders for a while).
@@ -82,9 +83,10 @@ pub enum Command {
     /// 64 with file:line:column when the file is invalid, 1 when the change needs a restart or
     /// could not be applied; in every refusal nothing changed.
     Reload {
-        /// The daemon's admin address, as in its config's admin.address: ip:port, or
-        /// unix:/path for an admin interface on a unix socket.
-        #[arg(long, default_value = "127.0.0.1:15000")]
+        /// The daemon's control socket: unix:/run/proxy/<instance>.admin, or its
+        /// admin.control_socket (root's). A TCP admin.address refuses a reload with 403 unless
+        /// its config sets admin.allow_tcp_mutations.
+        #[arg(long, default_value = "unix:/run/proxy/proxy.admin")]
         admin: proxy_core::config::AdminAddress,
         /// How long to wait for the daemon's answer, in seconds (a new cluster's first hosts
         /// are awaited).
@@ -98,9 +100,9 @@ pub enum Command {
     #[command(subcommand)]
     Dataplane(DataplaneCommand),
     /// Remove an instance's data path: detach its programs, remove its pins, the cgroup it
-    /// created and a takeover socket a killed daemon left. Stopping the daemon (SIGTERM) leaves
-    /// the data path serving for the next start; this is how it goes for good. Refused while a
-    /// daemon runs the instance. Needs root.
+    /// created and the takeover and admin control sockets a killed daemon left. Stopping the
+    /// daemon (SIGTERM) leaves the data path serving for the next start; this is how it goes
+    /// for good. Refused while a daemon runs the instance. Needs root.
     Uninstall(InstanceArgs),
     /// Validate a configuration file and exit: status 0 if it is usable, 64 with
     /// file:line:column and the field if not. Needs no privileges and touches nothing.

@@ -206,6 +206,13 @@ fn uninstall(args: &InstanceArgs) -> ExitCode {
     if uninstalled.is_ok() && daemon::remove_stale_takeover_socket(bpffs, instance) {
         println!("instance {instance:?}: stale takeover socket removed");
     }
+    let control = at.config.as_ref().map_or_else(
+        || proxy_core::config::Admin::default().control_path(instance),
+        |c| c.admin.control_path(instance),
+    );
+    if uninstalled.is_ok() && proxy::admin::remove_stale_socket(&control) {
+        println!("instance {instance:?}: stale admin control socket removed");
+    }
     match uninstalled {
         Ok(None) => {
             println!(

@@ -168,6 +168,27 @@ pub fn reload(addr: &AdminAddress, timeout: Duration) -> anyhow::Result<Reloaded
     })
 }
 
+/// The `Host` of a request to `addr`: the TCP admin answers only requests that name it.
+pub(crate) fn host(addr: &AdminAddress) -> String {
+    match addr {
+        AdminAddress::Tcp(tcp) => tcp.to_string(),
+        AdminAddress::Unix(_) => "localhost".to_owned(),
+    }
+}
+
+/// What to say when connecting to `addr` failed.
+fn connect_hint(addr: &AdminAddress) -> String {
+    let hint = match addr {
+        AdminAddress::Unix(_) => {
+            "is the daemon running, with this control socket? it is root's (mode 0600); pass \
+             --admin unix:/run/proxy/<instance>.admin for another instance, or --admin ip:port \
+             for the read-only TCP admin"
+        }
+        AdminAddress::Tcp(_) => "is the daemon running, with this admin.address? (--admin)",
+    };
+    format!("connecting to the admin interface at {addr} ({hint})")
+}
+
 /// One request, read to its end within `timeout` and at most `max` bytes: the status code,
 /// the head and the body.
 fn request(
@@ -178,12 +199,11 @@ fn request(
     max: usize,
 ) -> anyhow::Result<(u16, String, String)> {
     let deadline = std::time::Instant::now() + timeout.min(max_timeout());
-    let mut stream = Stream::connect(addr).with_context(|| {
-        format!("connecting to the admin interface at {addr} (is the daemon running? --admin)")
-    })?;
+    let mut stream = Stream::connect(addr).with_context(|| connect_hint(addr))?;
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nhost: admin\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nhost: {}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        host(addr)
     )?;
     let mut raw = Vec::new();
     let mut chunk = vec![0u8; 64 * 1024];

@@ -325,6 +325,9 @@ pub struct Daemon {
     pub config: PathBuf,
     /// Admin address (inside `netns` when the daemon runs in one: use [`Daemon::get`]).
     pub admin: SocketAddr,
+    /// Its admin control socket (`admin.control_socket`, or `/run/proxy/<instance>.admin`),
+    /// where state changes such as `POST /reload` go.
+    pub control: PathBuf,
     /// The network namespace the daemon runs in; `None`: the test's own.
     netns: Option<PathBuf>,
     /// Where its log goes.
@@ -427,8 +430,13 @@ impl Daemon {
             None => free_port(),
         };
         let path = dir.0.join("config.yaml");
-        std::fs::write(&path, config.replace("{admin}", &admin.to_string()))
-            .expect("writing config");
+        let config = config.replace("{admin}", &admin.to_string());
+        std::fs::write(&path, &config).expect("writing config");
+        let control = proxy_core::config::Config::parse(&config, &path).map_or_else(
+            // A configuration meant to be refused: no daemon serves it.
+            |_| PathBuf::new(),
+            |c| c.admin.control_path(&c.instance),
+        );
         let log = dir.0.join("daemon.log");
         let file = std::fs::File::create(&log).expect("creating the daemon log");
         let mut cmd = match wrapper.split_first() {
@@ -453,6 +461,7 @@ impl Daemon {
             child: Some(child),
             config: path,
             admin,
+            control,
             netns,
             log,
             _dir: dir,
@@ -645,7 +654,7 @@ pub fn http_get_within(addr: SocketAddr, path: &str, idle: Duration) -> Option<(
     stream.set_read_timeout(Some(idle)).ok()?;
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
     )
     .ok()?;
     let mut text = String::new();

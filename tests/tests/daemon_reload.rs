@@ -107,13 +107,14 @@ fn reach(cgroup: &TestCgroup, netns: &Netns, vip: &str) -> LoopReport {
     LoopReport::parse(&c.wait(Duration::from_secs(30)))
 }
 
-/// `proxy reload` against the daemon's admin interface, inside its namespace: exit code, stdout
-/// and stderr.
-fn proxy_reload(netns: &Netns, admin: SocketAddr) -> (i32, String, String) {
+/// `proxy reload` against the daemon's control socket, from inside its namespace: exit code,
+/// stdout and stderr.
+fn proxy_reload(netns: &Netns, daemon: &Daemon) -> (i32, String, String) {
     let out = Command::new("ip")
         .args(["netns", "exec", netns.name()])
         .arg(proxy_bin())
-        .args(["reload", "--admin", &admin.to_string()])
+        .arg("reload")
+        .arg(format!("--admin=unix:{}", daemon.control.display()))
         .output()
         .expect("running proxy reload");
     (
@@ -231,7 +232,7 @@ fn refusals_change_nothing(
 ) {
     // A broken file, by `proxy reload`: exit 64, the file's line and column, nothing changes.
     std::fs::write(&daemon.config, good.replace("port: 80", "port: eighty")).unwrap();
-    let (code, _, stderr) = proxy_reload(netns, daemon.admin);
+    let (code, _, stderr) = proxy_reload(netns, daemon);
     assert_eq!(code, 64, "{stderr}");
     let config_name = daemon.config.display().to_string();
     assert!(
@@ -245,7 +246,7 @@ fn refusals_change_nothing(
         good.replace(&format!("instance: {instance}"), "instance: another"),
     )
     .unwrap();
-    let (code, _, stderr) = proxy_reload(netns, daemon.admin);
+    let (code, _, stderr) = proxy_reload(netns, daemon);
     assert_eq!(code, 1, "{stderr}");
     assert!(
         stderr.contains("instance") && stderr.contains("restart"),
@@ -262,7 +263,7 @@ fn refusals_change_nothing(
     );
     // The same good file again: no change, and `proxy reload` says so.
     std::fs::write(&daemon.config, good).unwrap();
-    let (code, stdout, stderr) = proxy_reload(netns, daemon.admin);
+    let (code, stdout, stderr) = proxy_reload(netns, daemon);
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.starts_with("no change"), "{stdout}");
 }
@@ -350,7 +351,7 @@ fn reload_gives_the_proxy_path_its_new_services_without_a_failed_connect() {
     std::thread::sleep(Duration::from_secs(2));
     let before = daemon.stat("proxy.downstream_cx_total");
     std::fs::write(&daemon.config, proxied(&head, H_PROXIED_NEW)).unwrap();
-    let (code, stdout, stderr) = proxy_reload(&netns, daemon.admin);
+    let (code, stdout, stderr) = proxy_reload(&netns, &daemon);
     assert_eq!(code, 0, "{stderr}");
     assert!(
         stdout.contains("the proxy path took the new services"),
@@ -424,7 +425,7 @@ fn a_proxy_mode_reload_waits_for_the_new_clusters_first_hosts() {
     std::thread::sleep(Duration::from_secs(1));
     std::fs::write(&daemon.config, proxied_by_slow_dns(&head, new_host.port())).unwrap();
     let asked = Instant::now();
-    let (code, stdout, stderr) = proxy_reload(&netns, daemon.admin);
+    let (code, stdout, stderr) = proxy_reload(&netns, &daemon);
     let took = asked.elapsed();
     assert_eq!(code, 0, "{stderr}");
     assert!(

@@ -310,8 +310,9 @@ fn a_takeover_with_other_listeners_is_refused_and_the_old_daemon_serves_on() {
     assert!(old.stop(), "clean stop:\n{}", old.log_text());
 }
 
-/// Every daemon serves its takeover socket; one killed with `kill -9` leaves the file behind,
-/// and `proxy uninstall` removes it with the rest of the instance.
+/// Every daemon serves its takeover socket and its admin control socket; one killed with
+/// `kill -9` leaves the files behind, and `proxy uninstall` removes them with the rest of the
+/// instance.
 #[test]
 fn uninstall_removes_the_takeover_socket_a_killed_daemon_left() {
     require_root();
@@ -323,11 +324,18 @@ fn uninstall_removes_the_takeover_socket_a_killed_daemon_left() {
     let socket =
         proxy::daemon::takeover_socket_path(std::path::Path::new("/sys/fs/bpf"), &instance);
     let mut daemon = Daemon::start_in(&netns, &config(&instance, &cgroup, r#""127.0.0.1:15001""#));
-    assert!(socket.exists(), "{} while it runs", socket.display());
+    let sockets = [socket, daemon.control.clone()];
+    for socket in &sockets {
+        assert!(socket.exists(), "{} while it runs", socket.display());
+    }
     daemon.kill9();
-    assert!(socket.exists(), "kill -9 leaves {}", socket.display());
+    for socket in &sockets {
+        assert!(socket.exists(), "kill -9 leaves {}", socket.display());
+    }
     assert!(daemon.uninstall(), "proxy uninstall");
-    assert!(!socket.exists(), "{} after uninstall", socket.display());
+    for socket in &sockets {
+        assert!(!socket.exists(), "{} after uninstall", socket.display());
+    }
 }
 
 /// A bpffs the test mounts at a directory of its own; unmounted and removed on drop.

@@ -329,7 +329,7 @@ fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
     )?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;

@@ -10,6 +10,7 @@ use super::{ClusterType, Config, LbPolicy, ServiceMode, error::Invalid};
 /// Validates `config`, typing each custom cluster's `typed_config` on the way.
 pub(super) fn validate(config: &mut Config) -> Result<(), Invalid> {
     validate_names(config)?;
+    config.admin.validate()?;
     let guard = crate::discovery::guard::HostGuard::for_config(config);
     for (i, cluster) in config.clusters.iter_mut().enumerate() {
         super::envoy::normalize(i, cluster)?;

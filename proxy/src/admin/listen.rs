@@ -1,4 +1,6 @@
-//! The admin listener: a TCP address, or a unix socket created with mode 0600.
+//! The admin listeners: a TCP address, or a unix socket created with mode 0600 (the control
+//! socket always is one; a missing directory of it is created with mode 0700, an existing one
+//! must be the daemon's user's and writable by nobody else).
 //!
 //! The socket file is bound, set to 0600, and only then listened on: until `listen(2)` a
 //! connect is refused, so there is no moment in which the wider mode that `bind(2)` leaves lets
@@ -8,7 +10,7 @@
 
 use std::{
     io,
-    os::unix::fs::{FileTypeExt as _, PermissionsExt as _},
+    os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, MetadataExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
 };
 
@@ -19,8 +21,14 @@ use crate::socket_file::SocketFile;
 
 /// Mode of the unix socket file: read and write (connect) for its owner only.
 const SOCKET_MODE: u32 = 0o600;
-/// Pending connections the unix socket queues (the TCP listener's are tokio's default).
+/// Mode of a control socket directory the daemon creates.
+const DIR_MODE: u32 = 0o700;
+/// Pending connections the unix socket queues.
 const BACKLOG: i32 = 128;
+/// Pending connections the TCP listener queues (the kernel caps it at `net.core.somaxconn`):
+/// deep enough that a burst of connects from other users does not overflow it, which would
+/// make the kernel drop the next SYN and delay a probe's connect by a second.
+const TCP_BACKLOG: i32 = 4096;
 
 /// Why the admin interface could not listen.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +51,16 @@ pub enum ListenError {
     )]
     NotASocket {
         /// The socket path.
+        path: PathBuf,
+    },
+    /// The control socket's directory could be replaced by another user: the socket in it
+    /// could be swapped for theirs.
+    #[error(
+        "{} is not a directory of this user's that only it can write; refusing to put the admin control socket there (fix its owner and mode, or choose another admin.control_socket)",
+        path.display()
+    )]
+    UnsafeDir {
+        /// The directory.
         path: PathBuf,
     },
     /// A live process accepts connections on the socket path.
@@ -73,9 +91,7 @@ pub(super) async fn bind(addr: &AdminAddress) -> Result<Listener, ListenError> {
         move |source| ListenError::Io { what, addr, source }
     };
     match addr {
-        AdminAddress::Tcp(tcp) => Ok(Listener::Tcp(
-            TcpListener::bind(tcp).await.map_err(io("binding"))?,
-        )),
+        AdminAddress::Tcp(tcp) => Ok(Listener::Tcp(bind_tcp(*tcp, io)?)),
         AdminAddress::Unix(path) => {
             remove_stale(path).await?;
             let socket = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)
@@ -96,6 +112,49 @@ pub(super) async fn bind(addr: &AdminAddress) -> Result<Listener, ListenError> {
             })
         }
     }
+}
+
+/// Makes sure the control socket at `path` lands in a directory only this user can change:
+/// a missing directory is created (one level, mode 0700).
+pub(super) fn prepare_dir(path: &Path) -> Result<(), ListenError> {
+    let Some(dir) = path.parent() else {
+        return Ok(());
+    };
+    match std::fs::DirBuilder::new().mode(DIR_MODE).create(dir) {
+        Ok(()) => {}
+        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(source) => return Err(stale_io("creating the directory of", path, source)),
+    }
+    let meta = std::fs::metadata(dir)
+        .map_err(|source| stale_io("reading the directory of", path, source))?;
+    if !meta.is_dir() || meta.uid() != crate::sys::effective_uid() || meta.mode() & 0o022 != 0 {
+        return Err(ListenError::UnsafeDir {
+            path: dir.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// A TCP listener on `tcp` with a [`TCP_BACKLOG`] deep queue; `io` names a failed step.
+fn bind_tcp<E>(
+    tcp: std::net::SocketAddr,
+    io: impl Fn(&'static str) -> E,
+) -> Result<TcpListener, ListenError>
+where
+    E: FnOnce(io::Error) -> ListenError,
+{
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(tcp),
+        socket2::Type::STREAM,
+        None,
+    )
+    .map_err(io("creating a socket for"))?;
+    // As tokio's own bind does: a restarted daemon rebinds despite TIME_WAIT.
+    socket.set_reuse_address(true).map_err(io("binding"))?;
+    socket.bind(&tcp.into()).map_err(io("binding"))?;
+    socket.listen(TCP_BACKLOG).map_err(io("listening on"))?;
+    socket.set_nonblocking(true).map_err(io("listening on"))?;
+    TcpListener::from_std(std::net::TcpListener::from(socket)).map_err(io("listening on"))
 }
 
 /// Removes a socket file that no process serves; refuses anything else at `path`.
@@ -123,6 +182,17 @@ async fn remove_stale(path: &Path) -> Result<(), ListenError> {
     }
     tracing::info!(path = %path.display(), "replacing a stale admin socket");
     std::fs::remove_file(path).map_err(|source| stale_io("removing the stale socket", path, source))
+}
+
+/// Removes the unix socket file at `path` if no process accepts on it (a daemon killed before
+/// it could remove its own), so that `proxy uninstall` leaves nothing of the instance behind;
+/// whether it did. Only a refused connect proves it stale.
+pub fn remove_stale_socket(path: &Path) -> bool {
+    let is_socket = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket());
+    is_socket
+        && std::os::unix::net::UnixStream::connect(path)
+            .is_err_and(|e| e.kind() == io::ErrorKind::ConnectionRefused)
+        && std::fs::remove_file(path).is_ok()
 }
 
 fn stale_io(what: &'static str, path: &Path, source: io::Error) -> ListenError {

@@ -10,11 +10,22 @@ use tracing::info;
 
 use super::{Response, State, render};
 
+/// What an endpoint does, which decides the methods it takes and where it is served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// Shows: GET and HEAD, on every listener.
+    Read,
+    /// Changes the server's state (Envoy's `mutates_server_state`): POST only, on the control
+    /// socket (on TCP only when allowed).
+    Change,
+    /// Shows by GET or HEAD, changes by POST (`/logging`).
+    Both,
+}
+
 /// One endpoint of the index.
 struct Endpoint {
     path: &'static str,
-    /// Changes the server's state: POST only (Envoy's `mutates_server_state`).
-    post: bool,
+    kind: Kind,
     help: &'static str,
 }
 
@@ -22,76 +33,76 @@ struct Endpoint {
 const ENDPOINTS: &[Endpoint] = &[
     Endpoint {
         path: "/",
-        post: false,
+        kind: Kind::Read,
         help: "this list of endpoints",
     },
     Endpoint {
         path: "/chain/<service>",
-        post: false,
+        kind: Kind::Read,
         help: "the service's compiled discovery chain (Consul's CompiledDiscoveryChain JSON)",
     },
     Endpoint {
         path: "/clusters",
-        post: false,
+        kind: Kind::Read,
         help: "every host of every cluster: health flags, weight, priority; ?format=json for \
                Envoy's JSON (envoy.admin.v3.Clusters)",
     },
     Endpoint {
         path: "/config_dump",
-        post: false,
+        kind: Kind::Read,
         help: "the effective configuration, as JSON",
     },
     Endpoint {
         path: "/healthcheck/fail",
-        post: true,
+        kind: Kind::Change,
         help: "fail health checks: /ready answers 503 DRAINING until /healthcheck/ok",
     },
     Endpoint {
         path: "/healthcheck/ok",
-        post: true,
+        kind: Kind::Change,
         help: "pass health checks again after /healthcheck/fail",
     },
     Endpoint {
         path: "/help",
-        post: false,
+        kind: Kind::Read,
         help: "this list of endpoints",
     },
     Endpoint {
         path: "/logging",
-        post: false,
+        kind: Kind::Both,
         help: "the log filter in force; POST /logging?level=<level> sets every target's level \
                (trace, debug, info, warning, error, critical, off)",
     },
     Endpoint {
         path: "/reload",
-        post: true,
+        kind: Kind::Change,
         help: "re-read the configuration file and apply what changed (as SIGHUP does); 400 for \
                an invalid file, 409 for a change that needs a restart: either changes nothing",
     },
     Endpoint {
         path: "/ready",
-        post: false,
+        kind: Kind::Read,
         help: "200 LIVE once every service is published, else 503",
     },
     Endpoint {
         path: "/routing",
-        post: false,
+        kind: Kind::Read,
         help: "the daemon's own view, as JSON: per cluster the services using it and which \
                hosts are routable now",
     },
     Endpoint {
         path: "/server_info",
-        post: false,
+        kind: Kind::Read,
         help: "version, state, uptime and command line options, as JSON",
     },
     Endpoint {
         path: "/stats",
-        post: false,
+        kind: Kind::Read,
         help: "every counter and gauge, `name: value` lines; ?format=json for JSON",
     },
     Endpoint {
         path: "/stats/prometheus",
-        post: false,
+        kind: Kind::Read,
         help: "every counter and gauge in Prometheus' text format",
     },
 ];
@@ -104,15 +115,23 @@ pub(super) fn is_page(path: &str) -> bool {
     ) || path.starts_with("/chain/")
 }
 
-/// The answer to every request that is not a page.
+/// What the endpoint at `path` does; `None` for an unknown path.
+pub(super) fn kind(path: &str) -> Option<Kind> {
+    if path.starts_with("/chain/") {
+        return Some(Kind::Read);
+    }
+    ENDPOINTS.iter().find(|e| e.path == path).map(|e| e.kind)
+}
+
+/// The answer to every request that is not a page; its method was checked ([`super::guard`]).
 pub(super) fn answer(method: &Method, path: &str, query: &str, state: &State) -> Response {
     match path {
         "/ready" => ready(state),
         "/" | "/help" => Response::text(StatusCode::OK, index()),
         "/server_info" => Response::json(&super::info::server_info(state)),
-        "/logging" if query.is_empty() => logging_list(state),
-        "/logging" => post_only(method, path).unwrap_or_else(|| logging_set(query, state)),
-        "/healthcheck/fail" | "/healthcheck/ok" => post_only(method, path).unwrap_or_else(|| {
+        "/logging" if method == Method::POST => logging_set(query, state),
+        "/logging" => logging_list(state),
+        "/healthcheck/fail" | "/healthcheck/ok" => {
             let fail = path == "/healthcheck/fail";
             state.health_failed.store(fail, Ordering::Relaxed);
             if fail {
@@ -123,7 +142,7 @@ pub(super) fn answer(method: &Method, path: &str, query: &str, state: &State) ->
                 info!("admin: passing health checks again");
             }
             Response::text(StatusCode::OK, "OK\n")
-        }),
+        }
         _ => {
             let mut body = format!("not found: {path:?}\n\n");
             body.push_str(&index());
@@ -144,29 +163,22 @@ fn ready(state: &State) -> Response {
     }
 }
 
-/// A 405 (with `Allow: POST`) for anything but POST on an endpoint that changes state.
-pub(super) fn post_only(method: &Method, path: &str) -> Option<Response> {
-    if method == Method::POST {
-        return None;
-    }
-    tracing::debug!(%method, path, "admin: refused a state change by a method other than POST");
-    let mut refused = Response::text(
-        StatusCode::METHOD_NOT_ALLOWED,
-        format!(
-            "method {method} is not allowed on {path}: it changes the server's state, so it takes POST\n"
-        ),
-    );
-    refused.allow = Some("POST");
-    Some(refused)
-}
-
-/// The index: every endpoint with its help line; `(POST)` marks those that change state.
+/// The index: every endpoint with its help line; `(POST)` marks those that change state
+/// (served on the control socket).
 fn index() -> String {
     let mut out = String::from("admin endpoints:\n");
     for e in ENDPOINTS {
-        let post = if e.post { " (POST)" } else { "" };
+        let post = if e.kind == Kind::Change {
+            " (POST)"
+        } else {
+            ""
+        };
         let _ = writeln!(out, "  {}{post}: {}", e.path, e.help);
     }
+    out.push_str(
+        "\n(POST) and POST /logging change the daemon's state: served on the control socket \
+         (admin.control_socket), refused with 403 on TCP unless admin.allow_tcp_mutations\n",
+    );
     out
 }
 

@@ -378,10 +378,16 @@ fn one_instance_name_on_two_bpffs_mounts_can_each_be_taken_over() {
     let (netns_a, cgroup_a) = (Netns::new(), TestCgroup::new());
     let (netns_b, cgroup_b) = (Netns::new(), TestCgroup::new());
     let config_a = config(&instance, &cgroup_a, listeners);
+    // The admin control socket is named after the instance alone: the second daemon names
+    // its own (a start that finds it taken is refused, saying so).
+    let control = std::path::Path::new("/run/proxy").join(format!("{instance}-b.admin"));
     let config_b = format!(
         "bpffs: {}\n{}",
         own.0.display(),
-        config(&instance, &cgroup_b, listeners)
+        config(&instance, &cgroup_b, listeners).replace(
+            "admin:\n",
+            &format!("admin:\n  control_socket: \"{}\"\n", control.display())
+        )
     );
     let mut a = Daemon::start_in(&netns_a, &config_a);
     let mut b = Daemon::start_in(&netns_b, &config_b);

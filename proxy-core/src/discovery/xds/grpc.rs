@@ -11,7 +11,9 @@
 //! * Every request carries `node` and the ClusterLoadAssignment `type_url`; ADS responses of
 //!   other types are ignored (we never subscribe to them).
 //! * A failed or closed stream counts `update_failure`, keeps every host, and is retried after
-//!   a jittered exponential backoff, reset by the next accepted response.
+//!   a jittered exponential backoff, reset by the next accepted response; a response over the
+//!   decode limit counts `control_plane.oversized_responses` and backs off on its own count
+//!   (see `backoff`).
 
 use std::{
     error::Error as StdError,
@@ -123,7 +125,16 @@ pub(crate) async fn run(sub: GrpcSubscription, mut backoff: Backoff) {
         sub.control.set_connected(false);
         tracing::warn!(uri = %sub.uri, error = %error_chain(&error), "xDS stream failed, hosts kept");
         lock(&sub.state).on_failure();
-        tokio::time::sleep(backoff.next_delay()).await;
+        let delay = if matches!(error, StreamError::TooLarge { .. }) {
+            sub.control
+                .oversized_responses
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            backoff.next_oversized_delay()
+        } else {
+            backoff.clear_oversized();
+            backoff.next_delay()
+        };
+        tokio::time::sleep(delay).await;
     }
 }
 

@@ -124,6 +124,7 @@ impl ClusterStats {
 pub struct ControlPlaneStats {
     pub(crate) connected_state: AtomicU64,
     pub(crate) stream_attempts: AtomicU64,
+    pub(crate) oversized_responses: AtomicU64,
 }
 
 impl ControlPlaneStats {
@@ -133,7 +134,8 @@ impl ControlPlaneStats {
     }
 
     /// `(control_plane.<stat>, value)` pairs. `connected_state` is Envoy's gauge;
-    /// `stream_attempts` counts connection or poll attempts (ours, not Envoy's).
+    /// `stream_attempts` counts connection or poll attempts and `oversized_responses` the
+    /// streams ended by a response over the decode limit (both ours, not Envoy's).
     /// `rate_limit_enforced` and `pending_requests` are not produced: there is no rate limiter.
     pub fn named(&self) -> Vec<(String, u64)> {
         vec![
@@ -144,6 +146,10 @@ impl ControlPlaneStats {
             (
                 "control_plane.stream_attempts".to_owned(),
                 self.stream_attempts.load(Relaxed),
+            ),
+            (
+                "control_plane.oversized_responses".to_owned(),
+                self.oversized_responses.load(Relaxed),
             ),
         ]
     }

@@ -15,7 +15,10 @@ use envoy_types::pb::envoy::service::{
     },
 };
 use tokio::{net::TcpListener, sync::mpsc, task::JoinHandle};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::{
+    StreamExt,
+    wrappers::{ReceiverStream, TcpListenerStream},
+};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::fixtures::WAIT;
@@ -127,6 +130,17 @@ impl EndpointDiscoveryService for Fake {
     }
 }
 
+/// Turns Nagle's algorithm off on an accepted connection: with it, a small response can wait
+/// for the peer's delayed ACK (40 ms), which a test on paused time takes for idleness and
+/// skips over with the clock.
+fn nodelay(
+    accepted: std::io::Result<tokio::net::TcpStream>,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let stream = accepted?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
 /// A running fake server; aborted on drop.
 pub struct FakeServer {
     pub addr: SocketAddr,
@@ -152,7 +166,7 @@ impl FakeServer {
             tonic::transport::Server::builder()
                 .add_service(AggregatedDiscoveryServiceServer::new(fake.clone()))
                 .add_service(EndpointDiscoveryServiceServer::new(fake))
-                .serve_with_incoming(TcpListenerStream::new(listener))
+                .serve_with_incoming(TcpListenerStream::new(listener).map(nodelay))
                 .await
                 .expect("fake xDS server");
         });

@@ -6,12 +6,13 @@
 //! cause, never its content: a key file's bytes never reach a message.
 
 use std::{
+    error::Error as StdError,
     fmt, io,
     path::{Path, PathBuf},
     sync::Arc,
 };
 
-use rustls::{ClientConfig, RootCertStore};
+use rustls::{AlertDescription, CertificateError, ClientConfig, RootCertStore};
 use rustls_pki_types::{
     CertificateDer, PrivateKeyDer, ServerName,
     pem::{self, PemObject},
@@ -140,6 +141,15 @@ pub enum TlsError {
     /// The protocol versions of the ring provider could not be set up (a build problem).
     #[error("tls: the ring crypto provider refused the default protocol versions: {0}")]
     Provider(#[source] rustls::Error),
+    /// The TCP connection under TLS could not be made.
+    #[error("tls: cannot connect to {authority}, is the server running?")]
+    Tcp {
+        /// `host:port`.
+        authority: String,
+        /// The socket error.
+        #[source]
+        source: io::Error,
+    },
     /// The TLS handshake failed (wrong CA, expired certificate, wrong name, refused client
     /// certificate, ...: the cause is in the source).
     #[error("tls: handshake with {server_name} failed")]
@@ -217,6 +227,150 @@ impl ClientTls {
                 server_name: self.server_name.to_str().into_owned(),
                 source,
             })
+    }
+}
+
+/// Builds the config (reading the files), connects to `host:port` (Nagle off) and runs the
+/// handshake.
+pub async fn connect(
+    settings: &TlsSettings,
+    host: &str,
+    port: u16,
+    alpn: &[&[u8]],
+) -> Result<TlsStream<TcpStream>, TlsError> {
+    let tls = settings.client_config(host, alpn)?;
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let tcp_error = |source| TlsError::Tcp {
+        authority: format!("{host}:{port}"),
+        source,
+    };
+    let tcp = TcpStream::connect((bare, port)).await.map_err(tcp_error)?;
+    tcp.set_nodelay(true).map_err(tcp_error)?;
+    tls.connect(tcp).await
+}
+
+/// What a failed TLS connection is blamed on: a fixed set, so it can name a stat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsFailure {
+    /// A settings file is missing, unreadable or holds no usable certificate or key.
+    Files,
+    /// The server's certificate does not chain to the CA file.
+    UnknownCa,
+    /// The server's certificate has expired.
+    CertificateExpired,
+    /// The server's certificate is not valid for the name verified.
+    ServerName,
+    /// The server refused our client certificate, or wanted one and got none.
+    ClientCertificateRefused,
+    /// Another TLS failure (the error says which).
+    Other,
+}
+
+impl TlsFailure {
+    /// Every cause, in stat order.
+    pub const ALL: [Self; 6] = [
+        Self::Files,
+        Self::UnknownCa,
+        Self::CertificateExpired,
+        Self::ServerName,
+        Self::ClientCertificateRefused,
+        Self::Other,
+    ];
+
+    /// The cause's stat name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Files => "files",
+            Self::UnknownCa => "unknown_ca",
+            Self::CertificateExpired => "certificate_expired",
+            Self::ServerName => "server_name",
+            Self::ClientCertificateRefused => "client_certificate_refused",
+            Self::Other => "other",
+        }
+    }
+
+    /// The cause in words, for a log line.
+    pub fn hint(self) -> &'static str {
+        match self {
+            Self::Files => "a TLS file of the settings is missing or unusable",
+            Self::UnknownCa => "the server's certificate is not signed by the configured CA",
+            Self::CertificateExpired => "the server's certificate has expired",
+            Self::ServerName => "the server's certificate is not valid for the server name",
+            Self::ClientCertificateRefused => {
+                "the server refused the client certificate, or wanted one and got none"
+            }
+            Self::Other => "TLS failed",
+        }
+    }
+
+    /// The TLS cause of `error` or of one of its sources; `None` when TLS is not involved.
+    pub fn of(error: &(dyn StdError + 'static)) -> Option<Self> {
+        let mut next = Some(error);
+        let mut found = None;
+        while let Some(error) = next {
+            if let Some(tls) = error.downcast_ref::<TlsError>() {
+                found = Some(match tls {
+                    TlsError::Tcp { .. } => return None,
+                    TlsError::Handshake { .. } => Self::Other,
+                    _ => return Some(Self::Files),
+                });
+            }
+            if let Some(rustls) = error.downcast_ref::<rustls::Error>() {
+                return Some(Self::of_rustls(rustls));
+            }
+            if let Some(inner) = error
+                .downcast_ref::<io::Error>()
+                .and_then(io::Error::get_ref)
+            {
+                if let Some(rustls) = inner.downcast_ref::<rustls::Error>() {
+                    return Some(Self::of_rustls(rustls));
+                }
+                // After the handshake, rustls hands an alert to the reader as text only.
+                let text = inner.to_string();
+                if let Some(alert) = text.strip_prefix("received fatal alert: ") {
+                    return Some(Self::of_alert(alert));
+                }
+            }
+            next = error.source();
+        }
+        found
+    }
+
+    fn of_rustls(error: &rustls::Error) -> Self {
+        use rustls::Error::{AlertReceived, InvalidCertificate};
+        match error {
+            InvalidCertificate(CertificateError::UnknownIssuer) => Self::UnknownCa,
+            InvalidCertificate(
+                CertificateError::Expired | CertificateError::ExpiredContext { .. },
+            ) => Self::CertificateExpired,
+            InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            ) => Self::ServerName,
+            AlertReceived(alert) => Self::of_alert(&format!("{alert:?}")),
+            _ => Self::Other,
+        }
+    }
+
+    /// An alert from the server, by rustls's name for it: those a server sends about our
+    /// certificate (TLS 1.2 servers say `HandshakeFailure` when none came).
+    fn of_alert(alert: &str) -> Self {
+        const ABOUT_OUR_CERTIFICATE: [AlertDescription; 7] = [
+            AlertDescription::CertificateRequired,
+            AlertDescription::BadCertificate,
+            AlertDescription::UnknownCA,
+            AlertDescription::CertificateUnknown,
+            AlertDescription::CertificateExpired,
+            AlertDescription::AccessDenied,
+            AlertDescription::HandshakeFailure,
+        ];
+        if ABOUT_OUR_CERTIFICATE
+            .iter()
+            .any(|known| format!("{known:?}") == alert)
+        {
+            Self::ClientCertificateRefused
+        } else {
+            Self::Other
+        }
     }
 }
 

@@ -490,6 +490,7 @@ pub fn spawn_eds(source: XdsSource, watches: Vec<EdsWatch>) -> Result<EdsClient,
         user_agent_name: "proxy".to_owned(),
         ..Default::default()
     };
+    let tls = source.tls.map(Arc::new);
     let main = match source.transport {
         Transport::Grpc { uri, api, delta } => {
             let sub = GrpcSubscription {
@@ -497,6 +498,7 @@ pub fn spawn_eds(source: XdsSource, watches: Vec<EdsWatch>) -> Result<EdsClient,
                 api,
                 delta,
                 node,
+                tls: tls.clone(),
                 state: Arc::clone(&state),
                 control: Arc::clone(&control),
                 resources_changed: Arc::clone(&resources_changed),
@@ -513,6 +515,7 @@ pub fn spawn_eds(source: XdsSource, watches: Vec<EdsWatch>) -> Result<EdsClient,
                 refresh_delay,
                 request_timeout,
                 node: source.node,
+                tls,
                 state: Arc::clone(&state),
                 control: Arc::clone(&control),
             };

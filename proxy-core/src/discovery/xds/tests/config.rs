@@ -152,7 +152,7 @@ fn config_errors_name_the_problem() {
         (
             node,
             "eds_config: {api_config_source: {api_type: GRPC, server_uri: 'https://127.0.0.1:1'}}",
-            "only plaintext",
+            "is https:// but no TLS is configured",
         ),
         (
             node,

@@ -37,6 +37,7 @@ fn client_source(server: &FakeServer, api: GrpcApi, delta: bool) -> XdsSource {
         },
         initial_fetch_timeout: Duration::ZERO,
         backoff: (Duration::from_millis(20), Duration::from_millis(100)),
+        tls: None,
     }
 }
 
@@ -317,6 +318,7 @@ async fn unreachable_server_counts_failures_and_initializes() {
         },
         initial_fetch_timeout: Duration::from_secs(30),
         backoff: (Duration::from_millis(10), Duration::from_millis(20)),
+        tls: None,
     };
     let client = spawn_eds(
         source,

@@ -9,10 +9,16 @@ use std::{
     error::Error as StdError,
     fmt, io,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
-use rustls::{AlertDescription, CertificateError, ClientConfig, RootCertStore};
+use rustls::{
+    AlertDescription, CertificateError, ClientConfig, RootCertStore, SignatureScheme,
+    client::ResolvesClientCert, sign::CertifiedKey,
+};
 use rustls_pki_types::{
     CertificateDer, PrivateKeyDer, ServerName,
     pem::{self, PemObject},
@@ -150,6 +156,15 @@ pub enum TlsError {
         #[source]
         source: io::Error,
     },
+    /// The server asked for a client certificate and none is configured (servers such as
+    /// gRPC's then close the connection without saying why).
+    #[error(
+        "tls: {server_name} asks for a client certificate and none is configured (set cert_file and key_file)"
+    )]
+    ClientCertificateRequired {
+        /// The name verified.
+        server_name: String,
+    },
     /// The TLS handshake failed (wrong CA, expired certificate, wrong name, refused client
     /// certificate, ...: the cause is in the source).
     #[error("tls: handshake with {server_name} failed")]
@@ -169,6 +184,25 @@ pub struct ClientTls {
     pub config: Arc<ClientConfig>,
     /// The server name sent as SNI and verified in the certificate.
     pub server_name: ServerName<'static>,
+    client_cert: Arc<ClientCert>,
+}
+
+/// The client certificate, if any, and whether the server asked for one.
+#[derive(Debug)]
+struct ClientCert {
+    key: Option<Arc<CertifiedKey>>,
+    asked: AtomicBool,
+}
+
+impl ResolvesClientCert for ClientCert {
+    fn resolve(&self, _: &[&[u8]], _: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        self.asked.store(true, Ordering::Relaxed);
+        self.key.clone()
+    }
+
+    fn has_certs(&self) -> bool {
+        self.key.is_some()
+    }
 }
 
 impl TlsSettings {
@@ -191,42 +225,58 @@ impl TlsSettings {
         self.validate()?;
         let server_name = server_name(self.server_name.as_deref().unwrap_or(host))?;
         let roots = load_roots(&self.ca_file)?;
-        let builder = ClientConfig::builder_with_provider(ring_provider())
-            .with_safe_default_protocol_versions()
-            .map_err(TlsError::Provider)?
-            .with_root_certificates(roots);
-        let mut config = match (&self.cert_file, &self.key_file) {
+        let provider = ring_provider();
+        let key = match (&self.cert_file, &self.key_file) {
             (Some(cert), Some(key)) => {
                 let chain = load_certs(TlsFile::ClientCert, cert)?;
                 let private_key = load_key(key)?;
-                builder
-                    .with_client_auth_cert(chain, private_key)
-                    .map_err(|source| TlsError::KeyMismatch {
-                        cert: cert.clone(),
-                        key: key.clone(),
-                        source,
-                    })?
+                let certified =
+                    CertifiedKey::from_der(chain, private_key, &provider).map_err(|source| {
+                        TlsError::KeyMismatch {
+                            cert: cert.clone(),
+                            key: key.clone(),
+                            source,
+                        }
+                    })?;
+                Some(Arc::new(certified))
             }
-            _ => builder.with_no_client_auth(),
+            _ => None,
         };
+        let client_cert = Arc::new(ClientCert {
+            key,
+            asked: AtomicBool::new(false),
+        });
+        let mut config = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(TlsError::Provider)?
+            .with_root_certificates(roots)
+            .with_client_cert_resolver(Arc::clone(&client_cert) as Arc<dyn ResolvesClientCert>);
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Ok(ClientTls {
             config: Arc::new(config),
             server_name,
+            client_cert,
         })
     }
 }
 
 impl ClientTls {
-    /// Runs the TLS handshake over `tcp`.
+    /// Runs the TLS handshake over `tcp` (once per [`ClientTls`]: build one per connection).
     pub async fn connect(&self, tcp: TcpStream) -> Result<TlsStream<TcpStream>, TlsError> {
-        TlsConnector::from(Arc::clone(&self.config))
+        let server_name = || self.server_name.to_str().into_owned();
+        let stream = TlsConnector::from(Arc::clone(&self.config))
             .connect(self.server_name.clone(), tcp)
             .await
             .map_err(|source| TlsError::Handshake {
-                server_name: self.server_name.to_str().into_owned(),
+                server_name: server_name(),
                 source,
-            })
+            })?;
+        if self.client_cert.key.is_none() && self.client_cert.asked.load(Ordering::Relaxed) {
+            return Err(TlsError::ClientCertificateRequired {
+                server_name: server_name(),
+            });
+        }
+        Ok(stream)
     }
 }
 
@@ -312,6 +362,9 @@ impl TlsFailure {
                 found = Some(match tls {
                     TlsError::Tcp { .. } => return None,
                     TlsError::Handshake { .. } => Self::Other,
+                    TlsError::ClientCertificateRequired { .. } => {
+                        return Some(Self::ClientCertificateRefused);
+                    }
                     _ => return Some(Self::Files),
                 });
             }

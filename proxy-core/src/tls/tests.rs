@@ -54,7 +54,12 @@ async fn handshake_failures_name_their_cause() {
             &tls,
             "certificate not valid for name",
         ),
-        (good, Some(pki.ca_pem()), &tls, "CertificateRequired"),
+        (
+            good,
+            Some(pki.ca_pem()),
+            &tls,
+            "tls: 127.0.0.1 asks for a client certificate and none is configured",
+        ),
     ];
     for (leaf, client_ca, tls, cause) in cases {
         let addr = serve(server_config(&leaf, client_ca.as_deref(), &[]), 1).await;

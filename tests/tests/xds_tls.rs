@@ -14,7 +14,10 @@ use integration_tests::xds_server::{ServerTls, WAIT, XdsServer};
 use proxy_core::{
     discovery::{
         SourceUpdate as EdsUpdate,
-        xds::{EdsClient, EdsClusterConfig, EdsWatch, XdsConfig, XdsSource, plan, spawn_eds},
+        xds::{
+            EdsClient, EdsClusterConfig, EdsWatch, XdsConfig, XdsSource, config::Resolve, plan,
+            spawn_eds, transport_socket::TransportSocket,
+        },
     },
     tls::TlsSettings,
 };
@@ -93,12 +96,17 @@ fn endpoints(ports: &[u32]) -> Value {
 
 /// Plans the one connection of cluster `web` from an `api_config_source` in YAML.
 fn planned(api_config_source: &str) -> XdsSource {
+    planned_with(api_config_source, &|_| None)
+}
+
+/// As [`planned`], with `resolve` for `envoy_grpc` and REST `cluster_names`.
+fn planned_with(api_config_source: &str, resolve: &Resolve<'_>) -> XdsSource {
     let xds: XdsConfig = serde_yaml::from_str("node: {id: ours}").expect("xds");
     let yaml = format!(
         "eds_config: {{initial_fetch_timeout: 0s, api_config_source: {api_config_source}}}"
     );
     let cluster: EdsClusterConfig = serde_yaml::from_str(&yaml).expect("cluster");
-    let mut plan = plan(&xds, &[("web".into(), cluster)], &|_| None).expect("valid config");
+    let mut plan = plan(&xds, &[("web".into(), cluster)], resolve).expect("valid config");
     plan.remove(0).0
 }
 
@@ -276,4 +284,32 @@ async fn rest_over_mutual_tls_delivers_and_recovers_from_a_wrong_ca() {
     pki.write("ca.pem", &pki.ca_pem());
     tokio::task::block_in_place(|| server.push("web", "2", endpoints(&[8002])));
     wait_hosts(&mut updates, &[8002]).await;
+}
+
+/// Envoy's shape for `envoy_grpc: {cluster_name}`: the named STATIC cluster's
+/// `transport_socket` (UpstreamTlsContext with files and `sni`) makes the stream TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_grpc_clusters_transport_socket_reaches_the_tls_server() {
+    let pki = Pki::new("envoy-grpc");
+    let (cert, key) = pki.leaf("server", "xds.test", false, false);
+    let server = start(&pki, &cert, &key, true);
+    tokio::task::block_in_place(|| server.push("web", "1", endpoints(&[8001])));
+    let ca = pki.write("ca.pem", &pki.ca_pem());
+    let (client_cert, client_key) = pki.leaf("client", "ours", true, false);
+    let socket: TransportSocket = serde_yaml::from_str(&format!(
+        "{{name: envoy.transport_sockets.tls, typed_config: {{'@type': type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext, sni: xds.test, common_tls_context: {{validation_context: {{trusted_ca: {{filename: {}}}}}, tls_certificates: [{{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}]}}}}}}",
+        ca.display(),
+        client_cert.display(),
+        client_key.display()
+    ))
+    .expect("transport_socket");
+    let addr = server.grpc_addr();
+    let resolve = move |name: &str| (name == "xds").then(|| (addr, Some(socket.clone())));
+    let source = planned_with(
+        "{api_type: GRPC, grpc_services: [{envoy_grpc: {cluster_name: xds}}]}",
+        &resolve,
+    );
+    let client = client(source);
+    let mut updates = client.updates("web").expect("watched");
+    wait_hosts(&mut updates, &[8001]).await;
 }

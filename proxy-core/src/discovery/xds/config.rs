@@ -7,12 +7,13 @@
 //!   deployments without a static xDS cluster;
 //! * `ApiConfigSource.retry_back_off`: bounds of the reconnect backoff (Envoy hardcodes
 //!   500 ms / 30 s for xDS streams, which are our defaults);
-//! * `envoy_grpc.cluster_name` and REST `cluster_names` are resolved to one address by the
-//!   caller ([`plan`]'s `resolve`), e.g. from a STATIC cluster of the daemon's config;
+//! * `envoy_grpc.cluster_name` and REST `cluster_names` are resolved to one address (and a
+//!   `transport_socket`) by the caller ([`plan`]'s `resolve`), from a STATIC cluster;
 //! * TLS: `server_uri: https://...` with a `tls` block ([`TlsSettings`], ours); Envoy's
 //!   `google_grpc.channel_credentials.ssl_credentials` with `filename` data sources only
 //!   (inline key material would show in `/config_dump`), `root_certs` required (no system
-//!   trust store). `envoy_grpc` and REST `cluster_names` are plaintext.
+//!   trust store); for `envoy_grpc` and REST `cluster_names`, the named cluster's
+//!   `transport_socket` (see `transport_socket`).
 
 use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -22,7 +23,10 @@ use thiserror::Error;
 use crate::{
     discovery::{
         dns::duration,
-        xds::backoff::{DEFAULT_BASE_INTERVAL, DEFAULT_MAX_INTERVAL},
+        xds::{
+            backoff::{DEFAULT_BASE_INTERVAL, DEFAULT_MAX_INTERVAL},
+            transport_socket::TransportSocket,
+        },
     },
     tls::TlsSettings,
 };
@@ -281,6 +285,10 @@ pub enum XdsConfigError {
     },
 }
 
+/// Finds a STATIC cluster named by `envoy_grpc` or REST `cluster_names`: its address, and its
+/// `transport_socket` if any.
+pub type Resolve<'a> = dyn Fn(&str) -> Option<(SocketAddr, Option<TransportSocket>)> + 'a;
+
 /// Which gRPC service carries the subscription.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GrpcApi {
@@ -343,7 +351,7 @@ pub struct EdsWatch {
 pub fn plan(
     xds: &XdsConfig,
     clusters: &[(String, EdsClusterConfig)],
-    resolve: &dyn Fn(&str) -> Option<SocketAddr>,
+    resolve: &Resolve<'_>,
 ) -> Result<Vec<(XdsSource, Vec<EdsWatch>)>, XdsConfigError> {
     if xds.node.id.is_empty() {
         return Err(XdsConfigError::EmptyNodeId);
@@ -369,7 +377,7 @@ fn cluster_source(
     xds: &XdsConfig,
     cluster: &str,
     config: &ConfigSource,
-    resolve: &dyn Fn(&str) -> Option<SocketAddr>,
+    resolve: &Resolve<'_>,
 ) -> Result<XdsSource, XdsConfigError> {
     let (api, api_source, field) = match (&config.api_config_source, &config.ads) {
         (Some(source), None) => (GrpcApi::Endpoint, source, "eds_config.api_config_source"),
@@ -408,7 +416,7 @@ fn transport(
     source: &ApiConfigSource,
     api: GrpcApi,
     field: &str,
-    resolve: &dyn Fn(&str) -> Option<SocketAddr>,
+    resolve: &Resolve<'_>,
 ) -> Result<(Transport, Option<TlsSettings>), XdsConfigError> {
     let (uri, tls) = server_uri(source, field, resolve)?;
     let transport = match source.api_type {
@@ -434,7 +442,7 @@ fn transport(
 fn server_uri(
     source: &ApiConfigSource,
     field: &str,
-    resolve: &dyn Fn(&str) -> Option<SocketAddr>,
+    resolve: &Resolve<'_>,
 ) -> Result<(String, Option<TlsSettings>), XdsConfigError> {
     let error = |reason: String| XdsConfigError::Server {
         field: field.to_owned(),
@@ -442,60 +450,56 @@ fn server_uri(
     };
     if source.tls.is_some() && source.server_uri.is_none() {
         return Err(error(
-            "tls applies to server_uri only (google_grpc takes channel_credentials)".into(),
+            "tls applies to server_uri only (google_grpc takes channel_credentials, a named cluster its transport_socket)".into(),
         ));
     }
-    let mut tls = source.tls.clone();
-    let cluster_addr = |name: &str| {
-        resolve(name)
-            .map(|addr| format!("http://{addr}"))
-            .ok_or_else(|| error(format!("cluster {name:?} is not a known static cluster")))
-    };
-    let raw = if let Some(uri) = &source.server_uri {
-        uri.clone()
-    } else if source.api_type == ApiType::Rest {
-        match source.cluster_names.as_slice() {
-            [name] => cluster_addr(name)?,
-            _ => {
-                return Err(error(
-                    "REST needs server_uri or exactly one cluster_names entry".into(),
-                ));
-            }
-        }
-    } else {
-        match source.grpc_services.as_slice() {
-            [
-                GrpcService {
-                    envoy_grpc: Some(e),
-                    google_grpc: None,
-                },
-            ] => cluster_addr(&e.cluster_name)?,
-            [
-                GrpcService {
-                    envoy_grpc: None,
-                    google_grpc: Some(g),
-                },
-            ] => {
-                tls = google_tls(g).map_err(error)?;
-                g.target_uri.clone()
-            }
-            [_] => {
-                return Err(error(
-                    "grpc_services[0] must set exactly one of envoy_grpc and google_grpc".into(),
-                ));
-            }
-            _ => {
-                return Err(error(
-                    "gRPC needs server_uri or exactly one grpc_services entry".into(),
-                ));
-            }
-        }
+    let (raw, tls) = match &source.server_uri {
+        Some(uri) => (uri.clone(), source.tls.clone()),
+        None => target(source, resolve).map_err(error)?,
     };
     if let Some(settings) = &tls {
         settings.validate().map_err(|e| error(e.to_string()))?;
     }
     let uri = normalize_uri(&raw, tls.is_some()).map_err(error)?;
     Ok((uri, tls))
+}
+
+/// The address and TLS of `grpc_services` or REST `cluster_names` (no `server_uri`).
+fn target(
+    source: &ApiConfigSource,
+    resolve: &Resolve<'_>,
+) -> Result<(String, Option<TlsSettings>), String> {
+    let cluster = |name: &str| {
+        let (addr, socket) = resolve(name)
+            .ok_or_else(|| format!("cluster {name:?} is not a known static cluster"))?;
+        let tls = socket
+            .map(|s| s.settings())
+            .transpose()
+            .map_err(|e| format!("cluster {name:?}: {e}"))?;
+        Ok((addr.to_string(), tls))
+    };
+    if source.api_type == ApiType::Rest {
+        return match source.cluster_names.as_slice() {
+            [name] => cluster(name),
+            _ => Err("REST needs server_uri or exactly one cluster_names entry".into()),
+        };
+    }
+    match source.grpc_services.as_slice() {
+        [
+            GrpcService {
+                envoy_grpc: Some(e),
+                google_grpc: None,
+            },
+        ] => cluster(&e.cluster_name),
+        [
+            GrpcService {
+                envoy_grpc: None,
+                google_grpc: Some(g),
+            },
+        ] => Ok((g.target_uri.clone(), google_tls(g)?)),
+        [_] => Err("grpc_services[0] must set exactly one of envoy_grpc and google_grpc".into()),
+        _ => Err("gRPC needs server_uri or exactly one grpc_services entry".into()),
+    }
 }
 
 /// `ssl_credentials` as [`TlsSettings`]; `None` without `channel_credentials`.

@@ -236,3 +236,64 @@ async fn each_handshake_failure_counts_under_its_cause() {
     let client = tls_client(&server, missing);
     wait_stat(&client, "control_plane.tls_failure.files", 1).await;
 }
+
+const TLS_SOCKET: &str = "{name: envoy.transport_sockets.tls, typed_config: {'@type': type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext, sni: xds.test, common_tls_context: {validation_context: {trusted_ca: {filename: /ca.pem}}, tls_certificates: [{certificate_chain: {filename: /c.pem}, private_key: {filename: /k.pem}}]}}}";
+
+/// A config with a STATIC cluster `xds` (with `socket` as its transport_socket) and an EDS
+/// cluster `web` whose source is `source`.
+fn config_text(socket: &str, source: &str) -> String {
+    format!(
+        "xds:\n  node: {{ id: n }}\nclusters:\n  - name: xds\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n            - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: 18000 }} }} }}\n    transport_socket: {socket}\n  - name: web\n    type: EDS\n    eds_cluster_config: {{ eds_config: {{ api_config_source: {source} }} }}\n"
+    )
+}
+
+#[test]
+fn a_named_static_clusters_transport_socket_makes_its_source_tls() {
+    use crate::{config::Config, discovery::xds::static_resolver};
+    let text = config_text(
+        TLS_SOCKET,
+        "{ api_type: GRPC, grpc_services: [{ envoy_grpc: { cluster_name: xds } }] }",
+    );
+    let config = Config::parse(&text, "test.yaml".as_ref()).expect("valid");
+    let xds = config.xds.as_ref().expect("xds");
+    let clusters = crate::discovery::xds::eds_clusters(&config);
+    let planned = plan(xds, &clusters, &static_resolver(&config)).expect("plan");
+    let source = &planned[0].0;
+    let tls = source.tls.as_ref().expect("tls from transport_socket");
+    assert_eq!(
+        (
+            tls.ca_file.to_str(),
+            tls.cert_file.as_deref().and_then(|p| p.to_str()),
+            tls.server_name.as_deref()
+        ),
+        (Some("/ca.pem"), Some("/c.pem"), Some("xds.test"))
+    );
+    assert!(
+        matches!(&source.transport, Transport::Grpc { uri, .. } if uri == "https://127.0.0.1:18000")
+    );
+}
+
+#[test]
+fn a_transport_socket_anywhere_else_is_refused() {
+    use crate::config::Config;
+    let grpc = "{ api_type: GRPC, grpc_services: [{ envoy_grpc: { cluster_name: xds } }] }";
+    let bad_name = TLS_SOCKET.replace("name: envoy.transport_sockets.tls", "name: raw_buffer");
+    let cases = [
+        (
+            config_text(TLS_SOCKET, "{ api_type: GRPC, server_uri: '127.0.0.1:1' }"),
+            "transport_socket is only accepted on a STATIC cluster that an xDS config source names",
+        ),
+        (
+            config_text(&bad_name, grpc),
+            "transport_socket.name \"raw_buffer\" is not supported",
+        ),
+        (
+            config_text(&TLS_SOCKET.replace("trusted_ca", "trusted_cas"), grpc),
+            "unknown field `trusted_cas`",
+        ),
+    ];
+    for (text, expected) in cases {
+        let error = Config::parse(&text, "test.yaml".as_ref()).expect_err(expected);
+        assert!(error.to_string().contains(expected), "{error}");
+    }
+}

@@ -62,12 +62,47 @@ pub struct XdsServer {
     child: Child,
     grpc: SocketAddr,
     control: SocketAddr,
+    /// REST over TLS, when started with [`ServerTls`].
+    rest_tls: Option<SocketAddr>,
     dir: PathBuf,
+}
+
+/// The server's TLS files (PEM), for [`XdsServer::start_tls`].
+pub struct ServerTls<'a> {
+    /// The server's certificate chain.
+    pub cert: &'a Path,
+    /// The server's private key.
+    pub key: &'a Path,
+    /// When set, a client certificate signed by this CA is required.
+    pub client_ca: Option<&'a Path>,
 }
 
 impl XdsServer {
     /// Starts the server on ephemeral ports and waits for its READY line.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts the server with gRPC over TLS and a REST port over TLS (see xds_server.py).
+    pub fn start_tls(tls: &ServerTls<'_>) -> Self {
+        let mut args = vec![
+            "--tls-cert".as_ref(),
+            tls.cert.as_os_str(),
+            "--tls-key".as_ref(),
+            tls.key.as_os_str(),
+        ];
+        if let Some(ca) = tls.client_ca {
+            args.extend(["--tls-client-ca".as_ref(), ca.as_os_str()]);
+        }
+        let server = Self::start_with(&args);
+        assert!(
+            server.rest_tls.is_some(),
+            "xds_server.py gave no TLS REST port"
+        );
+        server
+    }
+
+    fn start_with(args: &[&std::ffi::OsStr]) -> Self {
         let python = python();
         let script = workspace_root().join("tests/xds/xds_server.py");
         let dir = temp_dir("server");
@@ -75,6 +110,7 @@ impl XdsServer {
         let stderr = std::fs::File::create(&log).expect("server log file");
         let mut child = Command::new(&python)
             .arg(&script)
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -98,7 +134,8 @@ impl XdsServer {
             .split_whitespace()
             .filter_map(|w| w.split_once('=')?.1.parse().ok())
             .collect();
-        let [grpc, control] = ports[..] else {
+        let (&[grpc, control], rest_tls) = (ports.get(..2).unwrap_or_default(), ports.get(2))
+        else {
             let _ = child.kill();
             let _ = child.wait();
             let stderr = std::fs::read_to_string(&log).unwrap_or_default();
@@ -111,8 +148,20 @@ impl XdsServer {
             child,
             grpc: addr(grpc),
             control: addr(control),
+            rest_tls: rest_tls.map(|&port| addr(port)),
             dir,
         }
+    }
+
+    /// `https://127.0.0.1:<grpc port>` (a server started with TLS).
+    pub fn grpc_tls_uri(&self) -> String {
+        format!("https://{}", self.grpc)
+    }
+
+    /// `https://127.0.0.1:<TLS REST port>`.
+    pub fn rest_tls_uri(&self) -> String {
+        let addr = self.rest_tls.expect("a server started with start_tls");
+        format!("https://{addr}")
     }
 
     /// `http://127.0.0.1:<grpc port>`.

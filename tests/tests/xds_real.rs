@@ -25,6 +25,7 @@ fn source(transport: Transport, node: &str) -> XdsSource {
         },
         initial_fetch_timeout: Duration::from_secs(5),
         backoff: (Duration::from_millis(50), Duration::from_millis(200)),
+        tls: None,
     }
 }
 

@@ -29,11 +29,17 @@ port (HTTP/1.1, JSON):
 
 Prints "READY grpc=<port> control=<port>" on stdout once both listen. Stops on SIGTERM/SIGKILL
 or when stdin closes.
+
+TLS (tests/tests/xds_tls.rs): with --tls-cert and --tls-key (PEM files) the gRPC port serves
+TLS only (grpcio's ssl_server_credentials), and a third port serves REST EDS over TLS (the
+control port stays plaintext for the test); with --tls-client-ca too, both require a client
+certificate signed by that CA. The READY line then ends with " rest=<port>".
 """
 
 import argparse
 import json
 import queue
+import ssl
 import sys
 import threading
 from concurrent import futures
@@ -374,24 +380,66 @@ def control_handler(store):
     return Handler
 
 
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def grpc_port(server, args):
+    """Binds the gRPC port: plaintext, or TLS with the --tls-* files."""
+    address = f"127.0.0.1:{args.grpc_port}"
+    if not args.tls_cert:
+        return server.add_insecure_port(address)
+    client_ca = read(args.tls_client_ca) if args.tls_client_ca else None
+    credentials = grpc.ssl_server_credentials(
+        [(read(args.tls_key), read(args.tls_cert))],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )
+    return server.add_secure_port(address, credentials)
+
+
+def rest_tls_server(store, args):
+    """The REST (and control) handler behind TLS on its own port; a failed handshake only
+    drops that connection."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(args.tls_cert, args.tls_key)
+    if args.tls_client_ca:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(args.tls_client_ca)
+    rest = ThreadingHTTPServer(("127.0.0.1", 0), control_handler(store))
+    rest.socket = context.wrap_socket(rest.socket, server_side=True)
+    threading.Thread(target=rest.serve_forever, daemon=True).start()
+    return rest
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grpc-port", type=int, default=0)
     parser.add_argument("--control-port", type=int, default=0)
+    parser.add_argument("--tls-cert", help="server certificate chain (PEM): serve TLS")
+    parser.add_argument("--tls-key", help="server private key (PEM)")
+    parser.add_argument("--tls-client-ca", help="require client certificates signed by this CA")
     args = parser.parse_args()
     store = Store()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
     servicer = Servicer(store)
     ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(servicer, server)
     eds_pb2_grpc.add_EndpointDiscoveryServiceServicer_to_server(servicer, server)
-    grpc_port = server.add_insecure_port(f"127.0.0.1:{args.grpc_port}")
+    port = grpc_port(server, args)
     server.start()
     control = ThreadingHTTPServer(("127.0.0.1", args.control_port), control_handler(store))
     threading.Thread(target=control.serve_forever, daemon=True).start()
-    print(f"READY grpc={grpc_port} control={control.server_address[1]}", flush=True)
+    ready = f"READY grpc={port} control={control.server_address[1]}"
+    rest = rest_tls_server(store, args) if args.tls_cert else None
+    if rest:
+        ready += f" rest={rest.server_address[1]}"
+    print(ready, flush=True)
     sys.stdin.read()  # until the test closes stdin or kills us
     server.stop(0)
     control.shutdown()
+    if rest:
+        rest.shutdown()
 
 
 if __name__ == "__main__":

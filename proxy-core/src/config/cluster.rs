@@ -35,6 +35,11 @@ pub struct Cluster {
     /// The endpoints of a STATIC cluster (and the names to resolve for DNS clusters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_assignment: Option<LoadAssignment>,
+    /// Envoy's `transport_socket` (`envoy.transport_sockets.tls`): TLS to an xDS server, only
+    /// on a STATIC cluster that an xDS config source names (`envoy_grpc`, REST
+    /// `cluster_names`); refused on any other cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport_socket: Option<crate::discovery::xds::transport_socket::TransportSocket>,
     /// A custom discovery backend, Envoy's `cluster_type: {name, typed_config}` (then `type` is
     /// not used): `proxy.clusters.consul` (typed_config: `proxy_core::discovery::consul::
     /// ConsulConfig`: `address`, `service`, `datacenter`, `tag`, `wait`, `only_passing`, ...),

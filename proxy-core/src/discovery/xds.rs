@@ -49,6 +49,7 @@ pub mod json;
 mod rest;
 mod state;
 pub mod stats;
+pub mod transport_socket;
 
 use std::{
     collections::BTreeMap,
@@ -78,6 +79,7 @@ use self::{
     grpc::GrpcSubscription,
     rest::RestSubscription,
     state::{EdsState, Sink},
+    transport_socket::TransportSocket,
 };
 use super::{DiscoverySource, SourceUpdate};
 use crate::config::{ClusterType, Config};
@@ -420,13 +422,48 @@ pub fn eds_clusters(config: &Config) -> Vec<(String, EdsClusterConfig)> {
 }
 
 /// How `envoy_grpc: {cluster_name}` and REST `cluster_names` reach their server: the address of
-/// the named STATIC cluster's first host.
-pub fn static_resolver(config: &Config) -> impl Fn(&str) -> Option<SocketAddr> + '_ {
+/// the named STATIC cluster's first host, and the cluster's `transport_socket`.
+pub fn static_resolver(
+    config: &Config,
+) -> impl Fn(&str) -> Option<(SocketAddr, Option<TransportSocket>)> + '_ {
     |name| {
-        config
-            .cluster(name)
-            .and_then(|c| c.static_hosts().first().map(|h| h.addr))
+        let cluster = config.cluster(name)?;
+        let addr = cluster.static_hosts().first()?.addr;
+        Some((addr, cluster.transport_socket.clone()))
     }
+}
+
+/// Refuses a `transport_socket` on a cluster that no xDS config source names through
+/// `envoy_grpc` or REST `cluster_names` (without `server_uri`), or on a cluster that is not
+/// STATIC: the data path does not speak TLS, so it would be accepted without effect.
+pub fn check_transport_sockets(config: &Config) -> Result<(), String> {
+    let eds = eds_clusters(config);
+    let mut sources: Vec<&ApiConfigSource> = eds
+        .iter()
+        .filter_map(|(_, eds)| eds.eds_config.api_config_source.as_ref())
+        .collect();
+    sources.extend(config.xds.as_ref().and_then(|x| x.ads_config.as_ref()));
+    let named: Vec<&str> = sources
+        .iter()
+        .filter(|s| s.server_uri.is_none())
+        .flat_map(|s| {
+            let grpc = s.grpc_services.iter().filter_map(|g| g.envoy_grpc.as_ref());
+            let grpc = grpc.map(|e| e.cluster_name.as_str());
+            grpc.chain(s.cluster_names.iter().map(String::as_str))
+        })
+        .collect();
+    for (i, cluster) in config.clusters.iter().enumerate() {
+        let used = named.contains(&cluster.name.as_str());
+        if cluster.transport_socket.is_some()
+            && (!used || cluster.cluster_type != ClusterType::Static)
+        {
+            return Err(format!(
+                "clusters[{i}] ({}): transport_socket is only accepted on a STATIC cluster that an xDS config source names (envoy_grpc or REST cluster_names): the data path does not speak TLS",
+                cluster.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// One EDS cluster's source: its subscription on a shared control-plane connection. The
@@ -490,6 +527,7 @@ pub fn spawn_eds(source: XdsSource, watches: Vec<EdsWatch>) -> Result<EdsClient,
         user_agent_name: "proxy".to_owned(),
         ..Default::default()
     };
+    let tls = source.tls.map(Arc::new);
     let main = match source.transport {
         Transport::Grpc { uri, api, delta } => {
             let sub = GrpcSubscription {
@@ -497,6 +535,7 @@ pub fn spawn_eds(source: XdsSource, watches: Vec<EdsWatch>) -> Result<EdsClient,
                 api,
                 delta,
                 node,
+                tls: tls.clone(),
                 state: Arc::clone(&state),
                 control: Arc::clone(&control),
                 resources_changed: Arc::clone(&resources_changed),
@@ -513,6 +552,7 @@ pub fn spawn_eds(source: XdsSource, watches: Vec<EdsWatch>) -> Result<EdsClient,
                 refresh_delay,
                 request_timeout,
                 node: source.node,
+                tls,
                 state: Arc::clone(&state),
                 control: Arc::clone(&control),
             };

@@ -7,18 +7,28 @@
 //!   deployments without a static xDS cluster;
 //! * `ApiConfigSource.retry_back_off`: bounds of the reconnect backoff (Envoy hardcodes
 //!   500 ms / 30 s for xDS streams, which are our defaults);
-//! * `envoy_grpc.cluster_name` and REST `cluster_names` are resolved to one address by the
-//!   caller ([`plan`]'s `resolve`), e.g. from a STATIC cluster of the daemon's config;
-//! * only plaintext HTTP/2 (gRPC) and HTTP/1.1 (REST): no TLS to the control plane.
+//! * `envoy_grpc.cluster_name` and REST `cluster_names` are resolved to one address (and a
+//!   `transport_socket`) by the caller ([`plan`]'s `resolve`), from a STATIC cluster;
+//! * TLS: `server_uri: https://...` with a `tls` block ([`TlsSettings`], ours); Envoy's
+//!   `google_grpc.channel_credentials.ssl_credentials` with `filename` data sources only
+//!   (inline key material would show in `/config_dump`), `root_certs` required (no system
+//!   trust store); for `envoy_grpc` and REST `cluster_names`, the named cluster's
+//!   `transport_socket` (see `transport_socket`).
 
-use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
+use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::discovery::{
-    dns::duration,
-    xds::backoff::{DEFAULT_BASE_INTERVAL, DEFAULT_MAX_INTERVAL},
+use crate::{
+    discovery::{
+        dns::duration,
+        xds::{
+            backoff::{DEFAULT_BASE_INTERVAL, DEFAULT_MAX_INTERVAL},
+            transport_socket::TransportSocket,
+        },
+    },
+    tls::TlsSettings,
 };
 
 /// The xDS section of the daemon's config: who we are, and the ADS server if any.
@@ -95,10 +105,15 @@ pub struct ApiConfigSource {
     /// is set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cluster_names: Vec<String>,
-    /// Our extension: the server's address, `http://127.0.0.1:18000` or `127.0.0.1:18000`;
-    /// overrides `grpc_services` and `cluster_names`.
+    /// Our extension: the server's address, `http://127.0.0.1:18000` or `127.0.0.1:18000`,
+    /// or `https://xds.example:18000` with `tls`; overrides `grpc_services` and
+    /// `cluster_names`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_uri: Option<String>,
+    /// Our extension: TLS to an `https://` `server_uri` (CA, client certificate and key
+    /// files, server name override); files are read at every (re)connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSettings>,
     /// REST: the polling interval; required for REST, like in Envoy.
     #[serde(
         default,
@@ -158,11 +173,47 @@ pub struct EnvoyGrpc {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct GoogleGrpc {
-    /// `host:port` of the server (plaintext).
+    /// `host:port` of the server: plaintext, or TLS with `channel_credentials`.
     pub target_uri: String,
     /// Envoy's stat prefix; accepted and unused.
     #[serde(default)]
     pub stat_prefix: String,
+    /// TLS to the target: only `ssl_credentials`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel_credentials: Option<ChannelCredentials>,
+}
+
+/// `GoogleGrpc.channel_credentials`; `local_credentials` and `google_default` are refused.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChannelCredentials {
+    /// TLS, with files.
+    pub ssl_credentials: SslCredentials,
+}
+
+/// Envoy's `GrpcService.GoogleGrpc.SslCredentials`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SslCredentials {
+    /// PEM CA certificates the server's certificate must chain to; required here (no system
+    /// trust store is used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_certs: Option<DataSource>,
+    /// PEM client private key for mutual TLS; needs `cert_chain`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_key: Option<DataSource>,
+    /// PEM client certificate chain for mutual TLS; needs `private_key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_chain: Option<DataSource>,
+}
+
+/// Envoy's `core.v3.DataSource`, `filename` only: `inline_string` and `inline_bytes` are
+/// refused, as key material inline would show in `/config_dump`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataSource {
+    /// The file, read at every (re)connection.
+    pub filename: PathBuf,
 }
 
 /// Envoy's `core.v3.BackoffStrategy`.
@@ -234,6 +285,10 @@ pub enum XdsConfigError {
     },
 }
 
+/// Finds a STATIC cluster named by `envoy_grpc` or REST `cluster_names`: its address, and its
+/// `transport_socket` if any.
+pub type Resolve<'a> = dyn Fn(&str) -> Option<(SocketAddr, Option<TransportSocket>)> + 'a;
+
 /// Which gRPC service carries the subscription.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GrpcApi {
@@ -277,6 +332,8 @@ pub struct XdsSource {
     pub initial_fetch_timeout: Duration,
     /// Reconnect backoff `(base, max)`.
     pub backoff: (Duration, Duration),
+    /// TLS to the server (the transport's `uri` is then `https://`); plaintext when `None`.
+    pub tls: Option<TlsSettings>,
 }
 
 /// One EDS cluster on a connection: its name (for stats and outputs) and resource name.
@@ -294,7 +351,7 @@ pub struct EdsWatch {
 pub fn plan(
     xds: &XdsConfig,
     clusters: &[(String, EdsClusterConfig)],
-    resolve: &dyn Fn(&str) -> Option<SocketAddr>,
+    resolve: &Resolve<'_>,
 ) -> Result<Vec<(XdsSource, Vec<EdsWatch>)>, XdsConfigError> {
     if xds.node.id.is_empty() {
         return Err(XdsConfigError::EmptyNodeId);
@@ -320,7 +377,7 @@ fn cluster_source(
     xds: &XdsConfig,
     cluster: &str,
     config: &ConfigSource,
-    resolve: &dyn Fn(&str) -> Option<SocketAddr>,
+    resolve: &Resolve<'_>,
 ) -> Result<XdsSource, XdsConfigError> {
     let (api, api_source, field) = match (&config.api_config_source, &config.ads) {
         (Some(source), None) => (GrpcApi::Endpoint, source, "eds_config.api_config_source"),
@@ -345,11 +402,13 @@ fn cluster_source(
     } else {
         format!("clusters.{cluster}.{field}")
     };
+    let (transport, tls) = transport(api_source, api, &field, resolve)?;
     Ok(XdsSource {
-        transport: transport(api_source, api, &field, resolve)?,
+        transport,
         node: xds.node.clone(),
         initial_fetch_timeout: config.initial_fetch_timeout,
         backoff: backoff(api_source, &field)?,
+        tls,
     })
 }
 
@@ -357,10 +416,10 @@ fn transport(
     source: &ApiConfigSource,
     api: GrpcApi,
     field: &str,
-    resolve: &dyn Fn(&str) -> Option<SocketAddr>,
-) -> Result<Transport, XdsConfigError> {
-    let uri = server_uri(source, field, resolve)?;
-    Ok(match source.api_type {
+    resolve: &Resolve<'_>,
+) -> Result<(Transport, Option<TlsSettings>), XdsConfigError> {
+    let (uri, tls) = server_uri(source, field, resolve)?;
+    let transport = match source.api_type {
         ApiType::Grpc | ApiType::DeltaGrpc => Transport::Grpc {
             uri,
             api,
@@ -376,77 +435,122 @@ fn transport(
                 })?,
             request_timeout: source.request_timeout,
         },
-    })
+    };
+    Ok((transport, tls))
 }
 
 fn server_uri(
     source: &ApiConfigSource,
     field: &str,
-    resolve: &dyn Fn(&str) -> Option<SocketAddr>,
-) -> Result<String, XdsConfigError> {
+    resolve: &Resolve<'_>,
+) -> Result<(String, Option<TlsSettings>), XdsConfigError> {
     let error = |reason: String| XdsConfigError::Server {
         field: field.to_owned(),
         reason,
     };
-    let cluster_addr = |name: &str| {
-        resolve(name)
-            .map(|addr| format!("http://{addr}"))
-            .ok_or_else(|| error(format!("cluster {name:?} is not a known static cluster")))
+    if source.tls.is_some() && source.server_uri.is_none() {
+        return Err(error(
+            "tls applies to server_uri only (google_grpc takes channel_credentials, a named cluster its transport_socket)".into(),
+        ));
+    }
+    let (raw, tls) = match &source.server_uri {
+        Some(uri) => (uri.clone(), source.tls.clone()),
+        None => target(source, resolve).map_err(error)?,
     };
-    let raw = if let Some(uri) = &source.server_uri {
-        uri.clone()
-    } else if source.api_type == ApiType::Rest {
-        match source.cluster_names.as_slice() {
-            [name] => cluster_addr(name)?,
-            _ => {
-                return Err(error(
-                    "REST needs server_uri or exactly one cluster_names entry".into(),
-                ));
-            }
-        }
-    } else {
-        match source.grpc_services.as_slice() {
-            [
-                GrpcService {
-                    envoy_grpc: Some(e),
-                    google_grpc: None,
-                },
-            ] => cluster_addr(&e.cluster_name)?,
-            [
-                GrpcService {
-                    envoy_grpc: None,
-                    google_grpc: Some(g),
-                },
-            ] => g.target_uri.clone(),
-            [_] => {
-                return Err(error(
-                    "grpc_services[0] must set exactly one of envoy_grpc and google_grpc".into(),
-                ));
-            }
-            _ => {
-                return Err(error(
-                    "gRPC needs server_uri or exactly one grpc_services entry".into(),
-                ));
-            }
-        }
-    };
-    normalize_uri(&raw).map_err(error)
+    if let Some(settings) = &tls {
+        settings.validate().map_err(|e| error(e.to_string()))?;
+    }
+    let uri = normalize_uri(&raw, tls.is_some()).map_err(error)?;
+    Ok((uri, tls))
 }
 
-/// `host:port` or `http://host:port` → `http://host:port`; https and paths are refused.
-fn normalize_uri(raw: &str) -> Result<String, String> {
+/// The address and TLS of `grpc_services` or REST `cluster_names` (no `server_uri`).
+fn target(
+    source: &ApiConfigSource,
+    resolve: &Resolve<'_>,
+) -> Result<(String, Option<TlsSettings>), String> {
+    let cluster = |name: &str| {
+        let (addr, socket) = resolve(name)
+            .ok_or_else(|| format!("cluster {name:?} is not a known static cluster"))?;
+        let tls = socket
+            .map(|s| s.settings())
+            .transpose()
+            .map_err(|e| format!("cluster {name:?}: {e}"))?;
+        Ok((addr.to_string(), tls))
+    };
+    if source.api_type == ApiType::Rest {
+        return match source.cluster_names.as_slice() {
+            [name] => cluster(name),
+            _ => Err("REST needs server_uri or exactly one cluster_names entry".into()),
+        };
+    }
+    match source.grpc_services.as_slice() {
+        [
+            GrpcService {
+                envoy_grpc: Some(e),
+                google_grpc: None,
+            },
+        ] => cluster(&e.cluster_name),
+        [
+            GrpcService {
+                envoy_grpc: None,
+                google_grpc: Some(g),
+            },
+        ] => Ok((g.target_uri.clone(), google_tls(g)?)),
+        [_] => Err("grpc_services[0] must set exactly one of envoy_grpc and google_grpc".into()),
+        _ => Err("gRPC needs server_uri or exactly one grpc_services entry".into()),
+    }
+}
+
+/// `ssl_credentials` as [`TlsSettings`]; `None` without `channel_credentials`.
+fn google_tls(google: &GoogleGrpc) -> Result<Option<TlsSettings>, String> {
+    let Some(credentials) = &google.channel_credentials else {
+        return Ok(None);
+    };
+    let ssl = &credentials.ssl_credentials;
+    let Some(root_certs) = &ssl.root_certs else {
+        return Err(
+            "google_grpc.channel_credentials.ssl_credentials.root_certs is required: no system trust store is used"
+                .into(),
+        );
+    };
+    Ok(Some(TlsSettings {
+        ca_file: root_certs.filename.clone(),
+        cert_file: ssl.cert_chain.as_ref().map(|d| d.filename.clone()),
+        key_file: ssl.private_key.as_ref().map(|d| d.filename.clone()),
+        server_name: None,
+    }))
+}
+
+/// `host:port`, `http://host:port` or (with TLS) `https://host:port` → with its scheme;
+/// paths, other schemes, and a scheme that contradicts the TLS settings are refused.
+fn normalize_uri(raw: &str, tls: bool) -> Result<String, String> {
+    let scheme = if tls { "https" } else { "http" };
     let with_scheme = if raw.contains("://") {
         raw.to_owned()
     } else {
-        format!("http://{raw}")
+        format!("{scheme}://{raw}")
     };
     let uri: http::Uri = with_scheme
         .parse()
         .map_err(|e| format!("invalid server address {raw:?}: {e}"))?;
-    if uri.scheme_str() != Some("http") {
-        return Err(format!(
-            "server address {raw:?}: only plaintext http:// is supported"
-        ));
+    match uri.scheme_str() {
+        Some(s) if s == scheme => {}
+        Some("https") => {
+            return Err(format!(
+                "server address {raw:?} is https:// but no TLS is configured: add a tls block (server_uri) or channel_credentials (google_grpc)"
+            ));
+        }
+        Some("http") => {
+            return Err(format!(
+                "server address {raw:?} is plaintext http:// but TLS is configured: use https://"
+            ));
+        }
+        _ => {
+            return Err(format!(
+                "server address {raw:?}: the scheme must be http:// or https://"
+            ));
+        }
     }
     if uri.port_u16().is_none() || uri.path().len() > 1 {
         return Err(format!(

@@ -11,11 +11,16 @@
 //! * Every request carries `node` and the ClusterLoadAssignment `type_url`; ADS responses of
 //!   other types are ignored (we never subscribe to them).
 //! * A failed or closed stream counts `update_failure`, keeps every host, and is retried after
-//!   a jittered exponential backoff, reset by the next accepted response.
+//!   a jittered exponential backoff, reset by the next accepted response; a response over the
+//!   decode limit counts `control_plane.oversized_responses` and backs off on its own count
+//!   (see `backoff`).
 
 use std::{
     error::Error as StdError,
+    future::Future,
+    pin::Pin,
     sync::{Arc, Mutex},
+    task::{Context, Poll},
     time::Duration,
 };
 
@@ -32,16 +37,24 @@ use envoy_types::pb::{
     },
     google::rpc::Status,
 };
+use hyper_util::rt::TokioIo;
 use thiserror::Error;
-use tokio::sync::{Notify, mpsc};
+use tokio::{
+    net::TcpStream,
+    sync::{Notify, mpsc},
+};
+use tokio_rustls::client::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::discovery::xds::{
-    backoff::Backoff,
-    config::GrpcApi,
-    state::{CLA_TYPE_URL, EdsState, UpdateError},
-    stats::ControlPlaneStats,
+use crate::{
+    discovery::xds::{
+        backoff::Backoff,
+        config::GrpcApi,
+        state::{CLA_TYPE_URL, EdsState, UpdateError},
+        stats::ControlPlaneStats,
+    },
+    tls::{self, TlsError, TlsSettings},
 };
 
 /// gRPC status code Envoy puts in a NACK's `error_detail`.
@@ -103,6 +116,8 @@ pub(crate) struct GrpcSubscription {
     pub(crate) api: GrpcApi,
     pub(crate) delta: bool,
     pub(crate) node: Node,
+    /// TLS to the server; `uri` is then `https://`.
+    pub(crate) tls: Option<Arc<TlsSettings>>,
     pub(crate) state: Arc<Mutex<EdsState>>,
     pub(crate) control: Arc<ControlPlaneStats>,
     /// Woken when a reload changed the subscribed resources.
@@ -115,29 +130,74 @@ pub(crate) async fn run(sub: GrpcSubscription, mut backoff: Backoff) {
         sub.control
             .stream_attempts
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let error = match connect(&sub.uri).await {
+        let error = match connect(&sub.uri, sub.tls.as_ref()).await {
             Ok(channel) if sub.delta => run_delta(&sub, channel, &mut backoff).await,
             Ok(channel) => run_sotw(&sub, channel, &mut backoff).await,
             Err(error) => error,
         };
         sub.control.set_connected(false);
-        tracing::warn!(uri = %sub.uri, error = %error_chain(&error), "xDS stream failed, hosts kept");
+        let tls = sub
+            .control
+            .count_tls_failure(&error)
+            .map(tls::TlsFailure::hint);
+        tracing::warn!(uri = %sub.uri, error = %error_chain(&error), tls, "xDS stream failed, hosts kept");
         lock(&sub.state).on_failure();
-        tokio::time::sleep(backoff.next_delay()).await;
+        let delay = if matches!(error, StreamError::TooLarge { .. }) {
+            sub.control
+                .oversized_responses
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            backoff.next_oversized_delay()
+        } else {
+            backoff.clear_oversized();
+            backoff.next_delay()
+        };
+        tokio::time::sleep(delay).await;
     }
 }
 
-async fn connect(uri: &str) -> Result<Channel, StreamError> {
+async fn connect(uri: &str, tls: Option<&Arc<TlsSettings>>) -> Result<Channel, StreamError> {
     let connect_error = |source| StreamError::Connect {
         uri: uri.to_owned(),
         source,
     };
-    let endpoint = Endpoint::from_shared(uri.to_owned()).map_err(connect_error)?;
-    endpoint
-        .connect_timeout(CONNECT_TIMEOUT)
-        .connect()
-        .await
-        .map_err(connect_error)
+    let endpoint = Endpoint::from_shared(uri.to_owned())
+        .map_err(connect_error)?
+        .connect_timeout(CONNECT_TIMEOUT);
+    match tls {
+        None => endpoint.connect().await,
+        Some(settings) => {
+            let connector = TlsConnector(Arc::clone(settings));
+            endpoint.connect_with_connector(connector).await
+        }
+    }
+    .map_err(connect_error)
+}
+
+/// Connects tonic's channel over TLS, reading the settings' files at every connection.
+#[derive(Clone)]
+struct TlsConnector(Arc<TlsSettings>);
+
+type TlsFuture =
+    Pin<Box<dyn Future<Output = Result<TokioIo<TlsStream<TcpStream>>, TlsError>> + Send>>;
+
+impl tower_service::Service<http::Uri> for TlsConnector {
+    type Response = TokioIo<TlsStream<TcpStream>>;
+    type Error = TlsError;
+    type Future = TlsFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), TlsError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: http::Uri) -> TlsFuture {
+        let settings = Arc::clone(&self.0);
+        Box::pin(async move {
+            let host = uri.host().unwrap_or_default();
+            let port = uri.port_u16().unwrap_or(443);
+            let stream = tls::connect(&settings, host, port, &[b"h2"]).await?;
+            Ok(TokioIo::new(stream))
+        })
+    }
 }
 
 /// One state-of-the-world stream; returns why it ended.

@@ -6,7 +6,7 @@
 //! assignments for one cluster is rejected, as Envoy's HTTP subscription hands them all to the
 //! EDS cluster, which takes exactly one ("Unexpected EDS resource length"). A transport failure, a timeout or a non-200 status counts `update_failure`,
 //! keeps the hosts and retries after the jittered backoff; 304 Not Modified changes nothing.
-//! One HTTP/1.1 connection per poll, plaintext only.
+//! One HTTP/1.1 connection per poll, plaintext or TLS (files read again at every poll).
 
 use std::{
     sync::{Arc, Mutex},
@@ -20,13 +20,16 @@ use hyper_util::rt::TokioIo;
 use thiserror::Error;
 use tokio::net::TcpStream;
 
-use crate::discovery::xds::{
-    backoff::Backoff,
-    config::NodeConfig,
-    grpc::{error_chain, lock, nack_status},
-    json,
-    state::{EdsState, UpdateError},
-    stats::ControlPlaneStats,
+use crate::{
+    discovery::xds::{
+        backoff::Backoff,
+        config::NodeConfig,
+        grpc::{error_chain, lock, nack_status},
+        json,
+        state::{EdsState, UpdateError},
+        stats::ControlPlaneStats,
+    },
+    tls::{self, TlsError, TlsFailure, TlsSettings},
 };
 
 /// The REST path of EDS.
@@ -49,6 +52,15 @@ pub(crate) enum PollError {
         /// The socket error.
         #[source]
         source: std::io::Error,
+    },
+    /// The TLS connection failed.
+    #[error("cannot reach the REST control plane at {authority} over TLS")]
+    Tls {
+        /// `host:port`.
+        authority: String,
+        /// Why.
+        #[source]
+        source: TlsError,
     },
     /// HTTP failed.
     #[error("HTTP exchange with the REST control plane failed")]
@@ -73,6 +85,8 @@ pub(crate) struct RestSubscription {
     pub(crate) refresh_delay: Duration,
     pub(crate) request_timeout: Duration,
     pub(crate) node: NodeConfig,
+    /// TLS to the server; `uri` is then `https://`.
+    pub(crate) tls: Option<Arc<TlsSettings>>,
     pub(crate) state: Arc<Mutex<EdsState>>,
     pub(crate) control: Arc<ControlPlaneStats>,
 }
@@ -92,7 +106,11 @@ pub(crate) async fn run(sub: RestSubscription, mut backoff: Backoff) {
             .stream_attempts
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let body = request_body(&sub, &poll_state);
-        let result = tokio::time::timeout(sub.request_timeout, post(&sub.uri, body)).await;
+        let result = tokio::time::timeout(
+            sub.request_timeout,
+            post(&sub.uri, sub.tls.as_deref(), body),
+        )
+        .await;
         let answer = result.unwrap_or(Err(PollError::Timeout(sub.request_timeout)));
         let delay = match answer {
             Ok(Some(body)) => {
@@ -108,7 +126,8 @@ pub(crate) async fn run(sub: RestSubscription, mut backoff: Backoff) {
             }
             Err(error) => {
                 sub.control.set_connected(false);
-                tracing::warn!(uri = %sub.uri, error = %error_chain(&error), "EDS REST poll failed, hosts kept");
+                let tls = sub.control.count_tls_failure(&error).map(TlsFailure::hint);
+                tracing::warn!(uri = %sub.uri, error = %error_chain(&error), tls, "EDS REST poll failed, hosts kept");
                 lock(&sub.state).on_failure();
                 backoff.next_delay()
             }
@@ -150,7 +169,11 @@ fn apply(sub: &RestSubscription, body: &[u8]) -> PollState {
 }
 
 /// One POST; `Ok(None)` for 304 Not Modified.
-async fn post(uri: &str, body: Vec<u8>) -> Result<Option<Bytes>, PollError> {
+async fn post(
+    uri: &str,
+    tls: Option<&TlsSettings>,
+    body: Vec<u8>,
+) -> Result<Option<Bytes>, PollError> {
     let parsed: http::Uri =
         format!("{uri}{EDS_REST_PATH}")
             .parse()
@@ -163,20 +186,35 @@ async fn post(uri: &str, body: Vec<u8>) -> Result<Option<Bytes>, PollError> {
         .ok_or_else(|| PollError::Uri {
             uri: uri.to_owned(),
         })?;
+    // Origin form (`POST /v3/discovery:endpoints`): an absolute URI is for proxies.
+    let request = Request::post(EDS_REST_PATH)
+        .header(http::header::HOST, &authority)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))?;
+    if let Some(settings) = tls {
+        let host = parsed.host().unwrap_or_default();
+        let port = parsed.port_u16().unwrap_or(443);
+        let stream = tls::connect(settings, host, port, &[b"http/1.1"])
+            .await
+            .map_err(|source| PollError::Tls { authority, source })?;
+        return exchange(TokioIo::new(stream), request).await;
+    }
     let stream = TcpStream::connect(&authority)
         .await
         .map_err(|source| PollError::Connect {
             authority: authority.clone(),
             source,
         })?;
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    exchange(TokioIo::new(stream), request).await
+}
+
+/// Sends `request` on a new HTTP/1.1 connection over `io`.
+async fn exchange<T>(io: T, request: Request<Full<Bytes>>) -> Result<Option<Bytes>, PollError>
+where
+    T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await?;
     let driver = tokio::spawn(connection);
-    // Origin form (`POST /v3/discovery:endpoints`): an absolute URI is for proxies.
-    let request = Request::post(EDS_REST_PATH)
-        .header(http::header::HOST, authority)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body)))?;
     let response = sender.send_request(request).await;
     let result = match response {
         Ok(response) if response.status() == StatusCode::OK => {

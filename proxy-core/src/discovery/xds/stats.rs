@@ -15,7 +15,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::discovery::{EdsHealth, HostSet};
+use crate::{
+    discovery::{EdsHealth, HostSet},
+    tls::TlsFailure,
+};
 
 /// Counters and gauges of one EDS cluster.
 #[derive(Debug, Default)]
@@ -124,6 +127,8 @@ impl ClusterStats {
 pub struct ControlPlaneStats {
     pub(crate) connected_state: AtomicU64,
     pub(crate) stream_attempts: AtomicU64,
+    pub(crate) oversized_responses: AtomicU64,
+    tls_failures: [AtomicU64; TlsFailure::ALL.len()],
 }
 
 impl ControlPlaneStats {
@@ -133,10 +138,12 @@ impl ControlPlaneStats {
     }
 
     /// `(control_plane.<stat>, value)` pairs. `connected_state` is Envoy's gauge;
-    /// `stream_attempts` counts connection or poll attempts (ours, not Envoy's).
+    /// `stream_attempts` counts connection or poll attempts and `oversized_responses` the
+    /// streams ended by a response over the decode limit; `tls_failure.<cause>` counts failed
+    /// connections or polls by TLS cause (all ours, not Envoy's).
     /// `rate_limit_enforced` and `pending_requests` are not produced: there is no rate limiter.
     pub fn named(&self) -> Vec<(String, u64)> {
-        vec![
+        let mut named = vec![
             (
                 "control_plane.connected_state".to_owned(),
                 self.connected_state.load(Relaxed),
@@ -145,7 +152,34 @@ impl ControlPlaneStats {
                 "control_plane.stream_attempts".to_owned(),
                 self.stream_attempts.load(Relaxed),
             ),
-        ]
+            (
+                "control_plane.oversized_responses".to_owned(),
+                self.oversized_responses.load(Relaxed),
+            ),
+        ];
+        named.extend(
+            TlsFailure::ALL
+                .iter()
+                .zip(&self.tls_failures)
+                .map(|(cause, n)| {
+                    (
+                        format!("control_plane.tls_failure.{}", cause.name()),
+                        n.load(Relaxed),
+                    )
+                }),
+        );
+        named
+    }
+
+    /// Counts `error` under its TLS cause, if TLS is involved; returns the cause.
+    pub(crate) fn count_tls_failure(
+        &self,
+        error: &(dyn std::error::Error + 'static),
+    ) -> Option<TlsFailure> {
+        let cause = TlsFailure::of(error)?;
+        let index = TlsFailure::ALL.iter().position(|c| *c == cause)?;
+        self.tls_failures[index].fetch_add(1, Relaxed);
+        Some(cause)
     }
 
     pub(crate) fn set_connected(&self, connected: bool) {

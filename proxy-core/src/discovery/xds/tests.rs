@@ -9,3 +9,4 @@ mod rest;
 mod server;
 mod state;
 mod streams;
+mod tls;

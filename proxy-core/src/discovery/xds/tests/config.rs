@@ -6,6 +6,7 @@ use serde::Deserialize;
 
 use crate::discovery::xds::{
     ApiType, EdsClusterConfig, EdsWatch, GrpcApi, Transport, XdsConfig, XdsConfigError, plan,
+    transport_socket::TransportSocket,
 };
 
 #[derive(Deserialize)]
@@ -15,8 +16,8 @@ struct Example {
     clusters: BTreeMap<String, EdsClusterConfig>,
 }
 
-fn resolve(name: &str) -> Option<SocketAddr> {
-    (name == "xds_cluster").then(|| "127.0.0.1:18000".parse().unwrap())
+fn resolve(name: &str) -> Option<(SocketAddr, Option<TransportSocket>)> {
+    (name == "xds_cluster").then(|| ("127.0.0.1:18000".parse().unwrap(), None))
 }
 
 fn example() -> Example {
@@ -152,7 +153,7 @@ fn config_errors_name_the_problem() {
         (
             node,
             "eds_config: {api_config_source: {api_type: GRPC, server_uri: 'https://127.0.0.1:1'}}",
-            "only plaintext",
+            "is https:// but no TLS is configured",
         ),
         (
             node,

@@ -112,6 +112,7 @@ async fn rest_polls_acks_nacks_and_keeps_hosts_on_failure() {
         },
         initial_fetch_timeout: Duration::ZERO,
         backoff: (Duration::from_millis(20), Duration::from_millis(40)),
+        tls: None,
     };
     let client = spawn_eds(
         source,

@@ -1,7 +1,12 @@
 //! An in-process xDS server (ADS and EDS, SotW and delta) on 127.0.0.1 that records every
 //! request and lets the test script every response and stream drop.
 
-use std::net::SocketAddr;
+use std::{
+    net::SocketAddr,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
 
 use envoy_types::pb::envoy::service::{
     discovery::v3::{
@@ -15,7 +20,10 @@ use envoy_types::pb::envoy::service::{
     },
 };
 use tokio::{net::TcpListener, sync::mpsc, task::JoinHandle};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::{
+    StreamExt,
+    wrappers::{ReceiverStream, TcpListenerStream, UnboundedReceiverStream},
+};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::fixtures::WAIT;
@@ -127,6 +135,54 @@ impl EndpointDiscoveryService for Fake {
     }
 }
 
+/// Turns Nagle's algorithm off on an accepted connection: with it, a small response can wait
+/// for the peer's delayed ACK (40 ms), which a test on paused time takes for idleness and
+/// skips over with the clock.
+fn nodelay(
+    accepted: std::io::Result<tokio::net::TcpStream>,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let stream = accepted?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// A server-side TLS connection, as tonic's server takes it.
+struct TlsIo(tokio_rustls::server::TlsStream<tokio::net::TcpStream>);
+
+impl tonic::transport::server::Connected for TlsIo {
+    type ConnectInfo = ();
+
+    fn connect_info(&self) {}
+}
+
+impl tokio::io::AsyncRead for TlsIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for TlsIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
 /// A running fake server; aborted on drop.
 pub struct FakeServer {
     pub addr: SocketAddr,
@@ -142,6 +198,38 @@ impl FakeServer {
             .await
             .expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().unwrap();
+        Self::serve(addr, TcpListenerStream::new(listener).map(nodelay))
+    }
+
+    /// Starts the server behind TLS with `config`; a failed handshake closes that connection.
+    pub async fn start_tls(config: Arc<rustls::ServerConfig>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let _ = tcp.set_nodelay(true);
+                if let Ok(tls) = acceptor.accept(tcp).await {
+                    let _ = tx.send(Ok::<_, std::io::Error>(TlsIo(tls)));
+                }
+            }
+        });
+        Self::serve(addr, UnboundedReceiverStream::new(rx))
+    }
+
+    fn serve<S, I>(addr: SocketAddr, incoming: S) -> Self
+    where
+        S: tokio_stream::Stream<Item = std::io::Result<I>> + Send + 'static,
+        I: tonic::transport::server::Connected
+            + tokio::io::AsyncRead
+            + tokio::io::AsyncWrite
+            + Unpin
+            + Send
+            + 'static,
+    {
         let (requests_tx, requests) = mpsc::unbounded_channel();
         let (streams_tx, streams) = mpsc::unbounded_channel();
         let fake = Fake {
@@ -152,7 +240,7 @@ impl FakeServer {
             tonic::transport::Server::builder()
                 .add_service(AggregatedDiscoveryServiceServer::new(fake.clone()))
                 .add_service(EndpointDiscoveryServiceServer::new(fake))
-                .serve_with_incoming(TcpListenerStream::new(listener))
+                .serve_with_incoming(incoming)
                 .await
                 .expect("fake xDS server");
         });

@@ -14,7 +14,18 @@ use crate::discovery::xds::{
 };
 
 fn client(server: &FakeServer, api: GrpcApi, delta: bool) -> EdsClient {
-    let source = XdsSource {
+    spawn_eds(client_source(server, api, delta), vec![web_watch()]).expect("valid watches")
+}
+
+fn web_watch() -> EdsWatch {
+    EdsWatch {
+        cluster: "web".into(),
+        resource: "web".into(),
+    }
+}
+
+fn client_source(server: &FakeServer, api: GrpcApi, delta: bool) -> XdsSource {
+    XdsSource {
         transport: Transport::Grpc {
             uri: format!("http://{}", server.addr),
             api,
@@ -26,12 +37,8 @@ fn client(server: &FakeServer, api: GrpcApi, delta: bool) -> EdsClient {
         },
         initial_fetch_timeout: Duration::ZERO,
         backoff: (Duration::from_millis(20), Duration::from_millis(100)),
-    };
-    let watch = EdsWatch {
-        cluster: "web".into(),
-        resource: "web".into(),
-    };
-    spawn_eds(source, vec![watch]).expect("valid watches")
+        tls: None,
+    }
 }
 
 fn rpc(api: GrpcApi) -> &'static str {
@@ -311,6 +318,7 @@ async fn unreachable_server_counts_failures_and_initializes() {
         },
         initial_fetch_timeout: Duration::from_secs(30),
         backoff: (Duration::from_millis(10), Duration::from_millis(20)),
+        tls: None,
     };
     let client = spawn_eds(
         source,
@@ -395,4 +403,51 @@ fn an_oversized_response_is_reported_as_this_daemons_limit() {
     assert!(text.contains("found 70000000 bytes"), "{text}");
     let other = StreamError::from(Status::unavailable("gone"));
     assert!(matches!(other, StreamError::Status(_)), "{other:?}");
+}
+
+/// Regression: a response over the decode limit, after a smaller one that was accepted and so
+/// reset the backoff, used to rebuild the stream after less than `base` every time, forever.
+/// Now the wait doubles per such response, from `base / 2` up to `max`, and each is counted.
+#[tokio::test(start_paused = true)]
+async fn oversized_responses_back_off_exponentially_and_are_counted() {
+    let mut server = FakeServer::start().await;
+    let source = XdsSource {
+        backoff: (Duration::from_secs(1), Duration::from_secs(4)),
+        ..client_source(&server, GrpcApi::Aggregated, true)
+    };
+    let client = spawn_eds(source, vec![web_watch()]).unwrap();
+    let start = tokio::time::Instant::now();
+    let mut streams = 0u64;
+    // Waits were below 1 s each (at least 60 streams in 60 s). Now their lower bounds are 0.5,
+    // 1, 2, 2, ... s: at most 32 streams open within 60 s; upper bounds 1, 2, 4, 4, ... s: at
+    // least 16. (The max stays below the server's 5 s wait for a stream.)
+    while start.elapsed() < Duration::from_secs(60) {
+        let stream = delta_stream(&mut server).await;
+        streams += 1;
+        assert!(
+            streams <= 32,
+            "stream {streams} after {:?}",
+            start.elapsed()
+        );
+        let _ = server.next_delta("ads").await;
+        let good = delta(&format!("n{streams}"), &[("a", cla("web", &[9001]))], &[]);
+        stream.send(Ok(good)).await.unwrap();
+        let ack = server.next_delta("ads").await;
+        assert_eq!(ack.error_detail, None, "the small response is accepted");
+        let too_large = Status::out_of_range(
+            "Error, decoded message length too large: found 70000000 bytes, the limit is: 67108864 bytes",
+        );
+        stream.send(Err(too_large)).await.unwrap();
+    }
+    assert!(streams >= 16, "only {streams} streams in 60 s");
+    let named = client.named_stats();
+    let oversized = named
+        .iter()
+        .find(|(name, _)| name == "control_plane.oversized_responses")
+        .map(|(_, value)| *value);
+    // The last stream's error may still be on its way when the loop ends.
+    assert!(
+        oversized == Some(streams) || oversized == Some(streams - 1),
+        "{oversized:?} of {streams}"
+    );
 }

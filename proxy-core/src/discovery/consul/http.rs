@@ -84,16 +84,22 @@ pub enum HttpError {
     },
 }
 
-/// Sends `method target` (e.g. `GET /v1/health/service/web?index=7`) with an optional JSON
-/// body to `address` and reads the whole response, all within `timeout`.
+/// Sends `method target` (e.g. `GET /v1/health/service/web?index=7`) with an optional ACL
+/// token (`X-Consul-Token`) and an optional JSON body to `address` and reads the whole
+/// response, all within `timeout`. The token must be visible ASCII ([`ConsulToken`]
+/// guarantees it).
+///
+/// [`ConsulToken`]: super::ConsulToken
 pub async fn request(
     address: &str,
     method: &str,
     target: &str,
+    token: Option<&str>,
     body: Option<&[u8]>,
     timeout: Duration,
 ) -> Result<HttpResponse, HttpError> {
-    match tokio::time::timeout(timeout, exchange(address, method, target, body)).await {
+    let exchange = exchange(address, method, target, token, body);
+    match tokio::time::timeout(timeout, exchange).await {
         Ok(result) => result,
         Err(_) => Err(HttpError::Timeout {
             address: address.to_owned(),
@@ -106,6 +112,7 @@ async fn exchange(
     address: &str,
     method: &str,
     target: &str,
+    token: Option<&str>,
     body: Option<&[u8]>,
 ) -> Result<HttpResponse, HttpError> {
     let mut stream = TcpStream::connect(address)
@@ -122,6 +129,9 @@ async fn exchange(
         "{method} {target} HTTP/1.1\r\nHost: {address}\r\nUser-Agent: proxy\r\n\
          Accept: application/json\r\nConnection: close\r\n"
     );
+    if let Some(token) = token.filter(|t| t.bytes().all(|b| b.is_ascii_graphic())) {
+        let _ = write!(head, "X-Consul-Token: {token}\r\n");
+    }
     if let Some(body) = body {
         let _ = write!(
             head,

@@ -143,14 +143,22 @@ async fn requests_are_http_1_1_with_host_and_close_and_bodies_are_sent() {
     ])
     .await;
     let address = server.addr.to_string();
-    let r = http::request(&address, "GET", "/v1/health/service/web", None, REAL_WAIT)
-        .await
-        .expect("answer");
+    let r = http::request(
+        &address,
+        "GET",
+        "/v1/health/service/web",
+        None,
+        None,
+        REAL_WAIT,
+    )
+    .await
+    .expect("answer");
     assert_eq!((r.status, r.header("x-consul-index")), (200, Some("1")));
     let put = http::request(
         &address,
         "PUT",
         "/v1/agent/check/pass/c1",
+        Some("t-1"),
         Some(b"{\"a\":1}"),
         REAL_WAIT,
     )
@@ -164,6 +172,14 @@ async fn requests_are_http_1_1_with_host_and_close_and_bodies_are_sent() {
     );
     assert!(requests[0].contains(&format!("\r\nHost: {address}\r\n")));
     assert!(requests[0].contains("\r\nConnection: close\r\n"));
+    assert!(
+        !requests[0].contains("X-Consul-Token"),
+        "no token, no header"
+    );
+    assert!(
+        requests[1].contains("\r\nX-Consul-Token: t-1\r\n"),
+        "{requests:?}"
+    );
     assert!(requests[1].starts_with("PUT /v1/agent/check/pass/c1 HTTP/1.1\r\n"));
     assert!(
         requests[1].ends_with("\r\nContent-Length: 7\r\n\r\n{\"a\":1}"),
@@ -180,6 +196,7 @@ async fn a_silent_server_times_out_and_a_closed_port_is_refused() {
         "GET",
         "/",
         None,
+        None,
         Duration::from_millis(200),
     )
     .await
@@ -191,7 +208,7 @@ async fn a_silent_server_times_out_and_a_closed_port_is_refused() {
         .expect("bind")
         .local_addr()
         .expect("addr");
-    let err = http::request(&closed.to_string(), "GET", "/", None, REAL_WAIT)
+    let err = http::request(&closed.to_string(), "GET", "/", None, None, REAL_WAIT)
         .await
         .expect_err("refused");
     assert!(matches!(err, HttpError::Connect { .. }), "{err}");
@@ -211,7 +228,8 @@ async fn the_backend_watches_a_real_http_server() {
     ])
     .await;
     let mut config = ConsulConfig::new("web");
-    config.address = server.addr.to_string();
+    config.address = Some(format!("http://{}", server.addr));
+    config.token = ConsulToken::new("secret-7");
     config.datacenter = Some("dc1".to_owned());
     config.tag = Some("blue".to_owned());
     config.wait = Duration::from_secs(1);
@@ -234,5 +252,12 @@ async fn the_backend_watches_a_real_http_server() {
             "GET /v1/health/service/web?dc=dc1&tag=blue HTTP/1.1",
             "GET /v1/health/service/web?dc=dc1&tag=blue&index=3&wait=1s HTTP/1.1",
         ]
+    );
+    let requests = server.requests();
+    assert!(
+        requests[..2]
+            .iter()
+            .all(|r| r.contains("\r\nX-Consul-Token: secret-7\r\n")),
+        "the token goes in every query: {requests:?}"
     );
 }

@@ -10,7 +10,7 @@ use tokio::{
 
 use super::*;
 use crate::discovery::consul::{
-    http::{self, parse},
+    http::{self, HttpError},
     spawn_consul,
 };
 
@@ -108,31 +108,55 @@ fn chunked(index: u64, body: &Value) -> String {
     )
 }
 
-#[test]
-fn parse_handles_length_chunked_and_eof_bodies() {
-    let r = parse(b"HTTP/1.1 200 OK\r\nX-Consul-Index: 12\r\nContent-Length: 2\r\n\r\n[]extra")
+/// GETs `/` from a server that answers with `raw` and closes.
+async fn get_raw(raw: &str) -> Result<http::HttpResponse, http::HttpError> {
+    let server = Server::start(vec![Some(raw.to_owned())]).await;
+    let address = server.addr.to_string();
+    http::request(&address, "GET", "/", None, None, REAL_WAIT).await
+}
+
+#[tokio::test]
+async fn length_chunked_and_eof_bodies_are_read_and_bad_answers_are_errors() {
+    let r = get_raw("HTTP/1.1 200 OK\r\nX-Consul-Index: 12\r\nContent-Length: 2\r\n\r\n[]extra")
+        .await
         .expect("content-length");
     assert_eq!(
         (r.status, r.header("X-CONSUL-INDEX"), r.body.as_slice()),
         (200, Some("12"), &b"[]"[..])
     );
-    let r = parse(chunked(3, &json!([1, 2, 3])).as_bytes()).expect("chunked");
+    let r = get_raw(&chunked(3, &json!([1, 2, 3])))
+        .await
+        .expect("chunked");
     assert_eq!(r.body, b"[1,2,3]");
-    let r =
-        parse(b"HTTP/1.0 500 Internal Server Error\r\n\r\nNo path to datacenter\n").expect("eof");
+    let r = get_raw("HTTP/1.0 500 Internal Server Error\r\n\r\nNo path to datacenter\n")
+        .await
+        .expect("eof");
     assert_eq!(
         (r.status, r.body_excerpt().as_str()),
         (500, "No path to datacenter")
     );
     for bad in [
-        &b"garbage"[..],
-        b"SSH-2.0 x\r\n\r\n",
-        b"HTTP/1.1 abc OK\r\n\r\n",
-        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        "garbage",
+        "SSH-2.0 x\r\n\r\n",
+        "HTTP/1.1 abc OK\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
     ] {
-        assert!(parse(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        let err = get_raw(bad).await.expect_err(bad);
+        assert!(matches!(err, HttpError::Http { .. }), "{bad:?}: {err}");
+        assert!(
+            err.to_string().starts_with("127.0.0.1:"),
+            "names the agent: {err}"
+        );
     }
+    let huge = get_raw("HTTP/1.1 200 OK\r\nContent-Length: 70000000\r\n\r\n[")
+        .await
+        .expect_err("over the limit");
+    assert!(err_is_too_large(&huge), "{huge}");
+}
+
+fn err_is_too_large(err: &HttpError) -> bool {
+    matches!(err, HttpError::Malformed { .. }) && err.to_string().contains("larger than 64 MiB")
 }
 
 #[tokio::test]

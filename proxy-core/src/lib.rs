@@ -10,4 +10,5 @@ pub mod discovery;
 pub mod health;
 pub mod lb;
 pub mod time;
+pub mod tls;
 pub mod upstream;

@@ -131,6 +131,7 @@ pub fn spawn_consul(
     let access = access::resolve(&config, &|name| std::env::var(name).ok())?;
     let fetch = Arc::new(HttpFetch {
         address: access.authority.clone(),
+        tls: access.tls.clone(),
     });
     spawn_with(name.into(), config, access, fetch, fastrand::Rng::new())
 }

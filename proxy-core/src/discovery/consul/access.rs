@@ -10,6 +10,10 @@
 //!   every query, trimmed, so a rotated token applies without a restart; an empty
 //!   `CONSUL_HTTP_TOKEN_FILE` falls back to `CONSUL_HTTP_TOKEN`, as in Consul.
 //!
+//! * TLS: https when the address says `https://`, `CONSUL_HTTP_SSL` is true, or the cluster
+//!   has `tls`; then the cluster's `tls`, else `CONSUL_CACERT`, `CONSUL_CLIENT_CERT`,
+//!   `CONSUL_CLIENT_KEY` and `CONSUL_TLS_SERVER_NAME` (a CA is required: no system store).
+//!
 //! The token is secret: it is never logged, never part of an error, and serializes redacted.
 
 use std::{fmt, path::PathBuf};
@@ -17,6 +21,7 @@ use std::{fmt, path::PathBuf};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::config::{ConsulConfig, ConsulConfigError};
+use crate::tls::{TlsError, TlsSettings};
 
 /// Consul's default agent address.
 const DEFAULT_ADDRESS: &str = "127.0.0.1:8500";
@@ -180,6 +185,8 @@ pub(crate) struct Access {
     pub(crate) authority: String,
     /// Where tokens come from.
     pub(crate) token: TokenSource,
+    /// TLS settings when the agent speaks https.
+    pub(crate) tls: Option<TlsSettings>,
 }
 
 /// Resolves `config` against the environment `env` (a variable set to "" counts as unset).
@@ -198,14 +205,41 @@ pub(crate) fn resolve(
         None => false,
     };
     let (https, authority) = split_scheme(field, &address)?;
-    if https || ssl {
-        return Err(ConsulConfigError::Https { field, address });
-    }
     check_authority(field, authority)?;
+    let tls = if https || ssl || config.tls.is_some() {
+        Some(tls_settings(config, &var)?)
+    } else {
+        None
+    };
     Ok(Access {
         authority: authority.to_owned(),
         token: token_source(config, &var)?,
+        tls,
     })
+}
+
+/// The cluster's `tls`, else the `CONSUL_*` TLS variables; checked.
+fn tls_settings(
+    config: &ConsulConfig,
+    var: &dyn Fn(&str) -> Option<String>,
+) -> Result<TlsSettings, ConsulConfigError> {
+    let (field, settings) = if let Some(settings) = &config.tls {
+        ("consul.tls", (**settings).clone())
+    } else {
+        let ca_file = var("CONSUL_CACERT").ok_or(ConsulConfigError::NoCa)?;
+        let settings = TlsSettings {
+            ca_file: PathBuf::from(ca_file),
+            cert_file: var("CONSUL_CLIENT_CERT").map(PathBuf::from),
+            key_file: var("CONSUL_CLIENT_KEY").map(PathBuf::from),
+            server_name: var("CONSUL_TLS_SERVER_NAME"),
+        };
+        ("CONSUL_CACERT", settings)
+    };
+    match settings.validate() {
+        Ok(()) => Ok(settings),
+        Err(TlsError::ServerName { name }) => Err(ConsulConfigError::TlsServerName { name }),
+        Err(_) => Err(ConsulConfigError::TlsPair { field }),
+    }
 }
 
 fn token_source(

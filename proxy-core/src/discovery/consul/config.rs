@@ -19,7 +19,7 @@ use std::{path::PathBuf, time::Duration};
 use serde::{Deserialize, Serialize};
 
 use super::access::{self, ConsulToken};
-use crate::discovery::dns::duration;
+use crate::{discovery::dns::duration, tls::TlsSettings};
 
 /// Consul caps a blocking query's `wait` at 10 minutes.
 const MAX_WAIT: Duration = Duration::from_secs(600);
@@ -32,8 +32,8 @@ const MIN_BACKOFF: Duration = Duration::from_millis(1);
 #[serde(deny_unknown_fields)]
 pub struct ConsulConfig {
     /// `host:port` of the Consul agent's HTTP API (usually the local agent), optionally with an
-    /// `http://` prefix. When unset: `CONSUL_HTTP_ADDR`, else `127.0.0.1:8500`, as Consul's
-    /// CLI reads them. `https://` (or `CONSUL_HTTP_SSL=true`) is refused: no TLS to Consul yet.
+    /// `http://` or `https://` prefix. When unset: `CONSUL_HTTP_ADDR`, else `127.0.0.1:8500`,
+    /// as Consul's CLI reads them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
     /// ACL token sent as `X-Consul-Token` (serialized as `<redacted>`). When neither this nor
@@ -60,6 +60,12 @@ pub struct ConsulConfig {
     /// warning only switches it to its `Weights.Warning` weight.
     #[serde(default = "default_only_passing")]
     pub only_passing: bool,
+    /// TLS to the agent (`ca_file`, `cert_file`, `key_file`, `server_name`); setting it means
+    /// https. When unset and https is asked for (`https://`, `CONSUL_HTTP_SSL=true`):
+    /// `CONSUL_CACERT`, `CONSUL_CLIENT_CERT`, `CONSUL_CLIENT_KEY`, `CONSUL_TLS_SERVER_NAME`.
+    /// The files are read again for every connection, so rotated files apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<Box<TlsSettings>>,
     /// Jittered exponential backoff between failed queries; hosts are kept meanwhile.
     #[serde(default = "default_retry_backoff")]
     pub retry_backoff: RetryBackoff,
@@ -108,6 +114,7 @@ impl ConsulConfig {
             address: None,
             token: None,
             token_file: None,
+            tls: None,
             service: service.into(),
             datacenter: None,
             tag: None,
@@ -180,16 +187,23 @@ pub enum ConsulConfigError {
         /// The scheme given.
         scheme: String,
     },
-    /// https was asked for, by the address or `CONSUL_HTTP_SSL`.
+    /// https was asked for without a CA to trust.
     #[error(
-        "{field} {address:?} (or CONSUL_HTTP_SSL) asks for https, which this daemon cannot \
-         speak to Consul yet; use the agent's plain HTTP port on loopback"
+        "https to consul needs a CA: set consul.tls.ca_file or CONSUL_CACERT (the system store \
+         is not used)"
     )]
-    Https {
-        /// `consul.address` or `CONSUL_HTTP_ADDR`.
+    NoCa,
+    /// Only one of the client certificate and key is set.
+    #[error("{field}: the client certificate and key must be set together, or both left out")]
+    TlsPair {
+        /// `consul.tls` or `CONSUL_CACERT` (the environment's TLS variables).
         field: &'static str,
-        /// The address given.
-        address: String,
+    },
+    /// The TLS server name is neither a DNS name nor an IP address.
+    #[error("consul TLS server name {name:?} is neither a DNS name nor an IP address")]
+    TlsServerName {
+        /// The name.
+        name: String,
     },
     /// `CONSUL_HTTP_SSL` is not a boolean.
     #[error("CONSUL_HTTP_SSL={value:?} is not a boolean (true, false, 1, 0)")]

@@ -1,4 +1,5 @@
-//! Consul's HTTP API over hyper's HTTP/1.1 client: one request per connection
+//! Consul's HTTP API over hyper's HTTP/1.1 client, plain or over rustls (the TLS files are read
+//! again for every connection): one request per connection
 //! (`Connection: close`), the whole exchange bounded by one timeout, the body bounded by
 //! [`MAX_RESPONSE`], every error naming the agent's address.
 //!
@@ -15,7 +16,13 @@ use hyper::{
     header::{ACCEPT, CONNECTION, CONTENT_TYPE, HOST, HeaderValue, USER_AGENT},
 };
 use hyper_util::rt::TokioIo;
-use tokio::{net::TcpStream, task::JoinHandle};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::TcpStream,
+    task::JoinHandle,
+};
+
+use crate::tls::{TlsError, TlsSettings};
 
 /// Largest response body accepted: a catalog of tens of thousands of instances fits.
 const MAX_RESPONSE: usize = 64 << 20;
@@ -62,13 +69,26 @@ pub enum HttpError {
         source: io::Error,
     },
     /// The exchange failed: the connection broke, or the answer is not HTTP/1.x.
-    #[error("{address}: {source}")]
+    #[error("{address}: {source}{cause}")]
     Http {
         /// `host:port`.
         address: String,
+        /// The reasons under `source` (a TLS alert, an I/O error), each after `: `.
+        cause: String,
         /// Why.
         #[source]
         source: hyper::Error,
+    },
+    /// TLS failed: the files, or the handshake (wrong CA, refused client certificate, ...).
+    #[error("{address}: {source}: {cause}")]
+    Tls {
+        /// `host:port`.
+        address: String,
+        /// The reason under `source`, spelled out (rustls's words).
+        cause: String,
+        /// Why.
+        #[source]
+        source: TlsError,
     },
     /// No complete response in time.
     #[error("{address}: no complete response within {after:?}")]
@@ -98,8 +118,8 @@ pub enum HttpError {
 }
 
 /// Sends `method target` (e.g. `GET /v1/health/service/web?index=7`) with an optional ACL
-/// token (`X-Consul-Token`) and an optional JSON body to `address` and reads the whole
-/// response, all within `timeout`.
+/// token (`X-Consul-Token`) and an optional JSON body to `address` over plain HTTP and reads
+/// the whole response, all within `timeout`.
 pub async fn request(
     address: &str,
     method: &str,
@@ -108,7 +128,20 @@ pub async fn request(
     body: Option<&[u8]>,
     timeout: Duration,
 ) -> Result<HttpResponse, HttpError> {
-    let exchange = exchange(address, method, target, token, body);
+    request_with(None, address, method, target, token, body, timeout).await
+}
+
+/// [`request`] over https with `tls` when given.
+pub async fn request_with(
+    tls: Option<&TlsSettings>,
+    address: &str,
+    method: &str,
+    target: &str,
+    token: Option<&str>,
+    body: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<HttpResponse, HttpError> {
+    let exchange = exchange(tls, address, method, target, token, body);
     match tokio::time::timeout(timeout, exchange).await {
         Ok(result) => result,
         Err(_) => Err(HttpError::Timeout {
@@ -128,6 +161,7 @@ impl Drop for Driver {
 }
 
 async fn exchange(
+    tls: Option<&TlsSettings>,
     address: &str,
     method: &str,
     target: &str,
@@ -145,13 +179,49 @@ async fn exchange(
             address: address.to_owned(),
             source,
         })?;
-    let http_error = |source| HttpError::Http {
+    let Some(tls) = tls else {
+        return send(address, stream, request).await;
+    };
+    let tls_error = |source: TlsError| HttpError::Tls {
         address: address.to_owned(),
+        cause: causes(&source).trim_start_matches(": ").to_owned(),
+        source,
+    };
+    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+    let client = tls.client_config(host, &[b"http/1.1"]).map_err(tls_error)?;
+    let stream = client.connect(stream).await.map_err(tls_error)?;
+    send(address, stream, request).await
+}
+
+/// The reasons under `error`, each after `: ` ("" when there are none; at most 8).
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut text = String::new();
+    let mut next = error.source();
+    for _ in 0..8 {
+        let Some(cause) = next else { break };
+        let _ = write!(text, ": {cause}");
+        next = cause.source();
+    }
+    text
+}
+
+/// Sends `request` over `io` and reads the response.
+async fn send<IO>(
+    address: &str,
+    io: IO,
+    request: Request<Full<Bytes>>,
+) -> Result<HttpResponse, HttpError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let http_error = |source: hyper::Error| HttpError::Http {
+        address: address.to_owned(),
+        cause: causes(&source),
         source,
     };
     let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
         .title_case_headers(true)
-        .handshake(TokioIo::new(stream))
+        .handshake(TokioIo::new(io))
         .await
         .map_err(http_error)?;
     let _driver = Driver(tokio::spawn(async move {
@@ -220,6 +290,7 @@ async fn read(
         .map_err(|error| match error.downcast::<hyper::Error>() {
             Ok(source) => HttpError::Http {
                 address: address.to_owned(),
+                cause: causes(&*source),
                 source: *source,
             },
             Err(_) => malformed("response larger than 64 MiB"),

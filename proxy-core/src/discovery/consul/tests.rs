@@ -8,6 +8,7 @@ mod config;
 mod failure;
 mod index;
 mod mapping;
+mod tls;
 mod wire;
 
 use std::{

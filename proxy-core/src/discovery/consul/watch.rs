@@ -31,7 +31,10 @@ use super::{
     http::{self, HttpError, HttpResponse},
     stats::ConsulStats,
 };
-use crate::discovery::{HostSet, dns::FailureBackoff, source::SourceUpdate};
+use crate::{
+    discovery::{HostSet, dns::FailureBackoff, source::SourceUpdate},
+    tls::TlsSettings,
+};
 
 /// Time allowed beyond `wait + wait/16` (Consul adds up to wait/16 of jitter) for a blocking
 /// query's response to arrive.
@@ -54,9 +57,10 @@ pub(crate) trait CatalogFetch: Send + Sync {
     ) -> BoxFuture<'a, Result<HttpResponse, HttpError>>;
 }
 
-/// [`CatalogFetch`] over [`http::request`].
+/// [`CatalogFetch`] over [`http::request_with`].
 pub(crate) struct HttpFetch {
     pub(crate) address: String,
+    pub(crate) tls: Option<TlsSettings>,
 }
 
 impl CatalogFetch for HttpFetch {
@@ -67,7 +71,8 @@ impl CatalogFetch for HttpFetch {
         timeout: Duration,
     ) -> BoxFuture<'a, Result<HttpResponse, HttpError>> {
         let token = token.map(ConsulToken::expose);
-        Box::pin(http::request(
+        Box::pin(http::request_with(
+            self.tls.as_ref(),
             &self.address,
             "GET",
             target,

@@ -76,6 +76,29 @@ fn the_token_file_variable_wins_and_falls_back_to_the_token_variable_when_empty(
 }
 
 #[test]
+fn https_takes_the_tls_variables_and_http_never_turns_it_off() {
+    let env = [
+        ("CONSUL_HTTP_ADDR", "http://127.0.0.1:8501"),
+        ("CONSUL_HTTP_SSL", "true"),
+        ("CONSUL_CACERT", "/etc/consul/ca.pem"),
+        ("CONSUL_CLIENT_CERT", "/etc/consul/client.pem"),
+        ("CONSUL_CLIENT_KEY", "/etc/consul/client-key.pem"),
+        ("CONSUL_TLS_SERVER_NAME", "server.dc1.consul"),
+    ];
+    let access = resolve_in(&ConsulConfig::new("web"), &env).expect("https");
+    let tls = access.tls.expect("tls");
+    assert_eq!(access.authority, "127.0.0.1:8501");
+    assert_eq!(tls.ca_file, PathBuf::from("/etc/consul/ca.pem"));
+    assert_eq!(
+        tls.key_file,
+        Some(PathBuf::from("/etc/consul/client-key.pem"))
+    );
+    assert_eq!(tls.server_name.as_deref(), Some("server.dc1.consul"));
+    let plain = resolve_in(&ConsulConfig::new("web"), &env[..1]).expect("http");
+    assert_eq!(plain.tls, None);
+}
+
+#[test]
 fn schemes_and_bad_variables_are_refused_with_the_source_named() {
     let config = ConsulConfig::new("web");
     let err = |vars: &[(&str, &str)]| resolve_in(&config, vars).expect_err("refused");
@@ -87,9 +110,15 @@ fn schemes_and_bad_variables_are_refused_with_the_source_named() {
         }
     ));
     let https = err(&[("CONSUL_HTTP_ADDR", "https://127.0.0.1:8501")]);
-    assert!(matches!(https, ConsulConfigError::Https { .. }), "{https}");
+    assert!(matches!(https, ConsulConfigError::NoCa), "{https}");
     let ssl = err(&[("CONSUL_HTTP_SSL", "true")]);
-    assert!(matches!(ssl, ConsulConfigError::Https { .. }), "{ssl}");
+    assert!(matches!(ssl, ConsulConfigError::NoCa), "{ssl}");
+    let half = err(&[
+        ("CONSUL_HTTP_SSL", "1"),
+        ("CONSUL_CACERT", "/ca.pem"),
+        ("CONSUL_CLIENT_CERT", "/c.pem"),
+    ]);
+    assert!(matches!(half, ConsulConfigError::TlsPair { .. }), "{half}");
     let ssl = err(&[("CONSUL_HTTP_SSL", "yes")]);
     assert!(matches!(ssl, ConsulConfigError::SslEnv { .. }), "{ssl}");
     assert!(matches!(

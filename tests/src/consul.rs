@@ -44,6 +44,10 @@ pub struct Consul {
     ports: Vec<u16>,
     /// The ACL master token, when ACLs are on.
     master: Option<String>,
+    /// Extra `-hcl` arguments (ACLs, TLS), kept for a restart.
+    hcl: Vec<String>,
+    /// The HTTPS API address, when TLS is on.
+    https: Option<SocketAddr>,
     child: Option<Child>,
 }
 
@@ -82,32 +86,70 @@ impl Consul {
     /// catalog.
     pub async fn start(datacenter: &str) -> Self {
         crate::start_retrying_async("consul", 4, async || {
-            Self::try_start(datacenter, None).await
+            Self::try_start(datacenter, None, None).await
         })
         .await
+    }
+
+    /// Like [`Consul::start`], with an HTTPS API as well (its address: [`Consul::https_addr`])
+    /// presenting `files.cert`, requiring a client certificate signed by `files.ca`
+    /// (`verify_incoming_https`). The plain HTTP API stays for the fixture's own calls.
+    pub async fn start_with_https(datacenter: &str, files: &HttpsFiles) -> Self {
+        crate::start_retrying_async("consul", 4, async || {
+            Self::try_start(datacenter, None, Some(files)).await
+        })
+        .await
+    }
+
+    /// The HTTPS API address (after [`Consul::start_with_https`]).
+    pub fn https_addr(&self) -> SocketAddr {
+        self.https.expect("started with https")
     }
 
     /// Like [`Consul::start`], with ACLs enabled, denying by default, and `master` as the
     /// master token (used by the fixture's own calls).
     pub async fn start_with_acls(datacenter: &str, master: &str) -> Self {
         crate::start_retrying_async("consul", 4, async || {
-            Self::try_start(datacenter, Some(master)).await
+            Self::try_start(datacenter, Some(master), None).await
         })
         .await
     }
 
     /// One start; `Err` with the reason and the agent's log when it exited or elected no leader
     /// in time (the agent is killed and its directory removed on the way out).
-    async fn try_start(datacenter: &str, master: Option<&str>) -> Result<Self, String> {
+    async fn try_start(
+        datacenter: &str,
+        master: Option<&str>,
+        https: Option<&HttpsFiles>,
+    ) -> Result<Self, String> {
         let dir = temp_dir();
-        let ports = free_ports(6);
-        let child = spawn_agent(&dir, datacenter, &ports, master);
+        let ports = free_ports(7);
+        let mut hcl = Vec::new();
+        if let Some(m) = master {
+            hcl.push(format!(
+                "acl {{ enabled = true default_policy = \"deny\" tokens {{ master = \"{m}\" }} }}"
+            ));
+        }
+        if let Some(files) = https {
+            hcl.push(format!(
+                "ca_file = \"{}\" cert_file = \"{}\" key_file = \"{}\" \
+                 verify_incoming_https = true ports {{ https = {} }}",
+                files.ca.display(),
+                files.cert.display(),
+                files.key.display(),
+                ports[6]
+            ));
+        }
+        let child = spawn_agent(&dir, datacenter, &ports, &hcl);
+        let https = https.map(|_| SocketAddr::from(([127, 0, 0, 1], ports[6])));
         let mut consul = Self {
             dir,
             http: SocketAddr::from(([127, 0, 0, 1], ports[0])),
             datacenter: datacenter.to_owned(),
             ports,
             master: master.map(str::to_owned),
+            hcl,
+            https,
             child: Some(child),
         };
         consul.wait_until_leader().await?;
@@ -125,7 +167,7 @@ impl Consul {
                 &self.dir,
                 &self.datacenter,
                 &self.ports,
-                self.master.as_deref(),
+                &self.hcl,
             ));
             match self.wait_until_leader().await {
                 Ok(()) => return,
@@ -345,13 +387,20 @@ fn temp_dir() -> PathBuf {
     dir
 }
 
+/// PEM files of an HTTPS agent: the CA its clients' certificates must chain to, and its own
+/// certificate and key.
+pub struct HttpsFiles {
+    /// CA certificate.
+    pub ca: PathBuf,
+    /// The agent's certificate.
+    pub cert: PathBuf,
+    /// The agent's key.
+    pub key: PathBuf,
+}
+
 /// Starts a dev agent of `datacenter` with its data and log (appended) in `dir`, on `ports`
-/// (HTTP, DNS, gRPC, serf LAN, serf WAN, server); with ACLs denying by default when `master`
-/// is given.
-fn spawn_agent(dir: &Path, datacenter: &str, ports: &[u16], master: Option<&str>) -> Child {
-    let acl = master.map(|m| {
-        format!("acl {{ enabled = true default_policy = \"deny\" tokens {{ master = \"{m}\" }} }}")
-    });
+/// (HTTP, DNS, gRPC, serf LAN, serf WAN, server, then one spare), with `hcl` added.
+fn spawn_agent(dir: &Path, datacenter: &str, ports: &[u16], hcl: &[String]) -> Child {
     let binary = consul_binary();
     let log_path = dir.join("consul.log");
     let log = std::fs::OpenOptions::new()
@@ -378,7 +427,7 @@ fn spawn_agent(dir: &Path, datacenter: &str, ports: &[u16], master: Option<&str>
             "warn",
         ])
         .args(["-hcl", "disable_update_check = true"])
-        .args(acl.iter().flat_map(|hcl| ["-hcl", hcl.as_str()]))
+        .args(hcl.iter().flat_map(|hcl| ["-hcl", hcl.as_str()]))
         .arg("-data-dir")
         .arg(dir.join("data"))
         .args(["-http-port", &ports[0].to_string()])

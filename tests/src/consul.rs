@@ -11,6 +11,9 @@
 //! bounded number of times. The binary is `PROXY_TEST_CONSUL`, else `target/tools/consul`
 //! (where `cargo xtask setup` installs it), else `consul` on PATH; none of them is a test
 //! failure, never a skip.
+//!
+//! [`Consul::start_with_acls`] starts the agent with ACLs enabled, `default_policy = "deny"`
+//! and a master token; the fixture's own calls send that token.
 
 use std::{
     net::{SocketAddr, TcpListener, UdpSocket},
@@ -39,6 +42,12 @@ pub struct Consul {
     datacenter: String,
     /// HTTP, DNS, gRPC, serf LAN, serf WAN and server ports, kept for a restart.
     ports: Vec<u16>,
+    /// The ACL master token, when ACLs are on.
+    master: Option<String>,
+    /// Extra `-hcl` arguments (ACLs, TLS), kept for a restart.
+    hcl: Vec<String>,
+    /// The HTTPS API address, when TLS is on.
+    https: Option<SocketAddr>,
     child: Option<Child>,
 }
 
@@ -76,20 +85,71 @@ impl Consul {
     /// Starts a dev agent whose datacenter is `datacenter` and waits until it serves the
     /// catalog.
     pub async fn start(datacenter: &str) -> Self {
-        crate::start_retrying_async("consul", 4, async || Self::try_start(datacenter).await).await
+        crate::start_retrying_async("consul", 4, async || {
+            Self::try_start(datacenter, None, None).await
+        })
+        .await
+    }
+
+    /// Like [`Consul::start`], with an HTTPS API as well (its address: [`Consul::https_addr`])
+    /// presenting `files.cert`, requiring a client certificate signed by `files.ca`
+    /// (`verify_incoming_https`). The plain HTTP API stays for the fixture's own calls.
+    pub async fn start_with_https(datacenter: &str, files: &HttpsFiles) -> Self {
+        crate::start_retrying_async("consul", 4, async || {
+            Self::try_start(datacenter, None, Some(files)).await
+        })
+        .await
+    }
+
+    /// The HTTPS API address (after [`Consul::start_with_https`]).
+    pub fn https_addr(&self) -> SocketAddr {
+        self.https.expect("started with https")
+    }
+
+    /// Like [`Consul::start`], with ACLs enabled, denying by default, and `master` as the
+    /// master token (used by the fixture's own calls).
+    pub async fn start_with_acls(datacenter: &str, master: &str) -> Self {
+        crate::start_retrying_async("consul", 4, async || {
+            Self::try_start(datacenter, Some(master), None).await
+        })
+        .await
     }
 
     /// One start; `Err` with the reason and the agent's log when it exited or elected no leader
     /// in time (the agent is killed and its directory removed on the way out).
-    async fn try_start(datacenter: &str) -> Result<Self, String> {
+    async fn try_start(
+        datacenter: &str,
+        master: Option<&str>,
+        https: Option<&HttpsFiles>,
+    ) -> Result<Self, String> {
         let dir = temp_dir();
-        let ports = free_ports(6);
-        let child = spawn_agent(&dir, datacenter, &ports);
+        let ports = free_ports(7);
+        let mut hcl = Vec::new();
+        if let Some(m) = master {
+            hcl.push(format!(
+                "acl {{ enabled = true default_policy = \"deny\" tokens {{ master = \"{m}\" }} }}"
+            ));
+        }
+        if let Some(files) = https {
+            hcl.push(format!(
+                "ca_file = \"{}\" cert_file = \"{}\" key_file = \"{}\" \
+                 verify_incoming_https = true ports {{ https = {} }}",
+                files.ca.display(),
+                files.cert.display(),
+                files.key.display(),
+                ports[6]
+            ));
+        }
+        let child = spawn_agent(&dir, datacenter, &ports, &hcl);
+        let https = https.map(|_| SocketAddr::from(([127, 0, 0, 1], ports[6])));
         let mut consul = Self {
             dir,
             http: SocketAddr::from(([127, 0, 0, 1], ports[0])),
             datacenter: datacenter.to_owned(),
             ports,
+            master: master.map(str::to_owned),
+            hcl,
+            https,
             child: Some(child),
         };
         consul.wait_until_leader().await?;
@@ -103,7 +163,12 @@ impl Consul {
         assert!(self.child.is_none(), "restart follows kill");
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            self.child = Some(spawn_agent(&self.dir, &self.datacenter, &self.ports));
+            self.child = Some(spawn_agent(
+                &self.dir,
+                &self.datacenter,
+                &self.ports,
+                &self.hcl,
+            ));
             match self.wait_until_leader().await {
                 Ok(()) => return,
                 // A port still held by the killed agent's sockets: try again shortly.
@@ -182,7 +247,8 @@ impl Consul {
 
     async fn call(&self, method: &str, path: &str, body: Option<&[u8]>) -> (u16, String) {
         let address = self.http.to_string();
-        let response = http::request(&address, method, path, body, CALL_TIMEOUT)
+        let token = self.master.as_deref();
+        let response = http::request(&address, method, path, token, body, CALL_TIMEOUT)
             .await
             .unwrap_or_else(|e| panic!("{method} {path} on consul {address}: {e}"));
         let text = String::from_utf8_lossy(&response.body).into_owned();
@@ -206,7 +272,8 @@ impl Consul {
     async fn put(&self, path: &str, body: Option<Value>) {
         let body = body.map(|b| b.to_string().into_bytes());
         let address = self.http.to_string();
-        let response = http::request(&address, "PUT", path, body.as_deref(), CALL_TIMEOUT)
+        let token = self.master.as_deref();
+        let response = http::request(&address, "PUT", path, token, body.as_deref(), CALL_TIMEOUT)
             .await
             .unwrap_or_else(|e| panic!("PUT {path} on consul {address}: {e}"));
         assert_eq!(
@@ -218,18 +285,33 @@ impl Consul {
         );
     }
 
-    /// Polls `/v1/status/leader` until the agent names one; `Err` with the log if the agent
-    /// exits first (a port taken, say) or no leader comes within [`START_TIMEOUT`].
+    /// Whether the agent names a leader and, with ACLs, knows the master token.
+    async fn serving(&self) -> bool {
+        let address = self.http.to_string();
+        let get = |path| http::request(&address, "GET", path, None, None, CALL_TIMEOUT);
+        let leader = get("/v1/status/leader")
+            .await
+            .ok()
+            .filter(|r| r.status == 200)
+            .and_then(|r| serde_json::from_slice::<String>(&r.body).ok());
+        if leader.is_none_or(|l| l.is_empty()) {
+            return false;
+        }
+        let Some(master) = self.master.as_deref() else {
+            return true;
+        };
+        let path = "/v1/acl/token/self";
+        let known = http::request(&address, "GET", path, Some(master), None, CALL_TIMEOUT).await;
+        known.is_ok_and(|r| r.status == 200)
+    }
+
+    /// Polls until the agent serves (see [`Consul::serving`]); `Err` with the log if the agent
+    /// exits first (a port taken, say) or it does not serve within [`START_TIMEOUT`].
     async fn wait_until_leader(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + START_TIMEOUT;
         let address = self.http.to_string();
         loop {
-            let leader = http::request(&address, "GET", "/v1/status/leader", None, CALL_TIMEOUT)
-                .await
-                .ok()
-                .filter(|r| r.status == 200)
-                .and_then(|r| serde_json::from_slice::<String>(&r.body).ok());
-            if leader.is_some_and(|l| !l.is_empty()) {
+            if self.serving().await {
                 return Ok(());
             }
             let exited = self
@@ -305,9 +387,20 @@ fn temp_dir() -> PathBuf {
     dir
 }
 
+/// PEM files of an HTTPS agent: the CA its clients' certificates must chain to, and its own
+/// certificate and key.
+pub struct HttpsFiles {
+    /// CA certificate.
+    pub ca: PathBuf,
+    /// The agent's certificate.
+    pub cert: PathBuf,
+    /// The agent's key.
+    pub key: PathBuf,
+}
+
 /// Starts a dev agent of `datacenter` with its data and log (appended) in `dir`, on `ports`
-/// (HTTP, DNS, gRPC, serf LAN, serf WAN, server).
-fn spawn_agent(dir: &Path, datacenter: &str, ports: &[u16]) -> Child {
+/// (HTTP, DNS, gRPC, serf LAN, serf WAN, server, then one spare), with `hcl` added.
+fn spawn_agent(dir: &Path, datacenter: &str, ports: &[u16], hcl: &[String]) -> Child {
     let binary = consul_binary();
     let log_path = dir.join("consul.log");
     let log = std::fs::OpenOptions::new()
@@ -334,6 +427,7 @@ fn spawn_agent(dir: &Path, datacenter: &str, ports: &[u16]) -> Child {
             "warn",
         ])
         .args(["-hcl", "disable_update_check = true"])
+        .args(hcl.iter().flat_map(|hcl| ["-hcl", hcl.as_str()]))
         .arg("-data-dir")
         .arg(dir.join("data"))
         .args(["-http-port", &ports[0].to_string()])

@@ -41,7 +41,7 @@ fn expect(hosts: &[(&str, EdsHealth, u32)]) -> View {
 
 fn config(consul: &Consul, service: &str) -> ConsulConfig {
     let mut config = ConsulConfig::new(service);
-    config.address = consul.http_addr().to_string();
+    config.address = Some(consul.http_addr().to_string());
     config.datacenter = Some(consul.datacenter().to_owned());
     config.wait = Duration::from_secs(5);
     config.retry_backoff.base_interval = Duration::from_millis(100);

@@ -1,12 +1,12 @@
 //! The Consul catalog backend through the daemon and the kernel (root): a real Consul 1.8.7
 //! agent; registrations and check states changed live move connects from a fresh cgroup and
-//! namespace.
+//! namespace; and ACL tokens against an agent whose ACLs deny by default.
 
 use std::{net::SocketAddr, time::Duration};
 
 use integration_tests::{
     consul::{Consul, service},
-    kernel::{BannerServers, Daemon, Netns, TestCgroup, require_root, unique},
+    kernel::{BannerServers, Daemon, Netns, TempDir, TestCgroup, require_root, unique},
 };
 
 /// Bound of every wait for connects to follow a change.
@@ -46,4 +46,85 @@ async fn catalog_changes_move_connects() {
     tokio::task::block_in_place(|| wait(&netns, &cgroup, &[a, b]));
     consul.deregister("web-2").await;
     tokio::task::block_in_place(|| wait(&netns, &cgroup, &[a]));
+}
+
+/// Polls `/stats` until `cluster.web.consul.acl_denied` exceeds `above` (bounded by [`WITHIN`]).
+fn wait_denied(daemon: &Daemon, above: u64) {
+    let deadline = std::time::Instant::now() + WITHIN;
+    while daemon.stat("cluster.web.consul.acl_denied") <= above {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no ACL denial counted within {WITHIN:?}:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A Consul with default-deny ACLs: the right token (from a token file) gives the hosts; a
+/// wrong token and no token keep the last hosts, are counted and logged with the reason; the
+/// fixed token recovers without a restart. No token shows in the log, `/config_dump` or
+/// `/stats`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_tokens_never_drain_and_never_show() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let (a, b) = ("127.0.0.53:8080", "127.0.0.54:8080");
+    let _servers = BannerServers::start(
+        &netns,
+        &[
+            (a.parse().unwrap(), a, false),
+            (b.parse().unwrap(), b, false),
+        ],
+    );
+    let master = format!("master-{}", unique("tok"));
+    let wrong = format!("wrong-{}", unique("tok"));
+    let consul = Consul::start_with_acls("dc1", &master).await;
+    consul
+        .register(service("web-1", "web", "127.0.0.53", 8080))
+        .await;
+    consul
+        .register(service("web-2", "web", "127.0.0.54", 8080))
+        .await;
+    let dir = TempDir::new();
+    let token_file = dir.0.join("consul.token");
+    std::fs::write(&token_file, format!("{master}\n")).expect("write token");
+    let config = format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n  - name: web\n    cluster_type:\n      name: proxy.clusters.consul\n      typed_config: {{ address: \"http://{addr}\", service: web, wait: 1s, token_file: \"{}\", retry_backoff: {{ base_interval: 0.1s, max_interval: 0.5s }} }}\n  - name: api\n    cluster_type:\n      name: proxy.clusters.consul\n      typed_config: {{ address: \"{addr}\", service: api, token: \"{master}\" }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web }}\n",
+        unique("t"),
+        cgroup.path().display(),
+        token_file.display(),
+        addr = consul.http_addr(),
+    );
+    let daemon = tokio::task::block_in_place(|| Daemon::start(&config));
+    tokio::task::block_in_place(|| wait(&netns, &cgroup, &[a, b]));
+
+    std::fs::write(&token_file, &wrong).expect("rotate to a wrong token");
+    tokio::task::block_in_place(|| wait_denied(&daemon, 0));
+    consul.deregister("web-2").await;
+    std::fs::write(&token_file, "").expect("no token");
+    let denied = tokio::task::block_in_place(|| daemon.stat("cluster.web.consul.acl_denied"));
+    tokio::task::block_in_place(|| wait_denied(&daemon, denied));
+    tokio::task::block_in_place(|| wait(&netns, &cgroup, &[a, b]));
+    let log = daemon.log_text();
+    for why in [
+        "consul does not know the ACL token from consul.token_file",
+        "no consul ACL token is set",
+    ] {
+        assert_eq!(log.matches(why).count(), 1, "{why:?} logged once:\n{log}");
+    }
+
+    std::fs::write(&token_file, &master).expect("fix the token");
+    tokio::task::block_in_place(|| wait(&netns, &cgroup, &[a]));
+    let (_, dump) = tokio::task::block_in_place(|| daemon.get("/config_dump")).expect("dump");
+    let (_, stats) = tokio::task::block_in_place(|| daemon.get("/stats")).expect("stats");
+    let log = daemon.log_text();
+    assert!(log.contains("accept the token again"), "{log}");
+    for (what, text) in [("log", &log), ("/config_dump", &dump), ("/stats", &stats)] {
+        assert!(
+            !text.contains(&master) && !text.contains(&wrong),
+            "a token shows in the {what}:\n{text}"
+        );
+    }
+    assert!(dump.contains("<redacted>"), "{dump}");
 }

@@ -150,8 +150,11 @@ pub struct OriginalDstLbConfig {
 pub struct CustomClusterType {
     /// `proxy.clusters.consul` or `proxy.clusters.dns_srv`.
     pub name: String,
-    /// The backend's settings.
-    #[serde(default)]
+    /// The backend's settings (a Consul `token` in them serializes redacted).
+    #[serde(
+        default,
+        serialize_with = "crate::discovery::consul::access::serialize_redacted"
+    )]
     pub typed_config: serde_json::Value,
     /// `typed_config` as its type, filled when the file is validated: what the source starts
     /// from, so nothing parses it twice.

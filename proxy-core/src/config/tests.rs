@@ -551,8 +551,8 @@ fn custom_cluster_settings_are_typed_once_by_validation() {
     match typed(0) {
         Some(CustomConfig::Consul(consul)) => {
             assert_eq!(
-                (consul.address.as_str(), consul.service.as_str()),
-                ("127.0.0.1:8500", "web")
+                (consul.address.as_deref(), consul.service.as_str()),
+                (Some("127.0.0.1:8500"), "web")
             );
         }
         other => panic!("expected Consul settings, got {other:?}"),

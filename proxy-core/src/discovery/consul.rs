@@ -33,9 +33,16 @@
 //! * a failure (connection, timeout, non-200, bad body) keeps the hosts and retries after a
 //!   jittered exponential backoff (`retry_backoff`), reset by the next success;
 //! * the blocking-query index rules are Consul's documented ones (see [`next_index`]);
+//! * the agent's address and ACL token come from the config, else the `CONSUL_HTTP_*`
+//!   variables, as Consul's CLI reads them (see [`access`]); the token is sent as
+//!   `X-Consul-Token` and never shown;
+//! * an empty answer is checked against Consul's ACLs before it applies, so a missing or wrong
+//!   token keeps the hosts and counts `consul.acl_denied` (see [`acl`]);
 //! * initialized after the first query finished, success or failure (a Consul agent that is
 //!   down at start gives an initialized, empty cluster, as a failed first DNS resolution does).
 
+pub mod access;
+pub mod acl;
 pub mod catalog;
 mod config;
 pub mod http;
@@ -48,8 +55,13 @@ use std::sync::Arc;
 
 use tokio::{sync::watch as channel, task::AbortHandle};
 
-use self::watch::{CatalogFetch, HttpFetch, Watch};
+use self::{
+    access::Access,
+    watch::{CatalogFetch, HttpFetch, Watch},
+};
 pub use self::{
+    access::{ConsulToken, TokenError, TokenOrigin},
+    acl::AclDenial,
     config::{ConsulConfig, ConsulConfigError, RetryBackoff},
     stats::{ConsulStatValues, ConsulStats},
     watch::{QueryError, next_index, query_target},
@@ -109,34 +121,40 @@ impl Drop for ConsulCluster {
     }
 }
 
-/// Validates `config` and starts watching the catalog for cluster `name`. Must be called within
-/// a tokio runtime.
+/// Validates `config`, resolves it against this process's `CONSUL_HTTP_*` variables, and
+/// starts watching the catalog for cluster `name`. Must be called within a tokio runtime.
 pub fn spawn_consul(
     name: impl Into<String>,
     config: ConsulConfig,
 ) -> Result<ConsulCluster, ConsulConfigError> {
+    config.validate_fields()?;
+    let access = access::resolve(&config, &|name| std::env::var(name).ok())?;
     let fetch = Arc::new(HttpFetch {
-        address: config.address.clone(),
+        address: access.authority.clone(),
+        tls: access.tls.clone(),
     });
-    spawn_with(name.into(), config, fetch, fastrand::Rng::new())
+    spawn_with(name.into(), config, access, fetch, fastrand::Rng::new())
 }
 
 fn spawn_with(
     name: String,
     config: ConsulConfig,
+    access: Access,
     fetch: Arc<dyn CatalogFetch>,
     rng: fastrand::Rng,
 ) -> Result<ConsulCluster, ConsulConfigError> {
-    config.validate()?;
+    config.validate_fields()?;
     let (tx, updates) = channel::channel(SourceUpdate::default());
     let stats = Arc::new(ConsulStats::default());
     let watch = Watch {
         name: name.clone(),
         config: config.clone(),
         fetch,
+        token: access.token,
         updates: tx,
         stats: stats.clone(),
         rng,
+        denied: None,
     };
     let task = tokio::spawn(watch.run()).abort_handle();
     Ok(ConsulCluster {

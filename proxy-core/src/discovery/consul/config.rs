@@ -4,7 +4,8 @@
 //! configuration. Only `service` is required:
 //!
 //! ```yaml
-//! address: 127.0.0.1:8500   # the local agent's HTTP API
+//! address: 127.0.0.1:8500   # the agent's HTTP API; else CONSUL_HTTP_ADDR, else this
+//! token_file: /etc/consul.d/proxy.token  # or `token:`; else CONSUL_HTTP_TOKEN(_FILE)
 //! service: web
 //! datacenter: dc2           # optional: the agent's own datacenter when unset
 //! tag: v2                   # optional: only instances with this tag
@@ -13,11 +14,12 @@
 //! retry_backoff: { base_interval: 1s, max_interval: 30s }
 //! ```
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
-use crate::discovery::dns::duration;
+use super::access::{self, ConsulToken};
+use crate::{discovery::dns::duration, tls::TlsSettings};
 
 /// Consul caps a blocking query's `wait` at 10 minutes.
 const MAX_WAIT: Duration = Duration::from_secs(600);
@@ -29,9 +31,19 @@ const MIN_BACKOFF: Duration = Duration::from_millis(1);
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConsulConfig {
-    /// `host:port` of the Consul agent's HTTP API (plain HTTP; usually the local agent).
-    #[serde(default = "default_address")]
-    pub address: String,
+    /// `host:port` of the Consul agent's HTTP API (usually the local agent), optionally with an
+    /// `http://` or `https://` prefix. When unset: `CONSUL_HTTP_ADDR`, else `127.0.0.1:8500`,
+    /// as Consul's CLI reads them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// ACL token sent as `X-Consul-Token` (serialized as `<redacted>`). When neither this nor
+    /// `token_file` is set: `CONSUL_HTTP_TOKEN_FILE`, else `CONSUL_HTTP_TOKEN`, else none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<ConsulToken>,
+    /// File holding the ACL token (surrounding whitespace trimmed), read before every query so
+    /// a rotated token applies without a restart. Not together with `token`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
     /// Service name as registered in the catalog (`/v1/health/service/<service>`).
     pub service: String,
     /// Datacenter to query (`dc=`); the agent's own datacenter when unset.
@@ -48,6 +60,12 @@ pub struct ConsulConfig {
     /// warning only switches it to its `Weights.Warning` weight.
     #[serde(default = "default_only_passing")]
     pub only_passing: bool,
+    /// TLS to the agent (`ca_file`, `cert_file`, `key_file`, `server_name`); setting it means
+    /// https. When unset and https is asked for (`https://`, `CONSUL_HTTP_SSL=true`):
+    /// `CONSUL_CACERT`, `CONSUL_CLIENT_CERT`, `CONSUL_CLIENT_KEY`, `CONSUL_TLS_SERVER_NAME`.
+    /// The files are read again for every connection, so rotated files apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<Box<TlsSettings>>,
     /// Jittered exponential backoff between failed queries; hosts are kept meanwhile.
     #[serde(default = "default_retry_backoff")]
     pub retry_backoff: RetryBackoff,
@@ -64,10 +82,6 @@ pub struct RetryBackoff {
     /// Cap of the bound; >= `base_interval`.
     #[serde(default = "default_max_interval", with = "duration")]
     pub max_interval: Duration,
-}
-
-fn default_address() -> String {
-    "127.0.0.1:8500".to_owned()
 }
 
 fn default_wait() -> Duration {
@@ -97,7 +111,10 @@ impl ConsulConfig {
     /// The defaults for `service`.
     pub fn new(service: impl Into<String>) -> Self {
         Self {
-            address: default_address(),
+            address: None,
+            token: None,
+            token_file: None,
+            tls: None,
             service: service.into(),
             datacenter: None,
             tag: None,
@@ -107,15 +124,22 @@ impl ConsulConfig {
         }
     }
 
-    /// Checks what serde cannot: non-empty names, a port in `address`, bounded durations.
+    /// Checks what serde cannot: non-empty names, a port in the address, one token source,
+    /// bounded durations; and the `CONSUL_HTTP_*` variables this process would use.
     pub fn validate(&self) -> Result<(), ConsulConfigError> {
-        let port = self
-            .address
-            .rsplit_once(':')
-            .map(|(host, port)| (host, port.parse::<u16>()));
-        if !matches!(port, Some((host, Ok(p))) if !host.is_empty() && p != 0) {
-            return Err(ConsulConfigError::Address {
-                address: self.address.clone(),
+        self.validate_fields()?;
+        access::resolve(self, &|name| std::env::var(name).ok()).map(drop)
+    }
+
+    /// [`Self::validate`] without the environment.
+    pub(crate) fn validate_fields(&self) -> Result<(), ConsulConfigError> {
+        if self
+            .token_file
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            return Err(ConsulConfigError::Empty {
+                field: "token_file",
             });
         }
         for (field, value) in [
@@ -147,12 +171,55 @@ impl ConsulConfig {
 /// Why a [`ConsulConfig`] was rejected.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ConsulConfigError {
-    /// `address` is not `host:port`.
-    #[error("consul.address {address:?} is not host:port (for example 127.0.0.1:8500)")]
+    /// The address is not `host:port`.
+    #[error("{field} {address:?} is not host:port (for example 127.0.0.1:8500)")]
     Address {
-        /// The configured value.
+        /// `consul.address` or `CONSUL_HTTP_ADDR`.
+        field: &'static str,
+        /// The address after its scheme.
         address: String,
     },
+    /// The address has a scheme other than `http://` (Consul's `unix://` included).
+    #[error("{field} has scheme {scheme:?}; only http:// is supported")]
+    Scheme {
+        /// `consul.address` or `CONSUL_HTTP_ADDR`.
+        field: &'static str,
+        /// The scheme given.
+        scheme: String,
+    },
+    /// https was asked for without a CA to trust.
+    #[error(
+        "https to consul needs a CA: set consul.tls.ca_file or CONSUL_CACERT (the system store \
+         is not used)"
+    )]
+    NoCa,
+    /// Only one of the client certificate and key is set.
+    #[error("{field}: the client certificate and key must be set together, or both left out")]
+    TlsPair {
+        /// `consul.tls` or `CONSUL_CACERT` (the environment's TLS variables).
+        field: &'static str,
+    },
+    /// The TLS server name is neither a DNS name nor an IP address.
+    #[error("consul TLS server name {name:?} is neither a DNS name nor an IP address")]
+    TlsServerName {
+        /// The name.
+        name: String,
+    },
+    /// `CONSUL_HTTP_SSL` is not a boolean.
+    #[error("CONSUL_HTTP_SSL={value:?} is not a boolean (true, false, 1, 0)")]
+    SslEnv {
+        /// The value.
+        value: String,
+    },
+    /// Both `token` and `token_file` are set.
+    #[error("consul.token and consul.token_file are both set; keep one")]
+    TokenAndFile,
+    /// `CONSUL_HTTP_TOKEN` cannot be sent as a header.
+    #[error(
+        "CONSUL_HTTP_TOKEN is not visible ASCII without spaces (its value is not shown); is it \
+         set to the token itself?"
+    )]
+    TokenEnv,
     /// A name is empty.
     #[error("consul.{field} must not be empty (leave it out instead)")]
     Empty {

@@ -1,19 +1,30 @@
-//! A minimal HTTP/1.1 client for Consul's API over tokio: one request per connection
-//! (`Connection: close`), the whole exchange bounded by one timeout, bodies with
-//! `Content-Length`, chunked transfer coding, or read to the end of the connection.
+//! Consul's HTTP API over hyper's HTTP/1.1 client, plain or over rustls (the TLS files are read
+//! again for every connection): one request per connection
+//! (`Connection: close`), the whole exchange bounded by one timeout, the body bounded by
+//! [`MAX_RESPONSE`], every error naming the agent's address.
 //!
-//! Consul's HTTP API is plain request/response JSON on a local agent, and blocking queries hold
-//! a request open for up to `wait`, so connection reuse would save little; this keeps the
-//! dependency set to tokio.
+//! Blocking queries hold a request open for up to `wait`, so connection reuse would save little;
+//! a fresh connection per request also means a restarted agent is never asked on a dead one.
 
 use std::{fmt::Write as _, io, time::Duration};
 
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full, Limited};
+use hyper::{
+    Request,
+    body::{Body as _, Incoming},
+    header::{ACCEPT, CONNECTION, CONTENT_TYPE, HOST, HeaderValue, USER_AGENT},
+};
+use hyper_util::rt::TokioIo;
 use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    io::{AsyncRead, AsyncWrite},
     net::TcpStream,
+    task::JoinHandle,
 };
 
-/// Largest response accepted: a catalog of tens of thousands of instances fits.
+use crate::tls::{TlsError, TlsSettings};
+
+/// Largest response body accepted: a catalog of tens of thousands of instances fits.
 const MAX_RESPONSE: usize = 64 << 20;
 
 /// A response: status, headers in order (names lowercased), decoded body.
@@ -57,14 +68,27 @@ pub enum HttpError {
         #[source]
         source: io::Error,
     },
-    /// The connection broke.
-    #[error("{address}: {source}")]
-    Io {
+    /// The exchange failed: the connection broke, or the answer is not HTTP/1.x.
+    #[error("{address}: {source}{cause}")]
+    Http {
         /// `host:port`.
         address: String,
+        /// The reasons under `source` (a TLS alert, an I/O error), each after `: `.
+        cause: String,
         /// Why.
         #[source]
-        source: io::Error,
+        source: hyper::Error,
+    },
+    /// TLS failed: the files, or the handshake (wrong CA, refused client certificate, ...).
+    #[error("{address}: {source}: {cause}")]
+    Tls {
+        /// `host:port`.
+        address: String,
+        /// The reason under `source`, spelled out (rustls's words).
+        cause: String,
+        /// Why.
+        #[source]
+        source: TlsError,
     },
     /// No complete response in time.
     #[error("{address}: no complete response within {after:?}")]
@@ -74,7 +98,16 @@ pub enum HttpError {
         /// The bound.
         after: Duration,
     },
-    /// The response is not valid HTTP/1.x.
+    /// The request could not be built (a method, target or token a request cannot carry).
+    #[error("{address}: cannot build the request: {source}")]
+    Request {
+        /// `host:port`.
+        address: String,
+        /// Why.
+        #[source]
+        source: hyper::http::Error,
+    },
+    /// The response is unusable.
     #[error("{address}: malformed HTTP response: {reason}")]
     Malformed {
         /// `host:port`.
@@ -84,16 +117,32 @@ pub enum HttpError {
     },
 }
 
-/// Sends `method target` (e.g. `GET /v1/health/service/web?index=7`) with an optional JSON
-/// body to `address` and reads the whole response, all within `timeout`.
+/// Sends `method target` (e.g. `GET /v1/health/service/web?index=7`) with an optional ACL
+/// token (`X-Consul-Token`) and an optional JSON body to `address` over plain HTTP and reads
+/// the whole response, all within `timeout`.
 pub async fn request(
     address: &str,
     method: &str,
     target: &str,
+    token: Option<&str>,
     body: Option<&[u8]>,
     timeout: Duration,
 ) -> Result<HttpResponse, HttpError> {
-    match tokio::time::timeout(timeout, exchange(address, method, target, body)).await {
+    request_with(None, address, method, target, token, body, timeout).await
+}
+
+/// [`request`] over https with `tls` when given.
+pub async fn request_with(
+    tls: Option<&TlsSettings>,
+    address: &str,
+    method: &str,
+    target: &str,
+    token: Option<&str>,
+    body: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<HttpResponse, HttpError> {
+    let exchange = exchange(tls, address, method, target, token, body);
+    match tokio::time::timeout(timeout, exchange).await {
         Ok(result) => result,
         Err(_) => Err(HttpError::Timeout {
             address: address.to_owned(),
@@ -102,117 +151,155 @@ pub async fn request(
     }
 }
 
+/// Aborts the connection's task when the exchange ends, however it ends (a timeout included).
+struct Driver(JoinHandle<()>);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 async fn exchange(
+    tls: Option<&TlsSettings>,
     address: &str,
     method: &str,
     target: &str,
+    token: Option<&str>,
     body: Option<&[u8]>,
 ) -> Result<HttpResponse, HttpError> {
-    let mut stream = TcpStream::connect(address)
+    let request =
+        build(address, method, target, token, body).map_err(|source| HttpError::Request {
+            address: address.to_owned(),
+            source,
+        })?;
+    let stream = TcpStream::connect(address)
         .await
         .map_err(|source| HttpError::Connect {
             address: address.to_owned(),
             source,
         })?;
-    let io_error = |source| HttpError::Io {
+    let Some(tls) = tls else {
+        return send(address, stream, request).await;
+    };
+    let tls_error = |source: TlsError| HttpError::Tls {
         address: address.to_owned(),
+        cause: causes(&source).trim_start_matches(": ").to_owned(),
         source,
     };
-    let mut head = format!(
-        "{method} {target} HTTP/1.1\r\nHost: {address}\r\nUser-Agent: proxy\r\n\
-         Accept: application/json\r\nConnection: close\r\n"
-    );
-    if let Some(body) = body {
-        let _ = write!(
-            head,
-            "Content-Type: application/json\r\nContent-Length: {}\r\n",
-            body.len()
-        );
+    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+    let client = tls.client_config(host, &[b"http/1.1"]).map_err(tls_error)?;
+    let stream = client.connect(stream).await.map_err(tls_error)?;
+    send(address, stream, request).await
+}
+
+/// The reasons under `error`, each after `: ` ("" when there are none; at most 8).
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut text = String::new();
+    let mut next = error.source();
+    for _ in 0..8 {
+        let Some(cause) = next else { break };
+        let _ = write!(text, ": {cause}");
+        next = cause.source();
     }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).await.map_err(io_error)?;
-    if let Some(body) = body {
-        stream.write_all(body).await.map_err(io_error)?;
-    }
-    let mut raw = Vec::new();
-    (&mut stream)
-        .take(MAX_RESPONSE as u64 + 1)
-        .read_to_end(&mut raw)
+    text
+}
+
+/// Sends `request` over `io` and reads the response.
+async fn send<IO>(
+    address: &str,
+    io: IO,
+    request: Request<Full<Bytes>>,
+) -> Result<HttpResponse, HttpError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let http_error = |source: hyper::Error| HttpError::Http {
+        address: address.to_owned(),
+        cause: causes(&source),
+        source,
+    };
+    let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
+        .title_case_headers(true)
+        .handshake(TokioIo::new(io))
         .await
-        .map_err(io_error)?;
-    parse(&raw).map_err(|reason| HttpError::Malformed {
+        .map_err(http_error)?;
+    let _driver = Driver(tokio::spawn(async move {
+        let _ = connection.await;
+    }));
+    let response = sender.send_request(request).await.map_err(http_error)?;
+    read(address, response).await
+}
+
+/// The request, headers in the order Consul's clients send them.
+fn build(
+    address: &str,
+    method: &str,
+    target: &str,
+    token: Option<&str>,
+    body: Option<&[u8]>,
+) -> Result<Request<Full<Bytes>>, hyper::http::Error> {
+    let mut builder = Request::builder()
+        .method(method)
+        .uri(target)
+        .header(HOST, address)
+        .header(USER_AGENT, "proxy")
+        .header(ACCEPT, "application/json")
+        .header(CONNECTION, "close");
+    if let Some(token) = token {
+        let mut value = HeaderValue::from_str(token)?;
+        value.set_sensitive(true);
+        builder = builder.header("x-consul-token", value);
+    }
+    let body = match body {
+        Some(body) => {
+            builder = builder.header(CONTENT_TYPE, "application/json");
+            builder = builder.header("content-length", body.len());
+            Bytes::copy_from_slice(body)
+        }
+        None => Bytes::new(),
+    };
+    builder.body(Full::new(body))
+}
+
+/// Status, headers and the whole body, at most [`MAX_RESPONSE`] bytes of it.
+async fn read(
+    address: &str,
+    response: hyper::Response<Incoming>,
+) -> Result<HttpResponse, HttpError> {
+    let malformed = |reason| HttpError::Malformed {
         address: address.to_owned(),
         reason,
-    })
-}
-
-/// Parses a complete response (the connection was closed after it).
-pub(crate) fn parse(raw: &[u8]) -> Result<HttpResponse, &'static str> {
-    if raw.len() > MAX_RESPONSE {
-        return Err("response larger than 64 MiB");
+    };
+    let status = response.status().as_u16();
+    let headers = response
+        .headers()
+        .iter()
+        .map(|(name, value)| {
+            let value = String::from_utf8_lossy(value.as_bytes()).trim().to_owned();
+            (name.as_str().to_owned(), value)
+        })
+        .collect();
+    let body = response.into_body();
+    if body.size_hint().lower() > MAX_RESPONSE as u64 {
+        return Err(malformed("response larger than 64 MiB"));
     }
-    let split = find(raw, b"\r\n\r\n").ok_or("no end of headers")?;
-    let head = std::str::from_utf8(&raw[..split]).map_err(|_| "headers are not UTF-8")?;
-    let rest = &raw[split + 4..];
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().ok_or("no status line")?;
-    let mut parts = status_line.splitn(3, ' ');
-    if !parts.next().is_some_and(|v| v.starts_with("HTTP/1.")) {
-        return Err("status line is not HTTP/1.x");
-    }
-    let status = parts
-        .next()
-        .and_then(|s| s.parse::<u16>().ok())
-        .ok_or("bad status code")?;
-    let mut headers = Vec::new();
-    for line in lines {
-        let (name, value) = line.split_once(':').ok_or("header line without colon")?;
-        headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
-    }
-    let mut response = HttpResponse {
+    let body = Limited::new(body, MAX_RESPONSE)
+        .collect()
+        .await
+        .map_err(|error| match error.downcast::<hyper::Error>() {
+            Ok(source) => HttpError::Http {
+                address: address.to_owned(),
+                cause: causes(&*source),
+                source: *source,
+            },
+            Err(_) => malformed("response larger than 64 MiB"),
+        })?;
+    Ok(HttpResponse {
         status,
         headers,
-        body: Vec::new(),
-    };
-    let chunked = response
-        .header("transfer-encoding")
-        .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
-    response.body = if chunked {
-        dechunk(rest)?
-    } else if let Some(length) = response.header("content-length") {
-        let length: usize = length.parse().map_err(|_| "bad Content-Length")?;
-        rest.get(..length)
-            .ok_or("body shorter than Content-Length")?
-            .to_vec()
-    } else {
-        rest.to_vec()
-    };
-    Ok(response)
-}
-
-/// Decodes a chunked body; trailers are ignored.
-fn dechunk(mut rest: &[u8]) -> Result<Vec<u8>, &'static str> {
-    let mut body = Vec::new();
-    loop {
-        let end = find(rest, b"\r\n").ok_or("chunk size line not terminated")?;
-        let line = std::str::from_utf8(&rest[..end]).map_err(|_| "bad chunk size")?;
-        let size_text = line.split(';').next().unwrap_or("").trim();
-        let size = usize::from_str_radix(size_text, 16).map_err(|_| "bad chunk size")?;
-        rest = &rest[end + 2..];
-        if size == 0 {
-            return Ok(body);
-        }
-        let chunk = rest.get(..size).ok_or("chunk shorter than its size")?;
-        body.extend_from_slice(chunk);
-        rest = rest.get(size..).ok_or("chunk shorter than its size")?;
-        rest = rest
-            .strip_prefix(b"\r\n")
-            .ok_or("chunk not followed by CRLF")?;
-    }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
+        body: body.to_bytes().to_vec(),
+    })
 }
 
 /// Percent-encodes `text` for a path segment or a query value: everything but RFC 3986

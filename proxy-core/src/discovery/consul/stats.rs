@@ -15,6 +15,7 @@ pub struct ConsulStats {
     pub(crate) index: AtomicU64,
     pub(crate) index_reset: AtomicU64,
     pub(crate) instances_skipped: AtomicU64,
+    pub(crate) acl_denied: AtomicU64,
 }
 
 /// A point-in-time copy of [`ConsulStats`].
@@ -40,6 +41,9 @@ pub struct ConsulStatValues {
     /// Instances of the last response that were left out (address not an IP literal, or an
     /// entry this daemon cannot use, such as a port out of range; gauge).
     pub instances_skipped: u64,
+    /// Answers not applied because Consul's ACLs refused the token, or would show an empty
+    /// answer to no token (see `acl`); the hosts were kept. Also counted in `update_failure`.
+    pub acl_denied: u64,
 }
 
 impl ConsulStats {
@@ -55,6 +59,7 @@ impl ConsulStats {
             index: self.index.load(Relaxed),
             index_reset: self.index_reset.load(Relaxed),
             instances_skipped: self.instances_skipped.load(Relaxed),
+            acl_denied: self.acl_denied.load(Relaxed),
         }
     }
 
@@ -71,6 +76,7 @@ impl ConsulStats {
             ("consul.index", v.index),
             ("consul.index_reset", v.index_reset),
             ("consul.instances_skipped", v.instances_skipped),
+            ("consul.acl_denied", v.acl_denied),
         ]
         .into_iter()
         .map(|(stat, value)| (format!("cluster.{cluster}.{stat}"), value))

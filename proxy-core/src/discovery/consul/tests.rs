@@ -2,10 +2,13 @@
 //! watch loop (index rules, mapping, failures, backoff), and a scripted HTTP server on loopback
 //! for the wire format.
 
+mod access;
+mod acl;
 mod config;
 mod failure;
 mod index;
 mod mapping;
+mod tls;
 mod wire;
 
 use std::{
@@ -19,7 +22,8 @@ use serde_json::{Value, json};
 use tokio::{sync::watch, time::Instant};
 
 use super::{
-    ConsulCluster, ConsulConfig,
+    ConsulCluster, ConsulConfig, ConsulToken,
+    acl::TOKEN_SELF,
     http::{HttpError, HttpResponse},
     spawn_with,
     watch::{BoxFuture, CatalogFetch},
@@ -39,12 +43,30 @@ pub(super) enum Reply {
     Raw(HttpResponse),
     /// Connection refused.
     Fail,
+    /// Runs the closure when the request is answered (before the next one is sent), then
+    /// answers with the reply.
+    Then(Box<dyn FnOnce() + Send>, Box<Reply>),
+}
+
+/// How the scripted agent answers `/v1/acl/token/self` (not part of the reply list).
+#[derive(Clone, Debug, Default)]
+pub(super) enum Acls {
+    /// 401 "ACL support disabled".
+    #[default]
+    Disabled,
+    /// 200 for these tokens, 403 "ACL not found" for any other and for none.
+    Known(Vec<&'static str>),
+    /// This status, always.
+    Status(u16),
 }
 
 #[derive(Default)]
 struct ScriptState {
     replies: VecDeque<Reply>,
-    log: Vec<(Instant, String)>,
+    log: Vec<(Instant, String, Option<String>)>,
+    acls: Acls,
+    /// The token of each `/v1/acl/token/self` request.
+    acl_checks: Vec<Option<String>>,
 }
 
 /// Answers queries from a list; once the list is used up, queries block forever (a blocking
@@ -60,10 +82,20 @@ impl Script {
         Self {
             state: Arc::new(Mutex::new(ScriptState {
                 replies: replies.into(),
-                log: Vec::new(),
+                ..ScriptState::default()
             })),
             requests: Arc::new(watch::channel(0).0),
         }
+    }
+
+    /// Sets how `/v1/acl/token/self` is answered from now on.
+    pub(super) fn set_acls(&self, acls: Acls) {
+        self.state().acls = acls;
+    }
+
+    /// The tokens of the `/v1/acl/token/self` requests so far.
+    pub(super) fn acl_checks(&self) -> Vec<Option<String>> {
+        self.state().acl_checks.clone()
     }
 
     fn state(&self) -> MutexGuard<'_, ScriptState> {
@@ -74,12 +106,22 @@ impl Script {
 
     /// Request targets so far.
     pub(super) fn targets(&self) -> Vec<String> {
-        self.state().log.iter().map(|(_, t)| t.clone()).collect()
+        self.state().log.iter().map(|(_, t, _)| t.clone()).collect()
     }
 
     /// Start times of the requests so far.
     pub(super) fn times(&self) -> Vec<Instant> {
-        self.state().log.iter().map(|(t, _)| *t).collect()
+        self.state().log.iter().map(|(t, _, _)| *t).collect()
+    }
+
+    /// `(target, X-Consul-Token)` of the requests so far.
+    pub(super) fn sent(&self) -> Vec<(String, Option<String>)> {
+        let state = self.state();
+        state
+            .log
+            .iter()
+            .map(|(_, t, k)| (t.clone(), k.clone()))
+            .collect()
     }
 
     /// Waits until at least `n` requests were made.
@@ -98,14 +140,29 @@ impl CatalogFetch for Script {
     fn get<'a>(
         &'a self,
         target: &'a str,
+        token: Option<&'a ConsulToken>,
         _timeout: Duration,
     ) -> BoxFuture<'a, Result<HttpResponse, HttpError>> {
+        let token = token.map(|t| t.expose().to_owned());
+        if target == TOKEN_SELF {
+            let mut state = self.state();
+            let response = token_self(&state.acls, token.as_deref());
+            state.acl_checks.push(token);
+            return Box::pin(std::future::ready(Ok(response)));
+        }
         let reply = {
             let mut state = self.state();
-            state.log.push((Instant::now(), target.to_owned()));
+            state.log.push((Instant::now(), target.to_owned(), token));
             state.replies.pop_front()
         };
         self.requests.send_modify(|count| *count += 1);
+        let reply = match reply {
+            Some(Reply::Then(hook, reply)) => {
+                hook();
+                Some(*reply)
+            }
+            other => other,
+        };
         Box::pin(async move {
             match reply {
                 Some(Reply::Ok(index, body)) => Ok(HttpResponse {
@@ -123,17 +180,38 @@ impl CatalogFetch for Script {
                     address: "127.0.0.1:8500".to_owned(),
                     source: io::ErrorKind::ConnectionRefused.into(),
                 }),
+                Some(Reply::Then(..)) => unreachable!("unwrapped above"),
                 None => std::future::pending().await,
             }
         })
     }
 }
 
-/// Starts a cluster named `web` on `script` with a fixed random seed.
+/// The scripted agent's answer to `/v1/acl/token/self` with `token`.
+fn token_self(acls: &Acls, token: Option<&str>) -> HttpResponse {
+    let (status, text) = match acls {
+        Acls::Disabled => (401, "ACL support disabled"),
+        Acls::Known(known) if token.is_some_and(|t| known.contains(&t)) => {
+            (200, "{\"AccessorID\": \"a\", \"SecretID\": \"s\"}")
+        }
+        Acls::Known(_) => (403, "ACL not found"),
+        Acls::Status(status) => (*status, "rpc error"),
+    };
+    HttpResponse {
+        status,
+        headers: Vec::new(),
+        body: text.as_bytes().to_vec(),
+    }
+}
+
+/// Starts a cluster named `web` on `script` with a fixed random seed and no `CONSUL_HTTP_*`
+/// variables.
 pub(super) fn start(config: ConsulConfig, script: &Script) -> ConsulCluster {
+    let access = super::access::resolve(&config, &|_| None).expect("valid config");
     spawn_with(
         "web".to_owned(),
         config,
+        access,
         Arc::new(script.clone()),
         fastrand::Rng::with_seed(7),
     )

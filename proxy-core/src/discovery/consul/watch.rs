@@ -11,21 +11,30 @@
 //! * a returned index of 0 is a Consul bug that would turn the watch into a busy loop: it is
 //!   treated as 1, which is always safe to block on.
 //!
+//! An empty answer is checked against Consul's ACLs before it is applied, and a 403 is never
+//! applied either (see [`acl`](super::acl)): a missing or wrong token keeps the hosts, counts
+//! `consul.acl_denied` and is logged once, until an answer is applied again.
+//!
 //! Two queries never start less than [`MIN_QUERY_INTERVAL`] apart, so even a server that
 //! answers every blocking query at once cannot make the loop spin.
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use tokio::{sync::watch, time::Instant};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::{
+    access::{ConsulToken, SentToken, TokenError, TokenSource},
+    acl::{self, AclDenial},
     catalog::{ServiceEntry, Skipped, decode_entries, to_hosts},
     config::ConsulConfig,
     http::{self, HttpError, HttpResponse},
     stats::ConsulStats,
 };
-use crate::discovery::{HostSet, dns::FailureBackoff, source::SourceUpdate};
+use crate::{
+    discovery::{HostSet, dns::FailureBackoff, source::SourceUpdate},
+    tls::TlsSettings,
+};
 
 /// Time allowed beyond `wait + wait/16` (Consul adds up to wait/16 of jitter) for a blocking
 /// query's response to arrive.
@@ -39,26 +48,38 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Sends one GET to the Consul agent: the HTTP client in production, a script in unit tests.
 pub(crate) trait CatalogFetch: Send + Sync {
-    /// GETs `target` (path and query), bounded by `timeout`.
+    /// GETs `target` (path and query) with `token` as `X-Consul-Token`, bounded by `timeout`.
     fn get<'a>(
         &'a self,
         target: &'a str,
+        token: Option<&'a ConsulToken>,
         timeout: Duration,
     ) -> BoxFuture<'a, Result<HttpResponse, HttpError>>;
 }
 
-/// [`CatalogFetch`] over [`http::request`].
+/// [`CatalogFetch`] over [`http::request_with`].
 pub(crate) struct HttpFetch {
     pub(crate) address: String,
+    pub(crate) tls: Option<TlsSettings>,
 }
 
 impl CatalogFetch for HttpFetch {
     fn get<'a>(
         &'a self,
         target: &'a str,
+        token: Option<&'a ConsulToken>,
         timeout: Duration,
     ) -> BoxFuture<'a, Result<HttpResponse, HttpError>> {
-        Box::pin(http::request(&self.address, "GET", target, None, timeout))
+        let token = token.map(ConsulToken::expose);
+        Box::pin(http::request_with(
+            self.tls.as_ref(),
+            &self.address,
+            "GET",
+            target,
+            token,
+            None,
+            timeout,
+        ))
     }
 }
 
@@ -81,6 +102,19 @@ pub enum QueryError {
     Index {
         /// The header's value, if any.
         value: Option<String>,
+    },
+    /// No token could be read (its file is missing or holds no valid token).
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    /// Consul's ACLs refused the token or hid the catalog from a missing one.
+    #[error(transparent)]
+    AclDenied(#[from] AclDenial),
+    /// The token check after an empty answer got an unexpected status (its body is not shown:
+    /// it may hold the token).
+    #[error("consul answered {status} to the ACL token check {}", acl::TOKEN_SELF)]
+    AclCheck {
+        /// The status code.
+        status: u16,
     },
     /// The body is not the expected JSON array.
     #[error("consul response body is not a list of service entries: {source}")]
@@ -138,13 +172,22 @@ fn go_duration(duration: Duration) -> String {
     }
 }
 
-/// Sends one query and decodes its answer into `(X-Consul-Index, entries)`.
+/// A decoded answer: `X-Consul-Index`, the entries, and those that could not be decoded.
+type Answer = (u64, Vec<ServiceEntry>, Vec<Skipped>);
+
+/// Sends one query with `token` and decodes its answer; an empty answer is checked against the
+/// ACLs first.
 async fn query(
     fetch: &dyn CatalogFetch,
     target: &str,
+    token: &SentToken,
     timeout: Duration,
-) -> Result<(u64, Vec<ServiceEntry>, Vec<Skipped>), QueryError> {
-    let response = fetch.get(target, timeout).await?;
+) -> Result<Answer, QueryError> {
+    let sent = token.as_ref().map(|(token, _)| token);
+    let response = fetch.get(target, sent, timeout).await?;
+    if response.status == 403 {
+        return Err(acl::denial(&response.body, token).into());
+    }
     if response.status != 200 {
         return Err(QueryError::Status {
             status: response.status,
@@ -159,6 +202,9 @@ async fn query(
         })?;
     let (entries, skipped) =
         decode_entries(&response.body).map_err(|source| QueryError::Body { source })?;
+    if entries.is_empty() && skipped.is_empty() {
+        acl::check_empty(fetch, token, timeout).await?;
+    }
     Ok((index, entries, skipped))
 }
 
@@ -167,9 +213,12 @@ pub(crate) struct Watch {
     pub(crate) name: String,
     pub(crate) config: ConsulConfig,
     pub(crate) fetch: Arc<dyn CatalogFetch>,
+    pub(crate) token: TokenSource,
     pub(crate) updates: watch::Sender<SourceUpdate>,
     pub(crate) stats: Arc<ConsulStats>,
     pub(crate) rng: fastrand::Rng,
+    /// The ACL denial logged last; `None` once an answer applies again.
+    pub(crate) denied: Option<AclDenial>,
 }
 
 impl Watch {
@@ -191,38 +240,69 @@ impl Watch {
             }
             last_start = Some(Instant::now());
             ConsulStats::inc(&self.stats.update_attempt);
-            let target = query_target(&self.config, index);
-            match query(&*self.fetch, &target, timeout).await {
+            match self.query_once(index, timeout).await {
                 Ok((returned, entries, invalid)) => {
-                    let (next, reset) = next_index(index, returned);
-                    if reset {
-                        ConsulStats::inc(&self.stats.index_reset);
-                        warn!(cluster = %self.name, sent = index, returned,
-                            "consul index went backwards; restarting the watch from 0");
-                    }
-                    index = next;
-                    ConsulStats::set(&self.stats.index, index);
-                    ConsulStats::inc(&self.stats.update_success);
+                    index = self.succeeded(index, returned);
                     backoff.reset();
                     self.apply(&entries, invalid);
                 }
                 Err(error) => {
-                    ConsulStats::inc(&self.stats.update_failure);
                     let delay = backoff.next_delay(&mut self.rng);
-                    warn!(cluster = %self.name, %error, retry_in = ?delay,
-                        "consul query failed; keeping the current hosts");
-                    self.updates.send_if_modified(|state| {
-                        let first = !state.initialized;
-                        if first {
-                            state.initialized = true;
-                            state.version += 1;
-                        }
-                        first
-                    });
+                    self.failed(error, delay);
                     tokio::time::sleep(delay).await;
                 }
             }
         }
+    }
+
+    /// Reads the token and sends the query for `index`.
+    async fn query_once(&self, index: u64, timeout: Duration) -> Result<Answer, QueryError> {
+        let token = self.token.read()?;
+        let target = query_target(&self.config, index);
+        query(&*self.fetch, &target, &token, timeout).await
+    }
+
+    /// Books a successful answer; returns the next index.
+    fn succeeded(&mut self, index: u64, returned: u64) -> u64 {
+        let (next, reset) = next_index(index, returned);
+        if reset {
+            ConsulStats::inc(&self.stats.index_reset);
+            warn!(cluster = %self.name, sent = index, returned,
+                "consul index went backwards; restarting the watch from 0");
+        }
+        if self.denied.take().is_some() {
+            info!(cluster = %self.name, "consul's ACLs accept the token again; answers apply");
+        }
+        ConsulStats::set(&self.stats.index, next);
+        ConsulStats::inc(&self.stats.update_success);
+        next
+    }
+
+    /// Books a failed query (hosts kept); an ACL denial is logged once until it changes.
+    fn failed(&mut self, error: QueryError, delay: Duration) {
+        ConsulStats::inc(&self.stats.update_failure);
+        if let QueryError::AclDenied(denial) = error {
+            ConsulStats::inc(&self.stats.acl_denied);
+            if self.denied.as_ref() == Some(&denial) {
+                debug!(cluster = %self.name, reason = %denial, retry_in = ?delay,
+                    "consul ACLs still deny; keeping the current hosts");
+            } else {
+                warn!(cluster = %self.name, reason = %denial, retry_in = ?delay,
+                    "consul ACLs deny the catalog; keeping the current hosts until the token is fixed");
+                self.denied = Some(denial);
+            }
+        } else {
+            warn!(cluster = %self.name, %error, retry_in = ?delay,
+                "consul query failed; keeping the current hosts");
+        }
+        self.updates.send_if_modified(|state| {
+            let first = !state.initialized;
+            if first {
+                state.initialized = true;
+                state.version += 1;
+            }
+            first
+        });
     }
 
     /// Maps a successful answer and publishes it if the host set changed.

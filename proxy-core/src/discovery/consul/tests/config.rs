@@ -11,7 +11,9 @@ fn parse(yaml: &str) -> Result<ConsulConfig, serde_yaml::Error> {
 fn only_service_is_required_and_defaults_are_named() {
     let config = parse("service: web").expect("minimal config");
     assert_eq!(config, ConsulConfig::new("web"));
-    assert_eq!(config.address, "127.0.0.1:8500");
+    assert_eq!(config.address, None);
+    let access = crate::discovery::consul::access::resolve(&config, &|_| None).expect("default");
+    assert_eq!(access.authority, "127.0.0.1:8500", "Consul's default agent");
     assert_eq!(config.wait, Duration::from_secs(30));
     assert!(!config.only_passing);
     assert_eq!(

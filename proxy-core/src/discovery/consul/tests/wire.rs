@@ -10,7 +10,7 @@ use tokio::{
 
 use super::*;
 use crate::discovery::consul::{
-    http::{self, parse},
+    http::{self, HttpError},
     spawn_consul,
 };
 
@@ -108,31 +108,55 @@ fn chunked(index: u64, body: &Value) -> String {
     )
 }
 
-#[test]
-fn parse_handles_length_chunked_and_eof_bodies() {
-    let r = parse(b"HTTP/1.1 200 OK\r\nX-Consul-Index: 12\r\nContent-Length: 2\r\n\r\n[]extra")
+/// GETs `/` from a server that answers with `raw` and closes.
+async fn get_raw(raw: &str) -> Result<http::HttpResponse, http::HttpError> {
+    let server = Server::start(vec![Some(raw.to_owned())]).await;
+    let address = server.addr.to_string();
+    http::request(&address, "GET", "/", None, None, REAL_WAIT).await
+}
+
+#[tokio::test]
+async fn length_chunked_and_eof_bodies_are_read_and_bad_answers_are_errors() {
+    let r = get_raw("HTTP/1.1 200 OK\r\nX-Consul-Index: 12\r\nContent-Length: 2\r\n\r\n[]extra")
+        .await
         .expect("content-length");
     assert_eq!(
         (r.status, r.header("X-CONSUL-INDEX"), r.body.as_slice()),
         (200, Some("12"), &b"[]"[..])
     );
-    let r = parse(chunked(3, &json!([1, 2, 3])).as_bytes()).expect("chunked");
+    let r = get_raw(&chunked(3, &json!([1, 2, 3])))
+        .await
+        .expect("chunked");
     assert_eq!(r.body, b"[1,2,3]");
-    let r =
-        parse(b"HTTP/1.0 500 Internal Server Error\r\n\r\nNo path to datacenter\n").expect("eof");
+    let r = get_raw("HTTP/1.0 500 Internal Server Error\r\n\r\nNo path to datacenter\n")
+        .await
+        .expect("eof");
     assert_eq!(
         (r.status, r.body_excerpt().as_str()),
         (500, "No path to datacenter")
     );
     for bad in [
-        &b"garbage"[..],
-        b"SSH-2.0 x\r\n\r\n",
-        b"HTTP/1.1 abc OK\r\n\r\n",
-        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        "garbage",
+        "SSH-2.0 x\r\n\r\n",
+        "HTTP/1.1 abc OK\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
     ] {
-        assert!(parse(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        let err = get_raw(bad).await.expect_err(bad);
+        assert!(matches!(err, HttpError::Http { .. }), "{bad:?}: {err}");
+        assert!(
+            err.to_string().starts_with("127.0.0.1:"),
+            "names the agent: {err}"
+        );
     }
+    let huge = get_raw("HTTP/1.1 200 OK\r\nContent-Length: 70000000\r\n\r\n[")
+        .await
+        .expect_err("over the limit");
+    assert!(err_is_too_large(&huge), "{huge}");
+}
+
+fn err_is_too_large(err: &HttpError) -> bool {
+    matches!(err, HttpError::Malformed { .. }) && err.to_string().contains("larger than 64 MiB")
 }
 
 #[tokio::test]
@@ -143,14 +167,22 @@ async fn requests_are_http_1_1_with_host_and_close_and_bodies_are_sent() {
     ])
     .await;
     let address = server.addr.to_string();
-    let r = http::request(&address, "GET", "/v1/health/service/web", None, REAL_WAIT)
-        .await
-        .expect("answer");
+    let r = http::request(
+        &address,
+        "GET",
+        "/v1/health/service/web",
+        None,
+        None,
+        REAL_WAIT,
+    )
+    .await
+    .expect("answer");
     assert_eq!((r.status, r.header("x-consul-index")), (200, Some("1")));
     let put = http::request(
         &address,
         "PUT",
         "/v1/agent/check/pass/c1",
+        Some("t-1"),
         Some(b"{\"a\":1}"),
         REAL_WAIT,
     )
@@ -164,6 +196,14 @@ async fn requests_are_http_1_1_with_host_and_close_and_bodies_are_sent() {
     );
     assert!(requests[0].contains(&format!("\r\nHost: {address}\r\n")));
     assert!(requests[0].contains("\r\nConnection: close\r\n"));
+    assert!(
+        !requests[0].contains("X-Consul-Token"),
+        "no token, no header"
+    );
+    assert!(
+        requests[1].contains("\r\nX-Consul-Token: t-1\r\n"),
+        "{requests:?}"
+    );
     assert!(requests[1].starts_with("PUT /v1/agent/check/pass/c1 HTTP/1.1\r\n"));
     assert!(
         requests[1].ends_with("\r\nContent-Length: 7\r\n\r\n{\"a\":1}"),
@@ -180,6 +220,7 @@ async fn a_silent_server_times_out_and_a_closed_port_is_refused() {
         "GET",
         "/",
         None,
+        None,
         Duration::from_millis(200),
     )
     .await
@@ -191,7 +232,7 @@ async fn a_silent_server_times_out_and_a_closed_port_is_refused() {
         .expect("bind")
         .local_addr()
         .expect("addr");
-    let err = http::request(&closed.to_string(), "GET", "/", None, REAL_WAIT)
+    let err = http::request(&closed.to_string(), "GET", "/", None, None, REAL_WAIT)
         .await
         .expect_err("refused");
     assert!(matches!(err, HttpError::Connect { .. }), "{err}");
@@ -211,7 +252,8 @@ async fn the_backend_watches_a_real_http_server() {
     ])
     .await;
     let mut config = ConsulConfig::new("web");
-    config.address = server.addr.to_string();
+    config.address = Some(format!("http://{}", server.addr));
+    config.token = ConsulToken::new("secret-7");
     config.datacenter = Some("dc1".to_owned());
     config.tag = Some("blue".to_owned());
     config.wait = Duration::from_secs(1);
@@ -234,5 +276,12 @@ async fn the_backend_watches_a_real_http_server() {
             "GET /v1/health/service/web?dc=dc1&tag=blue HTTP/1.1",
             "GET /v1/health/service/web?dc=dc1&tag=blue&index=3&wait=1s HTTP/1.1",
         ]
+    );
+    let requests = server.requests();
+    assert!(
+        requests[..2]
+            .iter()
+            .all(|r| r.contains("\r\nX-Consul-Token: secret-7\r\n")),
+        "the token goes in every query: {requests:?}"
     );
 }

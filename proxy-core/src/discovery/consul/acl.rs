@@ -1,0 +1,85 @@
+//! Telling a truly empty catalog answer from one that Consul's ACLs emptied, so that a missing
+//! or wrong token never drains a service.
+//!
+//! Consul 1.8.7 with `default_policy = "deny"` answers `/v1/health/service/<svc>` with 200 and
+//! an empty list when no token is sent (the anonymous token may read nothing), and with 403
+//! "ACL not found" for a token it does not know; nothing in the 200 says that ACLs filtered it.
+//! So every empty answer is checked with `GET /v1/acl/token/self` and the same token:
+//! * 200: Consul knows the token; the empty answer is trusted (a token that is valid but lacks
+//!   `service:read` cannot be told apart in 1.8.7 and drains, as it would for Consul's clients);
+//! * 401 "ACL support disabled": no ACLs; the empty answer is trusted;
+//! * 403: the token is refused (or none was sent): [`AclDenial`], the hosts are kept;
+//! * anything else: a failed query, the hosts are kept.
+//!
+//! The token check's body is never read into an error or a log: with a valid token it holds the
+//! token itself (`SecretID`).
+
+use std::time::Duration;
+
+use super::{
+    access::{SentToken, TokenOrigin},
+    watch::{CatalogFetch, QueryError},
+};
+
+/// The endpoint that says whether Consul knows a token.
+pub(crate) const TOKEN_SELF: &str = "/v1/acl/token/self";
+
+/// Why Consul's ACLs keep the catalog from this daemon. Never holds the token itself.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AclDenial {
+    /// No token was sent and Consul shows nothing to the anonymous token.
+    #[error(
+        "no consul ACL token is set and consul's ACLs show the catalog only to a token (set \
+         consul.token, consul.token_file, CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE)"
+    )]
+    NoToken,
+    /// Consul does not know the token (403 "ACL not found").
+    #[error(
+        "consul does not know the ACL token from {origin} (ACL not found: a wrong, expired or \
+         deleted token)"
+    )]
+    UnknownToken {
+        /// Where the token came from.
+        origin: TokenOrigin,
+    },
+    /// The token is known but not allowed (403 "Permission denied" or another 403).
+    #[error(
+        "consul refused the ACL token from {origin} (403: it needs service:read and node:read \
+         on this service)"
+    )]
+    PermissionDenied {
+        /// Where the token came from.
+        origin: TokenOrigin,
+    },
+}
+
+/// The denial a 403 with `body` means for `token`.
+pub(crate) fn denial(body: &[u8], token: &SentToken) -> AclDenial {
+    let Some((_, origin)) = token else {
+        return AclDenial::NoToken;
+    };
+    let origin = origin.clone();
+    if String::from_utf8_lossy(body).contains("ACL not found") {
+        AclDenial::UnknownToken { origin }
+    } else {
+        AclDenial::PermissionDenied { origin }
+    }
+}
+
+/// Checks, after an empty answer, whether Consul knows `token` (see the module docs); `Ok` when
+/// the empty answer is to be trusted.
+pub(crate) async fn check_empty(
+    fetch: &dyn CatalogFetch,
+    token: &SentToken,
+    timeout: Duration,
+) -> Result<(), QueryError> {
+    let sent = token.as_ref().map(|(token, _)| token);
+    let response = fetch.get(TOKEN_SELF, sent, timeout).await?;
+    let disabled = || String::from_utf8_lossy(&response.body).contains("ACL support disabled");
+    match response.status {
+        200 => Ok(()),
+        401 if disabled() => Ok(()),
+        403 => Err(denial(&response.body, token).into()),
+        status => Err(QueryError::AclCheck { status }),
+    }
+}

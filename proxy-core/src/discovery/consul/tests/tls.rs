@@ -84,7 +84,13 @@ async fn mutual_tls_works_and_a_wrong_ca_or_no_client_certificate_name_the_cause
     let err = get(&settings(&pki, &ca, false))
         .await
         .expect_err("no client certificate");
-    assert!(err.to_string().contains("CertificateRequired"), "{err}");
+    // The client notices the server's certificate request itself (the shared TLS module), so
+    // the cause is named even by servers that close without an alert.
+    assert!(
+        err.to_string()
+            .contains("asks for a client certificate and none is configured"),
+        "{err}"
+    );
 }
 
 /// A cluster over https: the CA file is read per connection, so a wrong CA keeps the hosts

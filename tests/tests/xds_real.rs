@@ -442,6 +442,18 @@ async fn envoy_and_we_agree_on_hosts_health_and_nacks() {
         let (envoy, our) = (pair.envoy_hosts(&v1).await, pair.our_hosts(&v1).await);
         assert_eq!((&envoy, &our), (&v1, &v1), "v1 ({})", pair.flavour);
     }
+    // Every node's ACK of v1 is in before the next push: a client applies a response, then
+    // ACKs it, so seeing its hosts does not mean the server has its ACK, and an ACK that came in
+    // after the next step's count was taken would pass for that step's verdict.
+    for pair in &pairs {
+        for node in [pair.envoy_node, pair.ours_node] {
+            tokio::task::block_in_place(|| {
+                server.wait_request(&format!("{node}'s ACK of v1"), 0, |r| {
+                    r["node"] == node && !r["response_nonce"].as_str().unwrap_or("").is_empty()
+                })
+            });
+        }
+    }
     agree_on_nacks_duplicates_and_port_zero(&server, &pairs, &v1).await;
 }
 

@@ -100,6 +100,47 @@ impl Netns {
     }
 }
 
+impl Netns {
+    /// The namespace's TCP counters (`/proc/net/netstat` and `/proc/net/snmp`, the `TcpExt` and
+    /// `Tcp` rows) that are not zero, by name: a connection the host dropped shows here
+    /// (`ListenOverflows`, `ListenDrops`, `TCPTimeWaitOverflow`, `PAWSEstab`, ...).
+    pub fn tcp_counters(&self) -> std::collections::BTreeMap<String, u64> {
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.name,
+                "cat",
+                "/proc/net/netstat",
+                "/proc/net/snmp",
+            ])
+            .output()
+            .expect("reading the namespace's TCP counters");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        let mut counters = std::collections::BTreeMap::new();
+        for pair in lines.chunks(2) {
+            let [names, values] = pair else { continue };
+            let (Some((table, names)), Some((_, values))) =
+                (names.split_once(": "), values.split_once(": "))
+            else {
+                continue;
+            };
+            if table != "TcpExt" && table != "Tcp" {
+                continue;
+            }
+            for (name, value) in names.split_whitespace().zip(values.split_whitespace()) {
+                if let Ok(v) = value.parse::<u64>()
+                    && v != 0
+                {
+                    counters.insert(format!("{table}.{name}"), v);
+                }
+            }
+        }
+        counters
+    }
+}
+
 impl Default for Netns {
     fn default() -> Self {
         Self::new()

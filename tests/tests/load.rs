@@ -254,6 +254,7 @@ fn ten_thousand_services_under_a_million_connections_and_reloads() {
         proxied.failed()
     );
     println!("daemon RSS (MiB): {rss:?}; admin: {admin:?}");
+    println!("TCP counters of the namespace: {:?}", netns.tcp_counters());
     println!(
         "maps: SERVICES {services}, BACKENDS {backends}, SOCK_ORIG {sock_orig}, ORIG_DST {orig_dst} after {} proxied connections",
         proxied.ok()

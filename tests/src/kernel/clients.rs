@@ -77,6 +77,7 @@ pub fn tcp_loop(target: SocketAddr, count: u32, within: Duration) -> LoopReport 
 
 fn tcp_once(target: SocketAddr) -> std::io::Result<(SocketAddr, String)> {
     let mut stream = TcpStream::connect_timeout(&target, Duration::from_secs(2))?;
+    let connected = Instant::now();
     // Long enough for a connection whose final ACK the server dropped: only the server's
     // SYN-ACK retransmits (1, 3 and 7 s after the first) complete it, as the client sends
     // nothing. A fresh-clone run lost one of 50 connects to a 5 s timeout. A data-path error
@@ -84,7 +85,21 @@ fn tcp_once(target: SocketAddr) -> std::io::Result<(SocketAddr, String)> {
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     let peer = stream.peer_addr()?;
     let mut text = String::new();
-    stream.read_to_string(&mut text)?;
+    // A failure after the connect names its phase, the host and the socket's own end, so that
+    // it can be told from a refused connect and looked for in the host's counters.
+    stream.read_to_string(&mut text).map_err(|e| {
+        let local = stream
+            .local_addr()
+            .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+        std::io::Error::new(
+            e.kind(),
+            format!(
+                "reading the banner of {peer} from {local}, {:?} after the connect: {}",
+                connected.elapsed(),
+                errno_name(&e)
+            ),
+        )
+    })?;
     Ok((
         peer,
         text.lines().next().unwrap_or("(no banner)").to_owned(),

@@ -308,9 +308,19 @@ impl Envoy {
         Self::spawn(server, node, clusters, "DELTA_GRPC")
     }
 
-    fn spawn(server: &XdsServer, node: &str, clusters: &[&str], api_type: &str) -> Self {
+    /// Starts Envoy with the bootstrap `node` block `node` (JSON), subscribed over SotW ADS to
+    /// `clusters` (EDS).
+    pub fn start_with_node(server: &XdsServer, node: &Value, clusters: &[&str]) -> Self {
         Self::launch(
-            &bootstrap_json(server.grpc_addr(), node, clusters, api_type),
+            &bootstrap_json(server.grpc_addr(), node, clusters, "GRPC"),
+            None,
+        )
+    }
+
+    fn spawn(server: &XdsServer, node: &str, clusters: &[&str], api_type: &str) -> Self {
+        let node = serde_json::json!({"id": node, "cluster": "envoy-test"});
+        Self::launch(
+            &bootstrap_json(server.grpc_addr(), &node, clusters, api_type),
             None,
         )
     }
@@ -424,9 +434,9 @@ fn envoy_binary() -> PathBuf {
     binary
 }
 
-/// Envoy's bootstrap as JSON (a YAML subset): ADS over `api_type` (`GRPC` or `DELTA_GRPC`) to
+/// Envoy's bootstrap as JSON (a YAML subset): `node`, ADS over `api_type` (`GRPC` or `DELTA_GRPC`) to
 /// `xds`, one EDS cluster per name, admin on an ephemeral 127.0.0.1 port.
-fn bootstrap_json(xds: SocketAddr, node: &str, clusters: &[&str], api_type: &str) -> String {
+fn bootstrap_json(xds: SocketAddr, node: &Value, clusters: &[&str], api_type: &str) -> String {
     let address = |ip: String, port: u16| serde_json::json!({"socket_address": {"address": ip, "port_value": port}});
     let eds: Vec<Value> = clusters
         .iter()
@@ -450,7 +460,7 @@ fn bootstrap_json(xds: SocketAddr, node: &str, clusters: &[&str], api_type: &str
     let mut clusters = vec![xds_cluster];
     clusters.extend(eds);
     serde_json::json!({
-        "node": {"id": node, "cluster": "envoy-test"},
+        "node": node,
         "admin": {"address": address("127.0.0.1".into(), 0)},
         "dynamic_resources": {"ads_config": {
             "api_type": api_type, "transport_api_version": "V3",

@@ -22,6 +22,7 @@ fn source(transport: Transport, node: &str) -> XdsSource {
         node: NodeConfig {
             id: node.into(),
             cluster: "edge".into(),
+            ..NodeConfig::default()
         },
         initial_fetch_timeout: Duration::from_secs(5),
         backoff: (Duration::from_millis(50), Duration::from_millis(200)),
@@ -218,6 +219,92 @@ async fn rest_json_against_python_control_plane() {
     assert_eq!(ports(&client.current("web").unwrap()), [8101]);
     server.push("web", "3", endpoints(&[8103]));
     wait_hosts(&mut updates, &[8103]).await;
+}
+
+/// The bootstrap `node` block both we and Envoy are given (each with its own `id`).
+fn identity() -> Value {
+    json!({
+        "cluster": "edge",
+        "metadata": {"team": "payments", "share": 0.5, "canary": true, "tags": ["a", "b"],
+                     "nested": {"k": "v"}},
+        "locality": {"region": "eu", "zone": "eu-1a", "sub_zone": "rack-7"},
+    })
+}
+
+/// A request's node as the server decoded it, without what differs by design: the id and the
+/// user agent (Envoy also sends its build, extensions and client features).
+fn configured_part(request: &Value) -> Value {
+    let node = &request["identity"];
+    json!({"cluster": node["cluster"], "metadata": node["metadata"], "locality": node["locality"]})
+}
+
+/// The node identity, configured as Envoy's bootstrap `node`, reaches a real control plane on
+/// every request of every transport (SotW and delta gRPC, REST) exactly as Envoy's does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_identity_reaches_the_server_as_envoys_does() {
+    let server = tokio::task::block_in_place(XdsServer::start);
+    server.push("web", "1", endpoints(&[8201]));
+    let with_id = |id: &str| {
+        let mut node = identity();
+        node["id"] = id.into();
+        node
+    };
+    let _envoy = tokio::task::block_in_place(|| {
+        Envoy::start_with_node(&server, &with_id("envoy-node"), &["web"])
+    });
+    let node = |id: &str| -> NodeConfig { serde_json::from_value(with_id(id)).unwrap() };
+    let transports = [
+        (
+            "ours-sotw",
+            Transport::Grpc {
+                uri: server.grpc_uri(),
+                api: GrpcApi::Aggregated,
+                delta: false,
+            },
+        ),
+        (
+            "ours-delta",
+            Transport::Grpc {
+                uri: server.grpc_uri(),
+                api: GrpcApi::Aggregated,
+                delta: true,
+            },
+        ),
+        (
+            "ours-rest",
+            Transport::Rest {
+                uri: server.rest_uri(),
+                refresh_delay: Duration::from_millis(100),
+                request_timeout: Duration::from_secs(2),
+            },
+        ),
+    ];
+    let mut clients = Vec::new();
+    for (id, transport) in transports {
+        let mut source = source(transport, id);
+        source.node = node(id);
+        let client = client(source);
+        wait_hosts(&mut client.updates("web").unwrap(), &[8201]).await;
+        tokio::task::block_in_place(|| {
+            server.wait_request("our ACK", 0, |r| {
+                r["node"] == id && r["response_nonce"] != ""
+            })
+        });
+        clients.push(client);
+    }
+    let envoy = tokio::task::block_in_place(|| {
+        server.wait_request("Envoy's subscription", 0, |r| r["node"] == "envoy-node")
+    });
+    let requests = server.requests();
+    for id in ["ours-sotw", "ours-delta", "ours-rest"] {
+        let ours: Vec<&Value> = requests.iter().filter(|r| r["node"] == id).collect();
+        assert!(ours.len() >= 2, "{id}: a subscription and an ACK: {ours:?}");
+        for request in ours {
+            assert_eq!(configured_part(request), configured_part(&envoy), "{id}");
+            assert_eq!(request["identity"]["user_agent_name"], "proxy", "{id}");
+        }
+    }
+    assert_eq!(configured_part(&envoy), identity(), "{envoy}");
 }
 
 /// `(port, weight, priority, health)` of Envoy's hosts of `cluster`.

@@ -81,6 +81,7 @@ class Store:
             "rpc": rpc,
             "stream": stream,
             "node": request.node.id,
+            "identity": json_format.MessageToDict(request.node, preserving_proto_field_name=True),
             "type_url": request.type_url,
             "response_nonce": request.response_nonce,
             "error_detail": detail,

@@ -46,6 +46,7 @@ pub mod cla;
 pub mod config;
 mod grpc;
 pub mod json;
+pub mod node;
 mod rest;
 mod state;
 pub mod stats;
@@ -57,7 +58,6 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use envoy_types::pb::envoy::config::core::v3::Node;
 use tokio::{
     sync::{Notify, watch},
     task::AbortHandle,
@@ -520,13 +520,7 @@ pub fn spawn_eds(source: XdsSource, watches: Vec<EdsWatch>) -> Result<EdsClient,
     let resources_changed = Arc::new(Notify::new());
     let kept_source = source.clone();
     let backoff = Backoff::new(source.backoff.0, source.backoff.1);
-    let node = Node {
-        id: source.node.id.clone(),
-        cluster: source.node.cluster.clone(),
-        // The product, as Envoy sends "envoy"; control planes log and may match on it.
-        user_agent_name: "proxy".to_owned(),
-        ..Default::default()
-    };
+    let node = node::to_proto(&source.node);
     let tls = source.tls.map(Arc::new);
     let main = match source.transport {
         Transport::Grpc { uri, api, delta } => {

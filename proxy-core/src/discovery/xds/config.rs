@@ -43,8 +43,9 @@ pub struct XdsConfig {
     pub ads_config: Option<ApiConfigSource>,
 }
 
-/// Envoy's `core.v3.Node` subset that control planes key on.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
+/// Envoy's bootstrap `node` (`core.v3.Node`): the identity control planes key and select on,
+/// sent on every stream and every REST request (`node.rs` builds the wire forms).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeConfig {
     /// `node.id`: unique per proxy instance; must not be empty.
@@ -52,6 +53,28 @@ pub struct NodeConfig {
     /// `node.cluster`: the service cluster this proxy belongs to.
     #[serde(default)]
     pub cluster: String,
+    /// `node.metadata`: free-form values a control plane selects on (Istio, for example,
+    /// reads its proxy's settings from here); sent as a `google.protobuf.Struct`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, serde_json::Value>,
+    /// `node.locality`: where this proxy runs, for control planes that route by zone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locality: Option<NodeLocality>,
+}
+
+/// Envoy's `core.v3.Locality` of the node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeLocality {
+    /// The region.
+    #[serde(default)]
+    pub region: String,
+    /// The zone within the region.
+    #[serde(default)]
+    pub zone: String,
+    /// The sub-zone within the zone.
+    #[serde(default)]
+    pub sub_zone: String,
 }
 
 /// A cluster's `eds_cluster_config`.

@@ -29,7 +29,7 @@ use prost::Message;
 use serde::{Deserialize, Deserializer, de};
 use serde_json::json;
 
-use crate::discovery::xds::{config::NodeConfig, state::CLA_TYPE_URL};
+use crate::discovery::xds::{config::NodeConfig, node, state::CLA_TYPE_URL};
 
 /// A REST `DiscoveryRequest` as JSON; empty fields are omitted, as proto3 JSON does.
 pub fn discovery_request(
@@ -40,7 +40,7 @@ pub fn discovery_request(
     error: Option<(i32, &str)>,
 ) -> serde_json::Value {
     let mut request = json!({
-        "node": { "id": node.id, "cluster": node.cluster },
+        "node": node::to_json(node),
         "resourceNames": resource_names,
         "typeUrl": CLA_TYPE_URL,
     });

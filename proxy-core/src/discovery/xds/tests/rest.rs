@@ -109,6 +109,7 @@ async fn rest_polls_acks_nacks_and_keeps_hosts_on_failure() {
         node: NodeConfig {
             id: "node-1".into(),
             cluster: "edge".into(),
+            ..NodeConfig::default()
         },
         initial_fetch_timeout: Duration::ZERO,
         backoff: (Duration::from_millis(20), Duration::from_millis(40)),
@@ -134,7 +135,16 @@ async fn rest_polls_acks_nacks_and_keeps_hosts_on_failure() {
     assert_eq!(path, EDS_REST_PATH);
     assert_eq!(
         first,
-        json!({"node": {"id": "node-1", "cluster": "edge"}, "resourceNames": ["web"], "typeUrl": CLA_TYPE_URL})
+        json!({
+            "node": {
+                "id": "node-1",
+                "cluster": "edge",
+                "userAgentName": "proxy",
+                "userAgentVersion": env!("CARGO_PKG_VERSION")
+            },
+            "resourceNames": ["web"],
+            "typeUrl": CLA_TYPE_URL
+        })
     );
     let (_, second) = next().await;
     assert_eq!(

@@ -10,7 +10,8 @@ use super::{
     server::{FakeServer, Opened},
 };
 use crate::discovery::xds::{
-    CLA_TYPE_URL, EdsClient, EdsWatch, GrpcApi, NodeConfig, Transport, XdsSource, spawn_eds,
+    CLA_TYPE_URL, EdsClient, EdsWatch, GrpcApi, NodeConfig, Transport, XdsSource,
+    config::NodeLocality, spawn_eds,
 };
 
 fn client(server: &FakeServer, api: GrpcApi, delta: bool) -> EdsClient {
@@ -34,6 +35,11 @@ fn client_source(server: &FakeServer, api: GrpcApi, delta: bool) -> XdsSource {
         node: NodeConfig {
             id: "node-1".into(),
             cluster: "edge".into(),
+            metadata: [("team".to_owned(), serde_json::json!("payments"))].into(),
+            locality: Some(NodeLocality {
+                zone: "z1".into(),
+                ..NodeLocality::default()
+            }),
         },
         initial_fetch_timeout: Duration::ZERO,
         backoff: (Duration::from_millis(20), Duration::from_millis(100)),
@@ -84,6 +90,14 @@ async fn sotw_sequence(api: GrpcApi) {
             .map(|n| (n.id.as_str(), n.cluster.as_str())),
         Some(("node-1", "edge"))
     );
+    let node = first.node.as_ref().unwrap();
+    assert!(
+        node.metadata
+            .as_ref()
+            .is_some_and(|m| m.fields.contains_key("team")),
+        "{node:?}"
+    );
+    assert_eq!(node.locality.as_ref().map(|l| l.zone.as_str()), Some("z1"));
 
     // Good v1: ACK with version and nonce.
     stream
@@ -222,7 +236,10 @@ async fn delta_sequence(api: GrpcApi) {
         (vec!["web".to_owned()], CLA_TYPE_URL)
     );
     assert!(first.initial_resource_versions.is_empty() && first.response_nonce.is_empty());
-    assert_eq!(first.node.map(|n| n.id), Some("node-1".to_owned()));
+    assert_eq!(
+        first.node.map(|n| (n.id, n.locality.map(|l| l.zone))),
+        Some(("node-1".to_owned(), Some("z1".to_owned())))
+    );
 
     stream
         .send(Ok(delta("d1", &[("a", cla("web", &[9001]))], &[])))
@@ -314,7 +331,7 @@ async fn unreachable_server_counts_failures_and_initializes() {
         },
         node: NodeConfig {
             id: "node-1".into(),
-            cluster: String::new(),
+            ..NodeConfig::default()
         },
         initial_fetch_timeout: Duration::from_secs(30),
         backoff: (Duration::from_millis(10), Duration::from_millis(20)),

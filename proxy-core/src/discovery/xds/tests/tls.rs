@@ -109,6 +109,7 @@ fn tls_client(server: &FakeServer, tls: TlsSettings) -> EdsClient {
         node: NodeConfig {
             id: "node-1".into(),
             cluster: "edge".into(),
+            ..NodeConfig::default()
         },
         initial_fetch_timeout: Duration::ZERO,
         backoff: (Duration::from_millis(10), Duration::from_millis(50)),

@@ -8,6 +8,7 @@ mod bench;
 mod consul;
 mod demo;
 mod fuzz;
+mod integration;
 mod lint;
 mod qemu;
 mod setup;

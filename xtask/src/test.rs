@@ -5,7 +5,7 @@
 use anyhow::Context as _;
 
 use crate::{
-    bench, fuzz, lint, setup,
+    bench, fuzz, integration, lint, setup,
     util::{self, step},
     vm,
 };
@@ -41,14 +41,7 @@ pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
     let proxy = util::build_proxy()?;
     step("integration tests (root: network namespaces, cgroups, eBPF, real servers)");
     let python = util::workspace_root().join(".venv/bin/python");
-    let mut integration = util::cargo();
-    integration
-        .args(["test", "--package", "integration-tests", "--no-fail-fast"])
-        .env("PROXY_BIN", &proxy)
-        .env("PROXY_TEST_PYTHON", &python);
-    integration.args(filter.map(|f| vec!["--", f]).unwrap_or_default());
-    let integrated =
-        util::run(&mut integration, "integration tests").context("integration tests failed");
+    let integrated = integration::run(&proxy, &python, filter).context("integration tests failed");
     // The kernel tests again on the oldest supported kernel, in QEMU (about a minute, plus the
     // kernel download on a fresh target directory), whatever the host's own kernel is.
     step("kernel tests on Linux 5.10 in QEMU (cargo xtask vm --kernel 5.10)");

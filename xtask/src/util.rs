@@ -97,3 +97,37 @@ pub fn build_proxy() -> anyhow::Result<PathBuf> {
     )?;
     Ok(target_dir()?.join("debug").join("proxy"))
 }
+
+/// Builds the test binaries of `package` (`cargo test --no-run`) and returns each with its
+/// target's name (`kernel_path`, ...; the library's own tests under the crate name), by name.
+pub fn test_binaries(package: &str) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    step(format!("building the test binaries of {package}"));
+    let out = output(
+        cargo().args([
+            "test",
+            "--package",
+            package,
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ]),
+        "cargo test --no-run",
+    )?;
+    let mut binaries = Vec::new();
+    for line in out.lines().filter(|l| l.starts_with('{')) {
+        let msg: serde_json::Value = serde_json::from_str(line).context("cargo's JSON output")?;
+        let is_test = msg["profile"]["test"].as_bool() == Some(true);
+        if let (true, Some(name), Some(exe)) = (
+            is_test,
+            msg["target"]["name"].as_str(),
+            msg["executable"].as_str(),
+        ) {
+            binaries.push((name.to_owned(), PathBuf::from(exe)));
+        }
+    }
+    if binaries.is_empty() {
+        bail!("{package} has no test binaries");
+    }
+    binaries.sort();
+    binaries.dedup();
+    Ok(binaries)
+}

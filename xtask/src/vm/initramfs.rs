@@ -139,38 +139,14 @@ fn busybox() -> anyhow::Result<PathBuf> {
 
 /// `cargo test -p integration-tests --no-run`, returning the test executables named `kernel_*`.
 fn build_kernel_tests() -> anyhow::Result<Vec<PathBuf>> {
-    step("building the kernel test binaries (integration-tests, kernel_*)");
-    let out = util::output(
-        util::cargo().args([
-            "test",
-            "--package",
-            "integration-tests",
-            "--no-run",
-            "--message-format=json",
-        ]),
-        "cargo test --no-run",
-    )?;
-    let mut tests = Vec::new();
-    for line in out.lines().filter(|l| l.starts_with('{')) {
-        let msg: serde_json::Value = serde_json::from_str(line).context("cargo's JSON output")?;
-        let target = &msg["target"];
-        let is_test = target["kind"]
-            .as_array()
-            .is_some_and(|k| k.iter().any(|k| k == "test"));
-        let name = target["name"].as_str().unwrap_or_default();
-        if let (true, true, Some(exe)) = (
-            is_test,
-            name.starts_with("kernel_"),
-            msg["executable"].as_str(),
-        ) {
-            tests.push(PathBuf::from(exe));
-        }
-    }
+    let tests: Vec<PathBuf> = util::test_binaries("integration-tests")?
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("kernel_"))
+        .map(|(_, exe)| exe)
+        .collect();
     if tests.is_empty() {
         bail!("integration-tests has no test binaries named kernel_*");
     }
-    tests.sort();
-    tests.dedup();
     Ok(tests)
 }
 

@@ -26,7 +26,10 @@ pub use self::{
     mounts::{cgroup2_mount, resolve_cgroup},
     pair::{PAIR_CREDIT, PairError, PairGuard, PairSide, PairSplicer},
     pins::RetiredPins,
-    publish::{PublishOutcome, Publisher, ServiceSpec, backend_of, service_key as publish_key},
+    publish::{
+        PublishOutcome, PublishState, Publisher, ServiceSpec, backend_of,
+        service_key as publish_key,
+    },
     runtime::{OriginalDestinations, PassiveReport, RuntimeMaps, socket_addr as kernel_addr},
 };
 

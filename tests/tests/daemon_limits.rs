@@ -101,6 +101,11 @@ fn an_eds_update_over_the_map_limit_is_nacked_and_other_sizes_than_the_pins_are_
         "served by the last hosts"
     );
     assert_eq!(daemon.stat("cluster.web.update_rejected"), 1);
+    assert_eq!(
+        daemon.stat("service.web.hosts_stale"),
+        0,
+        "nothing failed to publish"
+    );
 
     // The stream goes on: a set that fits is taken.
     server.push("web", "3", endpoints(&[b.to_owned()]));
@@ -155,4 +160,59 @@ fn run_refused(config: &str) -> (std::process::ExitStatus, String) {
 
 fn read(path: &std::path::Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// Waits (at most 15 s) until stat `name` is `want`.
+fn wait_for_stat(daemon: &Daemon, name: &str, want: u64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while daemon.stat(name) != want {
+        assert!(
+            Instant::now() < deadline,
+            "{name} never became {want}:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// What only a publish can find: two clusters of 8 hosts fill 16 backends, each within its own
+/// limit, so a new set of 8 for one of them has no room beside the live ones. The service keeps
+/// its hosts and says so in `hosts_stale` until a publish succeeds again.
+#[test]
+fn a_service_whose_newest_hosts_did_not_fit_is_shown_stale() {
+    require_root();
+    let cgroup = TestCgroup::new();
+    let server = XdsServer::start();
+    let hosts =
+        |net: u8| -> Vec<String> { (1..=8).map(|i| format!("127.0.{net}.{i}:80")).collect() };
+    server.push("web", "1", endpoints(&hosts(1)));
+    server.push("api", "1", endpoints(&hosts(2)));
+    let eds = "    type: EDS\n    eds_cluster_config: { eds_config: { ads: {} } }\n";
+    let yaml = format!(
+        "{SMALL}instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nxds:\n  node: {{ id: {}, cluster: edge }}\n  ads_config: {{ api_type: GRPC, server_uri: \"{}\" }}\nclusters:\n  - name: web\n{eds}  - name: api\n{eds}services:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web }}\n  - {{ name: api, address: 127.77.0.2, port: 80, cluster: api }}\n",
+        unique("t"),
+        cgroup.path().display(),
+        unique("node"),
+        server.grpc_addr(),
+    );
+    let mut daemon = Daemon::start(&yaml);
+    assert_eq!(daemon.stat("service.web.hosts_stale"), 0, "both published");
+
+    server.push("web", "2", endpoints(&hosts(3)));
+    wait_for_stat(&daemon, "service.web.hosts_stale", 1);
+    assert_eq!(
+        daemon.stat("service.web.publish_failed"),
+        1,
+        "one publish of set 2"
+    );
+    assert_eq!(
+        daemon.stat("service.api.hosts_stale"),
+        0,
+        "the other service"
+    );
+
+    // Back to the set the kernel serves: nothing to write, and the service is current again.
+    server.push("web", "3", endpoints(&hosts(1)));
+    wait_for_stat(&daemon, "service.web.hosts_stale", 0);
+    assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
 }

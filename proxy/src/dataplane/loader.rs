@@ -317,6 +317,11 @@ impl Dataplane {
         self.publisher.service_counts(key)
     }
 
+    /// Whether the service at `key` runs on an older host set ([`Publisher::publish_state`]).
+    pub fn publish_state(&self, key: &proxy_common::service::ServiceKey) -> super::PublishState {
+        self.publisher.publish_state(key)
+    }
+
     /// Which of the services at `keys` carried traffic ([`Publisher::used`]).
     pub fn used_services(&self, keys: &[proxy_common::service::ServiceKey]) -> Vec<bool> {
         self.publisher.used(keys)

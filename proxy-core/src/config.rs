@@ -11,6 +11,7 @@ pub mod envoy;
 mod error;
 mod file;
 pub use self::file::{MAX_FILE, read_config_file};
+pub mod kernel_maps;
 pub mod locate;
 pub mod proxy;
 mod service;
@@ -28,6 +29,7 @@ pub use self::{
         LocalityLbEndpoints, Metadata, OriginalDstLbConfig, SocketAddress,
     },
     error::ConfigError,
+    kernel_maps::MapSizes,
     proxy::{ProxyConfig, ProxyProtocolMode, SpliceMode},
     service::{Protocol, Service, ServiceMode},
 };
@@ -130,6 +132,12 @@ pub struct Config {
     /// appear in the daemon's log with the target `kernel`.
     #[serde(default)]
     pub kernel_log: KernelLogLevel,
+    /// Entries of the kernel maps that hold services and host sets (`services`, `slot_tables`,
+    /// `backends`): a cluster with more hosts than fit, or more services than fit, is refused
+    /// (see SECURITY.md, "Limits"). Fixed at start; default the sizes the kernel object
+    /// declares.
+    #[serde(default)]
+    pub kernel_maps: MapSizes,
     /// Compiled discovery chains by service name, filled when the file is validated.
     #[serde(skip)]
     pub chains: std::collections::BTreeMap<String, proxy_chain::CompiledDiscoveryChain>,

@@ -76,6 +76,8 @@ pub struct Upstream {
     outlier_detection: bool,
     /// Hosts of the source's last update that the guard left out (gauge).
     refused: Arc<AtomicU64>,
+    /// Host sets skipped because they do not fit the kernel maps (counter).
+    too_large: Arc<AtomicU64>,
     /// The proxy path's connections to the cluster's hosts.
     traffic: Arc<UpstreamTraffic>,
     task: JoinHandle<()>,
@@ -132,6 +134,7 @@ impl Upstream {
         let (init_tx, initialized) = watch::channel(false);
         let (views, views_rx) = mpsc::unbounded_channel();
         let refused = Arc::new(AtomicU64::new(0));
+        let too_large = Arc::new(AtomicU64::new(0));
         let traffic = Arc::new(UpstreamTraffic::default());
         let inputs = Inputs {
             hosts: source.updates(),
@@ -139,6 +142,7 @@ impl Upstream {
                 guard: guard.clone(),
                 cluster: name.clone(),
                 refused: refused.clone(),
+                too_large: too_large.clone(),
                 traffic: traffic.clone(),
             },
             // The cluster's one subscription, taken before its first hosts register probes.
@@ -161,6 +165,7 @@ impl Upstream {
             source,
             outlier_detection,
             refused,
+            too_large,
             traffic,
             task,
         })
@@ -236,6 +241,10 @@ impl Upstream {
             format!("cluster.{}.hosts_refused", self.name),
             self.refused.load(Ordering::Relaxed),
         );
+        stats.insert(
+            format!("cluster.{}.update_too_large", self.name),
+            self.too_large.load(Ordering::Relaxed),
+        );
         for (name, value) in self.traffic.named() {
             stats.insert(format!("cluster.{}.{name}", self.name), value);
         }
@@ -270,15 +279,23 @@ struct Guarded {
     guard: HostGuard,
     cluster: String,
     refused: Arc<AtomicU64>,
+    /// Host sets skipped because they do not fit the kernel maps (counter).
+    too_large: Arc<AtomicU64>,
     /// Per-host counters of hosts no longer discovered are forgotten here.
     traffic: Arc<UpstreamTraffic>,
 }
 
 impl Guarded {
     /// `hosts` less what the guard refuses; a change in what is refused is logged. Per-host
-    /// counters of hosts left out (and with no open connection) are forgotten.
-    fn apply(&self, hosts: HostSet) -> HostSet {
+    /// counters of hosts left out (and with no open connection) are forgotten. `None`: the set
+    /// does not fit the kernel maps, and the cluster keeps its last hosts (counted, logged).
+    fn apply(&self, hosts: HostSet) -> Option<HostSet> {
         let (kept, refused) = self.guard.filter(hosts);
+        if let Some(why) = self.guard.too_many(kept.len()) {
+            self.too_large.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(cluster = %self.cluster, reason = %why, "host set skipped: the cluster's last hosts are kept");
+            return None;
+        }
         let before = self.refused.swap(refused.len() as u64, Ordering::Relaxed);
         if before != refused.len() as u64 {
             for (addr, why) in &refused {
@@ -287,7 +304,7 @@ impl Guarded {
         }
         let discovered: std::collections::HashSet<_> = kept.iter().map(|h| h.addr).collect();
         self.traffic.retain_hosts(|addr| discovered.contains(&addr));
-        kept
+        Some(kept)
     }
 }
 
@@ -331,7 +348,7 @@ async fn run(health: Arc<Mutex<ClusterHealth>>, inputs: Inputs, out: Outputs, sw
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     };
     let initial = guard.apply(hosts.borrow_and_update().hosts.clone());
-    lock().update_hosts(initial);
+    lock().update_hosts(initial.unwrap_or_default());
     let mut ticker = tokio::time::interval_at(
         crate::time::after_tokio(tokio::time::Instant::now(), sweep),
         sweep,
@@ -352,8 +369,9 @@ async fn run(health: Arc<Mutex<ClusterHealth>>, inputs: Inputs, out: Outputs, sw
         tokio::select! {
             next = hosts.changed() => match next {
                 Ok(()) => {
-                    let set = guard.apply(hosts.borrow_and_update().hosts.clone());
-                    lock().update_hosts(set);
+                    if let Some(set) = guard.apply(hosts.borrow_and_update().hosts.clone()) {
+                        lock().update_hosts(set);
+                    }
                 }
                 Err(_) => return,
             },
@@ -676,5 +694,45 @@ mod tests {
             .find(|(k, _)| k == "cluster.c.hosts_refused")
             .map(|(_, v)| v);
         assert_eq!(refused, Some(2));
+    }
+
+    /// Whatever the source (DNS, Consul), a host set larger than the kernel maps take is
+    /// skipped: the cluster keeps its last hosts, and `update_too_large` counts the skip.
+    #[tokio::test(start_paused = true)]
+    async fn a_host_set_too_large_for_the_kernel_maps_is_skipped_and_counted() {
+        let yaml = "kernel_maps: { backends: 16 }\nclusters:\n  - name: c\n";
+        let config = Config::parse(yaml, Path::new("t.yaml")).expect("valid");
+        let set = |n: u8| (1..=n).map(|i| Host::new(addr(i))).collect::<Vec<_>>();
+        let mut first = SourceUpdate::default();
+        first.advance(set(8));
+        let (hosts, _) = watch::channel(first);
+        let up = Upstream::with_source(
+            &config.clusters[0],
+            &HealthCheckManager::default(),
+            Box::new(Scripted(hosts.clone())),
+            &HostGuard::for_config(&config),
+        )
+        .unwrap();
+        let mut routing = up.routing();
+        let eight = routing.wait_for(|r| r.routable().len() == 8).await.is_ok();
+        assert!(eight, "8 hosts: half of 16 backends fits");
+        let too_large = |up: &Upstream| {
+            let mut stats = up.stats().into_iter();
+            stats
+                .find(|(k, _)| k == "cluster.c.update_too_large")
+                .map(|(_, v)| v)
+        };
+        assert_eq!(too_large(&up), Some(0));
+        hosts.send_modify(|u| u.advance(set(9)));
+        // Paused time advances only once every task is idle: the loop has taken the update.
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(too_large(&up), Some(1), "9 hosts: skipped");
+        assert_eq!(
+            routable(&routing),
+            set(8).iter().map(|h| h.addr).collect::<Vec<_>>()
+        );
+        hosts.send_modify(|u| u.advance(set(1)));
+        let one = routing.wait_for(|r| r.routable().len() == 1).await.is_ok();
+        assert!(one, "a set that fits is taken again");
     }
 }

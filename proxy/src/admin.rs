@@ -224,6 +224,25 @@ impl State {
             .collect()
     }
 
+    /// Each service's publish record: whether it runs on an older host set, and failures.
+    fn publish_states(&self) -> Vec<(&str, crate::dataplane::PublishState)> {
+        let guard = self
+            .dataplane
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(dp) = guard.as_ref() else {
+            return Vec::new();
+        };
+        self.config
+            .services
+            .iter()
+            .map(|svc| {
+                let key = crate::daemon::state::service_key(svc);
+                (svc.name.as_str(), dp.publish_state(&key))
+            })
+            .collect()
+    }
+
     /// The cluster whose connections are service `name`'s on the kernel path: its only cluster,
     /// for a direct-mode service that is not a chain.
     fn kernel_cluster(&self, name: &str) -> Option<&str> {

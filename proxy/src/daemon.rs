@@ -74,6 +74,7 @@ pub fn run(
         instance: config.instance.clone(),
         follow_sockets: needs_sockops(&config, &templates),
         kernel_log: config.kernel_log,
+        kernel_maps: config.kernel_maps,
     };
     // `--takeover`: the running daemon hands over before the instance's lock is taken.
     let inherited = takeover::request(&config, launch.takeover)

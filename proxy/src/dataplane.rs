@@ -16,6 +16,7 @@ mod pair;
 mod pins;
 mod publish;
 mod runtime;
+mod sizes;
 
 pub use self::{
     error::DataplaneError,
@@ -25,7 +26,10 @@ pub use self::{
     mounts::{cgroup2_mount, resolve_cgroup},
     pair::{PAIR_CREDIT, PairError, PairGuard, PairSide, PairSplicer},
     pins::RetiredPins,
-    publish::{PublishOutcome, Publisher, ServiceSpec, backend_of, service_key as publish_key},
+    publish::{
+        PublishOutcome, PublishState, Publisher, ServiceSpec, backend_of,
+        service_key as publish_key,
+    },
     runtime::{OriginalDestinations, PassiveReport, RuntimeMaps, socket_addr as kernel_addr},
 };
 
@@ -92,6 +96,21 @@ mod tests {
                 }
                 aya_obj::Map::Btf(_) => assert_eq!(name, abi::maps::SOCK_VIP, "{name}"),
             }
+        }
+    }
+
+    /// The sized maps declare the sizes `kernel_maps` defaults to, which the docs give.
+    #[test]
+    fn the_sized_maps_declare_the_kernel_maps_defaults() {
+        let obj = object();
+        let sizes = proxy_core::config::MapSizes::default();
+        for (name, entries) in [
+            (abi::maps::SERVICES, sizes.services),
+            (abi::maps::SVC_COUNTERS, sizes.services),
+            (abi::maps::SLOTS, sizes.slot_tables),
+            (abi::maps::BACKENDS, sizes.backends),
+        ] {
+            assert_eq!(obj.maps[name].max_entries(), entries, "{name}");
         }
     }
 

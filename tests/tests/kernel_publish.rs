@@ -285,6 +285,7 @@ fn a_dropped_data_path_keeps_both_layouts_and_the_next_adopts_them() {
         instance: unique("pta"),
         follow_sockets: true,
         kernel_log: proxy_core::config::KernelLogLevel::Off,
+        kernel_maps: proxy_core::config::MapSizes::default(),
     };
     let _pins = PinDir(opts.bpffs.join(&opts.instance));
     let (single, table) = (V4.set_a[0], [V4.set_b[0], V4.set_b[1]]);

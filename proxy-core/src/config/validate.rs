@@ -30,7 +30,8 @@ pub(super) fn validate(config: &mut Config) -> Result<(), Invalid> {
             None => validate_cluster(i, cluster, &guard)?,
         }
     }
-    validate_services(config)
+    validate_services(config)?;
+    super::kernel_maps::check_config(config)
 }
 
 fn validate_names(config: &Config) -> Result<(), Invalid> {

@@ -6,6 +6,9 @@
 //! and goes nowhere). Refused hosts are left out of the cluster, logged once per change, and
 //! counted in the cluster's `hosts_refused` gauge; the others are used. `proxy check` refuses
 //! them in a STATIC cluster's endpoints.
+//!
+//! A whole host set larger than the kernel maps take (`kernel_maps`) is refused too: the
+//! cluster keeps its last hosts (see `upstream`).
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -35,6 +38,8 @@ fn is_link_local(ip: IpAddr) -> bool {
 pub struct HostGuard {
     own: Arc<[SocketAddr]>,
     vips: Arc<[SocketAddr]>,
+    /// The kernel maps' sizes a host set must fit; `None`: no limit.
+    maps: Option<crate::config::MapSizes>,
 }
 
 impl HostGuard {
@@ -45,6 +50,7 @@ impl HostGuard {
         Self {
             own: own.into(),
             vips: Arc::default(),
+            maps: None,
         }
     }
 
@@ -62,7 +68,14 @@ impl HostGuard {
         Self {
             own: own.into(),
             vips,
+            maps: Some(config.kernel_maps),
         }
+    }
+
+    /// Why a set of `hosts` hosts does not fit the kernel maps, if it does not.
+    #[must_use]
+    pub fn too_many(&self, hosts: usize) -> Option<String> {
+        self.maps.as_ref()?.hosts_refusal(hosts)
     }
 
     /// Why `addr` cannot be a host, if it cannot.

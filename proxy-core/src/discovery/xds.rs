@@ -240,7 +240,7 @@ impl XdsClients {
             return Ok(clients);
         };
         for (source, watches) in plan(xds, &clusters, &static_resolver(config))? {
-            let client = Arc::new(spawn_eds(source, watches)?);
+            let client = Arc::new(spawn_eds_within(source, watches, Some(config.kernel_maps))?);
             for name in client.clusters() {
                 clients.by_cluster.insert(name, Arc::clone(&client));
             }
@@ -298,7 +298,7 @@ impl XdsClients {
             if let Some(client) = running.iter().find(|c| *c.source() == source) {
                 self.keep_or_subscribe(client, watches, &mut change)?;
             } else {
-                let client = Arc::new(spawn_eds(source, watches)?);
+                let client = Arc::new(spawn_eds_within(source, watches, Some(new.kernel_maps))?);
                 change.started += 1;
                 for name in client.clusters() {
                     change.next.insert(name, Arc::clone(&client));
@@ -496,6 +496,15 @@ impl DiscoverySource for EdsSource {
 /// Starts the subscriptions of `watches` on `source`. Must be called within a tokio runtime.
 /// A cluster name may appear once; several clusters may share a resource name.
 pub fn spawn_eds(source: XdsSource, watches: Vec<EdsWatch>) -> Result<EdsClient, XdsConfigError> {
+    spawn_eds_within(source, watches, None)
+}
+
+/// [`spawn_eds`], NACKing an assignment with more hosts than `maps` take (`None`: no limit).
+pub fn spawn_eds_within(
+    source: XdsSource,
+    watches: Vec<EdsWatch>,
+    maps: Option<crate::config::MapSizes>,
+) -> Result<EdsClient, XdsConfigError> {
     let mut outputs = BTreeMap::new();
     let mut sinks = Vec::new();
     for watch in watches {
@@ -515,7 +524,7 @@ pub fn spawn_eds(source: XdsSource, watches: Vec<EdsWatch>) -> Result<EdsClient,
         let cluster = watch.cluster;
         sinks.push((watch.resource, Sink { cluster, tx, stats }));
     }
-    let state = Arc::new(Mutex::new(EdsState::new(sinks)));
+    let state = Arc::new(Mutex::new(EdsState::new(sinks).within(maps)));
     let control = Arc::new(ControlPlaneStats::default());
     let resources_changed = Arc::new(Notify::new());
     let kept_source = source.clone();

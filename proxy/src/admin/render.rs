@@ -29,6 +29,15 @@ fn all_stats(state: &State) -> BTreeMap<String, u64> {
             stats.insert(format!("service.{service}.{stat}"), value);
         }
     }
+    // The kernel serves an older host set than the service's newest (its publish failed).
+    for (service, publish) in state.publish_states() {
+        let stale = u64::from(publish.stale);
+        stats.insert(format!("service.{service}.hosts_stale"), stale);
+        stats.insert(
+            format!("service.{service}.publish_failed"),
+            publish.failures,
+        );
+    }
     for upstream in state.upstreams.values() {
         stats.extend(upstream.stats());
     }
@@ -114,6 +123,7 @@ fn is_gauge(name: &str) -> bool {
         || leaf == "healthy"
         || leaf.ends_with("_active")
         || leaf == "original_dst_hosts"
+        || leaf == "hosts_stale"
         || name.starts_with("server.")
 }
 

@@ -164,7 +164,7 @@ pub fn plan(
 
 /// The fields that shape what this run attached and bound: the instance and its pins, the
 /// cgroup, the admin listener, the proxy listeners and their settings, splicing, the kernel
-/// programs' log level.
+/// programs' log level, the kernel maps' sizes.
 fn fixed_fields(old: &Config, new: &Config) -> Result<(), NeedsRestart> {
     let mut changed = Vec::new();
     if old.instance != new.instance {
@@ -188,6 +188,10 @@ fn fixed_fields(old: &Config, new: &Config) -> Result<(), NeedsRestart> {
     // The programs' log level is a read-only global, fixed when they were loaded.
     if old.kernel_log != new.kernel_log {
         changed.push("kernel_log");
+    }
+    // The maps' sizes are fixed when they are created.
+    if old.kernel_maps != new.kernel_maps {
+        changed.push("kernel_maps");
     }
     if changed.is_empty() {
         return Ok(());
@@ -367,6 +371,7 @@ mod tests {
             ("admin: { address: 127.0.0.1:15999 }\n", "admin"),
             ("splice: true\n", "splice"),
             ("kernel_log: warn\n", "kernel_log"),
+            ("kernel_maps: { backends: 1024 }\n", "kernel_maps"),
             ("proxy: { drain_timeout: 3s }\n", "proxy"),
         ] {
             let new = config(&[("a", 1)], &[("s", "127.77.0.1", "a")], extra);

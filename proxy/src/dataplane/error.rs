@@ -137,6 +137,23 @@ pub enum DataplaneError {
         /// What does not fit.
         message: String,
     },
+    /// A map pinned by a previous run has another size than `kernel_maps` asks for.
+    #[error(
+        "map {name} pinned at {} holds {pinned} entries, the configuration asks for {wanted} (kernel_maps.{field}); sizes are fixed when the maps are created: set kernel_maps.{field} to {pinned}, or stop the daemon, remove the instance with `proxy uninstall` (the data path stops serving) and start again",
+        path.display()
+    )]
+    PinnedSize {
+        /// The map.
+        name: &'static str,
+        /// Its pin.
+        path: PathBuf,
+        /// Its size.
+        pinned: u32,
+        /// The configured size.
+        wanted: u32,
+        /// The `kernel_maps` field that sets it.
+        field: &'static str,
+    },
     /// The proxy-pair splicing program could not be attached (the rest of the data path works;
     /// `splice: kernel` cannot).
     #[error(

@@ -7,14 +7,14 @@ use std::{
 };
 
 use aya::{
-    Ebpf, EbpfLoader,
+    Ebpf,
     programs::{
         CgroupAttachMode, Program,
         links::{FdLink, PinnedLink},
     },
 };
 use proxy_common::abi::{self, maps, pins, programs};
-use proxy_core::config::KernelLogLevel;
+use proxy_core::config::{KernelLogLevel, MapSizes};
 use tracing::{debug, info, warn};
 
 use super::{
@@ -61,6 +61,9 @@ pub struct DataplaneOptions {
     /// The level of the programs' log records, fixed at load ([`KernelLogLevel::Off`]: none,
     /// and no reader of the log buffer).
     pub kernel_log: KernelLogLevel,
+    /// The sizes of the service, slot table and backend maps; a previous run's pins of other
+    /// sizes are refused ([`DataplaneError::PinnedSize`]).
+    pub kernel_maps: MapSizes,
 }
 
 /// The loaded and attached kernel programs and their maps.
@@ -169,7 +172,7 @@ impl Dataplane {
         }
         let features = kernel_features();
         let log_level = opts.kernel_log.abi();
-        let mut ebpf = EbpfLoader::new()
+        let mut ebpf = super::sizes::loader(pin_dir, &opts.kernel_maps)?
             .default_map_pin_directory(pin_dir)
             .map_pin_path(maps::SOCK_VIP, pin_dir.join(maps::SOCK_VIP))
             .override_global(abi::features::GLOBAL, &features, true)
@@ -312,6 +315,11 @@ impl Dataplane {
         key: &proxy_common::service::ServiceKey,
     ) -> Option<proxy_common::counters::ServiceCounts> {
         self.publisher.service_counts(key)
+    }
+
+    /// Whether the service at `key` runs on an older host set ([`Publisher::publish_state`]).
+    pub fn publish_state(&self, key: &proxy_common::service::ServiceKey) -> super::PublishState {
+        self.publisher.publish_state(key)
     }
 
     /// Which of the services at `keys` carried traffic ([`Publisher::used`]).

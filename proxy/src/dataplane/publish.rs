@@ -14,6 +14,8 @@
 //! levels are routable hosts, so it would never read a lower one (the daemon republishes when the
 //! first level empties).
 
+mod stale;
+
 use std::{
     collections::{BTreeMap, HashMap as StdHashMap, HashSet, VecDeque},
     net::{IpAddr, SocketAddr},
@@ -33,6 +35,8 @@ use proxy_common::{
 use proxy_core::lb::{self, SlotHost};
 use tracing::{debug, info};
 
+pub use self::stale::PublishState;
+use self::stale::StaleSets;
 use super::{DataplaneError, maps::ServiceMaps};
 use crate::sys::map_batch;
 
@@ -128,6 +132,8 @@ pub struct Publisher {
     round_robin: bool,
     /// Generations switched away from, freed once they are older than [`RETIRE_GRACE`].
     retiring: VecDeque<Retiring>,
+    /// Services whose newest host set failed to publish.
+    stale: StaleSets,
 }
 
 /// What [`Publisher::write_layout`] wrote for a new generation.
@@ -212,6 +218,7 @@ impl Publisher {
             follow_sockets,
             round_robin,
             retiring: VecDeque::new(),
+            stale: StaleSets::default(),
         })
     }
 
@@ -257,8 +264,21 @@ impl Publisher {
         self.adopted
     }
 
-    /// Makes the kernel serve `spec`, switching generations atomically.
+    /// Makes the kernel serve `spec`, switching generations atomically. A failure leaves the
+    /// service on its previous host set, recorded in [`Publisher::publish_state`].
     pub fn publish(&mut self, spec: &ServiceSpec) -> Result<PublishOutcome, DataplaneError> {
+        let result = self.switch_to(spec);
+        self.stale.record(spec.key, result.is_ok());
+        result
+    }
+
+    /// Whether the service at `key` runs on an older host set than its last publish asked for,
+    /// and how many of its publishes failed.
+    pub fn publish_state(&self, key: &ServiceKey) -> PublishState {
+        self.stale.of(key)
+    }
+
+    fn switch_to(&mut self, spec: &ServiceSpec) -> Result<PublishOutcome, DataplaneError> {
         self.reap(false);
         if spec.flags & FOLLOWED != 0 && !self.follow_sockets {
             return Err(DataplaneError::NoSockops {
@@ -326,6 +346,7 @@ impl Publisher {
 
     /// Removes a service: connects to its address proceed untouched from now on.
     pub fn remove(&mut self, key: &ServiceKey) -> Result<(), DataplaneError> {
+        self.stale.forget(key);
         let Some(live) = self.live.remove(key) else {
             return Ok(());
         };

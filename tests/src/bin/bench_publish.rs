@@ -82,6 +82,7 @@ fn main() {
         // Plain kernel-path services, as the daemon publishes them.
         follow_sockets: false,
         kernel_log: proxy_core::config::KernelLogLevel::Off,
+        kernel_maps: proxy_core::config::MapSizes::default(),
     };
     let mut dp = Dataplane::open(&opts).expect("opening the data path");
     // Join the cgroup (for the flip check's connects); move back before shutdown removes it.

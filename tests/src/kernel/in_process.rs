@@ -50,6 +50,7 @@ impl InProcess {
             instance: instance.to_owned(),
             follow_sockets,
             kernel_log: proxy_core::config::KernelLogLevel::Off,
+            kernel_maps: proxy_core::config::MapSizes::default(),
         })
     }
 
@@ -65,6 +66,7 @@ impl InProcess {
             instance: unique("ptl"),
             follow_sockets: false,
             kernel_log,
+            kernel_maps: proxy_core::config::MapSizes::default(),
         })
     }
 

@@ -31,11 +31,14 @@ use prost::Message;
 use thiserror::Error;
 use tokio::sync::watch;
 
-use crate::discovery::{
-    HostSet, SourceUpdate, diff_hosts,
-    xds::{
-        cla::{ClaError, check_constraints, map_hosts},
-        stats::{ClusterStats, version_gauge},
+use crate::{
+    config::MapSizes,
+    discovery::{
+        HostSet, SourceUpdate, diff_hosts,
+        xds::{
+            cla::{ClaError, check_constraints, map_hosts},
+            stats::{ClusterStats, version_gauge},
+        },
     },
 };
 
@@ -114,6 +117,14 @@ pub enum UpdateError {
         #[source]
         source: ClaError,
     },
+    /// An assignment with more hosts than the kernel maps take (`kernel_maps`).
+    #[error("cluster load assignment {name:?}: {reason}")]
+    TooManyHosts {
+        /// The assignment's `cluster_name`.
+        name: String,
+        /// The numbers: hosts, the map, its size and the limit.
+        reason: String,
+    },
     /// A REST answer that is not a valid JSON `DiscoveryResponse`.
     #[error("invalid JSON discovery response: {reason}")]
     Json {
@@ -157,6 +168,8 @@ pub(crate) struct EdsState {
     /// new stream's first request names every resource instead).
     pending_subscribe: Vec<String>,
     pending_unsubscribe: Vec<String>,
+    /// The kernel maps' sizes an assignment's hosts must fit (`None`: no limit).
+    maps: Option<MapSizes>,
 }
 
 impl EdsState {
@@ -176,6 +189,25 @@ impl EdsState {
             version_info: String::new(),
             pending_subscribe: Vec::new(),
             pending_unsubscribe: Vec::new(),
+            maps: None,
+        }
+    }
+
+    /// NACKs assignments with more hosts than `maps` take.
+    pub(crate) fn within(mut self, maps: Option<MapSizes>) -> Self {
+        self.maps = maps;
+        self
+    }
+
+    /// The hosts of `cla`, or why it is NACKed: invalid, or too many for the kernel maps.
+    fn hosts_of(&self, cla: &ClusterLoadAssignment) -> Result<HostSet, UpdateError> {
+        let hosts = map_hosts(cla).map_err(|source| invalid(cla, source))?;
+        match self.maps.and_then(|m| m.hosts_refusal(hosts.len())) {
+            Some(reason) => Err(UpdateError::TooManyHosts {
+                name: cla.cluster_name.clone(),
+                reason,
+            }),
+            None => Ok(hosts),
         }
     }
 
@@ -316,8 +348,7 @@ impl EdsState {
                 continue;
             }
             if self.resources.contains_key(name) {
-                let hosts = map_hosts(cla).map_err(|source| invalid(cla, source))?;
-                out.insert(name.clone(), hosts);
+                out.insert(name.clone(), self.hosts_of(cla)?);
             }
         }
         Ok(out)
@@ -400,7 +431,7 @@ impl EdsState {
                     found: cla.cluster_name,
                 });
             }
-            let hosts = map_hosts(&cla).map_err(|source| invalid(&cla, source))?;
+            let hosts = self.hosts_of(&cla)?;
             out.push((resource.name.clone(), resource.version.clone(), hosts));
         }
         Ok(out)

@@ -448,3 +448,40 @@ fn subscriptions_change_without_touching_the_others() {
     assert_eq!((web.version, ports(&web)), (1, vec![80]));
     assert_eq!(values(&clusters[0]).update_success, 2);
 }
+
+/// An assignment with more hosts than the kernel maps take is NACKed with the numbers (state
+/// of the world and delta alike); the hosts held stay, and a set that fits is taken.
+#[test]
+fn a_host_set_larger_than_the_kernel_maps_is_nacked_with_the_limit() {
+    let small = crate::config::MapSizes {
+        backends: 16,
+        ..crate::config::MapSizes::default()
+    };
+    let (state, clusters) = state(&["web"]);
+    let mut state = state.within(Some(small));
+    let eight: Vec<u32> = (80..88).collect();
+    let nine: Vec<u32> = (80..89).collect();
+    state
+        .apply_sotw(&sotw("1", "a", &[cla("web", &eight)]))
+        .unwrap();
+    let error = state
+        .apply_sotw(&sotw("2", "b", &[cla("web", &nine)]))
+        .unwrap_err();
+    let message = crate::discovery::xds::grpc::nack_status(&error).message;
+    assert_eq!(
+        message,
+        "cluster load assignment \"web\": 9 hosts do not fit the kernel maps: BACKENDS_V2 holds 16 entries (kernel_maps.backends) and a publish writes the new hosts beside the live ones, so one cluster may have at most 8"
+    );
+    assert_eq!(state.version_info(), "1", "NACKed: the last good version");
+    assert_eq!(ports(&clusters[0].rx.borrow()).len(), 8, "hosts kept");
+    let error = state
+        .apply_delta(&delta("n3", &[("3", cla("web", &nine))], &[]))
+        .unwrap_err();
+    assert!(matches!(error, UpdateError::TooManyHosts { .. }), "{error}");
+    let v = values(&clusters[0]);
+    assert_eq!((v.update_success, v.update_rejected), (1, 2));
+    state
+        .apply_delta(&delta("n4", &[("4", cla("web", &[90]))], &[]))
+        .unwrap();
+    assert_eq!(ports(&clusters[0].rx.borrow()), [90], "a set that fits");
+}

@@ -1,0 +1,218 @@
+//! Kernel map limits through the daemon and the kernel (root), at small configured sizes so
+//! that they are quick to reach: an EDS update with more hosts than `BACKENDS_V2` can take
+//! beside the live set is NACKed with the limit named while connects stay on the last hosts,
+//! and a start whose sizes differ from the instance's pinned maps is refused, leaving them
+//! serving.
+
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use integration_tests::{
+    kernel::{
+        BannerServers, Daemon, Netns, Probe, TempDir, TestCgroup, free_port, proxy_bin,
+        require_root, unique,
+    },
+    xds_server::XdsServer,
+};
+use serde_json::{Value, json};
+
+/// 16 backends: one cluster may hold 8 hosts.
+const SMALL: &str = "kernel_maps: { services: 16, slot_tables: 32, backends: 16 }\n";
+
+fn endpoints(addrs: &[String]) -> Value {
+    let one = |a: &String| {
+        let a: SocketAddr = a.parse().unwrap();
+        json!({"address": a.ip().to_string(), "port": a.port(), "health": "HEALTHY", "weight": 1})
+    };
+    Value::Array(addrs.iter().map(one).collect())
+}
+
+/// Probes until only `want` banners answer, within 15 s.
+fn wait_for_backends(netns: &Netns, cgroup: &TestCgroup, want: &[&str]) -> Probe {
+    let vip: SocketAddr = "127.77.0.1:80".parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let probe = Probe::run(netns, Some(cgroup.path()), vip, 40, false);
+        let seen: Vec<&str> = probe.backends.keys().map(String::as_str).collect();
+        if probe.errors.is_empty() && seen == want {
+            return probe;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "connects never reached only {want:?}: {probe:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn config(
+    maps: &str,
+    instance: &str,
+    cgroup: &TestCgroup,
+    node: &str,
+    server: &XdsServer,
+) -> String {
+    format!(
+        "{maps}instance: {instance}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nxds:\n  node: {{ id: {node}, cluster: edge }}\n  ads_config: {{ api_type: GRPC, server_uri: \"{}\" }}\nclusters:\n  - name: web\n    type: EDS\n    eds_cluster_config: {{ eds_config: {{ ads: {{}} }} }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web }}\n",
+        cgroup.path().display(),
+        server.grpc_addr(),
+    )
+}
+
+#[test]
+fn an_eds_update_over_the_map_limit_is_nacked_and_other_sizes_than_the_pins_are_refused() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let (a, b) = ("127.0.0.51:8091", "127.0.0.52:8092");
+    let _servers = BannerServers::start(
+        &netns,
+        &[
+            (a.parse().unwrap(), a, false),
+            (b.parse().unwrap(), b, false),
+        ],
+    );
+    let server = XdsServer::start();
+    server.push("web", "1", endpoints(&[a.to_owned(), b.to_owned()]));
+    let (node, instance) = (unique("node"), unique("t"));
+    let mut daemon = Daemon::start(&config(SMALL, &instance, &cgroup, &node, &server));
+    wait_for_backends(&netns, &cgroup, &[a, b]);
+
+    // Nine hosts: one more than half of 16 backends.
+    let nine: Vec<String> = (1..=9)
+        .map(|i| format!("127.0.0.{}:80{i:02}", 60 + i))
+        .collect();
+    let before = server.requests().len();
+    server.push("web", "2", endpoints(&nine));
+    let nack = server.wait_request("the daemon's NACK", before, |r| {
+        r["node"] == node.as_str() && !r["error_detail"].is_null()
+    });
+    assert_eq!(
+        nack["error_detail"],
+        "cluster load assignment \"web\": 9 hosts do not fit the kernel maps: BACKENDS_V2 holds 16 entries (kernel_maps.backends) and a publish writes the new hosts beside the live ones, so one cluster may have at most 8",
+        "{nack}"
+    );
+    assert_eq!(nack["version_info"], "1", "the last good version: {nack}");
+    let probe = wait_for_backends(&netns, &cgroup, &[a, b]);
+    assert_eq!(
+        probe.count(a) + probe.count(b),
+        40,
+        "served by the last hosts"
+    );
+    assert_eq!(daemon.stat("cluster.web.update_rejected"), 1);
+    assert_eq!(
+        daemon.stat("service.web.hosts_stale"),
+        0,
+        "nothing failed to publish"
+    );
+
+    // The stream goes on: a set that fits is taken.
+    server.push("web", "3", endpoints(&[b.to_owned()]));
+    wait_for_backends(&netns, &cgroup, &[b]);
+
+    // The pins stay as the stop leaves them; a start asking for other sizes is refused and
+    // leaves them serving. (Started by hand: a refused `Daemon` would uninstall the instance
+    // when dropped.)
+    assert!(daemon.terminate(), "clean stop:\n{}", daemon.log_text());
+    let defaults = config("", &instance, &cgroup, &node, &server);
+    let (status, log) = run_refused(&defaults);
+    assert!(!status.success(), "{status}:\n{log}");
+    assert!(
+        log.contains("holds 16 entries, the configuration asks for 65536 (kernel_maps.services)"),
+        "{log}"
+    );
+    wait_for_backends(&netns, &cgroup, &[b]);
+    assert!(daemon.uninstall(), "uninstall of the instance");
+}
+
+/// `proxy run` on `config`, expected to exit before it serves: its status and output. Killed by
+/// its PID if it still runs after 30 s.
+fn run_refused(config: &str) -> (std::process::ExitStatus, String) {
+    let dir = TempDir::new();
+    let path = dir.0.join("config.yaml");
+    let config = config.replace("{admin}", &free_port().to_string());
+    std::fs::write(&path, config).expect("writing config");
+    let log = dir.0.join("run.log");
+    let file = std::fs::File::create(&log).expect("creating the log");
+    let mut child = std::process::Command::new(proxy_bin())
+        .args(["run", "--config"])
+        .arg(&path)
+        .stdin(std::process::Stdio::null())
+        .stdout(file.try_clone().expect("dup"))
+        .stderr(file)
+        .spawn()
+        .expect("starting proxy run");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for proxy run") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("proxy run still runs after 30 s:\n{}", read(&log));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status, read(&log))
+}
+
+fn read(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// Waits (at most 15 s) until stat `name` is `want`.
+fn wait_for_stat(daemon: &Daemon, name: &str, want: u64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while daemon.stat(name) != want {
+        assert!(
+            Instant::now() < deadline,
+            "{name} never became {want}:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// What only a publish can find: two clusters of 8 hosts fill 16 backends, each within its own
+/// limit, so a new set of 8 for one of them has no room beside the live ones. The service keeps
+/// its hosts and says so in `hosts_stale` until a publish succeeds again.
+#[test]
+fn a_service_whose_newest_hosts_did_not_fit_is_shown_stale() {
+    require_root();
+    let cgroup = TestCgroup::new();
+    let server = XdsServer::start();
+    let hosts =
+        |net: u8| -> Vec<String> { (1..=8).map(|i| format!("127.0.{net}.{i}:80")).collect() };
+    server.push("web", "1", endpoints(&hosts(1)));
+    server.push("api", "1", endpoints(&hosts(2)));
+    let eds = "    type: EDS\n    eds_cluster_config: { eds_config: { ads: {} } }\n";
+    let yaml = format!(
+        "{SMALL}instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nxds:\n  node: {{ id: {}, cluster: edge }}\n  ads_config: {{ api_type: GRPC, server_uri: \"{}\" }}\nclusters:\n  - name: web\n{eds}  - name: api\n{eds}services:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web }}\n  - {{ name: api, address: 127.77.0.2, port: 80, cluster: api }}\n",
+        unique("t"),
+        cgroup.path().display(),
+        unique("node"),
+        server.grpc_addr(),
+    );
+    let mut daemon = Daemon::start(&yaml);
+    assert_eq!(daemon.stat("service.web.hosts_stale"), 0, "both published");
+
+    server.push("web", "2", endpoints(&hosts(3)));
+    wait_for_stat(&daemon, "service.web.hosts_stale", 1);
+    assert_eq!(
+        daemon.stat("service.web.publish_failed"),
+        1,
+        "one publish of set 2"
+    );
+    assert_eq!(
+        daemon.stat("service.api.hosts_stale"),
+        0,
+        "the other service"
+    );
+
+    // Back to the set the kernel serves: nothing to write, and the service is current again.
+    server.push("web", "3", endpoints(&hosts(1)));
+    wait_for_stat(&daemon, "service.web.hosts_stale", 0);
+    assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
+}

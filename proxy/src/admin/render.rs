@@ -124,6 +124,7 @@ fn is_gauge(name: &str) -> bool {
         || leaf.ends_with("_active")
         || leaf == "original_dst_hosts"
         || leaf == "hosts_stale"
+        || leaf == "hosts_refused"
         || name.starts_with("server.")
 }
 
@@ -285,6 +286,21 @@ mod tests {
             samples.push((family.to_owned(), labels, value));
         }
         Ok(samples)
+    }
+
+    #[test]
+    fn levels_are_gauges_and_events_counters() {
+        for gauge in [
+            "cluster.c.hosts_refused",
+            "cluster.c.membership_healthy",
+            "service.s.hosts_stale",
+            "cluster.c.upstream_cx_active",
+        ] {
+            assert!(is_gauge(gauge), "{gauge}");
+        }
+        for counter in ["cluster.c.update_rejected", "cluster.c.upstream_cx_total"] {
+            assert!(!is_gauge(counter), "{counter}");
+        }
     }
 
     #[test]

@@ -1,18 +1,21 @@
 //! HTTP upgrades on the proxy path's HTTP side, in-process on 127.0.0.1 with a real WebSocket
 //! echo server behind a routed service: a message echoed through the proxy, a close from either
 //! side passed on to the other, the 403 of an upgrade the service does not allow (never sent
-//! upstream), an upstream's refusal relayed, and the upgrade counters. (Beside proxy_http.rs,
-//! which is at the size limit for one file.)
+//! upstream), an upstream's refusal relayed, the shutdown deadline, and the upgrade counters.
+//! (Beside proxy_http.rs, which is at the size limit for one file.)
 
 mod proxy_support;
 
-use std::sync::{Arc, atomic::Ordering};
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
 
 use proxy_chain::{CompileRequest, Entries, compile};
 use proxy_core::{config::UpgradeConfig, health::Routing};
-use proxy_relay::{ProxyConfig, RouteTable, Service, ServiceTable, UpgradePolicy};
+use proxy_relay::{DrainOutcome, ProxyConfig, RouteTable, Service, ServiceTable, UpgradePolicy};
 use proxy_support::{
-    TestProxy, cluster, payload,
+    TestProxy, WAIT, cluster, payload,
     websocket::{
         CLOSE, EchoServer, TEXT, at_eof, handshake, header, read_frame, read_head, write_frame,
     },
@@ -30,6 +33,14 @@ const BINARY: u8 = 0x2;
 async fn ws_proxy(
     upgrades: Option<&[UpgradeConfig]>,
 ) -> (TestProxy, EchoServer, watch::Sender<Routing>) {
+    ws_proxy_with(ProxyConfig::default(), upgrades).await
+}
+
+/// [`ws_proxy`] with `config`.
+async fn ws_proxy_with(
+    config: ProxyConfig,
+    upgrades: Option<&[UpgradeConfig]>,
+) -> (TestProxy, EchoServer, watch::Sender<Routing>) {
     let server = EchoServer::start().await;
     let (routing, web) = cluster("web", &[server.addr], true);
     let entries = Entries::from_json(
@@ -45,7 +56,7 @@ async fn ws_proxy(
     }
     let mut services = ServiceTable::new();
     services.insert(VIP.parse().unwrap(), Service::Http(Arc::new(table)));
-    let proxy = TestProxy::start(ProxyConfig::default(), services).await;
+    let proxy = TestProxy::start(config, services).await;
     (proxy, server, routing)
 }
 
@@ -144,4 +155,22 @@ async fn an_upstream_refusal_is_relayed_and_nothing_is_upgraded() {
     assert_eq!(server.connections.load(Ordering::SeqCst), 1);
     assert_eq!(proxy.stat("downstream_cx_upgrades_total"), 0);
     assert_eq!(proxy.stat("downstream_cx_upgrades_active"), 0);
+}
+
+#[tokio::test]
+async fn the_shutdown_deadline_ends_an_upgraded_connection() {
+    let config = ProxyConfig {
+        shutdown_timeout: Duration::from_millis(300),
+        ..ProxyConfig::default()
+    };
+    let (proxy, _server, _routing) = ws_proxy_with(config, None).await;
+    let mut ws = proxy.connect(VIP.parse().unwrap()).await;
+    let head = handshake(&mut ws, "/", "websocket", KEY).await;
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    let outcome = tokio::time::timeout(WAIT, proxy.handle.shutdown())
+        .await
+        .expect("shutdown in time");
+    // Open at the deadline, then closed by the proxy: both sides see the end.
+    assert_eq!(outcome, DrainOutcome::Forced);
+    assert!(at_eof(&mut ws).await, "the client's side is closed");
 }

@@ -18,23 +18,29 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo},
     server::conn::auto,
 };
-use tokio::net::TcpStream;
+use tokio::{net::TcpStream, task::JoinHandle};
 use tracing::debug;
 
-use self::body::{BoxError, Clock, Expired, Payload, TimedBody};
+use self::{
+    attempts::{Attempts, attempt_failure},
+    body::{BoxError, Clock, Expired, Payload, TimedBody},
+    upgrade::{KeepUpgrade, UpgradePolicy},
+};
 use crate::{
     addr::{BackendAddr, OrigDstAddr},
-    cluster::{ClusterHandle, random_u64},
+    cluster::ClusterHandle,
     drain::DrainWatcher,
     orig_dst::HostLease,
-    pool::{self, Body, ConnectError, Pool, Proto, Sender},
-    route::{AttemptFailure, RetryPolicy, Route, apply_headers, backoff},
+    pool::{self, Body, Pool, Proto, Sender},
+    route::{AttemptFailure, Route, RouteLeg, apply_headers},
     service::Service,
     shared::Shared,
     stats::ProxyStats,
 };
 
+mod attempts;
 mod body;
+pub(crate) mod upgrade;
 
 /// The header ORIGINAL_DST takes the destination from when `use_http_header` is on.
 pub const ORIGINAL_DST_HOST: &str = "x-envoy-original-dst-host";
@@ -55,10 +61,13 @@ struct Ctx {
     shared: Arc<Shared>,
     orig: OrigDstAddr,
     service: Service,
+    /// The bytes of an upgraded connection (at most one per HTTP/1.1 connection).
+    tunnel: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
-/// Serves one client connection until it ends; on drain, asks it to close after the current
-/// request (HTTP/1.1 `Connection: close`, HTTP/2 GOAWAY); at the shutdown deadline, drops it.
+/// Serves one client connection until it ends (an upgraded one: until its tunnel ends); on
+/// drain, asks it to close after the current request (HTTP/1.1 `Connection: close`, HTTP/2
+/// GOAWAY); at the shutdown deadline, drops it.
 pub(crate) async fn serve(
     stream: TcpStream,
     orig: OrigDstAddr,
@@ -70,27 +79,32 @@ pub(crate) async fn serve(
         shared,
         orig,
         service,
+        tunnel: std::sync::Mutex::new(None),
     });
+    let handler = ctx.clone();
     let svc = service_fn(move |req| {
-        let ctx = ctx.clone();
+        let ctx = handler.clone();
         async move { Ok::<_, Infallible>(handle(req, &ctx).await) }
     });
     let builder = auto::Builder::new(TokioExecutor::new());
-    let conn = builder.serve_connection(TokioIo::new(stream), svc);
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
     tokio::pin!(conn);
-    tokio::select! {
-        result = conn.as_mut() => {
-            if let Err(err) = result {
-                debug!(%err, "client HTTP connection ended with an error");
+    let ended = tokio::select! {
+        result = conn.as_mut() => Some(result),
+        () = drain.draining() => None,
+    };
+    match ended {
+        Some(Err(err)) => debug!(%err, "client HTTP connection ended with an error"),
+        Some(Ok(())) => {}
+        None => {
+            conn.as_mut().graceful_shutdown();
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                () = drain.closing() => debug!("shutdown deadline passed: HTTP connection dropped"),
             }
-            return;
         }
-        () = drain.draining() => conn.as_mut().graceful_shutdown(),
     }
-    tokio::select! {
-        _ = conn.as_mut() => {}
-        () = drain.closing() => debug!("shutdown deadline passed: HTTP connection dropped"),
-    }
+    upgrade::finish(&ctx, drain).await;
 }
 
 /// One request, answered by the upstream or by the proxy itself (404, 503, 504).
@@ -102,34 +116,49 @@ async fn handle(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
     } else {
         Proto::Http1
     };
+    let upgrade = upgrade::requested(&req);
     match &ctx.service {
         Service::Http(table) => {
             let Some(route) = table.route(&req) else {
                 ProxyStats::inc(&stats.downstream_rq_no_route);
                 return local_reply(StatusCode::NOT_FOUND, "no route matched\n");
             };
-            routed(req, route, proto, ctx).await
+            if upgrade
+                .as_ref()
+                .is_some_and(|u| !table.upgrades().allows(u))
+            {
+                return upgrade::refused(ctx);
+            }
+            routed(req, route, proto, upgrade, ctx).await
         }
-        Service::OriginalDst { .. } => original_dst(req, proto, ctx).await,
+        Service::OriginalDst { .. } => {
+            if upgrade
+                .as_ref()
+                .is_some_and(|u| !UpgradePolicy::default().allows(u))
+            {
+                return upgrade::refused(ctx);
+            }
+            original_dst(req, proto, upgrade, ctx).await
+        }
         Service::Tcp(_) => local_reply(StatusCode::INTERNAL_SERVER_ERROR, "not an HTTP service\n"),
     }
 }
 
 /// A request on a service-router route: the route's request and idle timeouts around every
-/// attempt (and the response body), retries per the route's policy on other hosts.
-async fn routed(req: Request<Incoming>, route: &Route, proto: Proto, ctx: &Ctx) -> Response<Body> {
+/// attempt (and the response body), retries per the route's policy on other hosts. An allowed
+/// `upgrade` goes upstream with its headers; its 101 starts a tunnel, beyond the timeouts.
+async fn routed(
+    mut req: Request<Incoming>,
+    route: &Route,
+    proto: Proto,
+    upgrade: Option<HeaderValue>,
+    ctx: &Ctx,
+) -> Response<Body> {
     let stats = &ctx.shared.stats;
-    // The target's cluster, or the first failover cluster with a routable host.
-    let picked = route.pick_leg();
-    let cluster =
-        picked.and_then(|leg| Some((leg, leg.clusters.iter().find(|c| c.has_routable())?)));
-    let Some((leg, cluster)) = cluster else {
-        ProxyStats::inc(&stats.upstream_cx_none_healthy);
-        if let Some(first) = picked.and_then(|leg| leg.clusters.first()) {
-            first.count_none_healthy();
-        }
+    let Some((leg, cluster)) = pick_cluster(route, stats) else {
         return no_healthy_upstream();
     };
+    let client = upgrade.map(|kind| upgrade::prepare(&mut req, kind));
     let (mut parts, body) = req.into_parts();
     if let Some(path) = route.rewrite(&parts.uri) {
         parts.uri = set_path(&parts.uri, &path);
@@ -175,12 +204,33 @@ async fn routed(req: Request<Incoming>, route: &Route, proto: Proto, ctx: &Ctx) 
     let mut resp = match result {
         Ok(answer) => {
             debug!(route_target = %leg.target, host = %answer.host, "request routed");
-            respond(answer, cluster.pool(), Some(clock), stats)
+            match client {
+                Some(client) => upgrade::answer(answer, client, ctx),
+                None => respond(answer, cluster.pool(), Some(clock), stats),
+            }
         }
         Err(reply) => reply,
     };
     apply_headers(resp.headers_mut(), route.response_headers.as_ref());
     resp
+}
+
+/// The leg the route picks and its cluster, or the first failover cluster with a routable host;
+/// `None` (counted) when none has one.
+fn pick_cluster<'r>(
+    route: &'r Route,
+    stats: &ProxyStats,
+) -> Option<(&'r RouteLeg, &'r ClusterHandle)> {
+    let picked = route.pick_leg();
+    let cluster =
+        picked.and_then(|leg| Some((leg, leg.clusters.iter().find(|c| c.has_routable())?)));
+    if cluster.is_none() {
+        ProxyStats::inc(&stats.upstream_cx_none_healthy);
+        if let Some(first) = picked.and_then(|leg| leg.clusters.first()) {
+            first.count_none_healthy();
+        }
+    }
+    cluster
 }
 
 /// An upstream response, with the connection it came on and the host.
@@ -190,183 +240,18 @@ struct Answer {
     host: BackendAddr,
 }
 
-/// An attempt that got no response: the reply the client gets if it is the last one.
-struct Failed {
-    host: Option<BackendAddr>,
-    /// `None`: nothing to retry (no host, or no body left to send).
-    failure: Option<AttemptFailure>,
-    reply: Response<Body>,
-}
-
-/// The attempts of one routed request.
-struct Attempts<'a> {
-    cluster: &'a ClusterHandle,
-    /// The host of the attempt under way, while it waits for its connection or response.
-    in_flight: &'a std::sync::Mutex<Option<BackendAddr>>,
-    proto: Proto,
-    connect_timeout: Duration,
-    policy: &'a RetryPolicy,
-    parts: http::request::Parts,
-    payload: Payload,
-    stats: &'a Arc<ProxyStats>,
-}
-
-impl Attempts<'_> {
-    fn set_in_flight(&self, host: Option<BackendAddr>) {
-        *self
-            .in_flight
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = host;
-    }
-
-    /// Tries hosts (a host not tried yet when there is one) until a response the policy does
-    /// not retry, a failure it does not retry, or the retries run out; the last response or
-    /// failure is the answer. Retries wait for Envoy's default back-off.
-    async fn run(mut self) -> Result<Answer, Response<Body>> {
-        let mut tried = Vec::new();
-        let mut retries = 0;
-        loop {
-            let outcome = self.attempt(&tried).await;
-            let retriable = match &outcome {
-                Ok(a) => self
-                    .policy
-                    .retries_response(a.resp.status(), a.resp.headers()),
-                Err(f) => f.failure.is_some_and(|f| self.policy.retries_failure(f)),
-            };
-            if !retriable {
-                if retries > 0 && outcome.is_ok() {
-                    ProxyStats::inc(&self.stats.upstream_rq_retry_success);
-                }
-                return outcome.map_err(|f| f.reply);
-            }
-            if retries >= self.policy.num_retries {
-                ProxyStats::inc(&self.stats.upstream_rq_retry_limit_exceeded);
-                return outcome.map_err(|f| f.reply);
-            }
-            if !self.payload.available() {
-                // A streamed body went to this attempt: it cannot be sent again.
-                return outcome.map_err(|f| f.reply);
-            }
-            let host = match &outcome {
-                Ok(a) => Some(a.host),
-                Err(f) => f.host,
-            };
-            tried.extend(host);
-            drop(outcome);
-            retries += 1;
-            ProxyStats::inc(&self.stats.upstream_rq_retry);
-            ProxyStats::inc(&self.stats.upstream_rq_retry_backoff_exponential);
-            tokio::time::sleep(backoff(retries, random_u64())).await;
-        }
-    }
-
-    async fn attempt(&mut self, tried: &[BackendAddr]) -> Result<Answer, Failed> {
-        // LEAST_REQUEST counts the request against its host until the answer is in.
-        let Some((host, _active)) = self.cluster.pick_leased(tried) else {
-            ProxyStats::inc(&self.stats.upstream_cx_none_healthy);
-            return Err(Failed {
-                host: None,
-                failure: None,
-                reply: no_healthy_upstream(),
-            });
-        };
-        let failed = |failure| Failed {
-            host: Some(host),
-            failure: Some(failure),
-            reply: failure_reply(failure),
-        };
-        self.set_in_flight(Some(host));
-        let sender = match connection(
-            self.cluster,
-            host,
-            self.proto,
-            self.connect_timeout,
-            self.stats,
-        )
-        .await
-        {
-            Ok(sender) => sender,
-            Err(err) => {
-                self.set_in_flight(None);
-                return Err(failed(attempt_failure(&err)));
-            }
-        };
-        let Some(body) = self.payload.body() else {
-            self.set_in_flight(None);
-            return Err(Failed {
-                failure: None,
-                ..failed(AttemptFailure::ConnectFailure)
-            });
-        };
-        let req = Request::from_parts(self.parts.clone(), body);
-        let pool = self.cluster.pool();
-        let exchanged = exchange(
-            sender,
-            host,
-            req,
-            self.proto,
-            pool,
-            self.connect_timeout,
-            self.stats,
-        )
-        .await;
-        // Outlier detection judges the exchange by its status; a reset before the response is
-        // a 503, as Envoy's router reports it.
-        let status = exchanged
-            .as_ref()
-            .map_or(503, |(resp, _)| resp.status().as_u16());
-        self.cluster.report_response(host, status);
-        self.set_in_flight(None);
-        let (resp, sender) = exchanged.map_err(failed)?;
-        Ok(Answer { resp, sender, host })
-    }
-}
-
-/// A pooled connection to `host`, or a new one (its result goes to outlier detection).
-async fn connection(
-    cluster: &ClusterHandle,
-    host: BackendAddr,
-    proto: Proto,
-    timeout: Duration,
-    stats: &Arc<ProxyStats>,
-) -> Result<Sender, ConnectError> {
-    if let Some(sender) = cluster.pool().take(host, proto) {
-        ProxyStats::inc(&stats.upstream_cx_pool_reuse);
-        return Ok(sender);
-    }
-    let open = Some(cluster.open_connection(host));
-    let result = pool::connect(host, proto, timeout, stats, cluster.pool(), open).await;
-    if let Err(err) = &result {
-        debug!(%err, "upstream connect failed");
-    }
-    cluster.report_http_connect(host, result.is_ok());
-    result
-}
-
-fn attempt_failure(err: &ConnectError) -> AttemptFailure {
-    if err.is_connect_failure() {
-        AttemptFailure::ConnectFailure
-    } else {
-        // TCP connected, the HTTP handshake failed: the upstream went away.
-        AttemptFailure::Reset {
-            refused_stream: false,
-        }
-    }
-}
-
 /// ORIGINAL_DST over HTTP: the request goes to the connection's original destination, or to
-/// `x-envoy-original-dst-host` when enabled and present.
-async fn original_dst(req: Request<Incoming>, proto: Proto, ctx: &Ctx) -> Response<Body> {
+/// `x-envoy-original-dst-host` when enabled and present; an allowed `upgrade` as on a route.
+async fn original_dst(
+    mut req: Request<Incoming>,
+    proto: Proto,
+    upgrade: Option<HeaderValue>,
+    ctx: &Ctx,
+) -> Response<Body> {
     let shared = &ctx.shared;
-    let mut host = BackendAddr(ctx.orig.0);
-    if shared.config.use_http_header
-        && let Some(value) = req.headers().get(ORIGINAL_DST_HOST)
-    {
-        match value.to_str().ok().and_then(|v| v.parse().ok()) {
-            Some(addr) if !shared.is_self(addr) => host = BackendAddr(addr),
-            _ => return local_reply(StatusCode::BAD_REQUEST, "bad x-envoy-original-dst-host\n"),
-        }
-    }
+    let Some(host) = orig_dst_host(&req, ctx) else {
+        return local_reply(StatusCode::BAD_REQUEST, "bad x-envoy-original-dst-host\n");
+    };
     let lease: HostLease = shared.orig_dst_cluster.lease(host);
     let pool = shared.orig_dst_cluster.pool();
     let timeout = shared.connect_timeout(None);
@@ -383,17 +268,36 @@ async fn original_dst(req: Request<Incoming>, proto: Proto, ctx: &Ctx) -> Respon
             }
         },
     };
+    let client = upgrade.map(|kind| upgrade::prepare(&mut req, kind));
     let (parts, body) = req.into_parts();
     let req = Request::from_parts(parts, body.map_err(BoxError::from).boxed());
     let resp = match exchange(sender, host, req, proto, pool, timeout, &shared.stats).await {
         Ok((resp, sender)) => {
             let answer = Answer { resp, sender, host };
-            respond(answer, pool, None, &shared.stats)
+            match client {
+                Some(client) => upgrade::answer(answer, client, ctx),
+                None => respond(answer, pool, None, &shared.stats),
+            }
         }
         Err(failure) => failure_reply(failure),
     };
     drop(lease);
     resp
+}
+
+/// The connection's original destination, or `x-envoy-original-dst-host` when enabled and
+/// present; `None` when that header is not an address or names the proxy itself.
+fn orig_dst_host<B>(req: &Request<B>, ctx: &Ctx) -> Option<BackendAddr> {
+    let shared = &ctx.shared;
+    match req.headers().get(ORIGINAL_DST_HOST) {
+        Some(value) if shared.config.use_http_header => {
+            match value.to_str().ok().and_then(|v| v.parse().ok()) {
+                Some(addr) if !shared.is_self(addr) => Some(BackendAddr(addr)),
+                _ => None,
+            }
+        }
+        _ => Some(BackendAddr(ctx.orig.0)),
+    }
 }
 
 /// Sends the request on `sender` (a pooled connection found closed before the request went
@@ -487,11 +391,19 @@ impl Sender {
     }
 }
 
-/// The request as the upstream gets it: hop-by-hop headers removed, version and URI form of
-/// the upstream protocol, `Host` kept (HTTP/2's authority becomes `Host` for HTTP/1.1).
+/// The request as the upstream gets it: hop-by-hop headers removed (an allowed upgrade's kept),
+/// version and URI form of the upstream protocol, `Host` kept (HTTP/2's authority becomes
+/// `Host` for HTTP/1.1).
 fn upstream_request(req: Request<Body>, proto: Proto, host: BackendAddr) -> Request<Body> {
     let (mut parts, body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers);
+    if let Some(KeepUpgrade(kind)) = parts.extensions.get() {
+        let kind = kind.clone();
+        parts
+            .headers
+            .insert(CONNECTION, HeaderValue::from_static("upgrade"));
+        parts.headers.insert(http::header::UPGRADE, kind);
+    }
     let authority = parts
         .headers
         .get(HOST)

@@ -67,6 +67,7 @@ pub use self::{
     addr::{BackendAddr, ClientAddr, OrigDstAddr},
     cluster::{ActiveLease, ClusterHandle, DrainPolicy, HostClose, HostState, host_state},
     drain::{DrainOutcome, DrainTrigger, DrainWatcher},
+    http::upgrade::UpgradePolicy,
     orig_dst::{
         HostLease, NoOriginalDst, OriginalDst, OriginalDstCluster, OriginalDstTable,
         so_original_dst,

@@ -207,7 +207,8 @@ pub async fn connect(
         Proto::Http1 => {
             let (sender, conn) = http1::handshake(io).await.map_err(handshake)?;
             tokio::spawn(async move {
-                if let Err(err) = conn.await {
+                // With upgrades: a 101 hands the connection to the HTTP path's tunnel.
+                if let Err(err) = conn.with_upgrades().await {
                     debug!(%host, %err, "upstream HTTP/1.1 connection ended");
                 }
             });

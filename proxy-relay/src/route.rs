@@ -22,7 +22,10 @@ pub use self::{
     error::RouteError,
     retry::{AttemptFailure, RetryPolicy, backoff},
 };
-use crate::cluster::{ClusterHandle, random_u64};
+use crate::{
+    cluster::{ClusterHandle, random_u64},
+    http::upgrade::UpgradePolicy,
+};
 
 /// How a route matches the request path.
 #[derive(Debug, Clone)]
@@ -378,10 +381,11 @@ pub fn apply_headers(headers: &mut HeaderMap, m: Option<&HttpHeaderModifiers>) {
     }
 }
 
-/// The routes of one HTTP service, in order.
+/// The routes of one HTTP service, in order, and the upgrades it allows.
 #[derive(Clone)]
 pub struct RouteTable {
     routes: Vec<Route>,
+    upgrades: UpgradePolicy,
 }
 
 impl RouteTable {
@@ -396,12 +400,27 @@ impl RouteTable {
             .enumerate()
             .map(|(i, rl)| Route::from_legs(i, rl, cluster_of))
             .collect::<Result<_, _>>()?;
-        Ok(Self { routes })
+        Ok(Self::new(routes))
     }
 
-    /// Routes given directly.
+    /// Routes given directly (WebSocket upgrades allowed, the default).
     pub fn new(routes: Vec<Route>) -> Self {
-        Self { routes }
+        Self {
+            routes,
+            upgrades: UpgradePolicy::default(),
+        }
+    }
+
+    /// The same routes with the service's `upgrade_configs`.
+    #[must_use]
+    pub fn with_upgrades(mut self, upgrades: UpgradePolicy) -> Self {
+        self.upgrades = upgrades;
+        self
+    }
+
+    /// The upgrade types requests may ask for.
+    pub fn upgrades(&self) -> &UpgradePolicy {
+        &self.upgrades
     }
 
     /// The first route the request matches.

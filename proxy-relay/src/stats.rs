@@ -43,6 +43,13 @@ stats! {
     downstream_rq_total,
     /// HTTP requests that matched no route or had no host (answered 404 / 503).
     downstream_rq_no_route,
+    /// HTTP connections upgraded (`101 Switching Protocols` relayed; bytes flow raw after it).
+    downstream_cx_upgrades_total,
+    /// Upgraded HTTP connections open now (gauge).
+    downstream_cx_upgrades_active,
+    /// Upgrade requests refused with 403 because the service does not allow their upgrade
+    /// type (Envoy counts WebSocket and other upgrades under this name).
+    downstream_rq_ws_on_non_ws_route,
     /// Upstream connections attempted.
     upstream_cx_total,
     /// Connections or requests with no healthy host to go to (Envoy's cluster stat).

@@ -2,8 +2,8 @@
 //! connect4 to the daemon's listener, which forwards them by their original destination from
 //! the kernel's map. Each test runs the daemon, its backends and its clients in a fresh network
 //! namespace (clients also in a fresh cgroup): TCP to a cluster with getpeername intact, open-
-//! relay refusal, HTTP routes of a service-router chain, an ORIGINAL_DST cluster and its
-//! cleanup, and draining of a host that STRICT_DNS removed.
+//! relay refusal, HTTP routes of a service-router chain, HTTP upgrades per `upgrade_configs`, an
+//! ORIGINAL_DST cluster and its cleanup, and draining of a host that STRICT_DNS removed.
 
 use std::{
     io::{Read as _, Write as _},
@@ -282,6 +282,117 @@ fn service_router_chain_routes_http_by_path() {
     assert!(
         chain.contains("\"StartNode\": \"router:web.default.default\""),
         "{chain}"
+    );
+}
+
+/// Reads an HTTP head (at most 8 KiB) from `conn`.
+fn read_head(conn: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 8192 {
+        match conn.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+/// Switches to whatever protocol the request's `Upgrade` names (101), then echoes raw bytes
+/// until the client closes its side.
+fn upgrade_server(mut conn: TcpStream, _name: &str) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let head = read_head(&mut conn);
+    let kind = head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("upgrade")
+            .then(|| v.trim().to_owned())
+    });
+    let Some(kind) = kind else { return };
+    let reply = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: {kind}\r\n\r\n"
+    );
+    if conn.write_all(reply.as_bytes()).is_err() {
+        return;
+    }
+    let mut buf = [0u8; 256];
+    while let Ok(n @ 1..) = conn.read(&mut buf) {
+        if conn.write_all(&buf[..n]).is_err() {
+            return;
+        }
+    }
+}
+
+/// From inside the cgroup, asks the VIP for each upgrade in `kinds`: `101 <echo of "ping">` and
+/// whether the tunnel then closed, or the status of the refusal.
+fn upgrade_in_cgroup(netns: &Netns, cgroup: &TestCgroup, kinds: &[&str]) -> Vec<String> {
+    let kinds: Vec<String> = kinds.iter().map(|k| (*k).to_owned()).collect();
+    let child = InCgroup::spawn(Some(cgroup.path()), netns, move || {
+        let mut out = Vec::new();
+        for kind in kinds {
+            let line = (|| -> std::io::Result<String> {
+                let vip: SocketAddr = VIP.parse().expect("literal");
+                let mut s = TcpStream::connect_timeout(&vip, Duration::from_secs(2))?;
+                s.set_read_timeout(Some(Duration::from_secs(5)))?;
+                write!(
+                    s,
+                    "GET /chat HTTP/1.1\r\nhost: web\r\nconnection: upgrade\r\nupgrade: {kind}\r\n\r\n"
+                )?;
+                let head = read_head(&mut s);
+                let status = head
+                    .split_whitespace()
+                    .nth(1)
+                    .unwrap_or_default()
+                    .to_owned();
+                let mut rest = Vec::new();
+                if status != "101" {
+                    s.read_to_end(&mut rest)?;
+                    return Ok(status);
+                }
+                s.write_all(b"ping")?;
+                let mut echo = [0u8; 4];
+                s.read_exact(&mut echo)?;
+                s.shutdown(std::net::Shutdown::Write)?;
+                let closed = s.read_to_end(&mut rest)? == 0;
+                Ok(format!(
+                    "101 {} closed={closed}",
+                    String::from_utf8_lossy(&echo)
+                ))
+            })();
+            out.push(line.unwrap_or_else(|e| format!("error: {e}")));
+        }
+        out.join("\n")
+    });
+    child
+        .wait(Duration::from_secs(30))
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `upgrade_configs` reaches the daemon's HTTP path: the type it lists is tunnelled through the
+/// real redirect (bytes echoed, the client's close passed on), `websocket`, which it leaves out,
+/// gets 403 without reaching the host.
+#[test]
+fn upgrade_configs_decide_which_upgrades_are_tunnelled() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let web: SocketAddr = "127.0.0.23:8083".parse().unwrap();
+    let _servers = Servers::start(&netns, &[(web, "web")], upgrade_server);
+    let config = format!(
+        "{}clusters:\n{}config_entries:\n  - {{ Kind: service-defaults, Name: web, Protocol: http }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, chain: web, mode: proxy, upgrade_configs: [{{ upgrade_type: custom-proto }}] }}\n",
+        header(&cgroup, ""),
+        cluster("web", &endpoint(web)),
+    );
+    let daemon = Daemon::start_in(&netns, &config);
+    let lines = upgrade_in_cgroup(&netns, &cgroup, &["custom-proto", "websocket"]);
+    assert_eq!(lines, ["101 ping closed=true", "403"]);
+    assert_eq!(daemon.stat("proxy.downstream_cx_upgrades_total"), 1);
+    assert_eq!(daemon.stat("proxy.downstream_rq_ws_on_non_ws_route"), 1);
+    assert_eq!(
+        daemon.stat("proxy.upstream_rq_total"),
+        1,
+        "the 403 never went upstream"
     );
 }
 

@@ -4,6 +4,8 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
+use super::error::Invalid;
+
 /// A service address (VIP, port, protocol) served by a cluster.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -34,6 +36,94 @@ pub struct Service {
     /// `proxy`: the connection goes through the daemon's proxy listener.
     #[serde(default)]
     pub mode: ServiceMode,
+    /// The HTTP upgrades (WebSocket and others) a proxy-mode HTTP service lets through, as
+    /// Envoy's `upgrade_configs`: a request whose `Upgrade` type is not listed, or listed with
+    /// `enabled: false`, is answered 403. Default: `websocket` enabled, what Consul configures
+    /// for every HTTP service; `[]` refuses every upgrade. Only a proxy-mode service with a
+    /// `chain` may change it.
+    #[serde(default = "default_upgrade_configs")]
+    pub upgrade_configs: Vec<UpgradeConfig>,
+}
+
+/// One upgrade type of [`Service::upgrade_configs`] (Envoy's `UpgradeConfig`).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpgradeConfig {
+    /// The `Upgrade` header value it applies to, compared without regard to case
+    /// (`websocket`, `spdy/3.1`, ...).
+    pub upgrade_type: String,
+    /// Whether such requests go through (default true); `false` refuses them with 403.
+    #[serde(default = "enabled")]
+    pub enabled: bool,
+}
+
+/// `websocket`, enabled: what Consul's generated HTTP connection managers allow.
+pub fn default_upgrade_configs() -> Vec<UpgradeConfig> {
+    vec![UpgradeConfig {
+        upgrade_type: "websocket".to_owned(),
+        enabled: true,
+    }]
+}
+
+fn enabled() -> bool {
+    true
+}
+
+/// Longest accepted `upgrade_type` (real ones are a few characters).
+const MAX_UPGRADE_TYPE: usize = 64;
+
+impl Service {
+    /// Checks `upgrade_configs`: HTTP services only (mode: proxy with a chain), each type an
+    /// HTTP token (with an optional `/version`), no type twice, and neither `CONNECT` nor `h2c`.
+    pub(super) fn validate_upgrades(&self, i: usize) -> Result<(), Invalid> {
+        let at = |j: usize| format!("services[{i}].upgrade_configs[{j}].upgrade_type");
+        let http = self.mode == ServiceMode::Proxy && self.chain.is_some();
+        if !http && self.upgrade_configs != default_upgrade_configs() {
+            return Err(Invalid::new(
+                format!("services[{i}].upgrade_configs"),
+                "applies to HTTP services on the proxy path (mode: proxy with a chain) only; this service's bytes are not read as HTTP",
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (j, u) in self.upgrade_configs.iter().enumerate() {
+            let kind = u.upgrade_type.to_ascii_lowercase();
+            if let Some(why) = bad_upgrade_type(&kind) {
+                return Err(Invalid::new(at(j), why));
+            }
+            if !seen.insert(kind) {
+                return Err(Invalid::new(
+                    at(j),
+                    format!("{:?} is listed twice", u.upgrade_type),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why `kind` (lowercase) cannot be an upgrade type, if it cannot.
+fn bad_upgrade_type(kind: &str) -> Option<&'static str> {
+    let tchar = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    let (name, version) = kind.split_once('/').unwrap_or((kind, "a"));
+    if kind.len() > MAX_UPGRADE_TYPE
+        || name.is_empty()
+        || version.is_empty()
+        || !name.chars().all(tchar)
+        || !version.chars().all(tchar)
+    {
+        return Some(
+            "must be an Upgrade protocol token of at most 64 characters, like websocket or spdy/3.1",
+        );
+    }
+    match kind {
+        "connect" => Some(
+            "CONNECT is a method, not an upgrade, and the HTTP path does not tunnel CONNECT requests",
+        ),
+        "h2c" => Some(
+            "h2c upgrades are not proxied (the request is served over HTTP/1.1); HTTP/2 cleartext clients use prior knowledge",
+        ),
+        _ => None,
+    }
 }
 
 /// Transport protocol of a service.
@@ -56,4 +146,91 @@ pub enum ServiceMode {
     Direct,
     /// Proxy path: connect4/6 redirect to the daemon's listener.
     Proxy,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::{Config, ConfigError};
+
+    const HEAD: &str = "clusters:\n  - name: a\nservices:\n";
+
+    fn parse(services: &str) -> Result<Config, ConfigError> {
+        Config::parse(&format!("{HEAD}{services}"), Path::new("test.yaml"))
+    }
+
+    #[test]
+    fn websocket_is_allowed_by_default() {
+        let config = parse("  - {name: s, address: 127.77.0.1, port: 80, cluster: a}\n").unwrap();
+        assert_eq!(
+            config.services[0].upgrade_configs,
+            default_upgrade_configs()
+        );
+        assert_eq!(
+            default_upgrade_configs(),
+            [UpgradeConfig {
+                upgrade_type: "websocket".to_owned(),
+                enabled: true
+            }]
+        );
+    }
+
+    #[test]
+    fn bad_upgrade_configs_are_refused() {
+        let proxy = "  - name: s\n    address: 127.77.0.1\n    port: 80\n    chain: s\n    mode: proxy\n    upgrade_configs:\n";
+        let cases = [
+            (
+                "      - {upgrade_type: ''}\n",
+                "upgrade_configs[0].upgrade_type",
+                "token",
+            ),
+            (
+                "      - {upgrade_type: 'web socket'}\n",
+                "upgrade_configs[0].upgrade_type",
+                "token",
+            ),
+            (
+                "      - {upgrade_type: spdy/}\n",
+                "upgrade_configs[0].upgrade_type",
+                "token",
+            ),
+            (
+                "      - {upgrade_type: CONNECT}\n",
+                "upgrade_configs[0].upgrade_type",
+                "CONNECT",
+            ),
+            (
+                "      - {upgrade_type: h2c}\n",
+                "upgrade_configs[0].upgrade_type",
+                "h2c",
+            ),
+            (
+                "      - {upgrade_type: websocket}\n      - {upgrade_type: WebSocket, enabled: false}\n",
+                "upgrade_configs[1].upgrade_type",
+                "listed twice",
+            ),
+            (
+                "      - {upgrade_type: websocket, on: true}\n",
+                "upgrade_configs[0].on",
+                "unknown field",
+            ),
+        ];
+        for (list, field, text) in cases {
+            let err = parse(&format!("{proxy}{list}")).unwrap_err();
+            let msg = err.to_string();
+            assert_eq!(
+                err.field(),
+                Some(format!("services[0].{field}").as_str()),
+                "{msg}"
+            );
+            assert!(msg.contains(text), "{list}: {msg}");
+        }
+        let direct =
+            "  - {name: s, address: 127.77.0.1, port: 80, cluster: a, upgrade_configs: []}\n";
+        let err = parse(direct).unwrap_err();
+        assert_eq!(err.field(), Some("services[0].upgrade_configs"));
+        assert!(err.to_string().contains("not read as HTTP"), "{err}");
+    }
 }

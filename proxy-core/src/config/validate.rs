@@ -428,6 +428,7 @@ fn validate_services(config: &Config) -> Result<(), Invalid> {
         if svc.port == 0 {
             return Err(Invalid::new(at("port"), "must not be 0"));
         }
+        svc.validate_upgrades(i)?;
         if let Some(why) = not_a_service_address(svc.address) {
             return Err(Invalid::new(
                 at("address"),

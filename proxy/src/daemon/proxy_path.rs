@@ -21,7 +21,7 @@ use proxy_core::{
 use proxy_relay::{
     self as proxy_path, ClusterHandle, OriginalDst, PairSide, ProxyConfig, ProxyDeps, ProxyHandle,
     RouteTable, Service, ServiceTable, SpliceControl, SpliceError, SpliceGuard, SpliceMode,
-    Splicer,
+    Splicer, UpgradePolicy,
 };
 use tokio::net::TcpStream;
 use tracing::{info, warn};
@@ -177,7 +177,8 @@ fn service_table(
             Some(compiled) => {
                 let cluster_of = |t: &TargetLeg| target_handle(config, upstreams, proxy, t);
                 let routes = RouteTable::from_chain(compiled, &cluster_of)
-                    .with_context(|| format!("service {}: HTTP routes of its chain", svc.name))?;
+                    .with_context(|| format!("service {}: HTTP routes of its chain", svc.name))?
+                    .with_upgrades(UpgradePolicy::from_config(&svc.upgrade_configs));
                 Service::Http(Arc::new(routes))
             }
             None => cluster_service(config, upstreams, proxy, &svc.cluster)?,

@@ -8,6 +8,7 @@
 )]
 
 pub mod scripted;
+pub mod websocket;
 
 use std::{
     convert::Infallible,

@@ -101,6 +101,8 @@ pub struct ClusterHandle {
     /// The cluster's own `close_connections_on_host_health_failure`, when it has one (else the
     /// proxy's, in [`DrainPolicy`]).
     close_on_health_failure: Option<bool>,
+    /// The service's `max_connect_attempts`: connects one TCP connection may make.
+    connect_attempts: u32,
 }
 
 /// Open connections (or requests) per host, for LEAST_REQUEST.
@@ -217,7 +219,21 @@ impl ClusterHandle {
             traffic: Arc::default(),
             least: None,
             close_on_health_failure: None,
+            connect_attempts: 1,
         }
+    }
+
+    /// The cluster as a service with `max_connect_attempts` sees it: a TCP connection may make
+    /// that many connects, each to a host not tried yet while there is one (0 is taken as 1).
+    #[must_use]
+    pub fn with_connect_attempts(mut self, attempts: u32) -> Self {
+        self.connect_attempts = attempts.max(1);
+        self
+    }
+
+    /// The connects one TCP connection to the cluster may make (1: no retry).
+    pub fn connect_attempts(&self) -> u32 {
+        self.connect_attempts
     }
 
     /// The cluster with its own `close_connections_on_host_health_failure` (`None`: the
@@ -314,6 +330,13 @@ impl ClusterHandle {
     /// The cluster's upstream counters.
     pub fn traffic(&self) -> &UpstreamTraffic {
         &self.traffic
+    }
+
+    /// A TCP connection's connects all failed (`upstream_cx_connect_attempts_exceeded`).
+    pub fn count_connect_attempts_exceeded(&self) {
+        self.traffic
+            .cx_connect_attempts_exceeded
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// A connection to `host` opens: counted in the cluster's and the host's

@@ -1,10 +1,10 @@
 //! How a relayed TCP connection starts, written once for both drivers (the epoll engine,
 //! `engine.rs`, and the tokio path, `listener.rs` with `tcp.rs`): which [`Action`] its original
 //! destination asks for ([`Actions::lookup`]), the accounting of an admitted connection as an
-//! owned guard ([`Admitted`]), the host it goes to ([`choose`]), the upstream connect with the
-//! client's first bytes ([`start_upstream`]) and its outcome ([`connect_failed`],
-//! [`connected`]), and why the proxy ends one ([`ProxyClose`]). How its bytes move and how it
-//! ends are `flow.rs`.
+//! owned guard ([`Admitted`]), the host it goes to ([`choose`]), the outcome of an upstream
+//! connect ([`connect_failed`], [`connected`]), and why the proxy ends one ([`ProxyClose`]).
+//! The connect itself, with the client's first bytes, and its attempts on other hosts are
+//! `connect_attempts.rs`; how its bytes move and how it ends, `flow.rs`.
 
 use std::{
     collections::HashMap, io, net::SocketAddr, ops::Deref, os::fd::AsFd, sync::atomic::AtomicU64,
@@ -12,7 +12,6 @@ use std::{
 };
 
 use proxy_core::upstream::OpenConnection;
-use socket2::{Domain, Protocol, Socket, Type};
 use tracing::debug;
 
 use crate::{
@@ -106,6 +105,16 @@ pub(crate) enum Target<'a> {
     Cluster(&'a ClusterHandle),
 }
 
+impl<'a> Target<'a> {
+    /// The cluster, when the target is one.
+    pub(crate) fn cluster(self) -> Option<&'a ClusterHandle> {
+        match self {
+            Self::Cluster(c) => Some(c),
+            Self::Original(_) => None,
+        }
+    }
+}
+
 /// The host a connection goes to; for ORIGINAL_DST, the lease that keeps the host known to the
 /// cluster while the connection lasts.
 pub(crate) struct Chosen {
@@ -117,9 +126,15 @@ pub(crate) struct Chosen {
     pub(crate) open: Option<OpenConnection>,
 }
 
-/// The host for `target`, or `None` when the cluster has no healthy host: then counted
-/// (`upstream_cx_none_healthy`) and the client reset.
-pub(crate) fn choose(target: Target<'_>, client: &impl AsFd, shared: &Shared) -> Option<Chosen> {
+/// The host for `target`, another than those in `tried` while the cluster has one, or `None`
+/// when the cluster has no healthy host: then counted (`upstream_cx_none_healthy`) and the
+/// client reset.
+pub(crate) fn choose(
+    target: Target<'_>,
+    tried: &[BackendAddr],
+    client: &impl AsFd,
+    shared: &Shared,
+) -> Option<Chosen> {
     match target {
         Target::Original(orig) => {
             let host = BackendAddr(orig.0);
@@ -132,7 +147,7 @@ pub(crate) fn choose(target: Target<'_>, client: &impl AsFd, shared: &Shared) ->
             })
         }
         Target::Cluster(cluster) => {
-            let Some((host, active)) = cluster.pick_leased(&[]) else {
+            let Some((host, active)) = cluster.pick_leased(tried) else {
                 ProxyStats::inc(&shared.stats.upstream_cx_none_healthy);
                 debug!(cluster = cluster.name(), "no healthy host: refused");
                 flow::abort(client);
@@ -148,85 +163,6 @@ pub(crate) fn choose(target: Target<'_>, client: &impl AsFd, shared: &Shared) ->
     }
 }
 
-/// How the upstream connect started.
-pub(crate) enum Started {
-    /// The connect is done, or in progress (`connecting`: the socket turns writable when it
-    /// ends, and `SO_ERROR` tells how). `sent` bytes of the client's went upstream already;
-    /// `unsent` holds those read that still go first.
-    Upstream {
-        socket: std::net::TcpStream,
-        unsent: Vec<u8>,
-        sent: u64,
-        connecting: bool,
-    },
-    /// The client's socket failed (a reset) before the connection started: the upstream
-    /// socket was closed with a reset, and counted in `upstream_cx_destroy_with_reset`.
-    ClientFailed(io::Error),
-}
-
-/// Starts the connect to `host` (counted in `upstream_cx_total`) and, with `first_bytes`,
-/// passes on what the client has sent already, in the same turn of the event loop when it can:
-/// a connect to a local host (loopback, a namespace's veth) is complete before `connect()`
-/// returns, so the client's first bytes go straight out, and the turn that waits for the
-/// connect, the connect timer and `SO_ERROR` are saved. The `send()` itself tells whether the
-/// connection is up: it fails with the connect's error (a refusal), or with `EAGAIN` while the
-/// handshake is still on, and then the bytes wait for the connect. Spliced pairs start without
-/// (they are handed to the kernel before any byte moves).
-///
-/// An error is the connect's: hand it to [`connect_failed`].
-pub(crate) fn start_upstream(
-    client: &impl AsFd,
-    host: BackendAddr,
-    first_bytes: bool,
-    scratch: &mut [u8],
-    stats: &ProxyStats,
-) -> io::Result<Started> {
-    ProxyStats::inc(&stats.upstream_cx_total);
-    let socket = Socket::new(
-        Domain::for_address(host.0),
-        Type::STREAM.nonblocking().cloexec(),
-        Some(Protocol::TCP),
-    )?;
-    socket.set_tcp_nodelay(true)?;
-    match socket.connect(&host.0.into()) {
-        Ok(()) => {}
-        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
-        Err(e) => return Err(e),
-    }
-    let socket = std::net::TcpStream::from(socket);
-    let first = if first_bytes {
-        crate::sys::recv(client.as_fd(), scratch, libc::MSG_DONTWAIT)
-    } else {
-        Ok(0)
-    };
-    let first = match first {
-        Ok(n) => n,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
-        Err(err) => {
-            // Counted before the upstream socket closes with the reset.
-            ProxyStats::inc(&stats.upstream_cx_destroy_with_reset);
-            flow::abort(&socket);
-            return Ok(Started::ClientFailed(err));
-        }
-    };
-    let (sent, connecting) = if first == 0 {
-        (0, true)
-    } else {
-        match crate::sys::send(socket.as_fd(), &scratch[..first]) {
-            Ok(n) => (n, false),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => (0, true),
-            Err(e) => return Err(e),
-        }
-    };
-    ProxyStats::add(&stats.upstream_cx_tx_bytes_total, sent as u64);
-    Ok(Started::Upstream {
-        socket,
-        unsent: scratch[sent..first].to_vec(),
-        sent: sent as u64,
-        connecting,
-    })
-}
-
 /// Why an upstream connect failed.
 #[derive(Debug)]
 pub(crate) enum ConnectFailure {
@@ -237,13 +173,12 @@ pub(crate) enum ConnectFailure {
 }
 
 /// An upstream connect failed: counted (`upstream_cx_connect_fail`, and
-/// `upstream_cx_connect_timeout` for a timeout), reported to the cluster's outlier detection,
-/// and the client reset.
+/// `upstream_cx_connect_timeout` for a timeout) and reported to the cluster's outlier
+/// detection. Whether another host is tried or the client reset is `connect_attempts.rs`'s to say.
 pub(crate) fn connect_failed(
     failure: &ConnectFailure,
     host: BackendAddr,
     cluster: Option<&ClusterHandle>,
-    client: &impl AsFd,
     stats: &ProxyStats,
 ) {
     if let ConnectFailure::TimedOut(_) = failure {
@@ -254,12 +189,9 @@ pub(crate) fn connect_failed(
         cluster.report_connect(host, false);
     }
     match failure {
-        ConnectFailure::Error(err) => debug!(%host, %err, "upstream connect failed: client reset"),
-        ConnectFailure::TimedOut(after) => {
-            debug!(%host, ?after, "upstream connect timed out: client reset");
-        }
+        ConnectFailure::Error(err) => debug!(%host, %err, "upstream connect failed"),
+        ConnectFailure::TimedOut(after) => debug!(%host, ?after, "upstream connect timed out"),
     }
-    flow::abort(client);
 }
 
 /// An upstream connect succeeded: reported to the cluster's outlier detection.

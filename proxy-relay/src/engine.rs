@@ -28,7 +28,8 @@ use tracing::{debug, warn};
 use crate::{
     addr::ClientAddr,
     cluster::{ActiveLease, ClusterHandle, HostVerdict},
-    conn::{self, Action, Actions, Admitted, ConnectFailure, ProxyClose, Started, Target},
+    conn::{self, Action, Actions, Admitted, Chosen, ConnectFailure, ProxyClose, Target},
+    connect_attempts::{self, Attempts},
     drain::DrainWatcher,
     flow::{self, End, Flows, SCRATCH, Side},
     listener,
@@ -110,7 +111,12 @@ impl Routes {
         let mut by_name: HashMap<String, Vec<usize>> = HashMap::new();
         let actions = Actions::compile(&shared.services, |c| {
             let same = by_name.entry(c.name().to_owned()).or_default();
-            if let Some(&i) = same.iter().find(|&&i| clusters[i].same_routing(c)) {
+            // A service's own connect attempts keep its handle apart.
+            let found = same.iter().find(|&&i| {
+                clusters[i].same_routing(c)
+                    && clusters[i].connect_attempts() == c.connect_attempts()
+            });
+            if let Some(&i) = found {
                 i
             } else {
                 clusters.push(c.clone());
@@ -272,6 +278,8 @@ struct Conn {
     _admitted: Admitted<Arc<ProxyStats>>,
     /// Set while the connect is on: its deadline.
     connecting: Option<Instant>,
+    /// The connects made and still allowed (`max_connect_attempts`).
+    attempts: Attempts,
     /// Set while the host is removed: when the connection closes.
     drain_deadline: Option<Instant>,
     /// client -> upstream, upstream -> client.
@@ -495,14 +503,7 @@ impl Worker {
             if conn.connecting.is_some_and(|d| d <= now) {
                 let cluster = conn.cluster.map(|ci| &self.routes.clusters[ci]);
                 let failure = ConnectFailure::TimedOut(self.shared.connect_timeout(cluster));
-                conn::connect_failed(
-                    &failure,
-                    conn.host,
-                    cluster,
-                    &conn.client,
-                    &self.shared.stats,
-                );
-                self.free(index);
+                self.connect_failed(index, &failure);
             } else if conn.drain_deadline.is_some_and(|d| d <= now) {
                 self.close(index, ProxyClose::Drained);
             }
@@ -573,26 +574,17 @@ impl Worker {
             Some(Action::Original) => (Target::Original(orig), None),
             Some(Action::Cluster(ci)) => (Target::Cluster(&routes.clusters[*ci]), Some(*ci)),
         };
-        let Some(chosen) = conn::choose(target, &client, &self.shared) else {
+        let mut attempts = Attempts::new(target, true);
+        let scratch = &mut self.scratch;
+        let shared = &self.shared;
+        let started =
+            connect_attempts::start(&client, target, &mut attempts, Vec::new(), scratch, shared);
+        let Some((chosen, up)) = started else {
             return;
         };
-        let host = chosen.host;
+        let (host, upstream, unsent, connecting) =
+            (chosen.host, up.socket, up.unsent, up.connecting);
         let handle = cluster.map(|ci| &routes.clusters[ci]);
-        let failed = |failure| conn::connect_failed(&failure, host, handle, &client, stats);
-        let (upstream, unsent, connecting) =
-            match conn::start_upstream(&client, host, true, &mut self.scratch, stats) {
-                Ok(Started::Upstream {
-                    socket,
-                    unsent,
-                    connecting,
-                    ..
-                }) => (socket, unsent, connecting),
-                Ok(Started::ClientFailed(err)) => {
-                    debug!(%err, "client failed before the upstream connection started: reset");
-                    return;
-                }
-                Err(err) => return failed(ConnectFailure::Error(err)),
-            };
         if !connecting {
             conn::connected(host, handle);
         }
@@ -629,6 +621,7 @@ impl Worker {
             _open: chosen.open,
             _admitted: admitted,
             connecting,
+            attempts,
             drain_deadline: None,
             flows: Flows::new(unsent),
         });
@@ -669,16 +662,85 @@ impl Worker {
             };
             let cluster = conn.cluster.map(|ci| &self.routes.clusters[ci]);
             if let Some(err) = err {
-                let failure = ConnectFailure::Error(err);
-                let stats = &self.shared.stats;
-                conn::connect_failed(&failure, conn.host, cluster, &conn.client, stats);
-                self.free(index);
+                self.connect_failed(index, &ConnectFailure::Error(err));
                 return;
             }
             conn::connected(conn.host, cluster);
             conn.connecting = None;
         }
         self.pump(index);
+    }
+
+    /// A connection's connect failed (counted): another host gets a turn while its attempts
+    /// allow (a new upstream socket in the slot, with the client's unsent bytes), else the
+    /// connection ends (`connect_attempts.rs` counted it and reset the client).
+    fn connect_failed(&mut self, index: usize, failure: &ConnectFailure) {
+        let Some(Some(conn)) = self.conns.get_mut(index) else {
+            return;
+        };
+        let stats = &*self.shared.stats;
+        let cluster = conn.cluster.map(|ci| &self.routes.clusters[ci]);
+        conn::connect_failed(failure, conn.host, cluster, stats);
+        // ORIGINAL_DST has one attempt: `retry` says no, and only clusters are tried again.
+        let again = conn.attempts.retry(cluster, &conn.client, stats);
+        let started = cluster.filter(|_| again).and_then(|c| {
+            let carried = conn.flows.restart();
+            let (client, attempts) = (&conn.client, &mut conn.attempts);
+            let scratch = &mut self.scratch;
+            let shared = &self.shared;
+            connect_attempts::start(
+                client,
+                Target::Cluster(c),
+                attempts,
+                carried,
+                scratch,
+                shared,
+            )
+        });
+        match started {
+            Some((chosen, up)) => self.restarted(index, chosen, up),
+            None => self.free(index),
+        }
+    }
+
+    /// Connection `index` tried another host: `up` takes the failed socket's place, with its
+    /// own connect timer.
+    fn restarted(&mut self, index: usize, chosen: Chosen, up: connect_attempts::Upstream) {
+        let Some(Some(old)) = self.conns.get_mut(index).map(Option::take) else {
+            return;
+        };
+        let cluster = old.cluster.map(|ci| &self.routes.clusters[ci]);
+        if !up.connecting {
+            conn::connected(chosen.host, cluster);
+        }
+        let timeout = self.shared.connect_timeout(cluster);
+        let connecting = up.connecting.then(|| after(Instant::now(), timeout));
+        self.serial += 1;
+        // The failed socket and its host's guards go when `old` does, at the end.
+        let mut conn = Conn {
+            serial: self.serial,
+            upstream: up.socket,
+            host: chosen.host,
+            _lease: chosen.lease,
+            _active: chosen.active,
+            _open: chosen.open,
+            connecting,
+            drain_deadline: None,
+            ..old
+        };
+        conn.flows.set_unsent(up.unsent);
+        let token = ((index as u64) << 1) | 1;
+        let added = self.ep.add(conn.upstream.as_fd(), CONN_EVENTS, token);
+        if let Err(err) = &added {
+            warn!(%err, "could not register a connection with the proxy engine");
+            flow::abort(&conn.client);
+        }
+        self.conns[index] = Some(conn);
+        match (added, connecting) {
+            (Err(_), _) => self.free(index),
+            (Ok(()), Some(at)) => self.add_timer(at, Timer::Conn(index, self.serial)),
+            (Ok(()), None) => {}
+        }
     }
 
     /// Moves bytes both ways until both sockets would block (`flow.rs`); ends the connection

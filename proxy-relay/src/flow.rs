@@ -288,6 +288,19 @@ impl Flows {
         Self([Flow::new(unsent), Flow::new(Vec::new())])
     }
 
+    /// The connect failed and another host gets a turn (`connect_attempts.rs`): the client's bytes not
+    /// sent yet come back for the next connect, what the failed socket announced is forgotten,
+    /// and what the client announced stays (its events come once).
+    pub(crate) fn restart(&mut self) -> Vec<u8> {
+        self.0[Side::Upstream as usize] = Flow::default();
+        std::mem::take(&mut self.0[Side::Client as usize].pending)
+    }
+
+    /// The next connect left `unsent` of the client's bytes to write first.
+    pub(crate) fn set_unsent(&mut self, unsent: Vec<u8>) {
+        self.0[Side::Client as usize].pending = unsent;
+    }
+
     /// The direction whose source is `side`.
     pub(crate) fn from(&mut self, side: Side) -> &mut Flow {
         &mut self.0[side as usize]

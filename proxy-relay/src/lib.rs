@@ -30,6 +30,7 @@ mod addr;
 mod client;
 mod cluster;
 mod conn;
+mod connect_attempts;
 mod copy;
 mod drain;
 mod engine;

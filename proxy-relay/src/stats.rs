@@ -58,6 +58,9 @@ stats! {
     upstream_cx_connect_fail,
     /// Upstream connects that timed out (also counted in `upstream_cx_connect_fail`).
     upstream_cx_connect_timeout,
+    /// TCP connections reset because all their connects failed (`max_connect_attempts` of
+    /// them, one by default); a retried connect is in `upstream_cx_connect_fail`.
+    upstream_cx_connect_attempts_exceeded,
     /// Connections that ended with a reset from either side.
     upstream_cx_destroy_with_reset,
     /// Connections closed at the drain deadline after their host was removed.

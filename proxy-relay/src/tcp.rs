@@ -12,7 +12,8 @@ use tracing::{debug, field, warn};
 use crate::{
     client::Client,
     cluster::HostClose,
-    conn::{self, Chosen, ConnectFailure, ProxyClose, Started, Target},
+    conn::{self, Chosen, ConnectFailure, ProxyClose, Target},
+    connect_attempts::{self, Attempts},
     copy,
     drain::DrainWatcher,
     flow::{self, End},
@@ -28,52 +29,20 @@ pub(crate) async fn forward(
     shared: &Shared,
     drain: &DrainWatcher,
 ) {
-    let stats = &shared.stats;
-    let cluster = match target {
-        Target::Cluster(c) => Some(c),
-        Target::Original(_) => None,
-    };
-    let Some(Chosen {
-        host,
-        lease: _lease,
-        active: _active,
-        open: _open,
-    }) = conn::choose(target, &client, shared)
+    let (stats, cluster) = (&shared.stats, target.cluster());
+    let Some((
+        Chosen {
+            host,
+            lease: _lease,
+            active: _active,
+            open: _open,
+        },
+        upstream,
+        unsent,
+        sent_first,
+    )) = connect(&client, target, shared).await
     else {
         return;
-    };
-    if let Some(span) = conn_span() {
-        span.record("host", field::display(host));
-    }
-    // Spliced pairs are handed over before any byte moves; others start with what the client
-    // has sent already.
-    let first_bytes = !(shared.config.splice == SpliceMode::Kernel && shared.splicer.is_some());
-    let started =
-        flow::with_scratch(|s| conn::start_upstream(&client, host, first_bytes, s, stats));
-    let failed = |failure| conn::connect_failed(&failure, host, cluster, &client, stats);
-    let (upstream, unsent, sent_first) = match started {
-        Ok(Started::Upstream {
-            socket,
-            unsent,
-            sent,
-            connecting,
-        }) => {
-            let upstream = match TcpStream::from_std(socket) {
-                Ok(upstream) => upstream,
-                Err(err) => return failed(ConnectFailure::Error(err)),
-            };
-            if connecting
-                && let Err(failure) = handshake(&upstream, shared.connect_timeout(cluster)).await
-            {
-                return failed(failure);
-            }
-            (upstream, unsent, sent)
-        }
-        Ok(Started::ClientFailed(err)) => {
-            debug!(%err, "client failed before the upstream connection started: reset");
-            return;
-        }
-        Err(err) => return failed(ConnectFailure::Error(err)),
     };
     conn::connected(host, cluster);
     let client = match client.register() {
@@ -117,6 +86,49 @@ pub(crate) async fn forward(
         if let End::Done = end {
             debug!("connection ended");
         }
+    }
+}
+
+/// Connects to a host of `target`, and to another on a failed connect while the service's
+/// `max_connect_attempts` allow (`connect_attempts.rs`); the host, the connection, the client's bytes
+/// still to send and those sent. `None`: the client was reset (counted).
+async fn connect(
+    client: &Client,
+    target: Target<'_>,
+    shared: &Shared,
+) -> Option<(Chosen, TcpStream, Vec<u8>, u64)> {
+    let (stats, cluster) = (&shared.stats, target.cluster());
+    // Spliced pairs are handed over before any byte moves; others start with what the client
+    // has sent already.
+    let first_bytes = !(shared.config.splice == SpliceMode::Kernel && shared.splicer.is_some());
+    let mut attempts = Attempts::new(target, first_bytes);
+    let mut carried = Vec::new();
+    // Bounded: every turn makes at least one attempt, and `retry` ends them at the maximum.
+    loop {
+        let (chosen, up) = flow::with_scratch(|s| {
+            connect_attempts::start(client, target, &mut attempts, carried, s, shared)
+        })?;
+        if let Some(span) = conn_span() {
+            span.record("host", field::display(chosen.host));
+        }
+        let (failure, unsent) = match TcpStream::from_std(up.socket) {
+            Ok(upstream) if !up.connecting => return Some((chosen, upstream, up.unsent, up.sent)),
+            Ok(upstream) => match handshake(&upstream, shared.connect_timeout(cluster)).await {
+                Ok(()) => return Some((chosen, upstream, up.unsent, up.sent)),
+                Err(failure) => (failure, up.unsent),
+            },
+            Err(err) => (ConnectFailure::Error(err), up.unsent),
+        };
+        conn::connect_failed(&failure, chosen.host, cluster, stats);
+        if up.sent > 0 {
+            // Bytes that went out with the connect cannot be sent again: no retry.
+            flow::abort(client);
+            return None;
+        }
+        if !attempts.retry(cluster, client, stats) {
+            return None;
+        }
+        carried = unsent;
     }
 }
 
@@ -177,7 +189,10 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
-    use crate::addr::BackendAddr;
+    use crate::{
+        addr::BackendAddr,
+        connect_attempts::{StartFailed, Started, start_upstream},
+    };
 
     const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -205,8 +220,12 @@ mod tests {
         BackendAddr(l.local_addr().unwrap())
     }
 
-    fn start(client: &Client, host: BackendAddr, stats: &ProxyStats) -> io::Result<Started> {
-        flow::with_scratch(|s| conn::start_upstream(client, host, true, s, stats))
+    fn start(
+        client: &Client,
+        host: BackendAddr,
+        stats: &ProxyStats,
+    ) -> Result<Started, StartFailed> {
+        flow::with_scratch(|s| start_upstream(client, host, true, Vec::new(), s, stats))
     }
 
     #[tokio::test]
@@ -257,7 +276,10 @@ mod tests {
             let host = dead_addr();
             // The refusal comes from connect() or send() at once, or from the handshake.
             let err = match start(&client, host, &stats) {
-                Err(err) => err,
+                Err(StartFailed { err, unsent }) => {
+                    assert_eq!(unsent, first, "the bytes read come back");
+                    err
+                }
                 Ok(Started::Upstream {
                     socket,
                     connecting: true,

@@ -3,7 +3,8 @@
 //! the kernel's map. Each test runs the daemon, its backends and its clients in a fresh network
 //! namespace (clients also in a fresh cgroup): TCP to a cluster with getpeername intact, open-
 //! relay refusal, HTTP routes of a service-router chain, HTTP upgrades per `upgrade_configs`, an
-//! ORIGINAL_DST cluster and its cleanup, and draining of a host that STRICT_DNS removed.
+//! ORIGINAL_DST cluster and its cleanup, draining of a host that STRICT_DNS removed, and
+//! `max_connect_attempts` with a dead host.
 
 use std::{
     io::{Read as _, Write as _},
@@ -115,6 +116,61 @@ fn proxy_mode_forwards_to_the_cluster_and_the_application_sees_the_vip() {
     let direct = Probe::run(&netns, None, "127.0.0.1:15001".parse().unwrap(), 5, false);
     assert_eq!(direct.backends.values().sum::<u32>(), 0, "{direct:?}");
     assert_eq!(daemon.stat("proxy.downstream_cx_no_original_dst"), 5);
+}
+
+/// Envoy's `max_connect_attempts` through the real daemon: a connect loop to a proxy-mode
+/// service whose cluster has one dead host (nothing listens) and one live, no health checks, the
+/// default lb (RANDOM: about half the first connects go to the dead host). At the default of
+/// one attempt each connect that hits the dead host is reset and counted once in
+/// `upstream_cx_connect_attempts_exceeded` (as Envoy counts it); with two, none fails, the dead
+/// host's refusals are the retries (`upstream_cx_connect_fail`, each one more
+/// `upstream_cx_total`) and nothing is exceeded.
+#[test]
+fn connect_attempts_retry_a_dead_host_under_a_connect_loop() {
+    require_root();
+    let (dead, live): (SocketAddr, SocketAddr) = (
+        "127.0.0.11:8081".parse().unwrap(),
+        "127.0.0.12:8082".parse().unwrap(),
+    );
+    let n = 200;
+    for attempts in [None, Some(2)] {
+        let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+        let _servers = BannerServers::start(&netns, &[(live, "live", false)]);
+        let field = attempts.map_or(String::new(), |a| format!(", max_connect_attempts: {a}"));
+        let config = format!(
+            "{}clusters:\n{}services:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web, mode: proxy{field} }}\n",
+            header(&cgroup, ""),
+            cluster("web", &(endpoint(dead) + &endpoint(live))),
+        );
+        let daemon = Daemon::start_in(&netns, &config);
+        let probe = Probe::run(&netns, Some(cgroup.path()), VIP.parse().unwrap(), n, false);
+        let failed = u64::from(n - probe.count("live"));
+        let stat = |name: &str| daemon.stat(&format!("cluster.web.{name}"));
+        let total = stat("upstream_cx_total");
+        let connect_fail = stat("upstream_cx_connect_fail");
+        let exceeded = stat("upstream_cx_connect_attempts_exceeded");
+        println!(
+            "max_connect_attempts {attempts:?}: {failed} of {n} failed; upstream_cx_total \
+             {total}, upstream_cx_connect_fail {connect_fail}, \
+             upstream_cx_connect_attempts_exceeded {exceeded}; {probe:?}"
+        );
+        assert_eq!(u64::from(probe.errors.values().sum::<u32>()), failed);
+        assert_eq!(
+            daemon.stat("proxy.upstream_cx_connect_attempts_exceeded"),
+            exceeded
+        );
+        if attempts.is_none() {
+            assert!(failed > 0, "no connect hit the dead host: {probe:?}");
+            assert_eq!((exceeded, connect_fail), (failed, failed));
+            assert_eq!(total, u64::from(n));
+        } else {
+            assert_eq!(failed, 0, "{probe:?}");
+            assert!(connect_fail > 0, "no connect hit the dead host first");
+            assert_eq!(exceeded, 0);
+            assert_eq!(total, u64::from(n) + connect_fail);
+        }
+        drop(daemon);
+    }
 }
 
 /// Servers in the test namespace: a thread per listener, and one per connection running

@@ -43,6 +43,12 @@ pub struct Service {
     /// `chain` may change it.
     #[serde(default = "default_upgrade_configs")]
     pub upgrade_configs: Vec<UpgradeConfig>,
+    /// Proxy path only (`mode: proxy` with a cluster): how many connects one connection may
+    /// make, each to a host not tried yet while the cluster has one, before the client is reset
+    /// and `upstream_cx_connect_attempts_exceeded` counted (Envoy's tcp_proxy
+    /// `max_connect_attempts`). At least 1; unset is 1, one connect and no retry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connect_attempts: Option<u32>,
 }
 
 /// One upgrade type of [`Service::upgrade_configs`] (Envoy's `UpgradeConfig`).
@@ -98,6 +104,42 @@ impl Service {
             }
         }
         Ok(())
+    }
+}
+
+impl Service {
+    /// The connects one proxied connection may make (`max_connect_attempts`, 1 when unset).
+    pub fn connect_attempts(&self) -> u32 {
+        self.max_connect_attempts.unwrap_or(1)
+    }
+
+    /// `max_connect_attempts` is at least 1 and only on a service the proxy connects for with a
+    /// choice of hosts: the kernel path makes no connect of its own (the application's connect
+    /// gets the refusal), a chain's HTTP routes retry by their retry policy, and an
+    /// ORIGINAL_DST connection has one host, its destination.
+    pub(super) fn validate_connect_attempts(
+        &self,
+        at: &str,
+        original_dst: bool,
+    ) -> Result<(), Invalid> {
+        let Some(attempts) = self.max_connect_attempts else {
+            return Ok(());
+        };
+        let refused = if attempts == 0 {
+            "must be at least 1 (1 is a single connect, no retry)"
+        } else if self.mode == ServiceMode::Direct {
+            "the kernel path does not retry (the application's own connect gets the refusal); \
+             set mode: proxy or remove max_connect_attempts"
+        } else if self.chain.is_some() {
+            "a chain serves HTTP routes, which retry by their retry policy; remove \
+             max_connect_attempts"
+        } else if original_dst {
+            "an ORIGINAL_DST connection has one host, its original destination: there is no \
+             other host to try; remove max_connect_attempts"
+        } else {
+            return Ok(());
+        };
+        Err(Invalid::new(at, refused))
     }
 }
 
@@ -232,5 +274,65 @@ mod tests {
         let err = parse(direct).unwrap_err();
         assert_eq!(err.field(), Some("services[0].upgrade_configs"));
         assert!(err.to_string().contains("not read as HTTP"), "{err}");
+    }
+
+    const PROXY_CLUSTERS: &str = "\
+clusters:
+  - name: web
+    load_assignment:
+      endpoints:
+        - lb_endpoints:
+            - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 8080 } } }
+  - name: passthrough
+    type: ORIGINAL_DST
+    lb_policy: CLUSTER_PROVIDED
+proxy:
+  listeners: [127.0.0.1:15901]
+services:
+";
+
+    fn parse_proxied(services: &str) -> Result<Config, ConfigError> {
+        Config::parse(&format!("{PROXY_CLUSTERS}{services}"), Path::new("t.yaml"))
+    }
+
+    #[test]
+    fn connect_attempts_default_to_one_and_are_taken_on_the_proxy_path() {
+        let config = parse_proxied(
+            "  - { name: a, address: 127.77.0.1, port: 80, cluster: web, mode: proxy }\n  - { name: b, address: 127.77.0.2, port: 80, cluster: web, mode: proxy, max_connect_attempts: 3 }\n",
+        )
+        .expect("valid");
+        assert_eq!(config.services[0].max_connect_attempts, None);
+        assert_eq!(config.services[0].connect_attempts(), 1);
+        assert_eq!(config.services[1].connect_attempts(), 3);
+    }
+
+    #[test]
+    fn connect_attempts_where_they_cannot_apply_are_refused_at_their_line() {
+        for (service, why) in [
+            (
+                "{ name: a, address: 127.77.0.1, port: 80, cluster: web, mode: proxy, max_connect_attempts: 0 }",
+                "must be at least 1",
+            ),
+            (
+                "{ name: a, address: 127.77.0.1, port: 80, cluster: web, max_connect_attempts: 2 }",
+                "the kernel path does not retry",
+            ),
+            (
+                "{ name: a, address: 127.77.0.1, port: 80, cluster: passthrough, mode: proxy, max_connect_attempts: 2 }",
+                "one host, its original destination",
+            ),
+            (
+                "{ name: a, address: 127.77.0.1, port: 80, cluster: web, mode: proxy, max_connect_attempts: -1 }",
+                "expected u32",
+            ),
+        ] {
+            let err = parse_proxied(&format!("  - {service}\n")).expect_err(service);
+            let ConfigError::Invalid { field, at, .. } = &err else {
+                panic!("{service}: {err}");
+            };
+            assert_eq!(field, "services[0].max_connect_attempts", "{service}");
+            assert_eq!(at.line, 13, "{service}: {err}");
+            assert!(err.to_string().contains(why), "{service}: {err}");
+        }
     }
 }

@@ -469,6 +469,7 @@ fn validate_services(config: &Config) -> Result<(), Invalid> {
             }
             _ => {}
         }
+        svc.validate_connect_attempts(&at("max_connect_attempts"), original_dst)?;
     }
     if let Some(name) = &config.proxy.fallback_cluster
         && config.cluster(name).is_none()

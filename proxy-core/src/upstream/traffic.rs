@@ -22,6 +22,9 @@ pub struct UpstreamTraffic {
     pub cx_total: AtomicU64,
     /// Connects that failed or timed out (`upstream_cx_connect_fail`).
     pub cx_connect_fail: AtomicU64,
+    /// Connections whose connects all failed, `max_connect_attempts` of them, before the client
+    /// was reset (`upstream_cx_connect_attempts_exceeded`).
+    pub cx_connect_attempts_exceeded: AtomicU64,
     /// Choices that found no routable host (`upstream_cx_none_healthy`).
     pub cx_none_healthy: AtomicU64,
     /// Choices made in panic mode (`lb_healthy_panic`).
@@ -102,12 +105,16 @@ impl UpstreamTraffic {
     }
 
     /// The cluster-wide stats with Envoy's names, without the `cluster.<name>.` prefix.
-    pub fn named(&self) -> [(&'static str, u64); 5] {
+    pub fn named(&self) -> [(&'static str, u64); 6] {
         [
             ("upstream_cx_total", self.cx_total.load(Ordering::Relaxed)),
             (
                 "upstream_cx_connect_fail",
                 self.cx_connect_fail.load(Ordering::Relaxed),
+            ),
+            (
+                "upstream_cx_connect_attempts_exceeded",
+                self.cx_connect_attempts_exceeded.load(Ordering::Relaxed),
             ),
             ("upstream_cx_active", self.cx_active()),
             (

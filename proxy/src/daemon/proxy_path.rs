@@ -181,7 +181,10 @@ fn service_table(
                     .with_upgrades(UpgradePolicy::from_config(&svc.upgrade_configs));
                 Service::Http(Arc::new(routes))
             }
-            None => cluster_service(config, upstreams, proxy, &svc.cluster)?,
+            None => match cluster_service(config, upstreams, proxy, &svc.cluster)? {
+                Service::Tcp(c) => Service::Tcp(c.with_connect_attempts(svc.connect_attempts())),
+                other => other,
+            },
         };
         table.insert(SocketAddr::new(svc.address, svc.port), service);
     }

@@ -1,0 +1,188 @@
+//! `max_connect_attempts` side by side with a real Envoy 1.40 (root): the same STATIC cluster of
+//! one dead host (nothing listens on it) and one live, ROUND_ROBIN, no health checks, in one
+//! fresh network namespace. Envoy's tcp_proxy and the daemon's proxy path (a `mode: proxy`
+//! service, reached through the kernel's redirect) each get the same loop of connects, one after
+//! another, once with the field unset (one attempt) and once with two attempts. Both must count
+//! alike: the connects that failed, `upstream_cx_connect_attempts_exceeded`,
+//! `upstream_cx_connect_fail` and `upstream_cx_total` of the cluster.
+
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use integration_tests::{
+    kernel::{BannerServers, Daemon, Netns, Probe, TestCgroup, in_netns, require_root, unique},
+    xds_server::{Envoy, http},
+};
+use serde_json::{Value, json};
+
+const DEAD: &str = "127.0.0.81:8081";
+const LIVE: &str = "127.0.0.82:8082";
+const VIP: &str = "127.77.8.1:80";
+/// Envoy's tcp_proxy listener (the daemon's proxy listener is 127.0.0.1:15001).
+const ENVOY_LISTENER: &str = "127.0.0.1:15002";
+/// Connects per run: even, so that ROUND_ROBIN sends exactly half of the first connects to the
+/// dead host whichever host it starts with.
+const CONNECTS: u32 = 100;
+
+/// The cluster both run, as Envoy's JSON (the daemon reads the same fields from its YAML).
+fn cluster() -> Value {
+    let endpoints: Vec<Value> = [DEAD, LIVE]
+        .iter()
+        .map(|b| {
+            let b: SocketAddr = b.parse().unwrap();
+            json!({"endpoint": {"address": {"socket_address": {"address": b.ip().to_string(), "port_value": b.port()}}}})
+        })
+        .collect();
+    json!({
+        "name": "c",
+        "type": "STATIC",
+        "lb_policy": "ROUND_ROBIN",
+        "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": "c", "endpoints": [{"lb_endpoints": endpoints}]}
+    })
+}
+
+fn envoy_bootstrap(attempts: Option<u32>) -> String {
+    let listener: SocketAddr = ENVOY_LISTENER.parse().unwrap();
+    let mut tcp_proxy = json!({
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+        "stat_prefix": "tp",
+        "cluster": "c"
+    });
+    if let Some(n) = attempts {
+        tcp_proxy["max_connect_attempts"] = json!(n);
+    }
+    json!({
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+        "static_resources": {
+            "listeners": [{
+                "name": "l",
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": listener.port()}},
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.tcp_proxy",
+                    "typed_config": tcp_proxy
+                }]}]
+            }],
+            "clusters": [cluster()]
+        }
+    })
+    .to_string()
+}
+
+fn daemon_config(cgroup: &TestCgroup, attempts: Option<u32>) -> String {
+    let vip: SocketAddr = VIP.parse().unwrap();
+    // JSON is YAML: the daemon gets the very cluster Envoy gets, less the field it derives.
+    let mut cluster = cluster();
+    cluster["load_assignment"]
+        .as_object_mut()
+        .unwrap()
+        .remove("cluster_name");
+    let field = attempts.map_or(String::new(), |n| format!(", max_connect_attempts: {n}"));
+    format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nproxy:\n  listeners: [\"127.0.0.1:15001\"]\nclusters:\n  - {cluster}\nservices:\n  - {{ name: web, address: \"{}\", port: {}, cluster: c, mode: proxy{field} }}\n",
+        unique("att"),
+        cgroup.path().display(),
+        vip.ip(),
+        vip.port()
+    )
+}
+
+/// A stat from `{"stats": [{"name", "value"}, ...]}`.
+fn stat(stats: &Value, name: &str) -> u64 {
+    stats["stats"]
+        .as_array()
+        .expect("a stats list")
+        .iter()
+        .find(|s| s["name"] == name)
+        .and_then(|s| s["value"].as_u64())
+        .unwrap_or_else(|| panic!("no stat {name}"))
+}
+
+/// Envoy's `/stats?format=json`, read from inside `netns`.
+fn envoy_stats(netns: &Netns, admin: SocketAddr) -> Value {
+    let (_, body) = in_netns(netns, move || http(admin, "GET", "/stats?format=json", ""))
+        .join()
+        .expect("envoy admin answers");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("envoy stats JSON ({e}): {body}"))
+}
+
+/// Waits until Envoy is live with its listener bound (its admin answers before that): a
+/// connect earlier would be refused by the namespace, not by Envoy.
+fn until_envoy_serves(netns: &Netns, admin: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats = envoy_stats(netns, admin);
+        // `server.state` 0 is LIVE.
+        let live = stat(&stats, "server.state") == 0;
+        if live && stat(&stats, "listener_manager.total_listeners_active") == 1 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "envoy not live with its listener"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What one side showed: (failed connects, exceeded, connect_fail, total).
+fn counts(probe: &Probe, stats: &Value) -> (u64, u64, u64, u64) {
+    let cluster = |name: &str| stat(stats, &format!("cluster.c.{name}"));
+    (
+        u64::from(CONNECTS - probe.count("live")),
+        cluster("upstream_cx_connect_attempts_exceeded"),
+        cluster("upstream_cx_connect_fail"),
+        cluster("upstream_cx_total"),
+    )
+}
+
+#[test]
+fn connect_attempts_count_as_envoy_with_a_dead_host() {
+    require_root();
+    let n = u64::from(CONNECTS);
+    for attempts in [None, Some(2)] {
+        let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+        let _live = BannerServers::start(&netns, &[(LIVE.parse().unwrap(), "live", false)]);
+        let daemon = Daemon::start_in(&netns, &daemon_config(&cgroup, attempts));
+        let envoy = Envoy::with_bootstrap(&envoy_bootstrap(attempts), Some(&netns.path()));
+        until_envoy_serves(&netns, envoy.admin());
+        let listener = ENVOY_LISTENER.parse().unwrap();
+        let through_envoy = Probe::run(&netns, None, listener, CONNECTS, false);
+        let vip = VIP.parse().unwrap();
+        let through_daemon = Probe::run(&netns, Some(cgroup.path()), vip, CONNECTS, false);
+        let envoy_stats = envoy_stats(&netns, envoy.admin());
+        let (code, body) = daemon
+            .get("/stats?format=json")
+            .expect("daemon admin answers");
+        assert_eq!(code, 200, "{body}");
+        let daemon_stats: Value = serde_json::from_str(&body).expect("daemon stats JSON");
+        let envoy = counts(&through_envoy, &envoy_stats);
+        let ours = counts(&through_daemon, &daemon_stats);
+        println!(
+            "max_connect_attempts {attempts:?}: (failed, exceeded, connect_fail, total) envoy \
+             {envoy:?}, daemon {ours:?}"
+        );
+        if attempts.is_none() {
+            // Every other connect goes to the dead host, fails and is counted once.
+            let half = n / 2;
+            assert_eq!(envoy, (half, half, half, n), "envoy");
+            assert_eq!(ours, envoy, "daemon");
+        } else {
+            // No connect fails; each that went to the dead host first was tried once more, on
+            // the live one (ROUND_ROBIN's next): all of them or all but the first, by where
+            // the rotation starts.
+            for (side, (failed, exceeded, connect_fail, total)) in
+                [("envoy", envoy), ("daemon", ours)]
+            {
+                assert_eq!((failed, exceeded), (0, 0), "{side}");
+                assert!(
+                    connect_fail == n || connect_fail == n - 1,
+                    "{side}: {connect_fail}"
+                );
+                assert_eq!(total, n + connect_fail, "{side}");
+            }
+        }
+    }
+}

@@ -179,6 +179,10 @@ async fn run_async(
         state = state.with_proxy(proxy.stats_handle());
     }
     state = state.with_fatal(fatal.clone()).with_launch(launch);
+    // Takeover: a new daemon may ask for the instance from now on (a reload keeps its sockets).
+    // The socket is there before the admin answers, so `/ready` never reports a daemon that
+    // `proxy run --takeover` cannot yet reach.
+    let mut takeover = takeover::Server::start(&running.config, running.proxy.as_ref());
     let admin_address = running.config.admin.address.clone();
     let server = match admin::serve(&admin_address, state).await {
         Ok(server) => server,
@@ -193,8 +197,6 @@ async fn run_async(
     let passive = tokio::spawn(crate::passive::run(dp.clone(), live_rx));
     let reaper = tokio::spawn(reap(dp.clone()));
     let mut traffic = spawn_traffic(&running.config, &ctx);
-    // Takeover: a new daemon may ask for the instance from now on (a reload keeps its sockets).
-    let mut takeover = takeover::Server::start(&running.config, running.proxy.as_ref());
     info!(admin = %admin_address, services = running.config.services.len(), "ready");
     let committed = loop {
         let request = tokio::select! {

@@ -1,6 +1,6 @@
 //! The root-only integration tests (package `integration-tests`), built once and run as lanes:
 //! the binaries whose tests mostly wait on protocol clocks (health checks at Envoy's default
-//! intervals, side by side with a real Envoy) run beside the others, and `load`, which wants the
+//! intervals, side by side with a real Envoy) run beside the others, each in a lane of its own, and `load`, which wants the
 //! machine to itself, runs alone after both. Every binary runs even when one fails; the run
 //! fails if any did.
 
@@ -14,8 +14,8 @@ use anyhow::bail;
 
 use crate::util::{self, detail};
 
-/// Binaries that spend their time waiting for timers, not CPU: they run in a lane of their own
-/// beside the others (their output is shown when they end).
+/// Binaries that spend their time waiting for timers, not CPU: each runs in a lane of its own
+/// beside the others (its output is shown when it ends).
 const TIMER_BOUND: &[&str] = &["envoy_side_by_side", "daemon_health"];
 
 /// Binaries that run alone, after both lanes: `load` drives a million connections and needs
@@ -108,10 +108,17 @@ pub fn run(proxy: &Path, python: &Path, filter: Option<&str>) -> anyhow::Result<
         names(&timer),
         names(&alone)
     ));
+    let lane = &lane;
     let mut failed = std::thread::scope(|s| {
-        let beside = s.spawn(|| lane.run_quietly(&timer));
+        // One thread per timer-bound binary: each mostly sleeps.
+        let beside: Vec<_> = timer
+            .iter()
+            .map(|binary| s.spawn(move || lane.run_quietly(std::slice::from_ref(binary))))
+            .collect();
         let mut failed = lane.run(&rest);
-        failed.extend(beside.join().unwrap_or_else(|_| names_of(&timer)));
+        for (thread, binary) in beside.into_iter().zip(&timer) {
+            failed.extend(thread.join().unwrap_or_else(|_| vec![binary.0.clone()]));
+        }
         failed
     });
     failed.extend(lane.run(&alone));

@@ -114,6 +114,19 @@ impl MapSizes {
     }
 }
 
+/// Why a host set spread over `levels` distinct priorities cannot be served, or `None` when it
+/// can: a service's entry holds a slot table for each of at most `MAX_PRIORITIES` levels, and a
+/// publish of more is refused. The text goes into NACKs and logs.
+#[must_use]
+pub fn levels_refusal(levels: usize) -> Option<String> {
+    let max = proxy_common::service::MAX_PRIORITIES as usize;
+    (levels > max).then(|| {
+        format!(
+            "{levels} priority levels do not fit the kernel maps: a service holds a slot table for each of at most {max} levels, so a cluster may use at most {max} distinct priorities"
+        )
+    })
+}
+
 /// Checks what the file itself puts in the maps against `config.kernel_maps`: its sizes, the
 /// number of services and each STATIC cluster's hosts (discovered hosts are checked as they
 /// arrive: EDS NACKs, DNS and Consul skip the update).
@@ -165,6 +178,11 @@ mod tests {
         };
         assert_eq!(small.max_cluster_hosts(), 8, "rounded down");
         assert_eq!(small.max_services(), 32, "two tables per service");
+        assert_eq!(levels_refusal(4), None);
+        assert!(
+            levels_refusal(5).is_some_and(|why| why.starts_with("5 priority levels do not fit")),
+            "five levels"
+        );
         assert_eq!(small.hosts_refusal(8), None);
         let refusal = small.hosts_refusal(9).expect("9 > 8");
         assert!(

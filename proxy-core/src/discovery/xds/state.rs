@@ -117,7 +117,8 @@ pub enum UpdateError {
         #[source]
         source: ClaError,
     },
-    /// An assignment with more hosts than the kernel maps take (`kernel_maps`).
+    /// An assignment with more hosts (`kernel_maps`) or priority levels than the kernel maps
+    /// take.
     #[error("cluster load assignment {name:?}: {reason}")]
     TooManyHosts {
         /// The assignment's `cluster_name`.
@@ -193,7 +194,7 @@ impl EdsState {
         }
     }
 
-    /// NACKs assignments with more hosts than `maps` take.
+    /// NACKs assignments with more hosts, or more priority levels, than `maps` take.
     pub(crate) fn within(mut self, maps: Option<MapSizes>) -> Self {
         self.maps = maps;
         self
@@ -202,7 +203,14 @@ impl EdsState {
     /// The hosts of `cla`, or why it is NACKed: invalid, or too many for the kernel maps.
     fn hosts_of(&self, cla: &ClusterLoadAssignment) -> Result<HostSet, UpdateError> {
         let hosts = map_hosts(cla).map_err(|source| invalid(cla, source))?;
-        match self.maps.and_then(|m| m.hosts_refusal(hosts.len())) {
+        let refusal = self.maps.and_then(|m| {
+            m.hosts_refusal(hosts.len()).or_else(|| {
+                let levels: std::collections::BTreeSet<u32> =
+                    hosts.iter().map(|h| h.priority).collect();
+                crate::config::kernel_maps::levels_refusal(levels.len())
+            })
+        });
+        match refusal {
             Some(reason) => Err(UpdateError::TooManyHosts {
                 name: cla.cluster_name.clone(),
                 reason,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use envoy_types::pb::google::protobuf::Any;
 use tokio::sync::watch;
 
-use super::fixtures::{cla, delta, endpoint, ports, sotw};
+use super::fixtures::{cla, delta, endpoint, locality, ports, sotw};
 use crate::discovery::{
     SourceUpdate as EdsUpdate,
     xds::{
@@ -484,4 +484,26 @@ fn a_host_set_larger_than_the_kernel_maps_is_nacked_with_the_limit() {
         .apply_delta(&delta("n4", &[("4", cla("web", &[90]))], &[]))
         .unwrap();
     assert_eq!(ports(&clusters[0].rx.borrow()), [90], "a set that fits");
+}
+
+#[test]
+fn more_priority_levels_than_the_kernel_holds_are_nacked_with_the_limit() {
+    let (state, clusters) = state(&["web"]);
+    let mut state = state.within(Some(crate::config::MapSizes::default()));
+    let levels = |n: u32| {
+        let mut assignment = cla("web", &[]);
+        assignment.endpoints = (0..n)
+            .map(|p| locality(p * 10, vec![endpoint("127.0.0.1", 8000 + p)]))
+            .collect();
+        assignment
+    };
+    state.apply_sotw(&sotw("1", "a", &[levels(4)])).unwrap();
+    let error = state.apply_sotw(&sotw("2", "b", &[levels(5)])).unwrap_err();
+    let message = crate::discovery::xds::grpc::nack_status(&error).message;
+    assert_eq!(
+        message,
+        "cluster load assignment \"web\": 5 priority levels do not fit the kernel maps: a service holds a slot table for each of at most 4 levels, so a cluster may use at most 4 distinct priorities"
+    );
+    assert_eq!(state.version_info(), "1", "NACKed: the last good version");
+    assert_eq!(ports(&clusters[0].rx.borrow()).len(), 4, "hosts kept");
 }

@@ -88,15 +88,16 @@ fn tcp_once(target: SocketAddr) -> std::io::Result<(SocketAddr, String)> {
     // A failure after the connect names its phase, the host and the socket's own end, so that
     // it can be told from a refused connect and looked for in the host's counters.
     stream.read_to_string(&mut text).map_err(|e| {
-        let local = stream
-            .local_addr()
-            .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+        let local = stream.local_addr().ok();
         std::io::Error::new(
             e.kind(),
             format!(
-                "reading the banner of {peer} from {local}, {:?} after the connect: {}",
+                "reading the banner of {peer} from {}, {:?} after the connect: {}; the \
+                 namespace's sockets on that port: {}",
+                local.map_or_else(|| "?".to_owned(), |a| a.to_string()),
                 connected.elapsed(),
-                errno_name(&e)
+                errno_name(&e),
+                local.map_or_else(String::new, |a| sockets_of_port(a.port()))
             ),
         )
     })?;
@@ -104,6 +105,26 @@ fn tcp_once(target: SocketAddr) -> std::io::Result<(SocketAddr, String)> {
         peer,
         text.lines().next().unwrap_or("(no banner)").to_owned(),
     ))
+}
+
+/// The TCP sockets of this namespace with `port` at either end (`ss`), one line each: after a
+/// failed exchange they say whether the server's end exists and in which state.
+fn sockets_of_port(port: u16) -> String {
+    let filter = format!("( sport = :{port} or dport = :{port} )");
+    Command::new("ss")
+        .args(["-tanoie", &filter])
+        .output()
+        .map_or_else(
+            |e| format!("(ss: {e})"),
+            |o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .skip(1)
+                    .map(str::trim)
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            },
+        )
 }
 
 /// Unconnected UDP: `sendto(target)` and `recvfrom` on one socket, `count` times; the peer

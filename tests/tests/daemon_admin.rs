@@ -8,7 +8,7 @@
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::{SocketAddr, TcpStream},
-    os::unix::net::UnixStream,
+    os::{fd::AsRawFd as _, unix::net::UnixStream},
     path::PathBuf,
     process::Command,
     sync::{
@@ -316,7 +316,10 @@ fn ready_status_and_reload_answer_under_a_thousand_idle_connections() {
     let s = start();
     let admin = s.daemon.admin;
     let (mut ours, mut theirs) = UnixStream::pair().expect("socketpair");
-    let child = InCgroup::spawn(None, &s.netns, move || besiege(admin, &mut theirs));
+    let theirs_fd = theirs.as_raw_fd();
+    let child = InCgroup::spawn_keeping(None, &s.netns, theirs_fd, move || {
+        besiege(admin, &mut theirs)
+    });
     ours.set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
     let mut nobody_ms = String::new();

@@ -205,8 +205,12 @@ impl State {
                 .all(|svc| published.contains(&crate::daemon::state::service_key(svc)))
     }
 
-    /// Each published service's kernel counters, by service name.
-    fn service_counters(&self) -> Vec<(&str, proxy_common::counters::ServiceCounts)> {
+    /// What `read` finds in the data path for each service, by service name (nothing before
+    /// the data path is attached; a service `read` has nothing for is left out).
+    fn per_service<T>(
+        &self,
+        read: impl Fn(&crate::dataplane::Dataplane, &proxy_common::service::ServiceKey) -> Option<T>,
+    ) -> Vec<(&str, T)> {
         let guard = self
             .dataplane
             .lock()
@@ -218,29 +222,20 @@ impl State {
             .services
             .iter()
             .filter_map(|svc| {
-                let counts = dp.service_counts(&crate::daemon::state::service_key(svc))?;
-                Some((svc.name.as_str(), counts))
+                let found = read(dp, &crate::daemon::state::service_key(svc))?;
+                Some((svc.name.as_str(), found))
             })
             .collect()
     }
 
+    /// Each published service's kernel counters, by service name.
+    fn service_counters(&self) -> Vec<(&str, proxy_common::counters::ServiceCounts)> {
+        self.per_service(crate::dataplane::Dataplane::service_counts)
+    }
+
     /// Each service's publish record: whether it runs on an older host set, and failures.
     fn publish_states(&self) -> Vec<(&str, crate::dataplane::PublishState)> {
-        let guard = self
-            .dataplane
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let Some(dp) = guard.as_ref() else {
-            return Vec::new();
-        };
-        self.config
-            .services
-            .iter()
-            .map(|svc| {
-                let key = crate::daemon::state::service_key(svc);
-                (svc.name.as_str(), dp.publish_state(&key))
-            })
-            .collect()
+        self.per_service(|dp, key| Some(dp.publish_state(key)))
     }
 
     /// The cluster whose connections are service `name`'s on the kernel path: its only cluster,

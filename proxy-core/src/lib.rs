@@ -6,6 +6,7 @@
 
 pub mod chain;
 pub mod config;
+pub mod desired;
 pub mod discovery;
 pub mod health;
 pub mod lb;

@@ -9,6 +9,8 @@
 //! Consul missing is a failure with instructions (`cargo xtask setup` installs it), never a
 //! skip.
 
+#[path = "consul_real/cross_check.rs"]
+mod cross_check;
 #[path = "consul_real/entries.rs"]
 mod entries;
 

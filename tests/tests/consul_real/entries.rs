@@ -1,11 +1,13 @@
 //! Consul's config entries, watched live from a real Consul 1.8.7: each write, rewrite and
 //! delete reaches the published overlay within one watch round trip, and an entry Consul
-//! accepts but this daemon cannot use is skipped while the others apply.
+//! accepts but this daemon cannot use leaves out only the chain that reads it.
 
 use std::time::Instant;
 
 use proxy_chain::{CompileRequest, ConfigEntry, Entries, compile};
 use proxy_core::{
+    chain::compile_each,
+    config::Config,
     desired::Overlay,
     discovery::consul::entries::{ConsulEntries, ConsulEntriesConfig, spawn_consul_entries},
 };
@@ -130,39 +132,43 @@ async fn config_entry_writes_reach_the_overlay_within_one_watch_round_trip() {
         "write to overlay: {took:?}"
     );
     eprintln!("write to overlay: {took:?}");
-    unusable_entry_is_skipped(&consul, &mut overlay, &watch).await;
+    an_entry_only_consul_accepts_skips_only_its_chain(&consul, &mut overlay, &watch).await;
 }
 
-/// Consul 1.8.7 accepts a negative split weight when the sum is 100; the watch skips it, says
-/// why, and keeps everything else. A usable splitter written after it shows that the answer
-/// holding both was applied.
-async fn unusable_entry_is_skipped(
+/// Consul 1.8.7 accepts a negative split weight when the sum is 100; this daemon does not. The
+/// watch publishes the entry as Consul holds it, and composition leaves out only the chain that
+/// reads it, saying why.
+async fn an_entry_only_consul_accepts_skips_only_its_chain(
     consul: &Consul,
     overlay: &mut watch::Receiver<Overlay>,
     watch: &ConsulEntries,
 ) {
-    // Consul takes a splitter only for an HTTP service.
-    let http = json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http"});
-    let want = entry(&http);
-    change(consul, overlay, watch, Ok(&http), |o| {
+    let negative = json!({"Kind": "service-splitter", "Name": "web",
+        "Splits": [{"Weight": 200, "ServiceSubset": "v1"}, {"Weight": -100, "ServiceSubset": "v2"}]});
+    let want = entry(&negative);
+    change(consul, overlay, watch, Ok(&negative), |o| {
         o.config_entries.contains(&want)
     })
     .await;
-    let mut want = overlay.borrow().config_entries.clone();
-    let negative = json!({"Kind": "service-splitter", "Name": "web",
-        "Splits": [{"Weight": 200, "ServiceSubset": "v1"}, {"Weight": -100, "ServiceSubset": "v2"}]});
-    write(consul, &negative).await;
-    let api = json!({"Kind": "service-splitter", "Name": "api", "Splits": [{"Weight": 100}]});
-    want.insert(2, entry(&api));
-    change(consul, overlay, watch, Ok(&api), |o| {
-        o.config_entries == want
-    })
-    .await;
-    let skipped = watch.skipped();
-    assert_eq!(skipped.len(), 1, "{skipped:?}");
-    assert_eq!(skipped[0].name, "web");
-    assert!(skipped[0].reason.contains("negative Weight"), "{skipped:?}");
+    let text = "clusters:\n  - name: web\n  - name: api\nservices:\n  \
+        - { name: web, address: 127.77.0.1, port: 80, chain: web }\n  \
+        - { name: api, address: 127.77.0.2, port: 80, chain: api }\n";
+    let config = Config::parse(text, std::path::Path::new("test.yaml")).expect("valid config");
+    let out = compile_each(&config, &[], &overlay.borrow().config_entries);
+    assert_eq!(
+        out.chains.keys().collect::<Vec<_>>(),
+        ["api"],
+        "{:?}",
+        out.failures
+    );
+    assert_eq!(out.failures.len(), 1, "{:?}", out.failures);
+    assert_eq!(out.failures[0].service, "web");
+    assert!(
+        out.failures[0].reason.contains("negative Weight"),
+        "{:?}",
+        out.failures
+    );
     let stats: BTreeMap<String, u64> = watch.named_stats().into_iter().collect();
-    assert_eq!(stats["consul_entries.entries_skipped"], 1, "{stats:?}");
+    assert_eq!(stats["consul_entries.entries_skipped"], 0, "{stats:?}");
     assert_eq!(stats["consul_entries.update_failure"], 0, "{stats:?}");
 }

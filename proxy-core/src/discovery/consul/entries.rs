@@ -13,9 +13,13 @@
 //!   chain is never compiled from a half-read set at start;
 //! * then the union (sorted by kind and name) is published whenever it changes; an answer that
 //!   changes nothing counts `update_no_rebuild`;
-//! * an entry that cannot be used (not an object, wrong kind, undecodable, invalid by Consul's
-//!   rules as this daemon applies them) is skipped and logged, counted in `entries_skipped`;
-//!   the last usable version of the same entry, if there was one, stays.
+//! * an element that is not an entry this daemon can decode (not an object, another kind, no
+//!   name, a field it does not know or a value it cannot read) is skipped and logged, counted
+//!   in `entries_skipped`; the last decoded version of the same entry, if there was one, stays;
+//! * an entry that decodes but breaks a rule of this daemon's (one Consul does not apply) is
+//!   published as Consul holds it: composition
+//!   ([`compile_each`](crate::chain::compile_each)) leaves out only the chains that read it,
+//!   each reported with the reason.
 //!
 //! Stats are `consul_entries.<stat>` (see [`EntriesStatValues`]).
 

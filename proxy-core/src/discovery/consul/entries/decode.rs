@@ -67,7 +67,10 @@ fn entry_name(value: &Value) -> Option<String> {
     (!name.is_empty() && name.len() <= MAX_NAME).then(|| name.to_owned())
 }
 
-/// One element: an object of the queried kind, decoded, normalized and valid by Consul's rules.
+/// One element: an object of the queried kind, decoded and normalized. It is not validated
+/// here: an entry that breaks a rule of this daemon's is published as Consul holds it, and
+/// composition ([`compile_each`](crate::chain::compile_each)) leaves out the chains that read
+/// it, each with the reason.
 fn decode_one(kind: EntryKind, mut value: Value) -> Result<ConfigEntry, String> {
     let Some(object) = value.as_object_mut() else {
         return Err("not a JSON object".to_owned());
@@ -90,8 +93,5 @@ fn decode_one(kind: EntryKind, mut value: Value) -> Result<ConfigEntry, String> 
     let mut entry: ConfigEntry =
         serde_json::from_value(value).map_err(|e| format!("not a usable entry: {e}"))?;
     entry.normalize();
-    entry
-        .validate()
-        .map_err(|e| format!("consul accepted it, but this daemon cannot use it: {e}"))?;
     Ok(entry)
 }

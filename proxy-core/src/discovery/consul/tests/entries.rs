@@ -205,7 +205,7 @@ async fn the_union_is_published_and_each_kind_follows_the_index_rules() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_unusable_entry_is_skipped_and_its_last_usable_version_stays() {
+async fn an_undecodable_entry_is_skipped_and_its_last_decoded_version_stays() {
     let mut bad = resolver("web", "1s");
     bad["Bogus"] = json!(true);
     let replies = BTreeMap::from([(
@@ -219,7 +219,10 @@ async fn an_unusable_entry_is_skipped_and_its_last_usable_version_stays() {
                     resolver("api", "2s"),
                     splitter("db", 50, 6),
                     42,
-                    resolver("new", "not a duration")
+                    resolver("new", "not a duration"),
+                    // Decodes, but breaks a rule (Consul's own, here): published as it is,
+                    // for composition to leave out the chains that read it.
+                    {"Kind": "service-resolver", "Name": "odd", "Redirect": {}}
                 ]),
             ),
         ],
@@ -232,8 +235,12 @@ async fn an_unusable_entry_is_skipped_and_its_last_usable_version_stays() {
     .await;
     assert_eq!(
         last.config_entries,
-        [entry(&resolver("api", "2s")), entry(&resolver("web", "5s"))],
-        "web keeps its last usable version; db (not a resolver) and new are left out"
+        [
+            entry(&resolver("api", "2s")),
+            entry(&json!({"Kind": "service-resolver", "Name": "odd", "Redirect": {}})),
+            entry(&resolver("web", "5s"))
+        ],
+        "web keeps its last decoded version; db (not a resolver) and new are left out"
     );
     let skipped: Vec<(String, bool)> = entries
         .skipped()

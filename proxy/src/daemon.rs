@@ -21,7 +21,7 @@ use anyhow::Context as _;
 use proxy_common::service::ServiceKey;
 use proxy_core::{
     config::Config,
-    desired::{Overlay, Source},
+    desired::{INITIAL_FETCH_TIMEOUT, Overlay, Source},
     discovery::xds::XdsClients,
     health::HealthCheckManager,
 };
@@ -145,8 +145,6 @@ async fn run_async(
     // First, so that records of the start (a connect refused before its service is published)
     // are shown too.
     let kernel_log = take_kernel_log(&dp).map(|log| tokio::spawn(crate::kernel_log::run(log)));
-    // The sweep after the first publish keeps exactly these services.
-    let keys: Vec<ServiceKey> = templates.iter().map(|t| t.key).collect();
     let ctx = Context {
         follow_sockets: needs_sockops(&config, &templates),
         manager: HealthCheckManager::default(),
@@ -176,6 +174,13 @@ async fn run_async(
     for (svc, spec) in running.config.services.clone().iter().zip(templates) {
         running.spawn_publisher(svc, spec, &ctx);
     }
+    // The first state of every dynamic source the configuration turns on, before the sweep of
+    // what the previous run published and before `/ready`.
+    let expected = proxy_core::desired::expected(&running.config);
+    let firsts = sources.first(&expected, INITIAL_FETCH_TIMEOUT).await;
+    for (source, overlay) in firsts {
+        let _ = apply(&mut running, Change::Overlay(source, overlay), None, &ctx).await;
+    }
     let (live_tx, live_rx) = watch::channel(running.live());
     let (reload_tx, mut reload_rx) = mpsc::channel::<ReloadRequest>(4);
     let state = admin_state(&running, &ctx, &fatal, launch).with_reload(live_rx.clone(), reload_tx);
@@ -193,6 +198,9 @@ async fn run_async(
             return Err(err).context(format!("admin listener on {admin_address}"));
         }
     };
+    // The sweep after the first publish keeps exactly the services in force, the sources'
+    // first states included.
+    let keys: Vec<ServiceKey> = running.config.services.iter().map(service_key).collect();
     sweep_after_first_publish(&keys, &dp, ctx.published.subscribe()).await;
     let passive = tokio::spawn(crate::passive::run(dp.clone(), live_rx));
     let reaper = tokio::spawn(reap(dp.clone()));

@@ -49,8 +49,11 @@ pub const INITIAL_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from
 /// The dynamic sources `config` turns on, whose first overlay a start waits for. Each source
 /// that publishes overlays names the setting that turns it on here.
 pub fn expected(config: &crate::config::Config) -> Vec<Source> {
-    let _ = config;
-    Vec::new()
+    let mut sources = Vec::new();
+    if config.consul_config_entries.is_some() {
+        sources.push(Source::ConsulEntries);
+    }
+    sources
 }
 
 /// A source of the desired state, named in errors and in `/config_dump`.

@@ -10,7 +10,8 @@
 //!
 //! Publishing:
 //! * nothing is published until every kind has been answered once (or failed once), so a
-//!   chain is never compiled from a half-read set at start;
+//!   chain is never compiled from a half-read set at start; that first union is sent even when
+//!   it is empty (the daemon's start waits for it, see [`Feed`]);
 //! * then the union (sorted by kind and name) is published whenever it changes; an answer that
 //!   changes nothing counts `update_no_rebuild`;
 //! * an element that is not an entry this daemon can decode (not an object, another kind, no
@@ -263,8 +264,10 @@ impl Shared {
             .flat_map(|s| s.entries.values().cloned())
             .collect();
         EntriesStats::set(&self.stats.entries_total, union.len() as u64);
+        // The first union is always sent, even when empty: the daemon's start waits for it.
+        let first = !*self.initialized.borrow();
         let changed = self.feed.send_if_modified(|overlay: &mut Overlay| {
-            if overlay.config_entries == union {
+            if overlay.config_entries == union && !first {
                 return false;
             }
             overlay.config_entries = union;

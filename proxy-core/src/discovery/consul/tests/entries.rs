@@ -428,3 +428,20 @@ fn the_block_is_checked_at_load_and_errors_name_its_position() {
         "{unknown}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_first_union_is_sent_for_the_start_to_wait_on() {
+    let (entries, mut overlay, _fetch) = start(
+        BTreeMap::new(),
+        Acls::Disabled,
+        &ConsulEntriesConfig::default(),
+    );
+    let sent = tokio::time::timeout(WAIT, overlay.changed()).await;
+    assert!(
+        matches!(sent, Ok(Ok(()))),
+        "the empty first union was not sent"
+    );
+    assert!(overlay.borrow_and_update().is_empty());
+    entries.initialized().await;
+    assert_eq!(entries.stats().entries_change, 1);
+}

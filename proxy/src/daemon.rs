@@ -22,7 +22,7 @@ use proxy_common::service::ServiceKey;
 use proxy_core::{
     config::Config,
     desired::{INITIAL_FETCH_TIMEOUT, Overlay, Source},
-    discovery::xds::XdsClients,
+    discovery::{consul::entries::spawn_consul_entries, xds::XdsClients},
     health::HealthCheckManager,
 };
 use tokio::{
@@ -153,7 +153,14 @@ async fn run_async(
         published: watch::channel(BTreeSet::new()).0,
     };
     // The dynamic sources publish their overlays here; the loop below applies each change.
-    let (_feeds, mut sources) = sources::channels();
+    let (feeds, mut sources) = sources::channels();
+    // Stopped when dropped, at the end of the run.
+    let _consul_entries = config
+        .consul_config_entries
+        .as_ref()
+        .map(|c| spawn_consul_entries(c, feeds.consul_entries.clone()))
+        .transpose()
+        .context("starting the Consul config entry watch")?;
     let xds = XdsClients::start(&config).context("starting the xDS clients")?;
     let upstreams = start_upstreams(&config, &ctx, &xds, &BTreeSet::new())?;
     // The proxy listener is live and known to the kernel before a service is published in

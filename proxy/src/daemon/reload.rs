@@ -193,6 +193,10 @@ fn fixed_fields(old: &Config, new: &Config) -> Result<(), NeedsRestart> {
     if old.kernel_maps != new.kernel_maps {
         changed.push("kernel_maps");
     }
+    // The config entry watch is started with the run.
+    if old.consul_config_entries != new.consul_config_entries {
+        changed.push("consul_config_entries");
+    }
     if changed.is_empty() {
         return Ok(());
     }
@@ -373,6 +377,10 @@ mod tests {
             ("kernel_log: warn\n", "kernel_log"),
             ("kernel_maps: { backends: 1024 }\n", "kernel_maps"),
             ("proxy: { drain_timeout: 3s }\n", "proxy"),
+            (
+                "consul_config_entries: { address: 127.0.0.1:8501 }\n",
+                "consul_config_entries",
+            ),
         ] {
             let new = config(&[("a", 1)], &[("s", "127.77.0.1", "a")], extra);
             let err = diff(&base, &new).expect_err(field);

@@ -22,7 +22,10 @@ use proxy_common::service::ServiceKey;
 use proxy_core::{
     config::Config,
     desired::{INITIAL_FETCH_TIMEOUT, Overlay, Source},
-    discovery::{consul::entries::spawn_consul_entries, xds::XdsClients},
+    discovery::{
+        consul::entries::{ConsulEntries, spawn_consul_entries},
+        xds::XdsClients,
+    },
     health::HealthCheckManager,
 };
 use tokio::{
@@ -155,12 +158,7 @@ async fn run_async(
     // The dynamic sources publish their overlays here; the loop below applies each change.
     let (feeds, mut sources) = sources::channels();
     // Stopped when dropped, at the end of the run.
-    let _consul_entries = config
-        .consul_config_entries
-        .as_ref()
-        .map(|c| spawn_consul_entries(c, feeds.consul_entries.clone()))
-        .transpose()
-        .context("starting the Consul config entry watch")?;
+    let consul_entries = start_consul_entries(&config, &feeds)?;
     let xds = XdsClients::start(&config).context("starting the xDS clients")?;
     let upstreams = start_upstreams(&config, &ctx, &xds, &BTreeSet::new())?;
     // The proxy listener is live and known to the kernel before a service is published in
@@ -190,7 +188,9 @@ async fn run_async(
     }
     let (live_tx, live_rx) = watch::channel(running.live());
     let (reload_tx, mut reload_rx) = mpsc::channel::<ReloadRequest>(4);
-    let state = admin_state(&running, &ctx, &fatal, launch).with_reload(live_rx.clone(), reload_tx);
+    let state = admin_state(&running, &ctx, &fatal, launch)
+        .with_reload(live_rx.clone(), reload_tx)
+        .with_consul_entries(consul_entries.as_ref().map(ConsulEntries::stats_handle));
     // Takeover: a new daemon may ask for the instance from now on (a reload keeps its sockets).
     // The socket is there before the admin answers, so `/ready` never reports a daemon that
     // `proxy run --takeover` cannot yet reach.
@@ -254,6 +254,19 @@ async fn run_async(
         kernel_log.abort();
     }
     finish(committed, takeover, running, &dp).await
+}
+
+/// The Consul config entry watch publishing on its feed, when `consul_config_entries` is set.
+fn start_consul_entries(
+    config: &Config,
+    feeds: &sources::Feeds,
+) -> anyhow::Result<Option<ConsulEntries>> {
+    let Some(entries) = &config.consul_config_entries else {
+        return Ok(None);
+    };
+    let watch = spawn_consul_entries(entries, feeds.consul_entries.clone())
+        .context("starting the Consul config entry watch")?;
+    Ok(Some(watch))
 }
 
 /// What the run loop applies: the file re-read (SIGHUP, or the admin's request, answered with

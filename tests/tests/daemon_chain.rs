@@ -287,4 +287,7 @@ async fn a_consul_config_write_moves_connects_within_one_watch_round_trip() {
     let probe =
         tokio::task::block_in_place(|| Probe::run(&netns, Some(cgroup.path()), vip, 50, false));
     assert_eq!(probe.count("v2"), 50, "the state in force stays: {probe:?}");
+    // The first union, the splitter to v2, the negative splitter (published, then refused).
+    assert_eq!(daemon.stat("consul_entries.entries_change"), 3);
+    assert_eq!(daemon.stat("consul_entries.update_failure"), 0);
 }

@@ -83,6 +83,11 @@ impl ConsulEntries {
         let _ = initialized.wait_for(|done| *done).await;
     }
 
+    /// The live counters and gauges, for `/stats`.
+    pub fn stats_handle(&self) -> Arc<EntriesStats> {
+        Arc::clone(&self.shared.stats)
+    }
+
     /// Counters and gauges.
     pub fn stats(&self) -> EntriesStatValues {
         self.shared.stats.values()
@@ -143,7 +148,7 @@ pub(crate) fn spawn_with(
         feed,
         initialized: initialized_tx,
         state: Mutex::new(BTreeMap::new()),
-        stats: EntriesStats::default(),
+        stats: Arc::default(),
     });
     let tasks = KINDS
         .iter()
@@ -200,7 +205,7 @@ struct Shared {
     feed: Feed,
     initialized: watch::Sender<bool>,
     state: Mutex<BTreeMap<EntryKind, KindState>>,
-    stats: EntriesStats,
+    stats: Arc<EntriesStats>,
 }
 
 impl Shared {

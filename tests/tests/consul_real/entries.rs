@@ -172,3 +172,54 @@ async fn an_entry_only_consul_accepts_skips_only_its_chain(
     assert_eq!(stats["consul_entries.entries_skipped"], 0, "{stats:?}");
     assert_eq!(stats["consul_entries.update_failure"], 0, "{stats:?}");
 }
+
+/// With default-deny ACLs: the right token (from a token file) gives the entries; a token
+/// Consul does not know keeps them (nothing drained, the new entry not applied), counted as a
+/// denial; the fixed token file applies the new entry without a restart.
+#[tokio::test]
+async fn a_refused_token_keeps_the_entries_until_it_is_fixed() {
+    let master = format!("master-{}", integration_tests::kernel::unique("tok"));
+    let consul = Consul::start_with_acls("dc1", &master).await;
+    let defaults = json!({"Kind": "service-defaults", "Name": "web", "Protocol": "http"});
+    write(&consul, &defaults).await;
+    let dir = integration_tests::kernel::TempDir::new();
+    let token_file = dir.0.join("consul.token");
+    std::fs::write(&token_file, format!("{master}\n")).expect("write the token");
+    let config = ConsulEntriesConfig {
+        token_file: Some(token_file.clone()),
+        ..entries_config(&consul)
+    };
+    let (feed, mut overlay) = watch::channel(Overlay::default());
+    let watch = spawn_consul_entries(&config, feed).expect("valid config");
+    let want = entry(&defaults);
+    let seen = tokio::time::timeout(
+        FOLLOW,
+        overlay.wait_for(|o| o.config_entries == [want.clone()]),
+    );
+    assert!(matches!(seen.await, Ok(Ok(_))), "{:?}", watch.named_stats());
+
+    std::fs::write(&token_file, "not-a-known-token\n").expect("rewrite the token");
+    // The write wakes every kind's blocking query; the next queries carry the wrong token.
+    let api = json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http"});
+    write(&consul, &api).await;
+    let deadline = Instant::now() + FOLLOW;
+    // Bounded: a denial changes no overlay, so only the counter shows it.
+    while watch.stats().acl_denied == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no denial: {:?}",
+            watch.named_stats()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        overlay.borrow().config_entries,
+        std::slice::from_ref(&want),
+        "nothing drained or added"
+    );
+
+    std::fs::write(&token_file, format!("{master}\n")).expect("fix the token");
+    let both = [entry(&api), want];
+    let seen = tokio::time::timeout(FOLLOW, overlay.wait_for(|o| o.config_entries == both));
+    assert!(matches!(seen.await, Ok(Ok(_))), "{:?}", watch.named_stats());
+}

@@ -9,7 +9,9 @@ use proxy_core::{
     chain::compile_each,
     config::Config,
     desired::Overlay,
-    discovery::consul::entries::{ConsulEntries, ConsulEntriesConfig, spawn_consul_entries},
+    discovery::consul::entries::{
+        ConsulEntries, ConsulEntriesConfig, EntriesStatValues, spawn_consul_entries,
+    },
 };
 use tokio::sync::watch;
 
@@ -173,15 +175,48 @@ async fn an_entry_only_consul_accepts_skips_only_its_chain(
     assert_eq!(stats["consul_entries.update_failure"], 0, "{stats:?}");
 }
 
-/// With default-deny ACLs: the right token (from a token file) gives the entries; a token
-/// Consul does not know keeps them (nothing drained, the new entry not applied), counted as a
-/// denial; the fixed token file applies the new entry without a restart.
+/// Polls the watch's stats until `wanted` holds (bounded by [`FOLLOW`]): what a query carried
+/// shows nowhere else.
+async fn wait_stats(
+    watch: &ConsulEntries,
+    what: &str,
+    wanted: impl Fn(&EntriesStatValues) -> bool,
+) {
+    let deadline = Instant::now() + FOLLOW;
+    while !wanted(&watch.stats()) {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {:?}",
+            watch.named_stats()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the overlay's entries are exactly `want`.
+async fn wait_entries(
+    overlay: &mut watch::Receiver<Overlay>,
+    watch: &ConsulEntries,
+    want: &[ConfigEntry],
+) {
+    let seen = tokio::time::timeout(FOLLOW, overlay.wait_for(|o| o.config_entries == want));
+    assert!(
+        matches!(seen.await, Ok(Ok(_))),
+        "{want:?}: {:?}",
+        watch.named_stats()
+    );
+}
+
+/// With default-deny ACLs: the right token (from a token file) gives the entries; once the file
+/// holds a token Consul does not know, the entries stay (nothing drained) and an entry written
+/// meanwhile is not applied, counted as denials; the fixed file applies it without a restart.
 #[tokio::test]
 async fn a_refused_token_keeps_the_entries_until_it_is_fixed() {
     let master = format!("master-{}", integration_tests::kernel::unique("tok"));
     let consul = Consul::start_with_acls("dc1", &master).await;
-    let defaults = json!({"Kind": "service-defaults", "Name": "web", "Protocol": "http"});
-    write(&consul, &defaults).await;
+    let defaults =
+        |name: &str| json!({"Kind": "service-defaults", "Name": name, "Protocol": "http"});
+    write(&consul, &defaults("web")).await;
     let dir = integration_tests::kernel::TempDir::new();
     let token_file = dir.0.join("consul.token");
     std::fs::write(&token_file, format!("{master}\n")).expect("write the token");
@@ -191,35 +226,28 @@ async fn a_refused_token_keeps_the_entries_until_it_is_fixed() {
     };
     let (feed, mut overlay) = watch::channel(Overlay::default());
     let watch = spawn_consul_entries(&config, feed).expect("valid config");
-    let want = entry(&defaults);
-    let seen = tokio::time::timeout(
-        FOLLOW,
-        overlay.wait_for(|o| o.config_entries == [want.clone()]),
-    );
-    assert!(matches!(seen.await, Ok(Ok(_))), "{:?}", watch.named_stats());
+    let [web, api, db] = ["web", "api", "db"].map(|name| entry(&defaults(name)));
+    wait_entries(&mut overlay, &watch, std::slice::from_ref(&web)).await;
+    // Every kind's second, blocking query is out, with the right token.
+    wait_stats(&watch, "second queries", |s| s.update_attempt >= 10).await;
 
     std::fs::write(&token_file, "not-a-known-token\n").expect("rewrite the token");
-    // The write wakes every kind's blocking query; the next queries carry the wrong token.
-    let api = json!({"Kind": "service-defaults", "Name": "api", "Protocol": "http"});
-    write(&consul, &api).await;
-    let deadline = Instant::now() + FOLLOW;
-    // Bounded: a denial changes no overlay, so only the counter shows it.
-    while watch.stats().acl_denied == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "no denial: {:?}",
-            watch.named_stats()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    // The blocked query answers this write (it carried the right token); the next one does not.
+    write(&consul, &defaults("api")).await;
+    wait_entries(&mut overlay, &watch, &[api.clone(), web.clone()]).await;
+    wait_stats(&watch, "a denial", |s| s.acl_denied > 0).await;
+    write(&consul, &defaults("db")).await;
+    let denied = watch.stats().acl_denied;
+    wait_stats(&watch, "a denial after the write", |s| {
+        s.acl_denied > denied
+    })
+    .await;
     assert_eq!(
         overlay.borrow().config_entries,
-        std::slice::from_ref(&want),
-        "nothing drained or added"
+        [api.clone(), web.clone()],
+        "nothing drained, db not applied"
     );
 
     std::fs::write(&token_file, format!("{master}\n")).expect("fix the token");
-    let both = [entry(&api), want];
-    let seen = tokio::time::timeout(FOLLOW, overlay.wait_for(|o| o.config_entries == both));
-    assert!(matches!(seen.await, Ok(Ok(_))), "{:?}", watch.named_stats());
+    wait_entries(&mut overlay, &watch, &[api, db, web]).await;
 }

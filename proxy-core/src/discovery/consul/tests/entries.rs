@@ -445,3 +445,15 @@ async fn an_empty_first_union_is_sent_for_the_start_to_wait_on() {
     entries.initialized().await;
     assert_eq!(entries.stats().entries_change, 1);
 }
+
+#[test]
+fn the_token_never_shows_in_the_config_dump() {
+    let text = "consul_config_entries:\n  token: s3cr3t-entries-token\n";
+    let config =
+        crate::config::Config::parse(text, std::path::Path::new("test.yaml")).expect("valid");
+    let dump = serde_json::to_string(&config).expect("serializes");
+    assert!(!dump.contains("s3cr3t"), "{dump}");
+    assert!(dump.contains("\"token\":\"<redacted>\""), "{dump}");
+    let debug = format!("{:?}", config.consul_config_entries);
+    assert!(!debug.contains("s3cr3t"), "{debug}");
+}

@@ -27,9 +27,9 @@ use proxy_common::{
     abi::maps,
     counters::ServiceCounts,
     service::{
-        Backend, FAMILY_V4, FAMILY_V6, MAX_PRIORITIES, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV,
-        SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, SLOTS,
-        Service, ServiceKey, SlotTable, SlotTableKey,
+        Backend, MAX_PRIORITIES, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_PASSIVE,
+        SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, SLOTS, Service, ServiceKey,
+        SlotTable, SlotTableKey,
     },
 };
 use proxy_core::lb::{self, SlotHost};
@@ -47,18 +47,9 @@ const FOLLOWED: u32 = SERVICE_F_PROXY | SERVICE_F_PASSIVE | SERVICE_F_LEAST_REQU
 /// unknown, so retiring it tries all of them.
 const ALL_TABLES: u8 = (1 << MAX_PRIORITIES) - 1;
 
-/// What a service should look like in the kernel.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServiceSpec {
-    /// Name, for errors and logs.
-    pub name: String,
-    /// The service address.
-    pub key: ServiceKey,
-    /// `SERVICE_F_*` flags.
-    pub flags: u32,
-    /// Routable hosts with weights, by failover priority (index 0 = highest).
-    pub priorities: Vec<Vec<(SocketAddr, u32)>>,
-}
+/// What a service should look like in the kernel: computed by `proxy_core::kernel`, written
+/// here.
+pub use proxy_core::kernel::ServiceSpec;
 
 /// Whether a publish changed the kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -637,7 +628,7 @@ fn publish_err(spec: &ServiceSpec, map: &'static str, source: MapError) -> Datap
 
 /// The kernel's view of a socket address: network byte order, IPv4 in the first word.
 pub fn backend_of(addr: SocketAddr) -> Backend {
-    let (addr_words, family) = ip_words(addr.ip());
+    let (addr_words, family) = proxy_common::service::ip_words(addr.ip());
     Backend {
         addr: addr_words,
         port: addr.port().to_be(),
@@ -648,29 +639,13 @@ pub fn backend_of(addr: SocketAddr) -> Backend {
 
 /// A service key for `ip:port` over `proto`.
 pub fn service_key(ip: IpAddr, port: u16, proto: u8) -> ServiceKey {
-    let (addr, family) = ip_words(ip);
-    ServiceKey {
-        addr,
-        port: port.to_be(),
-        proto,
-        family,
-    }
-}
-
-/// Address words as the kernel stores them: each u32 holds 4 bytes in network order.
-fn ip_words(ip: IpAddr) -> ([u32; 4], u8) {
-    match ip {
-        IpAddr::V4(v4) => ([u32::from_ne_bytes(v4.octets()), 0, 0, 0], FAMILY_V4),
-        IpAddr::V6(v6) => {
-            let o = v6.octets();
-            let word = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
-            ([word(0), word(4), word(8), word(12)], FAMILY_V6)
-        }
-    }
+    ServiceKey::new(ip, port, proto)
 }
 
 #[cfg(test)]
 mod tests {
+    use proxy_common::service::{FAMILY_V4, FAMILY_V6};
+
     use super::*;
 
     #[test]

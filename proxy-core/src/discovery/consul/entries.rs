@@ -6,7 +6,8 @@
 //! Each loop follows the catalog watch's rules and shares its helpers: the index rules of
 //! [`next_index`](super::next_index), at least [`MIN_QUERY_INTERVAL`] between two queries, the
 //! `retry_backoff` after a failure, and the ACL check of an empty answer
-//! ([`acl`](super::acl)): a token Consul refuses keeps the last entries and is logged once.
+//! ([`acl`](super::acl)): a token Consul refuses, or one that may not read the service of an
+//! entry held now (Consul then hides the entry), keeps the last entries and is logged once.
 //!
 //! Publishing:
 //! * nothing is published until every kind has been answered once (or failed once), so a
@@ -213,6 +214,12 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The name of one entry of `kind` held now, if any.
+    fn held_name(&self, kind: EntryKind) -> Option<String> {
+        let state = self.lock();
+        state.get(&kind)?.entries.keys().next().cloned()
+    }
+
     /// Books a failed query of `kind`: its entries stay.
     fn failed(&self, kind: EntryKind) {
         let mut state = self.lock();
@@ -349,7 +356,15 @@ impl KindWatch {
                 reason,
             })?;
         if entries.is_empty() && skipped.is_empty() {
-            acl::check_empty(&*self.fetch, &token, timeout).await?;
+            // Consul shows a service's entries only to a token that may read the service: an
+            // empty answer that would drain a held entry is trusted only if the token may read
+            // its service. proxy-defaults is readable by any token.
+            let held = match self.kind {
+                EntryKind::ProxyDefaults => None,
+                kind => self.shared.held_name(kind),
+            };
+            let dc = self.connection.datacenter.as_deref();
+            acl::check_empty(&*self.fetch, &token, held.as_deref(), dc, timeout).await?;
         }
         Ok((returned, entries, skipped))
     }

@@ -24,6 +24,16 @@ struct ByKind {
 }
 
 impl CatalogFetch for ByKind {
+    fn post<'a>(
+        &'a self,
+        target: &'a str,
+        token: Option<&'a ConsulToken>,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<HttpResponse, HttpError>> {
+        self.acl.post(target, token, body, timeout)
+    }
+
     fn get<'a>(
         &'a self,
         target: &'a str,
@@ -456,4 +466,38 @@ fn the_token_never_shows_in_the_config_dump() {
     assert!(dump.contains("\"token\":\"<redacted>\""), "{dump}");
     let debug = format!("{:?}", config.consul_config_entries);
     assert!(!debug.contains("s3cr3t"), "{debug}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_answer_to_a_token_that_may_not_read_a_held_entry_keeps_it() {
+    let r = resolver("web", "5s");
+    let replies = BTreeMap::from([(
+        EntryKind::ServiceResolver,
+        vec![Reply::Ok(5, json!([r])), Reply::Ok(6, json!([]))],
+    )]);
+    let config = ConsulEntriesConfig {
+        token: ConsulToken::new("scoped"),
+        ..ConsulEntriesConfig::default()
+    };
+    let (entries, overlay, fetch) = start(replies, Acls::KnownWithoutRead(vec!["scoped"]), &config);
+    fetch
+        .kind(EntryKind::ServiceResolver)
+        .wait_requests(3)
+        .await;
+    assert_eq!(
+        overlay.borrow().config_entries,
+        [entry(&r)],
+        "the entry was not drained"
+    );
+    // Only the answer that would drain an entry asks whether its service may be read.
+    let asked = fetch.acl.authorizations();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert!(asked[0].2.contains("\"Segment\":\"web\""), "{asked:?}");
+    assert_eq!(asked[0].1.as_deref(), Some("scoped"));
+    let stats = entries.stats();
+    assert_eq!(
+        (stats.acl_denied, stats.update_failure),
+        (1, 1),
+        "{stats:?}"
+    );
 }

@@ -217,6 +217,10 @@ async fn a_refused_token_keeps_the_entries_until_it_is_fixed() {
     let defaults =
         |name: &str| json!({"Kind": "service-defaults", "Name": name, "Protocol": "http"});
     write(&consul, &defaults("web")).await;
+    // Made before the watch starts: an ACL change may wake blocking queries.
+    let narrow = consul
+        .create_token("service \"api\" { policy = \"read\" }")
+        .await;
     let dir = integration_tests::kernel::TempDir::new();
     let token_file = dir.0.join("consul.token");
     std::fs::write(&token_file, format!("{master}\n")).expect("write the token");
@@ -249,5 +253,34 @@ async fn a_refused_token_keeps_the_entries_until_it_is_fixed() {
     );
 
     std::fs::write(&token_file, format!("{master}\n")).expect("fix the token");
-    wait_entries(&mut overlay, &watch, &[api, db, web]).await;
+    wait_entries(
+        &mut overlay,
+        &watch,
+        &[api.clone(), db.clone(), web.clone()],
+    )
+    .await;
+
+    // A token whose policy reads only `api`: Consul's answer then holds api's entry alone. That
+    // drops db and web, which it may not read: the answer is refused, nothing drained.
+    wait_stats(&watch, "queries out", |s| {
+        s.update_attempt >= s.update_success + s.update_failure + 5
+    })
+    .await;
+    std::fs::write(&token_file, format!("{narrow}\n")).expect("the narrow token");
+    write(&consul, &defaults("x")).await;
+    let x = entry(&defaults("x"));
+    let all = [api, db, web, x];
+    wait_entries(&mut overlay, &watch, &all).await;
+    // The next query carries the narrow token and blocks: a write wakes it.
+    let denied = watch.stats().acl_denied;
+    write(&consul, &defaults("y")).await;
+    wait_stats(&watch, "a denial of the filtered answer", |s| {
+        s.acl_denied > denied
+    })
+    .await;
+    assert_eq!(
+        overlay.borrow().config_entries,
+        all,
+        "nothing drained, y not applied"
+    );
 }

@@ -6,8 +6,10 @@
 //! Each loop follows the catalog watch's rules and shares its helpers: the index rules of
 //! [`next_index`](super::next_index), at least [`MIN_QUERY_INTERVAL`] between two queries, the
 //! `retry_backoff` after a failure, and the ACL check of an empty answer
-//! ([`acl`](super::acl)): a token Consul refuses, or one that may not read the service of an
-//! entry held now (Consul then hides the entry), keeps the last entries and is logged once.
+//! ([`acl`](super::acl)), extended to every answer that drops a held entry: a token Consul
+//! refuses, or one that may not read the service of an entry the answer leaves out (Consul
+//! hides such entries, even from a non-empty answer), keeps the last entries and is logged
+//! once.
 //!
 //! Publishing:
 //! * nothing is published until every kind has been answered once (or failed once), so a
@@ -214,10 +216,25 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The name of one entry of `kind` held now, if any.
-    fn held_name(&self, kind: EntryKind) -> Option<String> {
+    /// The entries of `kind` held now that an answer with `entries` (and `skipped`, whose last
+    /// version stays) would drop.
+    fn dropped(
+        &self,
+        kind: EntryKind,
+        entries: &BTreeMap<String, ConfigEntry>,
+        skipped: &[SkippedEntry],
+    ) -> Vec<String> {
         let state = self.lock();
-        state.get(&kind)?.entries.keys().next().cloned()
+        let Some(held) = state.get(&kind) else {
+            return Vec::new();
+        };
+        held.entries
+            .keys()
+            .filter(|name| {
+                !entries.contains_key(*name) && !skipped.iter().any(|s| &s.name == *name)
+            })
+            .cloned()
+            .collect()
     }
 
     /// Books a failed query of `kind`: its entries stay.
@@ -355,16 +372,17 @@ impl KindWatch {
                 kind: self.kind.as_str(),
                 reason,
             })?;
-        if entries.is_empty() && skipped.is_empty() {
-            // Consul shows a service's entries only to a token that may read the service: an
-            // empty answer that would drain a held entry is trusted only if the token may read
-            // its service. proxy-defaults is readable by any token.
-            let held = match self.kind {
-                EntryKind::ProxyDefaults => None,
-                kind => self.shared.held_name(kind),
-            };
+        // Consul shows a service's entries only to a token that may read the service: an
+        // answer that drops a held entry is trusted only if the token may read its service
+        // (proxy-defaults is readable by any token). An empty answer also checks the token.
+        let dropped = match self.kind {
+            EntryKind::ProxyDefaults => Vec::new(),
+            kind => self.shared.dropped(kind, &entries, &skipped),
+        };
+        if !dropped.is_empty() || (entries.is_empty() && skipped.is_empty()) {
+            let dropped: Vec<&str> = dropped.iter().map(String::as_str).collect();
             let dc = self.connection.datacenter.as_deref();
-            acl::check_empty(&*self.fetch, &token, held.as_deref(), dc, timeout).await?;
+            acl::check_empty(&*self.fetch, &token, &dropped, dc, timeout).await?;
         }
         Ok((returned, entries, skipped))
     }

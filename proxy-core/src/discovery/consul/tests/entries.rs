@@ -501,3 +501,37 @@ async fn an_empty_answer_to_a_token_that_may_not_read_a_held_entry_keeps_it() {
         "{stats:?}"
     );
 }
+
+/// Consul hides the entries of services a token may not read even from a non-empty answer:
+/// an answer that drops a held entry is trusted only when the token may read its service.
+#[tokio::test(start_paused = true)]
+async fn an_answer_that_drops_an_entry_is_trusted_only_if_its_service_may_be_read() {
+    let (web, api) = (resolver("web", "5s"), resolver("api", "5s"));
+    for (acls, want) in [
+        (
+            Acls::KnownWithoutRead(vec!["t"]),
+            vec![entry(&api), entry(&web)],
+        ),
+        (Acls::Known(vec!["t"]), vec![entry(&api)]),
+    ] {
+        let replies = BTreeMap::from([(
+            EntryKind::ServiceResolver,
+            vec![Reply::Ok(5, json!([web, api])), Reply::Ok(6, json!([api]))],
+        )]);
+        let config = ConsulEntriesConfig {
+            token: ConsulToken::new("t"),
+            ..ConsulEntriesConfig::default()
+        };
+        let (entries, overlay, fetch) = start(replies, acls.clone(), &config);
+        fetch
+            .kind(EntryKind::ServiceResolver)
+            .wait_requests(3)
+            .await;
+        assert_eq!(overlay.borrow().config_entries, want, "{acls:?}");
+        let asked = fetch.acl.authorizations();
+        assert_eq!(asked.len(), 1, "{asked:?}");
+        assert!(asked[0].2.contains("\"Segment\":\"web\""), "{asked:?}");
+        let denied = u64::from(matches!(acls, Acls::KnownWithoutRead(_)));
+        assert_eq!(entries.stats().acl_denied, denied, "{acls:?}");
+    }
+}

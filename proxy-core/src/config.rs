@@ -138,6 +138,17 @@ pub struct Config {
     /// declares.
     #[serde(default)]
     pub kernel_maps: MapSizes,
+    /// The user the daemon runs as once its data path is attached: a name (`nobody`),
+    /// `name:group`, or `uid[:gid]`; names are looked up in /etc/passwd and /etc/group. It keeps
+    /// only the capabilities it needs either way (SECURITY.md, "Privileges"). Unset: it stays
+    /// root. `proxy run --user` overrides it. Fixed at start: a reload does not change it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Install a seccomp filter after the data path is attached, allowing only the system calls
+    /// the daemon makes; any other call fails with `EPERM` (SECURITY.md, "Privileges"). Default
+    /// false; `proxy run --seccomp` turns it on too. Fixed at start.
+    #[serde(default)]
+    pub seccomp: bool,
     /// Compiled discovery chains by service name, filled when the file is validated.
     #[serde(skip)]
     pub chains: std::collections::BTreeMap<String, proxy_chain::CompiledDiscoveryChain>,

@@ -62,6 +62,10 @@ pub mod defaults {
     pub fn weight() -> u32 {
         1
     }
+    /// The seccomp filter after attaching: on.
+    pub fn seccomp() -> bool {
+        true
+    }
     /// Datacenter discovery chains compile for.
     pub fn datacenter() -> String {
         "dc1".to_owned()
@@ -146,8 +150,8 @@ pub struct Config {
     pub user: Option<String>,
     /// Install a seccomp filter after the data path is attached, allowing only the system calls
     /// the daemon makes; any other call fails with `EPERM` (SECURITY.md, "Privileges"). Default
-    /// false; `proxy run --seccomp` turns it on too. Fixed at start.
-    #[serde(default)]
+    /// true; `false` (or `proxy run --no-seccomp`) runs without it. Fixed at start.
+    #[serde(default = "defaults::seccomp")]
     pub seccomp: bool,
     /// Compiled discovery chains by service name, filled when the file is validated.
     #[serde(skip)]

@@ -61,10 +61,10 @@ pub enum Command {
         /// which this overrides): a name, name:group, or uid[:gid].
         #[arg(long)]
         user: Option<String>,
-        /// Install the seccomp filter once the data path is attached (the configuration's
-        /// `seccomp: true`).
+        /// Run without the seccomp filter once the data path is attached (the configuration's
+        /// `seccomp: false`), e.g. to tell whether it is why a call fails with EPERM.
         #[arg(long)]
-        seccomp: bool,
+        no_seccomp: bool,
     },
     /// Connect to an address COUNT times from inside a cgroup (and optionally a network
     /// namespace) and report which backend answered (by the first line it sends) and what

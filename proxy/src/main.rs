@@ -77,7 +77,7 @@ fn main() -> ExitCode {
             concurrency,
             takeover,
             user,
-            seccomp,
+            no_seccomp,
         } => {
             // Before anything else, and before any thread exists: a signal during the start
             // stops or reloads the daemon once it runs instead of killing it half-attached.
@@ -85,7 +85,7 @@ fn main() -> ExitCode {
                 eprintln!("error: holding signals during the start: {err}");
                 return ExitCode::FAILURE;
             }
-            let cfg = match run_config(config.as_deref(), user, seccomp) {
+            let cfg = match run_config(config.as_deref(), user, no_seccomp) {
                 Ok(cfg) => cfg,
                 Err(code) => return code,
             };
@@ -128,11 +128,11 @@ fn check(config: &std::path::Path) -> ExitCode {
 }
 
 /// `proxy run`'s configuration: the file's (or the embedded default), with `--user` and
-/// `--seccomp` applied; the exit status when it cannot be used.
+/// `--no-seccomp` applied; the exit status when it cannot be used.
 fn run_config(
     config: Option<&std::path::Path>,
     user: Option<String>,
-    seccomp: bool,
+    no_seccomp: bool,
 ) -> Result<Config, ExitCode> {
     let mut cfg = match config.map(proxy::load_config) {
         None => Config::embedded_default(),
@@ -143,7 +143,7 @@ fn run_config(
         }
     };
     cfg.user = user.or(cfg.user);
-    cfg.seccomp |= seccomp;
+    cfg.seccomp &= !no_seccomp;
     if let Err(err) = steady_state_user(&cfg) {
         eprintln!("error: {err}");
         return Err(ExitCode::from(EXIT_BAD_CONFIG));

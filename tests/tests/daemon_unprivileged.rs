@@ -1,14 +1,14 @@
-//! Not root after attaching (root): the daemon, started as root with `user: 65534:65534` and
-//! `seccomp: true`, attaches and then runs as nobody under its seccomp filter. It serves a
-//! kernel-path and a proxy-path service, applies a reload (and refuses one whose file it cannot
-//! read, saying so), and hands over to a new daemon started as root (`--takeover`), which
-//! hands over in turn to a daemon without `user` (root again, and so are `/run/proxy` and the
-//! pins), which stops cleanly. A process with its steady-state credentials (user, groups,
-//! capabilities, `no_new_privs`, seccomp filter: taken by the daemon's own code, then checked
-//! against the daemon's `/proc` status) cannot signal a root process, write another cgroup's
-//! `cgroup.procs` or `cgroup.kill`, read `/etc/shadow`, or write root's files; the same probe
-//! with the credentials of a daemon without `user` and `seccomp` can, so each of these checks
-//! can fail.
+//! Not root after attaching (root): the daemon, started as root with `user: 65534:65534` (and
+//! `seccomp` at its default, on), attaches and then runs as nobody under its seccomp filter. It
+//! serves a kernel-path and a proxy-path service, applies a reload (and refuses one whose file
+//! it cannot read, saying so), and hands over to a new daemon started as root (`--takeover`),
+//! which hands over in turn to a daemon without `user` and with `seccomp: false` (root again,
+//! and so are `/run/proxy` and the pins), which stops cleanly. A process with its steady-state
+//! credentials (user, groups, capabilities, `no_new_privs`, seccomp filter: taken by the
+//! daemon's own code, then checked against the daemon's `/proc` status) cannot signal a root
+//! process, write another cgroup's `cgroup.procs` or `cgroup.kill`, read `/etc/shadow`, or
+//! write root's files; the same probe with the credentials of a daemon without `user` and with
+//! `seccomp: false` can, so each of these checks can fail.
 //!
 //! Each daemon runs in a mount namespace of its own with a private `/run/proxy` (a tmpfs), so
 //! that handing that directory to nobody touches no other daemon on the host, and the first one
@@ -69,11 +69,11 @@ fn private_run() -> Vec<String> {
 }
 
 /// A direct and a proxy-mode service of one host (and, with `later`, a second direct one),
-/// run as nobody with the seccomp filter.
+/// run as nobody (the seccomp filter on, its default).
 fn config(instance: &str, cgroup: &Path, later: bool) -> String {
     let host: SocketAddr = HOST.parse().unwrap();
     let mut text = format!(
-        "instance: {instance}\ncgroup: {}\nuser: \"{NOBODY}:{NOBODY}\"\nseccomp: true\nadmin:\n  address: \"{{admin}}\"\nproxy:\n  listeners: [\"127.0.0.1:15071\"]\n  shutdown_timeout: 5s\nclusters:\n  - name: web\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n            - endpoint: {{ address: {{ socket_address: {{ address: \"{}\", port_value: {} }} }} }}\nservices:\n  - {{ name: direct, address: 127.77.7.1, port: 80, cluster: web }}\n  - {{ name: proxied, address: 127.77.7.2, port: 80, cluster: web, mode: proxy }}\n",
+        "instance: {instance}\ncgroup: {}\nuser: \"{NOBODY}:{NOBODY}\"\nadmin:\n  address: \"{{admin}}\"\nproxy:\n  listeners: [\"127.0.0.1:15071\"]\n  shutdown_timeout: 5s\nclusters:\n  - name: web\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n            - endpoint: {{ address: {{ socket_address: {{ address: \"{}\", port_value: {} }} }} }}\nservices:\n  - {{ name: direct, address: 127.77.7.1, port: 80, cluster: web }}\n  - {{ name: proxied, address: 127.77.7.2, port: 80, cluster: web, mode: proxy }}\n",
         cgroup.display(),
         host.ip(),
         host.port(),
@@ -301,7 +301,8 @@ fn can_do_no_harm(netns: &Netns, creds: &BTreeMap<String, String>) {
         "the root process lives on"
     );
     assert_eq!(std::fs::read_to_string(&t.file).unwrap(), "root's\n");
-    // The same probe as a daemon without `user` and `seccomp` (root with cap_bpf only).
+    // The same probe as a daemon without `user` and with `seccomp: false` (root with cap_bpf
+    // only).
     let mut as_root = creds.clone();
     for k in ["Uid", "Gid"] {
         as_root.insert(k.to_owned(), "0 0 0 0".to_owned());
@@ -376,7 +377,7 @@ fn as_nobody_under_seccomp_it_serves_reloads_hands_over_and_can_do_no_harm() {
     can_do_no_harm(&netns, &creds);
 
     // A new daemon, started as root, takes over (in the old one's mount namespace), and one
-    // without `user` and `seccomp` takes over from it in turn: root again.
+    // without `user` and with `seccomp: false` takes over from it in turn: root again.
     let mut new = takes_over(
         &mut old,
         &netns,
@@ -385,7 +386,7 @@ fn as_nobody_under_seccomp_it_serves_reloads_hands_over_and_can_do_no_harm() {
     );
     assert_eq!(status_of(new.pid().unwrap())["Uid"], nobody);
     let as_root = config(&instance, cgroup.path(), true)
-        .replace("user: \"65534:65534\"\nseccomp: true\n", "");
+        .replace("user: \"65534:65534\"\n", "seccomp: false\n");
     let mut last = takes_over(&mut new, &netns, &cgroup, &as_root);
     let last_pid = last.pid().unwrap();
     assert_eq!(status_of(last_pid)["Uid"], "0 0 0 0");

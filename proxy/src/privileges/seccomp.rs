@@ -356,6 +356,11 @@ mod tests {
     fn the_list_is_unique_and_leaves_the_checked_calls_to_the_program() {
         let mut calls = allowed();
         let n = calls.len();
+        assert_eq!(
+            calls[..super::super::syscalls::HOT.len()],
+            *super::super::syscalls::HOT,
+            "the hot calls come first"
+        );
         calls.sort_unstable();
         calls.dedup();
         assert_eq!(calls.len(), n, "a call listed twice");

@@ -93,8 +93,8 @@ pub fn run(
         check_round_robin(&templates, &dp)?;
         configure_splice(&config, &dp)?;
         let have = privileges::ThreadCaps::current()?;
-        privileges::drop_to(&privileges::needed(&config, &have))
-            .context("dropping capabilities after attaching the data path")?;
+        privileges::enter(&privileges::SteadyState::of(&config, &have)?)
+            .context("dropping privileges after attaching the data path")?;
         Ok(())
     };
     let runtime = privileged().and_then(|()| {

@@ -5,6 +5,7 @@ mod config;
 mod fixtures;
 mod json;
 mod mapping;
+mod resources;
 mod rest;
 mod server;
 mod state;

@@ -37,7 +37,7 @@ use crate::{
     },
 };
 
-fn xds() -> XdsConfig {
+pub fn xds() -> XdsConfig {
     serde_yaml::from_str(
         "node: {id: n1, cluster: edge}\nads_config: {api_type: GRPC, server_uri: '127.0.0.1:18000'}",
     )
@@ -49,7 +49,7 @@ fn state(file: FileNames) -> (ResourceState, watch::Receiver<Overlay>) {
     (ResourceState::new(xds(), file, tx), rx)
 }
 
-fn static_cluster(name: &str, port: u32) -> Cluster {
+pub fn static_cluster(name: &str, port: u32) -> Cluster {
     Cluster {
         name: name.into(),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
@@ -75,7 +75,7 @@ fn eds_cluster(name: &str) -> Cluster {
     }
 }
 
-fn listener(name: &str, port: u32, target: ClusterSpecifier) -> Listener {
+pub fn listener(name: &str, port: u32, target: ClusterSpecifier) -> Listener {
     listener_with(
         name,
         port,
@@ -115,7 +115,7 @@ fn listener_with(name: &str, port: u32, type_url: &str, value: Vec<u8>) -> Liste
     }
 }
 
-fn any<M: Message>(type_url: &str, message: &M) -> Any {
+pub fn any<M: Message>(type_url: &str, message: &M) -> Any {
     Any {
         type_url: type_url.into(),
         value: message.encode_to_vec(),
@@ -132,12 +132,12 @@ fn sotw(type_url: &str, version: &str, resources: Vec<Any>) -> DiscoveryResponse
     }
 }
 
-fn clusters(version: &str, list: &[Cluster]) -> DiscoveryResponse {
+pub fn clusters(version: &str, list: &[Cluster]) -> DiscoveryResponse {
     let resources = list.iter().map(|c| any(CLUSTER_TYPE_URL, c)).collect();
     sotw(CLUSTER_TYPE_URL, version, resources)
 }
 
-fn listeners(version: &str, list: &[Listener]) -> DiscoveryResponse {
+pub fn listeners(version: &str, list: &[Listener]) -> DiscoveryResponse {
     let resources = list.iter().map(|l| any(LISTENER_TYPE_URL, l)).collect();
     sotw(LISTENER_TYPE_URL, version, resources)
 }

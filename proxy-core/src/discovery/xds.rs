@@ -71,9 +71,9 @@ pub use self::{
     backoff::Backoff,
     cla::{ClaError, Rule, Violation, check_constraints, hosts_from_cla},
     config::{
-        AggregatedConfigSource, ApiConfigSource, ApiType, ApiVersion, BackoffConfig, ConfigSource,
-        EdsClusterConfig, EdsWatch, EnvoyGrpc, GoogleGrpc, GrpcApi, GrpcService, NodeConfig,
-        Transport, XdsConfig, XdsConfigError, XdsSource, plan,
+        AdsOnly, AggregatedConfigSource, ApiConfigSource, ApiType, ApiVersion, BackoffConfig,
+        ConfigSource, EdsClusterConfig, EdsWatch, EnvoyGrpc, GoogleGrpc, GrpcApi, GrpcService,
+        NodeConfig, Transport, XdsConfig, XdsConfigError, XdsSource, plan,
     },
     rest::EDS_REST_PATH,
     spawn::{spawn_ads, spawn_eds, spawn_eds_within},
@@ -81,6 +81,7 @@ pub use self::{
     stats::{ClusterStatValues, ClusterStats, ControlPlaneStats, version_gauge},
 };
 use self::{
+    resources::{FileNames, ResourceState},
     state::{EdsState, Sink},
     transport_socket::TransportSocket,
 };
@@ -103,6 +104,8 @@ pub struct EdsClient {
     outputs: Mutex<BTreeMap<String, Output>>,
     state: Arc<Mutex<EdsState>>,
     resources_changed: Arc<Notify>,
+    /// ADS with CDS or LDS: their state.
+    resources: Option<Arc<Mutex<ResourceState>>>,
     control: Arc<ControlPlaneStats>,
     tasks: Vec<AbortHandle>,
 }
@@ -231,18 +234,56 @@ impl Drop for EdsClient {
 #[derive(Default)]
 pub struct XdsClients {
     by_cluster: BTreeMap<String, Arc<EdsClient>>,
+    /// The ADS connection carrying CDS and LDS, when enabled (it also carries the ADS EDS
+    /// clusters).
+    ads: Option<Arc<EdsClient>>,
 }
 
 impl XdsClients {
     /// Starts one client per control-plane connection that the EDS clusters of a validated
     /// `config` need (none without EDS clusters). Must run inside a tokio runtime.
     pub fn start(config: &Config) -> Result<Self, XdsConfigError> {
+        Self::start_with(config, None)
+    }
+
+    /// [`XdsClients::start`], and with `resources` (when `xds.cds_config` or `lds_config` is
+    /// set) the ADS connection subscribes CDS and LDS into it, also without EDS clusters.
+    /// `resources` must know the names of the file alone ([`FileNames::of`] the file's
+    /// config, not the composed one), or every xDS name would clash with itself.
+    pub fn start_with(
+        config: &Config,
+        resources: Option<ResourceState>,
+    ) -> Result<Self, XdsConfigError> {
         let mut clients = Self::default();
         let clusters = eds_clusters(config);
-        let Some(xds) = config.xds.as_ref().filter(|_| !clusters.is_empty()) else {
+        let resources = resources.filter(|_| {
+            config
+                .xds
+                .as_ref()
+                .is_some_and(XdsConfig::resources_enabled)
+        });
+        let Some(xds) = config
+            .xds
+            .as_ref()
+            .filter(|_| !clusters.is_empty() || resources.is_some())
+        else {
             return Ok(clients);
         };
-        for (source, watches) in plan(xds, &clusters, &static_resolver(config))? {
+        let mut groups = plan(xds, &clusters, &static_resolver(config))?;
+        let ads = match resources {
+            Some(resources) => Some((xds.ads_source(&static_resolver(config))?, resources)),
+            None => None,
+        };
+        if let Some((source, resources)) = ads {
+            let watches = take_group(&mut groups, &source);
+            let client = spawn_ads(source, watches, Some(config.kernel_maps), resources)?;
+            let client = Arc::new(client);
+            for name in client.clusters() {
+                clients.by_cluster.insert(name, Arc::clone(&client));
+            }
+            clients.ads = Some(client);
+        }
+        for (source, watches) in groups {
             let client = Arc::new(spawn_eds_within(source, watches, Some(config.kernel_maps))?);
             for name in client.clusters() {
                 clients.by_cluster.insert(name, Arc::clone(&client));
@@ -254,6 +295,7 @@ impl XdsClients {
     /// How many control-plane connections run.
     pub fn connections(&self) -> usize {
         let mut seen: Vec<*const EdsClient> = self.by_cluster.values().map(Arc::as_ptr).collect();
+        seen.extend(self.ads.as_ref().map(Arc::as_ptr));
         seen.sort_unstable();
         seen.dedup();
         seen.len()
@@ -283,6 +325,7 @@ impl XdsClients {
         }
         let new_eds = eds_clusters(new);
         let mut change = XdsChange::default();
+        change.ads.clone_from(&self.ads);
         let Some(xds) = new.xds.as_ref().filter(|_| !new_eds.is_empty()) else {
             change.removed = self
                 .by_cluster
@@ -293,6 +336,7 @@ impl XdsClients {
         };
         let running: Vec<Arc<EdsClient>> = {
             let mut all: Vec<Arc<EdsClient>> = self.by_cluster.values().cloned().collect();
+            all.extend(self.ads.clone());
             all.sort_by_key(|c| Arc::as_ptr(c) as usize);
             all.dedup_by_key(|c| Arc::as_ptr(c) as usize);
             all
@@ -345,7 +389,26 @@ impl XdsClients {
     pub fn preview(change: &XdsChange) -> Self {
         Self {
             by_cluster: change.next.clone(),
+            ads: change.ads.clone(),
         }
+    }
+
+    /// The file was reloaded: the CDS and LDS state checks clashes and warming against the
+    /// names it defines now (the file's alone). `Err`: an accepted xDS resource clashes with
+    /// the new file; nothing changed.
+    pub fn set_file(&self, file: FileNames) -> Result<(), resources::ResponseError> {
+        match self.ads.as_ref().and_then(|c| c.resources.as_ref()) {
+            Some(state) => grpc::lock_resources(state).set_file(file),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The watches of the group on `source`, taken out of `groups` (none if no group has it).
+fn take_group(groups: &mut Vec<(XdsSource, Vec<EdsWatch>)>, source: &XdsSource) -> Vec<EdsWatch> {
+    match groups.iter().position(|(s, _)| s == source) {
+        Some(i) => groups.remove(i).1,
+        None => Vec::new(),
     }
 }
 
@@ -372,6 +435,8 @@ pub struct XdsChange {
     removed: Vec<(Arc<EdsClient>, String)>,
     /// New connections.
     started: usize,
+    /// The ADS connection with CDS and LDS, kept.
+    ads: Option<Arc<EdsClient>>,
     committed: bool,
 }
 
@@ -400,6 +465,7 @@ impl XdsChange {
         }
         XdsClients {
             by_cluster: std::mem::take(&mut self.next),
+            ads: self.ads.take(),
         }
     }
 }

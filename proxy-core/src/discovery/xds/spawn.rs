@@ -99,7 +99,7 @@ fn spawn(
                 node,
                 tls: tls.clone(),
                 state: Arc::clone(&state),
-                resources,
+                resources: resources.clone(),
                 control: Arc::clone(&control),
                 resources_changed: Arc::clone(&resources_changed),
             };
@@ -137,6 +137,7 @@ fn spawn(
         outputs: Mutex::new(outputs),
         state,
         resources_changed,
+        resources,
         control,
         tasks,
     })

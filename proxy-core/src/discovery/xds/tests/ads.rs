@@ -1,7 +1,7 @@
 //! CDS and LDS on a real ADS stream against the in-process server: the wildcard subscriptions,
 //! an ACK or NACK per type and version (SotW and delta), and EDS joining the same stream.
 
-use std::time::Duration;
+use std::{path::Path, time::Duration};
 
 use envoy_types::pb::{
     envoy::{
@@ -19,9 +19,10 @@ use super::{
     server::{FakeServer, Opened},
 };
 use crate::{
+    config::Config,
     desired::Overlay,
     discovery::xds::{
-        CLA_TYPE_URL, EdsClient, EdsWatch, GrpcApi, Transport, XdsSource,
+        CLA_TYPE_URL, EdsClient, EdsWatch, GrpcApi, Transport, XdsClients, XdsSource,
         cds::CLUSTER_TYPE_URL,
         lds::LISTENER_TYPE_URL,
         resources::{FileNames, ResourceState},
@@ -188,4 +189,45 @@ async fn delta_takes_the_same_path_and_a_removal_withdraws() {
     stream.send(Ok(removed)).await.unwrap();
     assert_eq!(server.next_delta("ads").await.error_detail, None);
     overlay_where(&mut rx, |o| o.services.is_empty() && o.clusters.len() == 1).await;
+}
+
+fn config(server: &FakeServer, sources: &str) -> Result<Config, crate::config::ConfigError> {
+    let text = format!(
+        "xds:\n  node: {{id: n1, cluster: edge}}\n  ads_config: {{api_type: GRPC, server_uri: '{}'}}\n{sources}",
+        server.addr
+    );
+    Config::parse(&text, Path::new("xds.yaml"))
+}
+
+#[tokio::test]
+async fn cds_and_lds_start_from_the_config_without_eds_clusters() {
+    let mut server = FakeServer::start().await;
+    let config = config(
+        &server,
+        "  cds_config: {ads: {}}\n  lds_config: {ads: {}}\n",
+    )
+    .expect("a valid config");
+    let (tx, _rx) = watch::channel(Overlay::default());
+    let xds_block = config.xds.clone().expect("an xds block");
+    let state = ResourceState::new(xds_block, FileNames::of(&config), tx);
+    let clients = XdsClients::start_with(&config, Some(state)).expect("started");
+    assert_eq!(clients.connections(), 1);
+    let Opened::Sotw(_stream) = server.next_stream().await else {
+        panic!("expected a SotW stream");
+    };
+    assert_eq!(server.next_sotw("ads").await.type_url, CLUSTER_TYPE_URL);
+    assert_eq!(server.next_sotw("ads").await.type_url, LISTENER_TYPE_URL);
+}
+
+#[tokio::test]
+async fn cds_config_takes_ads_only() {
+    let server = FakeServer::start().await;
+    let refused = config(
+        &server,
+        "  cds_config: {api_config_source: {api_type: GRPC}}\n",
+    )
+    .expect_err("ads only");
+    let text = refused.to_string();
+    let want = "xds.yaml:4:16: xds.cds_config.api_config_source: unknown field `api_config_source`, expected `ads` or `resource_api_version`";
+    assert_eq!(text, want);
 }

@@ -7,6 +7,8 @@
 
 mod admin;
 mod cluster;
+mod compose;
+pub use self::compose::ComposeError;
 pub mod envoy;
 mod error;
 mod file;
@@ -141,6 +143,11 @@ pub struct Config {
     /// Compiled discovery chains by service name, filled when the file is validated.
     #[serde(skip)]
     pub chains: std::collections::BTreeMap<String, proxy_chain::CompiledDiscoveryChain>,
+    /// Every config entry of the file (`config_entries` and the entries of
+    /// `config_entry_files`), read when the file is validated, so that a composition with the
+    /// dynamic sources ([`Config::compose`]) compiles chains without reading the files again.
+    #[serde(skip)]
+    file_entries: Vec<proxy_chain::ConfigEntry>,
     /// Where each cluster is in `clusters`, built on the first lookup by name.
     #[serde(skip)]
     cluster_index: ClusterIndex,
@@ -207,8 +214,10 @@ impl Config {
             .map_err(|err| ConfigError::from_serde(file, text, err))?;
         validate::validate(&mut config).map_err(|invalid| invalid.locate(file, text))?;
         let base = file.parent().unwrap_or(Path::new("."));
-        config.chains =
-            validate::compile_chains(&config, base).map_err(|e| e.locate(file, text))?;
+        config.file_entries =
+            validate::gather_entries(&config, base).map_err(|e| e.locate(file, text))?;
+        config.chains = validate::compile_chains(&config, &config.file_entries)
+            .map_err(|e| e.locate(file, text))?;
         validate::validate_xds(&config).map_err(|invalid| invalid.locate(file, text))?;
         Ok(config)
     }

@@ -33,7 +33,25 @@ impl Overlay {
 
 /// Where a source publishes its overlay. The daemon holds the receiving end and recomposes on
 /// every change.
+///
+/// A source publishes its first overlay once every kind of resource it subscribes to has
+/// answered once (Envoy's initialization: clusters, then listeners), never a partial first
+/// state: a start waits for the first overlay of each source in [`expected`] (bounded by
+/// [`INITIAL_FETCH_TIMEOUT`]) before it removes what the previous run published and reports
+/// ready, so a restart keeps serving the services a source holds.
 pub type Feed = tokio::sync::watch::Sender<Overlay>;
+
+/// How long a start waits for a source's first overlay: Envoy's default
+/// `initial_fetch_timeout`. After it, the daemon runs on what it has and applies the overlay
+/// when it comes.
+pub const INITIAL_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// The dynamic sources `config` turns on, whose first overlay a start waits for. Each source
+/// that publishes overlays names the setting that turns it on here.
+pub fn expected(config: &crate::config::Config) -> Vec<Source> {
+    let _ = config;
+    Vec::new()
+}
 
 /// A source of the desired state, named in errors and in `/config_dump`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

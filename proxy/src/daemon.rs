@@ -7,6 +7,7 @@ mod publish;
 mod reload;
 mod running;
 mod signals;
+pub mod sources;
 pub mod state;
 mod takeover;
 
@@ -18,7 +19,12 @@ use std::{
 
 use anyhow::Context as _;
 use proxy_common::service::ServiceKey;
-use proxy_core::{config::Config, discovery::xds::XdsClients, health::HealthCheckManager};
+use proxy_core::{
+    config::Config,
+    desired::{INITIAL_FETCH_TIMEOUT, Overlay, Source},
+    discovery::xds::XdsClients,
+    health::HealthCheckManager,
+};
 use tokio::{
     sync::{mpsc, watch},
     task::JoinHandle,
@@ -139,8 +145,6 @@ async fn run_async(
     // First, so that records of the start (a connect refused before its service is published)
     // are shown too.
     let kernel_log = take_kernel_log(&dp).map(|log| tokio::spawn(crate::kernel_log::run(log)));
-    // The sweep after the first publish keeps exactly these services.
-    let keys: Vec<ServiceKey> = templates.iter().map(|t| t.key).collect();
     let ctx = Context {
         follow_sockets: needs_sockops(&config, &templates),
         manager: HealthCheckManager::default(),
@@ -148,6 +152,8 @@ async fn run_async(
         dp: dp.clone(),
         published: watch::channel(BTreeSet::new()).0,
     };
+    // The dynamic sources publish their overlays here; the loop below applies each change.
+    let (_feeds, mut sources) = sources::channels();
     let xds = XdsClients::start(&config).context("starting the xDS clients")?;
     let upstreams = start_upstreams(&config, &ctx, &xds, &BTreeSet::new())?;
     // The proxy listener is live and known to the kernel before a service is published in
@@ -156,6 +162,8 @@ async fn run_async(
         .await
         .context("starting the proxy path")?;
     let mut running = Running {
+        file: config.clone(),
+        overlays: BTreeMap::new(),
         config,
         upstreams,
         xds,
@@ -166,19 +174,16 @@ async fn run_async(
     for (svc, spec) in running.config.services.clone().iter().zip(templates) {
         running.spawn_publisher(svc, spec, &ctx);
     }
+    // The first state of every dynamic source the configuration turns on, before the sweep of
+    // what the previous run published and before `/ready`.
+    let expected = proxy_core::desired::expected(&running.config);
+    let firsts = sources.first(&expected, INITIAL_FETCH_TIMEOUT).await;
+    for (source, overlay) in firsts {
+        let _ = apply(&mut running, Change::Overlay(source, overlay), None, &ctx).await;
+    }
     let (live_tx, live_rx) = watch::channel(running.live());
     let (reload_tx, mut reload_rx) = mpsc::channel::<ReloadRequest>(4);
-    let mut state = admin::State::new(
-        running.config.clone(),
-        dp.clone(),
-        running.upstreams.clone(),
-        ctx.published.subscribe(),
-    )
-    .with_reload(live_rx.clone(), reload_tx);
-    if let Some(proxy) = &running.proxy {
-        state = state.with_proxy(proxy.stats_handle());
-    }
-    state = state.with_fatal(fatal.clone()).with_launch(launch);
+    let state = admin_state(&running, &ctx, &fatal, launch).with_reload(live_rx.clone(), reload_tx);
     // Takeover: a new daemon may ask for the instance from now on (a reload keeps its sockets).
     // The socket is there before the admin answers, so `/ready` never reports a daemon that
     // `proxy run --takeover` cannot yet reach.
@@ -193,22 +198,26 @@ async fn run_async(
             return Err(err).context(format!("admin listener on {admin_address}"));
         }
     };
+    // The sweep after the first publish keeps exactly the services in force, the sources'
+    // first states included.
+    let keys: Vec<ServiceKey> = running.config.services.iter().map(service_key).collect();
     sweep_after_first_publish(&keys, &dp, ctx.published.subscribe()).await;
     let passive = tokio::spawn(crate::passive::run(dp.clone(), live_rx));
     let reaper = tokio::spawn(reap(dp.clone()));
     let mut traffic = spawn_traffic(&running.config, &ctx);
     info!(admin = %admin_address, services = running.config.services.len(), "ready");
     let committed = loop {
-        let request = tokio::select! {
+        let change = tokio::select! {
             signal = signals.wait() => match signal {
                 Signal::Stop => break None,
-                Signal::Reload => None,
+                Signal::Reload => Change::Reload(None),
             },
             committed = takeover.committed() => break Some(committed),
             Some(request) = reload_rx.recv() => {
                 info!("admin: reload requested");
-                Some(request)
+                Change::Reload(Some(request))
             }
+            (source, overlay) = sources.changed() => Change::Overlay(source, overlay),
             what = fatal.clone().wait() => {
                 // /ready is down already (the admin reads the same record). No clean-up: the
                 // data path keeps serving what was published, and the next start adopts it.
@@ -216,15 +225,11 @@ async fn run_async(
                 return Err(Failed(what).into());
             }
         };
-        let outcome = running.reload(config_path.as_deref(), &ctx).await;
-        match &outcome {
-            Ok(summary) => {
-                info!(%summary, "configuration reloaded");
-                live_tx.send_replace(running.live());
-                traffic.abort();
-                traffic = spawn_traffic(&running.config, &ctx);
-            }
-            Err(refused) => error!(%refused, "reload refused; the configuration in force stays"),
+        let (outcome, request) = apply(&mut running, change, config_path.as_deref(), &ctx).await;
+        if outcome.is_ok() {
+            live_tx.send_replace(running.live());
+            traffic.abort();
+            traffic = spawn_traffic(&running.config, &ctx);
         }
         // Applied or refused, the reload built a second configuration and dropped one; the
         // memory goes back before the answer, so what a caller measures then is what stays.
@@ -242,6 +247,63 @@ async fn run_async(
         kernel_log.abort();
     }
     finish(committed, takeover, running, &dp).await
+}
+
+/// What the run loop applies: the file re-read (SIGHUP, or the admin's request, answered with
+/// the outcome), or a dynamic source's new overlay.
+enum Change {
+    Reload(Option<ReloadRequest>),
+    Overlay(Source, Overlay),
+}
+
+/// Applies one change to the run, logged; returns the outcome and who waits for it.
+async fn apply(
+    running: &mut Running,
+    change: Change,
+    config_path: Option<&std::path::Path>,
+    ctx: &Context,
+) -> (Result<String, admin::ReloadRefused>, Option<ReloadRequest>) {
+    match change {
+        Change::Reload(request) => {
+            let outcome = running.reload(config_path, ctx).await;
+            match &outcome {
+                Ok(summary) => info!(%summary, "configuration reloaded"),
+                Err(refused) => {
+                    error!(%refused, "reload refused; the configuration in force stays");
+                }
+            }
+            (outcome, request)
+        }
+        Change::Overlay(source, overlay) => {
+            let outcome = running.take_overlay(source, overlay, ctx).await;
+            match &outcome {
+                Ok(summary) => info!(%source, %summary, "applied a change from a dynamic source"),
+                Err(refused) => {
+                    error!(%source, %refused, "a change from a dynamic source was refused; its last state stays in force");
+                }
+            }
+            (outcome, None)
+        }
+    }
+}
+
+/// The admin's view of the run.
+fn admin_state(
+    running: &Running,
+    ctx: &Context,
+    fatal: &Fatal,
+    launch: admin::Launch,
+) -> admin::State {
+    let mut state = admin::State::new(
+        running.config.clone(),
+        ctx.dp.clone(),
+        running.upstreams.clone(),
+        ctx.published.subscribe(),
+    );
+    if let Some(proxy) = &running.proxy {
+        state = state.with_proxy(proxy.stats_handle());
+    }
+    state.with_fatal(fatal.clone()).with_launch(launch)
 }
 
 /// The end of the run. After a takeover's commit: hand the instance over

@@ -519,11 +519,15 @@ fn without_quoted(message: &str) -> String {
 
 /// Reads the config entries (inline and from files), validates them with Consul's rules and
 /// compiles the chain of every chain service; the plan must map onto configured clusters.
-pub(super) fn compile_chains(
+/// Every config entry the file holds: `config_entries`, then each of `config_entry_files`
+/// (paths relative to `base`), in order, each checked (a second entry of one kind and name is
+/// refused).
+pub(super) fn gather_entries(
     config: &Config,
     base: &std::path::Path,
-) -> Result<std::collections::BTreeMap<String, proxy_chain::CompiledDiscoveryChain>, Invalid> {
+) -> Result<Vec<proxy_chain::ConfigEntry>, Invalid> {
     let mut entries = proxy_chain::Entries::new();
+    let mut gathered = config.config_entries.clone();
     for (i, entry) in config.config_entries.iter().enumerate() {
         entries
             .insert(entry.clone())
@@ -563,10 +567,22 @@ pub(super) fn compile_chains(
                 Invalid::new(&at, format!("{}: entry {n}: {why}", path.display()))
             })?;
             entries
-                .insert(entry)
+                .insert(entry.clone())
                 .map_err(|e| Invalid::new(&at, format!("{}: {e}", path.display())))?;
+            gathered.push(entry);
         }
     }
+    Ok(gathered)
+}
+
+/// The discovery chain of every service that names one, compiled from `entries` (checked by
+/// [`gather_entries`] or by the composition).
+pub(super) fn compile_chains(
+    config: &Config,
+    entries: &[proxy_chain::ConfigEntry],
+) -> Result<std::collections::BTreeMap<String, proxy_chain::CompiledDiscoveryChain>, Invalid> {
+    let entries = proxy_chain::Entries::from_entries(entries.iter().cloned())
+        .map_err(|e| Invalid::new("config_entries", e.to_string()))?;
     let mut chains = std::collections::BTreeMap::new();
     for (i, svc) in config.services.iter().enumerate() {
         let Some(name) = &svc.chain else { continue };

@@ -10,6 +10,7 @@ use std::{
 use proxy_common::service::ServiceKey;
 use proxy_core::{
     config::{Config, Service, ServiceMode},
+    desired::{Overlay, Source},
     discovery::{guard::HostGuard, xds::XdsClients},
     health::HealthCheckManager,
     upstream::Upstream,
@@ -51,6 +52,11 @@ pub(super) struct Context {
 
 /// The configuration in force and what it started.
 pub(super) struct Running {
+    /// The configuration file as last loaded: what the sources' overlays compose with.
+    pub(super) file: Config,
+    /// Each dynamic source's last overlay that composed (a refused one is not kept).
+    pub(super) overlays: BTreeMap<Source, Overlay>,
+    /// The composition in force: the file and every overlay.
     pub(super) config: Config,
     pub(super) upstreams: BTreeMap<String, Arc<Upstream>>,
     pub(super) xds: XdsClients,
@@ -125,9 +131,35 @@ impl Running {
         let loaded = tokio::task::spawn_blocking(move || crate::load_config(&path))
             .await
             .map_err(|err| ReloadRefused::Failed(format!("reading the configuration: {err}")))?;
-        let mut new = loaded.map_err(|err| ReloadRefused::Invalid(err.to_string()))?;
+        let mut file = loaded.map_err(|err| ReloadRefused::Invalid(err.to_string()))?;
         // The thread count comes from the command line, not the file.
-        new.proxy.engine_threads = self.config.proxy.engine_threads;
+        file.proxy.engine_threads = self.config.proxy.engine_threads;
+        let new = compose(&file, &self.overlays)?;
+        let summary = self.apply(new, ctx).await?;
+        self.file = file;
+        Ok(summary)
+    }
+
+    /// A source published a new overlay: the file and every source's overlay, this one
+    /// replaced, composed and applied as a reload applies a file. Refused, the source's last
+    /// overlay stays in force.
+    pub(super) async fn take_overlay(
+        &mut self,
+        source: Source,
+        overlay: Overlay,
+        ctx: &Context,
+    ) -> Result<String, ReloadRefused> {
+        let mut overlays = self.overlays.clone();
+        overlays.insert(source, overlay);
+        let new = compose(&self.file, &overlays)?;
+        let summary = self.apply(new, ctx).await?;
+        self.overlays = overlays;
+        Ok(summary)
+    }
+
+    /// Applies the difference from the configuration in force to `new` (composed and
+    /// validated). Nothing changes unless all of it can be applied.
+    async fn apply(&mut self, new: Config, ctx: &Context) -> Result<String, ReloadRefused> {
         let templates = SpecTemplate::all(&new);
         let plan = reload::plan(
             &self.config,
@@ -243,6 +275,12 @@ impl Running {
         drop(self.upstreams);
         drop(self.xds);
     }
+}
+
+/// `file` with `overlays` (in the order of their sources), or why they do not compose.
+fn compose(file: &Config, overlays: &BTreeMap<Source, Overlay>) -> Result<Config, ReloadRefused> {
+    file.compose(overlays.iter().map(|(source, overlay)| (*source, overlay)))
+        .map_err(|err| ReloadRefused::Invalid(err.to_string()))
 }
 
 /// No source may point the data path at the daemon itself.

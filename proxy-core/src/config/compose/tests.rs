@@ -1,0 +1,192 @@
+//! Composition: overlays add to the file, clashes are refused naming both sources, errors name
+//! the resource and its source, chains compile from every source's entries.
+
+use std::path::Path;
+
+use super::*;
+use crate::config::{Cluster, Service};
+
+const FILE: &str = "\
+clusters:
+  - name: web
+    load_assignment:
+      endpoints:
+        - lb_endpoints:
+            - endpoint: { address: { socket_address: { address: 127.0.0.2, port_value: 80 } } }
+  - name: backup
+services:
+  - { name: web, address: 127.77.0.1, port: 80, chain: web }
+";
+
+fn file() -> Config {
+    Config::parse(FILE, Path::new("test.yaml")).unwrap()
+}
+
+fn cluster(yaml: &str) -> Cluster {
+    serde_yaml::from_str(yaml).unwrap()
+}
+
+fn service(yaml: &str) -> Service {
+    serde_yaml::from_str(yaml).unwrap()
+}
+
+fn entry(yaml: &str) -> proxy_chain::ConfigEntry {
+    serde_yaml::from_str(yaml).unwrap()
+}
+
+fn api() -> Overlay {
+    Overlay {
+        clusters: vec![cluster(
+            "name: api\nload_assignment: {endpoints: [{lb_endpoints: [{endpoint: {address: \
+             {socket_address: {address: 127.0.0.3, port_value: 81}}}}]}]}",
+        )],
+        services: vec![service(
+            "{name: api, address: 127.77.0.2, port: 81, cluster: api}",
+        )],
+        config_entries: Vec::new(),
+    }
+}
+
+#[test]
+fn an_overlay_adds_its_resources_and_leaves_the_file_as_it_was() {
+    let file = file();
+    let overlay = api();
+    let composed = file.compose([(Source::Xds, &overlay)]).unwrap();
+    let names: Vec<_> = composed.services.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["web", "api"]);
+    assert!(composed.cluster("api").is_some());
+    assert_eq!(composed.service_clusters(&composed.services[1]), ["api"]);
+    assert_eq!(
+        file.services.len(),
+        1,
+        "the file's configuration is not changed"
+    );
+    // Nothing from the sources: the file itself.
+    let alone = file.compose([]).unwrap();
+    assert_eq!(format!("{alone:?}"), format!("{file:?}"));
+}
+
+#[test]
+fn a_name_two_sources_define_is_refused_naming_both() {
+    let file = file();
+    let mut overlay = api();
+    overlay.clusters[0].name = "backup".to_owned();
+    let err = file.compose([(Source::Xds, &overlay)]).unwrap_err();
+    assert_eq!(
+        err,
+        ComposeError::Clash {
+            what: "cluster \"backup\"".to_owned(),
+            first: Source::File,
+            second: Source::Xds,
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "cluster \"backup\" is defined by both the configuration file and xDS: refused (no \
+         source overrides another)"
+    );
+
+    let mut overlay = api();
+    overlay.services[0].name = "web".to_owned();
+    let err = file.compose([(Source::Xds, &overlay)]).unwrap_err();
+    assert!(matches!(err, ComposeError::Clash { ref what, .. } if what == "service \"web\""));
+
+    let mut overlay = api();
+    overlay.services[0].address = "127.77.0.1".parse().unwrap();
+    overlay.services[0].port = 80;
+    let err = file.compose([(Source::Xds, &overlay)]).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("service address 127.77.0.1:80 Tcp is defined by both"),
+        "{err}"
+    );
+
+    // Between two overlays, the first named first.
+    let other = api();
+    let err = file
+        .compose([(Source::ConsulEntries, &api()), (Source::Xds, &other)])
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ComposeError::Clash {
+                first: Source::ConsulEntries,
+                second: Source::Xds,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn an_invalid_resource_is_named_with_its_source() {
+    let file = file();
+    let mut overlay = api();
+    overlay.clusters[0].connect_timeout = Some(std::time::Duration::ZERO);
+    let err = file.compose([(Source::Xds, &overlay)]).unwrap_err();
+    assert_eq!(
+        err,
+        ComposeError::Invalid {
+            origin: Source::Xds,
+            field: "clusters[\"api\"].connect_timeout".to_owned(),
+            message: "must be greater than 0".to_owned(),
+        }
+    );
+    // A service of a source naming a cluster nobody defines.
+    let mut overlay = api();
+    overlay.clusters.clear();
+    let err = file.compose([(Source::Xds, &overlay)]).unwrap_err();
+    assert!(
+        matches!(&err, ComposeError::Invalid { origin: Source::Xds, field, .. } if field.starts_with("services[\"api\"]")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn chains_compile_from_every_sources_entries() {
+    let file = file();
+    assert_eq!(
+        file.chain_plan(&file.services[0]).unwrap().clusters().len(),
+        1
+    );
+    let overlay = Overlay {
+        config_entries: vec![entry(
+            "{Kind: service-resolver, Name: web, Failover: {'*': {Service: backup}}}",
+        )],
+        ..Overlay::default()
+    };
+    let composed = file.compose([(Source::ConsulEntries, &overlay)]).unwrap();
+    let plan = composed.chain_plan(&composed.services[0]).unwrap();
+    assert_eq!(
+        plan.clusters().into_iter().collect::<Vec<_>>(),
+        ["backup", "web"]
+    );
+
+    // The same entry in the file and in Consul: refused, not overridden.
+    let text = format!(
+        "{FILE}config_entries:\n  - {{Kind: service-resolver, Name: web, ConnectTimeout: 5s}}\n"
+    );
+    let with_entry = Config::parse(&text, Path::new("test.yaml")).unwrap();
+    let err = with_entry
+        .compose([(Source::ConsulEntries, &overlay)])
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ComposeError::Clash {
+            what: "config entry ServiceResolver \"web\"".to_owned(),
+            first: Source::File,
+            second: Source::ConsulEntries,
+        }
+    );
+
+    // An entry the compiler refuses: named, and nothing composed.
+    let bad = Overlay {
+        config_entries: vec![entry(
+            "{Kind: service-resolver, Name: web, Failover: {'*': {Service: nowhere}}}",
+        )],
+        ..Overlay::default()
+    };
+    let err = file.compose([(Source::ConsulEntries, &bad)]).unwrap_err();
+    assert!(err.to_string().contains("nowhere"), "{err}");
+}

@@ -86,7 +86,10 @@ use self::{
     transport_socket::TransportSocket,
 };
 use super::{DiscoverySource, SourceUpdate};
-use crate::config::{ClusterType, Config};
+use crate::{
+    config::{ClusterType, Config},
+    desired::Feed,
+};
 
 /// One subscribed cluster's output: its updates and stats.
 struct Output {
@@ -237,31 +240,35 @@ pub struct XdsClients {
     /// The ADS connection carrying CDS and LDS, when enabled (it also carries the ADS EDS
     /// clusters).
     ads: Option<Arc<EdsClient>>,
+    /// Where CDS and LDS publish, kept for a restart.
+    feed: Option<Feed>,
 }
 
 impl XdsClients {
     /// Starts one client per control-plane connection that the EDS clusters of a validated
     /// `config` need (none without EDS clusters). Must run inside a tokio runtime.
     pub fn start(config: &Config) -> Result<Self, XdsConfigError> {
-        Self::start_with(config, None)
+        Self::start_with(config, None, FileNames::default())
     }
 
-    /// [`XdsClients::start`], and with `resources` (when `xds.cds_config` or `lds_config` is
-    /// set) the ADS connection subscribes CDS and LDS into it, also without EDS clusters.
-    /// `resources` must know the names of the file alone ([`FileNames::of`] the file's
-    /// config, not the composed one), or every xDS name would clash with itself.
+    /// [`XdsClients::start`], and with a `feed`, when `xds.cds_config` or `lds_config` is
+    /// set, the ADS connection also subscribes CDS and LDS and publishes them on it (also
+    /// without EDS clusters). `file` names what the file alone defines ([`FileNames::of`] the
+    /// file's config, not a composed one, or every xDS name would clash with itself).
     pub fn start_with(
         config: &Config,
-        resources: Option<ResourceState>,
+        feed: Option<Feed>,
+        file: FileNames,
     ) -> Result<Self, XdsConfigError> {
-        let mut clients = Self::default();
+        let mut clients = Self {
+            feed: feed.clone(),
+            ..Self::default()
+        };
         let clusters = eds_clusters(config);
-        let resources = resources.filter(|_| {
-            config
-                .xds
-                .as_ref()
-                .is_some_and(XdsConfig::resources_enabled)
-        });
+        let enabled = config.xds.as_ref().filter(|x| x.resources_enabled());
+        let resources = enabled
+            .zip(feed)
+            .map(|(xds, feed)| ResourceState::new(xds.clone(), file, feed));
         let Some(xds) = config
             .xds
             .as_ref()
@@ -290,6 +297,13 @@ impl XdsClients {
             }
         }
         Ok(clients)
+    }
+
+    /// Starts `new`'s connections afresh (a reload that changed the `xds` block), CDS and LDS
+    /// on the same feed, with an empty state until the server answers (the daemon keeps the
+    /// last overlay until then).
+    pub fn restart(&self, new: &Config, file: FileNames) -> Result<Self, XdsConfigError> {
+        Self::start_with(new, self.feed.clone(), file)
     }
 
     /// How many control-plane connections run.
@@ -326,6 +340,7 @@ impl XdsClients {
         let new_eds = eds_clusters(new);
         let mut change = XdsChange::default();
         change.ads.clone_from(&self.ads);
+        change.feed.clone_from(&self.feed);
         let Some(xds) = new.xds.as_ref().filter(|_| !new_eds.is_empty()) else {
             change.removed = self
                 .by_cluster
@@ -390,6 +405,7 @@ impl XdsClients {
         Self {
             by_cluster: change.next.clone(),
             ads: change.ads.clone(),
+            feed: None,
         }
     }
 
@@ -437,6 +453,8 @@ pub struct XdsChange {
     started: usize,
     /// The ADS connection with CDS and LDS, kept.
     ads: Option<Arc<EdsClient>>,
+    /// Where CDS and LDS publish, kept.
+    feed: Option<Feed>,
     committed: bool,
 }
 
@@ -466,6 +484,7 @@ impl XdsChange {
         XdsClients {
             by_cluster: std::mem::take(&mut self.next),
             ads: self.ads.take(),
+            feed: self.feed.take(),
         }
     }
 }

@@ -52,7 +52,7 @@ use crate::{
     discovery::xds::{
         backoff::Backoff,
         config::GrpcApi,
-        resources::{RESOURCE_TYPES, ResourceState},
+        resources::ResourceState,
         state::{CLA_TYPE_URL, EdsState},
         stats::ControlPlaneStats,
     },
@@ -429,7 +429,7 @@ fn resource_first_sotw(sub: &GrpcSubscription) -> Vec<DiscoveryRequest> {
         type_url: type_url.to_owned(),
         ..Default::default()
     };
-    RESOURCE_TYPES.iter().map(|t| request(t)).collect()
+    state.types().iter().map(|t| request(t)).collect()
 }
 
 /// The ACK or NACK of a CDS or LDS response; `None` for a response of another type.
@@ -437,11 +437,10 @@ fn resource_reply_sotw(
     sub: &GrpcSubscription,
     response: &DiscoveryResponse,
 ) -> Option<DiscoveryRequest> {
-    let resources = sub.resources.as_ref()?;
-    if !ResourceState::handles(&response.type_url) {
+    let mut state = lock_resources(sub.resources.as_ref()?);
+    if !state.handles(&response.type_url) {
         return None;
     }
-    let mut state = lock_resources(resources);
     let detail = state.apply_sotw(response).err().map(|e| nack_status(&e));
     log_decision(detail.as_ref(), &response.version_info);
     Some(DiscoveryRequest {
@@ -466,7 +465,7 @@ fn resource_first_delta(sub: &GrpcSubscription) -> Vec<DeltaDiscoveryRequest> {
         initial_resource_versions: state.delta_versions(type_url),
         ..Default::default()
     };
-    RESOURCE_TYPES.iter().map(|t| request(t)).collect()
+    state.types().iter().map(|t| request(t)).collect()
 }
 
 /// Delta: the ACK or NACK of a CDS or LDS response; `None` for another type.
@@ -474,11 +473,12 @@ fn resource_reply_delta(
     sub: &GrpcSubscription,
     response: &DeltaDiscoveryResponse,
 ) -> Option<DeltaDiscoveryRequest> {
-    let resources = sub.resources.as_ref()?;
-    if !ResourceState::handles(&response.type_url) {
+    let mut state = lock_resources(sub.resources.as_ref()?);
+    if !state.handles(&response.type_url) {
         return None;
     }
-    let result = lock_resources(resources).apply_delta(response);
+    let result = state.apply_delta(response);
+    drop(state);
     let error_detail = result.err().map(|e| nack_status(&e));
     log_decision(error_detail.as_ref(), &response.system_version_info);
     Some(DeltaDiscoveryRequest {

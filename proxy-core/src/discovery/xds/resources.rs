@@ -145,29 +145,60 @@ pub struct ResourceState {
     listeners: BTreeMap<String, Held<ListenerForm>>,
     /// State of the world: the last accepted `version_info` by type URL.
     versions: BTreeMap<String, String>,
+    /// The types subscribed, in the order Envoy asks for them.
+    types: Vec<&'static str>,
+    /// Subscribed types without a first answer (accepted or not): nothing is published before
+    /// every type has answered once, so the first overlay is never a partial state.
+    waiting: BTreeSet<&'static str>,
+    /// What the last accepted state publishes.
+    current: Overlay,
     feed: Feed,
 }
-
-/// The resource types this state subscribes, in the order Envoy asks for them.
-pub const RESOURCE_TYPES: [&str; 2] = [CLUSTER_TYPE_URL, LISTENER_TYPE_URL];
 
 impl ResourceState {
     /// An empty state publishing on `feed`, checking EDS clusters against `xds` and names
     /// against `file`.
+    /// Subscribes the types `xds` enables (`cds_config`, `lds_config`; both when neither is
+    /// set).
     pub fn new(xds: XdsConfig, file: FileNames, feed: Feed) -> Self {
+        let mut types = Vec::new();
+        if xds.cds_config.is_some() || xds.lds_config.is_none() {
+            types.push(CLUSTER_TYPE_URL);
+        }
+        if xds.lds_config.is_some() || xds.cds_config.is_none() {
+            types.push(LISTENER_TYPE_URL);
+        }
         Self {
             xds,
             file,
             clusters: BTreeMap::new(),
             listeners: BTreeMap::new(),
             versions: BTreeMap::new(),
+            waiting: types.iter().copied().collect(),
+            types,
+            current: Overlay::default(),
             feed,
         }
     }
 
+    /// The types subscribed, in the order Envoy asks for them (clusters, then listeners).
+    pub fn types(&self) -> &[&'static str] {
+        &self.types
+    }
+
     /// Whether a response of `type_url` is ours.
-    pub fn handles(type_url: &str) -> bool {
-        RESOURCE_TYPES.contains(&type_url)
+    pub fn handles(&self, type_url: &str) -> bool {
+        self.types.contains(&type_url)
+    }
+
+    /// `type_url` answered (accepted or not): the first overlay goes out once every
+    /// subscribed type has.
+    fn answered(&mut self, type_url: &str) {
+        let was_waiting = !self.waiting.is_empty();
+        self.waiting.retain(|t| *t != type_url);
+        if was_waiting && self.waiting.is_empty() {
+            self.feed.send_replace(self.current.clone());
+        }
     }
 
     /// State of the world: the last accepted `version_info` of `type_url`.
@@ -203,11 +234,15 @@ impl ResourceState {
         for (index, any) in response.resources.iter().enumerate() {
             named.push((index, None, version.clone(), any));
         }
-        let (clusters, listeners) = self.next_sets(&response.type_url, named, &[], true)?;
-        self.commit(clusters, listeners)?;
-        self.versions
-            .insert(response.type_url.clone(), version.clone());
-        Ok(())
+        let result = self
+            .next_sets(&response.type_url, named, &[], true)
+            .and_then(|(clusters, listeners)| self.commit(clusters, listeners));
+        if result.is_ok() {
+            self.versions
+                .insert(response.type_url.clone(), version.clone());
+        }
+        self.answered(&response.type_url);
+        result
     }
 
     /// Delta: the held set with the response's additions and removals.
@@ -226,8 +261,11 @@ impl ResourceState {
             named.push((index, Some(name.clone()), version.clone(), any));
         }
         let removed = &response.removed_resources;
-        let (clusters, listeners) = self.next_sets(&response.type_url, named, removed, false)?;
-        self.commit(clusters, listeners)
+        let result = self
+            .next_sets(&response.type_url, named, removed, false)
+            .and_then(|(clusters, listeners)| self.commit(clusters, listeners));
+        self.answered(&response.type_url);
+        result
     }
 
     /// The next cluster and listener sets after a response of `type_url`.
@@ -277,7 +315,10 @@ impl ResourceState {
         let overlay = self.check(&clusters, &listeners)?;
         self.clusters = clusters;
         self.listeners = listeners;
-        self.feed.send_replace(overlay);
+        self.current = overlay;
+        if self.waiting.is_empty() {
+            self.feed.send_replace(self.current.clone());
+        }
         Ok(())
     }
 

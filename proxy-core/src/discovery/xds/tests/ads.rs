@@ -208,9 +208,8 @@ async fn cds_and_lds_start_from_the_config_without_eds_clusters() {
     )
     .expect("a valid config");
     let (tx, _rx) = watch::channel(Overlay::default());
-    let xds_block = config.xds.clone().expect("an xds block");
-    let state = ResourceState::new(xds_block, FileNames::of(&config), tx);
-    let clients = XdsClients::start_with(&config, Some(state)).expect("started");
+    let clients =
+        XdsClients::start_with(&config, Some(tx), FileNames::of(&config)).expect("started");
     assert_eq!(clients.connections(), 1);
     let Opened::Sotw(_stream) = server.next_stream().await else {
         panic!("expected a SotW stream");

@@ -39,14 +39,17 @@ use crate::{
 
 pub fn xds() -> XdsConfig {
     serde_yaml::from_str(
-        "node: {id: n1, cluster: edge}\nads_config: {api_type: GRPC, server_uri: '127.0.0.1:18000'}",
+        "node: {id: n1, cluster: edge}\nads_config: {api_type: GRPC, server_uri: '127.0.0.1:18000'}\ncds_config: {ads: {}}\nlds_config: {ads: {}}",
     )
     .expect("a valid xds block")
 }
 
+/// A state whose LDS has answered once (empty), so that CDS responses publish.
 fn state(file: FileNames) -> (ResourceState, watch::Receiver<Overlay>) {
     let (tx, rx) = watch::channel(Overlay::default());
-    (ResourceState::new(xds(), file, tx), rx)
+    let mut state = ResourceState::new(xds(), file, tx);
+    state.apply_sotw(&listeners("0", &[])).expect("ACK");
+    (state, rx)
 }
 
 pub fn static_cluster(name: &str, port: u32) -> Cluster {
@@ -231,6 +234,8 @@ fn a_listener_may_name_a_file_cluster() {
     let (mut state, rx) = state(file);
     let web = listener("web", 8080, ClusterSpecifier::Cluster("f".into()));
     state.apply_sotw(&listeners("1", &[web])).expect("ACK");
+    // No CDS cluster at all: its first answer is empty.
+    state.apply_sotw(&clusters("1", &[])).expect("ACK");
     assert_eq!(names(&rx.borrow()), (vec![], vec!["web".into()]));
 }
 
@@ -339,4 +344,21 @@ fn a_duplicate_name_in_one_response_is_refused() {
     let list = [static_cluster("a", 1), static_cluster("a", 2)];
     let error = state.apply_sotw(&clusters("1", &list)).expect_err("NACK");
     assert_eq!(error.to_string(), "duplicate cluster a found");
+}
+
+#[test]
+fn the_first_overlay_waits_for_every_type_to_answer_once() {
+    let (tx, mut rx) = watch::channel(Overlay::default());
+    let mut state = ResourceState::new(xds(), FileNames::default(), tx);
+    state
+        .apply_sotw(&clusters("1", &[static_cluster("a", 9001)]))
+        .expect("ACK");
+    assert!(!rx.has_changed().expect("open"), "no partial first state");
+    // A NACK is an answer too (Envoy's initialization goes on after a rejected first update).
+    let http = listener_with("web", 8080, HCM_TYPE_URL, Vec::new());
+    state
+        .apply_sotw(&listeners("1", &[http]))
+        .expect_err("NACK");
+    assert!(rx.has_changed().expect("open"));
+    assert_eq!(names(&rx.borrow_and_update()), (vec!["a".into()], vec![]));
 }

@@ -1,5 +1,6 @@
 //! CDS and LDS against the real control plane, side by side with Envoy 1.40 subscribed to the
-//! same server (SotW and delta ADS): per version pushed, the same ACK or NACK of each type, and
+//! same server (SotW and delta ADS): per version pushed, the same ACK or NACK of each type, the
+//! same hosts of a STATIC cluster (port, weight, priority), and
 //! the same clusters and listeners active, through a bad version, a listener whose cluster is
 //! not there yet, and removals.
 
@@ -98,6 +99,38 @@ impl Side {
 
 type Active = (BTreeSet<String>, BTreeSet<String>);
 
+/// `(port, weight, priority)` of a host.
+type HostView = (u64, u64, u64);
+
+impl Side {
+    /// Envoy's hosts of `cluster`, as its admin shows them.
+    fn envoy_hosts(&self, cluster: &str) -> BTreeSet<HostView> {
+        let clusters = tokio::task::block_in_place(|| self.envoy.clusters());
+        let all = super::envoy_hosts(&clusters, cluster).into_iter();
+        all.map(|(port, weight, priority, _)| (port, weight, priority))
+            .collect()
+    }
+
+    /// Our hosts of STATIC `cluster`, as published.
+    fn our_hosts(&self, cluster: &str) -> BTreeSet<HostView> {
+        let overlay = self.overlay.borrow();
+        let Some(found) = overlay.clusters.iter().find(|c| c.name == cluster) else {
+            return BTreeSet::new();
+        };
+        let hosts = found.static_hosts();
+        hosts
+            .iter()
+            .map(|h| {
+                (
+                    u64::from(h.addr.port()),
+                    u64::from(h.weight),
+                    u64::from(h.priority),
+                )
+            })
+            .collect()
+    }
+}
+
 fn names(admin: &Value, list: &str, field: &str) -> BTreeSet<String> {
     let items = admin[list].as_array().cloned().unwrap_or_default();
     items
@@ -116,7 +149,8 @@ fn active(clusters: &[&str], listeners: &[&str]) -> Active {
 fn static_cluster(name: &str, address: &str, port: u16) -> Value {
     json!({"name": name, "type": "STATIC", "connect_timeout": "1s", "lb_policy": "RANDOM",
            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
-               {"endpoint": {"address": {"socket_address": {"address": address, "port_value": port}}}}]}]}})
+               {"endpoint": {"address": {"socket_address": {"address": address, "port_value": port}}},
+                "load_balancing_weight": 3}]}]}})
 }
 
 fn eds_cluster(name: &str) -> Value {
@@ -204,6 +238,14 @@ async fn envoy_and_we_agree_on_cds_and_lds() {
     for side in &mut sides {
         let (envoy, our) = (side.envoy_active(&both).await, side.our_active(&both).await);
         assert_eq!((&envoy, &our), (&both, &both), "v1 ({})", side.flavour);
+        let hosts = (side.envoy_hosts("a"), side.our_hosts("a"));
+        let want: BTreeSet<HostView> = [(9001, 3, 0)].into();
+        assert_eq!(
+            (&hosts.0, &hosts.1),
+            (&want, &want),
+            "v1 ({}): hosts of a",
+            side.flavour
+        );
         for (node, type_url) in [(side.envoy_node, LISTENER), (side.ours_node, LISTENER)] {
             assert_eq!(
                 verdict(&server, node, type_url, 0),

@@ -1,8 +1,7 @@
 //! CDS and LDS against the real control plane, side by side with Envoy 1.40 subscribed to the
 //! same server (SotW and delta ADS): per version pushed, the same ACK or NACK of each type, the
-//! same hosts of a STATIC cluster (port, weight, priority), and
-//! the same clusters and listeners active, through a bad version, a listener whose cluster is
-//! not there yet, and removals.
+//! same clusters and listeners active and the same hosts of a STATIC cluster (port, weight,
+//! priority), through a bad version, a listener whose cluster is not there yet, and removals.
 
 use std::{collections::BTreeSet, time::Duration};
 

@@ -212,15 +212,6 @@ fn tcp_proxy(
             "needs a typed_config",
         ));
     };
-    if any.type_url == HCM_TYPE_URL {
-        return Err(unsupported(
-            "filter_chains[0].filters[0] (http_connection_manager: HTTP listeners are not supported yet)",
-        ));
-    }
-    if any.type_url != TCP_PROXY_TYPE_URL {
-        let reason = format!("{} is not supported; only tcp_proxy is", any.type_url);
-        return Err(invalid("filter_chains[0].filters[0].typed_config", &reason));
-    }
     decode_tcp_proxy(any, unsupported, invalid)
 }
 
@@ -229,6 +220,15 @@ fn decode_tcp_proxy(
     unsupported: &dyn Fn(&str) -> ResourceError,
     invalid: &dyn Fn(&str, &str) -> ResourceError,
 ) -> Result<TcpProxy, ResourceError> {
+    let at = "filter_chains[0].filters[0].typed_config";
+    if any.type_url == HCM_TYPE_URL {
+        let reason = "http_connection_manager: HTTP listeners are not supported yet (RDS or inline route_config); only tcp_proxy listeners become services";
+        return Err(invalid(at, reason));
+    }
+    if any.type_url != TCP_PROXY_TYPE_URL {
+        let reason = format!("{} is not supported; only tcp_proxy is", any.type_url);
+        return Err(invalid(at, &reason));
+    }
     let proxy = TcpProxy::decode(any.value.as_slice()).map_err(|e| {
         invalid(
             "filter_chains[0].filters[0].typed_config",

@@ -362,3 +362,42 @@ fn the_first_overlay_waits_for_every_type_to_answer_once() {
     assert!(rx.has_changed().expect("open"));
     assert_eq!(names(&rx.borrow_and_update()), (vec!["a".into()], vec![]));
 }
+
+#[test]
+fn a_reloaded_file_that_takes_an_xds_name_is_refused_and_changes_nothing() {
+    let (mut state, rx) = state(FileNames::default());
+    state
+        .apply_sotw(&clusters("1", &[static_cluster("a", 9001)]))
+        .expect("ACK");
+    let mut file = FileNames::default();
+    file.clusters.insert("a".into(), ClusterType::Static);
+    let error = state.set_file(file).expect_err("a clash");
+    assert!(matches!(error, ResponseError::Clash { .. }), "{error}");
+    // The old names stay: the same cluster is still accepted.
+    state
+        .apply_sotw(&clusters("2", &[static_cluster("a", 9002)]))
+        .expect("ACK");
+    assert_eq!(rx.borrow().clusters[0].static_hosts()[0].addr.port(), 9002);
+}
+
+#[test]
+fn weighted_clusters_without_weight_are_refused() {
+    let (mut state, _rx) = state(FileNames::default());
+    let zero = ClusterWeight {
+        name: "a".into(),
+        weight: 0,
+        ..Default::default()
+    };
+    let split = WeightedCluster {
+        clusters: vec![zero],
+    };
+    let web = listener("web", 8080, ClusterSpecifier::WeightedClusters(split));
+    let text = state
+        .apply_sotw(&listeners("1", &[web]))
+        .expect_err("NACK")
+        .to_string();
+    assert_eq!(
+        text,
+        "listener \"web\": tcp_proxy.weighted_clusters: needs at least one cluster and a total weight above 0"
+    );
+}

@@ -178,14 +178,14 @@ fn verdict(server: &XdsServer, node: &str, type_url: &str, skip: usize) -> Optio
     answer["error_detail"].as_str().map(str::to_owned)
 }
 
-/// Pushes `resources` of `kind` at `version`; both sides must ACK (`nack: None`) or both NACK
-/// with `nack`'s words in both details, and then show `want` (Envoy's, ours) active.
+/// Pushes `resources` of `kind` at `version`; on each side (SotW, delta) Envoy and we must both
+/// ACK (`nack`: `None`) or both NACK with `nack`'s words in both details, and then show `want` (Envoy's, ours) active.
 async fn step(
     server: &XdsServer,
     sides: &mut [Side],
     version: &str,
     push: (&str, Value),
-    nack: Option<&str>,
+    nack: (Option<&str>, Option<&str>),
     want: (&Active, &Active),
 ) {
     let before = tokio::task::block_in_place(|| server.requests().len());
@@ -193,6 +193,11 @@ async fn step(
     let type_url = if kind == "cluster" { CLUSTER } else { LISTENER };
     tokio::task::block_in_place(|| server.push_resources(kind, version, resources));
     for side in sides.iter_mut() {
+        let nack = if side.flavour == "sotw" {
+            nack.0
+        } else {
+            nack.1
+        };
         let theirs = verdict(server, side.envoy_node, type_url, before);
         let ours = verdict(server, side.ours_node, type_url, before);
         let what = format!("{kind} v{version} ({})", side.flavour);
@@ -220,6 +225,29 @@ async fn step(
     }
 }
 
+/// The first state: the same clusters and listeners active, the same hosts of `a`, LDS ACKed.
+async fn first_state_agrees(server: &XdsServer, sides: &mut [Side], both: &Active) {
+    for side in sides {
+        let (envoy, our) = (side.envoy_active(both).await, side.our_active(both).await);
+        assert_eq!((&envoy, &our), (both, both), "v1 ({})", side.flavour);
+        let hosts = (side.envoy_hosts("a"), side.our_hosts("a"));
+        let want: BTreeSet<HostView> = [(9001, 3, 0)].into();
+        assert_eq!(
+            (&hosts.0, &hosts.1),
+            (&want, &want),
+            "v1 ({}): hosts of a",
+            side.flavour
+        );
+        for (node, type_url) in [(side.envoy_node, LISTENER), (side.ours_node, LISTENER)] {
+            assert_eq!(
+                verdict(server, node, type_url, 0),
+                None,
+                "{node}: LDS v1 ACKed"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_and_we_agree_on_cds_and_lds() {
     let server = tokio::task::block_in_place(XdsServer::start);
@@ -234,25 +262,7 @@ async fn envoy_and_we_agree_on_cds_and_lds() {
     server.push_resources("listener", "1", json!([tcp_listener("web", port, "a")]));
     let mut sides = [Side::start(&server, false), Side::start(&server, true)];
     let both = active(&["a", "b"], &["web"]);
-    for side in &mut sides {
-        let (envoy, our) = (side.envoy_active(&both).await, side.our_active(&both).await);
-        assert_eq!((&envoy, &our), (&both, &both), "v1 ({})", side.flavour);
-        let hosts = (side.envoy_hosts("a"), side.our_hosts("a"));
-        let want: BTreeSet<HostView> = [(9001, 3, 0)].into();
-        assert_eq!(
-            (&hosts.0, &hosts.1),
-            (&want, &want),
-            "v1 ({}): hosts of a",
-            side.flavour
-        );
-        for (node, type_url) in [(side.envoy_node, LISTENER), (side.ours_node, LISTENER)] {
-            assert_eq!(
-                verdict(&server, node, type_url, 0),
-                None,
-                "{node}: LDS v1 ACKed"
-            );
-        }
-    }
+    first_state_agrees(&server, &mut sides, &both).await;
     // A STATIC host that is not an IP: both NACK, both keep v1.
     let bad = static_cluster("a", "not-an-ip", 9001);
     step(
@@ -260,7 +270,24 @@ async fn envoy_and_we_agree_on_cds_and_lds() {
         &mut sides,
         "2",
         ("cluster", json!([bad, eds_cluster("b")])),
-        Some("not-an-ip"),
+        (Some("not-an-ip"), Some("not-an-ip")),
+        (&both, &both),
+    )
+    .await;
+    // One name twice: over SotW both NACK ("duplicate cluster a found"; Envoy has applied the
+    // first of the two by then, we keep v1 whole: README). The server's delta sends a name once,
+    // so there both ACK the first.
+    let twice = json!([
+        static_cluster("a", "127.0.0.1", 9002),
+        static_cluster("a", "127.0.0.1", 9001),
+        eds_cluster("b")
+    ]);
+    step(
+        &server,
+        &mut sides,
+        "2d",
+        ("cluster", twice),
+        (Some("duplicate"), None),
         (&both, &both),
     )
     .await;
@@ -276,7 +303,7 @@ async fn envoy_and_we_agree_on_cds_and_lds() {
         &mut sides,
         "2",
         ("listener", waiting),
-        None,
+        (None, None),
         (&envoy_view, &both),
     )
     .await;
@@ -291,7 +318,7 @@ async fn envoy_and_we_agree_on_cds_and_lds() {
         &mut sides,
         "3",
         ("cluster", with_c),
-        None,
+        (None, None),
         (&all, &all),
     )
     .await;
@@ -302,7 +329,7 @@ async fn envoy_and_we_agree_on_cds_and_lds() {
         &mut sides,
         "3",
         ("listener", json!([])),
-        None,
+        (None, None),
         (&gone, &gone),
     )
     .await;
@@ -313,7 +340,7 @@ async fn envoy_and_we_agree_on_cds_and_lds() {
         &mut sides,
         "4",
         ("cluster", json!([a])),
-        None,
+        (None, None),
         (&only_a, &only_a),
     )
     .await;

@@ -94,6 +94,32 @@ pub struct ServiceKey {
 }
 const _: () = assert!(size_of::<ServiceKey>() == 20);
 
+impl ServiceKey {
+    /// The key of `ip:port` over `proto` (`PROTO_TCP` or `PROTO_UDP`).
+    pub fn new(ip: core::net::IpAddr, port: u16, proto: u8) -> Self {
+        let (addr, family) = ip_words(ip);
+        Self {
+            addr,
+            port: port.to_be(),
+            proto,
+            family,
+        }
+    }
+}
+
+/// An address as the maps store it: each word holds 4 bytes in network order, IPv4 in the
+/// first; with its `FAMILY_V4` or `FAMILY_V6`.
+pub fn ip_words(ip: core::net::IpAddr) -> ([u32; 4], u8) {
+    match ip {
+        core::net::IpAddr::V4(v4) => ([u32::from_ne_bytes(v4.octets()), 0, 0, 0], FAMILY_V4),
+        core::net::IpAddr::V6(v6) => {
+            let o = v6.octets();
+            let word = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
+            ([word(0), word(4), word(8), word(12)], FAMILY_V6)
+        }
+    }
+}
+
 /// Value of `SERVICES_V2`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -24,6 +24,7 @@ use proxy_core::{
     desired::{INITIAL_FETCH_TIMEOUT, Overlay, Source},
     discovery::xds::XdsClients,
     health::HealthCheckManager,
+    kernel::{ServiceTemplate, needs_sockops},
 };
 use tokio::{
     sync::{mpsc, watch},
@@ -32,7 +33,7 @@ use tokio::{
 use tracing::{error, info};
 
 use self::{
-    publish::{SpecTemplate, check_round_robin, needs_sockops, reap, sweep_after_first_publish},
+    publish::{check_round_robin, reap, sweep_after_first_publish},
     running::{Context, Running, host_guard, spawn_traffic, start_upstreams},
     signals::{Signal, Signals},
     state::{Failed, abandon, release},
@@ -73,7 +74,7 @@ pub fn run(
     launch.concurrency = workers;
     info!(instance = %config.instance, workers, "starting: attaching the data path");
     let fatal = Fatal::install();
-    let templates = SpecTemplate::all(&config);
+    let templates = ServiceTemplate::all(&config);
     let opts = DataplaneOptions {
         cgroup: dataplane::resolve_cgroup(&config.cgroup)?,
         bpffs: PathBuf::from(&config.bpffs),
@@ -131,7 +132,7 @@ fn default_workers() -> usize {
 
 async fn run_async(
     config: Config,
-    templates: Vec<SpecTemplate>,
+    templates: Vec<ServiceTemplate>,
     dp: SharedDataplane,
     fatal: Fatal,
     launch: admin::Launch,

@@ -7,6 +7,7 @@
 //! everything this daemon created. Names and the version policy for pins of an earlier version:
 //! `proxy_common::abi`.
 
+mod attach;
 mod error;
 mod loader;
 mod maps;
@@ -17,10 +18,11 @@ mod pins;
 mod publish;
 mod runtime;
 mod sizes;
+mod uninstall;
 
 pub use self::{
     error::DataplaneError,
-    loader::{Dataplane, DataplaneOptions, Uninstalled, uninstall},
+    loader::{Dataplane, DataplaneOptions},
     maps::{KERNEL_ONLY, KernelMaps, PairMaps, RuntimeMapSet, ServiceMaps},
     migrate::upgrade as upgrade_v1,
     mounts::{cgroup2_mount, resolve_cgroup},
@@ -31,6 +33,7 @@ pub use self::{
         service_key as publish_key,
     },
     runtime::{OriginalDestinations, PassiveReport, RuntimeMaps, socket_addr as kernel_addr},
+    uninstall::{Uninstalled, uninstall},
 };
 
 /// The kernel programs, built by `build.rs` from the `proxy-ebpf` crate.

@@ -66,3 +66,17 @@ pub async fn run(log: KernelLog) {
         }
     }
 }
+
+/// The reader of the programs' log records (aya-log's ring buffer, taken out of the object), or
+/// none when the level is off.
+pub(crate) fn reader(
+    ebpf: &mut aya::Ebpf,
+    level: proxy_core::config::KernelLogLevel,
+) -> Result<Option<KernelLog>, crate::dataplane::DataplaneError> {
+    if level == proxy_core::config::KernelLogLevel::Off {
+        return Ok(None);
+    }
+    aya_log::EbpfLogger::init_with_logger(ebpf, KernelRecords)
+        .map(Some)
+        .map_err(crate::dataplane::DataplaneError::KernelLog)
+}

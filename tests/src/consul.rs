@@ -255,6 +255,25 @@ impl Consul {
         (response.status, text)
     }
 
+    /// A new ACL token whose one policy has these `rules` (Consul's HCL), created with the
+    /// master token; returns its secret.
+    pub async fn create_token(&self, rules: &str) -> String {
+        let name = format!("policy-{}", crate::kernel::unique("p"));
+        let policy = json!({"Name": name, "Rules": rules}).to_string();
+        let (status, body) = self
+            .call("PUT", "/v1/acl/policy", Some(policy.as_bytes()))
+            .await;
+        assert_eq!(status, 200, "creating policy {name}: {body}");
+        let id = serde_json::from_str::<Value>(&body).expect("policy json")["ID"].clone();
+        let token = json!({"Policies": [{"ID": id}]}).to_string();
+        let (status, body) = self
+            .call("PUT", "/v1/acl/token", Some(token.as_bytes()))
+            .await;
+        assert_eq!(status, 200, "creating a token of {name}: {body}");
+        let secret = serde_json::from_str::<Value>(&body).expect("token json")["SecretID"].clone();
+        secret.as_str().expect("a SecretID").to_owned()
+    }
+
     /// Kills the agent now (by its PID); later calls fail as against a dead agent.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -62,7 +62,7 @@ fn wait_denied(daemon: &Daemon, above: u64) {
 }
 
 /// A Consul with default-deny ACLs: the right token (from a token file) gives the hosts; a
-/// wrong token and no token keep the last hosts, are counted and logged with the reason; the
+/// wrong token, no token and a token whose policy cannot read the service keep the last hosts, are counted and logged with the reason; the
 /// fixed token recovers without a restart. No token shows in the log, `/config_dump` or
 /// `/stats`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -106,10 +106,21 @@ async fn acl_tokens_never_drain_and_never_show() {
     let denied = tokio::task::block_in_place(|| daemon.stat("cluster.web.consul.acl_denied"));
     tokio::task::block_in_place(|| wait_denied(&daemon, denied));
     tokio::task::block_in_place(|| wait(&netns, &cgroup, &[a, b]));
+    // A token Consul knows, whose policy does not reach `web`: Consul answers an empty list.
+    let narrow = consul
+        .create_token(
+            "service \"api\" { policy = \"read\" }\nnode_prefix \"\" { policy = \"read\" }",
+        )
+        .await;
+    std::fs::write(&token_file, &narrow).expect("a token without service:read on web");
+    let denied = tokio::task::block_in_place(|| daemon.stat("cluster.web.consul.acl_denied"));
+    tokio::task::block_in_place(|| wait_denied(&daemon, denied));
+    tokio::task::block_in_place(|| wait(&netns, &cgroup, &[a, b]));
     let log = daemon.log_text();
     for why in [
         "consul does not know the ACL token from consul.token_file",
         "no consul ACL token is set",
+        "may not read service \"web\"",
     ] {
         assert_eq!(log.matches(why).count(), 1, "{why:?} logged once:\n{log}");
     }
@@ -122,7 +133,7 @@ async fn acl_tokens_never_drain_and_never_show() {
     assert!(log.contains("accept the token again"), "{log}");
     for (what, text) in [("log", &log), ("/config_dump", &dump), ("/stats", &stats)] {
         assert!(
-            !text.contains(&master) && !text.contains(&wrong),
+            !text.contains(&master) && !text.contains(&wrong) && !text.contains(&narrow),
             "a token shows in the {what}:\n{text}"
         );
     }

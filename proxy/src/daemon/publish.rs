@@ -2,27 +2,15 @@
 //! kernel entry whenever one changes, the sweep of what a previous run left once every service
 //! was published, and the reaper of retired generations.
 
-use std::{
-    collections::BTreeSet,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
-    time::Duration,
-};
+use std::{collections::BTreeSet, time::Duration};
 
-use proxy_common::service::{
-    SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_PANIC, SERVICE_F_PASSIVE, SERVICE_F_PROXY,
-    SERVICE_F_ROUND_ROBIN, ServiceKey,
-};
-use proxy_core::{
-    chain::{self, ChainPlan},
-    config::{Config, LbPolicy, Service, ServiceMode},
-    health::Routing,
-    lb,
-};
+use proxy_common::service::ServiceKey;
+use proxy_core::{health::Routing, kernel::ServiceTemplate};
 use tokio::sync::watch;
 use tracing::warn;
 
-use super::state::{PublishedTx, SharedDataplane, service_key};
-use crate::dataplane::{self, ServiceSpec};
+use super::state::{PublishedTx, SharedDataplane};
+use crate::dataplane;
 
 /// How long start-up waits for every service's first publish before it removes what a previous
 /// run left behind; a service whose cluster is still resolving is published when it is ready.
@@ -72,7 +60,7 @@ pub(super) struct ClusterInput {
 /// nothing) is better than an empty host set; after `FIRST_PUBLISH_WAIT`, it publishes what
 /// there is.
 pub(super) async fn publish_loop(
-    template: SpecTemplate,
+    template: ServiceTemplate,
     mut inputs: Vec<ClusterInput>,
     mut warm: Vec<watch::Receiver<bool>>,
     dp: SharedDataplane,
@@ -91,7 +79,15 @@ pub(super) async fn publish_loop(
     }
     let mut first = true;
     loop {
-        let spec = template.with(&inputs);
+        let spec = {
+            let routings: Vec<_> = inputs.iter().map(|i| i.routing.borrow().clone()).collect();
+            let clusters: Vec<(&str, &Routing)> = inputs
+                .iter()
+                .zip(&routings)
+                .map(|(i, r)| (i.name.as_str(), r))
+                .collect();
+            template.spec(&clusters)
+        };
         let result = {
             let mut guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             match guard.as_mut() {
@@ -148,123 +144,10 @@ async fn any_changed(inputs: &mut [ClusterInput]) -> bool {
     .await
 }
 
-/// The parts of a service's kernel entry that do not depend on its hosts.
-pub(super) struct SpecTemplate {
-    pub(super) name: String,
-    pub(super) key: ServiceKey,
-    pub(super) flags: u32,
-    /// The chain's plan, for a chain service.
-    pub(super) plan: Option<ChainPlan>,
-    /// Where a refused share of connections is sent: the unspecified address of the service's
-    /// family, port 0, which the kernel's connect refuses (ECONNREFUSED).
-    pub(super) refuse: SocketAddr,
-}
-
-impl SpecTemplate {
-    /// The templates of every service of `config`, in its order.
-    pub(super) fn all(config: &Config) -> Vec<Self> {
-        config
-            .services
-            .iter()
-            .map(|svc| Self::new(svc, config))
-            .collect()
-    }
-
-    fn new(svc: &Service, config: &Config) -> Self {
-        let names = config.service_clusters(svc);
-        let clusters: Vec<_> = names.iter().filter_map(|c| config.cluster(c)).collect();
-        let maglev = clusters.iter().any(|c| c.lb_policy == LbPolicy::Maglev);
-        // Consistent hashing wins over rotation when a chain mixes the two. A proxy-mode
-        // service's kernel entry only redirects: the proxy rotates (`ClusterHandle`).
-        let round_robin = !maglev
-            && svc.mode == ServiceMode::Direct
-            && clusters.iter().any(|c| c.lb_policy == LbPolicy::RoundRobin);
-        // Least request needs sockops to count each backend's connections; the proxy counts its
-        // own for proxy-mode services.
-        let least = !maglev
-            && !round_robin
-            && svc.mode == ServiceMode::Direct
-            && clusters
-                .iter()
-                .any(|c| c.lb_policy == LbPolicy::LeastRequest);
-        // Only outlier detection reads the kernel's passive signal: without it sockops does not
-        // follow the service's connections at all.
-        let passive = clusters.iter().any(|c| c.outlier_detection.is_some());
-        let unspecified = match svc.address {
-            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-        };
-        let mut flags = if maglev { SERVICE_F_MAGLEV } else { 0 };
-        if round_robin {
-            flags |= SERVICE_F_ROUND_ROBIN;
-        }
-        if least {
-            flags |= SERVICE_F_LEAST_REQUEST;
-        }
-        if svc.mode == ServiceMode::Proxy {
-            flags |= SERVICE_F_PROXY;
-        }
-        if passive {
-            flags |= SERVICE_F_PASSIVE;
-        }
-        Self {
-            name: svc.name.clone(),
-            key: service_key(svc),
-            flags,
-            plan: config.chain_plan(svc),
-            refuse: SocketAddr::new(unspecified, 0),
-        }
-    }
-
-    fn with(&self, inputs: &[ClusterInput]) -> ServiceSpec {
-        let routing_of = |name: &str| {
-            inputs
-                .iter()
-                .find(|i| i.name == name)
-                .map(|i| i.routing.borrow().clone())
-        };
-        let mut priorities = match &self.plan {
-            Some(plan) => plan.levels(&routing_of),
-            None => inputs
-                .first()
-                .map(|i| lb::kernel_levels(&i.routing.borrow()))
-                .unwrap_or_default(),
-        };
-        for level in &mut priorities {
-            for (addr, _) in level.iter_mut() {
-                if *addr == chain::REFUSE {
-                    *addr = self.refuse;
-                }
-            }
-        }
-        let panic = inputs.iter().any(|i| i.routing.borrow().in_panic());
-        ServiceSpec {
-            name: self.name.clone(),
-            key: self.key,
-            flags: if panic {
-                self.flags | SERVICE_F_PANIC
-            } else {
-                self.flags
-            },
-            priorities,
-        }
-    }
-}
-
-/// Whether the data path needs sockops: a service whose connections it follows (proxy mode,
-/// or a cluster with outlier detection), or splicing of local socket pairs. Without any, sockops
-/// is not attached and the cgroup's connections pay connect4 alone.
-pub(super) fn needs_sockops(config: &Config, templates: &[SpecTemplate]) -> bool {
-    config.splice
-        || templates
-            .iter()
-            .any(|t| t.flags & (SERVICE_F_PROXY | SERVICE_F_PASSIVE | SERVICE_F_LEAST_REQUEST) != 0)
-}
-
 /// Refuses to start when a direct-mode service asks for ROUND_ROBIN and the kernel refused the
 /// programs that rotate (before 5.12): said at start, not at the service's first publish.
 pub(super) fn check_round_robin(
-    templates: &[SpecTemplate],
+    templates: &[ServiceTemplate],
     dp: &SharedDataplane,
 ) -> anyhow::Result<()> {
     let guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -274,10 +157,7 @@ pub(super) fn check_round_robin(
     if dp.round_robin() {
         return Ok(());
     }
-    match templates
-        .iter()
-        .find(|t| t.flags & SERVICE_F_ROUND_ROBIN != 0)
-    {
+    match templates.iter().find(|t| t.rotates()) {
         Some(t) => Err(dataplane::DataplaneError::NoRoundRobin {
             service: t.name.clone(),
         }
@@ -303,54 +183,7 @@ pub(super) async fn reap(dp: SharedDataplane) {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
     use super::*;
-
-    #[test]
-    fn kernel_flags_follow_the_clusters() {
-        let endpoint = "    load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 1 } } } } ] } ] }\n";
-        let yaml = format!(
-            "clusters:\n  - name: plain\n{endpoint}  - name: watched\n    outlier_detection: {{ consecutive_5xx: 3 }}\n{endpoint}  - name: hashed\n    lb_policy: MAGLEV\n{endpoint}services:\n  - {{ name: a, address: 127.77.0.1, port: 80, cluster: plain }}\n  - {{ name: b, address: 127.77.0.2, port: 80, cluster: watched }}\n  - {{ name: c, address: 127.77.0.3, port: 80, cluster: hashed }}\n  - {{ name: d, address: 127.77.0.4, port: 80, cluster: watched, mode: proxy }}\n"
-        );
-        let config = Config::parse(&yaml, Path::new("t.yaml")).expect("valid config");
-        let flags: Vec<u32> = config
-            .services
-            .iter()
-            .map(|s| SpecTemplate::new(s, &config).flags)
-            .collect();
-        assert_eq!(
-            flags,
-            [
-                0,
-                SERVICE_F_PASSIVE,
-                SERVICE_F_MAGLEV,
-                SERVICE_F_PASSIVE | SERVICE_F_PROXY
-            ]
-        );
-    }
-
-    #[test]
-    fn sockops_is_attached_only_where_something_needs_it() {
-        let endpoint = "    load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 1 } } } } ] } ] }\n";
-        let clusters = format!(
-            "clusters:\n  - name: plain\n{endpoint}  - name: watched\n    outlier_detection: {{ consecutive_5xx: 3 }}\n{endpoint}"
-        );
-        let needs = |extra: &str, services: &str| {
-            let yaml = format!("{extra}{clusters}services:\n{services}");
-            let config = Config::parse(&yaml, Path::new("t.yaml")).expect("valid config");
-            needs_sockops(&config, &SpecTemplate::all(&config))
-        };
-        let plain = "  - { name: a, address: 127.77.0.1, port: 80, cluster: plain }\n";
-        assert!(!needs("", plain), "plain kernel-path services only");
-        assert!(needs("splice: true\n", plain), "splicing");
-        let watched = "  - { name: b, address: 127.77.0.2, port: 80, cluster: watched }\n";
-        assert!(needs("", &format!("{plain}{watched}")), "outlier detection");
-        let proxied =
-            "  - { name: c, address: 127.77.0.3, port: 80, cluster: plain, mode: proxy }\n";
-        let listener = "proxy: { listeners: [\"127.0.0.1:15001\"] }\n";
-        assert!(needs(listener, &format!("{plain}{proxied}")), "proxy mode");
-    }
 
     #[tokio::test]
     async fn any_changed_wakes_on_any_input_and_ends_with_them() {

@@ -16,6 +16,7 @@ use proxy_core::{
         xds::{XdsClients, resources::FileNames},
     },
     health::HealthCheckManager,
+    kernel::{ServiceTemplate, needs_sockops},
     upstream::Upstream,
 };
 use tokio::{sync::watch, task::JoinHandle};
@@ -23,10 +24,7 @@ use tracing::info;
 
 use super::{
     proxy_path,
-    publish::{
-        ClusterInput, SpecTemplate, check_round_robin, needs_sockops, publish_loop,
-        sweep_after_first_publish,
-    },
+    publish::{ClusterInput, check_round_robin, publish_loop, sweep_after_first_publish},
     reload,
     state::{Live, PublishedTx, SharedDataplane, service_key},
 };
@@ -82,7 +80,7 @@ impl Running {
 
     /// Starts the publisher of `svc` (its kernel entry is rewritten whenever a cluster it reads
     /// changes).
-    pub(super) fn spawn_publisher(&mut self, svc: &Service, spec: SpecTemplate, ctx: &Context) {
+    pub(super) fn spawn_publisher(&mut self, svc: &Service, spec: ServiceTemplate, ctx: &Context) {
         let clusters = self.config.service_clusters(svc);
         // Both paths wait for the clusters behind the service before its first publish: the
         // kernel's levels are built from them, and a proxy-mode service's redirect sends
@@ -167,7 +165,7 @@ impl Running {
     /// Applies the difference from the configuration in force to `new` (composed and
     /// validated). Nothing changes unless all of it can be applied.
     async fn apply(&mut self, new: Config, ctx: &Context) -> Result<String, ReloadRefused> {
-        let templates = SpecTemplate::all(&new);
+        let templates = ServiceTemplate::all(&new);
         let plan = reload::plan(
             &self.config,
             &new,

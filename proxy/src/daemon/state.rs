@@ -7,14 +7,14 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use proxy_common::service::{PROTO_TCP, PROTO_UDP, ServiceKey};
+use proxy_common::service::ServiceKey;
 use proxy_core::{
-    config::{Config, Protocol, Service},
+    config::{Config, Service},
     upstream::Upstream,
 };
 use tokio::sync::watch;
 
-use crate::dataplane::{self, Dataplane};
+use crate::dataplane::Dataplane;
 
 /// The data path, shared by the publishers and the admin interface; `None` after shutdown.
 pub type SharedDataplane = Arc<Mutex<Option<Dataplane>>>;
@@ -104,14 +104,7 @@ pub(super) fn abandon(dp: &SharedDataplane) {
     }
 }
 
-/// The kernel's key of a service.
-pub fn service_key(svc: &Service) -> ServiceKey {
-    let proto = match svc.protocol {
-        Protocol::Tcp => PROTO_TCP,
-        Protocol::Udp => PROTO_UDP,
-    };
-    dataplane::publish_key(svc.address, svc.port, proto)
-}
+pub use proxy_core::kernel::service_key;
 
 /// A service's address as `ip:port`, for tables.
 pub fn service_addr(svc: &Service) -> SocketAddr {

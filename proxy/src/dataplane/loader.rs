@@ -8,10 +8,7 @@ use std::{
 
 use aya::{
     Ebpf,
-    programs::{
-        CgroupAttachMode, Program,
-        links::{FdLink, PinnedLink},
-    },
+    programs::{Program, links::PinnedLink},
 };
 use proxy_common::abi::{self, maps, pins, programs};
 use proxy_core::config::{KernelLogLevel, MapSizes};
@@ -19,7 +16,8 @@ use tracing::{debug, info, warn};
 
 use super::{
     DataplaneError, EBPF_OBJECT,
-    maps::{self as kernel_maps, KernelMaps},
+    attach::{attach, attach_pair, attach_splice, load},
+    maps::KernelMaps,
     mounts,
     pair::PairSplicer,
     pins::{self as pin_files, RetiredPins},
@@ -96,7 +94,7 @@ impl Dataplane {
         if let Err(err) = crate::sys::raise_memlock_rlimit() {
             debug!(%err, "could not raise RLIMIT_MEMLOCK (only matters before kernel 5.11)");
         }
-        let mounted = ensure_bpffs(&opts.bpffs)?;
+        let mounted = mounts::ensure_bpffs(&opts.bpffs)?;
         let pin_dir = opts.bpffs.join(&opts.instance);
         let created_pin_dir = !pin_dir.exists();
         fs::create_dir_all(&pin_dir).map_err(|source| DataplaneError::Io {
@@ -104,7 +102,7 @@ impl Dataplane {
             path: pin_dir.clone(),
             source,
         })?;
-        let lock = match lock_instance(&pin_dir, &opts.instance) {
+        let lock = match pin_files::lock_instance(&pin_dir, &opts.instance) {
             Ok(lock) => lock,
             Err(err) => {
                 if created_pin_dir {
@@ -183,7 +181,7 @@ impl Dataplane {
         // served until the first publish.
         super::migrate::service_maps_v1(&mut ebpf, pin_dir);
         // Before anything is attached, so that a failure leaves nothing behind.
-        let kernel_log = kernel_log_reader(&mut ebpf, opts.kernel_log)?;
+        let kernel_log = crate::kernel_log::reader(&mut ebpf, opts.kernel_log)?;
         let cgroup_fd = fs::File::open(&opts.cgroup).map_err(|source| DataplaneError::Io {
             what: "opening the cgroup",
             path: opts.cgroup.clone(),
@@ -473,145 +471,6 @@ impl Dataplane {
     }
 }
 
-/// What [`uninstall`] removed.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Uninstalled {
-    /// Links unpinned, which detached their programs.
-    pub links: usize,
-    /// The cgroup the instance had created, if it was removed.
-    pub cgroup: Option<PathBuf>,
-    /// The bpffs a run of the instance had mounted, if it was unmounted (nothing else was
-    /// pinned in it).
-    pub bpffs: Option<PathBuf>,
-}
-
-/// Removes an instance whose daemon is stopped: unpins its links (detaching its programs from
-/// the cgroup), removes its pins of this and earlier versions (maps go once nothing holds
-/// them, the sk_msg attachment with its sockhash), its directory, and the cgroup a run of it
-/// created. Refused with [`DataplaneError::InstanceBusy`] while a daemon runs. `None` when
-/// there is nothing pinned for the instance.
-pub fn uninstall(bpffs: &Path, instance: &str) -> Result<Option<Uninstalled>, DataplaneError> {
-    let pin_dir = bpffs.join(instance);
-    if !pin_dir.is_dir() {
-        return Ok(None);
-    }
-    let lock = lock_instance(&pin_dir, instance)?;
-    let mut done = Uninstalled::default();
-    // connect4 last: until then a connect still finds its service.
-    for (_, link) in pins::LINKS.iter().rev() {
-        if pin_files::unpin_link(&pin_dir.join(link)) {
-            done.links += 1;
-        }
-    }
-    let owned = pin_files::owned_cgroup(&pin_dir);
-    let mounted = pin_files::owned_bpffs(&pin_dir);
-    pin_files::remove_ours(&pin_dir);
-    // The lock's descriptor is in the mount: it would keep it busy.
-    drop(lock);
-    if mounted.as_deref() == Some(bpffs) {
-        done.bpffs = unmount_if_empty(bpffs);
-    }
-    if let Some(cgroup) = owned {
-        match remove_cgroup(&cgroup) {
-            Ok(()) => done.cgroup = Some(cgroup),
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-            Err(err) => {
-                warn!(cgroup = %cgroup.display(), %err, "the instance's cgroup is not removed (processes still in it?)");
-            }
-        }
-    }
-    info!(instance, links = done.links, "uninstalled");
-    Ok(Some(done))
-}
-
-/// Unmounts the bpffs at `bpffs`, which this instance mounted, when nothing is left in it but
-/// what the kernel puts in every mount (no other instance, no other program's pins);
-/// `Some(bpffs)` when it did.
-fn unmount_if_empty(bpffs: &Path) -> Option<PathBuf> {
-    // What the kernel puts in every new bpffs mount (its preloaded iterators, 5.10+).
-    const KERNEL_ENTRIES: [&str; 2] = ["maps.debug", "progs.debug"];
-    let left: Vec<String> = fs::read_dir(bpffs)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|name| !KERNEL_ENTRIES.contains(&name.as_str()))
-        .collect();
-    if !left.is_empty() {
-        info!(bpffs = %bpffs.display(), ?left, "the bpffs this instance mounted stays mounted: other pins are in it");
-        return None;
-    }
-    match crate::sys::unmount(bpffs) {
-        Ok(()) => {
-            info!(bpffs = %bpffs.display(), "unmounted the bpffs this instance had mounted");
-            Some(bpffs.to_owned())
-        }
-        Err(err) => {
-            warn!(bpffs = %bpffs.display(), %err, "the bpffs this instance mounted could not be unmounted");
-            None
-        }
-    }
-}
-
-/// Removes an empty cgroup. Processes that just left may still be counted for a moment
-/// (`EBUSY`): it is tried again for up to a second.
-fn remove_cgroup(cgroup: &Path) -> std::io::Result<()> {
-    let mut tries = 50;
-    loop {
-        match fs::remove_dir(cgroup) {
-            Err(err) if err.raw_os_error() == Some(libc::EBUSY) && tries > 0 => {
-                tries -= 1;
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            result => return result,
-        }
-    }
-}
-
-/// Takes the instance's lock: an exclusive `flock` on its pin directory, which the kernel
-/// releases when the process ends however it ends. A second daemon on the same instance would
-/// adopt the first one's pins and links, and the first's stop would then delete them under it.
-/// The directory is also made 0700: its pins are the data path's maps and links.
-fn lock_instance(pin_dir: &Path, instance: &str) -> Result<fs::File, DataplaneError> {
-    use std::os::unix::fs::PermissionsExt;
-    let io = |what, source| DataplaneError::Io {
-        what,
-        path: pin_dir.to_owned(),
-        source,
-    };
-    fs::set_permissions(pin_dir, fs::Permissions::from_mode(0o700))
-        .map_err(|e| io("making the pin directory private (0700)", e))?;
-    let dir = fs::File::open(pin_dir).map_err(|e| io("opening the pin directory", e))?;
-    match dir.try_lock() {
-        Ok(()) => Ok(dir),
-        Err(fs::TryLockError::WouldBlock) => Err(DataplaneError::InstanceBusy {
-            instance: instance.to_owned(),
-            path: pin_dir.to_owned(),
-        }),
-        Err(fs::TryLockError::Error(e)) => Err(io("locking the pin directory", e)),
-    }
-}
-
-/// Mounts a bpffs at `bpffs` unless one is there; whether it mounted one.
-fn ensure_bpffs(bpffs: &Path) -> Result<bool, DataplaneError> {
-    if mounts::is_bpffs(bpffs) {
-        return Ok(false);
-    }
-    mounts::may_mount_bpffs(bpffs)?;
-    fs::create_dir_all(bpffs).map_err(|source| DataplaneError::Io {
-        what: "creating the bpffs mount point",
-        path: bpffs.to_owned(),
-        source,
-    })?;
-    crate::sys::mount_bpffs(bpffs).map_err(|source| DataplaneError::Io {
-        what: "mounting bpffs at",
-        path: bpffs.to_owned(),
-        source,
-    })?;
-    info!(path = %bpffs.display(), "mounted bpffs");
-    Ok(true)
-}
-
 /// What the kernel offers beyond the programs' minimum, as the bits of
 /// `abi::features::GLOBAL`. A probe that fails counts as the feature missing: the programs then
 /// keep the behaviour every supported kernel has.
@@ -631,100 +490,4 @@ fn kernel_features() -> u32 {
         }
     }
     bits
-}
-
-/// The reader of the programs' log records (aya-log's ring buffer, taken out of the object), or
-/// none when the level is off.
-fn kernel_log_reader(
-    ebpf: &mut Ebpf,
-    level: KernelLogLevel,
-) -> Result<Option<crate::kernel_log::KernelLog>, DataplaneError> {
-    if level == KernelLogLevel::Off {
-        return Ok(None);
-    }
-    aya_log::EbpfLogger::init_with_logger(ebpf, crate::kernel_log::KernelRecords)
-        .map(Some)
-        .map_err(DataplaneError::KernelLog)
-}
-
-/// Loads one program (not yet loaded) of the object.
-fn load(ebpf: &mut Ebpf, name: &'static str) -> Result<(), DataplaneError> {
-    let err = |source| DataplaneError::Program { name, source };
-    match ebpf.program_mut(name) {
-        Some(Program::CgroupSockAddr(program)) => program.load().map_err(err),
-        _ => Err(err(aya::programs::ProgramError::NotLoaded)),
-    }
-}
-
-fn attach(
-    ebpf: &mut Ebpf,
-    name: &'static str,
-    cgroup: &fs::File,
-) -> Result<FdLink, DataplaneError> {
-    let err = |source| DataplaneError::Program { name, source };
-    // Through bpf_link (5.7+) the kernel takes no attach flags and always allows several
-    // programs per hook, which lets a new daemon attach next to the one it replaces.
-    let link = match ebpf.program_mut(name) {
-        Some(Program::CgroupSockAddr(program)) => {
-            if program.fd().is_err() {
-                program.load().map_err(err)?;
-            }
-            let id = program
-                .attach(cgroup, CgroupAttachMode::Single)
-                .map_err(err)?;
-            FdLink::try_from(program.take_link(id).map_err(err)?)
-        }
-        Some(Program::SockOps(program)) => {
-            program.load().map_err(err)?;
-            let id = program
-                .attach(cgroup, CgroupAttachMode::Single)
-                .map_err(err)?;
-            FdLink::try_from(program.take_link(id).map_err(err)?)
-        }
-        _ => return Err(err(aya::programs::ProgramError::NotLoaded)),
-    };
-    link.map_err(|_| DataplaneError::NoBpfLink { name })
-}
-
-/// Attaches sk_msg to the sockhash (replacing the program a previous run attached: existing
-/// sockets keep the program they were inserted with) and pins the program.
-fn attach_splice(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<(), DataplaneError> {
-    let name = programs::SPLICE;
-    let err = |source| DataplaneError::Program { name, source };
-    // Borrowed, not taken: the programs loaded after this one refer to the map by its fd.
-    let map_fd = kernel_maps::sockhash_fd(ebpf, maps::SPLICE, pin_dir)?;
-    let Some(Program::SkMsg(program)) = ebpf.program_mut(name) else {
-        return Err(err(aya::programs::ProgramError::NotLoaded));
-    };
-    program.load().map_err(err)?;
-    program.attach(&map_fd).map_err(err)?;
-    let path = pin_dir.join(pins::PROG_SPLICE);
-    if path.exists() {
-        let _ = fs::remove_file(&path);
-    }
-    program
-        .pin(&path)
-        .map_err(|source| DataplaneError::PinProgram { name, path, source })
-}
-
-/// Attaches the pair stream verdict program to `maps::PAIR_SOCKS` and pins it; on error nothing
-/// of it stays attached or pinned.
-fn attach_pair(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<(), DataplaneError> {
-    let name = programs::PAIR;
-    let err = |source| DataplaneError::Program { name, source };
-    let map_fd = kernel_maps::sockhash_fd(ebpf, maps::PAIR_SOCKS, pin_dir)?;
-    let Some(Program::SkSkb(program)) = ebpf.program_mut(name) else {
-        return Err(err(aya::programs::ProgramError::NotLoaded));
-    };
-    program.load().map_err(err)?;
-    let id = program.attach(&map_fd).map_err(err)?;
-    let path = pin_dir.join(pins::PROG_PAIR);
-    if path.exists() {
-        let _ = fs::remove_file(&path);
-    }
-    if let Err(source) = program.pin(&path) {
-        let _ = program.detach(id);
-        return Err(DataplaneError::PinProgram { name, path, source });
-    }
-    Ok(())
 }

@@ -1,6 +1,11 @@
 //! Finding the cgroup v2 and bpffs mounts.
 
-use std::path::{Path, PathBuf};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use tracing::info;
 
 use super::DataplaneError;
 
@@ -101,6 +106,26 @@ pub fn may_mount_bpffs(dir: &Path) -> Result<(), DataplaneError> {
 /// Whether a BPF filesystem is mounted at `dir`.
 pub fn is_bpffs(dir: &Path) -> bool {
     mounts_of("bpf").iter().any(|m| m == dir)
+}
+
+/// Mounts a bpffs at `bpffs` unless one is there; whether it mounted one.
+pub(super) fn ensure_bpffs(bpffs: &Path) -> Result<bool, DataplaneError> {
+    if is_bpffs(bpffs) {
+        return Ok(false);
+    }
+    may_mount_bpffs(bpffs)?;
+    fs::create_dir_all(bpffs).map_err(|source| DataplaneError::Io {
+        what: "creating the bpffs mount point",
+        path: bpffs.to_owned(),
+        source,
+    })?;
+    crate::sys::mount_bpffs(bpffs).map_err(|source| DataplaneError::Io {
+        what: "mounting bpffs at",
+        path: bpffs.to_owned(),
+        source,
+    })?;
+    info!(path = %bpffs.display(), "mounted bpffs");
+    Ok(true)
 }
 
 #[cfg(test)]

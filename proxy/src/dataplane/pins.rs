@@ -11,6 +11,8 @@ use aya::programs::links::PinnedLink;
 use proxy_common::abi::{self, PinKind, pins};
 use tracing::{info, warn};
 
+use super::DataplaneError;
+
 /// What [`remove_retired`] found besides this version's pins.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RetiredPins {
@@ -133,6 +135,30 @@ fn names(dir: &Path) -> Vec<String> {
         .collect();
     names.sort();
     names
+}
+
+/// Takes the instance's lock: an exclusive `flock` on its pin directory, which the kernel
+/// releases when the process ends however it ends. A second daemon on the same instance would
+/// adopt the first one's pins and links, and the first's stop would then delete them under it.
+/// The directory is also made 0700: its pins are the data path's maps and links.
+pub(super) fn lock_instance(pin_dir: &Path, instance: &str) -> Result<fs::File, DataplaneError> {
+    use std::os::unix::fs::PermissionsExt;
+    let io = |what, source| DataplaneError::Io {
+        what,
+        path: pin_dir.to_owned(),
+        source,
+    };
+    fs::set_permissions(pin_dir, fs::Permissions::from_mode(0o700))
+        .map_err(|e| io("making the pin directory private (0700)", e))?;
+    let dir = fs::File::open(pin_dir).map_err(|e| io("opening the pin directory", e))?;
+    match dir.try_lock() {
+        Ok(()) => Ok(dir),
+        Err(fs::TryLockError::WouldBlock) => Err(DataplaneError::InstanceBusy {
+            instance: instance.to_owned(),
+            path: pin_dir.to_owned(),
+        }),
+        Err(fs::TryLockError::Error(e)) => Err(io("locking the pin directory", e)),
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 //! first level empties).
 
 mod stale;
+mod write;
 
 use std::{
     collections::{BTreeMap, HashMap as StdHashMap, HashSet, VecDeque},
@@ -27,18 +28,15 @@ use proxy_common::{
     abi::maps,
     counters::ServiceCounts,
     service::{
-        Backend, FAMILY_V4, FAMILY_V6, MAX_PRIORITIES, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV,
-        SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, SLOTS,
-        Service, ServiceKey, SlotTable, SlotTableKey,
+        Backend, MAX_PRIORITIES, SERVICE_F_LEAST_REQUEST, SERVICE_F_PASSIVE, SERVICE_F_PROXY,
+        SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, Service, ServiceKey, SlotTable, SlotTableKey,
     },
 };
-use proxy_core::lb::{self, SlotHost};
 use tracing::{debug, info};
 
 pub use self::stale::PublishState;
 use self::stale::StaleSets;
 use super::{DataplaneError, maps::ServiceMaps};
-use crate::sys::map_batch;
 
 /// Service flags whose connections sockops follows.
 const FOLLOWED: u32 = SERVICE_F_PROXY | SERVICE_F_PASSIVE | SERVICE_F_LEAST_REQUEST;
@@ -47,18 +45,9 @@ const FOLLOWED: u32 = SERVICE_F_PROXY | SERVICE_F_PASSIVE | SERVICE_F_LEAST_REQU
 /// unknown, so retiring it tries all of them.
 const ALL_TABLES: u8 = (1 << MAX_PRIORITIES) - 1;
 
-/// What a service should look like in the kernel.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServiceSpec {
-    /// Name, for errors and logs.
-    pub name: String,
-    /// The service address.
-    pub key: ServiceKey,
-    /// `SERVICE_F_*` flags.
-    pub flags: u32,
-    /// Routable hosts with weights, by failover priority (index 0 = highest).
-    pub priorities: Vec<Vec<(SocketAddr, u32)>>,
-}
+/// What a service should look like in the kernel: computed by `proxy_core::kernel`, written
+/// here.
+pub use proxy_core::kernel::ServiceSpec;
 
 /// Whether a publish changed the kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -433,186 +422,6 @@ impl Publisher {
         Ok(())
     }
 
-    /// Writes what `spec`'s layout needs before the switch: nothing for no host, the host into
-    /// `service` for one, backends and a slot table for more. A failure undoes what it wrote.
-    fn write_layout(
-        &mut self,
-        spec: &ServiceSpec,
-        service: &mut Service,
-    ) -> Result<Written, DataplaneError> {
-        let mut written = Written::default();
-        match layout(spec) {
-            Layout::Empty => {}
-            Layout::Single(addr) => {
-                service.flags |= SERVICE_F_SINGLE;
-                service.backend = backend_of(addr);
-            }
-            Layout::Table { priority, hosts } => {
-                let result =
-                    self.write_table(spec, service, priority, hosts, &mut written.new_backends);
-                match result {
-                    Ok(ids) => (written.tables, written.referenced) = (1 << priority, ids),
-                    Err(err) => {
-                        self.undo(service, 1 << priority, &written.new_backends);
-                        return Err(err);
-                    }
-                }
-            }
-        }
-        Ok(written)
-    }
-
-    /// Writes the backends and the slot table of `service.generation` at `priority`. Returns the
-    /// backend ids the table references (one reference each, counted); `new_backends` collects
-    /// ids allocated by this call.
-    fn write_table(
-        &mut self,
-        spec: &ServiceSpec,
-        service: &Service,
-        priority: u32,
-        hosts: &[(SocketAddr, u32)],
-        new_backends: &mut Vec<u32>,
-    ) -> Result<Vec<u32>, DataplaneError> {
-        let slot_hosts: Vec<SlotHost> = hosts
-            .iter()
-            .map(|&(addr, weight)| SlotHost {
-                id: self.backend_id(addr, new_backends),
-                addr,
-                weight: weight.max(1),
-            })
-            .collect();
-        self.insert_backends(new_backends)
-            .map_err(|e| publish_err(spec, maps::BACKENDS, e))?;
-        let slots = if spec.flags & SERVICE_F_MAGLEV != 0 {
-            lb::maglev_table(&slot_hosts, SLOTS)
-        } else if spec.flags & SERVICE_F_ROUND_ROBIN != 0 {
-            lb::round_robin_table(&slot_hosts, SLOTS)
-        } else {
-            lb::random_table(&slot_hosts, SLOTS)
-        };
-        let mut table = SlotTable {
-            len: slots.len() as u32,
-            ..SlotTable::default()
-        };
-        table.slots[..slots.len()].copy_from_slice(&slots);
-        let key = SlotTableKey {
-            service_id: service.id,
-            generation: service.generation,
-            priority,
-        };
-        self.slots
-            .insert(key, table, 0)
-            .map_err(|e| publish_err(spec, maps::SLOTS, e))?;
-        // Count references only once everything is written, so `undo` has nothing to uncount.
-        let referenced: Vec<u32> = slot_hosts.iter().map(|h| h.id).collect();
-        for id in &referenced {
-            if let Some((_, refs)) = self.backend_refs.get_mut(id) {
-                *refs += 1;
-            }
-        }
-        Ok(referenced)
-    }
-
-    /// The id of the backend at `addr`; a new one is allocated (and pushed to `new_backends`)
-    /// but not written: [`Publisher::insert_backends`] does that.
-    fn backend_id(&mut self, addr: SocketAddr, new_backends: &mut Vec<u32>) -> u32 {
-        let backend = backend_of(addr);
-        if let Some(id) = self.backend_ids.get(&backend) {
-            return *id;
-        }
-        let id = self.next_backend_id;
-        self.next_backend_id = self.next_backend_id.wrapping_add(1).max(1);
-        self.backend_ids.insert(backend, id);
-        self.backend_refs.insert(id, (backend, 0));
-        new_backends.push(id);
-        id
-    }
-
-    /// Writes the backends `ids` (allocated by [`Publisher::backend_id`]): one batched update,
-    /// or one update each if the batch fails (which also names the error precisely).
-    fn insert_backends(&mut self, ids: &[u32]) -> Result<(), MapError> {
-        let (keys, values): (Vec<u32>, Vec<Backend>) = ids
-            .iter()
-            .filter_map(|id| {
-                self.backend_refs
-                    .get(id)
-                    .map(|(backend, _)| (*id, *backend))
-            })
-            .unzip();
-        if keys.len() > 1 && map_batch::update(&mut self.backends, &keys, &values).is_ok() {
-            return Ok(());
-        }
-        for (id, backend) in keys.iter().zip(&values) {
-            self.backends.insert(id, backend, 0)?;
-        }
-        Ok(())
-    }
-
-    /// Deletes backends known to be in the map: one batched delete, or one delete each if the
-    /// batch fails.
-    fn delete_backends(&mut self, ids: &[u32]) {
-        if ids.len() > 1 && map_batch::delete(&mut self.backends, ids).is_ok() {
-            return;
-        }
-        for id in ids {
-            let _ = self.backends.remove(id);
-        }
-    }
-
-    /// Drops the references `write_table` counted, for a publish that failed after it.
-    fn uncount(&mut self, referenced: &[u32]) {
-        for id in referenced {
-            if let Some((_, refs)) = self.backend_refs.get_mut(id) {
-                *refs = refs.saturating_sub(1);
-            }
-        }
-    }
-
-    /// Removes what a failed publish wrote (tables at the priorities in `tables`, backends
-    /// `new_backends`); the old generation was never switched away from.
-    fn undo(&mut self, service: &Service, tables: u8, new_backends: &[u32]) {
-        // A new service's id goes back to the pool (rare path: a linear scan is fine).
-        if !self.live.values().any(|l| l.service.id == service.id) {
-            self.service_ids.remove(&service.id);
-        }
-        self.delete_tables(service, tables);
-        for id in new_backends {
-            let _ = self.backends.remove(id);
-            if let Some((backend, _)) = self.backend_refs.remove(id) {
-                self.backend_ids.remove(&backend);
-            }
-        }
-    }
-
-    /// Frees a generation nobody reads any more: its tables now; backends no table references
-    /// any more go to `dead_backends`, to be deleted once every retired table is gone.
-    fn retire(&mut self, old: &Live, dead_backends: &mut Vec<u32>) {
-        self.delete_tables(&old.service, old.tables);
-        for id in &old.backends {
-            let Some((backend, refs)) = self.backend_refs.get_mut(id) else {
-                continue;
-            };
-            *refs = refs.saturating_sub(1);
-            if *refs == 0 {
-                let backend = *backend;
-                self.backend_refs.remove(id);
-                self.backend_ids.remove(&backend);
-                dead_backends.push(*id);
-            }
-        }
-    }
-
-    /// Deletes the slot tables of `service`'s generation at the priorities set in `tables`.
-    fn delete_tables(&mut self, service: &Service, tables: u8) {
-        for priority in (0..MAX_PRIORITIES).filter(|p| tables & (1 << p) != 0) {
-            let _ = self.slots.remove(&SlotTableKey {
-                service_id: service.id,
-                generation: service.generation,
-                priority,
-            });
-        }
-    }
-
     fn allocate_service_id(&mut self) -> u32 {
         loop {
             let id = self.next_service_id;
@@ -637,7 +446,7 @@ fn publish_err(spec: &ServiceSpec, map: &'static str, source: MapError) -> Datap
 
 /// The kernel's view of a socket address: network byte order, IPv4 in the first word.
 pub fn backend_of(addr: SocketAddr) -> Backend {
-    let (addr_words, family) = ip_words(addr.ip());
+    let (addr_words, family) = proxy_common::service::ip_words(addr.ip());
     Backend {
         addr: addr_words,
         port: addr.port().to_be(),
@@ -648,106 +457,8 @@ pub fn backend_of(addr: SocketAddr) -> Backend {
 
 /// A service key for `ip:port` over `proto`.
 pub fn service_key(ip: IpAddr, port: u16, proto: u8) -> ServiceKey {
-    let (addr, family) = ip_words(ip);
-    ServiceKey {
-        addr,
-        port: port.to_be(),
-        proto,
-        family,
-    }
-}
-
-/// Address words as the kernel stores them: each u32 holds 4 bytes in network order.
-fn ip_words(ip: IpAddr) -> ([u32; 4], u8) {
-    match ip {
-        IpAddr::V4(v4) => ([u32::from_ne_bytes(v4.octets()), 0, 0, 0], FAMILY_V4),
-        IpAddr::V6(v6) => {
-            let o = v6.octets();
-            let word = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
-            ([word(0), word(4), word(8), word(12)], FAMILY_V6)
-        }
-    }
+    ServiceKey::new(ip, port, proto)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_are_in_network_order() {
-        let key = service_key("127.77.0.1".parse().unwrap(), 80, 6);
-        assert_eq!(key.addr[0].to_ne_bytes(), [127, 77, 0, 1]);
-        assert_eq!(key.port.to_ne_bytes(), [0, 80]);
-        assert_eq!(key.family, FAMILY_V4);
-        let b = backend_of("[::1]:8080".parse().unwrap());
-        assert_eq!(b.addr[3].to_ne_bytes(), [0, 0, 0, 1]);
-        assert_eq!(b.family, FAMILY_V6);
-    }
-
-    fn spec_of(priorities: Vec<Vec<(SocketAddr, u32)>>) -> ServiceSpec {
-        ServiceSpec {
-            name: "svc".into(),
-            key: service_key("127.77.0.1".parse().unwrap(), 80, 6),
-            flags: SERVICE_F_MAGLEV,
-            priorities,
-        }
-    }
-
-    fn host(i: u8, weight: u32) -> (SocketAddr, u32) {
-        (SocketAddr::from(([127, 0, 0, i], 8000)), weight)
-    }
-
-    #[test]
-    fn no_routable_host_is_the_empty_layout() {
-        assert_eq!(layout(&spec_of(vec![])), Layout::Empty);
-        assert_eq!(layout(&spec_of(vec![vec![], vec![]])), Layout::Empty);
-    }
-
-    #[test]
-    fn one_host_in_the_first_level_with_hosts_is_single_whatever_its_weight_or_lower_levels() {
-        assert_eq!(
-            layout(&spec_of(vec![vec![host(1, 7)]])),
-            Layout::Single(host(1, 7).0)
-        );
-        let failover = spec_of(vec![vec![], vec![host(2, 1)], vec![host(3, 1), host(4, 1)]]);
-        assert_eq!(layout(&failover), Layout::Single(host(2, 1).0));
-        let standby = spec_of(vec![vec![host(5, 100)], vec![host(6, 1), host(7, 1)]]);
-        assert_eq!(layout(&standby), Layout::Single(host(5, 1).0));
-    }
-
-    #[test]
-    fn two_or_more_hosts_get_a_table_at_their_own_priority() {
-        let hosts = vec![host(1, 1), host(2, 3)];
-        let top = spec_of(vec![hosts.clone(), vec![host(9, 1)]]);
-        assert_eq!(
-            layout(&top),
-            Layout::Table {
-                priority: 0,
-                hosts: &hosts
-            }
-        );
-        let lower = spec_of(vec![vec![], vec![], hosts.clone()]);
-        assert_eq!(
-            layout(&lower),
-            Layout::Table {
-                priority: 2,
-                hosts: &hosts
-            }
-        );
-        // The same address twice is still a table (the weights add up in its slots).
-        let twice = vec![host(1, 1), host(1, 1)];
-        let dup = spec_of(vec![twice.clone()]);
-        assert_eq!(
-            layout(&dup),
-            Layout::Table {
-                priority: 0,
-                hosts: &twice
-            }
-        );
-    }
-
-    #[test]
-    fn every_priority_fits_the_table_bitmask() {
-        assert_eq!(ALL_TABLES.count_ones(), MAX_PRIORITIES);
-    }
-}
+mod tests;

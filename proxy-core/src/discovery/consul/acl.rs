@@ -5,8 +5,11 @@
 //! an empty list when no token is sent (the anonymous token may read nothing), and with 403
 //! "ACL not found" for a token it does not know; nothing in the 200 says that ACLs filtered it.
 //! So every empty answer is checked with `GET /v1/acl/token/self` and the same token:
-//! * 200: Consul knows the token; the empty answer is trusted (a token that is valid but lacks
-//!   `service:read` cannot be told apart in 1.8.7 and drains, as it would for Consul's clients);
+//! * 200: Consul knows the token; then `POST /v1/internal/acl/authorize` (Consul 1.8 and later,
+//!   what its UI asks) says whether the token may read the service: allowed, the empty answer is
+//!   trusted; not allowed, [`AclDenial::NoServiceRead`] and the hosts are kept (the token is
+//!   valid but its policy does not reach this service); a 404 (a Consul without the endpoint)
+//!   trusts the empty answer, as before it;
 //! * 401 "ACL support disabled": no ACLs; the empty answer is trusted;
 //! * 403: the token is refused (or none was sent): [`AclDenial`], the hosts are kept;
 //! * anything else: a failed query, the hosts are kept.
@@ -42,6 +45,18 @@ pub enum AclDenial {
         /// Where the token came from.
         origin: TokenOrigin,
     },
+    /// The token is known but its policy does not let it read the service: Consul empties the
+    /// answer instead of refusing it.
+    #[error(
+        "the consul ACL token from {origin} may not read service {service:?} (its policy needs \
+         service:read on it, and node:read on its nodes)"
+    )]
+    NoServiceRead {
+        /// Where the token came from.
+        origin: TokenOrigin,
+        /// The service.
+        service: String,
+    },
     /// The token is known but not allowed (403 "Permission denied" or another 403).
     #[error(
         "consul refused the ACL token from {origin} (403: it needs service:read and node:read \
@@ -52,6 +67,9 @@ pub enum AclDenial {
         origin: TokenOrigin,
     },
 }
+
+/// The endpoint that says what a token may do (a list of resource, segment and access).
+pub(crate) const AUTHORIZE: &str = "/v1/internal/acl/authorize";
 
 /// The denial a 403 with `body` means for `token`.
 pub(crate) fn denial(body: &[u8], token: &SentToken) -> AclDenial {
@@ -66,20 +84,69 @@ pub(crate) fn denial(body: &[u8], token: &SentToken) -> AclDenial {
     }
 }
 
-/// Checks, after an empty answer, whether Consul knows `token` (see the module docs); `Ok` when
+/// Checks, after an empty answer for `service` (in `datacenter`, the agent's own when `None`),
+/// whether Consul knows `token` and lets it read the service (see the module docs); `Ok` when
 /// the empty answer is to be trusted.
 pub(crate) async fn check_empty(
     fetch: &dyn CatalogFetch,
     token: &SentToken,
+    service: &str,
+    datacenter: Option<&str>,
     timeout: Duration,
 ) -> Result<(), QueryError> {
     let sent = token.as_ref().map(|(token, _)| token);
     let response = fetch.get(TOKEN_SELF, sent, timeout).await?;
     let disabled = || String::from_utf8_lossy(&response.body).contains("ACL support disabled");
     match response.status {
-        200 => Ok(()),
+        200 => may_read(fetch, token, service, datacenter, timeout).await,
         401 if disabled() => Ok(()),
         403 => Err(denial(&response.body, token).into()),
         status => Err(QueryError::AclCheck { status }),
+    }
+}
+
+/// One answer of the authorize endpoint.
+#[derive(serde::Deserialize)]
+struct Authorization {
+    #[serde(rename = "Allow")]
+    allow: bool,
+}
+
+/// Whether Consul lets the known `token` read `service`.
+async fn may_read(
+    fetch: &dyn CatalogFetch,
+    token: &SentToken,
+    service: &str,
+    datacenter: Option<&str>,
+    timeout: Duration,
+) -> Result<(), QueryError> {
+    let Some((sent, origin)) = token else {
+        // A known token was sent: `token` holds it. Nothing to ask otherwise.
+        return Ok(());
+    };
+    let ask = serde_json::json!([{"Resource": "service", "Segment": service, "Access": "read"}]);
+    let target = match datacenter {
+        Some(dc) => format!("{AUTHORIZE}?dc={}", super::http::encode(dc)),
+        None => AUTHORIZE.to_owned(),
+    };
+    let response = fetch
+        .post(&target, Some(sent), ask.to_string().into_bytes(), timeout)
+        .await?;
+    match response.status {
+        200 => {}
+        // A Consul before 1.8 cannot say; the empty answer is trusted, as there.
+        404 => return Ok(()),
+        status => return Err(QueryError::Authorize { status }),
+    }
+    let answers: Vec<Authorization> = serde_json::from_slice(&response.body)
+        .map_err(|_| QueryError::Authorize { status: 200 })?;
+    match answers.as_slice() {
+        [one] if one.allow => Ok(()),
+        [_] => Err(AclDenial::NoServiceRead {
+            origin: origin.clone(),
+            service: service.to_owned(),
+        }
+        .into()),
+        _ => Err(QueryError::Authorize { status: 200 }),
     }
 }

@@ -56,6 +56,9 @@ pub(super) enum Acls {
     Disabled,
     /// 200 for these tokens, 403 "ACL not found" for any other and for none.
     Known(Vec<&'static str>),
+    /// As `Known`, but the tokens' policy does not let them read the service (the authorize
+    /// endpoint answers `Allow: false`).
+    KnownWithoutRead(Vec<&'static str>),
     /// This status, always.
     Status(u16),
 }
@@ -63,6 +66,8 @@ pub(super) enum Acls {
 #[derive(Default)]
 struct ScriptState {
     replies: VecDeque<Reply>,
+    /// Each permission check: its target, token and body.
+    authorizations: Vec<(String, Option<String>, String)>,
     log: Vec<(Instant, String, Option<String>)>,
     acls: Acls,
     /// The token of each `/v1/acl/token/self` request.
@@ -89,6 +94,10 @@ impl Script {
     }
 
     /// Sets how `/v1/acl/token/self` is answered from now on.
+    pub(super) fn authorizations(&self) -> Vec<(String, Option<String>, String)> {
+        self.state().authorizations.clone()
+    }
+
     pub(super) fn set_acls(&self, acls: Acls) {
         self.state().acls = acls;
     }
@@ -137,6 +146,30 @@ impl Script {
 }
 
 impl CatalogFetch for Script {
+    fn post<'a>(
+        &'a self,
+        target: &'a str,
+        token: Option<&'a ConsulToken>,
+        body: Vec<u8>,
+        _timeout: Duration,
+    ) -> BoxFuture<'a, Result<HttpResponse, HttpError>> {
+        let mut state = self.state();
+        state.authorizations.push((
+            target.to_owned(),
+            token.map(|t| t.expose().to_owned()),
+            String::from_utf8_lossy(&body).into_owned(),
+        ));
+        let allow = !matches!(state.acls, Acls::KnownWithoutRead(_));
+        let body = format!(
+            "[{{\"Resource\": \"service\", \"Segment\": \"web\", \"Access\": \"read\", \"Allow\": {allow}}}]"
+        );
+        Box::pin(std::future::ready(Ok(HttpResponse {
+            status: 200,
+            headers: Vec::new(),
+            body: body.into_bytes(),
+        })))
+    }
+
     fn get<'a>(
         &'a self,
         target: &'a str,
@@ -194,7 +227,10 @@ fn token_self(acls: &Acls, token: Option<&str>) -> HttpResponse {
         Acls::Known(known) if token.is_some_and(|t| known.contains(&t)) => {
             (200, "{\"AccessorID\": \"a\", \"SecretID\": \"s\"}")
         }
-        Acls::Known(_) => (403, "ACL not found"),
+        Acls::KnownWithoutRead(known) if token.is_some_and(|t| known.contains(&t)) => {
+            (200, "{\"AccessorID\": \"a\", \"SecretID\": \"s\"}")
+        }
+        Acls::Known(_) | Acls::KnownWithoutRead(_) => (403, "ACL not found"),
         Acls::Status(status) => (*status, "rpc error"),
     };
     HttpResponse {

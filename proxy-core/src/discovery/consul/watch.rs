@@ -55,6 +55,15 @@ pub(crate) trait CatalogFetch: Send + Sync {
         token: Option<&'a ConsulToken>,
         timeout: Duration,
     ) -> BoxFuture<'a, Result<HttpResponse, HttpError>>;
+
+    /// POSTs `body` (JSON) to `target` with `token`, bounded by `timeout`.
+    fn post<'a>(
+        &'a self,
+        target: &'a str,
+        token: Option<&'a ConsulToken>,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<HttpResponse, HttpError>>;
 }
 
 /// [`CatalogFetch`] over [`http::request_with`].
@@ -80,6 +89,28 @@ impl CatalogFetch for HttpFetch {
             None,
             timeout,
         ))
+    }
+
+    fn post<'a>(
+        &'a self,
+        target: &'a str,
+        token: Option<&'a ConsulToken>,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<HttpResponse, HttpError>> {
+        let token = token.map(ConsulToken::expose);
+        Box::pin(async move {
+            http::request_with(
+                self.tls.as_ref(),
+                &self.address,
+                "POST",
+                target,
+                token,
+                Some(&body),
+                timeout,
+            )
+            .await
+        })
     }
 }
 
@@ -113,6 +144,13 @@ pub enum QueryError {
     /// it may hold the token).
     #[error("consul answered {status} to the ACL token check {}", acl::TOKEN_SELF)]
     AclCheck {
+        /// The status code.
+        status: u16,
+    },
+    /// The permission check after an empty answer got an unexpected status, or an answer that
+    /// is not one decision.
+    #[error("consul answered {status} to the ACL permission check {}{}", acl::AUTHORIZE, if *status == 200 { " with no single decision" } else { "" })]
+    Authorize {
         /// The status code.
         status: u16,
     },
@@ -181,6 +219,7 @@ async fn query(
     fetch: &dyn CatalogFetch,
     target: &str,
     token: &SentToken,
+    (service, datacenter): (&str, Option<&str>),
     timeout: Duration,
 ) -> Result<Answer, QueryError> {
     let sent = token.as_ref().map(|(token, _)| token);
@@ -203,7 +242,7 @@ async fn query(
     let (entries, skipped) =
         decode_entries(&response.body).map_err(|source| QueryError::Body { source })?;
     if entries.is_empty() && skipped.is_empty() {
-        acl::check_empty(fetch, token, timeout).await?;
+        acl::check_empty(fetch, token, service, datacenter, timeout).await?;
     }
     Ok((index, entries, skipped))
 }
@@ -259,7 +298,11 @@ impl Watch {
     async fn query_once(&self, index: u64, timeout: Duration) -> Result<Answer, QueryError> {
         let token = self.token.read()?;
         let target = query_target(&self.config, index);
-        query(&*self.fetch, &target, &token, timeout).await
+        let service = (
+            self.config.service.as_str(),
+            self.config.datacenter.as_deref(),
+        );
+        query(&*self.fetch, &target, &token, service, timeout).await
     }
 
     /// Books a successful answer; returns the next index.

@@ -85,6 +85,42 @@ async fn a_known_token_makes_an_empty_answer_trusted() {
     assert!(tokens(&script).iter().all(|t| t.as_deref() == Some("good")));
 }
 
+/// A token Consul knows whose policy does not reach the service: Consul 1.8.7 answers the
+/// health endpoint with an empty list, and only its permission check tells.
+#[tokio::test(start_paused = true)]
+async fn a_known_token_that_may_not_read_the_service_keeps_the_hosts() {
+    let script = Script::new(vec![
+        Reply::Ok(5, two()),
+        Reply::Ok(6, json!([])),
+        Reply::Ok(7, json!([])),
+    ]);
+    script.set_acls(Acls::KnownWithoutRead(vec!["narrow"]));
+    let mut config = ConsulConfig::new("web");
+    config.token = ConsulToken::new("narrow");
+    config.datacenter = Some("dc 2".to_owned());
+    let cluster = start(config, &script);
+    script.wait_requests(4).await;
+    assert_eq!(cluster.current().hosts.len(), 2, "never drained");
+    let stats = cluster.stats().values();
+    assert_eq!((stats.acl_denied, stats.update_success), (2, 1));
+    let asked = script.authorizations();
+    assert_eq!(asked.len(), 2, "each empty answer is checked");
+    let (target, token, body) = &asked[0];
+    assert_eq!(target, "/v1/internal/acl/authorize?dc=dc%202");
+    assert_eq!(token.as_deref(), Some("narrow"));
+    let body: Value = serde_json::from_str(body).expect("json");
+    assert_eq!(
+        body,
+        json!([{"Resource": "service", "Segment": "web", "Access": "read"}])
+    );
+    let err = crate::discovery::consul::AclDenial::NoServiceRead {
+        origin: crate::discovery::consul::TokenOrigin::Config,
+        service: "web".to_owned(),
+    }
+    .to_string();
+    assert!(err.contains("may not read service \"web\""), "{err}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_refused_token_or_a_failed_check_keeps_the_hosts() {
     let script = Script::new(vec![

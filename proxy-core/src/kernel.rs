@@ -1,0 +1,172 @@
+//! The kernel form of a service, computed in one place: its key, its flags, and, from the
+//! routing of the clusters it reads, its weighted levels. The daemon's publisher only writes
+//! what [`ServiceTemplate::spec`] returns.
+//!
+//! A [`ServiceTemplate`] holds what does not depend on hosts (made once per configuration);
+//! [`ServiceTemplate::spec`] turns the clusters' current [`Routing`] into a [`ServiceSpec`]:
+//! a chain service's levels from its plan, a plain service's from its cluster, a refused share
+//! pointed at the address the kernel refuses, the panic flag when a cluster is in panic.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use proxy_common::service::{
+    PROTO_TCP, PROTO_UDP, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_PANIC,
+    SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, ServiceKey,
+};
+
+use crate::{
+    chain::{self, ChainPlan},
+    config::{Config, LbPolicy, Protocol, Service, ServiceMode},
+    health::Routing,
+    lb,
+};
+
+/// What a service should look like in the kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceSpec {
+    /// Name, for errors and logs.
+    pub name: String,
+    /// The service address.
+    pub key: ServiceKey,
+    /// `SERVICE_F_*` flags.
+    pub flags: u32,
+    /// Routable hosts with weights, by failover priority (index 0 = highest).
+    pub priorities: Vec<Vec<(SocketAddr, u32)>>,
+}
+
+/// The kernel's key of a service.
+pub fn service_key(svc: &Service) -> ServiceKey {
+    let proto = match svc.protocol {
+        Protocol::Tcp => PROTO_TCP,
+        Protocol::Udp => PROTO_UDP,
+    };
+    ServiceKey::new(svc.address, svc.port, proto)
+}
+
+/// The parts of a service's kernel entry that do not depend on its hosts.
+#[derive(Clone, Debug)]
+pub struct ServiceTemplate {
+    /// The service's name.
+    pub name: String,
+    /// Its kernel key.
+    pub key: ServiceKey,
+    /// Its `SERVICE_F_*` flags but the panic flag, which follows the hosts.
+    pub flags: u32,
+    /// The chain's plan, for a chain service on the kernel path.
+    plan: Option<ChainPlan>,
+    /// Where a refused share of connections is sent: the unspecified address of the service's
+    /// family, port 0, which the kernel's connect refuses (ECONNREFUSED).
+    refuse: SocketAddr,
+}
+
+impl ServiceTemplate {
+    /// The templates of every service of `config`, in its order.
+    pub fn all(config: &Config) -> Vec<Self> {
+        config
+            .services
+            .iter()
+            .map(|svc| Self::new(svc, config))
+            .collect()
+    }
+
+    /// The template of `svc`, a service of `config`.
+    pub fn new(svc: &Service, config: &Config) -> Self {
+        let unspecified = match svc.address {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
+        Self {
+            name: svc.name.clone(),
+            key: service_key(svc),
+            flags: flags(svc, config),
+            plan: config.chain_plan(svc),
+            refuse: SocketAddr::new(unspecified, 0),
+        }
+    }
+
+    /// The service's kernel entry for the clusters' routing now; `routing_of` answers for each
+    /// cluster the service reads (`Config::service_clusters`, in that order), `None` for one
+    /// not running.
+    pub fn spec(&self, clusters: &[(&str, &Routing)]) -> ServiceSpec {
+        let routing_of = |name: &str| {
+            clusters
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, r)| (*r).clone())
+        };
+        let mut priorities = match &self.plan {
+            Some(plan) => plan.levels(&routing_of),
+            None => clusters
+                .first()
+                .map(|(_, routing)| lb::kernel_levels(routing))
+                .unwrap_or_default(),
+        };
+        for level in &mut priorities {
+            for (addr, _) in level.iter_mut() {
+                if *addr == chain::REFUSE {
+                    *addr = self.refuse;
+                }
+            }
+        }
+        let panic = clusters.iter().any(|(_, routing)| routing.in_panic());
+        ServiceSpec {
+            name: self.name.clone(),
+            key: self.key,
+            flags: if panic {
+                self.flags | SERVICE_F_PANIC
+            } else {
+                self.flags
+            },
+            priorities,
+        }
+    }
+
+    /// Whether the kernel follows this service's connections with sockops: proxy mode, a
+    /// cluster with outlier detection, or LEAST_REQUEST.
+    pub fn follows_sockets(&self) -> bool {
+        self.flags & (SERVICE_F_PROXY | SERVICE_F_PASSIVE | SERVICE_F_LEAST_REQUEST) != 0
+    }
+
+    /// Whether the kernel rotates this service's hosts (ROUND_ROBIN, Linux 5.12 and later).
+    pub fn rotates(&self) -> bool {
+        self.flags & SERVICE_F_ROUND_ROBIN != 0
+    }
+}
+
+/// Whether the data path needs sockops: a service whose connections it follows, or splicing of
+/// local socket pairs. Without either, sockops is not attached and the cgroup's connections pay
+/// connect4 alone.
+pub fn needs_sockops(config: &Config, templates: &[ServiceTemplate]) -> bool {
+    config.splice || templates.iter().any(ServiceTemplate::follows_sockets)
+}
+
+/// The flags of `svc` that follow from its clusters' policies and its mode.
+fn flags(svc: &Service, config: &Config) -> u32 {
+    let names = config.service_clusters(svc);
+    let clusters: Vec<_> = names.iter().filter_map(|c| config.cluster(c)).collect();
+    let any = |policy: LbPolicy| clusters.iter().any(|c| c.lb_policy == policy);
+    let direct = svc.mode == ServiceMode::Direct;
+    let maglev = any(LbPolicy::Maglev);
+    // Consistent hashing wins over rotation when a chain mixes the two. A proxy-mode service's
+    // kernel entry only redirects: the proxy rotates (`ClusterHandle`).
+    let round_robin = !maglev && direct && any(LbPolicy::RoundRobin);
+    // Least request needs sockops to count each backend's connections; the proxy counts its
+    // own for proxy-mode services.
+    let least = !maglev && !round_robin && direct && any(LbPolicy::LeastRequest);
+    // Only outlier detection reads the kernel's passive signal: without it sockops does not
+    // follow the service's connections at all.
+    let passive = clusters.iter().any(|c| c.outlier_detection.is_some());
+    [
+        (maglev, SERVICE_F_MAGLEV),
+        (round_robin, SERVICE_F_ROUND_ROBIN),
+        (least, SERVICE_F_LEAST_REQUEST),
+        (!direct, SERVICE_F_PROXY),
+        (passive, SERVICE_F_PASSIVE),
+    ]
+    .into_iter()
+    .filter(|(on, _)| *on)
+    .fold(0, |flags, (_, flag)| flags | flag)
+}
+
+#[cfg(test)]
+mod tests;

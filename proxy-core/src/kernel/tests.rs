@@ -1,0 +1,103 @@
+//! The kernel form: flags from the clusters' policies and the mode, sockops only where
+//! something needs it, levels from the routing, the refused share and the panic flag.
+
+use std::path::Path;
+
+use super::*;
+use crate::{discovery::Host, health::HostClass};
+
+const ENDPOINT: &str = "    load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 1 } } } } ] } ] }\n";
+
+#[test]
+fn kernel_flags_follow_the_clusters() {
+    let yaml = format!(
+        "clusters:\n  - name: plain\n{ENDPOINT}  - name: watched\n    outlier_detection: {{ consecutive_5xx: 3 }}\n{ENDPOINT}  - name: hashed\n    lb_policy: MAGLEV\n{ENDPOINT}  - name: rotated\n    lb_policy: ROUND_ROBIN\n{ENDPOINT}services:\n  - {{ name: a, address: 127.77.0.1, port: 80, cluster: plain }}\n  - {{ name: b, address: 127.77.0.2, port: 80, cluster: watched }}\n  - {{ name: c, address: 127.77.0.3, port: 80, cluster: hashed }}\n  - {{ name: d, address: 127.77.0.4, port: 80, cluster: watched, mode: proxy }}\n  - {{ name: e, address: 127.77.0.5, port: 80, cluster: rotated }}\n  - {{ name: f, address: 127.77.0.6, port: 80, cluster: rotated, mode: proxy }}\n"
+    );
+    let config = Config::parse(&yaml, Path::new("t.yaml")).expect("valid config");
+    let templates = ServiceTemplate::all(&config);
+    let flags: Vec<u32> = templates.iter().map(|t| t.flags).collect();
+    assert_eq!(
+        flags,
+        [
+            0,
+            SERVICE_F_PASSIVE,
+            SERVICE_F_MAGLEV,
+            SERVICE_F_PASSIVE | SERVICE_F_PROXY,
+            SERVICE_F_ROUND_ROBIN,
+            // The proxy rotates a proxy-mode service's hosts itself.
+            SERVICE_F_PROXY,
+        ]
+    );
+    assert!(templates[4].rotates() && !templates[5].rotates());
+    assert_eq!(
+        templates[0].key,
+        ServiceKey::new("127.77.0.1".parse().unwrap(), 80, PROTO_TCP)
+    );
+}
+
+#[test]
+fn sockops_is_attached_only_where_something_needs_it() {
+    let clusters = format!(
+        "clusters:\n  - name: plain\n{ENDPOINT}  - name: watched\n    outlier_detection: {{ consecutive_5xx: 3 }}\n{ENDPOINT}"
+    );
+    let needs = |extra: &str, services: &str| {
+        let yaml = format!("{extra}{clusters}services:\n{services}");
+        let config = Config::parse(&yaml, Path::new("t.yaml")).expect("valid config");
+        needs_sockops(&config, &ServiceTemplate::all(&config))
+    };
+    let plain = "  - { name: a, address: 127.77.0.1, port: 80, cluster: plain }\n";
+    assert!(!needs("", plain), "plain kernel-path services only");
+    assert!(needs("splice: true\n", plain), "splicing");
+    let watched = "  - { name: b, address: 127.77.0.2, port: 80, cluster: watched }\n";
+    assert!(needs("", &format!("{plain}{watched}")), "outlier detection");
+    let proxied = "  - { name: c, address: 127.77.0.3, port: 80, cluster: plain, mode: proxy }\n";
+    let listener = "proxy: { listeners: [\"127.0.0.1:15001\"] }\n";
+    assert!(needs(listener, &format!("{plain}{proxied}")), "proxy mode");
+}
+
+fn host(last: u8) -> Host {
+    Host::new(SocketAddr::from(([127, 0, 0, last], 80)))
+}
+
+#[test]
+fn the_spec_carries_the_routing_its_refusals_and_the_panic_flag() {
+    let yaml = format!(
+        "clusters:\n  - name: web\n{ENDPOINT}  - name: backup\n{ENDPOINT}config_entries:\n  - {{Kind: service-resolver, Name: web, Failover: {{'*': {{Service: backup}}}}}}\nservices:\n  - {{ name: plain, address: 127.77.0.1, port: 80, cluster: web }}\n  - {{ name: chained, address: 127.77.0.2, port: 80, chain: web }}\n  - {{ name: six, address: '::ffff:127.77.0.3', port: 80, cluster: web }}\n"
+    );
+    let config = Config::parse(&yaml, Path::new("t.yaml")).expect("valid config");
+    let templates = ServiceTemplate::all(&config);
+    let web = Routing::compute(
+        &[(host(1), HostClass::Healthy), (host(2), HostClass::Healthy)],
+        50.0,
+    );
+    let backup = Routing::compute(&[(host(9), HostClass::Healthy)], 50.0);
+
+    let plain = templates[0].spec(&[("web", &web)]);
+    assert_eq!(plain.name, "plain");
+    assert_eq!(plain.priorities, lb::kernel_levels(&web));
+    assert_eq!(plain.flags & SERVICE_F_PANIC, 0);
+
+    // A chain: the web level, then the failover's.
+    let chained = templates[1].spec(&[("backup", &backup), ("web", &web)]);
+    let levels: Vec<Vec<SocketAddr>> = chained
+        .priorities
+        .iter()
+        .map(|l| l.iter().map(|(a, _)| *a).collect())
+        .collect();
+    assert_eq!(levels[0].len(), 2, "{levels:?}");
+    assert_eq!(levels[1], [host(9).addr], "{levels:?}");
+
+    // Every host failed: panic routes to all of them, and the kernel is told.
+    let failed = Routing::compute(
+        &[
+            (host(1), HostClass::Unhealthy),
+            (host(2), HostClass::Unhealthy),
+        ],
+        50.0,
+    );
+    let panicking = templates[0].spec(&[("web", &failed)]);
+    assert_ne!(panicking.flags & SERVICE_F_PANIC, 0);
+
+    // No cluster running: nothing routable, nothing invented.
+    assert!(templates[2].spec(&[]).priorities.is_empty());
+}

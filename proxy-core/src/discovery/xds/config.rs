@@ -76,6 +76,12 @@ impl XdsConfig {
     /// The ADS connection that carries CDS and LDS (the one ADS EDS clusters share, with
     /// Envoy's 15 s `initial_fetch_timeout`); refused without a gRPC `ads_config`.
     pub fn ads_source(&self, resolve: &Resolve<'_>) -> Result<XdsSource, XdsConfigError> {
+        if self.ads_config.is_none() {
+            return Err(XdsConfigError::Server {
+                field: "xds.cds_config/lds_config".into(),
+                reason: "clusters and listeners come over ADS: set ads_config (api_type GRPC or DELTA_GRPC)".into(),
+            });
+        }
         let ads = ConfigSource {
             api_config_source: None,
             ads: Some(AggregatedConfigSource {}),

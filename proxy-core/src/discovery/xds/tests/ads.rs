@@ -22,7 +22,7 @@ use crate::{
     config::Config,
     desired::Overlay,
     discovery::xds::{
-        CLA_TYPE_URL, EdsClient, EdsWatch, GrpcApi, Transport, XdsClients, XdsSource,
+        CLA_TYPE_URL, EdsClient, EdsWatch, GrpcApi, Transport, XdsClients, XdsConfig, XdsSource,
         cds::CLUSTER_TYPE_URL,
         lds::LISTENER_TYPE_URL,
         resources::{FileNames, ResourceState},
@@ -229,4 +229,15 @@ async fn cds_config_takes_ads_only() {
     let text = refused.to_string();
     let want = "xds.yaml:4:16: xds.cds_config.api_config_source: unknown field `api_config_source`, expected `ads` or `resource_api_version`";
     assert_eq!(text, want);
+}
+
+#[test]
+fn cds_without_ads_config_is_refused_by_name() {
+    let xds: XdsConfig = serde_yaml::from_str("node: {id: n1}\ncds_config: {ads: {}}\n")
+        .expect("parses: the check is at start");
+    let error = xds.ads_source(&|_| None).expect_err("no ads_config");
+    assert_eq!(
+        error.to_string(),
+        "xds.cds_config/lds_config: clusters and listeners come over ADS: set ads_config (api_type GRPC or DELTA_GRPC)"
+    );
 }

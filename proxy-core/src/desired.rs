@@ -49,8 +49,16 @@ pub const INITIAL_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from
 /// The dynamic sources `config` turns on, whose first overlay a start waits for. Each source
 /// that publishes overlays names the setting that turns it on here.
 pub fn expected(config: &crate::config::Config) -> Vec<Source> {
-    let _ = config;
-    Vec::new()
+    let mut sources = Vec::new();
+    // `xds.cds_config` or `xds.lds_config`.
+    if config
+        .xds
+        .as_ref()
+        .is_some_and(crate::discovery::xds::XdsConfig::resources_enabled)
+    {
+        sources.push(Source::Xds);
+    }
+    sources
 }
 
 /// A source of the desired state, named in errors and in `/config_dump`.

@@ -154,8 +154,10 @@ async fn run_async(
         published: watch::channel(BTreeSet::new()).0,
     };
     // The dynamic sources publish their overlays here; the loop below applies each change.
-    let (_feeds, mut sources) = sources::channels();
-    let xds = XdsClients::start(&config).context("starting the xDS clients")?;
+    let (feeds, mut sources) = sources::channels();
+    let file_names = proxy_core::discovery::xds::resources::FileNames::of(&config);
+    let xds = XdsClients::start_with(&config, Some(feeds.xds.clone()), file_names)
+        .context("starting the xDS clients")?;
     let upstreams = start_upstreams(&config, &ctx, &xds, &BTreeSet::new())?;
     // The proxy listener is live and known to the kernel before a service is published in
     // proxy mode.

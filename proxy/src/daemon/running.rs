@@ -11,7 +11,10 @@ use proxy_common::service::ServiceKey;
 use proxy_core::{
     config::{Config, Service, ServiceMode},
     desired::{Overlay, Source},
-    discovery::{guard::HostGuard, xds::XdsClients},
+    discovery::{
+        guard::HostGuard,
+        xds::{XdsClients, resources::FileNames},
+    },
     health::HealthCheckManager,
     kernel::{ServiceTemplate, needs_sockops},
     upstream::Upstream,
@@ -134,6 +137,10 @@ impl Running {
         file.proxy.engine_threads = self.config.proxy.engine_threads;
         let new = compose(&file, &self.overlays)?;
         let summary = self.apply(new, ctx).await?;
+        // xDS checks its names against the file's (composition already refused a clash).
+        if let Err(err) = self.xds.set_file(FileNames::of(&file)) {
+            tracing::warn!(%err, "xDS keeps the previous file's names");
+        }
         self.file = file;
         Ok(summary)
     }
@@ -178,7 +185,11 @@ impl Running {
         // A restart, or clusters added on the running streams (taken back if the reload is
         // refused below) and removed at the commit.
         let (fresh_xds, xds_change) = if plan.xds_restart {
-            (Some(XdsClients::start(&new).map_err(xds_failed)?), None)
+            let file = FileNames::of(&self.file);
+            (
+                Some(self.xds.restart(&new, file).map_err(xds_failed)?),
+                None,
+            )
         } else {
             let change = self.xds.prepare(&self.config, &new).map_err(xds_failed)?;
             (change.as_ref().map(XdsClients::preview), change)

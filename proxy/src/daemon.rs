@@ -152,6 +152,7 @@ async fn run_async(
         guard: host_guard(&config),
         dp: dp.clone(),
         published: watch::channel(BTreeSet::new()).0,
+        run_flags: launch.run_flags.clone(),
     };
     // The dynamic sources publish their overlays here; the loop below applies each change.
     let (feeds, mut sources) = sources::channels();

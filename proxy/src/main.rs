@@ -85,7 +85,8 @@ fn main() -> ExitCode {
                 eprintln!("error: holding signals during the start: {err}");
                 return ExitCode::FAILURE;
             }
-            let cfg = match run_config(config.as_deref(), user, no_seccomp) {
+            let run_flags = proxy::RunFlags { user, no_seccomp };
+            let cfg = match run_config(config.as_deref(), &run_flags) {
                 Ok(cfg) => cfg,
                 Err(code) => return code,
             };
@@ -94,6 +95,7 @@ fn main() -> ExitCode {
                 log_level: logging.current(),
                 logging: Some(logging),
                 takeover,
+                run_flags,
                 ..proxy::admin::Launch::default()
             };
             match daemon::run(cfg, concurrency.map(usize::from), launch) {
@@ -131,8 +133,7 @@ fn check(config: &std::path::Path) -> ExitCode {
 /// `--no-seccomp` applied; the exit status when it cannot be used.
 fn run_config(
     config: Option<&std::path::Path>,
-    user: Option<String>,
-    no_seccomp: bool,
+    run_flags: &proxy::RunFlags,
 ) -> Result<Config, ExitCode> {
     let mut cfg = match config.map(proxy::load_config) {
         None => Config::embedded_default(),
@@ -142,8 +143,7 @@ fn run_config(
             return Err(ExitCode::from(EXIT_BAD_CONFIG));
         }
     };
-    cfg.user = user.or(cfg.user);
-    cfg.seccomp &= !no_seccomp;
+    run_flags.apply(&mut cfg);
     if let Err(err) = steady_state_user(&cfg) {
         eprintln!("error: {err}");
         return Err(ExitCode::from(EXIT_BAD_CONFIG));

@@ -193,6 +193,13 @@ fn fixed_fields(old: &Config, new: &Config) -> Result<(), NeedsRestart> {
     if old.kernel_maps != new.kernel_maps {
         changed.push("kernel_maps");
     }
+    // The steady state was entered once, with no way back to root.
+    if old.user != new.user {
+        changed.push("user");
+    }
+    if old.seccomp != new.seccomp {
+        changed.push("seccomp");
+    }
     if changed.is_empty() {
         return Ok(());
     }
@@ -373,6 +380,8 @@ mod tests {
             ("kernel_log: warn\n", "kernel_log"),
             ("kernel_maps: { backends: 1024 }\n", "kernel_maps"),
             ("proxy: { drain_timeout: 3s }\n", "proxy"),
+            ("user: nobody\n", "user"),
+            ("seccomp: false\n", "seccomp"),
         ] {
             let new = config(&[("a", 1)], &[("s", "127.77.0.1", "a")], extra);
             let err = diff(&base, &new).expect_err(field);

@@ -49,6 +49,8 @@ pub(super) struct Context {
     pub(super) guard: HostGuard,
     pub(super) dp: SharedDataplane,
     pub(super) published: PublishedTx,
+    /// `proxy run`'s flags, applied over every file a reload reads.
+    pub(super) run_flags: crate::RunFlags,
 }
 
 /// The configuration in force and what it started.
@@ -133,8 +135,10 @@ impl Running {
             .await
             .map_err(|err| ReloadRefused::Failed(format!("reading the configuration: {err}")))?;
         let mut file = loaded.map_err(|err| ReloadRefused::Invalid(err.to_string()))?;
-        // The thread count comes from the command line, not the file.
+        // The thread count, the user and the seccomp switch come from the command line when
+        // it sets them, as at the start.
         file.proxy.engine_threads = self.config.proxy.engine_threads;
+        ctx.run_flags.apply(&mut file);
         let new = compose(&file, &self.overlays)?;
         let summary = self.apply(new, ctx).await?;
         // xDS checks its names against the file's (composition already refused a clash).

@@ -64,6 +64,10 @@ pub mod defaults {
     pub fn weight() -> u32 {
         1
     }
+    /// The seccomp filter after attaching: on.
+    pub fn seccomp() -> bool {
+        true
+    }
     /// Datacenter discovery chains compile for.
     pub fn datacenter() -> String {
         "dc1".to_owned()
@@ -146,6 +150,18 @@ pub struct Config {
     /// declares.
     #[serde(default)]
     pub kernel_maps: MapSizes,
+    /// The user the daemon runs as once its data path is attached: a name (`nobody`),
+    /// `name:group`, or `uid[:gid]`; names are looked up in /etc/passwd and /etc/group. It keeps
+    /// only the capabilities it needs either way (SECURITY.md, "Privileges"). Unset: it stays
+    /// root. `proxy run --user` overrides it. Fixed at start: a reload that changes it is
+    /// refused (restart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Install a seccomp filter after the data path is attached, allowing only the system calls
+    /// the daemon makes; any other call fails with `EPERM` (SECURITY.md, "Privileges"). Default
+    /// true; `false` (or `proxy run --no-seccomp`) runs without it. Fixed at start, as `user`.
+    #[serde(default = "defaults::seccomp")]
+    pub seccomp: bool,
     /// Compiled discovery chains by service name, filled when the file is validated.
     #[serde(skip)]
     pub chains: std::collections::BTreeMap<String, proxy_chain::CompiledDiscoveryChain>,

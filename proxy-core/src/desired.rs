@@ -50,6 +50,14 @@ pub const INITIAL_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from
 /// that publishes overlays names the setting that turns it on here.
 pub fn expected(config: &crate::config::Config) -> Vec<Source> {
     let mut sources = Vec::new();
+    // `xds.cds_config` or `xds.lds_config`.
+    if config
+        .xds
+        .as_ref()
+        .is_some_and(crate::discovery::xds::XdsConfig::resources_enabled)
+    {
+        sources.push(Source::Xds);
+    }
     if config.consul_config_entries.is_some() {
         sources.push(Source::ConsulEntries);
     }

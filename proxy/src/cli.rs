@@ -57,6 +57,14 @@ pub enum Command {
         /// Without a running daemon, starts normally.
         #[arg(long)]
         takeover: bool,
+        /// The user to run as once the data path is attached (the configuration's `user`,
+        /// which this overrides): a name, name:group, or uid[:gid].
+        #[arg(long)]
+        user: Option<String>,
+        /// Run without the seccomp filter once the data path is attached (the configuration's
+        /// `seccomp: false`), e.g. to tell whether it is why a call fails with EPERM.
+        #[arg(long)]
+        no_seccomp: bool,
     },
     /// Connect to an address COUNT times from inside a cgroup (and optionally a network
     /// namespace) and report which backend answered (by the first line it sends) and what

@@ -96,8 +96,8 @@ pub fn run(
         check_round_robin(&templates, &dp)?;
         configure_splice(&config, &dp)?;
         let have = privileges::ThreadCaps::current()?;
-        privileges::drop_to(&privileges::needed(&config, &have))
-            .context("dropping capabilities after attaching the data path")?;
+        privileges::enter(&privileges::SteadyState::of(&config, &have)?)
+            .context("dropping privileges after attaching the data path")?;
         Ok(())
     };
     let runtime = privileged().and_then(|()| {
@@ -115,7 +115,16 @@ pub fn run(
         }
     };
     runtime.block_on(async {
-        let result = run_async(config, templates, dp.clone(), fatal, launch, inherited).await;
+        // Boxed: the run's state machine is over clippy's large-future bound (16 KiB).
+        let result = Box::pin(run_async(
+            config,
+            templates,
+            dp.clone(),
+            fatal,
+            launch,
+            inherited,
+        ))
+        .await;
         // An early error removes what this run created and keeps what it adopted. The stop
         // released the data path already; after a failed part (`Fatal`) it stays serving too,
         // released here so that no handle's drop detaches anything (sk_msg) on the way out.
@@ -155,12 +164,15 @@ async fn run_async(
         guard: host_guard(&config),
         dp: dp.clone(),
         published: watch::channel(BTreeSet::new()).0,
+        run_flags: launch.run_flags.clone(),
     };
     // The dynamic sources publish their overlays here; the loop below applies each change.
     let (feeds, mut sources) = sources::channels();
     // Stopped when dropped, at the end of the run.
     let consul_entries = start_consul_entries(&config, &feeds)?;
-    let xds = XdsClients::start(&config).context("starting the xDS clients")?;
+    let file_names = proxy_core::discovery::xds::resources::FileNames::of(&config);
+    let xds = XdsClients::start_with(&config, Some(feeds.xds.clone()), file_names)
+        .context("starting the xDS clients")?;
     let upstreams = start_upstreams(&config, &ctx, &xds, &BTreeSet::new())?;
     // The proxy listener is live and known to the kernel before a service is published in
     // proxy mode.

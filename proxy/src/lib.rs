@@ -28,6 +28,27 @@ pub mod traffic;
 
 pub use sys::enter_netns;
 
+/// What `proxy run`'s flags set over the file's fields: applied at the start and again to the
+/// file every reload re-reads, so that the command line wins both times (a reload then refuses
+/// only a change the file itself makes).
+#[derive(Clone, Debug, Default)]
+pub struct RunFlags {
+    /// `--user`: the steady-state user, over the file's `user`.
+    pub user: Option<String>,
+    /// `--no-seccomp`: no seccomp filter, whatever the file's `seccomp` says.
+    pub no_seccomp: bool,
+}
+
+impl RunFlags {
+    /// Sets the flags' values over `config`'s.
+    pub fn apply(&self, config: &mut proxy_core::config::Config) {
+        if let Some(user) = &self.user {
+            config.user = Some(user.clone());
+        }
+        config.seccomp &= !self.no_seccomp;
+    }
+}
+
 /// Loads and validates a configuration file: everything, the xDS sections of EDS clusters
 /// included, is checked by `Config::load`.
 pub fn load_config(

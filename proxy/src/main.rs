@@ -19,21 +19,7 @@ fn main() -> ExitCode {
     // Also routes `log` records (aya's) through tracing.
     subscriber.init();
     match cli.command {
-        Command::Check { config } => match proxy::load_config(&config) {
-            Ok(cfg) => {
-                println!(
-                    "{}: ok ({} clusters, {} services)",
-                    config.display(),
-                    cfg.clusters.len(),
-                    cfg.services.len()
-                );
-                ExitCode::SUCCESS
-            }
-            Err(err) => {
-                eprintln!("error: {err}");
-                ExitCode::from(EXIT_BAD_CONFIG)
-            }
-        },
+        Command::Check { config } => check(&config),
         Command::Probe(args) => probe(&args),
         Command::Chain(ChainCommand::Compile {
             entries,
@@ -90,6 +76,8 @@ fn main() -> ExitCode {
             config,
             concurrency,
             takeover,
+            user,
+            no_seccomp,
         } => {
             // Before anything else, and before any thread exists: a signal during the start
             // stops or reloads the daemon once it runs instead of killing it half-attached.
@@ -97,19 +85,17 @@ fn main() -> ExitCode {
                 eprintln!("error: holding signals during the start: {err}");
                 return ExitCode::FAILURE;
             }
-            let cfg = match config.as_deref().map(proxy::load_config) {
-                None => Config::embedded_default(),
-                Some(Ok(cfg)) => cfg,
-                Some(Err(err)) => {
-                    eprintln!("error: {err}");
-                    return ExitCode::from(EXIT_BAD_CONFIG);
-                }
+            let run_flags = proxy::RunFlags { user, no_seccomp };
+            let cfg = match run_config(config.as_deref(), &run_flags) {
+                Ok(cfg) => cfg,
+                Err(code) => return code,
             };
             let launch = proxy::admin::Launch {
                 config_path: config,
                 log_level: logging.current(),
                 logging: Some(logging),
                 takeover,
+                run_flags,
                 ..proxy::admin::Launch::default()
             };
             match daemon::run(cfg, concurrency.map(usize::from), launch) {
@@ -118,6 +104,59 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `proxy check`: the file, and the user it names, are usable (exit 0), or why not (64).
+fn check(config: &std::path::Path) -> ExitCode {
+    match proxy::load_config(config) {
+        Ok(cfg) if let Err(err) = steady_state_user(&cfg) => {
+            eprintln!("error: {}: {err}", config.display());
+            ExitCode::from(EXIT_BAD_CONFIG)
+        }
+        Ok(cfg) => {
+            println!(
+                "{}: ok ({} clusters, {} services)",
+                config.display(),
+                cfg.clusters.len(),
+                cfg.services.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::from(EXIT_BAD_CONFIG)
+        }
+    }
+}
+
+/// `proxy run`'s configuration: the file's (or the embedded default), with `--user` and
+/// `--no-seccomp` applied; the exit status when it cannot be used.
+fn run_config(
+    config: Option<&std::path::Path>,
+    run_flags: &proxy::RunFlags,
+) -> Result<Config, ExitCode> {
+    let mut cfg = match config.map(proxy::load_config) {
+        None => Config::embedded_default(),
+        Some(Ok(cfg)) => cfg,
+        Some(Err(err)) => {
+            eprintln!("error: {err}");
+            return Err(ExitCode::from(EXIT_BAD_CONFIG));
+        }
+    };
+    run_flags.apply(&mut cfg);
+    if let Err(err) = steady_state_user(&cfg) {
+        eprintln!("error: {err}");
+        return Err(ExitCode::from(EXIT_BAD_CONFIG));
+    }
+    Ok(cfg)
+}
+
+/// Resolves the configuration's `user`, so that an unknown one is a configuration error before
+/// anything is attached.
+fn steady_state_user(cfg: &Config) -> Result<(), proxy::privileges::UserError> {
+    cfg.user
+        .as_deref()
+        .map_or(Ok(()), |u| proxy::privileges::resolve_user(u).map(drop))
 }
 
 /// `proxy run`'s status after an error: 64 when the configuration is why a takeover was

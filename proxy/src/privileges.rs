@@ -1,19 +1,29 @@
 //! Least privilege. Loading and attaching the kernel programs, creating the cgroup and mounting
 //! bpffs need root's capabilities; what the daemon does afterwards (parse configuration,
 //! discovery answers, HTTP, PROXY headers and admin requests, and write maps) needs almost none.
-//! Once the data path is attached, [`drop_to`] shrinks the process to the capabilities
-//! [`needed`] lists, empties the bounding and ambient sets, and sets `no_new_privs`.
+//! Once the data path is attached, [`enter`] makes the process what [`SteadyState`] says: the
+//! capabilities [`needed`] lists and no others (bounding and ambient sets emptied,
+//! `no_new_privs` set), the configured user (`user`), and the seccomp filter (`seccomp`).
 //!
-//! Capabilities belong to each thread, so this must run while the process has one thread: the
-//! daemon attaches and drops on its main thread before it starts the runtime, and every thread
-//! started afterwards inherits the reduced sets.
+//! Capabilities and credentials belong to each thread, and a seccomp filter too, so this must
+//! run while the process has one thread: the daemon attaches and drops on its main thread
+//! before it starts the runtime, and every thread started afterwards inherits the result.
 
-use std::fmt;
+mod seccomp;
+mod syscalls;
+mod user;
+
+use std::{fmt, path::Path};
 
 use proxy_core::config::Config;
 use tracing::{info, warn};
 
+pub use self::user::{RunAs, UserError, resolve as resolve_user};
 use crate::sys::caps;
+
+/// The runtime directory: the takeover socket and the default admin control socket are
+/// created in it after the drop, so it belongs to the steady-state user.
+const RUNTIME_DIR: &str = "/run/proxy";
 
 /// One Linux capability (linux/capability.h numbers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,6 +139,15 @@ pub enum PrivilegeError {
         found: u64,
         wanted: u64,
     },
+    #[error(transparent)]
+    User(#[from] UserError),
+    #[error("handing {} to the steady-state user (needs cap_chown): {source}", path.display())]
+    RuntimeDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Filter(#[from] seccomp::FilterError),
 }
 
 /// What the daemon keeps once its data path is attached, given what it was started with
@@ -173,39 +192,183 @@ pub fn needed(config: &Config, have: &ThreadCaps) -> Vec<Keep> {
     keep
 }
 
-/// Reduces the calling thread (the only one) to `keep`: the bounding set loses everything else
-/// (so no `execve`, even of a set-user-ID root program, regains it), the ambient and
-/// inheritable sets are emptied, effective and permitted become `keep`, and `no_new_privs` is
-/// set. Returns the sets afterwards, which it checks.
-pub fn drop_to(keep: &[Keep]) -> Result<ThreadCaps, PrivilegeError> {
+/// What the daemon becomes once its data path is attached.
+#[derive(Clone, Debug)]
+pub struct SteadyState {
+    /// The capabilities it keeps.
+    pub keep: Vec<Keep>,
+    /// The user it runs as; `None`: it stays root.
+    pub user: Option<RunAs>,
+    /// Whether it installs the seccomp filter.
+    pub seccomp: bool,
+    /// The runtime directory, `/run/proxy`, where the takeover socket (and by default the
+    /// admin control socket) is created after the drop: it becomes the steady-state user's.
+    pub runtime_dir: Option<std::path::PathBuf>,
+    /// The directory of the admin control socket, when it is elsewhere: created for the
+    /// steady-state user when missing.
+    pub control_dir: Option<std::path::PathBuf>,
+    /// The instance's pin directory: the steady-state user unpins what an earlier version left
+    /// there (after the first publish) and what a failed start created.
+    pub pin_dir: Option<std::path::PathBuf>,
+}
+
+impl SteadyState {
+    /// The steady state `config` asks for, from the capabilities the daemon has now (`have`).
+    /// Resolves `config.user` (reading /etc/passwd and /etc/group when it names one).
+    pub fn of(config: &Config, have: &ThreadCaps) -> Result<Self, PrivilegeError> {
+        let user = config.user.as_deref().map(user::resolve).transpose()?;
+        Ok(Self {
+            keep: needed(config, have),
+            user: user.filter(|u| u.uid != 0 || u.gid != 0),
+            seccomp: config.seccomp,
+            runtime_dir: Some(RUNTIME_DIR.into()),
+            control_dir: config
+                .admin
+                .control_path(&config.instance)
+                .parent()
+                .filter(|d| *d != Path::new(RUNTIME_DIR))
+                .map(Path::to_path_buf),
+            pin_dir: Some(Path::new(&config.bpffs).join(&config.instance)),
+        })
+    }
+}
+
+/// Makes the calling thread (the only one) what `state` says. The bounding set loses every
+/// capability but the kept ones (so no `execve`, even of a set-user-ID root program, regains
+/// one), the ambient and inheritable sets are emptied; then it becomes `state.user` keeping
+/// its permitted set (`PR_SET_KEEPCAPS`), its effective and permitted sets become the kept
+/// capabilities, `no_new_privs` is set, and the seccomp filter installed. Returns the sets
+/// afterwards, which it checks.
+pub fn enter(state: &SteadyState) -> Result<ThreadCaps, PrivilegeError> {
     let before = ThreadCaps::current()?;
     if before.threads != 1 {
         return Err(PrivilegeError::Threads(before.threads));
     }
-    let wanted = keep.iter().fold(0, |m, k| m | k.cap.bit()) & before.permitted;
-    let call = |what| move |source| PrivilegeError::Call { what, source };
-    if before.effective & Capability::SETPCAP.bit() != 0 {
-        for number in 0..64 {
-            let bit = 1u64 << number;
-            if before.bounding & bit == 0 || wanted & bit != 0 {
-                continue;
-            }
-            caps::drop_bounding(number).map_err(call("shrinking the bounding set"))?;
-        }
-    } else if before.bounding & !wanted != 0 {
-        warn!(
-            bounding = format_args!("{:#x}", before.bounding),
-            "without cap_setpcap the bounding set cannot be shrunk; set it where the daemon is started (CapabilityBoundingSet=)"
-        );
-    }
+    let wanted = state.keep.iter().fold(0, |m, k| m | k.cap.bit()) & before.permitted;
+    shrink_bounding(&before, wanted)?;
     match caps::clear_ambient() {
         Ok(()) => {}
         // A kernel without ambient capabilities (before 4.3) has nothing to clear.
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
         Err(e) => return Err(call("clearing the ambient set")(e)),
     }
+    prepare_dirs(state)?;
+    if let Some(user) = &state.user {
+        become_user(user)?;
+    }
     caps::set(wanted).map_err(call("capset"))?;
     caps::set_no_new_privs().map_err(call("setting no_new_privs"))?;
+    let after = verify(wanted, state.user.as_ref())?;
+    let kept: Vec<_> = state
+        .keep
+        .iter()
+        .filter(|k| wanted & k.cap.bit() != 0)
+        .map(|k| k.cap.name)
+        .collect();
+    let user = state
+        .user
+        .as_ref()
+        .map_or_else(|| "root (no user configured)".to_owned(), RunAs::to_string);
+    info!(kept = %kept.join(","), %user, "capabilities dropped; no_new_privs set");
+    if state.seccomp {
+        install_seccomp()?;
+    }
+    Ok(after)
+}
+
+/// Gives the directories the steady state writes (its sockets', its pins') to its user (to
+/// root too, for a directory a daemon of another user left).
+fn prepare_dirs(state: &SteadyState) -> Result<(), PrivilegeError> {
+    let (uid, gid) = state.user.as_ref().map_or((0, 0), |u| (u.uid, u.gid));
+    if crate::sys::effective_uid() != 0 {
+        return Ok(());
+    }
+    for dir in [&state.runtime_dir, &state.pin_dir].into_iter().flatten() {
+        own_dir(dir, uid, gid, true)?;
+    }
+    if let Some(dir) = &state.control_dir {
+        own_dir(dir, uid, gid, false)?;
+    }
+    Ok(())
+}
+
+fn call(what: &'static str) -> impl Fn(std::io::Error) -> PrivilegeError {
+    move |source| PrivilegeError::Call { what, source }
+}
+
+/// Drops from the bounding set every capability not in `wanted` (needs `cap_setpcap`, else a
+/// warning: the set is then whatever the daemon was started with).
+fn shrink_bounding(before: &ThreadCaps, wanted: u64) -> Result<(), PrivilegeError> {
+    if before.effective & Capability::SETPCAP.bit() == 0 {
+        if before.bounding & !wanted != 0 {
+            warn!(
+                bounding = format_args!("{:#x}", before.bounding),
+                "without cap_setpcap the bounding set cannot be shrunk; set it where the daemon is started (CapabilityBoundingSet=)"
+            );
+        }
+        return Ok(());
+    }
+    for number in 0..64 {
+        let bit = 1u64 << number;
+        if before.bounding & bit == 0 || wanted & bit != 0 {
+            continue;
+        }
+        caps::drop_bounding(number).map_err(call("shrinking the bounding set"))?;
+    }
+    Ok(())
+}
+
+/// Switches to `user`, keeping the permitted set.
+fn become_user(user: &RunAs) -> Result<(), PrivilegeError> {
+    caps::set_keep_caps(true).map_err(call("setting PR_SET_KEEPCAPS"))?;
+    caps::switch_user(user.uid, user.gid).map_err(call(
+        "switching to the steady-state user (setgroups, setresgid, setresuid; does the daemon have cap_setuid and cap_setgid?)",
+    ))?;
+    caps::set_keep_caps(false).map_err(call("clearing PR_SET_KEEPCAPS"))
+}
+
+/// Makes `dir` belong to the steady-state user `uid`:`gid`: a missing one is created (one
+/// level, mode 0700, as the daemon would create it after the drop) and handed over; an
+/// existing one is handed over only when it is the daemon's own (`ours`: `/run/proxy` or the
+/// pin directory, which a daemon of another user may have left), if it is a directory and not
+/// a link; group and others lose write access to it. Any other existing directory stays as it
+/// is: the admin then refuses it by name.
+fn own_dir(dir: &Path, uid: u32, gid: u32, ours: bool) -> Result<(), PrivilegeError> {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
+    let fail = |source| PrivilegeError::RuntimeDir {
+        path: dir.to_owned(),
+        source,
+    };
+    let created = match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+        // Its parent is missing or not writable: the admin reports that by name.
+        Err(_) if !ours => return Ok(()),
+        Err(e) => return Err(fail(e)),
+    };
+    if !created && !ours {
+        return Ok(());
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(fail)?;
+    if !meta.is_dir() {
+        return Err(fail(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            "not a directory (a link?); remove it",
+        )));
+    }
+    if (meta.uid(), meta.gid()) != (uid, gid) {
+        std::os::unix::fs::lchown(dir, Some(uid), Some(gid)).map_err(fail)?;
+    }
+    // Only its owner writes it.
+    if meta.mode() & 0o022 != 0 {
+        let mode = std::fs::Permissions::from_mode(meta.mode() & 0o7755);
+        std::fs::set_permissions(dir, mode).map_err(fail)?;
+    }
+    Ok(())
+}
+
+/// Checks the calling thread's sets and user ids after the drop.
+fn verify(wanted: u64, user: Option<&RunAs>) -> Result<ThreadCaps, PrivilegeError> {
     let after = ThreadCaps::current()?;
     let check = |what, found: u64, wanted: u64| {
         if found == wanted {
@@ -223,13 +386,37 @@ pub fn drop_to(keep: &[Keep]) -> Result<ThreadCaps, PrivilegeError> {
     check("inheritable set", after.inheritable, 0)?;
     check("ambient set", after.ambient, 0)?;
     check("no_new_privs", u64::from(after.no_new_privs), 1)?;
-    let kept: Vec<_> = keep
-        .iter()
-        .filter(|k| wanted & k.cap.bit() != 0)
-        .map(|k| k.cap.name)
-        .collect();
-    info!(kept = %kept.join(","), "capabilities dropped; no_new_privs set");
+    if let Some(user) = user {
+        let (uids, gids) = caps::ids();
+        for (what, found, wanted) in [("user id", uids, user.uid), ("group id", gids, user.gid)] {
+            for id in found {
+                check(what, u64::from(id), u64::from(wanted))?;
+            }
+        }
+    }
     Ok(after)
+}
+
+/// Installs the steady state's seccomp filter on the calling thread (threads started later
+/// inherit it). On an architecture whose call numbers the filter does not know, a warning and
+/// no filter.
+fn install_seccomp() -> Result<(), PrivilegeError> {
+    let Some(arch) = seccomp::Arch::native() else {
+        warn!(
+            arch = std::env::consts::ARCH,
+            "seccomp: the filter knows the system calls of x86_64 and aarch64 only; running without it"
+        );
+        return Ok(());
+    };
+    let allowed = seccomp::allowed();
+    let program = seccomp::program(arch, &allowed, std::process::id())?;
+    crate::sys::seccomp::install(&program).map_err(call("installing the seccomp filter"))?;
+    info!(
+        arch = arch.name,
+        calls = allowed.len(),
+        "seccomp filter installed: any other system call fails with EPERM"
+    );
+    Ok(())
 }
 
 #[cfg(test)]

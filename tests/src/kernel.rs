@@ -408,6 +408,15 @@ impl Daemon {
         })
     }
 
+    /// Like [`Daemon::start_in_with`], with the daemon's command line prefixed by `wrapper`
+    /// (e.g. `unshare` for a mount namespace of its own).
+    pub fn start_in_wrapped(netns: &Netns, wrapper: &[&str], config: &str, args: &[&str]) -> Self {
+        let netns = Some(netns.path());
+        crate::start_retrying("the daemon", 4, || {
+            Self::try_start(config, netns.clone(), wrapper, args)
+        })
+    }
+
     /// One start of [`Daemon::start_in_with`], not retried: `Err` with the exit status and the
     /// log if the daemon exited before it was ready (a start expected to fail).
     pub fn try_start_in(netns: &Netns, config: &str, args: &[&str]) -> Result<Self, String> {

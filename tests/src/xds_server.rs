@@ -195,6 +195,15 @@ impl XdsServer {
         http(self.control, "POST", "/push_raw", &body.to_string());
     }
 
+    /// Makes `resources` (Envoy `Cluster`s or `Listener`s in proto3 JSON, `kind` `cluster` or
+    /// `listener`) the whole set of that type at `version`, served over ADS (see
+    /// `/push_resources` in xds_server.py).
+    #[expect(clippy::needless_pass_by_value, reason = "called with json! literals")]
+    pub fn push_resources(&self, kind: &str, version: &str, resources: Value) {
+        let body = serde_json::json!({"type": kind, "version": version, "resources": resources});
+        http(self.control, "POST", "/push_resources", &body.to_string());
+    }
+
     /// Removes `cluster`'s assignment.
     pub fn remove(&self, cluster: &str) {
         http(
@@ -317,6 +326,18 @@ impl Envoy {
         )
     }
 
+    /// Starts Envoy with node id `node` taking its clusters and listeners from `server` over
+    /// ADS (`api_type` `GRPC` or `DELTA_GRPC`): bootstrap `cds_config` and `lds_config`.
+    pub fn start_dynamic(server: &XdsServer, node: &str, api_type: &str) -> Self {
+        let node = serde_json::json!({"id": node, "cluster": "envoy-test"});
+        let text = bootstrap_json(server.grpc_addr(), &node, &[], api_type);
+        let mut bootstrap: Value = serde_json::from_str(&text).expect("bootstrap JSON");
+        let ads = serde_json::json!({"ads": {}, "resource_api_version": "V3"});
+        bootstrap["dynamic_resources"]["cds_config"] = ads.clone();
+        bootstrap["dynamic_resources"]["lds_config"] = ads;
+        Self::launch(&bootstrap.to_string(), None)
+    }
+
     fn spawn(server: &XdsServer, node: &str, clusters: &[&str], api_type: &str) -> Self {
         let node = serde_json::json!({"id": node, "cluster": "envoy-test"});
         Self::launch(
@@ -395,6 +416,12 @@ impl Envoy {
     /// `GET path` on the admin interface: status and body.
     pub fn admin_get(&self, path: &str) -> (u16, String) {
         http(self.admin, "GET", path, "")
+    }
+
+    /// `GET /listeners?format=json`.
+    pub fn listeners(&self) -> Value {
+        let (_, body) = http(self.admin, "GET", "/listeners?format=json", "");
+        serde_json::from_str(&body).expect("listeners JSON")
     }
 
     /// `GET /clusters?format=json`.

@@ -31,12 +31,23 @@ fn endpoints(addrs: &[&str]) -> Value {
 
 /// Probes until only `want` banners answer, within 15 s.
 fn wait_for_backends(netns: &Netns, cgroup: &TestCgroup, want: &[&str]) -> Probe {
-    let vip: SocketAddr = "127.77.0.1:80".parse().unwrap();
+    wait_for_backends_at(netns, cgroup, "127.77.0.1:80".parse().unwrap(), want)
+}
+
+/// Probes `vip` until only `want` banners answer (none: every connect fails), within 15 s.
+fn wait_for_backends_at(
+    netns: &Netns,
+    cgroup: &TestCgroup,
+    vip: SocketAddr,
+    want: &[&str],
+) -> Probe {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let probe = Probe::run(netns, Some(cgroup.path()), vip, 40, false);
         let seen: Vec<&str> = probe.backends.keys().map(String::as_str).collect();
-        if probe.errors.is_empty() && seen == want {
+        // Hosts wanted: every connect answered; none: every connect refused.
+        let all_answered = probe.errors.is_empty();
+        if all_answered != want.is_empty() && seen == want {
             return probe;
         }
         assert!(
@@ -235,5 +246,51 @@ fn reload_changes_eds_clusters_on_the_running_stream(#[case] api_type: &str) {
     }
     let (_, clusters) = integration_tests::kernel::http_get(daemon.admin, "/clusters").unwrap();
     assert!(!clusters.contains("api::"), "{clusters}");
+    assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
+}
+
+/// CDS and LDS drive the kernel: a pushed EDS cluster (its endpoints on the same ADS stream)
+/// and a `tcp_proxy` listener become a service whose connects reach the cluster's host, and a
+/// listener push without it withdraws the service (connects to its address are no longer
+/// rewritten).
+#[test]
+fn cds_and_lds_pushes_make_and_withdraw_a_kernel_service() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let a = "127.0.0.37:8087";
+    let _servers = BannerServers::start(&netns, &[(a.parse().unwrap(), a, false)]);
+    let server = XdsServer::start();
+    server.push("dyn-eds", "1", endpoints(&[a]));
+    let cluster = json!({"name": "dyn", "type": "EDS", "lb_policy": "RANDOM",
+        "eds_cluster_config": {"service_name": "dyn-eds", "eds_config": {"ads": {}}}});
+    server.push_resources("cluster", "1", json!([cluster]));
+    let listener = json!({"name": "dyn",
+        "address": {"socket_address": {"address": "127.77.0.3", "port_value": 80}},
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+            "stat_prefix": "dyn", "cluster": "dyn"}}]}]});
+    server.push_resources("listener", "1", json!([listener]));
+    let node = unique("node");
+    let config = format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nxds:\n  node: {{ id: {node}, cluster: edge }}\n  ads_config: {{ api_type: GRPC, server_uri: \"{}\" }}\n  cds_config: {{ ads: {{}} }}\n  lds_config: {{ ads: {{}} }}\n",
+        unique("t"),
+        cgroup.path().display(),
+        server.grpc_addr(),
+    );
+    let mut daemon = Daemon::start(&config);
+    let vip: SocketAddr = "127.77.0.3:80".parse().unwrap();
+    wait_for_backends_at(&netns, &cgroup, vip, &[a]);
+
+    server.push_resources("listener", "2", json!([]));
+    wait_for_backends_at(&netns, &cgroup, vip, &[]);
+    let ours: Vec<Value> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r["node"] == node.as_str())
+        .collect();
+    let streams: std::collections::BTreeSet<u64> =
+        ours.iter().filter_map(|r| r["stream"].as_u64()).collect();
+    assert_eq!(streams.len(), 1, "CDS, LDS and EDS on one stream: {ours:?}");
+    assert!(ours.iter().all(|r| r["error_detail"].is_null()), "{ours:?}");
     assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
 }

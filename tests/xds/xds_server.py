@@ -24,6 +24,13 @@ port (HTTP/1.1, JSON):
                  "name" at "version") until the next /push.
   POST /remove   {"cluster": "web"}   delta: removed_resources; SotW: omitted from responses
   POST /drop     {}                   ends every open gRPC stream with UNAVAILABLE
+  POST /push_resources {"type": "cluster" | "listener", "version": "2", "resources": [RES, ...]}
+                 RES = an envoy.config.cluster.v3.Cluster or envoy.config.listener.v3.Listener
+                       in proto3 JSON (snake_case names accepted; typed_config with "@type")
+                 The whole set of that type from now on, served over ADS to streams that
+                 subscribed the type: SotW sends it as one response (duplicates included);
+                 delta sends the resources whose content changed (each keeps the version it
+                 was last changed at) and removes the names that left the set.
   GET  /requests                      every request received, oldest first (see record()); each
                                       names its stream (numbered from 1 as they open)
 
@@ -47,12 +54,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
 from google.protobuf import any_pb2, json_format, wrappers_pb2
+from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import health_check_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2  # noqa: F401 (registers the type for "@type")
+from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2  # noqa: F401 (registers the type for "@type")
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from envoy.service.endpoint.v3 import eds_pb2_grpc
 
 CLA_TYPE = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+LISTENER_TYPE = "type.googleapis.com/envoy.config.listener.v3.Listener"
+TYPED = {"cluster": (CLUSTER_TYPE, cluster_pb2.Cluster), "listener": (LISTENER_TYPE, listener_pb2.Listener)}
 STREAM_POLL_SECONDS = 0.2
 
 
@@ -68,6 +82,8 @@ class Store:
         self.opened = 0
         self.requests = []
         self.nonce = 0
+        # type URL -> (version, [(name, version changed at, message)]) from /push_resources
+        self.typed = {}
 
     def next_nonce(self):
         with self.lock:
@@ -119,6 +135,21 @@ class Store:
             streams = list(self.streams)
         for stream in streams:
             stream.put(("removed", name))
+
+    def push_typed(self, kind, version, specs):
+        type_url, message = TYPED[kind]
+        parsed = [json_format.ParseDict(spec, message()) for spec in specs]
+        with self.lock:
+            before = {n: (v, m) for n, v, m in self.typed.get(type_url, ("", []))[1]}
+            entries = []
+            for item in parsed:
+                held = before.get(item.name)
+                changed_at = held[0] if held is not None and held[1] == item else version
+                entries.append((item.name, changed_at, item))
+            self.typed[type_url] = (version, entries)
+            streams = list(self.streams)
+        for stream in streams:
+            stream.put(("typed", type_url))
 
     def drop(self):
         with self.lock:
@@ -198,6 +229,8 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
                     self.store.record(kind, rpc, request, stream)
                     if request.type_url == CLA_TYPE:
                         events.put(("request", request))
+                    elif request.type_url in (CLUSTER_TYPE, LISTENER_TYPE):
+                        events.put(("typed_request", request))
             except grpc.RpcError:
                 pass
             events.put(("end", None))
@@ -211,7 +244,7 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
 
     def sotw(self, rpc, request_iterator, context):
         events = self.open("sotw", rpc, request_iterator)
-        names, sent_version = set(), None
+        names, sent_version, typed = set(), None, set()
         try:
             while context.is_active():
                 try:
@@ -222,6 +255,18 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
                     return
                 if event == "drop":
                     context.abort(grpc.StatusCode.UNAVAILABLE, "dropped by the test")
+                if event in ("typed_request", "typed"):
+                    # Clusters and listeners: a first request subscribes its type; a push sends
+                    # the type's whole set to the streams that subscribed it.
+                    type_url = value.type_url if event == "typed_request" else value
+                    if event == "typed_request":
+                        if value.response_nonce:
+                            continue
+                        typed.add(type_url)
+                    response = self.typed_sotw(type_url) if type_url in typed else None
+                    if response is not None:
+                        yield response
+                    continue
                 if event == "request":
                     # An ACK or NACK names what the client holds; only a change of the names
                     # (a client adding or removing clusters on the stream) asks for more.
@@ -261,9 +306,39 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
             response.resources.add().Pack(held[name][1])
         return response
 
+    def typed_sotw(self, type_url):
+        with self.store.lock:
+            version, entries = self.store.typed.get(type_url, ("", []))
+        if not version:
+            return None
+        response = discovery_pb2.DiscoveryResponse(version_info=version, type_url=type_url, nonce=self.store.next_nonce())
+        for _, _, message in entries:
+            response.resources.add().Pack(message)
+        return response
+
+    def typed_delta(self, type_url, known):
+        """What changed of `type_url` since `known` (name -> version, updated)."""
+        with self.store.lock:
+            version, entries = self.store.typed.get(type_url, ("", []))
+        if not version:
+            return None
+        response = discovery_pb2.DeltaDiscoveryResponse(type_url=type_url, system_version_info=version)
+        for name, changed_at, message in entries:
+            if known.get(name) != changed_at:
+                known[name] = changed_at
+                response.resources.add(name=name, version=changed_at).resource.Pack(message)
+        current = {name for name, _, _ in entries}
+        for name in sorted(set(known) - current):
+            known.pop(name)
+            response.removed_resources.append(name)
+        if not response.resources and not response.removed_resources:
+            return None
+        response.nonce = self.store.next_nonce()
+        return response
+
     def delta(self, rpc, request_iterator, context):
         events = self.open("delta", rpc, request_iterator)
-        names, known, first = set(), {}, True
+        names, known, first, typed = set(), {}, True, {}
         try:
             while context.is_active():
                 try:
@@ -274,6 +349,16 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
                     return
                 if event == "drop":
                     context.abort(grpc.StatusCode.UNAVAILABLE, "dropped by the test")
+                if event in ("typed_request", "typed"):
+                    type_url = value.type_url if event == "typed_request" else value
+                    if event == "typed_request":
+                        if value.response_nonce:
+                            continue
+                        typed.setdefault(type_url, {}).update(value.initial_resource_versions)
+                    response = self.typed_delta(type_url, typed[type_url]) if type_url in typed else None
+                    if response is not None:
+                        yield response
+                    continue
                 if event == "request":
                     if value.response_nonce:
                         continue
@@ -361,6 +446,8 @@ def control_handler(store):
                 store.push_raw(args["version"], [build_raw(spec) for spec in args["resources"]])
             elif self.path == "/remove":
                 store.remove(args["cluster"])
+            elif self.path == "/push_resources":
+                store.push_typed(args["type"], args["version"], args["resources"])
             elif self.path == "/drop":
                 store.drop()
             else:

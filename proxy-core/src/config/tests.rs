@@ -476,7 +476,7 @@ fn xds_errors_are_located() {
         (
             format!("xds:\n  node: {{ id: n }}\n  bogus: 1\n{eds}"),
             ("xds.bogus", 3, 3),
-            "unknown field `bogus`, expected `node` or `ads_config`",
+            "unknown field `bogus`, expected one of `node`, `ads_config`, `cds_config`, `lds_config`",
         ),
         (
             format!(

@@ -42,12 +42,16 @@
 #![forbid(unsafe_code)]
 
 pub mod backoff;
+pub mod cds;
 pub mod cla;
 pub mod config;
 mod grpc;
 pub mod json;
+pub mod lds;
 pub mod node;
+pub mod resources;
 mod rest;
+mod spawn;
 mod state;
 pub mod stats;
 pub mod transport_socket;
@@ -67,22 +71,25 @@ pub use self::{
     backoff::Backoff,
     cla::{ClaError, Rule, Violation, check_constraints, hosts_from_cla},
     config::{
-        AggregatedConfigSource, ApiConfigSource, ApiType, ApiVersion, BackoffConfig, ConfigSource,
-        EdsClusterConfig, EdsWatch, EnvoyGrpc, GoogleGrpc, GrpcApi, GrpcService, NodeConfig,
-        Transport, XdsConfig, XdsConfigError, XdsSource, plan,
+        AdsOnly, AggregatedConfigSource, ApiConfigSource, ApiType, ApiVersion, BackoffConfig,
+        ConfigSource, EdsClusterConfig, EdsWatch, EnvoyGrpc, GoogleGrpc, GrpcApi, GrpcService,
+        NodeConfig, Transport, XdsConfig, XdsConfigError, XdsSource, plan,
     },
     rest::EDS_REST_PATH,
+    spawn::{spawn_ads, spawn_eds, spawn_eds_within},
     state::{CLA_TYPE_URL, UpdateError},
     stats::{ClusterStatValues, ClusterStats, ControlPlaneStats, version_gauge},
 };
 use self::{
-    grpc::GrpcSubscription,
-    rest::RestSubscription,
+    resources::{FileNames, ResourceState},
     state::{EdsState, Sink},
     transport_socket::TransportSocket,
 };
 use super::{DiscoverySource, SourceUpdate};
-use crate::config::{ClusterType, Config};
+use crate::{
+    config::{ClusterType, Config},
+    desired::Feed,
+};
 
 /// One subscribed cluster's output: its updates and stats.
 struct Output {
@@ -100,6 +107,8 @@ pub struct EdsClient {
     outputs: Mutex<BTreeMap<String, Output>>,
     state: Arc<Mutex<EdsState>>,
     resources_changed: Arc<Notify>,
+    /// ADS with CDS or LDS: their state.
+    resources: Option<Arc<Mutex<ResourceState>>>,
     control: Arc<ControlPlaneStats>,
     tasks: Vec<AbortHandle>,
 }
@@ -228,18 +237,60 @@ impl Drop for EdsClient {
 #[derive(Default)]
 pub struct XdsClients {
     by_cluster: BTreeMap<String, Arc<EdsClient>>,
+    /// The ADS connection carrying CDS and LDS, when enabled (it also carries the ADS EDS
+    /// clusters).
+    ads: Option<Arc<EdsClient>>,
+    /// Where CDS and LDS publish, kept for a restart.
+    feed: Option<Feed>,
 }
 
 impl XdsClients {
     /// Starts one client per control-plane connection that the EDS clusters of a validated
     /// `config` need (none without EDS clusters). Must run inside a tokio runtime.
     pub fn start(config: &Config) -> Result<Self, XdsConfigError> {
-        let mut clients = Self::default();
+        Self::start_with(config, None, FileNames::default())
+    }
+
+    /// [`XdsClients::start`], and with a `feed`, when `xds.cds_config` or `lds_config` is
+    /// set, the ADS connection also subscribes CDS and LDS and publishes them on it (also
+    /// without EDS clusters). `file` names what the file alone defines ([`FileNames::of`] the
+    /// file's config, not a composed one, or every xDS name would clash with itself).
+    pub fn start_with(
+        config: &Config,
+        feed: Option<Feed>,
+        file: FileNames,
+    ) -> Result<Self, XdsConfigError> {
+        let mut clients = Self {
+            feed: feed.clone(),
+            ..Self::default()
+        };
         let clusters = eds_clusters(config);
-        let Some(xds) = config.xds.as_ref().filter(|_| !clusters.is_empty()) else {
+        let enabled = config.xds.as_ref().filter(|x| x.resources_enabled());
+        let resources = enabled
+            .zip(feed)
+            .map(|(xds, feed)| ResourceState::new(xds.clone(), file, feed));
+        let Some(xds) = config
+            .xds
+            .as_ref()
+            .filter(|_| !clusters.is_empty() || resources.is_some())
+        else {
             return Ok(clients);
         };
-        for (source, watches) in plan(xds, &clusters, &static_resolver(config))? {
+        let mut groups = plan(xds, &clusters, &static_resolver(config))?;
+        let ads = match resources {
+            Some(resources) => Some((xds.ads_source(&static_resolver(config))?, resources)),
+            None => None,
+        };
+        if let Some((source, resources)) = ads {
+            let watches = take_group(&mut groups, &source);
+            let client = spawn_ads(source, watches, Some(config.kernel_maps), resources)?;
+            let client = Arc::new(client);
+            for name in client.clusters() {
+                clients.by_cluster.insert(name, Arc::clone(&client));
+            }
+            clients.ads = Some(client);
+        }
+        for (source, watches) in groups {
             let client = Arc::new(spawn_eds_within(source, watches, Some(config.kernel_maps))?);
             for name in client.clusters() {
                 clients.by_cluster.insert(name, Arc::clone(&client));
@@ -248,9 +299,17 @@ impl XdsClients {
         Ok(clients)
     }
 
+    /// Starts `new`'s connections afresh (a reload that changed the `xds` block), CDS and LDS
+    /// on the same feed, with an empty state until the server answers (the daemon keeps the
+    /// last overlay until then).
+    pub fn restart(&self, new: &Config, file: FileNames) -> Result<Self, XdsConfigError> {
+        Self::start_with(new, self.feed.clone(), file)
+    }
+
     /// How many control-plane connections run.
     pub fn connections(&self) -> usize {
         let mut seen: Vec<*const EdsClient> = self.by_cluster.values().map(Arc::as_ptr).collect();
+        seen.extend(self.ads.as_ref().map(Arc::as_ptr));
         seen.sort_unstable();
         seen.dedup();
         seen.len()
@@ -280,6 +339,8 @@ impl XdsClients {
         }
         let new_eds = eds_clusters(new);
         let mut change = XdsChange::default();
+        change.ads.clone_from(&self.ads);
+        change.feed.clone_from(&self.feed);
         let Some(xds) = new.xds.as_ref().filter(|_| !new_eds.is_empty()) else {
             change.removed = self
                 .by_cluster
@@ -290,6 +351,7 @@ impl XdsClients {
         };
         let running: Vec<Arc<EdsClient>> = {
             let mut all: Vec<Arc<EdsClient>> = self.by_cluster.values().cloned().collect();
+            all.extend(self.ads.clone());
             all.sort_by_key(|c| Arc::as_ptr(c) as usize);
             all.dedup_by_key(|c| Arc::as_ptr(c) as usize);
             all
@@ -342,7 +404,27 @@ impl XdsClients {
     pub fn preview(change: &XdsChange) -> Self {
         Self {
             by_cluster: change.next.clone(),
+            ads: change.ads.clone(),
+            feed: None,
         }
+    }
+
+    /// The file was reloaded: the CDS and LDS state checks clashes and warming against the
+    /// names it defines now (the file's alone). `Err`: an accepted xDS resource clashes with
+    /// the new file; nothing changed.
+    pub fn set_file(&self, file: FileNames) -> Result<(), resources::ResponseError> {
+        match self.ads.as_ref().and_then(|c| c.resources.as_ref()) {
+            Some(state) => grpc::lock_resources(state).set_file(file),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The watches of the group on `source`, taken out of `groups` (none if no group has it).
+fn take_group(groups: &mut Vec<(XdsSource, Vec<EdsWatch>)>, source: &XdsSource) -> Vec<EdsWatch> {
+    match groups.iter().position(|(s, _)| s == source) {
+        Some(i) => groups.remove(i).1,
+        None => Vec::new(),
     }
 }
 
@@ -369,6 +451,10 @@ pub struct XdsChange {
     removed: Vec<(Arc<EdsClient>, String)>,
     /// New connections.
     started: usize,
+    /// The ADS connection with CDS and LDS, kept.
+    ads: Option<Arc<EdsClient>>,
+    /// Where CDS and LDS publish, kept.
+    feed: Option<Feed>,
     committed: bool,
 }
 
@@ -397,6 +483,8 @@ impl XdsChange {
         }
         XdsClients {
             by_cluster: std::mem::take(&mut self.next),
+            ads: self.ads.take(),
+            feed: self.feed.take(),
         }
     }
 }
@@ -491,95 +579,6 @@ impl DiscoverySource for EdsSource {
             .map(|stats| stats.named(&self.cluster))
             .unwrap_or_default()
     }
-}
-
-/// Starts the subscriptions of `watches` on `source`. Must be called within a tokio runtime.
-/// A cluster name may appear once; several clusters may share a resource name.
-pub fn spawn_eds(source: XdsSource, watches: Vec<EdsWatch>) -> Result<EdsClient, XdsConfigError> {
-    spawn_eds_within(source, watches, None)
-}
-
-/// [`spawn_eds`], NACKing an assignment with more hosts than `maps` take (`None`: no limit).
-pub fn spawn_eds_within(
-    source: XdsSource,
-    watches: Vec<EdsWatch>,
-    maps: Option<crate::config::MapSizes>,
-) -> Result<EdsClient, XdsConfigError> {
-    let mut outputs = BTreeMap::new();
-    let mut sinks = Vec::new();
-    for watch in watches {
-        let (tx, rx) = watch::channel(SourceUpdate::default());
-        let stats = Arc::new(ClusterStats::default());
-        let output = Output {
-            rx,
-            stats: Arc::clone(&stats),
-            resource: watch.resource.clone(),
-        };
-        if outputs.insert(watch.cluster.clone(), output).is_some() {
-            return Err(XdsConfigError::Server {
-                field: format!("clusters.{}", watch.cluster),
-                reason: "cluster subscribed twice on one connection".into(),
-            });
-        }
-        let cluster = watch.cluster;
-        sinks.push((watch.resource, Sink { cluster, tx, stats }));
-    }
-    let state = Arc::new(Mutex::new(EdsState::new(sinks).within(maps)));
-    let control = Arc::new(ControlPlaneStats::default());
-    let resources_changed = Arc::new(Notify::new());
-    let kept_source = source.clone();
-    let backoff = Backoff::new(source.backoff.0, source.backoff.1);
-    let node = node::to_proto(&source.node);
-    let tls = source.tls.map(Arc::new);
-    let main = match source.transport {
-        Transport::Grpc { uri, api, delta } => {
-            let sub = GrpcSubscription {
-                uri,
-                api,
-                delta,
-                node,
-                tls: tls.clone(),
-                state: Arc::clone(&state),
-                control: Arc::clone(&control),
-                resources_changed: Arc::clone(&resources_changed),
-            };
-            tokio::spawn(grpc::run(sub, backoff))
-        }
-        Transport::Rest {
-            uri,
-            refresh_delay,
-            request_timeout,
-        } => {
-            let sub = RestSubscription {
-                uri,
-                refresh_delay,
-                request_timeout,
-                node: source.node,
-                tls,
-                state: Arc::clone(&state),
-                control: Arc::clone(&control),
-            };
-            tokio::spawn(rest::run(sub, backoff))
-        }
-    };
-    let mut tasks = vec![main.abort_handle()];
-    if !source.initial_fetch_timeout.is_zero() {
-        let timeout = source.initial_fetch_timeout;
-        let timed = Arc::clone(&state);
-        let timer = tokio::spawn(async move {
-            tokio::time::sleep(timeout).await;
-            grpc::lock(&timed).on_init_timeout();
-        });
-        tasks.push(timer.abort_handle());
-    }
-    Ok(EdsClient {
-        source: kept_source,
-        outputs: Mutex::new(outputs),
-        state,
-        resources_changed,
-        control,
-        tasks,
-    })
 }
 
 #[cfg(test)]

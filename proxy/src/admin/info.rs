@@ -23,6 +23,8 @@ pub struct Launch {
     pub logging: Option<LogControl>,
     /// `--takeover`: take over from the running daemon of the instance (`daemon::takeover`).
     pub takeover: bool,
+    /// `--user` and `--no-seccomp`, which a reload applies over the file again.
+    pub run_flags: crate::RunFlags,
 }
 
 impl Default for Launch {
@@ -34,6 +36,7 @@ impl Default for Launch {
             started: SystemTime::now(),
             logging: None,
             takeover: false,
+            run_flags: crate::RunFlags::default(),
         }
     }
 }

@@ -193,6 +193,13 @@ fn fixed_fields(old: &Config, new: &Config) -> Result<(), NeedsRestart> {
     if old.kernel_maps != new.kernel_maps {
         changed.push("kernel_maps");
     }
+    // The steady state was entered once, with no way back to root.
+    if old.user != new.user {
+        changed.push("user");
+    }
+    if old.seccomp != new.seccomp {
+        changed.push("seccomp");
+    }
     // The config entry watch is started with the run.
     if old.consul_config_entries != new.consul_config_entries {
         changed.push("consul_config_entries");
@@ -381,6 +388,8 @@ mod tests {
                 "consul_config_entries: { address: 127.0.0.1:8501 }\n",
                 "consul_config_entries",
             ),
+            ("user: nobody\n", "user"),
+            ("seccomp: false\n", "seccomp"),
         ] {
             let new = config(&[("a", 1)], &[("s", "127.77.0.1", "a")], extra);
             let err = diff(&base, &new).expect_err(field);

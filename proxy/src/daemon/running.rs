@@ -11,7 +11,10 @@ use proxy_common::service::ServiceKey;
 use proxy_core::{
     config::{Config, Service, ServiceMode},
     desired::{Overlay, Source},
-    discovery::{guard::HostGuard, xds::XdsClients},
+    discovery::{
+        guard::HostGuard,
+        xds::{XdsClients, resources::FileNames},
+    },
     health::HealthCheckManager,
     kernel::{ServiceTemplate, needs_sockops},
     upstream::Upstream,
@@ -46,6 +49,8 @@ pub(super) struct Context {
     pub(super) guard: HostGuard,
     pub(super) dp: SharedDataplane,
     pub(super) published: PublishedTx,
+    /// `proxy run`'s flags, applied over every file a reload reads.
+    pub(super) run_flags: crate::RunFlags,
 }
 
 /// The configuration in force and what it started.
@@ -130,10 +135,16 @@ impl Running {
             .await
             .map_err(|err| ReloadRefused::Failed(format!("reading the configuration: {err}")))?;
         let mut file = loaded.map_err(|err| ReloadRefused::Invalid(err.to_string()))?;
-        // The thread count comes from the command line, not the file.
+        // The thread count, the user and the seccomp switch come from the command line when
+        // it sets them, as at the start.
         file.proxy.engine_threads = self.config.proxy.engine_threads;
+        ctx.run_flags.apply(&mut file);
         let new = compose(&file, &self.overlays)?;
         let summary = self.apply(new, ctx).await?;
+        // xDS checks its names against the file's (composition already refused a clash).
+        if let Err(err) = self.xds.set_file(FileNames::of(&file)) {
+            tracing::warn!(%err, "xDS keeps the previous file's names");
+        }
         self.file = file;
         Ok(summary)
     }
@@ -178,7 +189,11 @@ impl Running {
         // A restart, or clusters added on the running streams (taken back if the reload is
         // refused below) and removed at the commit.
         let (fresh_xds, xds_change) = if plan.xds_restart {
-            (Some(XdsClients::start(&new).map_err(xds_failed)?), None)
+            let file = FileNames::of(&self.file);
+            (
+                Some(self.xds.restart(&new, file).map_err(xds_failed)?),
+                None,
+            )
         } else {
             let change = self.xds.prepare(&self.config, &new).map_err(xds_failed)?;
             (change.as_ref().map(XdsClients::preview), change)

@@ -3,8 +3,9 @@
 //!
 //! Every running daemon listens on a unix socket, `/run/proxy/<instance>-<pin hash>.takeover`
 //! (mode 0600 in a directory of mode 0700, both the daemon's user's; the peer's uid is checked
-//! with `SO_PEERCRED` on both ends), named after its pin directory (the place its instance lock
-//! is taken), so two daemons of one instance name on two bpffs mounts never share one. The new
+//! with `SO_PEERCRED` on both ends: this daemon's, root's, or the directory owner's), named
+//! after its pin directory (the place its instance lock is taken), so two daemons of one
+//! instance name on two bpffs mounts never share one. The new
 //! daemon, before it takes the instance's lock, asks (a daemon of an earlier version listens on
 //! `/run/proxy/<instance>.takeover`, which is asked when the first is not there; its offer names
 //! its pin directory, which must be the new one's):
@@ -232,7 +233,14 @@ fn check_peer(fd: std::os::fd::BorrowedFd<'_>, path: &Path) -> Result<(), Takeov
         path: path.to_owned(),
         source,
     })?;
-    if uid == sys::effective_uid() {
+    // Root, or the owner of the runtime directory (a daemon's steady-state user, `user`), on
+    // either side: a daemon of one user may take over from a daemon started as root that runs
+    // as that user now, and the other way round.
+    let dir_owner = path
+        .parent()
+        .and_then(|d| std::fs::symlink_metadata(d).ok())
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m));
+    if uid == sys::effective_uid() || uid == 0 || Some(uid) == dir_owner {
         Ok(())
     } else {
         Err(TakeoverError::Peer {

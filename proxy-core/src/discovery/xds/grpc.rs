@@ -8,8 +8,9 @@
 //! * Delta: the first request subscribes the names and lists the versions we hold in
 //!   `initial_resource_versions`; ACK = `response_nonce`; NACK = `response_nonce` and
 //!   `error_detail`.
-//! * Every request carries `node` and the ClusterLoadAssignment `type_url`; ADS responses of
-//!   other types are ignored (we never subscribe to them).
+//! * Every request carries `node` and its `type_url`. An ADS stream with CDS and LDS enabled
+//!   also subscribes Cluster and Listener resources (wildcard, as Envoy) and ACKs or NACKs each
+//!   type on its own ([`ResourceState`]); responses of types not subscribed are ignored.
 //! * A failed or closed stream counts `update_failure`, keeps every host, and is retried after
 //!   a jittered exponential backoff, reset by the next accepted response; a response over the
 //!   decode limit counts `control_plane.oversized_responses` and backs off on its own count
@@ -29,7 +30,7 @@ use envoy_types::pb::{
         config::core::v3::Node,
         service::{
             discovery::v3::{
-                DeltaDiscoveryRequest, DiscoveryRequest,
+                DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
                 aggregated_discovery_service_client::AggregatedDiscoveryServiceClient,
             },
             endpoint::v3::endpoint_discovery_service_client::EndpointDiscoveryServiceClient,
@@ -51,7 +52,8 @@ use crate::{
     discovery::xds::{
         backoff::Backoff,
         config::GrpcApi,
-        state::{CLA_TYPE_URL, EdsState, UpdateError},
+        resources::ResourceState,
+        state::{CLA_TYPE_URL, EdsState},
         stats::ControlPlaneStats,
     },
     tls::{self, TlsError, TlsSettings},
@@ -119,6 +121,8 @@ pub(crate) struct GrpcSubscription {
     /// TLS to the server; `uri` is then `https://`.
     pub(crate) tls: Option<Arc<TlsSettings>>,
     pub(crate) state: Arc<Mutex<EdsState>>,
+    /// ADS only: the CDS and LDS resources, when enabled.
+    pub(crate) resources: Option<Arc<Mutex<ResourceState>>>,
     pub(crate) control: Arc<ControlPlaneStats>,
     /// Woken when a reload changed the subscribed resources.
     pub(crate) resources_changed: Arc<Notify>,
@@ -217,7 +221,14 @@ async fn run_sotw(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backof
     };
     let mut asked = first.resource_names.clone();
     let mut last_nonce = String::new();
-    let _ = tx.send(first).await;
+    // With CDS and LDS on the stream, no EDS request until a cluster needs one: an empty
+    // first request would be a wildcard subscription of every assignment.
+    if sub.resources.is_none() || !asked.is_empty() {
+        let _ = tx.send(first).await;
+    }
+    for request in resource_first_sotw(sub) {
+        let _ = tx.send(request).await;
+    }
     let outbound = tonic::Request::new(ReceiverStream::new(rx));
     let response = match sub.api {
         GrpcApi::Aggregated => {
@@ -261,6 +272,13 @@ async fn run_sotw(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backof
                 continue;
             }
         };
+        if let Some(request) = resource_reply_sotw(sub, &response) {
+            backoff.reset();
+            if tx.send(request).await.is_err() {
+                return StreamError::Closed;
+            }
+            continue;
+        }
         if response.type_url != CLA_TYPE_URL {
             tracing::debug!(type_url = %response.type_url, "ignoring a response of another type");
             continue;
@@ -300,7 +318,12 @@ async fn run_delta(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backo
             ..Default::default()
         }
     };
-    let _ = tx.send(first).await;
+    if sub.resources.is_none() || !first.resource_names_subscribe.is_empty() {
+        let _ = tx.send(first).await;
+    }
+    for request in resource_first_delta(sub) {
+        let _ = tx.send(request).await;
+    }
     let outbound = tonic::Request::new(ReceiverStream::new(rx));
     let response = match sub.api {
         GrpcApi::Aggregated => {
@@ -346,6 +369,13 @@ async fn run_delta(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backo
                 continue;
             }
         };
+        if let Some(request) = resource_reply_delta(sub, &response) {
+            backoff.reset();
+            if tx.send(request).await.is_err() {
+                return StreamError::Closed;
+            }
+            continue;
+        }
         if response.type_url != CLA_TYPE_URL {
             tracing::debug!(type_url = %response.type_url, "ignoring a response of another type");
             continue;
@@ -387,12 +417,95 @@ fn sotw_request(
     }
 }
 
+/// ADS with CDS and LDS: the first request of each type, wildcard, with the version held.
+fn resource_first_sotw(sub: &GrpcSubscription) -> Vec<DiscoveryRequest> {
+    let Some(resources) = &sub.resources else {
+        return Vec::new();
+    };
+    let state = lock_resources(resources);
+    let request = |type_url: &str| DiscoveryRequest {
+        version_info: state.version_info(type_url).to_owned(),
+        node: Some(sub.node.clone()),
+        type_url: type_url.to_owned(),
+        ..Default::default()
+    };
+    state.types().iter().map(|t| request(t)).collect()
+}
+
+/// The ACK or NACK of a CDS or LDS response; `None` for a response of another type.
+fn resource_reply_sotw(
+    sub: &GrpcSubscription,
+    response: &DiscoveryResponse,
+) -> Option<DiscoveryRequest> {
+    let mut state = lock_resources(sub.resources.as_ref()?);
+    if !state.handles(&response.type_url) {
+        return None;
+    }
+    let detail = state.apply_sotw(response).err().map(|e| nack_status(&e));
+    log_decision(detail.as_ref(), &response.version_info);
+    Some(DiscoveryRequest {
+        version_info: state.version_info(&response.type_url).to_owned(),
+        node: Some(sub.node.clone()),
+        type_url: response.type_url.clone(),
+        response_nonce: response.nonce.clone(),
+        error_detail: detail,
+        ..Default::default()
+    })
+}
+
+/// Delta: the first request of each type, with the versions held.
+fn resource_first_delta(sub: &GrpcSubscription) -> Vec<DeltaDiscoveryRequest> {
+    let Some(resources) = &sub.resources else {
+        return Vec::new();
+    };
+    let state = lock_resources(resources);
+    let request = |type_url: &str| DeltaDiscoveryRequest {
+        node: Some(sub.node.clone()),
+        type_url: type_url.to_owned(),
+        initial_resource_versions: state.delta_versions(type_url),
+        ..Default::default()
+    };
+    state.types().iter().map(|t| request(t)).collect()
+}
+
+/// Delta: the ACK or NACK of a CDS or LDS response; `None` for another type.
+fn resource_reply_delta(
+    sub: &GrpcSubscription,
+    response: &DeltaDiscoveryResponse,
+) -> Option<DeltaDiscoveryRequest> {
+    let mut state = lock_resources(sub.resources.as_ref()?);
+    if !state.handles(&response.type_url) {
+        return None;
+    }
+    let result = state.apply_delta(response);
+    drop(state);
+    let error_detail = result.err().map(|e| nack_status(&e));
+    log_decision(error_detail.as_ref(), &response.system_version_info);
+    Some(DeltaDiscoveryRequest {
+        node: Some(sub.node.clone()),
+        type_url: response.type_url.clone(),
+        response_nonce: response.nonce.clone(),
+        error_detail,
+        ..Default::default()
+    })
+}
+
+/// Locks the CDS and LDS state (a poisoned lock holds consistent data: a response is checked
+/// whole before anything is kept).
+pub(crate) fn lock_resources(
+    state: &Mutex<ResourceState>,
+) -> std::sync::MutexGuard<'_, ResourceState> {
+    state
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The longest NACK message sent, in bytes, as Envoy bounds it (gRPC's trailers default to
 /// 8 KiB); a longer one is cut at a character boundary and marked `...(truncated)`.
 const MAX_NACK_MESSAGE: usize = 4096;
 
 /// The `error_detail` of a NACK.
-pub(crate) fn nack_status(error: &UpdateError) -> Status {
+pub(crate) fn nack_status(error: &dyn StdError) -> Status {
     let mut message = error_chain(error);
     if message.len() > MAX_NACK_MESSAGE {
         let mut end = MAX_NACK_MESSAGE;
@@ -411,9 +524,9 @@ pub(crate) fn nack_status(error: &UpdateError) -> Status {
 
 fn log_decision(error_detail: Option<&Status>, version: &str) {
     match error_detail {
-        None => tracing::debug!(version, "EDS update accepted (ACK)"),
+        None => tracing::debug!(version, "xDS update accepted (ACK)"),
         Some(status) => {
-            tracing::warn!(reason = %status.message, "EDS update rejected (NACK), hosts kept");
+            tracing::warn!(reason = %status.message, "xDS update rejected (NACK), last good state kept");
         }
     }
 }

@@ -1,10 +1,12 @@
 //! Unit tests of the xDS source: the host mapping, validation, config, the state machine, and
 //! ACK/NACK sequences against an in-process tonic xDS server on 127.0.0.1.
 
+mod ads;
 mod config;
 mod fixtures;
 mod json;
 mod mapping;
+mod resources;
 mod rest;
 mod server;
 mod state;

@@ -1,0 +1,514 @@
+//! The CDS and LDS state of one ADS stream: apply state-of-the-world and delta responses
+//! through one path, decide ACK or NACK, and publish what is accepted as an [`Overlay`].
+//!
+//! Both protocols reduce a response to the whole next set of its type (state of the world:
+//! the response's resources; delta: the held set with the response's additions and removals),
+//! and that set is checked as one, together with the other type and with the names the file
+//! defines: every cluster by the file's rules ([`cds`]), every listener against the clusters it
+//! may name ([`lds`]), and no name that the file also defines (a clash is refused naming both
+//! sources; the file's resource is never overridden). Any failure NACKs the whole response and
+//! keeps the last good state.
+//!
+//! Warming, as Envoy's: a listener naming a cluster that neither the file nor CDS defines is
+//! held (accepted, not published) until the cluster arrives. A CDS cluster is published at
+//! once; an EDS one then waits for its first endpoints (or its `initial_fetch_timeout`) in the
+//! daemon's cluster loop, which publishes no service before its cluster's first hosts.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use envoy_types::pb::{
+    envoy::{
+        config::{cluster::v3::Cluster as ProtoCluster, listener::v3::Listener},
+        service::discovery::v3::{DeltaDiscoveryResponse, DiscoveryResponse, Resource},
+    },
+    google::protobuf::Any,
+};
+use prost::Message;
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::{
+    config::{ClusterType, Config},
+    desired::{Feed, Overlay},
+    discovery::xds::{
+        XdsConfig,
+        cds::{self, CLUSTER_TYPE_URL, ResourceError},
+        lds::{self, LISTENER_TYPE_URL, ListenerForm},
+    },
+};
+
+/// Why a CDS or LDS response is NACKed; the message is the NACK's `error_detail`.
+#[derive(Debug, Error)]
+pub enum ResponseError {
+    /// One resource is refused.
+    #[error(transparent)]
+    Resource(#[from] ResourceError),
+    /// A resource of another type than the response's.
+    #[error("{found} does not match the message-wide type URL {expected} (resource {index})")]
+    TypeUrl {
+        /// The response's type URL.
+        expected: String,
+        /// The resource's.
+        found: String,
+        /// Its index in the response.
+        index: usize,
+    },
+    /// A resource that does not decode as its type.
+    #[error("unable to unpack resource {index} as {type_url}")]
+    Decode {
+        /// The type URL.
+        type_url: String,
+        /// Its index in the response.
+        index: usize,
+        /// The decoder's error.
+        #[source]
+        source: prost::DecodeError,
+    },
+    /// One name twice in one response.
+    #[error("duplicate {kind} {name} found")]
+    Duplicate {
+        /// `cluster` or `listener`.
+        kind: &'static str,
+        /// The name.
+        name: String,
+    },
+    /// A delta resource whose name is not its message's.
+    #[error("{kind} resource {name:?} holds a {kind} named {inner:?}; the names must match")]
+    NameMismatch {
+        /// `cluster` or `listener`.
+        kind: &'static str,
+        /// The resource's name.
+        name: String,
+        /// The message's name.
+        inner: String,
+    },
+    /// A name the configuration file defines too.
+    #[error(
+        "{kind} {name:?} is defined both in {} ({field}) and by xDS; a name may come from one source only, rename one of them",
+        crate::desired::Source::File
+    )]
+    Clash {
+        /// `cluster`, `listener` or `config entry`.
+        kind: &'static str,
+        /// The name.
+        name: String,
+        /// Where the file defines it.
+        field: &'static str,
+    },
+}
+
+/// The names the configuration file defines, which xDS may not define again.
+#[derive(Clone, Debug, Default)]
+pub struct FileNames {
+    /// Clusters and their types (listeners may name them).
+    pub clusters: BTreeMap<String, ClusterType>,
+    /// Services.
+    pub services: BTreeSet<String>,
+    /// Config entry names of the kinds a listener's split adds (service-splitter).
+    pub splitters: BTreeSet<String>,
+}
+
+impl FileNames {
+    /// The names `config` defines.
+    pub fn of(config: &Config) -> Self {
+        Self {
+            clusters: config
+                .clusters
+                .iter()
+                .map(|c| (c.name.clone(), c.cluster_type))
+                .collect(),
+            services: config.services.iter().map(|s| s.name.clone()).collect(),
+            splitters: config
+                .config_entries
+                .iter()
+                .filter_map(|e| match e {
+                    proxy_chain::ConfigEntry::ServiceSplitter(s) => Some(s.name.clone()),
+                    _ => None,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A held resource: its version and its file form.
+#[derive(Clone, Debug)]
+struct Held<T> {
+    version: String,
+    form: T,
+}
+
+/// The CDS and LDS resources of one stream.
+pub struct ResourceState {
+    xds: XdsConfig,
+    file: FileNames,
+    clusters: BTreeMap<String, Held<Value>>,
+    listeners: BTreeMap<String, Held<ListenerForm>>,
+    /// State of the world: the last accepted `version_info` by type URL.
+    versions: BTreeMap<String, String>,
+    /// The types subscribed, in the order Envoy asks for them.
+    types: Vec<&'static str>,
+    /// Subscribed types without a first answer (accepted or not): nothing is published before
+    /// every type has answered once, so the first overlay is never a partial state.
+    waiting: BTreeSet<&'static str>,
+    /// What the last accepted state publishes.
+    current: Overlay,
+    feed: Feed,
+}
+
+impl ResourceState {
+    /// An empty state publishing on `feed`, checking EDS clusters against `xds` and names
+    /// against `file`.
+    /// Subscribes the types `xds` enables (`cds_config`, `lds_config`; both when neither is
+    /// set).
+    pub fn new(xds: XdsConfig, file: FileNames, feed: Feed) -> Self {
+        let mut types = Vec::new();
+        if xds.cds_config.is_some() || xds.lds_config.is_none() {
+            types.push(CLUSTER_TYPE_URL);
+        }
+        if xds.lds_config.is_some() || xds.cds_config.is_none() {
+            types.push(LISTENER_TYPE_URL);
+        }
+        Self {
+            xds,
+            file,
+            clusters: BTreeMap::new(),
+            listeners: BTreeMap::new(),
+            versions: BTreeMap::new(),
+            waiting: types.iter().copied().collect(),
+            types,
+            current: Overlay::default(),
+            feed,
+        }
+    }
+
+    /// The types subscribed, in the order Envoy asks for them (clusters, then listeners).
+    pub fn types(&self) -> &[&'static str] {
+        &self.types
+    }
+
+    /// Whether a response of `type_url` is ours.
+    pub fn handles(&self, type_url: &str) -> bool {
+        self.types.contains(&type_url)
+    }
+
+    /// `type_url` answered (accepted or not): the first overlay goes out once every
+    /// subscribed type has.
+    fn answered(&mut self, type_url: &str) {
+        let was_waiting = !self.waiting.is_empty();
+        self.waiting.retain(|t| *t != type_url);
+        if was_waiting && self.waiting.is_empty() {
+            self.feed.send_replace(self.current.clone());
+        }
+    }
+
+    /// State of the world: the last accepted `version_info` of `type_url`.
+    pub fn version_info(&self, type_url: &str) -> &str {
+        self.versions.get(type_url).map_or("", String::as_str)
+    }
+
+    /// Delta: the versions held of `type_url`, for `initial_resource_versions`.
+    pub fn delta_versions(&self, type_url: &str) -> std::collections::HashMap<String, String> {
+        if type_url == CLUSTER_TYPE_URL {
+            versions(&self.clusters)
+        } else {
+            versions(&self.listeners)
+        }
+    }
+
+    /// The file was reloaded: its names change what clashes and what a listener waits for.
+    /// `Err` (nothing changed) when an accepted xDS resource now clashes with the file.
+    pub fn set_file(&mut self, file: FileNames) -> Result<(), ResponseError> {
+        let old = std::mem::replace(&mut self.file, file);
+        let (clusters, listeners) = (self.clusters.clone(), self.listeners.clone());
+        if let Err(error) = self.commit(clusters, listeners) {
+            self.file = old;
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    /// State of the world: the response's resources are the whole set of its type.
+    pub fn apply_sotw(&mut self, response: &DiscoveryResponse) -> Result<(), ResponseError> {
+        let version = &response.version_info;
+        let mut named = Vec::with_capacity(response.resources.len());
+        for (index, any) in response.resources.iter().enumerate() {
+            named.push((index, None, version.clone(), any));
+        }
+        let result = self
+            .next_sets(&response.type_url, named, &[], true)
+            .and_then(|(clusters, listeners)| self.commit(clusters, listeners));
+        if result.is_ok() {
+            self.versions
+                .insert(response.type_url.clone(), version.clone());
+        }
+        self.answered(&response.type_url);
+        result
+    }
+
+    /// Delta: the held set with the response's additions and removals.
+    pub fn apply_delta(&mut self, response: &DeltaDiscoveryResponse) -> Result<(), ResponseError> {
+        let mut named = Vec::with_capacity(response.resources.len());
+        for (index, resource) in response.resources.iter().enumerate() {
+            let Resource {
+                name,
+                version,
+                resource,
+                ..
+            } = resource;
+            let Some(any) = resource else {
+                continue; // A heartbeat: the version we hold, without a body.
+            };
+            named.push((index, Some(name.clone()), version.clone(), any));
+        }
+        let removed = &response.removed_resources;
+        let result = self
+            .next_sets(&response.type_url, named, removed, false)
+            .and_then(|(clusters, listeners)| self.commit(clusters, listeners));
+        self.answered(&response.type_url);
+        result
+    }
+
+    /// The next cluster and listener sets after a response of `type_url`.
+    #[expect(clippy::type_complexity, reason = "the two sets, named once")]
+    fn next_sets(
+        &self,
+        type_url: &str,
+        resources: Vec<(usize, Option<String>, String, &Any)>,
+        removed: &[String],
+        whole: bool,
+    ) -> Result<
+        (
+            BTreeMap<String, Held<Value>>,
+            BTreeMap<String, Held<ListenerForm>>,
+        ),
+        ResponseError,
+    > {
+        let (mut clusters, mut listeners) = (self.clusters.clone(), self.listeners.clone());
+        if type_url == CLUSTER_TYPE_URL {
+            update(
+                &mut clusters,
+                resources,
+                removed,
+                whole,
+                type_url,
+                decode_cluster,
+            )?;
+        } else {
+            update(
+                &mut listeners,
+                resources,
+                removed,
+                whole,
+                type_url,
+                decode_listener,
+            )?;
+        }
+        Ok((clusters, listeners))
+    }
+
+    /// Checks the next sets as one and, when they pass, keeps and publishes them.
+    fn commit(
+        &mut self,
+        clusters: BTreeMap<String, Held<Value>>,
+        listeners: BTreeMap<String, Held<ListenerForm>>,
+    ) -> Result<(), ResponseError> {
+        let overlay = self.check(&clusters, &listeners)?;
+        self.clusters = clusters;
+        self.listeners = listeners;
+        self.current = overlay;
+        if self.waiting.is_empty() {
+            self.feed.send_replace(self.current.clone());
+        }
+        Ok(())
+    }
+
+    /// The overlay of the sets, or why they are refused.
+    fn check(
+        &self,
+        clusters: &BTreeMap<String, Held<Value>>,
+        listeners: &BTreeMap<String, Held<ListenerForm>>,
+    ) -> Result<Overlay, ResponseError> {
+        let clash = |kind, name: &String, field| ResponseError::Clash {
+            kind,
+            name: name.clone(),
+            field,
+        };
+        if let Some(name) = clusters
+            .keys()
+            .find(|n| self.file.clusters.contains_key(*n))
+        {
+            return Err(clash("cluster", name, "clusters"));
+        }
+        if let Some(name) = listeners.keys().find(|n| self.file.services.contains(*n)) {
+            return Err(clash("listener", name, "services"));
+        }
+        let splits = listeners.iter().filter(|(_, l)| l.form.splitter.is_some());
+        if let Some((name, _)) = splits
+            .into_iter()
+            .find(|(n, _)| self.file.splitters.contains(*n))
+        {
+            return Err(clash(
+                "config entry",
+                name,
+                "config_entries (service-splitter)",
+            ));
+        }
+        let forms: Vec<(String, Value)> = clusters
+            .iter()
+            .map(|(n, h)| (n.clone(), h.form.clone()))
+            .collect();
+        let typed = if forms.is_empty() {
+            Vec::new()
+        } else {
+            cds::validate(&forms, &self.xds)?
+        };
+        let mut known = self.file.clusters.clone();
+        known.extend(typed.iter().map(|c| (c.name.clone(), c.cluster_type)));
+        Self::listener_overlay(typed, listeners, &known)
+    }
+
+    /// Checks every listener (one naming a cluster not known yet against a stand-in) and
+    /// publishes the ready ones: those whose clusters are all known.
+    fn listener_overlay(
+        clusters: Vec<crate::config::Cluster>,
+        listeners: &BTreeMap<String, Held<ListenerForm>>,
+        known: &BTreeMap<String, ClusterType>,
+    ) -> Result<Overlay, ResponseError> {
+        let mut stand_ins = known.clone();
+        for l in listeners.values() {
+            for c in &l.form.clusters {
+                stand_ins.entry(c.clone()).or_insert(ClusterType::Static);
+            }
+        }
+        let all: Vec<(String, ListenerForm)> = listeners
+            .iter()
+            .map(|(n, h)| (n.clone(), h.form.clone()))
+            .collect();
+        if !all.is_empty() {
+            let stand_ins: Vec<(String, ClusterType)> = stand_ins.into_iter().collect();
+            lds::validate(&all, &stand_ins)?;
+        }
+        let ready: Vec<(String, ListenerForm)> = all
+            .into_iter()
+            .filter(|(name, form)| {
+                let waiting = form.clusters.iter().find(|c| !known.contains_key(*c));
+                if let Some(cluster) = waiting {
+                    tracing::info!(listener = %name, %cluster, "listener held until its cluster arrives (warming)");
+                }
+                waiting.is_none()
+            })
+            .collect();
+        let known: Vec<(String, ClusterType)> =
+            known.iter().map(|(n, t)| (n.clone(), *t)).collect();
+        let (services, config_entries) = if ready.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            lds::validate(&ready, &known)?
+        };
+        Ok(Overlay {
+            clusters,
+            services,
+            config_entries,
+        })
+    }
+
+    /// The names of the accepted clusters.
+    pub fn cluster_names(&self) -> Vec<String> {
+        self.clusters.keys().cloned().collect()
+    }
+
+    /// The names of the accepted listeners (published or held).
+    pub fn listener_names(&self) -> Vec<String> {
+        self.listeners.keys().cloned().collect()
+    }
+}
+
+fn versions<T>(held: &BTreeMap<String, Held<T>>) -> std::collections::HashMap<String, String> {
+    held.iter()
+        .map(|(n, h)| (n.clone(), h.version.clone()))
+        .collect()
+}
+
+/// Decodes one resource (its index in the response) into its name and file form.
+type Decode<T> = fn(&Any, usize) -> Result<(String, T), ResponseError>;
+
+/// Applies decoded resources (and removals) to `set`: `whole` replaces it.
+fn update<T>(
+    set: &mut BTreeMap<String, Held<T>>,
+    resources: Vec<(usize, Option<String>, String, &Any)>,
+    removed: &[String],
+    whole: bool,
+    type_url: &str,
+    decode: Decode<T>,
+) -> Result<(), ResponseError> {
+    let kind = if type_url == CLUSTER_TYPE_URL {
+        "cluster"
+    } else {
+        "listener"
+    };
+    let next = decode_each(resources, type_url, kind, decode)?;
+    for name in removed {
+        if next.contains_key(name) {
+            return Err(ResponseError::Duplicate {
+                kind,
+                name: name.clone(),
+            });
+        }
+    }
+    if whole {
+        *set = next;
+    } else {
+        for name in removed {
+            set.remove(name);
+        }
+        set.extend(next);
+    }
+    Ok(())
+}
+
+/// Decodes every resource of a response, by name; refuses another type and a name twice.
+fn decode_each<T>(
+    resources: Vec<(usize, Option<String>, String, &Any)>,
+    type_url: &str,
+    kind: &'static str,
+    decode: Decode<T>,
+) -> Result<BTreeMap<String, Held<T>>, ResponseError> {
+    let mut next = BTreeMap::new();
+    for (index, name, version, any) in resources {
+        if any.type_url != type_url {
+            return Err(ResponseError::TypeUrl {
+                expected: type_url.to_owned(),
+                found: any.type_url.clone(),
+                index,
+            });
+        }
+        let (inner, form) = decode(any, index)?;
+        if let Some(name) = name.filter(|n| *n != inner) {
+            return Err(ResponseError::NameMismatch { kind, name, inner });
+        }
+        if next.insert(inner.clone(), Held { version, form }).is_some() {
+            return Err(ResponseError::Duplicate { kind, name: inner });
+        }
+    }
+    Ok(next)
+}
+
+fn decode_cluster(any: &Any, index: usize) -> Result<(String, Value), ResponseError> {
+    let cluster =
+        ProtoCluster::decode(any.value.as_slice()).map_err(|source| ResponseError::Decode {
+            type_url: CLUSTER_TYPE_URL.to_owned(),
+            index,
+            source,
+        })?;
+    Ok((cluster.name.clone(), cds::file_form(&cluster)?))
+}
+
+fn decode_listener(any: &Any, index: usize) -> Result<(String, ListenerForm), ResponseError> {
+    let listener =
+        Listener::decode(any.value.as_slice()).map_err(|source| ResponseError::Decode {
+            type_url: LISTENER_TYPE_URL.to_owned(),
+            index,
+            source,
+        })?;
+    Ok((listener.name.clone(), lds::file_form(&listener)?))
+}

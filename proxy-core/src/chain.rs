@@ -17,11 +17,16 @@
 //! (consul#10857), and failover when the healthy share of a target drops below a threshold
 //! (consul#6276; Consul fails over only when no instance is healthy).
 
+mod each;
+
 use std::{collections::BTreeSet, net::SocketAddr};
 
 use proxy_chain::{CompiledDiscoveryChain, TargetLeg, filter::HealthStatus};
 use serde::{Deserialize, Serialize};
 
+pub use self::each::{
+    ChainFailure, ChainServiceError, CompiledChains, UnusableEntry, compile_each, compile_service,
+};
 use crate::{
     discovery::{EdsHealth, Host},
     health::Routing,

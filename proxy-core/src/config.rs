@@ -121,6 +121,12 @@ pub struct Config {
     /// Relative paths are taken from the config file's directory.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub config_entry_files: Vec<String>,
+    /// Consul's config entries, watched live from a Consul agent (the connection settings of a
+    /// `proxy.clusters.consul` cluster: `address`, `token`/`token_file`, `datacenter`, `wait`,
+    /// `tls`, `retry_backoff`). An entry named like one of `config_entries` or
+    /// `config_entry_files` (same kind and name) is refused, never overridden. Off when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consul_config_entries: Option<crate::discovery::consul::entries::ConsulEntriesConfig>,
     /// The proxy path (services with `mode: proxy`): listeners, original destinations,
     /// draining, timeouts. Started only when a service uses it.
     #[serde(default)]

@@ -58,6 +58,9 @@ pub fn expected(config: &crate::config::Config) -> Vec<Source> {
     {
         sources.push(Source::Xds);
     }
+    if config.consul_config_entries.is_some() {
+        sources.push(Source::ConsulEntries);
+    }
     sources
 }
 

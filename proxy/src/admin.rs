@@ -104,6 +104,8 @@ pub struct State {
     /// Where `POST /reload` asks the daemon.
     reloads: Option<mpsc::Sender<ReloadRequest>>,
     proxy: Option<proxy_relay::ProxyStatsHandle>,
+    /// The Consul config entry watch's stats (`consul_entries.*`), when it runs.
+    consul_entries: Option<Arc<proxy_core::discovery::consul::entries::EntriesStats>>,
     fatal: Option<crate::daemon::state::Fatal>,
     /// Turns to render a page ([`RENDERING`]).
     rendering: Arc<Semaphore>,
@@ -133,6 +135,7 @@ impl State {
             live: None,
             reloads: None,
             proxy: None,
+            consul_entries: None,
             fatal: None,
             rendering: Arc::new(Semaphore::new(RENDERING)),
             health_failed: Arc::new(AtomicBool::new(false)),
@@ -151,6 +154,15 @@ impl State {
     /// Adds the proxy path's stats (`proxy.*`) and ORIGINAL_DST hosts.
     pub fn with_proxy(mut self, proxy: proxy_relay::ProxyStatsHandle) -> Self {
         self.proxy = Some(proxy);
+        self
+    }
+
+    /// Adds the Consul config entry watch's stats (`consul_entries.*`).
+    pub fn with_consul_entries(
+        mut self,
+        stats: Option<Arc<proxy_core::discovery::consul::entries::EntriesStats>>,
+    ) -> Self {
+        self.consul_entries = stats;
         self
     }
 

@@ -22,7 +22,10 @@ use proxy_common::service::ServiceKey;
 use proxy_core::{
     config::Config,
     desired::{INITIAL_FETCH_TIMEOUT, Overlay, Source},
-    discovery::xds::XdsClients,
+    discovery::{
+        consul::entries::{ConsulEntries, spawn_consul_entries},
+        xds::XdsClients,
+    },
     health::HealthCheckManager,
     kernel::{ServiceTemplate, needs_sockops},
 };
@@ -112,7 +115,16 @@ pub fn run(
         }
     };
     runtime.block_on(async {
-        let result = run_async(config, templates, dp.clone(), fatal, launch, inherited).await;
+        // Boxed: the run's state machine is over clippy's large-future bound (16 KiB).
+        let result = Box::pin(run_async(
+            config,
+            templates,
+            dp.clone(),
+            fatal,
+            launch,
+            inherited,
+        ))
+        .await;
         // An early error removes what this run created and keeps what it adopted. The stop
         // released the data path already; after a failed part (`Fatal`) it stays serving too,
         // released here so that no handle's drop detaches anything (sk_msg) on the way out.
@@ -156,6 +168,8 @@ async fn run_async(
     };
     // The dynamic sources publish their overlays here; the loop below applies each change.
     let (feeds, mut sources) = sources::channels();
+    // Stopped when dropped, at the end of the run.
+    let consul_entries = start_consul_entries(&config, &feeds)?;
     let file_names = proxy_core::discovery::xds::resources::FileNames::of(&config);
     let xds = XdsClients::start_with(&config, Some(feeds.xds.clone()), file_names)
         .context("starting the xDS clients")?;
@@ -187,7 +201,9 @@ async fn run_async(
     }
     let (live_tx, live_rx) = watch::channel(running.live());
     let (reload_tx, mut reload_rx) = mpsc::channel::<ReloadRequest>(4);
-    let state = admin_state(&running, &ctx, &fatal, launch).with_reload(live_rx.clone(), reload_tx);
+    let state = admin_state(&running, &ctx, &fatal, launch)
+        .with_reload(live_rx.clone(), reload_tx)
+        .with_consul_entries(consul_entries.as_ref().map(ConsulEntries::stats_handle));
     // Takeover: a new daemon may ask for the instance from now on (a reload keeps its sockets).
     // The socket is there before the admin answers, so `/ready` never reports a daemon that
     // `proxy run --takeover` cannot yet reach.
@@ -251,6 +267,19 @@ async fn run_async(
         kernel_log.abort();
     }
     finish(committed, takeover, running, &dp).await
+}
+
+/// The Consul config entry watch publishing on its feed, when `consul_config_entries` is set.
+fn start_consul_entries(
+    config: &Config,
+    feeds: &sources::Feeds,
+) -> anyhow::Result<Option<ConsulEntries>> {
+    let Some(entries) = &config.consul_config_entries else {
+        return Ok(None);
+    };
+    let watch = spawn_consul_entries(entries, feeds.consul_entries.clone())
+        .context("starting the Consul config entry watch")?;
+    Ok(Some(watch))
 }
 
 /// What the run loop applies: the file re-read (SIGHUP, or the admin's request, answered with

@@ -245,6 +245,31 @@ impl Consul {
         answer["Chain"].take()
     }
 
+    /// `GET /v1/discovery-chain/<service>`: the `Chain` object, or Consul's status and error
+    /// text.
+    pub async fn discovery_chain(&self, service: &str) -> Result<Value, (u16, String)> {
+        let path = format!("/v1/discovery-chain/{service}");
+        let (status, text) = self.call("GET", &path, None).await;
+        if status != 200 {
+            return Err((status, text));
+        }
+        let mut answer: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("GET {path}: {e}: {text}"));
+        Ok(answer["Chain"].take())
+    }
+
+    /// The trust domain of the agent's Connect CA (`/v1/connect/ca/roots`), which SNI names end
+    /// in.
+    pub async fn trust_domain(&self) -> String {
+        let (status, text) = self.call("GET", "/v1/connect/ca/roots", None).await;
+        assert_eq!(status, 200, "GET /v1/connect/ca/roots: {text}");
+        let roots: Value = serde_json::from_str(&text).expect("CA roots JSON");
+        roots["TrustDomain"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no TrustDomain in {text}"))
+            .to_owned()
+    }
+
     async fn call(&self, method: &str, path: &str, body: Option<&[u8]>) -> (u16, String) {
         let address = self.http.to_string();
         let token = self.master.as_deref();

@@ -4,8 +4,15 @@
 //! Consul's own: the mesh gateway modes of compiled targets, from every source, on local and
 //! remote targets.
 //!
+//! And Consul's config entries watched live (`entries`).
+//!
 //! Consul missing is a failure with instructions (`cargo xtask setup` installs it), never a
 //! skip.
+
+#[path = "consul_real/cross_check.rs"]
+mod cross_check;
+#[path = "consul_real/entries.rs"]
+mod entries;
 
 use std::{collections::BTreeMap, time::Duration};
 

@@ -1,16 +1,21 @@
 //! Consul discovery chains executed by the kernel path (root): the real daemon compiles the
 //! chain from config entries, and connects from a fresh cgroup in a fresh network namespace
 //! follow it: a 90/10 split by subset, a redirect, and failover when the primary's hosts fail
-//! their active health checks (and back when they recover).
+//! their active health checks (and back when they recover). And entries live from a real Consul:
+//! a `consul config write` moves connects within one watch round trip.
 
 use std::{
-    net::{SocketAddr, TcpListener},
+    io::Read as _,
+    net::{SocketAddr, TcpListener, TcpStream},
     time::{Duration, Instant},
 };
 
-use integration_tests::kernel::{
-    BannerServers, Daemon, Netns, Probe, TestCgroup, assert_share, free_port, http_get,
-    require_root, unique,
+use integration_tests::{
+    consul::Consul,
+    kernel::{
+        BannerServers, Daemon, InCgroup, Netns, Probe, TestCgroup, assert_share, free_port,
+        http_get, require_root, unique, wait_for_backends,
+    },
 };
 
 const VIP: &str = "127.77.0.1:80";
@@ -171,4 +176,118 @@ fn a_split_leg_without_hosts_fails_its_share_unless_health_aware() {
         200,
         "health-aware: the canary's share goes to web: {probe:?}"
     );
+}
+
+/// Bound from a `consul config write`'s return to the first connect that follows it: one watch
+/// round trip (the blocking query wakes on the write, `consul_real`'s `ROUND_TRIP`, 1 s with
+/// its reasons, measured at about 50 ms) plus the daemon's composition, apply and publish,
+/// which happen in the same turn of its run loop (milliseconds). A daemon that waited for the
+/// next poll instead would take the watch's `wait` (30 s).
+const WRITE_TO_TRAFFIC: Duration = Duration::from_secs(1);
+
+/// Connects to the VIP until a connect reaches `v2` (bounded by `within`), then 20 more; returns
+/// `{"first_v2": <ns since base>, "after": {banner: count}, "errors": n}`.
+fn until_v2(base: Instant, within: Duration) -> String {
+    let once = || -> std::io::Result<String> {
+        let mut stream = TcpStream::connect_timeout(&VIP.parse().unwrap(), Duration::from_secs(2))?;
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text)?;
+        Ok(text.lines().next().unwrap_or_default().to_owned())
+    };
+    let (mut first_v2, mut errors) = (None, 0_u32);
+    let mut after = std::collections::BTreeMap::<String, u32>::new();
+    let deadline = base + within;
+    while first_v2.is_none() && Instant::now() < deadline {
+        match once() {
+            Ok(banner) if banner == "v2" => first_v2 = Some(base.elapsed().as_nanos()),
+            Ok(_) => {}
+            Err(_) => errors += 1,
+        }
+    }
+    for _ in 0..20 {
+        match once() {
+            Ok(banner) => *after.entry(banner).or_default() += 1,
+            Err(_) => errors += 1,
+        }
+    }
+    serde_json::json!({"first_v2": first_v2, "after": after, "errors": errors}).to_string()
+}
+
+/// Entries live from a real Consul: the daemon starts on Consul's resolver (everything to the
+/// v1 subset), and a `consul config write` of a splitter sending everything to v2 moves the
+/// connects of a loop running meanwhile within [`WRITE_TO_TRAFFIC`] of the write's return. A
+/// splitter Consul accepts but this daemon cannot use is refused, and connects stay on v2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consul_config_write_moves_connects_within_one_watch_round_trip() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let (v1, v2): (SocketAddr, SocketAddr) = (
+        "127.0.0.11:8081".parse().unwrap(),
+        "127.0.0.12:8082".parse().unwrap(),
+    );
+    let _servers = BannerServers::start(&netns, &[(v1, "v1", false), (v2, "v2", false)]);
+    let consul = Consul::start("dc1").await;
+    let entries = [
+        serde_json::json!({"Kind": "service-defaults", "Name": "web", "Protocol": "http"}),
+        serde_json::json!({"Kind": "service-resolver", "Name": "web", "DefaultSubset": "v1",
+            "Subsets": {"v1": {"Filter": "Service.Meta.version == v1"},
+                        "v2": {"Filter": "Service.Meta.version == v2"}}}),
+    ];
+    for entry in &entries {
+        let (status, body) = consul.write_config(entry).await;
+        assert_eq!(status, 200, "{entry}: {body}");
+    }
+    let config = format!(
+        "{}clusters:\n{}consul_config_entries: {{ address: \"{}\", datacenter: dc1 }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, chain: web }}\n",
+        header(&cgroup),
+        cluster("web", &(endpoint(v1, "v1") + &endpoint(v2, "v2")), ""),
+        consul.http_addr(),
+    );
+    let daemon = tokio::task::block_in_place(|| Daemon::start(&config));
+    let vip: SocketAddr = VIP.parse().unwrap();
+    let within = Duration::from_secs(15);
+    tokio::task::block_in_place(|| wait_for_backends(&netns, &cgroup, vip, &["v1"], within));
+
+    let base = Instant::now();
+    let client = InCgroup::spawn(Some(cgroup.path()), &netns, move || until_v2(base, within));
+    let split = serde_json::json!({"Kind": "service-splitter", "Name": "web",
+        "Splits": [{"Weight": 100, "ServiceSubset": "v2"}]});
+    let (status, body) = consul.write_config(&split).await;
+    let written = base.elapsed();
+    assert_eq!(status, 200, "{split}: {body}");
+    let report = tokio::task::block_in_place(|| client.wait(within + Duration::from_secs(10)));
+    let report: serde_json::Value = serde_json::from_str(&report).expect(&report);
+    let first_v2 = report["first_v2"].as_u64().map(Duration::from_nanos);
+    let Some(first_v2) = first_v2 else {
+        panic!(
+            "no connect reached v2 within {within:?}: {report}\n{}",
+            daemon.log_text()
+        );
+    };
+    let took = first_v2.saturating_sub(written);
+    eprintln!("write to the first connect on v2: {took:?}");
+    assert!(took < WRITE_TO_TRAFFIC, "{took:?}: {report}");
+    assert_eq!(report["errors"], 0, "{report}");
+    assert_eq!(report["after"], serde_json::json!({"v2": 20}), "{report}");
+
+    // Consul 1.8.7 accepts a negative weight; this daemon refuses that state and keeps its own.
+    let negative = serde_json::json!({"Kind": "service-splitter", "Name": "web",
+        "Splits": [{"Weight": 200, "ServiceSubset": "v1"}, {"Weight": -100, "ServiceSubset": "v2"}]});
+    let (status, body) = consul.write_config(&negative).await;
+    assert_eq!(status, 200, "{negative}: {body}");
+    let refused = "a change from a dynamic source was refused";
+    let logged = tokio::task::block_in_place(|| daemon.wait_log(refused, within));
+    assert!(logged, "{}", daemon.log_text());
+    assert!(
+        daemon.log_text().contains("negative Weight"),
+        "{}",
+        daemon.log_text()
+    );
+    let probe =
+        tokio::task::block_in_place(|| Probe::run(&netns, Some(cgroup.path()), vip, 50, false));
+    assert_eq!(probe.count("v2"), 50, "the state in force stays: {probe:?}");
+    // The first union, the splitter to v2, the negative splitter (published, then refused).
+    assert_eq!(daemon.stat("consul_entries.entries_change"), 3);
+    assert_eq!(daemon.stat("consul_entries.update_failure"), 0);
 }

@@ -12,9 +12,41 @@ use serde_json::{Value, json};
 
 pub const TRUST_DOMAIN: &str = "trustdomain.consul";
 
-/// Entries from a JSON array in Consul's API shape.
+/// Entries from a JSON array in Consul's API shape. Every set is also checked to be in
+/// [`ENTRY_SETS`], the corpus `tests/consul_real.rs` compiles in a real Consul to compare.
 pub fn entries(value: Value) -> Entries {
-    Entries::from_json(&value.to_string()).expect("valid entries")
+    let set = value.to_string();
+    record(&set);
+    Entries::from_json(&set).expect("valid entries")
+}
+
+/// Every entry set these tests compile, one JSON array a line, sorted.
+pub const ENTRY_SETS: &str = include_str!("../entry_sets.jsonl");
+
+/// Set to a file to append the sets there instead of checking them (then `sort -u` it into
+/// `tests/entry_sets.jsonl`).
+const WRITE_SETS: &str = "PROXY_CHAIN_WRITE_ENTRY_SETS";
+
+/// Checks that `set` is in [`ENTRY_SETS`], or appends it to the file `WRITE_SETS` names.
+fn record(set: &str) {
+    use std::io::Write as _;
+    if let Some(path) = std::env::var_os(WRITE_SETS) {
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .expect("open the entry set file");
+        // One write per line, so that parallel tests never interleave within a line.
+        file.write_all(format!("{set}\n").as_bytes())
+            .expect("append an entry set");
+        return;
+    }
+    assert!(
+        ENTRY_SETS.lines().any(|line| line == set),
+        "this entry set is not in proxy-chain/tests/entry_sets.jsonl, which consul_real \
+         cross-checks against a real Consul; regenerate it: {WRITE_SETS}=/tmp/sets cargo test \
+         -p proxy-chain --tests && sort -u /tmp/sets > proxy-chain/tests/entry_sets.jsonl\n{set}"
+    );
 }
 
 /// `service-defaults` with just a protocol (Consul's `setServiceProtocol`).

@@ -31,6 +31,11 @@ pub(super) fn validate(config: &mut Config) -> Result<(), Invalid> {
         }
     }
     validate_services(config)?;
+    if let Some(entries) = &config.consul_config_entries {
+        entries
+            .validate()
+            .map_err(|e| Invalid::new("consul_config_entries", e.to_string()))?;
+    }
     super::kernel_maps::check_config(config)
 }
 
@@ -587,35 +592,8 @@ pub(super) fn compile_chains(
     for (i, svc) in config.services.iter().enumerate() {
         let Some(name) = &svc.chain else { continue };
         let at = format!("services[{i}].chain");
-        let request = proxy_chain::CompileRequest {
-            allow_tcp_splitting: svc.chain_options.tcp_splits,
-            ..proxy_chain::CompileRequest::new(
-                name,
-                &config.datacenter,
-                proxy_chain::DEFAULT_TRUST_DOMAIN,
-            )
-        };
-        let chain = proxy_chain::compile(&request, &entries)
+        let chain = crate::chain::compile_service(config, svc, name, &entries)
             .map_err(|e| Invalid::new(&at, e.to_string()))?;
-        // A target must map to a cluster that discovers hosts (not ORIGINAL_DST).
-        let has_cluster = |c: &str| {
-            config.cluster(c).is_some_and(|c| {
-                c.cluster_type != ClusterType::OriginalDst || c.custom_cluster_type.is_some()
-            })
-        };
-        let checked = match svc.mode {
-            ServiceMode::Direct => crate::chain::ChainPlan::new(
-                &chain,
-                &config.datacenter,
-                svc.chain_options.clone(),
-                has_cluster,
-            )
-            .map(|_| ()),
-            ServiceMode::Proxy => {
-                crate::chain::route_clusters(&chain, &config.datacenter, &has_cluster).map(|_| ())
-            }
-        };
-        checked.map_err(|e| Invalid::new(&at, e.to_string()))?;
         chains.insert(svc.name.clone(), chain);
     }
     Ok(chains)

@@ -45,6 +45,7 @@ pub mod access;
 pub mod acl;
 pub mod catalog;
 mod config;
+pub mod entries;
 pub mod http;
 mod stats;
 #[cfg(test)]

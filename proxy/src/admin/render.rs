@@ -41,6 +41,9 @@ fn all_stats(state: &State) -> BTreeMap<String, u64> {
     for upstream in state.upstreams.values() {
         stats.extend(upstream.stats());
     }
+    if let Some(entries) = &state.consul_entries {
+        stats.extend(entries.named());
+    }
     // The kernel path's connections under Envoy's per-cluster names, added to the proxy path's
     // (`UpstreamTraffic`): for a direct-mode service with one cluster, its connects are that
     // cluster's. A chain's are counted per service only (the kernel does not know which of its
@@ -125,6 +128,8 @@ fn is_gauge(name: &str) -> bool {
         || leaf == "original_dst_hosts"
         || leaf == "hosts_stale"
         || leaf == "hosts_refused"
+        || leaf == "entries_total"
+        || leaf == "entries_skipped"
         || name.starts_with("server.")
 }
 

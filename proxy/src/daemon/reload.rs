@@ -200,6 +200,10 @@ fn fixed_fields(old: &Config, new: &Config) -> Result<(), NeedsRestart> {
     if old.seccomp != new.seccomp {
         changed.push("seccomp");
     }
+    // The config entry watch is started with the run.
+    if old.consul_config_entries != new.consul_config_entries {
+        changed.push("consul_config_entries");
+    }
     if changed.is_empty() {
         return Ok(());
     }
@@ -380,6 +384,10 @@ mod tests {
             ("kernel_log: warn\n", "kernel_log"),
             ("kernel_maps: { backends: 1024 }\n", "kernel_maps"),
             ("proxy: { drain_timeout: 3s }\n", "proxy"),
+            (
+                "consul_config_entries: { address: 127.0.0.1:8501 }\n",
+                "consul_config_entries",
+            ),
             ("user: nobody\n", "user"),
             ("seccomp: false\n", "seccomp"),
         ] {

@@ -87,10 +87,14 @@ pub(crate) fn denial(body: &[u8], token: &SentToken) -> AclDenial {
 /// Checks, after an empty answer for `service` (in `datacenter`, the agent's own when `None`),
 /// whether Consul knows `token` and lets it read the service (see the module docs); `Ok` when
 /// the empty answer is to be trusted.
+///
+/// `services` are the services whose read permission is in question: the catalog's one, or the
+/// services of config entries an answer would drop (Consul hides a service's entries from a
+/// token that may not read it). With none, a known token's answer is trusted.
 pub(crate) async fn check_empty(
     fetch: &dyn CatalogFetch,
     token: &SentToken,
-    service: &str,
+    services: &[&str],
     datacenter: Option<&str>,
     timeout: Duration,
 ) -> Result<(), QueryError> {
@@ -98,7 +102,8 @@ pub(crate) async fn check_empty(
     let response = fetch.get(TOKEN_SELF, sent, timeout).await?;
     let disabled = || String::from_utf8_lossy(&response.body).contains("ACL support disabled");
     match response.status {
-        200 => may_read(fetch, token, service, datacenter, timeout).await,
+        200 if services.is_empty() => Ok(()),
+        200 => may_read(fetch, token, services, datacenter, timeout).await,
         401 if disabled() => Ok(()),
         403 => Err(denial(&response.body, token).into()),
         status => Err(QueryError::AclCheck { status }),
@@ -112,11 +117,11 @@ struct Authorization {
     allow: bool,
 }
 
-/// Whether Consul lets the known `token` read `service`.
+/// Whether Consul lets the known `token` read every one of `services` (one request).
 async fn may_read(
     fetch: &dyn CatalogFetch,
     token: &SentToken,
-    service: &str,
+    services: &[&str],
     datacenter: Option<&str>,
     timeout: Duration,
 ) -> Result<(), QueryError> {
@@ -124,14 +129,16 @@ async fn may_read(
         // A known token was sent: `token` holds it. Nothing to ask otherwise.
         return Ok(());
     };
-    let ask = serde_json::json!([{"Resource": "service", "Segment": service, "Access": "read"}]);
+    let ask: Vec<serde_json::Value> = services
+        .iter()
+        .map(|s| serde_json::json!({"Resource": "service", "Segment": s, "Access": "read"}))
+        .collect();
     let target = match datacenter {
         Some(dc) => format!("{AUTHORIZE}?dc={}", super::http::encode(dc)),
         None => AUTHORIZE.to_owned(),
     };
-    let response = fetch
-        .post(&target, Some(sent), ask.to_string().into_bytes(), timeout)
-        .await?;
+    let body = serde_json::Value::from(ask).to_string().into_bytes();
+    let response = fetch.post(&target, Some(sent), body, timeout).await?;
     match response.status {
         200 => {}
         // A Consul before 1.8 cannot say; the empty answer is trusted, as there.
@@ -140,13 +147,15 @@ async fn may_read(
     }
     let answers: Vec<Authorization> = serde_json::from_slice(&response.body)
         .map_err(|_| QueryError::Authorize { status: 200 })?;
-    match answers.as_slice() {
-        [one] if one.allow => Ok(()),
-        [_] => Err(AclDenial::NoServiceRead {
+    if answers.len() != services.len() {
+        return Err(QueryError::Authorize { status: 200 });
+    }
+    match services.iter().zip(&answers).find(|(_, a)| !a.allow) {
+        Some((service, _)) => Err(AclDenial::NoServiceRead {
             origin: origin.clone(),
-            service: service.to_owned(),
+            service: (*service).to_owned(),
         }
         .into()),
-        _ => Err(QueryError::Authorize { status: 200 }),
+        None => Ok(()),
     }
 }

@@ -5,6 +5,7 @@
 mod access;
 mod acl;
 mod config;
+mod entries;
 mod failure;
 mod index;
 mod mapping;

@@ -38,7 +38,7 @@ use crate::{
 
 /// Time allowed beyond `wait + wait/16` (Consul adds up to wait/16 of jitter) for a blocking
 /// query's response to arrive.
-const RESPONSE_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const RESPONSE_GRACE: Duration = Duration::from_secs(5);
 
 /// Least time between the starts of two queries.
 pub(crate) const MIN_QUERY_INTERVAL: Duration = Duration::from_millis(50);
@@ -161,6 +161,15 @@ pub enum QueryError {
         #[source]
         source: serde_json::Error,
     },
+    /// The body of `/v1/config/<kind>` is not a JSON array, or holds more entries than this
+    /// daemon takes.
+    #[error("consul's {kind} config entries are not usable: {reason}")]
+    EntryList {
+        /// The config entry kind queried.
+        kind: &'static str,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// The index to send next and whether the watch was reset, given the index sent (`previous`,
@@ -202,7 +211,7 @@ pub fn query_target(config: &ConsulConfig, index: u64) -> String {
 }
 
 /// A duration in Go's `time.ParseDuration` syntax: whole seconds as `30s`, else milliseconds.
-fn go_duration(duration: Duration) -> String {
+pub(crate) fn go_duration(duration: Duration) -> String {
     if duration.subsec_nanos() == 0 {
         format!("{}s", duration.as_secs())
     } else {
@@ -222,6 +231,25 @@ async fn query(
     (service, datacenter): (&str, Option<&str>),
     timeout: Duration,
 ) -> Result<Answer, QueryError> {
+    let (index, response) = send(fetch, target, token, timeout).await?;
+    let (entries, skipped) =
+        decode_entries(&response.body).map_err(|source| QueryError::Body { source })?;
+    if entries.is_empty() && skipped.is_empty() {
+        acl::check_empty(fetch, token, &[service], datacenter, timeout).await?;
+    }
+    Ok((index, entries, skipped))
+}
+
+/// Sends one query with `token` and checks its status and `X-Consul-Index`: a 403 is an
+/// [`AclDenial`], any other status but 200 a [`QueryError::Status`]. Returns the index and the
+/// response, whose body is still to be decoded (and an empty one checked with
+/// [`acl::check_empty`]).
+pub(crate) async fn send(
+    fetch: &dyn CatalogFetch,
+    target: &str,
+    token: &SentToken,
+    timeout: Duration,
+) -> Result<(u64, HttpResponse), QueryError> {
     let sent = token.as_ref().map(|(token, _)| token);
     let response = fetch.get(target, sent, timeout).await?;
     if response.status == 403 {
@@ -239,12 +267,7 @@ async fn query(
         .ok_or_else(|| QueryError::Index {
             value: header.map(str::to_owned),
         })?;
-    let (entries, skipped) =
-        decode_entries(&response.body).map_err(|source| QueryError::Body { source })?;
-    if entries.is_empty() && skipped.is_empty() {
-        acl::check_empty(fetch, token, service, datacenter, timeout).await?;
-    }
-    Ok((index, entries, skipped))
+    Ok((index, response))
 }
 
 /// What the loop needs besides its configuration.
@@ -392,6 +415,6 @@ fn publish(state: &mut SourceUpdate, hosts: HostSet, membership_changed: &mut bo
     true
 }
 
-fn millis(duration: Duration) -> u64 {
+pub(crate) fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }

@@ -1,0 +1,190 @@
+//! Compiling the chains of a composed configuration one at a time, so that an entry this
+//! daemon cannot use (invalid by its rules though Consul took it, or defined both in the file
+//! and in Consul) skips only the chains that read it, each reported with its reason.
+//!
+//! Precedence between the sources: none. An entry of one kind and name comes from the file
+//! (`config_entries`, `config_entry_files`) or from Consul, never both: when both define it,
+//! the Consul one is refused and every chain that reads that name is left out, with an error
+//! that names both sources. Nothing is overridden silently.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proxy_chain::{CompiledDiscoveryChain, ConfigEntry, Entries, EntryKind};
+
+use super::{ChainExecError, ChainPlan, route_clusters};
+use crate::config::{ClusterType, Config, Service, ServiceMode};
+
+/// An entry no chain may use, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnusableEntry {
+    /// Its kind.
+    pub kind: EntryKind,
+    /// Its `Name`.
+    pub name: String,
+    /// Why it cannot be used.
+    pub reason: String,
+}
+
+/// A chain service left out of this configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChainFailure {
+    /// The service whose chain it is.
+    pub service: String,
+    /// Why its chain cannot run.
+    pub reason: String,
+}
+
+/// The chains that compiled and the services whose chains did not.
+#[derive(Clone, Debug, Default)]
+pub struct CompiledChains {
+    /// Compiled chains by service name.
+    pub chains: BTreeMap<String, CompiledDiscoveryChain>,
+    /// Chain services left out, in the order of `services`.
+    pub failures: Vec<ChainFailure>,
+}
+
+/// Why one service's chain cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum ChainServiceError {
+    /// Consul's compiler refused the chain (its text).
+    #[error(transparent)]
+    Compile(#[from] proxy_chain::ChainError),
+    /// The chain cannot run on the path the service asks for.
+    #[error(transparent)]
+    Exec(#[from] ChainExecError),
+}
+
+/// Compiles the chain `chain` of `svc` from `entries` and checks that it can run in `config`
+/// (each target has a cluster that discovers hosts; routers only on the proxy path; the proxy
+/// path only for HTTP protocols).
+pub fn compile_service(
+    config: &Config,
+    svc: &Service,
+    chain: &str,
+    entries: &Entries,
+) -> Result<CompiledDiscoveryChain, ChainServiceError> {
+    let request = proxy_chain::CompileRequest {
+        allow_tcp_splitting: svc.chain_options.tcp_splits,
+        ..proxy_chain::CompileRequest::new(
+            chain,
+            &config.datacenter,
+            proxy_chain::DEFAULT_TRUST_DOMAIN,
+        )
+    };
+    let compiled = proxy_chain::compile(&request, entries)?;
+    // A target must map to a cluster that discovers hosts (not ORIGINAL_DST).
+    let has_cluster = |c: &str| {
+        config.cluster(c).is_some_and(|c| {
+            c.cluster_type != ClusterType::OriginalDst || c.custom_cluster_type.is_some()
+        })
+    };
+    match svc.mode {
+        ServiceMode::Direct => ChainPlan::new(
+            &compiled,
+            &config.datacenter,
+            svc.chain_options.clone(),
+            has_cluster,
+        )
+        .map(drop)?,
+        ServiceMode::Proxy => {
+            route_clusters(&compiled, &config.datacenter, &has_cluster).map(drop)?;
+        }
+    }
+    Ok(compiled)
+}
+
+/// Compiles the chain of every service of `config` that names one, from the file's entries
+/// (`file`, already validated when the file was loaded) and Consul's (`consul`). A Consul entry
+/// that is invalid or also in `file` is unusable; a chain that reads an unusable entry, or that
+/// fails to compile or to run, is left out with its reason and the others compile.
+pub fn compile_each(
+    config: &Config,
+    file: &[ConfigEntry],
+    consul: &[ConfigEntry],
+) -> CompiledChains {
+    let (entries, unusable) = merge(file, consul);
+    let mut out = CompiledChains::default();
+    for svc in &config.services {
+        let Some(chain) = &svc.chain else { continue };
+        let result = compile_service(config, svc, chain, &entries)
+            .map_err(|e| e.to_string())
+            .and_then(|compiled| match reads_unusable(&compiled, &unusable) {
+                Some(entry) => Err(format!(
+                    "it reads {} {:?}, which cannot be used: {}",
+                    entry.kind.as_str(),
+                    entry.name,
+                    entry.reason
+                )),
+                None => Ok(compiled),
+            });
+        match result {
+            Ok(compiled) => drop(out.chains.insert(svc.name.clone(), compiled)),
+            Err(reason) => out.failures.push(ChainFailure {
+                service: svc.name.clone(),
+                reason: format!("chain {chain:?}: {reason}"),
+            }),
+        }
+    }
+    out
+}
+
+/// The file's entries plus every Consul entry that is valid and not also in the file; the
+/// others, unusable.
+fn merge(file: &[ConfigEntry], consul: &[ConfigEntry]) -> (Entries, Vec<UnusableEntry>) {
+    let mut entries = Entries::new();
+    let mut unusable = Vec::new();
+    for entry in file {
+        // Validated when the file was loaded; a failure here is a duplicate within the file,
+        // which the load refused too.
+        if let Err(e) = entries.insert(entry.clone()) {
+            unusable.push(unusable_entry(entry, e.to_string()));
+        }
+    }
+    for entry in consul {
+        if entries.get(entry.kind(), entry.name()).is_some() {
+            unusable.push(unusable_entry(
+                entry,
+                "it is defined both in the configuration file and in Consul; delete one of them \
+                 (neither overrides the other)"
+                    .to_owned(),
+            ));
+            continue;
+        }
+        if let Err(e) = entries.insert(entry.clone()) {
+            unusable.push(unusable_entry(entry, e.to_string()));
+        }
+    }
+    (entries, unusable)
+}
+
+fn unusable_entry(entry: &ConfigEntry, reason: String) -> UnusableEntry {
+    UnusableEntry {
+        kind: entry.kind(),
+        name: entry.name().to_owned(),
+        reason,
+    }
+}
+
+/// The first unusable entry `chain` would have read: one named for a service the chain visits,
+/// or a proxy-defaults (every chain reads it). A service the chain visits is its own, one a
+/// router or splitter node names, or a target's.
+fn reads_unusable<'a>(
+    chain: &CompiledDiscoveryChain,
+    unusable: &'a [UnusableEntry],
+) -> Option<&'a UnusableEntry> {
+    let mut visited = BTreeSet::from([chain.service_name.as_str()]);
+    visited.extend(chain.targets.values().map(|t| t.service.as_str()));
+    for node in chain.nodes.values() {
+        // Router and splitter nodes are named `<service>.<namespace>.<partition>`.
+        let mut parts = node.name.rsplitn(3, '.');
+        if let (Some(_), Some(_), Some(service)) = (parts.next(), parts.next(), parts.next()) {
+            visited.insert(service);
+        }
+    }
+    unusable
+        .iter()
+        .find(|u| u.kind == EntryKind::ProxyDefaults || visited.contains(u.name.as_str()))
+}
+
+#[cfg(test)]
+mod tests;

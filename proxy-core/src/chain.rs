@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::each::{
     ChainFailure, ChainServiceError, CompiledChains, UnusableEntry, compile_each, compile_service,
+    runs_in,
 };
 use crate::{
     discovery::{EdsHealth, Host},

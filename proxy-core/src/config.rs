@@ -165,6 +165,10 @@ pub struct Config {
     /// Compiled discovery chains by service name, filled when the file is validated.
     #[serde(skip)]
     pub chains: std::collections::BTreeMap<String, proxy_chain::CompiledDiscoveryChain>,
+    /// Chains that Consul's entries left uncompiled in a composition ([`Config::compose`]),
+    /// each with its reason: the service runs its previous chain, or is left out.
+    #[serde(skip)]
+    pub chain_failures: Vec<crate::chain::ChainFailure>,
     /// Every config entry of the file (`config_entries` and the entries of
     /// `config_entry_files`), read when the file is validated, so that a composition with the
     /// dynamic sources ([`Config::compose`]) compiles chains without reading the files again.

@@ -217,7 +217,8 @@ fn until_v2(base: Instant, within: Duration) -> String {
 /// Entries live from a real Consul: the daemon starts on Consul's resolver (everything to the
 /// v1 subset), and a `consul config write` of a splitter sending everything to v2 moves the
 /// connects of a loop running meanwhile within [`WRITE_TO_TRAFFIC`] of the write's return. A
-/// splitter Consul accepts but this daemon cannot use is refused, and connects stay on v2.
+/// splitter Consul accepts but this daemon cannot use leaves only its chain on the one in force:
+/// connects stay on v2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consul_config_write_moves_connects_within_one_watch_round_trip() {
     require_root();
@@ -271,12 +272,13 @@ async fn a_consul_config_write_moves_connects_within_one_watch_round_trip() {
     assert_eq!(report["errors"], 0, "{report}");
     assert_eq!(report["after"], serde_json::json!({"v2": 20}), "{report}");
 
-    // Consul 1.8.7 accepts a negative weight; this daemon refuses that state and keeps its own.
+    // Consul 1.8.7 accepts a negative weight; this daemon cannot use it: the chain that reads it
+    // keeps the chain in force (the others would compose on), and says why.
     let negative = serde_json::json!({"Kind": "service-splitter", "Name": "web",
         "Splits": [{"Weight": 200, "ServiceSubset": "v1"}, {"Weight": -100, "ServiceSubset": "v2"}]});
     let (status, body) = consul.write_config(&negative).await;
     assert_eq!(status, 200, "{negative}: {body}");
-    let refused = "a change from a dynamic source was refused";
+    let refused = "the service keeps the chain in force";
     let logged = tokio::task::block_in_place(|| daemon.wait_log(refused, within));
     assert!(logged, "{}", daemon.log_text());
     assert!(
@@ -287,7 +289,7 @@ async fn a_consul_config_write_moves_connects_within_one_watch_round_trip() {
     let probe =
         tokio::task::block_in_place(|| Probe::run(&netns, Some(cgroup.path()), vip, 50, false));
     assert_eq!(probe.count("v2"), 50, "the state in force stays: {probe:?}");
-    // The first union, the splitter to v2, the negative splitter (published, then refused).
+    // The first union, the splitter to v2, the negative splitter (published; its chain kept).
     assert_eq!(daemon.stat("consul_entries.entries_change"), 3);
     assert_eq!(daemon.stat("consul_entries.update_failure"), 0);
 }

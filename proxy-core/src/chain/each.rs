@@ -72,6 +72,17 @@ pub fn compile_service(
         )
     };
     let compiled = proxy_chain::compile(&request, entries)?;
+    runs_in(config, svc, &compiled)?;
+    Ok(compiled)
+}
+
+/// Whether the compiled chain of `svc` can run in `config`: each target has a cluster that
+/// discovers hosts, routers only on the proxy path, the proxy path only for HTTP protocols.
+pub fn runs_in(
+    config: &Config,
+    svc: &Service,
+    compiled: &CompiledDiscoveryChain,
+) -> Result<(), ChainExecError> {
     // A target must map to a cluster that discovers hosts (not ORIGINAL_DST).
     let has_cluster = |c: &str| {
         config.cluster(c).is_some_and(|c| {
@@ -80,17 +91,14 @@ pub fn compile_service(
     };
     match svc.mode {
         ServiceMode::Direct => ChainPlan::new(
-            &compiled,
+            compiled,
             &config.datacenter,
             svc.chain_options.clone(),
             has_cluster,
         )
-        .map(drop)?,
-        ServiceMode::Proxy => {
-            route_clusters(&compiled, &config.datacenter, &has_cluster).map(drop)?;
-        }
+        .map(drop),
+        ServiceMode::Proxy => route_clusters(compiled, &config.datacenter, &has_cluster).map(drop),
     }
-    Ok(compiled)
 }
 
 /// Compiles the chain of every service of `config` that names one, from the file's entries

@@ -52,10 +52,14 @@ struct Owners {
 
 impl Config {
     /// This configuration (a validated file) with every overlay's resources added, validated as
-    /// a whole and its chains compiled from every source's entries. `self` is not changed.
+    /// a whole and its chains compiled from every source's entries. A chain that Consul's
+    /// entries break keeps the one `previous` (the configuration in force) ran, or is left out,
+    /// and is listed in `chain_failures`: one bad entry never refuses the rest. `self` is not
+    /// changed.
     pub fn compose<'a>(
         &self,
         overlays: impl IntoIterator<Item = (Source, &'a Overlay)>,
+        previous: Option<&Config>,
     ) -> Result<Config, ComposeError> {
         let mut composed = self.clone();
         let mut owners = Owners::default();
@@ -96,10 +100,13 @@ impl Config {
                 }
             }
             for entry in &overlay.config_entries {
-                if let Some((_, first)) = entries
+                // A Consul entry the file (or xDS) defines too makes only the chains that read
+                // it unusable (`compile_chains`), as an entry Consul accepted that this daemon
+                // cannot use does: Consul's entries never refuse a whole composition.
+                let clash = entries
                     .iter()
-                    .find(|(e, _)| e.kind() == entry.kind() && e.name() == entry.name())
-                {
+                    .find(|(e, _)| e.kind() == entry.kind() && e.name() == entry.name());
+                if let Some((_, first)) = clash.filter(|_| source != Source::ConsulEntries) {
                     return Err(ComposeError::Clash {
                         what: format!("config entry {:?} {:?}", entry.kind(), entry.name()),
                         first: *first,
@@ -114,12 +121,59 @@ impl Config {
         composed.cluster_index = ClusterIndex::default();
         let at = |invalid: super::error::Invalid| owners.name(invalid);
         validate::validate(&mut composed).map_err(at)?;
-        let entries: Vec<_> = entries.into_iter().map(|(e, _)| e).collect();
-        composed.chains = validate::compile_chains(&composed, &entries).map_err(at)?;
+        compile_chains(&mut composed, entries, previous);
         validate::validate_xds(&composed).map_err(at)?;
         composed.file_entries = self.file_entries.clone();
         Ok(composed)
     }
+}
+
+/// Compiles every chain of `composed` one at a time: the file's and xDS's entries (clashes
+/// were refused above) with Consul's (an entry Consul accepted that this daemon cannot use, or
+/// that the file defines too, is unusable). A chain that fails keeps the chain `previous` ran
+/// for its service while that one still runs here; otherwise its service is left out. Either
+/// way it is recorded in `chain_failures`, and the other chains compile.
+fn compile_chains(
+    composed: &mut Config,
+    entries: Vec<(proxy_chain::ConfigEntry, Source)>,
+    previous: Option<&Config>,
+) {
+    let (consul, others): (Vec<_>, Vec<_>) = entries
+        .into_iter()
+        .partition(|(_, source)| *source == Source::ConsulEntries);
+    let strip = |list: Vec<(proxy_chain::ConfigEntry, Source)>| -> Vec<_> {
+        list.into_iter().map(|(e, _)| e).collect()
+    };
+    let compiled = crate::chain::compile_each(composed, &strip(others), &strip(consul));
+    composed.chains = compiled.chains;
+    let mut left_out = Vec::new();
+    for failure in &compiled.failures {
+        let svc = composed.services.iter().find(|s| s.name == failure.service);
+        let kept = previous
+            .and_then(|p| {
+                Some((
+                    p.chains.get(&failure.service)?,
+                    p.services.iter().find(|s| s.name == failure.service)?,
+                ))
+            })
+            .filter(|(chain, was)| {
+                svc.is_some_and(|svc| {
+                    was.chain == svc.chain
+                        && was.mode == svc.mode
+                        && crate::chain::runs_in(composed, svc, chain).is_ok()
+                })
+            });
+        match kept {
+            Some((chain, _)) => {
+                composed
+                    .chains
+                    .insert(failure.service.clone(), chain.clone());
+            }
+            None => left_out.push(failure.service.clone()),
+        }
+    }
+    composed.services.retain(|s| !left_out.contains(&s.name));
+    composed.chain_failures = compiled.failures;
 }
 
 impl Owners {

@@ -20,7 +20,7 @@ use proxy_core::{
     upstream::Upstream,
 };
 use tokio::{sync::watch, task::JoinHandle};
-use tracing::info;
+use tracing::{info, warn};
 
 use super::{
     proxy_path,
@@ -139,7 +139,7 @@ impl Running {
         // it sets them, as at the start.
         file.proxy.engine_threads = self.config.proxy.engine_threads;
         ctx.run_flags.apply(&mut file);
-        let new = compose(&file, &self.overlays)?;
+        let new = compose(&file, &self.overlays, &self.config)?;
         let summary = self.apply(new, ctx).await?;
         // xDS checks its names against the file's (composition already refused a clash).
         if let Err(err) = self.xds.set_file(FileNames::of(&file)) {
@@ -160,7 +160,7 @@ impl Running {
     ) -> Result<String, ReloadRefused> {
         let mut overlays = self.overlays.clone();
         overlays.insert(source, overlay);
-        let new = compose(&self.file, &overlays)?;
+        let new = compose(&self.file, &overlays, &self.config)?;
         let summary = self.apply(new, ctx).await?;
         self.overlays = overlays;
         Ok(summary)
@@ -290,10 +290,26 @@ impl Running {
     }
 }
 
-/// `file` with `overlays` (in the order of their sources), or why they do not compose.
-fn compose(file: &Config, overlays: &BTreeMap<Source, Overlay>) -> Result<Config, ReloadRefused> {
-    file.compose(overlays.iter().map(|(source, overlay)| (*source, overlay)))
-        .map_err(|err| ReloadRefused::Invalid(err.to_string()))
+/// `file` with `overlays` (in the order of their sources), or why they do not compose; a chain
+/// that does not compile keeps the one in force (`previous`) or is left out, and is logged.
+fn compose(
+    file: &Config,
+    overlays: &BTreeMap<Source, Overlay>,
+    previous: &Config,
+) -> Result<Config, ReloadRefused> {
+    let composed = file
+        .compose(
+            overlays.iter().map(|(source, overlay)| (*source, overlay)),
+            Some(previous),
+        )
+        .map_err(|err| ReloadRefused::Invalid(err.to_string()))?;
+    for failure in &composed.chain_failures {
+        let kept = composed.chains.contains_key(&failure.service);
+        warn!(service = %failure.service, reason = %failure.reason,
+            "a chain cannot be compiled from the current entries; {}",
+            if kept { "the service keeps the chain in force" } else { "the service is left out" });
+    }
+    Ok(composed)
 }
 
 /// No source may point the data path at the daemon itself.

@@ -51,7 +51,7 @@ fn api() -> Overlay {
 fn an_overlay_adds_its_resources_and_leaves_the_file_as_it_was() {
     let file = file();
     let overlay = api();
-    let composed = file.compose([(Source::Xds, &overlay)]).unwrap();
+    let composed = file.compose([(Source::Xds, &overlay)], None).unwrap();
     let names: Vec<_> = composed.services.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["web", "api"]);
     assert!(composed.cluster("api").is_some());
@@ -62,7 +62,7 @@ fn an_overlay_adds_its_resources_and_leaves_the_file_as_it_was() {
         "the file's configuration is not changed"
     );
     // Nothing from the sources: the file itself.
-    let alone = file.compose([]).unwrap();
+    let alone = file.compose([], None).unwrap();
     assert_eq!(format!("{alone:?}"), format!("{file:?}"));
 }
 
@@ -71,7 +71,7 @@ fn a_name_two_sources_define_is_refused_naming_both() {
     let file = file();
     let mut overlay = api();
     overlay.clusters[0].name = "backup".to_owned();
-    let err = file.compose([(Source::Xds, &overlay)]).unwrap_err();
+    let err = file.compose([(Source::Xds, &overlay)], None).unwrap_err();
     assert_eq!(
         err,
         ComposeError::Clash {
@@ -88,13 +88,13 @@ fn a_name_two_sources_define_is_refused_naming_both() {
 
     let mut overlay = api();
     overlay.services[0].name = "web".to_owned();
-    let err = file.compose([(Source::Xds, &overlay)]).unwrap_err();
+    let err = file.compose([(Source::Xds, &overlay)], None).unwrap_err();
     assert!(matches!(err, ComposeError::Clash { ref what, .. } if what == "service \"web\""));
 
     let mut overlay = api();
     overlay.services[0].address = "127.77.0.1".parse().unwrap();
     overlay.services[0].port = 80;
-    let err = file.compose([(Source::Xds, &overlay)]).unwrap_err();
+    let err = file.compose([(Source::Xds, &overlay)], None).unwrap_err();
     assert!(
         err.to_string()
             .starts_with("service address 127.77.0.1:80 Tcp is defined by both"),
@@ -104,7 +104,10 @@ fn a_name_two_sources_define_is_refused_naming_both() {
     // Between two overlays, the first named first.
     let other = api();
     let err = file
-        .compose([(Source::ConsulEntries, &api()), (Source::Xds, &other)])
+        .compose(
+            [(Source::ConsulEntries, &api()), (Source::Xds, &other)],
+            None,
+        )
         .unwrap_err();
     assert!(
         matches!(
@@ -124,7 +127,7 @@ fn an_invalid_resource_is_named_with_its_source() {
     let file = file();
     let mut overlay = api();
     overlay.clusters[0].connect_timeout = Some(std::time::Duration::ZERO);
-    let err = file.compose([(Source::Xds, &overlay)]).unwrap_err();
+    let err = file.compose([(Source::Xds, &overlay)], None).unwrap_err();
     assert_eq!(
         err,
         ComposeError::Invalid {
@@ -136,7 +139,7 @@ fn an_invalid_resource_is_named_with_its_source() {
     // A service of a source naming a cluster nobody defines.
     let mut overlay = api();
     overlay.clusters.clear();
-    let err = file.compose([(Source::Xds, &overlay)]).unwrap_err();
+    let err = file.compose([(Source::Xds, &overlay)], None).unwrap_err();
     assert!(
         matches!(&err, ComposeError::Invalid { origin: Source::Xds, field, .. } if field.starts_with("services[\"api\"]")),
         "{err:?}"
@@ -156,37 +159,67 @@ fn chains_compile_from_every_sources_entries() {
         )],
         ..Overlay::default()
     };
-    let composed = file.compose([(Source::ConsulEntries, &overlay)]).unwrap();
+    let composed = file
+        .compose([(Source::ConsulEntries, &overlay)], None)
+        .unwrap();
     let plan = composed.chain_plan(&composed.services[0]).unwrap();
     assert_eq!(
         plan.clusters().into_iter().collect::<Vec<_>>(),
         ["backup", "web"]
     );
 
-    // The same entry in the file and in Consul: refused, not overridden.
+    // The same entry in the file and in Consul: neither wins; only the chains that read it are
+    // left out, with the reason, and the rest composes.
     let text = format!(
         "{FILE}config_entries:\n  - {{Kind: service-resolver, Name: web, ConnectTimeout: 5s}}\n"
     );
     let with_entry = Config::parse(&text, Path::new("test.yaml")).unwrap();
-    let err = with_entry
-        .compose([(Source::ConsulEntries, &overlay)])
-        .unwrap_err();
-    assert_eq!(
-        err,
-        ComposeError::Clash {
-            what: "config entry ServiceResolver \"web\"".to_owned(),
-            first: Source::File,
-            second: Source::ConsulEntries,
-        }
+    let composed = with_entry
+        .compose([(Source::ConsulEntries, &overlay)], None)
+        .unwrap();
+    assert!(composed.services.is_empty(), "web is left out");
+    assert_eq!(composed.chain_failures.len(), 1);
+    assert!(
+        composed.chain_failures[0]
+            .reason
+            .contains("defined both in the configuration file and in Consul"),
+        "{:?}",
+        composed.chain_failures
     );
 
-    // An entry the compiler refuses: named, and nothing composed.
+    // An entry the compiler refuses: that chain keeps the one in force, and is reported.
     let bad = Overlay {
         config_entries: vec![entry(
             "{Kind: service-resolver, Name: web, Failover: {'*': {Service: nowhere}}}",
         )],
         ..Overlay::default()
     };
-    let err = file.compose([(Source::ConsulEntries, &bad)]).unwrap_err();
-    assert!(err.to_string().contains("nowhere"), "{err}");
+    let in_force = file
+        .compose([(Source::ConsulEntries, &overlay)], None)
+        .unwrap();
+    let composed = file
+        .compose([(Source::ConsulEntries, &bad)], Some(&in_force))
+        .unwrap();
+    assert_eq!(composed.chain_failures.len(), 1);
+    assert!(
+        composed.chain_failures[0].reason.contains("nowhere"),
+        "{:?}",
+        composed.chain_failures
+    );
+    assert_eq!(composed.services.len(), 1, "web stays");
+    let plan = composed.chain_plan(&composed.services[0]).unwrap();
+    assert_eq!(
+        plan.clusters().into_iter().collect::<Vec<_>>(),
+        ["backup", "web"],
+        "the chain in force: failover to backup"
+    );
+    // With nothing in force to keep, the service is left out and the others stay.
+    let mut with_api = bad.clone();
+    with_api.clusters = api().clusters;
+    with_api.services = api().services;
+    let composed = file
+        .compose([(Source::ConsulEntries, &with_api)], None)
+        .unwrap();
+    let names: Vec<_> = composed.services.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["api"]);
 }

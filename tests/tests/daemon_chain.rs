@@ -291,5 +291,6 @@ async fn a_consul_config_write_moves_connects_within_one_watch_round_trip() {
     assert_eq!(probe.count("v2"), 50, "the state in force stays: {probe:?}");
     // The first union, the splitter to v2, the negative splitter (published; its chain kept).
     assert_eq!(daemon.stat("consul_entries.entries_change"), 3);
+    assert_eq!(daemon.stat("server.chain_failures"), 1, "web's chain kept");
     assert_eq!(daemon.stat("consul_entries.update_failure"), 0);
 }

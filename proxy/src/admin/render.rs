@@ -75,6 +75,12 @@ fn all_stats(state: &State) -> BTreeMap<String, u64> {
         "server.clusters".to_owned(),
         state.config.clusters.len() as u64,
     );
+    // Chains that Consul's entries left uncompiled: each service runs its previous chain, or is
+    // left out (the log says which, and why).
+    stats.insert(
+        "server.chain_failures".to_owned(),
+        state.config.chain_failures.len() as u64,
+    );
     stats
 }
 

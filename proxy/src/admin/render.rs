@@ -219,6 +219,7 @@ mod tests {
         assert_eq!(
             serde_json::to_value(stats_map(&state)).unwrap(),
             serde_json::json!({"stats": [
+                {"name": "server.chain_failures", "value": 0},
                 {"name": "server.clusters", "value": 0},
                 {"name": "server.services", "value": 0}
             ]})

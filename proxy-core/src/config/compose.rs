@@ -69,6 +69,13 @@ impl Config {
         for service in &self.services {
             owners.claim_service(&service.name, Source::File)?;
         }
+        // Who defined each entry outside Consul, by kind and name: the clash check stays
+        // linear in the entries (Consul's may number tens of thousands).
+        let mut entry_owners: HashMap<(proxy_chain::EntryKind, String), Source> = self
+            .file_entries
+            .iter()
+            .map(|e| ((e.kind(), e.name().to_owned()), Source::File))
+            .collect();
         let mut entries: Vec<(proxy_chain::ConfigEntry, Source)> = self
             .file_entries
             .iter()
@@ -103,15 +110,16 @@ impl Config {
                 // A Consul entry the file (or xDS) defines too makes only the chains that read
                 // it unusable (`compile_chains`), as an entry Consul accepted that this daemon
                 // cannot use does: Consul's entries never refuse a whole composition.
-                let clash = entries
-                    .iter()
-                    .find(|(e, _)| e.kind() == entry.kind() && e.name() == entry.name());
-                if let Some((_, first)) = clash.filter(|_| source != Source::ConsulEntries) {
-                    return Err(ComposeError::Clash {
-                        what: format!("config entry {:?} {:?}", entry.kind(), entry.name()),
-                        first: *first,
-                        second: source,
-                    });
+                if source != Source::ConsulEntries {
+                    let key = (entry.kind(), entry.name().to_owned());
+                    if let Some(&first) = entry_owners.get(&key) {
+                        return Err(ComposeError::Clash {
+                            what: format!("config entry {:?} {:?}", entry.kind(), entry.name()),
+                            first,
+                            second: source,
+                        });
+                    }
+                    entry_owners.insert(key, source);
                 }
                 entries.push((entry.clone(), source));
             }

@@ -54,6 +54,18 @@ pub enum DrainOutcome {
 pub const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 impl DrainTrigger {
+    /// Phase one now, without waiting: stop accepting (and ask HTTP connections to close after
+    /// their current request). [`DrainTrigger::drain`] continues from there.
+    pub fn begin(&self) {
+        self.phase.send_if_modified(|phase| {
+            let running = *phase == Phase::Running;
+            if running {
+                *phase = Phase::Draining;
+            }
+            running
+        });
+    }
+
     /// Phase one, then phase two at `deadline`. The caller must have dropped its own watchers.
     pub async fn drain(mut self, deadline: Duration) -> DrainOutcome {
         self.phase.send_replace(Phase::Draining);

@@ -63,11 +63,14 @@ struct Ctx {
     service: Service,
     /// The bytes of an upgraded connection (at most one per HTTP/1.1 connection).
     tunnel: std::sync::Mutex<Option<JoinHandle<()>>>,
+    /// Set once the connection's first request has been read.
+    started: tokio::sync::watch::Sender<bool>,
 }
 
 /// Serves one client connection until it ends (an upgraded one: until its tunnel ends); on
 /// drain, asks it to close after the current request (HTTP/1.1 `Connection: close`, HTTP/2
-/// GOAWAY); at the shutdown deadline, drops it.
+/// GOAWAY), but only once its first request has been read; at the shutdown deadline, drops
+/// it.
 pub(crate) async fn serve(
     stream: TcpStream,
     orig: OrigDstAddr,
@@ -80,6 +83,7 @@ pub(crate) async fn serve(
         orig,
         service,
         tunnel: std::sync::Mutex::new(None),
+        started: tokio::sync::watch::Sender::new(false),
     });
     let handler = ctx.clone();
     let svc = service_fn(move |req| {
@@ -97,10 +101,25 @@ pub(crate) async fn serve(
         Some(Err(err)) => debug!(%err, "client HTTP connection ended with an error"),
         Some(Ok(())) => {}
         None => {
-            conn.as_mut().graceful_shutdown();
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                () = drain.closing() => debug!("shutdown deadline passed: HTTP connection dropped"),
+            // A graceful shutdown closes a connection whose first request is not read yet at
+            // once (it counts as idle), which resets a client that has sent one, or is about
+            // to: a connection accepted just before a reload handed the listeners over. Such a
+            // connection gets its first request served (the shutdown deadline bounds the wait).
+            let mut started = ctx.started.subscribe();
+            let first = tokio::select! {
+                _ = conn.as_mut() => false,
+                _ = started.wait_for(|started| *started) => true,
+                () = drain.closing() => {
+                    debug!("shutdown deadline passed before a first request: HTTP connection dropped");
+                    false
+                }
+            };
+            if first {
+                conn.as_mut().graceful_shutdown();
+                tokio::select! {
+                    _ = conn.as_mut() => {}
+                    () = drain.closing() => debug!("shutdown deadline passed: HTTP connection dropped"),
+                }
             }
         }
     }
@@ -109,6 +128,8 @@ pub(crate) async fn serve(
 
 /// One request, answered by the upstream or by the proxy itself (404, 503, 504).
 async fn handle(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
+    ctx.started
+        .send_if_modified(|started| !std::mem::replace(started, true));
     let stats = &ctx.shared.stats;
     ProxyStats::inc(&stats.downstream_rq_total);
     let proto = if req.version() == Version::HTTP_2 {

@@ -381,9 +381,9 @@ impl ProxyHandle {
     /// A proxy with a new service table (a reload), serving on this one's listening sockets
     /// from now on, with its config, its stats and ORIGINAL_DST hosts (the counters go on, and
     /// handles taken from this one keep reading them), and its place for a takeover's
-    /// handover. This one is left to [`shutdown`](Self::shutdown): it stops accepting and
-    /// drains its live connections, which keep the routes they started with. On error nothing
-    /// changed and this one serves on. Must run inside a tokio runtime.
+    /// handover. This one stops accepting at once and is left to [`shutdown`](Self::shutdown),
+    /// which drains its live connections: they keep the routes they started with. On error
+    /// nothing changed and this one serves on. Must run inside a tokio runtime.
     #[expect(
         clippy::unused_async,
         reason = "the signature says it must run inside a tokio runtime (it spawns tasks)"
@@ -410,6 +410,11 @@ impl ProxyHandle {
         let theirs = std::mem::take(&mut *next.handover.lock());
         *self.handover.lock() = theirs;
         std::mem::swap(&mut self.handover, &mut next.handover);
+        // This one stops accepting at once: from here new connections reach the successor
+        // only (one this one accepted a moment before is served on its table).
+        if let Some(trigger) = &self.trigger {
+            trigger.begin();
+        }
         Ok(next)
     }
 

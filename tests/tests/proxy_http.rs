@@ -265,6 +265,42 @@ async fn shutdown_lets_the_request_in_flight_finish() {
     assert_eq!(outcome, DrainOutcome::Graceful);
 }
 
+/// A connection the proxy accepted before a graceful shutdown (a reload's old proxy, say) whose
+/// first request comes after the drain began is served, then closed; it is not reset as an
+/// idle connection would be.
+#[tokio::test]
+async fn shutdown_serves_the_first_request_of_a_connection_accepted_before_it() {
+    let config = ProxyConfig {
+        shutdown_timeout: Duration::from_secs(5),
+        ..ProxyConfig::default()
+    };
+    let server = HttpServer::start("one").await;
+    let mut services = ServiceTable::new();
+    services.set_fallback(Service::OriginalDst { http: true });
+    let proxy = TestProxy::start(config, services).await;
+    let mut c = http1_client(&proxy, server.addr).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while proxy.handle.active_connections() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never accepted");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let shutdown = proxy.handle.shutdown();
+    tokio::pin!(shutdown);
+    // One poll starts the drain; the request is sent after it.
+    tokio::select! {
+        biased;
+        _ = &mut shutdown => panic!("the drain waits for the accepted connection"),
+        () = std::future::ready(()) => {}
+    }
+    let answer = tokio::spawn(async move { get(&mut c, "/", &[]).await });
+    let outcome = tokio::time::timeout(WAIT, shutdown)
+        .await
+        .expect("shutdown in time");
+    let (status, body) = answer.await.unwrap();
+    assert_eq!((status, who(&body)), (200, "one"));
+    assert_eq!(outcome, DrainOutcome::Graceful);
+}
+
 #[tokio::test]
 async fn a_503_is_retried_and_the_body_replayed() {
     let s = setup(ProxyConfig::default()).await;

@@ -166,7 +166,9 @@ pub struct Config {
     #[serde(skip)]
     pub chains: std::collections::BTreeMap<String, proxy_chain::CompiledDiscoveryChain>,
     /// Chains that Consul's entries left uncompiled in a composition ([`Config::compose`]),
-    /// each with its reason: the service runs its previous chain, or is left out.
+    /// each with its reason: the service runs its previous chain, or is left out. In a file
+    /// with `consul_config_entries`, the chains that do not compile from the file's entries
+    /// alone (the composition with Consul's compiles them again).
     #[serde(skip)]
     pub chain_failures: Vec<crate::chain::ChainFailure>,
     /// Every config entry of the file (`config_entries` and the entries of
@@ -242,8 +244,18 @@ impl Config {
         let base = file.parent().unwrap_or(Path::new("."));
         config.file_entries =
             validate::gather_entries(&config, base).map_err(|e| e.locate(file, text))?;
-        config.chains = validate::compile_chains(&config, &config.file_entries)
-            .map_err(|e| e.locate(file, text))?;
+        if config.consul_config_entries.is_some() {
+            // Chains read Consul's entries too (a service-defaults that makes one HTTP, say):
+            // one that does not compile from the file's alone is not the file's fault. It is
+            // listed in `chain_failures`, and the composition with Consul's entries compiles it
+            // (until then, the daemon leaves its service out).
+            let compiled = crate::chain::compile_each(&config, &config.file_entries, &[]);
+            config.chains = compiled.chains;
+            config.chain_failures = compiled.failures;
+        } else {
+            config.chains = validate::compile_chains(&config, &config.file_entries)
+                .map_err(|e| e.locate(file, text))?;
+        }
         validate::validate_xds(&config).map_err(|invalid| invalid.locate(file, text))?;
         Ok(config)
     }

@@ -73,6 +73,11 @@ pub fn run(
 ) -> anyhow::Result<()> {
     // The proxy's epoll engine runs as many threads as the runtime.
     config.proxy.engine_threads = workers.and_then(std::num::NonZeroUsize::new);
+    // What runs until the dynamic sources answer: the file composed alone (a chain that needs
+    // Consul's entries is left out until they come).
+    let file = config;
+    let config = running::compose(&file, &BTreeMap::new(), None)
+        .map_err(|refused| anyhow::anyhow!("{refused}"))?;
     let workers = workers.unwrap_or_else(default_workers);
     launch.concurrency = workers;
     info!(instance = %config.instance, workers, "starting: attaching the data path");
@@ -82,13 +87,13 @@ pub fn run(
         cgroup: dataplane::resolve_cgroup(&config.cgroup)?,
         bpffs: PathBuf::from(&config.bpffs),
         instance: config.instance.clone(),
-        follow_sockets: needs_sockops(&config, &templates),
+        follow_sockets: follow_sockets(&file, &config, &templates),
         kernel_log: config.kernel_log,
         kernel_maps: config.kernel_maps,
     };
     // `--takeover`: the running daemon hands over before the instance's lock is taken.
-    let inherited = takeover::request(&config, launch.takeover)
-        .context("taking over from the running daemon")?;
+    let inherited =
+        takeover::request(&file, launch.takeover).context("taking over from the running daemon")?;
     let dp: SharedDataplane = Arc::new(Mutex::new(Some(
         takeover::open_dataplane(&opts, inherited.is_some()).context("attaching the data path")?,
     )));
@@ -117,6 +122,7 @@ pub fn run(
     runtime.block_on(async {
         // Boxed: the run's state machine is over clippy's large-future bound (16 KiB).
         let result = Box::pin(run_async(
+            file,
             config,
             templates,
             dp.clone(),
@@ -136,6 +142,12 @@ pub fn run(
     })
 }
 
+/// Whether the data path follows sockets (sockops): for what `config` (the file composed
+/// alone) runs, and for the proxy-mode services of the `file` that wait for a dynamic source.
+fn follow_sockets(file: &Config, config: &Config, templates: &[ServiceTemplate]) -> bool {
+    needs_sockops(config, templates) || file.uses_proxy()
+}
+
 /// One worker per CPU in the daemon's affinity mask (`sched_getaffinity`, which is what
 /// `available_parallelism` reads), or 2 if that cannot be read.
 fn default_workers() -> usize {
@@ -143,6 +155,7 @@ fn default_workers() -> usize {
 }
 
 async fn run_async(
+    file: Config,
     config: Config,
     templates: Vec<ServiceTemplate>,
     dp: SharedDataplane,
@@ -159,7 +172,7 @@ async fn run_async(
     // are shown too.
     let kernel_log = take_kernel_log(&dp).map(|log| tokio::spawn(crate::kernel_log::run(log)));
     let ctx = Context {
-        follow_sockets: needs_sockops(&config, &templates),
+        follow_sockets: follow_sockets(&file, &config, &templates),
         manager: HealthCheckManager::default(),
         guard: host_guard(&config),
         dp: dp.clone(),
@@ -176,11 +189,11 @@ async fn run_async(
     let upstreams = start_upstreams(&config, &ctx, &xds, &BTreeSet::new())?;
     // The proxy listener is live and known to the kernel before a service is published in
     // proxy mode.
-    let proxy = proxy_path::start(&config, &upstreams, &dp, inherited)
+    let proxy = proxy_path::start(&config, file.uses_proxy(), &upstreams, &dp, inherited)
         .await
         .context("starting the proxy path")?;
     let mut running = Running {
-        file: config.clone(),
+        file,
         overlays: BTreeMap::new(),
         config,
         upstreams,

@@ -48,6 +48,8 @@ pub struct Consul {
     hcl: Vec<String>,
     /// The HTTPS API address, when TLS is on.
     https: Option<SocketAddr>,
+    /// The network namespace the agent runs in ([`Consul::start_in`]); the host's when `None`.
+    netns: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -86,7 +88,17 @@ impl Consul {
     /// catalog.
     pub async fn start(datacenter: &str) -> Self {
         crate::start_retrying_async("consul", 4, async || {
-            Self::try_start(datacenter, None, None).await
+            Self::try_start(datacenter, None, None, None).await
+        })
+        .await
+    }
+
+    /// Like [`Consul::start`], inside `netns` (its loopback): for a daemon that runs there, as
+    /// proxy-path tests run it. The fixture's own calls enter the namespace too.
+    pub async fn start_in(netns: &crate::kernel::Netns, datacenter: &str) -> Self {
+        let path = netns.path();
+        crate::start_retrying_async("consul", 4, async || {
+            Self::try_start(datacenter, None, None, Some(path.clone())).await
         })
         .await
     }
@@ -96,7 +108,7 @@ impl Consul {
     /// (`verify_incoming_https`). The plain HTTP API stays for the fixture's own calls.
     pub async fn start_with_https(datacenter: &str, files: &HttpsFiles) -> Self {
         crate::start_retrying_async("consul", 4, async || {
-            Self::try_start(datacenter, None, Some(files)).await
+            Self::try_start(datacenter, None, Some(files), None).await
         })
         .await
     }
@@ -110,7 +122,7 @@ impl Consul {
     /// master token (used by the fixture's own calls).
     pub async fn start_with_acls(datacenter: &str, master: &str) -> Self {
         crate::start_retrying_async("consul", 4, async || {
-            Self::try_start(datacenter, Some(master), None).await
+            Self::try_start(datacenter, Some(master), None, None).await
         })
         .await
     }
@@ -121,6 +133,7 @@ impl Consul {
         datacenter: &str,
         master: Option<&str>,
         https: Option<&HttpsFiles>,
+        netns: Option<PathBuf>,
     ) -> Result<Self, String> {
         let dir = temp_dir();
         let ports = free_ports(7);
@@ -140,7 +153,7 @@ impl Consul {
                 ports[6]
             ));
         }
-        let child = spawn_agent(&dir, datacenter, &ports, &hcl);
+        let child = spawn_agent(&dir, datacenter, &ports, &hcl, netns.as_deref());
         let https = https.map(|_| SocketAddr::from(([127, 0, 0, 1], ports[6])));
         let mut consul = Self {
             dir,
@@ -150,6 +163,7 @@ impl Consul {
             master: master.map(str::to_owned),
             hcl,
             https,
+            netns,
             child: Some(child),
         };
         consul.wait_until_leader().await?;
@@ -168,6 +182,7 @@ impl Consul {
                 &self.datacenter,
                 &self.ports,
                 &self.hcl,
+                self.netns.as_deref(),
             ));
             match self.wait_until_leader().await {
                 Ok(()) => return,
@@ -273,11 +288,52 @@ impl Consul {
     async fn call(&self, method: &str, path: &str, body: Option<&[u8]>) -> (u16, String) {
         let address = self.http.to_string();
         let token = self.master.as_deref();
-        let response = http::request(&address, method, path, token, body, CALL_TIMEOUT)
+        let response = self
+            .request(method, path, token, body)
             .await
             .unwrap_or_else(|e| panic!("{method} {path} on consul {address}: {e}"));
         let text = String::from_utf8_lossy(&response.body).into_owned();
         (response.status, text)
+    }
+
+    /// One API call on the agent's HTTP address, from inside its namespace when it has one.
+    async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&[u8]>,
+    ) -> Result<http::HttpResponse, String> {
+        let address = self.http.to_string();
+        let Some(netns) = self.netns.clone() else {
+            return http::request(&address, method, path, token, body, CALL_TIMEOUT)
+                .await
+                .map_err(|e| e.to_string());
+        };
+        let (method, path) = (method.to_owned(), path.to_owned());
+        let (token, body) = (token.map(str::to_owned), body.map(<[u8]>::to_vec));
+        // A socket belongs to the namespace of the thread that makes it: the call runs on a
+        // thread inside the agent's namespace, on a runtime of its own.
+        let call = move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for a call inside the namespace");
+            runtime
+                .block_on(http::request(
+                    &address,
+                    &method,
+                    &path,
+                    token.as_deref(),
+                    body.as_deref(),
+                    CALL_TIMEOUT,
+                ))
+                .map_err(|e| e.to_string())
+        };
+        let thread = crate::kernel::in_netns_at(netns, call);
+        tokio::task::spawn_blocking(move || thread.join().expect("consul call thread"))
+            .await
+            .expect("consul call task")
     }
 
     /// A new ACL token whose one policy has these `rules` (Consul's HCL), created with the
@@ -317,7 +373,8 @@ impl Consul {
         let body = body.map(|b| b.to_string().into_bytes());
         let address = self.http.to_string();
         let token = self.master.as_deref();
-        let response = http::request(&address, "PUT", path, token, body.as_deref(), CALL_TIMEOUT)
+        let response = self
+            .request("PUT", path, token, body.as_deref())
             .await
             .unwrap_or_else(|e| panic!("PUT {path} on consul {address}: {e}"));
         assert_eq!(
@@ -331,8 +388,7 @@ impl Consul {
 
     /// Whether the agent names a leader and, with ACLs, knows the master token.
     async fn serving(&self) -> bool {
-        let address = self.http.to_string();
-        let get = |path| http::request(&address, "GET", path, None, None, CALL_TIMEOUT);
+        let get = |path| self.request("GET", path, None, None);
         let leader = get("/v1/status/leader")
             .await
             .ok()
@@ -345,7 +401,7 @@ impl Consul {
             return true;
         };
         let path = "/v1/acl/token/self";
-        let known = http::request(&address, "GET", path, Some(master), None, CALL_TIMEOUT).await;
+        let known = self.request("GET", path, Some(master), None).await;
         known.is_ok_and(|r| r.status == 200)
     }
 
@@ -444,7 +500,13 @@ pub struct HttpsFiles {
 
 /// Starts a dev agent of `datacenter` with its data and log (appended) in `dir`, on `ports`
 /// (HTTP, DNS, gRPC, serf LAN, serf WAN, server, then one spare), with `hcl` added.
-fn spawn_agent(dir: &Path, datacenter: &str, ports: &[u16], hcl: &[String]) -> Child {
+fn spawn_agent(
+    dir: &Path,
+    datacenter: &str,
+    ports: &[u16],
+    hcl: &[String],
+    netns: Option<&Path>,
+) -> Child {
     let binary = consul_binary();
     let log_path = dir.join("consul.log");
     let log = std::fs::OpenOptions::new()
@@ -453,7 +515,11 @@ fn spawn_agent(dir: &Path, datacenter: &str, ports: &[u16], hcl: &[String]) -> C
         .open(&log_path)
         .unwrap_or_else(|e| panic!("cannot open {}: {e}", log_path.display()));
     let stderr = log.try_clone().expect("clone log handle");
-    Command::new(&binary)
+    let mut command = Command::new(&binary);
+    if let Some(netns) = netns {
+        crate::kernel::exec_in_netns(&mut command, netns);
+    }
+    command
         .args([
             "agent",
             "-dev",

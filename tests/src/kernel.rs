@@ -869,6 +869,7 @@ impl Daemon {
 mod clients;
 mod fork;
 mod in_process;
+mod servers;
 pub mod xlated;
 
 pub use self::{
@@ -878,4 +879,5 @@ pub use self::{
     },
     fork::InCgroup,
     in_process::{DATAPLANE_FEATURES, InProcess, skip_without_dataplane, spec},
+    servers::{Servers, http_server},
 };

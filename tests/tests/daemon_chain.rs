@@ -2,7 +2,8 @@
 //! chain from config entries, and connects from a fresh cgroup in a fresh network namespace
 //! follow it: a 90/10 split by subset, a redirect, and failover when the primary's hosts fail
 //! their active health checks (and back when they recover). And entries live from a real Consul:
-//! a `consul config write` moves connects within one watch round trip.
+//! a `consul config write` moves connects within one watch round trip, and moves a proxy-mode
+//! HTTP service without one failed request.
 
 use std::{
     io::Read as _,
@@ -13,8 +14,8 @@ use std::{
 use integration_tests::{
     consul::Consul,
     kernel::{
-        BannerServers, Daemon, InCgroup, Netns, Probe, TestCgroup, assert_share, free_port,
-        http_get, require_root, unique, wait_for_backends,
+        BannerServers, Daemon, InCgroup, Netns, Probe, Servers, TestCgroup, assert_share,
+        free_port, http_get, http_server, require_root, unique, wait_for_backends,
     },
 };
 
@@ -292,5 +293,145 @@ async fn a_consul_config_write_moves_connects_within_one_watch_round_trip() {
     // The first union, the splitter to v2, the negative splitter (published; its chain kept).
     assert_eq!(daemon.stat("consul_entries.entries_change"), 3);
     assert_eq!(daemon.stat("server.chain_failures"), 1, "web's chain kept");
+    assert_eq!(daemon.stat("consul_entries.update_failure"), 0);
+}
+
+/// GETs `/` on the VIP, one request per connection, until v2 has answered and then v1 has
+/// answered 200 times in a row (bounded by `within`); writes the number of runs of one answer
+/// so far to `progress` as each run starts. Returns the runs, `["v1 /", 120]` and so on, and
+/// the failures, as JSON.
+fn http_runs(within: Duration, progress: &std::path::Path) -> String {
+    let once = || -> std::io::Result<String> {
+        let mut stream = TcpStream::connect_timeout(&VIP.parse().unwrap(), Duration::from_secs(2))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        std::io::Write::write_all(
+            &mut stream,
+            b"GET / HTTP/1.1\r\nhost: web\r\nconnection: close\r\n\r\n",
+        )?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text)?;
+        match text.split_once("\r\n\r\n") {
+            Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_owned()),
+            _ => Ok(format!(
+                "not 200: {}",
+                text.lines().next().unwrap_or_default()
+            )),
+        }
+    };
+    let deadline = Instant::now() + within;
+    let (mut runs, mut errors) = (Vec::<(String, u32)>::new(), Vec::<String>::new());
+    let settled = |runs: &[(String, u32)]| {
+        runs.iter().any(|(answer, _)| answer == "v2 /")
+            && runs
+                .last()
+                .is_some_and(|(answer, n)| answer == "v1 /" && *n >= 200)
+    };
+    while !settled(&runs) && Instant::now() < deadline {
+        let answer = once().unwrap_or_else(|e| format!("error: {e}"));
+        if answer.starts_with("error") || answer.starts_with("not 200") {
+            errors.push(answer);
+            continue;
+        }
+        match runs.last_mut() {
+            Some((last, n)) if *last == answer => *n += 1,
+            _ => {
+                runs.push((answer, 1));
+                std::fs::write(progress, runs.len().to_string()).expect("the progress file");
+            }
+        }
+    }
+    serde_json::json!({"runs": runs, "errors": errors}).to_string()
+}
+
+/// A change from a control plane to a proxy-mode HTTP service is as gapless as a reload: a
+/// `consul config write` of a splitter moves the service from v1 to v2, and a delete moves it
+/// back, each taken by a successor proxy (the path a reload takes) while a request loop runs
+/// through the service; not one request fails, and the answers go from v1 to v2 and settle
+/// on v1 again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_config_writes_move_a_proxy_mode_service_without_a_failed_request() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let (v1, v2): (SocketAddr, SocketAddr) = (
+        "127.0.0.11:8081".parse().unwrap(),
+        "127.0.0.12:8082".parse().unwrap(),
+    );
+    let _servers = Servers::start(&netns, &[(v1, "v1"), (v2, "v2")], http_server);
+    // Inside the namespace, where the daemon (and its proxy listener) runs.
+    let consul = Consul::start_in(&netns, "dc1").await;
+    let entries = [
+        serde_json::json!({"Kind": "service-defaults", "Name": "web", "Protocol": "http"}),
+        serde_json::json!({"Kind": "service-resolver", "Name": "web", "DefaultSubset": "v1",
+            "Subsets": {"v1": {"Filter": "Service.Meta.version == v1"},
+                        "v2": {"Filter": "Service.Meta.version == v2"}}}),
+    ];
+    for entry in &entries {
+        let (status, body) = consul.write_config(entry).await;
+        assert_eq!(status, 200, "{entry}: {body}");
+    }
+    let config = format!(
+        "{}proxy:\n  listeners: [\"127.0.0.1:15001\"]\nclusters:\n{}consul_config_entries: {{ address: \"{}\", datacenter: dc1 }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, chain: web, mode: proxy }}\n",
+        header(&cgroup),
+        cluster("web", &(endpoint(v1, "v1") + &endpoint(v2, "v2")), ""),
+        consul.http_addr(),
+    );
+    let daemon = tokio::task::block_in_place(|| Daemon::start_in(&netns, &config));
+    let took = "the proxy path took the new services";
+    // One at the start already: Consul's service-defaults made `web` HTTP, so its chain came
+    // with Consul's first answer.
+    let at_start = daemon.log_text().matches(took).count();
+    let within = Duration::from_secs(30);
+    let dir = integration_tests::kernel::TempDir::new();
+    let progress = dir.0.join("runs");
+    let client = {
+        let progress = progress.clone();
+        InCgroup::spawn(Some(cgroup.path()), &netns, move || {
+            http_runs(within, &progress)
+        })
+    };
+    // Each change is made once the loop has answers from the state before it.
+    let runs_reach = async |n: usize| {
+        let deadline = Instant::now() + within;
+        loop {
+            let text = std::fs::read_to_string(&progress).unwrap_or_default();
+            if text.parse::<usize>().is_ok_and(|runs| runs >= n) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the loop never saw {n} run(s)");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    runs_reach(1).await;
+    let split = serde_json::json!({"Kind": "service-splitter", "Name": "web",
+        "Splits": [{"Weight": 100, "ServiceSubset": "v2"}]});
+    let (status, body) = consul.write_config(&split).await;
+    assert_eq!(status, 200, "{split}: {body}");
+    let applied = tokio::task::block_in_place(|| daemon.wait_log(took, within));
+    assert!(applied, "{}", daemon.log_text());
+    runs_reach(2).await;
+    consul.delete_config("service-splitter", "web").await;
+    let report = tokio::task::block_in_place(|| client.wait(within + Duration::from_secs(10)));
+    let report: serde_json::Value = serde_json::from_str(&report).expect(&report);
+    eprintln!("requests across two control-plane changes: {report}");
+    assert_eq!(report["errors"], serde_json::json!([]), "{report}");
+    let order: Vec<&str> = report["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|run| run[0].as_str())
+        .collect();
+    // Each change moves the answers; the old proxy may take a connection in the moment it
+    // takes to stop accepting (served on its table all the same), so a run may interleave
+    // there, but the answers start on v1, reach v2 and settle on v1.
+    assert_eq!(order.first(), Some(&"v1 /"), "{report}");
+    assert!(order.contains(&"v2 /"), "{report}");
+    let last = report["runs"].as_array().unwrap().last().unwrap();
+    assert_eq!(last, &serde_json::json!(["v1 /", 200]), "{report}");
+    assert_eq!(
+        daemon.log_text().matches(took).count() - at_start,
+        2,
+        "each change taken by a successor proxy:\n{}",
+        daemon.log_text()
+    );
     assert_eq!(daemon.stat("consul_entries.update_failure"), 0);
 }

@@ -29,17 +29,19 @@ use tracing::{info, warn};
 use super::{SharedDataplane, takeover::Inherited};
 use crate::dataplane::{OriginalDestinations, PairGuard, PairSplicer};
 
-/// Starts the proxy path when the configuration uses it (`None` otherwise), and points the
+/// Starts the proxy path when the configuration uses it or its file declares it (`declared`:
+/// a proxy-mode service waits for a dynamic source; `None` otherwise), and points the
 /// kernel's proxy-mode redirect at its listeners. After a takeover (`inherited`) it accepts on
 /// the sockets the previous daemon handed over, once the clusters have their first hosts (the
 /// previous daemon accepts on them meanwhile), and then tells that daemon to drain.
 pub async fn start(
     config: &Config,
+    declared: bool,
     upstreams: &BTreeMap<String, Arc<Upstream>>,
     dp: &SharedDataplane,
     mut inherited: Option<Inherited>,
 ) -> anyhow::Result<Option<ProxyHandle>> {
-    if !config.uses_proxy() {
+    if !(config.uses_proxy() || declared) {
         if let Some(inherited) = inherited {
             inherited.serving();
         }

@@ -84,6 +84,17 @@ impl Plan {
 #[error("{0}; restart the daemon to apply this (nothing was changed)")]
 pub struct NeedsRestart(pub String);
 
+/// The proxy path as a plan sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct ProxyPath {
+    /// Whether it runs now.
+    pub running: bool,
+    /// Whether the new configuration's file has a proxy-mode service or a `fallback_cluster`:
+    /// then the proxy path runs even while none of them is in force (a chain that waits for
+    /// Consul's entries), with an empty table.
+    pub declared: bool,
+}
+
 /// The difference from `old` to `new` (both validated), for a data path attached with sockops
 /// (`follow_sockets`) or without. `key` is a service's kernel key.
 pub fn plan(
@@ -91,6 +102,7 @@ pub fn plan(
     new: &Config,
     follow_sockets: bool,
     new_needs_sockops: bool,
+    proxy: ProxyPath,
     key: impl Fn(&proxy_core::config::Service) -> ServiceKey,
 ) -> Result<Plan, NeedsRestart> {
     fixed_fields(old, new)?;
@@ -134,7 +146,7 @@ pub fn plan(
     for name in news.keys().filter(|n| !olds.contains_key(*n)) {
         plan.start.insert((*name).to_owned());
     }
-    plan.proxy_path = proxy_path_changes(old, new, &plan)?;
+    plan.proxy_path = proxy_path_changes(old, new, proxy, &plan)?;
     let services = |c: &Config| -> BTreeMap<ServiceKey, String> {
         c.services
             .iter()
@@ -216,13 +228,20 @@ fn fixed_fields(old: &Config, new: &Config) -> Result<(), NeedsRestart> {
 /// Whether the proxy path's services change: its table of proxy-mode services, their chains and
 /// clusters, the fallback cluster, or a cluster any of them reads that restarts. Then the proxy
 /// path gets a successor with the new table ([`Plan::proxy_path`]). Starting or stopping the
-/// proxy path altogether, or changing what its listeners do, needs a restart.
-fn proxy_path_changes(old: &Config, new: &Config, plan: &Plan) -> Result<bool, NeedsRestart> {
-    if old.uses_proxy() != new.uses_proxy() {
+/// proxy path altogether (the file's first proxy-mode service or fallback_cluster added, or its
+/// last removed), or changing what its listeners do, needs a restart.
+fn proxy_path_changes(
+    old: &Config,
+    new: &Config,
+    proxy: ProxyPath,
+    plan: &Plan,
+) -> Result<bool, NeedsRestart> {
+    let runs = new.uses_proxy() || proxy.declared;
+    if proxy.running != runs {
         return Err(NeedsRestart(format!(
             "the proxy path would {} (the first proxy-mode service or fallback_cluster added, or \
              the last removed)",
-            if new.uses_proxy() { "start" } else { "stop" }
+            if runs { "start" } else { "stop" }
         )));
     }
     if old.effective_proxy() != new.effective_proxy() {
@@ -296,7 +315,11 @@ mod tests {
     }
 
     fn diff(old: &Config, new: &Config) -> Result<Plan, NeedsRestart> {
-        plan(old, new, false, false, crate::daemon::service_key)
+        let proxy = ProxyPath {
+            running: old.uses_proxy(),
+            declared: new.uses_proxy(),
+        };
+        plan(old, new, false, false, proxy, crate::daemon::service_key)
     }
 
     fn names(set: &BTreeSet<String>) -> Vec<&str> {
@@ -401,9 +424,13 @@ mod tests {
     #[test]
     fn sockops_that_this_run_did_not_attach_need_a_restart() {
         let a = config(&[("a", 1)], &[("s", "127.77.0.1", "a")], "");
-        let err = plan(&a, &a, false, true, crate::daemon::service_key).unwrap_err();
+        let idle = ProxyPath {
+            running: false,
+            declared: false,
+        };
+        let err = plan(&a, &a, false, true, idle, crate::daemon::service_key).unwrap_err();
         assert!(err.0.contains("sockops"), "{err}");
-        assert!(plan(&a, &a, true, true, crate::daemon::service_key).is_ok());
+        assert!(plan(&a, &a, true, true, idle, crate::daemon::service_key).is_ok());
     }
 
     #[test]

@@ -139,8 +139,8 @@ impl Running {
         // it sets them, as at the start.
         file.proxy.engine_threads = self.config.proxy.engine_threads;
         ctx.run_flags.apply(&mut file);
-        let new = compose(&file, &self.overlays, &self.config)?;
-        let summary = self.apply(new, ctx).await?;
+        let new = compose(&file, &self.overlays, Some(&self.config))?;
+        let summary = self.apply(new, file.uses_proxy(), ctx).await?;
         // xDS checks its names against the file's (composition already refused a clash).
         if let Err(err) = self.xds.set_file(FileNames::of(&file)) {
             tracing::warn!(%err, "xDS keeps the previous file's names");
@@ -160,21 +160,32 @@ impl Running {
     ) -> Result<String, ReloadRefused> {
         let mut overlays = self.overlays.clone();
         overlays.insert(source, overlay);
-        let new = compose(&self.file, &overlays, &self.config)?;
-        let summary = self.apply(new, ctx).await?;
+        let new = compose(&self.file, &overlays, Some(&self.config))?;
+        let summary = self.apply(new, self.file.uses_proxy(), ctx).await?;
         self.overlays = overlays;
         Ok(summary)
     }
 
     /// Applies the difference from the configuration in force to `new` (composed and
-    /// validated). Nothing changes unless all of it can be applied.
-    async fn apply(&mut self, new: Config, ctx: &Context) -> Result<String, ReloadRefused> {
+    /// validated), whose file declares a proxy path or not (`declared`, see
+    /// [`reload::ProxyPath`]). Nothing changes unless all of it can be applied.
+    async fn apply(
+        &mut self,
+        new: Config,
+        declared: bool,
+        ctx: &Context,
+    ) -> Result<String, ReloadRefused> {
         let templates = ServiceTemplate::all(&new);
+        let proxy = reload::ProxyPath {
+            running: self.proxy.is_some(),
+            declared,
+        };
         let plan = reload::plan(
             &self.config,
             &new,
             ctx.follow_sockets,
             needs_sockops(&new, &templates),
+            proxy,
             service_key,
         )
         .map_err(|err| ReloadRefused::NeedsRestart(err.to_string()))?;
@@ -292,15 +303,15 @@ impl Running {
 
 /// `file` with `overlays` (in the order of their sources), or why they do not compose; a chain
 /// that does not compile keeps the one in force (`previous`) or is left out, and is logged.
-fn compose(
+pub(super) fn compose(
     file: &Config,
     overlays: &BTreeMap<Source, Overlay>,
-    previous: &Config,
+    previous: Option<&Config>,
 ) -> Result<Config, ReloadRefused> {
     let composed = file
         .compose(
             overlays.iter().map(|(source, overlay)| (*source, overlay)),
-            Some(previous),
+            previous,
         )
         .map_err(|err| ReloadRefused::Invalid(err.to_string()))?;
     for failure in &composed.chain_failures {

@@ -223,3 +223,36 @@ fn chains_compile_from_every_sources_entries() {
     let names: Vec<_> = composed.services.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["api"]);
 }
+
+/// A file that watches Consul's entries may leave to them what makes a chain run: a proxy-mode
+/// chain service is HTTP only once Consul's service-defaults says so. The file loads with the
+/// chain listed as waiting; composed alone, the service is left out; with Consul's entries, it
+/// runs. Without `consul_config_entries`, the same file is refused as before.
+#[test]
+fn a_chain_that_needs_consuls_entries_waits_for_them() {
+    let proxied = FILE.replace("chain: web }", "chain: web, mode: proxy }");
+    let refused = Config::parse(&proxied, Path::new("test.yaml")).unwrap_err();
+    assert!(
+        refused.to_string().contains("protocol is \"tcp\""),
+        "{refused}"
+    );
+
+    let text = format!("{proxied}consul_config_entries: {{ address: \"127.0.0.1:8500\" }}\n");
+    let file = Config::parse(&text, Path::new("test.yaml")).expect("loads");
+    assert_eq!(file.services.len(), 1, "the file keeps its service");
+    assert_eq!(file.chain_failures.len(), 1, "{:?}", file.chain_failures);
+    let alone = file.compose([], None).unwrap();
+    assert!(alone.services.is_empty(), "left out until Consul answers");
+    assert_eq!(alone.chain_failures, file.chain_failures);
+
+    let http = Overlay {
+        config_entries: vec![entry("{Kind: service-defaults, Name: web, Protocol: http}")],
+        ..Overlay::default()
+    };
+    let composed = file
+        .compose([(Source::ConsulEntries, &http)], None)
+        .unwrap();
+    assert_eq!(composed.services.len(), 1);
+    assert!(composed.chain_failures.is_empty());
+    assert!(composed.chains.contains_key("web"));
+}

@@ -6,10 +6,13 @@
 //! "ACL not found" for a token it does not know; nothing in the 200 says that ACLs filtered it.
 //! So every empty answer is checked with `GET /v1/acl/token/self` and the same token:
 //! * 200: Consul knows the token; then `POST /v1/internal/acl/authorize` (Consul 1.8 and later,
-//!   what its UI asks) says whether the token may read the service: allowed, the empty answer is
-//!   trusted; not allowed, [`AclDenial::NoServiceRead`] and the hosts are kept (the token is
-//!   valid but its policy does not reach this service); a 404 (a Consul without the endpoint)
-//!   trusts the empty answer, as before it;
+//!   what its UI asks) says whether the token may read the service, and for the catalog whether
+//!   it may read nodes (`node:read` with the empty segment, what `node_prefix ""` grants: the
+//!   health endpoint leaves out every instance on a node the token may not read): allowed, the
+//!   empty answer is trusted; not allowed, [`AclDenial::NoServiceRead`] or
+//!   [`AclDenial::NoNodeRead`] and the hosts are kept (the token is valid but its policy does
+//!   not reach this service or its nodes); a 404 (a Consul without the endpoint) trusts the
+//!   empty answer, as before it;
 //! * 401 "ACL support disabled": no ACLs; the empty answer is trusted;
 //! * 403: the token is refused (or none was sent): [`AclDenial`], the hosts are kept;
 //! * anything else: a failed query, the hosts are kept.
@@ -57,6 +60,19 @@ pub enum AclDenial {
         /// The service.
         service: String,
     },
+    /// The token is known and may read the service, but not every node: Consul leaves out the
+    /// instances on nodes it may not read, so an empty answer says nothing.
+    #[error(
+        "the consul ACL token from {origin} may read service {service:?} but not all nodes \
+         (its policy needs node:read on the nodes the service runs on, e.g. node_prefix \"\" \
+         {{ policy = \"read\" }}); consul hides the instances on the others"
+    )]
+    NoNodeRead {
+        /// Where the token came from.
+        origin: TokenOrigin,
+        /// The service.
+        service: String,
+    },
     /// The token is known but not allowed (403 "Permission denied" or another 403).
     #[error(
         "consul refused the ACL token from {origin} (403: it needs service:read and node:read \
@@ -90,11 +106,12 @@ pub(crate) fn denial(body: &[u8], token: &SentToken) -> AclDenial {
 ///
 /// `services` are the services whose read permission is in question: the catalog's one, or the
 /// services of config entries an answer would drop (Consul hides a service's entries from a
-/// token that may not read it). With none, a known token's answer is trusted.
+/// token that may not read it). With none, a known token's answer is trusted. `nodes`: the
+/// answer lists instances on nodes (the catalog), so node:read is in question too.
 pub(crate) async fn check_empty(
     fetch: &dyn CatalogFetch,
     token: &SentToken,
-    services: &[&str],
+    (services, nodes): (&[&str], bool),
     datacenter: Option<&str>,
     timeout: Duration,
 ) -> Result<(), QueryError> {
@@ -103,7 +120,7 @@ pub(crate) async fn check_empty(
     let disabled = || String::from_utf8_lossy(&response.body).contains("ACL support disabled");
     match response.status {
         200 if services.is_empty() => Ok(()),
-        200 => may_read(fetch, token, services, datacenter, timeout).await,
+        200 => may_read(fetch, token, (services, nodes), datacenter, timeout).await,
         401 if disabled() => Ok(()),
         403 => Err(denial(&response.body, token).into()),
         status => Err(QueryError::AclCheck { status }),
@@ -117,11 +134,12 @@ struct Authorization {
     allow: bool,
 }
 
-/// Whether Consul lets the known `token` read every one of `services` (one request).
+/// Whether Consul lets the known `token` read every one of `services`, and nodes when `nodes`
+/// (one request).
 async fn may_read(
     fetch: &dyn CatalogFetch,
     token: &SentToken,
-    services: &[&str],
+    (services, nodes): (&[&str], bool),
     datacenter: Option<&str>,
     timeout: Duration,
 ) -> Result<(), QueryError> {
@@ -129,14 +147,18 @@ async fn may_read(
         // A known token was sent: `token` holds it. Nothing to ask otherwise.
         return Ok(());
     };
-    let ask: Vec<serde_json::Value> = services
+    let mut ask: Vec<serde_json::Value> = services
         .iter()
         .map(|s| serde_json::json!({"Resource": "service", "Segment": s, "Access": "read"}))
         .collect();
+    if nodes {
+        ask.push(serde_json::json!({"Resource": "node", "Segment": "", "Access": "read"}));
+    }
     let target = match datacenter {
         Some(dc) => format!("{AUTHORIZE}?dc={}", super::http::encode(dc)),
         None => AUTHORIZE.to_owned(),
     };
+    let asked = ask.len();
     let body = serde_json::Value::from(ask).to_string().into_bytes();
     let response = fetch.post(&target, Some(sent), body, timeout).await?;
     match response.status {
@@ -147,15 +169,22 @@ async fn may_read(
     }
     let answers: Vec<Authorization> = serde_json::from_slice(&response.body)
         .map_err(|_| QueryError::Authorize { status: 200 })?;
-    if answers.len() != services.len() {
+    if answers.len() != asked {
         return Err(QueryError::Authorize { status: 200 });
     }
-    match services.iter().zip(&answers).find(|(_, a)| !a.allow) {
-        Some((service, _)) => Err(AclDenial::NoServiceRead {
+    if let Some((service, _)) = services.iter().zip(&answers).find(|(_, a)| !a.allow) {
+        return Err(AclDenial::NoServiceRead {
+            origin: origin.clone(),
+            service: (*service).to_owned(),
+        }
+        .into());
+    }
+    match (nodes, answers.last(), services.first()) {
+        (true, Some(node), Some(service)) if !node.allow => Err(AclDenial::NoNodeRead {
             origin: origin.clone(),
             service: (*service).to_owned(),
         }
         .into()),
-        None => Ok(()),
+        _ => Ok(()),
     }
 }

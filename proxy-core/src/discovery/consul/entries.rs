@@ -382,7 +382,7 @@ impl KindWatch {
         if !dropped.is_empty() || (entries.is_empty() && skipped.is_empty()) {
             let dropped: Vec<&str> = dropped.iter().map(String::as_str).collect();
             let dc = self.connection.datacenter.as_deref();
-            acl::check_empty(&*self.fetch, &token, &dropped, dc, timeout).await?;
+            acl::check_empty(&*self.fetch, &token, (&dropped, false), dc, timeout).await?;
         }
         Ok((returned, entries, skipped))
     }

@@ -60,6 +60,8 @@ pub(super) enum Acls {
     /// As `Known`, but the tokens' policy does not let them read the service (the authorize
     /// endpoint answers `Allow: false`).
     KnownWithoutRead(Vec<&'static str>),
+    /// As `Known`, but the tokens may read services and not nodes.
+    KnownWithoutNodeRead(Vec<&'static str>),
     /// This status, always.
     Status(u16),
 }
@@ -160,10 +162,21 @@ impl CatalogFetch for Script {
             token.map(|t| t.expose().to_owned()),
             String::from_utf8_lossy(&body).into_owned(),
         ));
-        let allow = !matches!(state.acls, Acls::KnownWithoutRead(_));
-        let body = format!(
-            "[{{\"Resource\": \"service\", \"Segment\": \"web\", \"Access\": \"read\", \"Allow\": {allow}}}]"
-        );
+        // One answer per question, as Consul gives them.
+        let asked: Vec<Value> = serde_json::from_slice(&body).unwrap_or_default();
+        let answers: Vec<Value> = asked
+            .into_iter()
+            .map(|mut question| {
+                let allow = !matches!(
+                    (&state.acls, question["Resource"].as_str()),
+                    (Acls::KnownWithoutRead(_), Some("service"))
+                        | (Acls::KnownWithoutNodeRead(_), Some("node"))
+                );
+                question["Allow"] = Value::Bool(allow);
+                question
+            })
+            .collect();
+        let body = Value::from(answers).to_string();
         Box::pin(std::future::ready(Ok(HttpResponse {
             status: 200,
             headers: Vec::new(),
@@ -228,10 +241,14 @@ fn token_self(acls: &Acls, token: Option<&str>) -> HttpResponse {
         Acls::Known(known) if token.is_some_and(|t| known.contains(&t)) => {
             (200, "{\"AccessorID\": \"a\", \"SecretID\": \"s\"}")
         }
-        Acls::KnownWithoutRead(known) if token.is_some_and(|t| known.contains(&t)) => {
+        Acls::KnownWithoutRead(known) | Acls::KnownWithoutNodeRead(known)
+            if token.is_some_and(|t| known.contains(&t)) =>
+        {
             (200, "{\"AccessorID\": \"a\", \"SecretID\": \"s\"}")
         }
-        Acls::Known(_) | Acls::KnownWithoutRead(_) => (403, "ACL not found"),
+        Acls::Known(_) | Acls::KnownWithoutRead(_) | Acls::KnownWithoutNodeRead(_) => {
+            (403, "ACL not found")
+        }
         Acls::Status(status) => (*status, "rpc error"),
     };
     HttpResponse {

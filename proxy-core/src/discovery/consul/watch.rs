@@ -235,7 +235,7 @@ async fn query(
     let (entries, skipped) =
         decode_entries(&response.body).map_err(|source| QueryError::Body { source })?;
     if entries.is_empty() && skipped.is_empty() {
-        acl::check_empty(fetch, token, &[service], datacenter, timeout).await?;
+        acl::check_empty(fetch, token, (&[service], true), datacenter, timeout).await?;
     }
     Ok((index, entries, skipped))
 }

@@ -111,7 +111,8 @@ async fn a_known_token_that_may_not_read_the_service_keeps_the_hosts() {
     let body: Value = serde_json::from_str(body).expect("json");
     assert_eq!(
         body,
-        json!([{"Resource": "service", "Segment": "web", "Access": "read"}])
+        json!([{"Resource": "service", "Segment": "web", "Access": "read"},
+               {"Resource": "node", "Segment": "", "Access": "read"}])
     );
     let err = crate::discovery::consul::AclDenial::NoServiceRead {
         origin: crate::discovery::consul::TokenOrigin::Config,
@@ -119,6 +120,26 @@ async fn a_known_token_that_may_not_read_the_service_keeps_the_hosts() {
     }
     .to_string();
     assert!(err.contains("may not read service \"web\""), "{err}");
+}
+
+/// A token that may read the service but not nodes: Consul's health answer leaves out every
+/// instance on a node it may not read, so its empty answer keeps the hosts too.
+#[tokio::test(start_paused = true)]
+async fn a_token_without_node_read_keeps_the_hosts() {
+    let script = Script::new(vec![Reply::Ok(5, two()), Reply::Ok(6, json!([]))]);
+    script.set_acls(Acls::KnownWithoutNodeRead(vec!["nodeless"]));
+    let mut config = ConsulConfig::new("web");
+    config.token = ConsulToken::new("nodeless");
+    let cluster = start(config, &script);
+    script.wait_requests(3).await;
+    assert_eq!(cluster.current().hosts.len(), 2, "never drained");
+    assert_eq!(cluster.stats().values().acl_denied, 1);
+    let err = crate::discovery::consul::AclDenial::NoNodeRead {
+        origin: crate::discovery::consul::TokenOrigin::Config,
+        service: "web".to_owned(),
+    }
+    .to_string();
+    assert!(err.contains("but not all nodes"), "{err}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -237,9 +237,22 @@ pub(super) fn page(path: &str, query: &str, state: &State) -> Response {
         "/config_dump" => Response::json(&*state.config),
         _ => {
             let service = path.strip_prefix("/chain/").unwrap_or(path);
-            match state.config.chains.get(service) {
-                Some(chain) => Response::json(chain),
-                None => Response::text(
+            let failure = state
+                .config
+                .chain_failures
+                .iter()
+                .find(|f| f.service == service);
+            match (state.config.chains.get(service), failure) {
+                (Some(chain), _) => Response::json(chain),
+                // Left out: its chain does not compile from the current entries.
+                (None, Some(failure)) => Response::text(
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "service {service:?} is left out until its chain compiles: {}\n",
+                        failure.reason
+                    ),
+                ),
+                (None, None) => Response::text(
                     StatusCode::NOT_FOUND,
                     format!("no discovery chain for service {service:?}\n"),
                 ),

@@ -1,7 +1,8 @@
 //! CDS and LDS against the real control plane, side by side with Envoy 1.40 subscribed to the
 //! same server (SotW and delta ADS): per version pushed, the same ACK or NACK of each type, the
 //! same clusters and listeners active and the same hosts of a STATIC cluster (port, weight,
-//! priority), through a bad version, a listener whose cluster is not there yet, and removals.
+//! priority), through a bad version, a listener whose cluster is not there yet, and removals;
+//! and HTTP connection managers with an inline route table.
 
 use std::{collections::BTreeSet, time::Duration};
 
@@ -342,6 +343,81 @@ async fn envoy_and_we_agree_on_cds_and_lds() {
         ("cluster", json!([a])),
         (None, None),
         (&only_a, &only_a),
+    )
+    .await;
+}
+
+fn http_listener(name: &str, port: u16, routes: &Value) -> Value {
+    json!({"name": name,
+           "address": {"socket_address": {"address": "127.77.240.1", "port_value": port}},
+           "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+               "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+               "stat_prefix": name,
+               "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                   "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
+               "route_config": {"name": "local", "virtual_hosts": [
+                   {"name": "all", "domains": ["*"], "routes": routes}]}}}]}]})
+}
+
+/// HTTP connection managers with an inline route table: both ACK a good one and show it
+/// active, both NACK a route naming a cluster that is not there (Envoy validates inline
+/// tables) and keep the last good one, both take a weighted split, and both withdraw it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_and_we_agree_on_inline_http_listeners() {
+    let server = tokio::task::block_in_place(XdsServer::start);
+    let port = std::net::TcpListener::bind("127.77.240.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port on 127.77.240.1")
+        .port();
+    let (a, b) = (
+        static_cluster("a", "127.0.0.1", 9001),
+        static_cluster("b", "127.0.0.1", 9002),
+    );
+    server.push_resources("cluster", "1", json!([a, b]));
+    let routes = json!([
+        {"match": {"prefix": "/b", "headers": [{"name": "x-v", "string_match": {"exact": "2"}}]},
+         "route": {"cluster": "b"}},
+        {"match": {"path": "/only-b"}, "route": {"cluster": "b", "timeout": "3s"}},
+        {"match": {"prefix": "/"}, "route": {"cluster": "a"}}
+    ]);
+    server.push_resources(
+        "listener",
+        "1",
+        json!([http_listener("web", port, &routes)]),
+    );
+    let mut sides = [Side::start(&server, false), Side::start(&server, true)];
+    let both = active(&["a", "b"], &["web"]);
+    first_state_agrees(&server, &mut sides, &both).await;
+    let unknown = json!([{"match": {"prefix": "/"}, "route": {"cluster": "zz"}}]);
+    let words = Some("route: unknown cluster 'zz'");
+    step(
+        &server,
+        &mut sides,
+        "2",
+        ("listener", json!([http_listener("web", port, &unknown)])),
+        (words, words),
+        (&both, &both),
+    )
+    .await;
+    let split = json!([{"match": {"prefix": "/"}, "route": {"weighted_clusters": {"clusters": [
+        {"name": "a", "weight": 1}, {"name": "b", "weight": 3}]}}}]);
+    step(
+        &server,
+        &mut sides,
+        "3",
+        ("listener", json!([http_listener("web", port, &split)])),
+        (None, None),
+        (&both, &both),
+    )
+    .await;
+    let gone = active(&["a", "b"], &[]);
+    step(
+        &server,
+        &mut sides,
+        "4",
+        ("listener", json!([])),
+        (None, None),
+        (&gone, &gone),
     )
     .await;
 }

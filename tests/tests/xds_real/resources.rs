@@ -22,17 +22,17 @@ const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 
 /// Envoy and our client, subscribed to CDS and LDS the same way.
-struct Side {
+pub(super) struct Side {
     flavour: &'static str,
     envoy_node: &'static str,
-    envoy: Envoy,
+    pub(super) envoy: Envoy,
     ours_node: &'static str,
     _ours: EdsClient,
-    overlay: watch::Receiver<Overlay>,
+    pub(super) overlay: watch::Receiver<Overlay>,
 }
 
 impl Side {
-    fn start(server: &XdsServer, delta: bool) -> Self {
+    pub(super) fn start(server: &XdsServer, delta: bool) -> Self {
         let (flavour, envoy_node, ours_node, api_type) = if delta {
             ("delta", "envoy-cds-delta", "ours-cds-delta", "DELTA_GRPC")
         } else {
@@ -66,7 +66,7 @@ impl Side {
 
     /// Envoy's active `(clusters, listeners)` once they equal `want` (or the last after WAIT);
     /// its static `xds` cluster left out.
-    async fn envoy_active(&self, want: &Active) -> Active {
+    pub(super) async fn envoy_active(&self, want: &Active) -> Active {
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {
             let seen = tokio::task::block_in_place(|| {
@@ -85,7 +85,7 @@ impl Side {
     }
 
     /// Our published `(clusters, services)` once they equal `want` (or the last after WAIT).
-    async fn our_active(&mut self, want: &Active) -> Active {
+    pub(super) async fn our_active(&mut self, want: &Active) -> Active {
         let view = |o: &Overlay| -> Active {
             (
                 o.clusters.iter().map(|c| c.name.clone()).collect(),
@@ -97,7 +97,7 @@ impl Side {
     }
 }
 
-type Active = (BTreeSet<String>, BTreeSet<String>);
+pub(super) type Active = (BTreeSet<String>, BTreeSet<String>);
 
 /// `(port, weight, priority)` of a host.
 type HostView = (u64, u64, u64);
@@ -139,14 +139,14 @@ fn names(admin: &Value, list: &str, field: &str) -> BTreeSet<String> {
         .collect()
 }
 
-fn active(clusters: &[&str], listeners: &[&str]) -> Active {
+pub(super) fn active(clusters: &[&str], listeners: &[&str]) -> Active {
     (
         clusters.iter().map(|&c| c.to_owned()).collect(),
         listeners.iter().map(|&l| l.to_owned()).collect(),
     )
 }
 
-fn static_cluster(name: &str, address: &str, port: u16) -> Value {
+pub(super) fn static_cluster(name: &str, address: &str, port: u16) -> Value {
     json!({"name": name, "type": "STATIC", "connect_timeout": "1s", "lb_policy": "RANDOM",
            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
                {"endpoint": {"address": {"socket_address": {"address": address, "port_value": port}}},
@@ -347,7 +347,7 @@ async fn envoy_and_we_agree_on_cds_and_lds() {
     .await;
 }
 
-fn http_listener(name: &str, port: u16, routes: &Value) -> Value {
+pub(super) fn http_listener(name: &str, port: u16, routes: &Value) -> Value {
     json!({"name": name,
            "address": {"socket_address": {"address": "127.77.240.1", "port_value": port}},
            "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {

@@ -33,8 +33,16 @@ const ROUTE_CONFIG_FIELDS: &[(u64, &str)] = &[
     (6, "request_headers_to_add"),
     (8, "request_headers_to_remove"),
     (9, "vhds"),
+    (10, "most_specific_header_mutations_wins"),
+    (11, "max_direct_response_body_size_bytes"),
+    (12, "cluster_specifier_plugins"),
     (13, "request_mirror_policies"),
+    (14, "ignore_port_in_host_matching"),
+    (15, "ignore_path_parameters_in_path_matching"),
     (16, "typed_per_filter_config"),
+    (17, "metadata"),
+    (18, "vhost_header"),
+    (19, "route_specifiers"),
 ];
 
 /// Field numbers of `VirtualHost` refused.
@@ -45,9 +53,21 @@ const VHOST_FIELDS: &[(u64, &str)] = &[
     (7, "request_headers_to_add"),
     (8, "cors"),
     (10, "response_headers_to_add"),
+    (11, "response_headers_to_remove"),
+    (13, "request_headers_to_remove"),
+    (14, "include_request_attempt_count"),
+    (15, "typed_per_filter_config"),
     (16, "retry_policy"),
     (17, "hedge_policy"),
+    (18, "per_request_buffer_limit_bytes"),
+    (19, "include_attempt_count_in_response"),
+    (20, "retry_policy_typed_config"),
     (21, "matcher"),
+    (22, "request_mirror_policies"),
+    (23, "include_is_timeout_retry_header"),
+    (24, "metadata"),
+    (25, "request_body_buffer_limit"),
+    (26, "route_specifiers"),
 ];
 
 /// Field numbers of `Route` refused.
@@ -58,9 +78,16 @@ const ROUTE_FIELDS: &[(u64, &str)] = &[
     (7, "direct_response"),
     (9, "request_headers_to_add"),
     (10, "response_headers_to_add"),
+    (11, "response_headers_to_remove"),
+    (12, "request_headers_to_remove"),
     (13, "typed_per_filter_config"),
+    (15, "tracing"),
+    (16, "per_request_buffer_limit_bytes"),
     (17, "filter_action"),
     (18, "non_forwarding_action"),
+    (19, "stat_prefix"),
+    (20, "request_body_buffer_limit"),
+    (21, "route_specifiers"),
 ];
 
 /// Field numbers of `RouteMatch` refused.
@@ -73,6 +100,7 @@ const MATCH_FIELDS: &[(u64, &str)] = &[
     (13, "dynamic_metadata"),
     (14, "path_separated_prefix"),
     (15, "path_match_policy"),
+    (16, "filter_state"),
     (17, "cookies"),
 ];
 
@@ -81,20 +109,53 @@ const ACTION_FIELDS: &[(u64, &str)] = &[
     (2, "cluster_header"),
     (4, "metadata_match"),
     (6, "host_rewrite_literal"),
+    (7, "auto_host_rewrite"),
     (9, "retry_policy"),
+    (11, "priority"),
     (13, "rate_limits"),
+    (14, "include_vh_rate_limits"),
     (15, "hash_policy"),
+    (17, "cors"),
+    (20, "cluster_not_found_response_code"),
+    (23, "max_grpc_timeout"),
     (25, "upgrade_configs"),
+    (26, "internal_redirect_action"),
+    (27, "hedge_policy"),
+    (28, "grpc_timeout_offset"),
+    (29, "host_rewrite_header"),
     (30, "request_mirror_policies"),
+    (31, "max_internal_redirects"),
     (32, "regex_rewrite"),
+    (33, "retry_policy_typed_config"),
+    (34, "internal_redirect_policy"),
+    (35, "host_rewrite_path_regex"),
     (36, "max_stream_duration"),
     (37, "cluster_specifier_plugin"),
+    (38, "append_x_forwarded_host"),
+    (39, "inline_cluster_specifier_plugin"),
+    (40, "early_data_policy"),
+    (41, "path_rewrite_policy"),
+    (42, "flush_timeout"),
+    (45, "path_rewrite"),
+];
+
+/// Field numbers of `WeightedCluster` refused.
+const WEIGHTED_FIELDS: &[(u64, &str)] = &[
+    (2, "runtime_key_prefix"),
+    (3, "total_weight"),
+    (4, "header_name"),
+    (5, "use_hash_policy"),
 ];
 
 /// Field numbers of `WeightedCluster.ClusterWeight` refused.
 const WEIGHT_FIELDS: &[(u64, &str)] = &[
     (3, "metadata_match"),
     (4, "request_headers_to_add"),
+    (5, "response_headers_to_add"),
+    (6, "response_headers_to_remove"),
+    (9, "request_headers_to_remove"),
+    (10, "typed_per_filter_config"),
+    (11, "host_rewrite_literal"),
     (12, "cluster_header"),
 ];
 
@@ -377,12 +438,7 @@ fn timeouts(a: &RouteAction, destination: &mut Map<String, Value>) {
 /// The clusters and weights of `weighted_clusters`.
 fn weights(r: &Refuse, at: &str, w: &WeightedCluster) -> Result<Vec<(String, u32)>, ResourceError> {
     let clear = |x: &mut WeightedCluster| x.clusters.clear();
-    r.residual(
-        w,
-        clear,
-        &[(2, "runtime_key_prefix"), (3, "total_weight")],
-        at,
-    )?;
+    r.residual(w, clear, WEIGHTED_FIELDS, at)?;
     let mut out = Vec::with_capacity(w.clusters.len());
     for (i, c) in w.clusters.iter().enumerate() {
         let clear = |x: &mut ClusterWeight| {

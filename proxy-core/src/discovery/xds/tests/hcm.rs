@@ -12,7 +12,8 @@ use envoy_types::pb::{
             weighted_cluster::ClusterWeight,
         },
         extensions::filters::network::http_connection_manager::v3::{
-            HttpConnectionManager, HttpFilter, Rds, http_connection_manager::RouteSpecifier,
+            HttpConnectionManager, HttpFilter, Rds,
+            http_connection_manager::{CodecType, RouteSpecifier},
             http_filter::ConfigType,
         },
         r#type::matcher::v3::{RegexMatcher, StringMatcher, string_matcher::MatchPattern},
@@ -281,6 +282,9 @@ type Mutation = fn(&mut HttpConnectionManager);
 #[test]
 fn what_the_proxy_path_cannot_do_as_envoy_is_refused_by_name() {
     let cases: &[(&str, Mutation)] = &[
+        ("http_connection_manager.codec_type", |h| {
+            h.codec_type = CodecType::Http1 as i32;
+        }),
         ("http_connection_manager.stream_idle_timeout", |h| {
             h.stream_idle_timeout = Some(Duration {
                 seconds: 1,

@@ -319,7 +319,8 @@ pub fn validate(
                 continue;
             }
             entries.push(entry);
-            owners.push((name.clone(), Value::Null));
+            let what = format!("generated {} {}", entry["Kind"], entry["Name"]);
+            owners.push((name.clone(), Value::String(what)));
         }
     }
     let text =
@@ -333,10 +334,32 @@ pub fn validate(
         Err(error) => {
             let in_entries = matches!(&error, ConfigError::Invalid { field, .. } if field.starts_with("config_entries"));
             if in_entries {
-                Err(located(&error, &owners, "config_entries", "listener"))
+                Err(entry_refused(&error, &owners))
             } else {
                 Err(located(&error, &named, "services", "listener"))
             }
         }
     }
+}
+
+/// A refusal of a generated config entry, named by its listener and the entry (kind and name).
+fn entry_refused(error: &ConfigError, owners: &[(String, Value)]) -> ResourceError {
+    let mut refused = located(error, owners, "config_entries", "listener");
+    let index = match error {
+        ConfigError::Invalid { field, .. } => field
+            .strip_prefix("config_entries[")
+            .and_then(|rest| rest.split_once(']'))
+            .and_then(|(i, _)| i.parse::<usize>().ok()),
+        ConfigError::Read { .. } => None,
+    };
+    if let ResourceError::Invalid { field, .. } = &mut refused
+        && let Some((_, Value::String(what))) = index.and_then(|i| owners.get(i))
+    {
+        *field = if field.is_empty() {
+            what.clone()
+        } else {
+            format!("{what}: {field}")
+        };
+    }
+    refused
 }

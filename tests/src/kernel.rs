@@ -869,7 +869,6 @@ impl Daemon {
 mod clients;
 mod fork;
 mod in_process;
-mod servers;
 pub mod xlated;
 
 pub use self::{
@@ -879,5 +878,4 @@ pub use self::{
     },
     fork::InCgroup,
     in_process::{DATAPLANE_FEATURES, InProcess, skip_without_dataplane, spec},
-    servers::{Servers, http_server},
 };

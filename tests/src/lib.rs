@@ -6,6 +6,7 @@
 pub mod consul;
 pub mod features;
 pub mod health_servers;
+pub mod http_servers;
 pub mod kernel;
 pub mod pki;
 pub mod slow_dns;

@@ -13,9 +13,10 @@ use std::{
 
 use integration_tests::{
     consul::Consul,
+    http_servers::{Servers, http_server},
     kernel::{
-        BannerServers, Daemon, InCgroup, Netns, Probe, Servers, TestCgroup, assert_share,
-        free_port, http_get, http_server, require_root, unique, wait_for_backends,
+        BannerServers, Daemon, InCgroup, Netns, Probe, TestCgroup, assert_share, free_port,
+        http_get, require_root, unique, wait_for_backends,
     },
 };
 

@@ -1,7 +1,8 @@
 //! EDS through the daemon and the kernel (root): a real xDS v3 control plane (the Python server)
 //! pushes endpoints; connects from a fresh cgroup and namespace follow each good version, a host
 //! on port 0 is ACKed (as by Envoy) but never routed, and an invalid version is NACKed by the
-//! daemon while connects stay on the last good hosts.
+//! daemon while connects stay on the last good hosts. CDS and LDS pushes make and withdraw a
+//! kernel-path service, and an HTTP listener's routes a proxy-path service.
 
 use std::{
     net::SocketAddr,
@@ -9,6 +10,7 @@ use std::{
 };
 
 use integration_tests::{
+    http_servers::{Servers, get_in_cgroup, http_server},
     kernel::{
         BannerServers, Daemon, InCgroup, LoopReport, Netns, Probe, TestCgroup, require_root,
         tcp_loop, unique,
@@ -291,6 +293,119 @@ fn cds_and_lds_pushes_make_and_withdraw_a_kernel_service() {
     let streams: std::collections::BTreeSet<u64> =
         ours.iter().filter_map(|r| r["stream"].as_u64()).collect();
     assert_eq!(streams.len(), 1, "CDS, LDS and EDS on one stream: {ours:?}");
+    assert!(ours.iter().all(|r| r["error_detail"].is_null()), "{ours:?}");
+    assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
+}
+
+/// Runs `f` on a thread inside `netns`: the xDS server started there, and its control port,
+/// live next to the daemon (a namespace is per thread, and a child inherits its thread's).
+fn in_netns<T: Send>(netns: &Netns, f: impl FnOnce() -> T + Send) -> T {
+    let path = netns.path();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            proxy::enter_netns(&path).expect("entering the test namespace");
+            f()
+        })
+        .join()
+        .expect("the namespace thread")
+    })
+}
+
+/// An LDS listener with an HTTP connection manager, routes `/b` -> `first_b` (then `/` -> a).
+fn http_listener(b_prefix: &str) -> Value {
+    json!({"name": "hweb",
+        "address": {"socket_address": {"address": "127.77.0.1", "port_value": 80}},
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "hweb",
+            "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
+            "route_config": {"name": "local", "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [
+                {"match": {"prefix": b_prefix}, "route": {"cluster": "hb"}},
+                {"match": {"prefix": "/"}, "route": {"cluster": "ha"}}]}]}}}]}]})
+}
+
+/// GETs `paths` through the VIP until the bodies are `want` (15 s at most; else the daemon's log
+/// says why).
+fn wait_for_bodies(
+    (daemon, netns): (&Daemon, &Netns),
+    cgroup: &TestCgroup,
+    paths: &[&str],
+    want: &[&str],
+) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let bodies = get_in_cgroup("127.77.0.1:80".parse().unwrap(), netns, cgroup, paths);
+        if bodies == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{paths:?} never answered {want:?}: {bodies:?}\n{}\n{:?}",
+            daemon.log_text(),
+            daemon.get("/config_dump")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// CDS and LDS make an HTTP service on the proxy path: an HTTP connection manager's inline
+/// routes send two paths to two clusters, a listener change moves a path to the other
+/// cluster, and a push without the listener withdraws the service.
+#[test]
+fn an_lds_http_listener_routes_paths_to_clusters_on_the_proxy_path() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let (a, b): (SocketAddr, SocketAddr) = (
+        "127.0.0.41:8081".parse().unwrap(),
+        "127.0.0.42:8082".parse().unwrap(),
+    );
+    let _servers = Servers::start(&netns, &[(a, "a"), (b, "b")], http_server);
+    let server = in_netns(&netns, XdsServer::start);
+    let cluster = |name: &str, at: SocketAddr| {
+        json!({"name": name, "type": "STATIC", "lb_policy": "RANDOM", "load_assignment": {
+            "cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+                "socket_address": {"address": at.ip().to_string(), "port_value": at.port()}}}}]}]}})
+    };
+    in_netns(&netns, || {
+        server.push_resources("cluster", "1", json!([cluster("ha", a), cluster("hb", b)]));
+        server.push_resources("listener", "1", json!([http_listener("/b")]));
+    });
+    let node = unique("node");
+    // A proxy-mode service in the file: sockops are attached only when the configuration at
+    // start needs them, and the daemon refuses a later change that would (README, "LDS").
+    let config = format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nproxy:\n  listeners: [\"127.0.0.1:15001\"]\nclusters:\n  - {{ name: keep, load_assignment: {{ endpoints: [{{ lb_endpoints: [{{ endpoint: {{ address: {{ socket_address: {{ address: {}, port_value: {} }} }} }} }}] }}] }} }}\nservices:\n  - {{ name: keep, address: 127.77.0.9, port: 80, cluster: keep, mode: proxy }}\nxds:\n  node: {{ id: {node}, cluster: edge }}\n  ads_config: {{ api_type: GRPC, server_uri: \"{}\" }}\n  cds_config: {{ ads: {{}} }}\n  lds_config: {{ ads: {{}} }}\n",
+        unique("t"),
+        cgroup.path().display(),
+        a.ip(),
+        a.port(),
+        server.grpc_addr(),
+    );
+    let mut daemon = Daemon::start_in(&netns, &config);
+    let paths = ["/b/1", "/c/1", "/"];
+    wait_for_bodies(
+        (&daemon, &netns),
+        &cgroup,
+        &paths,
+        &["b /b/1", "a /c/1", "a /"],
+    );
+    in_netns(&netns, || {
+        server.push_resources("listener", "2", json!([http_listener("/c")]));
+    });
+    wait_for_bodies(
+        (&daemon, &netns),
+        &cgroup,
+        &paths,
+        &["a /b/1", "b /c/1", "a /"],
+    );
+    in_netns(&netns, || server.push_resources("listener", "3", json!([])));
+    let refused = "error: Connection refused (os error 111)";
+    wait_for_bodies((&daemon, &netns), &cgroup, &paths[..1], &[refused]);
+    let ours: Vec<Value> = in_netns(&netns, || server.requests())
+        .into_iter()
+        .filter(|r| r["node"] == node.as_str())
+        .collect();
     assert!(ours.iter().all(|r| r["error_detail"].is_null()), "{ours:?}");
     assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
 }

@@ -13,9 +13,10 @@ use std::{
 };
 
 use integration_tests::{
+    http_servers::{Servers, get_in_cgroup, http_server},
     kernel::{
-        BannerServers, Daemon, InCgroup, Netns, Probe, Servers, TestCgroup, http_server,
-        require_root, unique, wait_for_backends,
+        BannerServers, Daemon, InCgroup, Netns, Probe, TestCgroup, require_root, unique,
+        wait_for_backends,
     },
     slow_dns::{SLOW_ANSWER, SlowDns},
     unbound::Unbound,
@@ -183,38 +184,6 @@ fn echo_server(mut conn: TcpStream, name: &str) {
     }
 }
 
-/// GETs `paths` on the VIP from inside the cgroup; the bodies, one per line.
-fn get_in_cgroup(netns: &Netns, cgroup: &TestCgroup, paths: &[&str]) -> Vec<String> {
-    let paths: Vec<String> = paths.iter().map(|p| (*p).to_owned()).collect();
-    let child = InCgroup::spawn(Some(cgroup.path()), netns, move || {
-        let mut out = Vec::new();
-        for path in paths {
-            let body = (|| -> std::io::Result<String> {
-                let vip: SocketAddr = VIP.parse().expect("literal");
-                let mut s = TcpStream::connect_timeout(&vip, Duration::from_secs(2))?;
-                s.set_read_timeout(Some(Duration::from_secs(5)))?;
-                write!(
-                    s,
-                    "GET {path} HTTP/1.1\r\nhost: web\r\nconnection: close\r\n\r\n"
-                )?;
-                let mut text = String::new();
-                s.read_to_string(&mut text)?;
-                Ok(text
-                    .split_once("\r\n\r\n")
-                    .map(|(_, b)| b.to_owned())
-                    .unwrap_or(text))
-            })();
-            out.push(body.unwrap_or_else(|e| format!("error: {e}")));
-        }
-        out.join("\n")
-    });
-    child
-        .wait(Duration::from_secs(30))
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
 #[test]
 fn service_router_chain_routes_http_by_path() {
     require_root();
@@ -232,6 +201,7 @@ fn service_router_chain_routes_http_by_path() {
     );
     let daemon = Daemon::start_in(&netns, &config);
     let bodies = get_in_cgroup(
+        VIP.parse().expect("literal"),
         &netns,
         &cgroup,
         &["/api/users", "/", "/apix", "/index.html"],

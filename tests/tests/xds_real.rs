@@ -3,7 +3,8 @@
 //! against two real Envoy 1.40 (SotW and delta ADS) subscribed to the same server: hosts and
 //! health, and per input the ACK or NACK (with Envoy's words in both NACKs) and the resulting
 //! hosts, for a malformed IP, two assignments of one name, a host on port 0, priority 200
-//! and a health_status outside the enum. CDS and LDS side by side: `xds_real/resources.rs`.
+//! and a health_status outside the enum. CDS and LDS side by side: `xds_real/resources.rs`;
+//! HTTP requests through Envoy's and our routes of one inline route table: `xds_real/routes.rs`.
 
 use std::{collections::BTreeSet, time::Duration};
 
@@ -675,3 +676,7 @@ async fn agree_on_proto_rules(server: &XdsServer, pairs: &[Pair]) {
 
 #[path = "xds_real/resources.rs"]
 mod resources;
+#[path = "xds_real/routes.rs"]
+mod routes;
+
+mod proxy_support;

@@ -59,6 +59,7 @@ from envoy.config.core.v3 import health_check_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2  # noqa: F401 (registers the type for "@type")
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2  # noqa: F401 (registers the type for "@type")
+from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401 (registers the type for "@type")
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from envoy.service.endpoint.v3 import eds_pb2_grpc

@@ -46,6 +46,7 @@ pub mod cds;
 pub mod cla;
 pub mod config;
 mod grpc;
+pub mod hcm;
 pub mod json;
 pub mod lds;
 pub mod node;

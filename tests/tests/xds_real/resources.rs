@@ -1,7 +1,8 @@
 //! CDS and LDS against the real control plane, side by side with Envoy 1.40 subscribed to the
 //! same server (SotW and delta ADS): per version pushed, the same ACK or NACK of each type, the
 //! same clusters and listeners active and the same hosts of a STATIC cluster (port, weight,
-//! priority), through a bad version, a listener whose cluster is not there yet, and removals.
+//! priority), through a bad version, a listener whose cluster is not there yet, and removals;
+//! and HTTP connection managers with an inline route table.
 
 use std::{collections::BTreeSet, time::Duration};
 
@@ -21,17 +22,17 @@ const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 
 /// Envoy and our client, subscribed to CDS and LDS the same way.
-struct Side {
+pub(super) struct Side {
     flavour: &'static str,
     envoy_node: &'static str,
-    envoy: Envoy,
+    pub(super) envoy: Envoy,
     ours_node: &'static str,
     _ours: EdsClient,
-    overlay: watch::Receiver<Overlay>,
+    pub(super) overlay: watch::Receiver<Overlay>,
 }
 
 impl Side {
-    fn start(server: &XdsServer, delta: bool) -> Self {
+    pub(super) fn start(server: &XdsServer, delta: bool) -> Self {
         let (flavour, envoy_node, ours_node, api_type) = if delta {
             ("delta", "envoy-cds-delta", "ours-cds-delta", "DELTA_GRPC")
         } else {
@@ -65,7 +66,7 @@ impl Side {
 
     /// Envoy's active `(clusters, listeners)` once they equal `want` (or the last after WAIT);
     /// its static `xds` cluster left out.
-    async fn envoy_active(&self, want: &Active) -> Active {
+    pub(super) async fn envoy_active(&self, want: &Active) -> Active {
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {
             let seen = tokio::task::block_in_place(|| {
@@ -84,7 +85,7 @@ impl Side {
     }
 
     /// Our published `(clusters, services)` once they equal `want` (or the last after WAIT).
-    async fn our_active(&mut self, want: &Active) -> Active {
+    pub(super) async fn our_active(&mut self, want: &Active) -> Active {
         let view = |o: &Overlay| -> Active {
             (
                 o.clusters.iter().map(|c| c.name.clone()).collect(),
@@ -96,7 +97,7 @@ impl Side {
     }
 }
 
-type Active = (BTreeSet<String>, BTreeSet<String>);
+pub(super) type Active = (BTreeSet<String>, BTreeSet<String>);
 
 /// `(port, weight, priority)` of a host.
 type HostView = (u64, u64, u64);
@@ -138,14 +139,14 @@ fn names(admin: &Value, list: &str, field: &str) -> BTreeSet<String> {
         .collect()
 }
 
-fn active(clusters: &[&str], listeners: &[&str]) -> Active {
+pub(super) fn active(clusters: &[&str], listeners: &[&str]) -> Active {
     (
         clusters.iter().map(|&c| c.to_owned()).collect(),
         listeners.iter().map(|&l| l.to_owned()).collect(),
     )
 }
 
-fn static_cluster(name: &str, address: &str, port: u16) -> Value {
+pub(super) fn static_cluster(name: &str, address: &str, port: u16) -> Value {
     json!({"name": name, "type": "STATIC", "connect_timeout": "1s", "lb_policy": "RANDOM",
            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
                {"endpoint": {"address": {"socket_address": {"address": address, "port_value": port}}},
@@ -342,6 +343,81 @@ async fn envoy_and_we_agree_on_cds_and_lds() {
         ("cluster", json!([a])),
         (None, None),
         (&only_a, &only_a),
+    )
+    .await;
+}
+
+pub(super) fn http_listener(name: &str, port: u16, routes: &Value) -> Value {
+    json!({"name": name,
+           "address": {"socket_address": {"address": "127.77.240.1", "port_value": port}},
+           "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+               "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+               "stat_prefix": name,
+               "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                   "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
+               "route_config": {"name": "local", "virtual_hosts": [
+                   {"name": "all", "domains": ["*"], "routes": routes}]}}}]}]})
+}
+
+/// HTTP connection managers with an inline route table: both ACK a good one and show it
+/// active, both NACK a route naming a cluster that is not there (Envoy validates inline
+/// tables) and keep the last good one, both take a weighted split, and both withdraw it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_and_we_agree_on_inline_http_listeners() {
+    let server = tokio::task::block_in_place(XdsServer::start);
+    let port = std::net::TcpListener::bind("127.77.240.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port on 127.77.240.1")
+        .port();
+    let (a, b) = (
+        static_cluster("a", "127.0.0.1", 9001),
+        static_cluster("b", "127.0.0.1", 9002),
+    );
+    server.push_resources("cluster", "1", json!([a, b]));
+    let routes = json!([
+        {"match": {"prefix": "/b", "headers": [{"name": "x-v", "string_match": {"exact": "2"}}]},
+         "route": {"cluster": "b"}},
+        {"match": {"path": "/only-b"}, "route": {"cluster": "b", "timeout": "3s"}},
+        {"match": {"prefix": "/"}, "route": {"cluster": "a"}}
+    ]);
+    server.push_resources(
+        "listener",
+        "1",
+        json!([http_listener("web", port, &routes)]),
+    );
+    let mut sides = [Side::start(&server, false), Side::start(&server, true)];
+    let both = active(&["a", "b"], &["web"]);
+    first_state_agrees(&server, &mut sides, &both).await;
+    let unknown = json!([{"match": {"prefix": "/"}, "route": {"cluster": "zz"}}]);
+    let words = Some("route: unknown cluster 'zz'");
+    step(
+        &server,
+        &mut sides,
+        "2",
+        ("listener", json!([http_listener("web", port, &unknown)])),
+        (words, words),
+        (&both, &both),
+    )
+    .await;
+    let split = json!([{"match": {"prefix": "/"}, "route": {"weighted_clusters": {"clusters": [
+        {"name": "a", "weight": 1}, {"name": "b", "weight": 3}]}}}]);
+    step(
+        &server,
+        &mut sides,
+        "3",
+        ("listener", json!([http_listener("web", port, &split)])),
+        (None, None),
+        (&both, &both),
+    )
+    .await;
+    let gone = active(&["a", "b"], &[]);
+    step(
+        &server,
+        &mut sides,
+        "4",
+        ("listener", json!([])),
+        (None, None),
+        (&gone, &gone),
     )
     .await;
 }

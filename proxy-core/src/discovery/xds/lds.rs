@@ -6,8 +6,8 @@
 //! whose service-splitter (named like the listener) splits by the same weights, in hundredths
 //! of a percent (largest remainders, so they sum to exactly 100), with `chain_options:
 //! {tcp_splits: true}` (Envoy splits TCP connections; Consul alone would not). Anything else set on the
-//! listener, its chain or the filter is refused by name; HTTP connection managers are refused
-//! as not supported yet.
+//! listener, its chain or the filter is refused by name. An HTTP connection manager instead
+//! makes an HTTP service ([`hcm`]).
 
 use std::path::Path;
 
@@ -28,8 +28,11 @@ use prost::Message;
 use serde_json::{Value, json};
 
 use crate::{
-    config::{ClusterType, Config, Service},
-    discovery::xds::cds::{ResourceError, located, refuse_residual, socket_address},
+    config::{ClusterType, Config, ConfigError, Service},
+    discovery::xds::{
+        cds::{ResourceError, located, refuse_residual, socket_address},
+        hcm,
+    },
 };
 
 /// The type URL of `envoy.config.listener.v3.Listener`.
@@ -82,10 +85,14 @@ const TCP_PROXY_FIELDS: &[(u64, &str)] = &[
 pub struct ListenerForm {
     /// The service, in the configuration file's JSON form.
     pub service: Value,
-    /// A `service-splitter` config entry, in Consul's JSON form, for `weighted_clusters`.
-    pub splitter: Option<Value>,
+    /// Config entries in Consul's JSON form: the service-splitter of `weighted_clusters`, or
+    /// the chain of an HTTP listener's routes.
+    pub entries: Vec<Value>,
     /// The clusters the listener names (it waits until every one is known).
     pub clusters: Vec<String>,
+    /// Whether a cluster not known refuses the listener (Envoy's `validate_clusters` of an
+    /// inline route table) instead of holding it until the cluster arrives.
+    pub validate_clusters: bool,
 }
 
 /// `listener` as a service in the file's form, or the first field refused.
@@ -109,15 +116,20 @@ pub fn file_form(listener: &Listener) -> Result<ListenerForm, ResourceError> {
     };
     refuse_residual(listener, clear, LISTENER_FIELDS, |f| unsupported(&f))?;
     let (address, port) = tcp_address(listener).map_err(|(f, r)| invalid(f, r))?;
-    let proxy = tcp_proxy(listener, &unsupported, &invalid)?;
+    let any = one_filter(listener, &unsupported, &invalid)?;
+    if any.type_url == HCM_TYPE_URL {
+        return hcm::file_form(&name, &address, port, any);
+    }
+    let proxy = decode_tcp_proxy(any, &unsupported, &invalid)?;
     let mut service = json!({"name": name, "address": address, "port": port});
     match proxy.cluster_specifier {
         Some(ClusterSpecifier::Cluster(cluster)) => {
             service["cluster"] = json!(cluster);
             Ok(ListenerForm {
                 service,
-                splitter: None,
+                entries: Vec::new(),
                 clusters: vec![cluster],
+                validate_clusters: false,
             })
         }
         Some(ClusterSpecifier::WeightedClusters(weighted)) => {
@@ -171,17 +183,18 @@ fn split_form(
     let splitter = json!({"Kind": "service-splitter", "Name": name, "Splits": splits});
     Ok(ListenerForm {
         service,
-        splitter: Some(splitter),
+        entries: vec![splitter],
         clusters: named.into_iter().map(|(n, _)| n).collect(),
+        validate_clusters: false,
     })
 }
 
-/// The one `tcp_proxy` filter of the listener's one filter chain.
-fn tcp_proxy(
-    listener: &Listener,
+/// The typed config of the one filter of the listener's one filter chain.
+fn one_filter<'l>(
+    listener: &'l Listener,
     unsupported: &dyn Fn(&str) -> ResourceError,
     invalid: &dyn Fn(&str, &str) -> ResourceError,
-) -> Result<TcpProxy, ResourceError> {
+) -> Result<&'l Any, ResourceError> {
     let [chain] = listener.filter_chains.as_slice() else {
         return Err(invalid(
             "filter_chains",
@@ -203,7 +216,7 @@ fn tcp_proxy(
     let [filter] = chain.filters.as_slice() else {
         return Err(invalid(
             "filter_chains[0].filters",
-            "must hold exactly one filter, tcp_proxy",
+            "must hold exactly one filter, tcp_proxy or http_connection_manager",
         ));
     };
     let Some(ConfigType::TypedConfig(any)) = &filter.config_type else {
@@ -212,7 +225,7 @@ fn tcp_proxy(
             "needs a typed_config",
         ));
     };
-    decode_tcp_proxy(any, unsupported, invalid)
+    Ok(any)
 }
 
 fn decode_tcp_proxy(
@@ -221,12 +234,11 @@ fn decode_tcp_proxy(
     invalid: &dyn Fn(&str, &str) -> ResourceError,
 ) -> Result<TcpProxy, ResourceError> {
     let at = "filter_chains[0].filters[0].typed_config";
-    if any.type_url == HCM_TYPE_URL {
-        let reason = "http_connection_manager: HTTP listeners are not supported yet (RDS or inline route_config); only tcp_proxy listeners become services";
-        return Err(invalid(at, reason));
-    }
     if any.type_url != TCP_PROXY_TYPE_URL {
-        let reason = format!("{} is not supported; only tcp_proxy is", any.type_url);
+        let reason = format!(
+            "{} is not supported; only tcp_proxy and http_connection_manager are",
+            any.type_url
+        );
         return Err(invalid(at, &reason));
     }
     let proxy = TcpProxy::decode(any.value.as_slice()).map_err(|e| {
@@ -247,7 +259,7 @@ fn decode_tcp_proxy(
 
 /// Weights as Consul split percentages in hundredths, summing to exactly 100 (largest
 /// remainders); `None` without clusters or with a total of 0.
-fn percentages(weights: &[(String, u32)]) -> Option<Vec<Value>> {
+pub(crate) fn percentages(weights: &[(String, u32)]) -> Option<Vec<Value>> {
     let total: u64 = weights.iter().map(|(_, w)| u64::from(*w)).sum();
     if weights.is_empty() || total == 0 {
         return None;
@@ -297,10 +309,20 @@ pub fn validate(
         })
         .collect();
     let services: Vec<&Value> = forms.iter().map(|(_, f)| &f.service).collect();
-    let entries: Vec<&Value> = forms
-        .iter()
-        .filter_map(|(_, f)| f.splitter.as_ref())
-        .collect();
+    // Each entry once (two HTTP listeners may both declare one cluster's protocol), with the
+    // listener that brought it first, to name it in a refusal.
+    let mut entries: Vec<&Value> = Vec::new();
+    let mut owners: Vec<(String, Value)> = Vec::new();
+    for (name, form) in forms {
+        for entry in &form.entries {
+            if entries.contains(&entry) {
+                continue;
+            }
+            entries.push(entry);
+            let what = format!("generated {} {}", entry["Kind"], entry["Name"]);
+            owners.push((name.clone(), Value::String(what)));
+        }
+    }
     let text =
         json!({"clusters": stubs, "services": services, "config_entries": entries}).to_string();
     let named: Vec<(String, Value)> = forms
@@ -309,6 +331,35 @@ pub fn validate(
         .collect();
     match Config::parse(&text, Path::new("LDS")) {
         Ok(config) => Ok((config.services, config.config_entries)),
-        Err(error) => Err(located(&error, &named, "services", "listener")),
+        Err(error) => {
+            let in_entries = matches!(&error, ConfigError::Invalid { field, .. } if field.starts_with("config_entries"));
+            if in_entries {
+                Err(entry_refused(&error, &owners))
+            } else {
+                Err(located(&error, &named, "services", "listener"))
+            }
+        }
     }
+}
+
+/// A refusal of a generated config entry, named by its listener and the entry (kind and name).
+fn entry_refused(error: &ConfigError, owners: &[(String, Value)]) -> ResourceError {
+    let mut refused = located(error, owners, "config_entries", "listener");
+    let index = match error {
+        ConfigError::Invalid { field, .. } => field
+            .strip_prefix("config_entries[")
+            .and_then(|rest| rest.split_once(']'))
+            .and_then(|(i, _)| i.parse::<usize>().ok()),
+        ConfigError::Read { .. } => None,
+    };
+    if let ResourceError::Invalid { field, .. } = &mut refused
+        && let Some((_, Value::String(what))) = index.and_then(|i| owners.get(i))
+    {
+        *field = if field.is_empty() {
+            what.clone()
+        } else {
+            format!("{what}: {field}")
+        };
+    }
+    refused
 }

@@ -10,8 +10,9 @@
 //! keeps the last good state.
 //!
 //! Warming, as Envoy's: a listener naming a cluster that neither the file nor CDS defines is
-//! held (accepted, not published) until the cluster arrives. A CDS cluster is published at
-//! once; an EDS one then waits for its first endpoints (or its `initial_fetch_timeout`) in the
+//! held (accepted, not published) until the cluster arrives; an HTTP listener's inline route
+//! table is refused instead, unless its `validate_clusters` is false (Envoy checks inline
+//! tables). A CDS cluster is published at once; an EDS one then waits for its first endpoints (or its `initial_fetch_timeout`) in the
 //! daemon's cluster loop, which publishes no service before its cluster's first hosts.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -104,8 +105,8 @@ pub struct FileNames {
     pub clusters: BTreeMap<String, ClusterType>,
     /// Services.
     pub services: BTreeSet<String>,
-    /// Config entry names of the kinds a listener's split adds (service-splitter).
-    pub splitters: BTreeSet<String>,
+    /// Config entries, by kind and name (a listener's generated entries may not take them).
+    pub entries: BTreeSet<(&'static str, String)>,
 }
 
 impl FileNames {
@@ -118,13 +119,10 @@ impl FileNames {
                 .map(|c| (c.name.clone(), c.cluster_type))
                 .collect(),
             services: config.services.iter().map(|s| s.name.clone()).collect(),
-            splitters: config
+            entries: config
                 .config_entries
                 .iter()
-                .filter_map(|e| match e {
-                    proxy_chain::ConfigEntry::ServiceSplitter(s) => Some(s.name.clone()),
-                    _ => None,
-                })
+                .map(|e| (e.kind().as_str(), e.name().to_owned()))
                 .collect(),
         }
     }
@@ -342,16 +340,12 @@ impl ResourceState {
         if let Some(name) = listeners.keys().find(|n| self.file.services.contains(*n)) {
             return Err(clash("listener", name, "services"));
         }
-        let splits = listeners.iter().filter(|(_, l)| l.form.splitter.is_some());
-        if let Some((name, _)) = splits
-            .into_iter()
-            .find(|(n, _)| self.file.splitters.contains(*n))
-        {
-            return Err(clash(
-                "config entry",
+        if let Some((kind, name)) = self.entry_clash(listeners) {
+            return Err(ResponseError::Clash {
+                kind,
                 name,
-                "config_entries (service-splitter)",
-            ));
+                field: "config_entries",
+            });
         }
         let forms: Vec<(String, Value)> = clusters
             .iter()
@@ -365,6 +359,23 @@ impl ResourceState {
         let mut known = self.file.clusters.clone();
         known.extend(typed.iter().map(|c| (c.name.clone(), c.cluster_type)));
         Self::listener_overlay(typed, listeners, &known)
+    }
+
+    /// The first generated config entry (kind, name) that the file defines too.
+    fn entry_clash(
+        &self,
+        listeners: &BTreeMap<String, Held<ListenerForm>>,
+    ) -> Option<(&'static str, String)> {
+        let generated = listeners.values().flat_map(|l| &l.form.entries);
+        generated
+            .filter_map(|e| Some((e.get("Kind")?.as_str()?, e.get("Name")?.as_str()?)))
+            .find_map(|(kind, name)| {
+                self.file
+                    .entries
+                    .iter()
+                    .find(|(k, n)| *k == kind && n == name)
+                    .map(|(k, n)| (*k, n.clone()))
+            })
     }
 
     /// Checks every listener (one naming a cluster not known yet against a stand-in) and
@@ -388,16 +399,17 @@ impl ResourceState {
             let stand_ins: Vec<(String, ClusterType)> = stand_ins.into_iter().collect();
             lds::validate(&all, &stand_ins)?;
         }
-        let ready: Vec<(String, ListenerForm)> = all
-            .into_iter()
-            .filter(|(name, form)| {
-                let waiting = form.clusters.iter().find(|c| !known.contains_key(*c));
-                if let Some(cluster) = waiting {
-                    tracing::info!(listener = %name, %cluster, "listener held until its cluster arrives (warming)");
-                }
-                waiting.is_none()
-            })
-            .collect();
+        let mut ready = Vec::with_capacity(all.len());
+        for (name, form) in all {
+            let Some(cluster) = form.clusters.iter().find(|c| !known.contains_key(*c)) else {
+                ready.push((name, form));
+                continue;
+            };
+            if form.validate_clusters {
+                return Err(unknown_route_cluster(&name, &form, cluster).into());
+            }
+            tracing::info!(listener = %name, %cluster, "listener held until its cluster arrives (warming)");
+        }
         let known: Vec<(String, ClusterType)> =
             known.iter().map(|(n, t)| (n.clone(), *t)).collect();
         let (services, config_entries) = if ready.is_empty() {
@@ -420,6 +432,27 @@ impl ResourceState {
     /// The names of the accepted listeners (published or held).
     pub fn listener_names(&self) -> Vec<String> {
         self.listeners.keys().cloned().collect()
+    }
+}
+
+/// Envoy's refusal of an inline route table naming a cluster not known.
+fn unknown_route_cluster(listener: &str, form: &ListenerForm, cluster: &str) -> ResourceError {
+    let weighted = form.entries.iter().any(|e| {
+        e["Kind"] == "service-splitter"
+            && e["Splits"]
+                .as_array()
+                .is_some_and(|s| s.iter().any(|x| x["Service"] == cluster))
+    });
+    let what = if weighted {
+        "weighted cluster"
+    } else {
+        "cluster"
+    };
+    ResourceError::Invalid {
+        kind: "listener",
+        name: listener.to_owned(),
+        field: "route_config".to_owned(),
+        reason: format!("route: unknown {what} '{cluster}'"),
     }
 }
 

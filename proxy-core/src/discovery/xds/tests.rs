@@ -4,6 +4,7 @@
 mod ads;
 mod config;
 mod fixtures;
+mod hcm;
 mod json;
 mod mapping;
 mod resources;

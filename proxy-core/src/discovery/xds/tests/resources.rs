@@ -45,7 +45,7 @@ pub fn xds() -> XdsConfig {
 }
 
 /// A state whose LDS has answered once (empty), so that CDS responses publish.
-fn state(file: FileNames) -> (ResourceState, watch::Receiver<Overlay>) {
+pub fn state(file: FileNames) -> (ResourceState, watch::Receiver<Overlay>) {
     let (tx, rx) = watch::channel(Overlay::default());
     let mut state = ResourceState::new(xds(), file, tx);
     state.apply_sotw(&listeners("0", &[])).expect("ACK");
@@ -92,7 +92,7 @@ pub fn listener(name: &str, port: u32, target: ClusterSpecifier) -> Listener {
     )
 }
 
-fn listener_with(name: &str, port: u32, type_url: &str, value: Vec<u8>) -> Listener {
+pub fn listener_with(name: &str, port: u32, type_url: &str, value: Vec<u8>) -> Listener {
     let socket = SocketAddress {
         address: "127.77.0.1".into(),
         port_specifier: Some(PortSpecifier::PortValue(port)),
@@ -286,20 +286,6 @@ fn a_name_the_file_defines_is_refused_naming_both_sources() {
         "cluster \"a\" is defined both in the configuration file (clusters) and by xDS; a name may come from one source only, rename one of them"
     );
     assert!(rx.borrow().is_empty());
-}
-
-#[test]
-fn http_listeners_are_refused_as_not_supported_yet() {
-    let (mut state, _rx) = state(FileNames::default());
-    let http = listener_with("web", 8080, HCM_TYPE_URL, Vec::new());
-    let text = state
-        .apply_sotw(&listeners("1", &[http]))
-        .expect_err("NACK")
-        .to_string();
-    assert!(
-        text.contains("http_connection_manager: HTTP listeners are not supported yet"),
-        "{text}"
-    );
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! Thread-per-connection TCP servers in a test namespace, with handlers that answer HTTP/1.1
-//! naming the server, for proxy-path tests that need to see which host served a request.
+//! Test servers in a test namespace ([`Servers`]: a thread per listener, one per connection),
+//! a one-request HTTP server naming itself and the path it got, and GETs from inside a cgroup.
 
 use std::{
     io::{Read as _, Write as _},
@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use super::Netns;
+use crate::kernel::{InCgroup, Netns, TestCgroup};
 
 /// Servers in the test namespace: a thread per listener, and one per connection running
 /// `handle(connection, name)`. Stopped and joined on drop.
@@ -24,7 +24,6 @@ pub struct Servers {
 }
 
 impl Servers {
-    /// Starts one listener per (address, name), each calling `handle` per connection.
     pub fn start(
         netns: &Netns,
         servers: &[(SocketAddr, &str)],
@@ -104,4 +103,40 @@ pub fn http_server(mut conn: TcpStream, name: &str) {
         "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
+}
+
+/// GETs `paths` on `vip` from inside the cgroup; the bodies, one per line.
+pub fn get_in_cgroup(
+    vip: SocketAddr,
+    netns: &Netns,
+    cgroup: &TestCgroup,
+    paths: &[&str],
+) -> Vec<String> {
+    let paths: Vec<String> = paths.iter().map(|p| (*p).to_owned()).collect();
+    let child = InCgroup::spawn(Some(cgroup.path()), netns, move || {
+        let mut out = Vec::new();
+        for path in paths {
+            let body = (|| -> std::io::Result<String> {
+                let mut s = TcpStream::connect_timeout(&vip, Duration::from_secs(2))?;
+                s.set_read_timeout(Some(Duration::from_secs(5)))?;
+                write!(
+                    s,
+                    "GET {path} HTTP/1.1\r\nhost: web\r\nconnection: close\r\n\r\n"
+                )?;
+                let mut text = String::new();
+                s.read_to_string(&mut text)?;
+                Ok(text
+                    .split_once("\r\n\r\n")
+                    .map(|(_, b)| b.to_owned())
+                    .unwrap_or(text))
+            })();
+            out.push(body.unwrap_or_else(|e| format!("error: {e}")));
+        }
+        out.join("\n")
+    });
+    child
+        .wait(Duration::from_secs(30))
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }

@@ -325,6 +325,14 @@ impl Config {
             || self.proxy.fallback_cluster.is_some()
     }
 
+    /// Whether a daemon of this file runs the proxy path from its start, with an empty table
+    /// while nothing uses it yet: a proxy-mode service or `fallback_cluster` of its own (one
+    /// may wait for Consul's entries), or LDS (whose HTTP listeners become proxy-mode services).
+    /// Starting the proxy path later would need a restart.
+    pub fn declares_proxy(&self) -> bool {
+        self.uses_proxy() || self.xds.as_ref().is_some_and(|x| x.lds_config.is_some())
+    }
+
     /// The proxy path's settings, with the ORIGINAL_DST ones taken from the ORIGINAL_DST
     /// clusters (validation made them agree).
     pub fn effective_proxy(&self) -> ProxyConfig {

@@ -142,10 +142,13 @@ pub fn run(
     })
 }
 
-/// Whether the data path follows sockets (sockops): for what `config` (the file composed
-/// alone) runs, and for the proxy-mode services of the `file` that wait for a dynamic source.
+/// Whether the data path follows sockets (sockops), which cannot be attached after the start:
+/// for what `config` (the file composed alone) runs, for the proxy path the `file` declares,
+/// and for what xDS's clusters and listeners may bring later (proxy-mode HTTP listeners,
+/// outlier detection, LEAST_REQUEST).
 fn follow_sockets(file: &Config, config: &Config, templates: &[ServiceTemplate]) -> bool {
-    needs_sockops(config, templates) || file.uses_proxy()
+    let xds_resources = file.xds.as_ref().is_some_and(|xds| xds.resources_enabled());
+    needs_sockops(config, templates) || file.declares_proxy() || xds_resources
 }
 
 /// One worker per CPU in the daemon's affinity mask (`sched_getaffinity`, which is what
@@ -189,7 +192,7 @@ async fn run_async(
     let upstreams = start_upstreams(&config, &ctx, &xds, &BTreeSet::new())?;
     // The proxy listener is live and known to the kernel before a service is published in
     // proxy mode.
-    let proxy = proxy_path::start(&config, file.uses_proxy(), &upstreams, &dp, inherited)
+    let proxy = proxy_path::start(&config, file.declares_proxy(), &upstreams, &dp, inherited)
         .await
         .context("starting the proxy path")?;
     let mut running = Running {

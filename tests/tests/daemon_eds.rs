@@ -372,14 +372,12 @@ fn an_lds_http_listener_routes_paths_to_clusters_on_the_proxy_path() {
         server.push_resources("listener", "1", json!([http_listener("/b")]));
     });
     let node = unique("node");
-    // A proxy-mode service in the file: sockops are attached only when the configuration at
-    // start needs them, and the daemon refuses a later change that would (README, "LDS").
+    // Nothing in the file uses the proxy path: LDS declares it (and sockops), so the HTTP
+    // listener that comes later is served without a restart.
     let config = format!(
-        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nproxy:\n  listeners: [\"127.0.0.1:15001\"]\nclusters:\n  - {{ name: keep, load_assignment: {{ endpoints: [{{ lb_endpoints: [{{ endpoint: {{ address: {{ socket_address: {{ address: {}, port_value: {} }} }} }} }}] }}] }} }}\nservices:\n  - {{ name: keep, address: 127.77.0.9, port: 80, cluster: keep, mode: proxy }}\nxds:\n  node: {{ id: {node}, cluster: edge }}\n  ads_config: {{ api_type: GRPC, server_uri: \"{}\" }}\n  cds_config: {{ ads: {{}} }}\n  lds_config: {{ ads: {{}} }}\n",
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nxds:\n  node: {{ id: {node}, cluster: edge }}\n  ads_config: {{ api_type: GRPC, server_uri: \"{}\" }}\n  cds_config: {{ ads: {{}} }}\n  lds_config: {{ ads: {{}} }}\n",
         unique("t"),
         cgroup.path().display(),
-        a.ip(),
-        a.port(),
         server.grpc_addr(),
     );
     let mut daemon = Daemon::start_in(&netns, &config);

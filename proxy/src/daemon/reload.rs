@@ -89,9 +89,9 @@ pub struct NeedsRestart(pub String);
 pub struct ProxyPath {
     /// Whether it runs now.
     pub running: bool,
-    /// Whether the new configuration's file has a proxy-mode service or a `fallback_cluster`:
-    /// then the proxy path runs even while none of them is in force (a chain that waits for
-    /// Consul's entries), with an empty table.
+    /// Whether the new configuration's file declares the proxy path
+    /// ([`Config::declares_proxy`]): then it runs even while nothing uses it (a chain that
+    /// waits for Consul's entries, LDS without an HTTP listener yet), with an empty table.
     pub declared: bool,
 }
 
@@ -314,6 +314,10 @@ mod tests {
         Config::parse(&yaml, Path::new("t.yaml")).expect("valid config")
     }
 
+    fn plan_of(old: &Config, new: &Config, proxy: ProxyPath) -> Result<Plan, NeedsRestart> {
+        plan(old, new, false, false, proxy, crate::daemon::service_key)
+    }
+
     fn diff(old: &Config, new: &Config) -> Result<Plan, NeedsRestart> {
         let proxy = ProxyPath {
             running: old.uses_proxy(),
@@ -466,5 +470,19 @@ mod tests {
             let err = diff(old, new).expect_err("the proxy path starts or stops");
             assert!(err.0.contains("the proxy path would"), "{err}");
         }
+        // A file that declares the proxy path (LDS, or a chain waiting for Consul) keeps it
+        // running with an empty table; one that declares it where it does not run yet needs
+        // the restart.
+        let declared = |running| ProxyPath {
+            running,
+            declared: true,
+        };
+        let kept = plan_of(&base, &direct, declared(true)).expect("kept");
+        assert!(
+            kept.proxy_path,
+            "a successor with the empty table: {kept:?}"
+        );
+        let err = plan_of(&direct, &direct, declared(false)).expect_err("would start");
+        assert!(err.0.contains("the proxy path would start"), "{err}");
     }
 }

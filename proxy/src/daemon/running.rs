@@ -140,7 +140,7 @@ impl Running {
         file.proxy.engine_threads = self.config.proxy.engine_threads;
         ctx.run_flags.apply(&mut file);
         let new = compose(&file, &self.overlays, Some(&self.config))?;
-        let summary = self.apply(new, file.uses_proxy(), ctx).await?;
+        let summary = self.apply(new, file.declares_proxy(), ctx).await?;
         // xDS checks its names against the file's (composition already refused a clash).
         if let Err(err) = self.xds.set_file(FileNames::of(&file)) {
             tracing::warn!(%err, "xDS keeps the previous file's names");
@@ -161,7 +161,7 @@ impl Running {
         let mut overlays = self.overlays.clone();
         overlays.insert(source, overlay);
         let new = compose(&self.file, &overlays, Some(&self.config))?;
-        let summary = self.apply(new, self.file.uses_proxy(), ctx).await?;
+        let summary = self.apply(new, self.file.declares_proxy(), ctx).await?;
         self.overlays = overlays;
         Ok(summary)
     }

@@ -256,3 +256,16 @@ fn a_chain_that_needs_consuls_entries_waits_for_them() {
     assert!(composed.chain_failures.is_empty());
     assert!(composed.chains.contains_key("web"));
 }
+
+/// The proxy path is declared by a proxy-mode service of the file, or by LDS (whose HTTP
+/// listeners become proxy-mode services), not by a file of direct services alone.
+#[test]
+fn lds_declares_the_proxy_path() {
+    let direct = Config::parse(FILE, Path::new("test.yaml")).unwrap();
+    assert!(!direct.declares_proxy());
+    let lds = format!(
+        "{FILE}xds:\n  node: {{ id: n, cluster: c }}\n  ads_config: {{ api_type: GRPC, server_uri: \"http://127.0.0.1:18000\" }}\n  lds_config: {{ ads: {{}} }}\n"
+    );
+    let lds = Config::parse(&lds, Path::new("test.yaml")).unwrap();
+    assert!(lds.declares_proxy() && !lds.uses_proxy());
+}

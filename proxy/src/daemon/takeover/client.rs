@@ -174,7 +174,7 @@ fn receive_offer(
 
 /// The proxy listener addresses `config` binds (none without a proxy path).
 fn configured_listeners(config: &Config) -> Vec<SocketAddr> {
-    if config.uses_proxy() {
+    if config.declares_proxy() {
         config.effective_proxy().listeners
     } else {
         Vec::new()

@@ -147,7 +147,10 @@ pub fn run(
 /// and for what xDS's clusters and listeners may bring later (proxy-mode HTTP listeners,
 /// outlier detection, LEAST_REQUEST).
 fn follow_sockets(file: &Config, config: &Config, templates: &[ServiceTemplate]) -> bool {
-    let xds_resources = file.xds.as_ref().is_some_and(|xds| xds.resources_enabled());
+    let xds_resources = file
+        .xds
+        .as_ref()
+        .is_some_and(|xds| xds.cds_config.is_some() || xds.lds_config.is_some());
     needs_sockops(config, templates) || file.declares_proxy() || xds_resources
 }
 

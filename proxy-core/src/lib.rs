@@ -9,6 +9,7 @@ pub mod config;
 pub mod desired;
 pub mod discovery;
 pub mod health;
+pub mod host;
 pub mod kernel;
 pub mod lb;
 pub mod time;

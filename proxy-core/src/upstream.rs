@@ -31,13 +31,13 @@ pub use self::traffic::{HostTraffic, OpenConnection, UpstreamTraffic};
 use crate::{
     config::Cluster,
     discovery::{
-        self, DiscoverySource, HostSet, SourceError, SourceUpdate, guard::HostGuard,
-        xds::XdsClients,
+        self, DiscoverySource, SourceError, SourceUpdate, guard::HostGuard, xds::XdsClients,
     },
     health::{
         ClusterHealth, HealthCheckManager, HealthConfigError, HealthEvent, HostStatus,
         PassiveSignal, Routing, SeededRandom,
     },
+    host::HostSet,
 };
 
 /// Passive signals buffered per cluster before senders wait.
@@ -445,11 +445,11 @@ mod tests {
     use super::*;
     use crate::{
         config::{ClusterType, Config},
-        discovery::Host,
         health::{
             CheckOutcome, ExtremeRandom, FailureKind,
             tests::support::{Script, ScriptFactory, addr, secs},
         },
+        host::Host,
     };
 
     fn cluster(yaml: &str) -> Cluster {

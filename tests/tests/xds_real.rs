@@ -8,10 +8,13 @@
 use std::{collections::BTreeSet, time::Duration};
 
 use integration_tests::xds_server::{Envoy, WAIT, XdsServer};
-use proxy_core::discovery::{
-    EdsHealth, SourceUpdate as EdsUpdate,
-    guard::HostGuard,
-    xds::{EdsClient, EdsWatch, GrpcApi, NodeConfig, Transport, XdsSource, spawn_eds},
+use proxy_core::{
+    discovery::{
+        SourceUpdate as EdsUpdate,
+        guard::HostGuard,
+        xds::{EdsClient, EdsWatch, GrpcApi, NodeConfig, Transport, XdsSource, spawn_eds},
+    },
+    host::EdsHealth,
 };
 use serde_json::{Value, json};
 use tokio::sync::watch;

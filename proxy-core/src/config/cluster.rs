@@ -10,13 +10,11 @@ use serde::{Deserialize, Serialize};
 
 use super::defaults;
 use crate::{
-    discovery::{
-        EdsHealth, Host, HostSet,
-        dns::{
-            DnsEndpoint, DnsLookupFamily, DnsResolverAddress, DnsSettings, RefreshRate, duration,
-        },
+    discovery::dns::{
+        DnsEndpoint, DnsLookupFamily, DnsResolverAddress, DnsSettings, RefreshRate, duration,
     },
     health::{ClusterHealthConfig, CommonLbConfig, HealthCheck, OutlierDetection},
+    host::{EdsHealth, Host, HostSet},
 };
 
 /// An upstream cluster.

@@ -303,7 +303,7 @@ clusters:
     let cluster = &config.clusters[0];
     let endpoints = cluster.dns_endpoints();
     assert_eq!(endpoints[0].address, "web.svc.test");
-    assert_eq!(endpoints[0].health, crate::discovery::EdsHealth::Degraded);
+    assert_eq!(endpoints[0].health, crate::host::EdsHealth::Degraded);
     assert_eq!(
         cluster.dns_settings().dns_refresh_rate,
         std::time::Duration::from_secs(1)

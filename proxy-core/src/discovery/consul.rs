@@ -28,7 +28,7 @@
 //! * every query counts `update_attempt`, then `update_success` or `update_failure`; a success
 //!   whose host set is unchanged counts `update_no_rebuild` and publishes nothing;
 //! * instances are not filtered by health (`passing` is never sent): each becomes a host whose
-//!   [`EdsHealth`](crate::discovery::EdsHealth) and weight come from its checks and `Weights`
+//!   [`EdsHealth`](crate::host::EdsHealth) and weight come from its checks and `Weights`
 //!   exactly as Consul computes them for Envoy (see [`catalog`]);
 //! * a failure (connection, timeout, non-200, bad body) keeps the hosts and retries after a
 //!   jittered exponential backoff (`retry_backoff`), reset by the next success;

@@ -10,7 +10,6 @@
 use tokio::sync::watch;
 
 use super::{
-    HostSet,
     consul::spawn_consul,
     dns::{
         BuildResolverError, DnsConfigError, HickoryResolver, SrvService, spawn_dns_srv,
@@ -19,7 +18,10 @@ use super::{
     fixed::FixedSource,
     xds::XdsClients,
 };
-use crate::config::{Cluster, ClusterType, CustomClusterType, CustomConfig};
+use crate::{
+    config::{Cluster, ClusterType, CustomClusterType, CustomConfig},
+    host::HostSet,
+};
 
 /// One published state of a source's hosts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -36,10 +38,10 @@ pub struct SourceUpdate {
     /// All hosts the source reports, with their weight, priority, health and metadata.
     pub hosts: HostSet,
     /// Hosts whose address was not in the previous publication ([`super::diff_hosts`]).
-    pub added: Vec<super::Host>,
+    pub added: Vec<crate::host::Host>,
     /// Hosts of the previous publication whose address is gone: drain their connections when
     /// [`DiscoverySource::drain_on_change`] says so.
-    pub removed: Vec<super::Host>,
+    pub removed: Vec<crate::host::Host>,
 }
 
 impl SourceUpdate {

@@ -32,7 +32,8 @@ use super::{
     stats::ConsulStats,
 };
 use crate::{
-    discovery::{HostSet, dns::FailureBackoff, source::SourceUpdate},
+    discovery::{dns::FailureBackoff, source::SourceUpdate},
+    host::HostSet,
     tls::TlsSettings,
 };
 

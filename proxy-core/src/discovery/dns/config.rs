@@ -12,7 +12,7 @@ use std::{
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::duration;
-use crate::discovery::EdsHealth;
+use crate::host::EdsHealth;
 
 /// Smallest refresh or backoff interval Envoy accepts is anything strictly above this.
 const MIN_INTERVAL: Duration = Duration::from_millis(1);

@@ -23,7 +23,10 @@ use super::{
     stats::DnsClusterStats,
     target::{Answer, Target},
 };
-use crate::discovery::{Host, HostSet, SourceUpdate};
+use crate::{
+    discovery::SourceUpdate,
+    host::{Host, HostSet},
+};
 
 /// How answers become hosts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -33,7 +33,7 @@ fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
 }
 
-fn addrs(hosts: &[crate::discovery::Host]) -> Vec<String> {
+fn addrs(hosts: &[crate::host::Host]) -> Vec<String> {
     hosts.iter().map(|h| h.addr.to_string()).collect()
 }
 

@@ -66,7 +66,7 @@ use envoy_types::pb::{
 };
 use thiserror::Error;
 
-use crate::discovery::{EdsHealth, Host, HostSet};
+use crate::host::{EdsHealth, Host, HostSet};
 
 /// Metadata key of the locality's region.
 pub const LOCALITY_REGION: &str = "locality.region";

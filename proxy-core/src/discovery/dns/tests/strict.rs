@@ -9,7 +9,6 @@ use super::{addrs, advance, gaps, next_update, secs, strict, v4_settings};
 use crate::{
     config::Config,
     discovery::{
-        EdsHealth,
         dns::{
             DnsEndpoint, DnsSettings, FakeResolver, QueryType, RefreshRate, StatValues,
             spawn_strict_dns,
@@ -20,6 +19,7 @@ use crate::{
         ExtremeRandom, HealthCheckManager,
         tests::support::{Script, ScriptFactory},
     },
+    host::EdsHealth,
     lb,
     upstream::Upstream,
 };

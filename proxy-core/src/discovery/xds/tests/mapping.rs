@@ -14,9 +14,11 @@ use envoy_types::pb::{
 };
 
 use super::fixtures::{cla, endpoint, locality};
-use crate::discovery::{
-    EdsHealth,
-    xds::cla::{ClaError, LOCALITY_REGION, LOCALITY_SUB_ZONE, LOCALITY_ZONE, Rule, hosts_from_cla},
+use crate::{
+    discovery::xds::cla::{
+        ClaError, LOCALITY_REGION, LOCALITY_SUB_ZONE, LOCALITY_ZONE, Rule, hosts_from_cla,
+    },
+    host::EdsHealth,
 };
 
 fn one(lb: LbEndpoint) -> ClusterLoadAssignment {

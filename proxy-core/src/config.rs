@@ -8,6 +8,7 @@
 mod admin;
 mod cluster;
 mod compose;
+pub mod duration;
 pub use self::compose::ComposeError;
 pub mod envoy;
 mod error;
@@ -17,6 +18,7 @@ pub mod kernel_maps;
 pub mod locate;
 pub mod proxy;
 mod service;
+pub mod sources;
 mod validate;
 
 use std::path::{Path, PathBuf};

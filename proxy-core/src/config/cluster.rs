@@ -10,8 +10,11 @@ use serde::{Deserialize, Serialize};
 
 use super::defaults;
 use crate::{
-    discovery::dns::{
-        DnsEndpoint, DnsLookupFamily, DnsResolverAddress, DnsSettings, RefreshRate, duration,
+    config::{
+        duration,
+        sources::dns::{
+            DnsEndpoint, DnsLookupFamily, DnsResolverAddress, DnsSettings, QueryLimits, RefreshRate,
+        },
     },
     health::{ClusterHealthConfig, CommonLbConfig, HealthCheck, OutlierDetection},
     host::{EdsHealth, Host, HostSet},
@@ -82,7 +85,7 @@ pub struct Cluster {
     /// c-ares resolver's `query_timeout_seconds` and `query_tries` (Envoy's defaults, 5 s and
     /// 4, when not given). Set only through `typed_dns_resolver_config`, as in Envoy.
     #[serde(skip)]
-    pub dns_query_limits: crate::discovery::dns::QueryLimits,
+    pub dns_query_limits: QueryLimits,
     /// How long a connect of the daemon's own to one of the cluster's hosts may take: the proxy
     /// path's upstream connects. Default: `proxy.connect_timeout` (5 s, Envoy's default). On the
     /// kernel path the application connects, and its own timeout applies.

@@ -4,7 +4,7 @@
 use std::{net::SocketAddr, path::Path, time::Duration};
 
 use super::*;
-use crate::discovery::dns::{DnsLookupFamily, QueryLimits};
+use crate::config::sources::dns::{DnsLookupFamily, QueryLimits};
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::parse(text, Path::new("test.yaml"))

@@ -388,7 +388,7 @@ fn validate_custom(
 
 /// DNS settings, and Envoy's shape rules for DNS clusters.
 fn validate_dns(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
-    use crate::discovery::dns::DnsConfigError;
+    use super::sources::dns::DnsConfigError;
     let at = |field: &str| format!("clusters[{i}].{field}");
     if let Err(err) = cluster.dns_settings().validate() {
         let field = match &err {

@@ -12,14 +12,17 @@ use tokio::sync::watch;
 use super::{
     consul::spawn_consul,
     dns::{
-        BuildResolverError, DnsConfigError, HickoryResolver, SrvService, spawn_dns_srv,
-        spawn_logical_dns, spawn_strict_dns,
+        BuildResolverError, HickoryResolver, SrvService, spawn_dns_srv, spawn_logical_dns,
+        spawn_strict_dns,
     },
     fixed::FixedSource,
     xds::XdsClients,
 };
 use crate::{
-    config::{Cluster, ClusterType, CustomClusterType, CustomConfig},
+    config::{
+        Cluster, ClusterType, CustomClusterType, CustomConfig,
+        sources::dns::{DnsConfigError, DnsSettings, QueryLimits},
+    },
     host::HostSet,
 };
 
@@ -164,8 +167,8 @@ pub fn start(cluster: &Cluster, xds: &XdsClients) -> Result<Box<dyn DiscoverySou
 
 fn resolver(
     cluster: &str,
-    settings: &super::dns::DnsSettings,
-    limits: super::dns::QueryLimits,
+    settings: &DnsSettings,
+    limits: QueryLimits,
 ) -> Result<std::sync::Arc<HickoryResolver>, SourceError> {
     HickoryResolver::with_limits(settings, limits)
         .map(std::sync::Arc::new)
@@ -220,8 +223,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        config::Config,
-        discovery::dns::{DnsEndpoint, DnsSettings, FakeResolver},
+        config::{Config, sources::dns::DnsEndpoint},
+        discovery::dns::FakeResolver,
     };
 
     #[tokio::test(start_paused = true)]

@@ -19,7 +19,7 @@ use std::{path::PathBuf, time::Duration};
 use serde::{Deserialize, Serialize};
 
 use super::access::{self, ConsulToken};
-use crate::{discovery::dns::duration, tls::TlsSettings};
+use crate::{config::duration, tls::TlsSettings};
 
 /// Consul caps a blocking query's `wait` at 10 minutes.
 const MAX_WAIT: Duration = Duration::from_secs(600);

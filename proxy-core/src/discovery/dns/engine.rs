@@ -18,12 +18,12 @@ use tracing::{debug, warn};
 
 use super::{
     backoff::FailureBackoff,
-    config::DnsSettings,
     resolver::{DnsResolve, ResolveError},
     stats::DnsClusterStats,
     target::{Answer, Target},
 };
 use crate::{
+    config::sources::dns::DnsSettings,
     discovery::SourceUpdate,
     host::{Host, HostSet},
 };

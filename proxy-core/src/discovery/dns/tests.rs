@@ -39,7 +39,7 @@ fn addrs(hosts: &[crate::host::Host]) -> Vec<String> {
 
 fn v4_settings() -> DnsSettings {
     DnsSettings {
-        dns_lookup_family: super::DnsLookupFamily::V4Only,
+        dns_lookup_family: crate::config::sources::dns::DnsLookupFamily::V4Only,
         ..DnsSettings::default()
     }
 }

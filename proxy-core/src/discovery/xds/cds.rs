@@ -33,8 +33,8 @@ use serde_json::{Map, Value, json};
 use thiserror::Error;
 
 use crate::{
-    config::{Cluster, Config, ConfigError},
-    discovery::{dns::duration, xds::XdsConfig},
+    config::{Cluster, Config, ConfigError, duration},
+    discovery::xds::XdsConfig,
 };
 
 /// The type URL of `envoy.config.cluster.v3.Cluster`.

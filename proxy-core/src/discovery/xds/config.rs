@@ -21,12 +21,10 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::{
-    discovery::{
-        dns::duration,
-        xds::{
-            backoff::{DEFAULT_BASE_INTERVAL, DEFAULT_MAX_INTERVAL},
-            transport_socket::TransportSocket,
-        },
+    config::duration,
+    discovery::xds::{
+        backoff::{DEFAULT_BASE_INTERVAL, DEFAULT_MAX_INTERVAL},
+        transport_socket::TransportSocket,
     },
     tls::TlsSettings,
 };

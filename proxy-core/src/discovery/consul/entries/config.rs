@@ -15,10 +15,8 @@ use std::{path::PathBuf, time::Duration};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    discovery::{
-        consul::{ConsulConfig, ConsulConfigError, ConsulToken, RetryBackoff},
-        dns::duration,
-    },
+    config::duration,
+    discovery::consul::{ConsulConfig, ConsulConfigError, ConsulToken, RetryBackoff},
     tls::TlsSettings,
 };
 

@@ -7,12 +7,12 @@ use tokio::time::Instant;
 
 use super::{addrs, advance, gaps, next_update, secs, strict, v4_settings};
 use crate::{
-    config::Config,
+    config::{
+        Config,
+        sources::dns::{DnsEndpoint, DnsSettings, RefreshRate},
+    },
     discovery::{
-        dns::{
-            DnsEndpoint, DnsSettings, FakeResolver, QueryType, RefreshRate, StatValues,
-            spawn_strict_dns,
-        },
+        dns::{FakeResolver, QueryType, StatValues, spawn_strict_dns},
         guard::HostGuard,
     },
     health::{

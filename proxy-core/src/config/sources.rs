@@ -1,0 +1,4 @@
+//! What the user writes for each discovery source: the settings `crate::discovery` runs with,
+//! their serde forms and the checks that need nothing but the settings.
+
+pub mod dns;

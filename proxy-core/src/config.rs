@@ -128,7 +128,7 @@ pub struct Config {
     /// `tls`, `retry_backoff`). An entry named like one of `config_entries` or
     /// `config_entry_files` (same kind and name) is refused, never overridden. Off when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub consul_config_entries: Option<crate::discovery::consul::entries::ConsulEntriesConfig>,
+    pub consul_config_entries: Option<crate::config::sources::consul::entries::ConsulEntriesConfig>,
     /// The proxy path (services with `mode: proxy`): listeners, original destinations,
     /// draining, timeouts. Started only when a service uses it.
     #[serde(default)]

@@ -19,8 +19,9 @@ use std::{collections::BTreeMap, time::Duration};
 use integration_tests::consul::{Consul, service};
 use proxy_chain::{CompileRequest, Entries, compile};
 use proxy_core::{
+    config::sources::consul::ConsulConfig,
     discovery::{
-        consul::{ConsulCluster, ConsulConfig, spawn_consul},
+        consul::{ConsulCluster, spawn_consul},
         source::{DiscoverySource as _, SourceUpdate},
     },
     host::EdsHealth,

@@ -154,7 +154,7 @@ pub struct CustomClusterType {
     /// The backend's settings (a Consul `token` in them serializes redacted).
     #[serde(
         default,
-        serialize_with = "crate::discovery::consul::access::serialize_redacted"
+        serialize_with = "crate::config::sources::consul::access::serialize_redacted"
     )]
     pub typed_config: serde_json::Value,
     /// `typed_config` as its type, filled when the file is validated: what the source starts
@@ -167,7 +167,7 @@ pub struct CustomClusterType {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CustomConfig {
     /// `proxy.clusters.consul`: the Consul catalog.
-    Consul(crate::discovery::consul::ConsulConfig),
+    Consul(crate::config::sources::consul::ConsulConfig),
     /// `proxy.clusters.dns_srv`: DNS SRV records.
     DnsSrv(DnsSrvConfig),
 }

@@ -357,7 +357,7 @@ fn validate_custom(
     };
     match custom.name.as_str() {
         super::CONSUL_CLUSTER => {
-            let cfg: crate::discovery::consul::ConsulConfig =
+            let cfg: crate::config::sources::consul::ConsulConfig =
                 serde_path_to_error::deserialize(&custom.typed_config)
                     .map_err(|e| typed(e.path().to_string(), e.into_inner().to_string()))?;
             cfg.validate()

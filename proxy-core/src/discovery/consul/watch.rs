@@ -24,14 +24,16 @@ use tokio::{sync::watch, time::Instant};
 use tracing::{debug, info, warn};
 
 use super::{
-    access::{ConsulToken, SentToken, TokenError, TokenSource},
     acl::{self, AclDenial},
     catalog::{ServiceEntry, Skipped, decode_entries, to_hosts},
-    config::ConsulConfig,
     http::{self, HttpError, HttpResponse},
     stats::ConsulStats,
 };
 use crate::{
+    config::sources::consul::{
+        ConsulConfig,
+        access::{ConsulToken, SentToken, TokenError, TokenSource},
+    },
     discovery::{dns::FailureBackoff, source::SourceUpdate},
     host::HostSet,
     tls::TlsSettings,

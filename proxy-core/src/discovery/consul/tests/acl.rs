@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::*;
-use crate::discovery::consul::ConsulToken;
+use crate::config::sources::consul::access::ConsulToken;
 
 fn two() -> Value {
     body(&[inst("a", "127.0.0.2", 80), inst("b", "127.0.0.3", 80)])
@@ -114,7 +114,7 @@ async fn a_known_token_that_may_not_read_the_service_keeps_the_hosts() {
         json!([{"Resource": "service", "Segment": "web", "Access": "read"}])
     );
     let err = crate::discovery::consul::AclDenial::NoServiceRead {
-        origin: crate::discovery::consul::TokenOrigin::Config,
+        origin: crate::config::sources::consul::access::TokenOrigin::Config,
         service: "web".to_owned(),
     }
     .to_string();

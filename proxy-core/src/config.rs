@@ -111,7 +111,7 @@ pub struct Config {
     /// `ads_config` (an `api_config_source`: `api_type` GRPC, DELTA_GRPC or REST, `server_uri` or
     /// `grpc_services: [{envoy_grpc: {cluster_name}}]`). Required when a cluster is EDS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub xds: Option<crate::discovery::xds::XdsConfig>,
+    pub xds: Option<crate::config::sources::xds::XdsConfig>,
     /// The datacenter this daemon runs in; discovery chains are compiled for it. Default `dc1`.
     #[serde(default = "defaults::datacenter")]
     pub datacenter: String,

@@ -40,7 +40,7 @@ pub struct Cluster {
     /// on a STATIC cluster that an xDS config source names (`envoy_grpc`, REST
     /// `cluster_names`); refused on any other cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub transport_socket: Option<crate::discovery::xds::transport_socket::TransportSocket>,
+    pub transport_socket: Option<crate::config::sources::xds::transport_socket::TransportSocket>,
     /// A custom discovery backend, Envoy's `cluster_type: {name, typed_config}` (then `type` is
     /// not used): `proxy.clusters.consul` (typed_config: `proxy_core::discovery::consul::
     /// ConsulConfig`: `address`, `service`, `datacenter`, `tag`, `wait`, `only_passing`, ...),
@@ -56,7 +56,7 @@ pub struct Cluster {
     /// EDS clusters: Envoy's `eds_cluster_config` (`service_name`, `eds_config` with `ads: {}`
     /// or an `api_config_source`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub eds_cluster_config: Option<crate::discovery::xds::EdsClusterConfig>,
+    pub eds_cluster_config: Option<crate::config::sources::xds::EdsClusterConfig>,
     /// DNS clusters: interval between resolutions after a success. Default 5000 ms; > 1 ms.
     #[serde(default = "defaults::dns_refresh_rate", with = "duration")]
     pub dns_refresh_rate: Duration,

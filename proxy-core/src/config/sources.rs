@@ -3,3 +3,4 @@
 
 pub mod consul;
 pub mod dns;
+pub mod xds;

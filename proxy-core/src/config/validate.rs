@@ -321,9 +321,12 @@ fn validate_original_dst_agree(config: &Config) -> Result<(), Invalid> {
 }
 
 /// The xDS parts: an `xds` section when a cluster is EDS, and every EDS cluster's source
-/// reachable (`crate::discovery::xds::plan`). Runs last, as `proxy check` always ran it.
+/// reachable (`crate::config::sources::xds::plan`). Runs last, as `proxy check` always ran it.
 pub(super) fn validate_xds(config: &Config) -> Result<(), Invalid> {
-    use crate::discovery::xds::{check_transport_sockets, eds_clusters, plan, static_resolver};
+    use super::sources::xds::{
+        clusters::{check_transport_sockets, eds_clusters, static_resolver},
+        plan,
+    };
     check_transport_sockets(config).map_err(|e| Invalid::new("clusters", e))?;
     let clusters = eds_clusters(config);
     if clusters.is_empty() {

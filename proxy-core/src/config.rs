@@ -13,6 +13,7 @@ pub use self::compose::ComposeError;
 pub mod envoy;
 mod error;
 mod file;
+pub mod host_guard;
 pub use self::file::{MAX_FILE, read_config_file};
 pub mod kernel_maps;
 pub mod locate;

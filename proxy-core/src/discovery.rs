@@ -10,7 +10,6 @@
 pub mod consul;
 pub mod dns;
 pub mod fixed;
-pub mod guard;
 pub mod source;
 pub mod xds;
 

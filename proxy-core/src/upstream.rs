@@ -29,10 +29,8 @@ use tokio::{
 
 pub use self::traffic::{HostTraffic, OpenConnection, UpstreamTraffic};
 use crate::{
-    config::Cluster,
-    discovery::{
-        self, DiscoverySource, SourceError, SourceUpdate, guard::HostGuard, xds::XdsClients,
-    },
+    config::{Cluster, host_guard::HostGuard},
+    discovery::{self, DiscoverySource, SourceError, SourceUpdate, xds::XdsClients},
     health::{
         ClusterHealth, HealthCheckManager, HealthConfigError, HealthEvent, HostStatus,
         PassiveSignal, Routing, SeededRandom,

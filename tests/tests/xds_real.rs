@@ -9,10 +9,12 @@ use std::{collections::BTreeSet, time::Duration};
 
 use integration_tests::xds_server::{Envoy, WAIT, XdsServer};
 use proxy_core::{
-    config::sources::xds::{EdsWatch, GrpcApi, NodeConfig, Transport, XdsSource},
+    config::{
+        host_guard::HostGuard,
+        sources::xds::{EdsWatch, GrpcApi, NodeConfig, Transport, XdsSource},
+    },
     discovery::{
         SourceUpdate as EdsUpdate,
-        guard::HostGuard,
         xds::{EdsClient, spawn_eds},
     },
     host::EdsHealth,

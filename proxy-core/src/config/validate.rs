@@ -11,7 +11,7 @@ use super::{ClusterType, Config, LbPolicy, ServiceMode, error::Invalid};
 pub(super) fn validate(config: &mut Config) -> Result<(), Invalid> {
     validate_names(config)?;
     config.admin.validate()?;
-    let guard = crate::discovery::guard::HostGuard::for_config(config);
+    let guard = super::host_guard::HostGuard::for_config(config);
     for (i, cluster) in config.clusters.iter_mut().enumerate() {
         super::envoy::normalize(i, cluster)?;
         if cluster.connect_timeout.is_some_and(|t| t.is_zero()) {
@@ -112,7 +112,7 @@ fn validate_paths(config: &Config) -> Result<(), Invalid> {
 fn validate_cluster(
     i: usize,
     cluster: &super::Cluster,
-    guard: &crate::discovery::guard::HostGuard,
+    guard: &super::host_guard::HostGuard,
 ) -> Result<(), Invalid> {
     let at = |field: &str| format!("clusters[{i}].{field}");
     let dns = match cluster.cluster_type {
@@ -177,7 +177,7 @@ fn validate_endpoints(
     i: usize,
     cluster: &super::Cluster,
     dns: bool,
-    guard: &crate::discovery::guard::HostGuard,
+    guard: &super::host_guard::HostGuard,
 ) -> Result<(), Invalid> {
     let at = |field: &str| format!("clusters[{i}].{field}");
     let Some(assignment) = &cluster.load_assignment else {

@@ -9,12 +9,10 @@ use super::{addrs, advance, gaps, next_update, secs, strict, v4_settings};
 use crate::{
     config::{
         Config,
+        host_guard::HostGuard,
         sources::dns::{DnsEndpoint, DnsSettings, RefreshRate},
     },
-    discovery::{
-        dns::{FakeResolver, QueryType, StatValues, spawn_strict_dns},
-        guard::HostGuard,
-    },
+    discovery::dns::{FakeResolver, QueryType, StatValues, spawn_strict_dns},
     health::{
         ExtremeRandom, HealthCheckManager,
         tests::support::{Script, ScriptFactory},

@@ -247,7 +247,8 @@ impl Config {
             validate::gather_entries(&config, base).map_err(|e| e.locate(file, text))?;
         config.chains = validate::compile_chains(&config, &config.file_entries)
             .map_err(|e| e.locate(file, text))?;
-        validate::validate_xds(&config).map_err(|invalid| invalid.locate(file, text))?;
+        sources::xds::clusters::validate_xds(&config)
+            .map_err(|invalid| invalid.locate(file, text))?;
         Ok(config)
     }
 

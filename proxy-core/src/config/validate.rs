@@ -320,29 +320,6 @@ fn validate_original_dst_agree(config: &Config) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// The xDS parts: an `xds` section when a cluster is EDS, and every EDS cluster's source
-/// reachable (`crate::config::sources::xds::plan`). Runs last, as `proxy check` always ran it.
-pub(super) fn validate_xds(config: &Config) -> Result<(), Invalid> {
-    use super::sources::xds::{
-        clusters::{check_transport_sockets, eds_clusters, static_resolver},
-        plan,
-    };
-    check_transport_sockets(config).map_err(|e| Invalid::new("clusters", e))?;
-    let clusters = eds_clusters(config);
-    if clusters.is_empty() {
-        return Ok(());
-    }
-    let Some(xds) = &config.xds else {
-        return Err(Invalid::new(
-            "xds",
-            "EDS clusters need an `xds` section with the node identity",
-        ));
-    };
-    plan(xds, &clusters, &static_resolver(config))
-        .map(|_| ())
-        .map_err(|e| Invalid::new("xds", e.to_string()))
-}
-
 /// A custom backend: a known name and a `typed_config` of its type, returned typed.
 fn validate_custom(
     i: usize,

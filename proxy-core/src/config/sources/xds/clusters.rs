@@ -1,10 +1,10 @@
 //! The xDS side of the file's clusters: which are EDS, how a config source reaches the STATIC
-//! cluster it names, and where a `transport_socket` is accepted.
+//! cluster it names, where a `transport_socket` is accepted, and the file's check of them all.
 
 use std::net::SocketAddr;
 
-use super::{ApiConfigSource, EdsClusterConfig, transport_socket::TransportSocket};
-use crate::config::{ClusterType, Config};
+use super::{ApiConfigSource, EdsClusterConfig, plan, transport_socket::TransportSocket};
+use crate::config::{ClusterType, Config, error::Invalid};
 
 /// Every EDS cluster of `config` with its `eds_cluster_config` (validation made it present).
 pub fn eds_clusters(config: &Config) -> Vec<(String, EdsClusterConfig)> {
@@ -59,4 +59,23 @@ pub fn check_transport_sockets(config: &Config) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The xDS parts: an `xds` section when a cluster is EDS, and every EDS cluster's source
+/// reachable ([`plan`]). Runs last, as `proxy check` always ran it.
+pub(in crate::config) fn validate_xds(config: &Config) -> Result<(), Invalid> {
+    check_transport_sockets(config).map_err(|e| Invalid::new("clusters", e))?;
+    let clusters = eds_clusters(config);
+    if clusters.is_empty() {
+        return Ok(());
+    }
+    let Some(xds) = &config.xds else {
+        return Err(Invalid::new(
+            "xds",
+            "EDS clusters need an `xds` section with the node identity",
+        ));
+    };
+    plan(xds, &clusters, &static_resolver(config))
+        .map(|_| ())
+        .map_err(|e| Invalid::new("xds", e.to_string()))
 }

@@ -11,6 +11,8 @@ pub mod discovery;
 pub mod health;
 pub mod host;
 pub mod kernel;
+#[cfg(test)]
+mod layers;
 pub mod lb;
 pub mod time;
 pub mod tls;

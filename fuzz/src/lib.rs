@@ -17,10 +17,9 @@ use std::{
 
 use prost::Message as _;
 use proxy_core::{
-    config::Config,
+    config::{Config, host_guard::HostGuard},
     discovery::{
         dns::{address_records, srv_records},
-        guard::HostGuard,
         xds::cla::{check_constraints, hosts_from_cla},
     },
     health::Routing,

@@ -29,8 +29,8 @@ pub use self::each::{
     runs_in,
 };
 use crate::{
-    discovery::{EdsHealth, Host},
     health::Routing,
+    host::{EdsHealth, Host},
     lb,
 };
 

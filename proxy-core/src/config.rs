@@ -8,15 +8,18 @@
 mod admin;
 mod cluster;
 mod compose;
+pub mod duration;
 pub use self::compose::ComposeError;
 pub mod envoy;
 mod error;
 mod file;
+pub mod host_guard;
 pub use self::file::{MAX_FILE, read_config_file};
 pub mod kernel_maps;
 pub mod locate;
 pub mod proxy;
 mod service;
+pub mod sources;
 mod validate;
 
 use std::path::{Path, PathBuf};
@@ -109,7 +112,7 @@ pub struct Config {
     /// `ads_config` (an `api_config_source`: `api_type` GRPC, DELTA_GRPC or REST, `server_uri` or
     /// `grpc_services: [{envoy_grpc: {cluster_name}}]`). Required when a cluster is EDS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub xds: Option<crate::discovery::xds::XdsConfig>,
+    pub xds: Option<crate::config::sources::xds::XdsConfig>,
     /// The datacenter this daemon runs in; discovery chains are compiled for it. Default `dc1`.
     #[serde(default = "defaults::datacenter")]
     pub datacenter: String,
@@ -126,7 +129,7 @@ pub struct Config {
     /// `tls`, `retry_backoff`). An entry named like one of `config_entries` or
     /// `config_entry_files` (same kind and name) is refused, never overridden. Off when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub consul_config_entries: Option<crate::discovery::consul::entries::ConsulEntriesConfig>,
+    pub consul_config_entries: Option<crate::config::sources::consul::entries::ConsulEntriesConfig>,
     /// The proxy path (services with `mode: proxy`): listeners, original destinations,
     /// draining, timeouts. Started only when a service uses it.
     #[serde(default)]
@@ -256,7 +259,8 @@ impl Config {
             config.chains = validate::compile_chains(&config, &config.file_entries)
                 .map_err(|e| e.locate(file, text))?;
         }
-        validate::validate_xds(&config).map_err(|invalid| invalid.locate(file, text))?;
+        sources::xds::clusters::validate_xds(&config)
+            .map_err(|invalid| invalid.locate(file, text))?;
         Ok(config)
     }
 

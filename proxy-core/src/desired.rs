@@ -54,7 +54,7 @@ pub fn expected(config: &crate::config::Config) -> Vec<Source> {
     if config
         .xds
         .as_ref()
-        .is_some_and(crate::discovery::xds::XdsConfig::resources_enabled)
+        .is_some_and(crate::config::sources::xds::XdsConfig::resources_enabled)
     {
         sources.push(Source::Xds);
     }

@@ -1,6 +1,6 @@
 //! Active health checking, outlier detection and the health matrix that decides which hosts route.
 //!
-//! Data flow: discovery produces a [`HostSet`](crate::discovery::HostSet) per cluster;
+//! Data flow: discovery produces a [`HostSet`](crate::host::HostSet) per cluster;
 //! [`ClusterHealth`] feeds it to a [`ClusterMembership`] and registers one probe per host with
 //! the node's [`HealthCheckManager`], which shares probes between clusters. Probe transitions,
 //! passive connect results (outlier detection) and EDS health decide each host's

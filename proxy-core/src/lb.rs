@@ -38,7 +38,7 @@ pub fn kernel_levels(routing: &Routing) -> Vec<Vec<(SocketAddr, u32)>> {
             }
             continue;
         }
-        let classes: [(&[crate::discovery::Host], u32); 2] = if p.panic {
+        let classes: [(&[crate::host::Host], u32); 2] = if p.panic {
             [(&p.all, p.healthy_load + p.degraded_load), (&[], 0)]
         } else {
             [(&p.healthy, p.healthy_load), (&p.degraded, p.degraded_load)]
@@ -246,8 +246,8 @@ fn hash_addr(addr: &SocketAddr) -> u64 {
 mod tests {
     use super::*;
     use crate::{
-        discovery::Host,
         health::{HostClass, Routing},
+        host::Host,
     };
 
     fn host(last: u8, priority: u32) -> Host {

@@ -9,7 +9,10 @@ pub mod config;
 pub mod desired;
 pub mod discovery;
 pub mod health;
+pub mod host;
 pub mod kernel;
+#[cfg(test)]
+mod layers;
 pub mod lb;
 pub mod time;
 pub mod tls;

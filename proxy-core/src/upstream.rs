@@ -29,15 +29,13 @@ use tokio::{
 
 pub use self::traffic::{HostTraffic, OpenConnection, UpstreamTraffic};
 use crate::{
-    config::Cluster,
-    discovery::{
-        self, DiscoverySource, HostSet, SourceError, SourceUpdate, guard::HostGuard,
-        xds::XdsClients,
-    },
+    config::{Cluster, host_guard::HostGuard},
+    discovery::{self, DiscoverySource, SourceError, SourceUpdate, xds::XdsClients},
     health::{
         ClusterHealth, HealthCheckManager, HealthConfigError, HealthEvent, HostStatus,
         PassiveSignal, Routing, SeededRandom,
     },
+    host::HostSet,
 };
 
 /// Passive signals buffered per cluster before senders wait.
@@ -445,11 +443,11 @@ mod tests {
     use super::*;
     use crate::{
         config::{ClusterType, Config},
-        discovery::Host,
         health::{
             CheckOutcome, ExtremeRandom, FailureKind,
             tests::support::{Script, ScriptFactory, addr, secs},
         },
+        host::Host,
     };
 
     fn cluster(yaml: &str) -> Cluster {

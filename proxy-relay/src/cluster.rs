@@ -535,8 +535,8 @@ pub fn random_u64() -> u64 {
 #[cfg(test)]
 mod tests {
     use proxy_core::{
-        discovery::Host,
         health::{HostClass, Routing},
+        host::Host,
     };
 
     use super::*;

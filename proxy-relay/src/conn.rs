@@ -462,7 +462,7 @@ mod tests {
     /// move alike in both drivers, on the handle of the cluster the connection went to.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn both_drivers_count_per_cluster() {
-        use proxy_core::{discovery::Host, health::HostClass};
+        use proxy_core::{health::HostClass, host::Host};
         let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let echo_addr = echo.local_addr().unwrap();
         tokio::spawn(async move {

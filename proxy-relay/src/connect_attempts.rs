@@ -273,8 +273,8 @@ mod tests {
 
     use proxy_core::{
         config::LbPolicy,
-        discovery::Host,
         health::{HostClass, Routing},
+        host::Host,
     };
     use tokio::{
         io::{AsyncReadExt, AsyncWriteExt},

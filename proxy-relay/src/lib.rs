@@ -523,8 +523,8 @@ mod tests {
     /// `vip` served by a one-host cluster whose host is `host`.
     fn table(vip: SocketAddr, host: SocketAddr) -> ServiceTable {
         use proxy_core::{
-            discovery::Host,
             health::{HostClass, Routing},
+            host::Host,
         };
         let routing = Routing::compute(&[(Host::new(host), HostClass::Healthy)], 50.0);
         // The sender may go: the cluster keeps its last routing.

@@ -18,10 +18,13 @@ use std::{collections::BTreeMap, time::Duration};
 
 use integration_tests::consul::{Consul, service};
 use proxy_chain::{CompileRequest, Entries, compile};
-use proxy_core::discovery::{
-    EdsHealth,
-    consul::{ConsulCluster, ConsulConfig, spawn_consul},
-    source::{DiscoverySource as _, SourceUpdate},
+use proxy_core::{
+    config::sources::consul::ConsulConfig,
+    discovery::{
+        consul::{ConsulCluster, spawn_consul},
+        source::{DiscoverySource as _, SourceUpdate},
+    },
+    host::EdsHealth,
 };
 use serde_json::{Value, json};
 

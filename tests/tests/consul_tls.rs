@@ -9,8 +9,9 @@ use integration_tests::{
     pki::TestCa,
 };
 use proxy_core::{
+    config::sources::consul::ConsulConfig,
     discovery::{
-        consul::{ConsulCluster, ConsulConfig, http, spawn_consul},
+        consul::{ConsulCluster, http, spawn_consul},
         source::DiscoverySource as _,
     },
     tls::TlsSettings,

@@ -4,11 +4,14 @@
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use integration_tests::unbound::Unbound;
-use proxy_core::discovery::{
-    SourceUpdate as Update,
-    dns::{
-        DnsCluster, DnsEndpoint, DnsLookupFamily, DnsResolverAddress, DnsSettings, HickoryResolver,
-        SrvService, spawn_dns_srv, spawn_logical_dns, spawn_strict_dns,
+use proxy_core::{
+    config::sources::dns::{DnsEndpoint, DnsLookupFamily, DnsResolverAddress, DnsSettings},
+    discovery::{
+        SourceUpdate as Update,
+        dns::{
+            DnsCluster, HickoryResolver, SrvService, spawn_dns_srv, spawn_logical_dns,
+            spawn_strict_dns,
+        },
     },
 };
 use tokio::sync::watch;

@@ -8,11 +8,11 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use integration_tests::health_servers::{GrpcHealthServer, HttpServer, PingServer};
 use proxy_core::{
-    discovery::Host,
     health::{
         CheckOutcome, Checker, ClusterHealth, ClusterHealthConfig, FailureKind, HealthCheckManager,
         HealthEvent, ProtocolChecker, SeededRandom,
     },
+    host::Host,
 };
 use tokio::sync::broadcast;
 

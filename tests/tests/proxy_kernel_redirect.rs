@@ -12,8 +12,8 @@ use integration_tests::kernel::{
 };
 use proxy_common::service::SERVICE_F_PROXY;
 use proxy_core::{
-    discovery::Host,
     health::{HostClass, Routing},
+    host::Host,
 };
 use proxy_relay::{ClusterHandle, ProxyConfig, ProxyDeps, Service, ServiceTable, serve};
 use tokio::io::AsyncWriteExt;

@@ -461,8 +461,8 @@ async fn splice_kernel_mode_copies_when_the_splicer_refuses(driver: EventLoop) {
 
 async fn health_failure_closes_connections_only_when_configured(driver: EventLoop) {
     use proxy_core::{
-        discovery::Host,
         health::{HostClass, Routing},
+        host::Host,
     };
     for close in [true, false] {
         let (a, b) = (TcpServer::start().await, TcpServer::start().await);

@@ -9,10 +9,16 @@
 use std::{collections::BTreeSet, time::Duration};
 
 use integration_tests::xds_server::{Envoy, WAIT, XdsServer};
-use proxy_core::discovery::{
-    EdsHealth, SourceUpdate as EdsUpdate,
-    guard::HostGuard,
-    xds::{EdsClient, EdsWatch, GrpcApi, NodeConfig, Transport, XdsSource, spawn_eds},
+use proxy_core::{
+    config::{
+        host_guard::HostGuard,
+        sources::xds::{EdsWatch, GrpcApi, NodeConfig, Transport, XdsSource},
+    },
+    discovery::{
+        SourceUpdate as EdsUpdate,
+        xds::{EdsClient, spawn_eds},
+    },
+    host::EdsHealth,
 };
 use serde_json::{Value, json};
 use tokio::sync::watch;

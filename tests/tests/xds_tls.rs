@@ -12,12 +12,13 @@ use std::{
 
 use integration_tests::xds_server::{ServerTls, WAIT, XdsServer};
 use proxy_core::{
+    config::sources::xds::{
+        EdsClusterConfig, EdsWatch, Resolve, XdsConfig, XdsSource, plan,
+        transport_socket::TransportSocket,
+    },
     discovery::{
         SourceUpdate as EdsUpdate,
-        xds::{
-            EdsClient, EdsClusterConfig, EdsWatch, XdsConfig, XdsSource, config::Resolve, plan,
-            spawn_eds, transport_socket::TransportSocket,
-        },
+        xds::{EdsClient, spawn_eds},
     },
     tls::TlsSettings,
 };

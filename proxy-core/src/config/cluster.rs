@@ -10,13 +10,14 @@ use serde::{Deserialize, Serialize};
 
 use super::defaults;
 use crate::{
-    discovery::{
-        EdsHealth, Host, HostSet,
-        dns::{
-            DnsEndpoint, DnsLookupFamily, DnsResolverAddress, DnsSettings, RefreshRate, duration,
+    config::{
+        duration,
+        sources::dns::{
+            DnsEndpoint, DnsLookupFamily, DnsResolverAddress, DnsSettings, QueryLimits, RefreshRate,
         },
     },
     health::{ClusterHealthConfig, CommonLbConfig, HealthCheck, OutlierDetection},
+    host::{EdsHealth, Host, HostSet},
 };
 
 /// An upstream cluster.
@@ -39,7 +40,7 @@ pub struct Cluster {
     /// on a STATIC cluster that an xDS config source names (`envoy_grpc`, REST
     /// `cluster_names`); refused on any other cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub transport_socket: Option<crate::discovery::xds::transport_socket::TransportSocket>,
+    pub transport_socket: Option<crate::config::sources::xds::transport_socket::TransportSocket>,
     /// A custom discovery backend, Envoy's `cluster_type: {name, typed_config}` (then `type` is
     /// not used): `proxy.clusters.consul` (typed_config: `proxy_core::discovery::consul::
     /// ConsulConfig`: `address`, `service`, `datacenter`, `tag`, `wait`, `only_passing`, ...),
@@ -55,7 +56,7 @@ pub struct Cluster {
     /// EDS clusters: Envoy's `eds_cluster_config` (`service_name`, `eds_config` with `ads: {}`
     /// or an `api_config_source`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub eds_cluster_config: Option<crate::discovery::xds::EdsClusterConfig>,
+    pub eds_cluster_config: Option<crate::config::sources::xds::EdsClusterConfig>,
     /// DNS clusters: interval between resolutions after a success. Default 5000 ms; > 1 ms.
     #[serde(default = "defaults::dns_refresh_rate", with = "duration")]
     pub dns_refresh_rate: Duration,
@@ -84,7 +85,7 @@ pub struct Cluster {
     /// c-ares resolver's `query_timeout_seconds` and `query_tries` (Envoy's defaults, 5 s and
     /// 4, when not given). Set only through `typed_dns_resolver_config`, as in Envoy.
     #[serde(skip)]
-    pub dns_query_limits: crate::discovery::dns::QueryLimits,
+    pub dns_query_limits: QueryLimits,
     /// How long a connect of the daemon's own to one of the cluster's hosts may take: the proxy
     /// path's upstream connects. Default: `proxy.connect_timeout` (5 s, Envoy's default). On the
     /// kernel path the application connects, and its own timeout applies.
@@ -153,7 +154,7 @@ pub struct CustomClusterType {
     /// The backend's settings (a Consul `token` in them serializes redacted).
     #[serde(
         default,
-        serialize_with = "crate::discovery::consul::access::serialize_redacted"
+        serialize_with = "crate::config::sources::consul::access::serialize_redacted"
     )]
     pub typed_config: serde_json::Value,
     /// `typed_config` as its type, filled when the file is validated: what the source starts
@@ -166,7 +167,7 @@ pub struct CustomClusterType {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CustomConfig {
     /// `proxy.clusters.consul`: the Consul catalog.
-    Consul(crate::discovery::consul::ConsulConfig),
+    Consul(crate::config::sources::consul::ConsulConfig),
     /// `proxy.clusters.dns_srv`: DNS SRV records.
     DnsSrv(DnsSrvConfig),
 }

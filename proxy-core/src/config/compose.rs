@@ -130,7 +130,7 @@ impl Config {
         let at = |invalid: super::error::Invalid| owners.name(invalid);
         validate::validate(&mut composed).map_err(at)?;
         compile_chains(&mut composed, entries, previous);
-        validate::validate_xds(&composed).map_err(at)?;
+        super::sources::xds::clusters::validate_xds(&composed).map_err(at)?;
         composed.file_entries = self.file_entries.clone();
         Ok(composed)
     }

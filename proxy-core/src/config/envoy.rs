@@ -17,8 +17,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{Cluster, ClusterType, error::Invalid};
-use crate::discovery::dns::{
-    DnsLookupFamily, DnsResolverAddress, QueryLimits, RefreshRate, duration,
+use crate::config::{
+    duration,
+    sources::dns::{DnsLookupFamily, DnsResolverAddress, QueryLimits, RefreshRate},
 };
 
 /// `cluster_type.name` of Envoy's DNS cluster extension.

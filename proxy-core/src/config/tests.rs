@@ -4,7 +4,7 @@
 use std::{net::SocketAddr, path::Path, time::Duration};
 
 use super::*;
-use crate::discovery::dns::{DnsLookupFamily, QueryLimits};
+use crate::config::sources::dns::{DnsLookupFamily, QueryLimits};
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::parse(text, Path::new("test.yaml"))
@@ -303,7 +303,7 @@ clusters:
     let cluster = &config.clusters[0];
     let endpoints = cluster.dns_endpoints();
     assert_eq!(endpoints[0].address, "web.svc.test");
-    assert_eq!(endpoints[0].health, crate::discovery::EdsHealth::Degraded);
+    assert_eq!(endpoints[0].health, crate::host::EdsHealth::Degraded);
     assert_eq!(
         cluster.dns_settings().dns_refresh_rate,
         std::time::Duration::from_secs(1)

@@ -11,7 +11,7 @@ use super::{ClusterType, Config, LbPolicy, ServiceMode, error::Invalid};
 pub(super) fn validate(config: &mut Config) -> Result<(), Invalid> {
     validate_names(config)?;
     config.admin.validate()?;
-    let guard = crate::discovery::guard::HostGuard::for_config(config);
+    let guard = super::host_guard::HostGuard::for_config(config);
     for (i, cluster) in config.clusters.iter_mut().enumerate() {
         super::envoy::normalize(i, cluster)?;
         if cluster.connect_timeout.is_some_and(|t| t.is_zero()) {
@@ -112,7 +112,7 @@ fn validate_paths(config: &Config) -> Result<(), Invalid> {
 fn validate_cluster(
     i: usize,
     cluster: &super::Cluster,
-    guard: &crate::discovery::guard::HostGuard,
+    guard: &super::host_guard::HostGuard,
 ) -> Result<(), Invalid> {
     let at = |field: &str| format!("clusters[{i}].{field}");
     let dns = match cluster.cluster_type {
@@ -177,7 +177,7 @@ fn validate_endpoints(
     i: usize,
     cluster: &super::Cluster,
     dns: bool,
-    guard: &crate::discovery::guard::HostGuard,
+    guard: &super::host_guard::HostGuard,
 ) -> Result<(), Invalid> {
     let at = |field: &str| format!("clusters[{i}].{field}");
     let Some(assignment) = &cluster.load_assignment else {
@@ -320,26 +320,6 @@ fn validate_original_dst_agree(config: &Config) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// The xDS parts: an `xds` section when a cluster is EDS, and every EDS cluster's source
-/// reachable (`crate::discovery::xds::plan`). Runs last, as `proxy check` always ran it.
-pub(super) fn validate_xds(config: &Config) -> Result<(), Invalid> {
-    use crate::discovery::xds::{check_transport_sockets, eds_clusters, plan, static_resolver};
-    check_transport_sockets(config).map_err(|e| Invalid::new("clusters", e))?;
-    let clusters = eds_clusters(config);
-    if clusters.is_empty() {
-        return Ok(());
-    }
-    let Some(xds) = &config.xds else {
-        return Err(Invalid::new(
-            "xds",
-            "EDS clusters need an `xds` section with the node identity",
-        ));
-    };
-    plan(xds, &clusters, &static_resolver(config))
-        .map(|_| ())
-        .map_err(|e| Invalid::new("xds", e.to_string()))
-}
-
 /// A custom backend: a known name and a `typed_config` of its type, returned typed.
 fn validate_custom(
     i: usize,
@@ -357,7 +337,7 @@ fn validate_custom(
     };
     match custom.name.as_str() {
         super::CONSUL_CLUSTER => {
-            let cfg: crate::discovery::consul::ConsulConfig =
+            let cfg: crate::config::sources::consul::ConsulConfig =
                 serde_path_to_error::deserialize(&custom.typed_config)
                     .map_err(|e| typed(e.path().to_string(), e.into_inner().to_string()))?;
             cfg.validate()
@@ -388,7 +368,7 @@ fn validate_custom(
 
 /// DNS settings, and Envoy's shape rules for DNS clusters.
 fn validate_dns(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
-    use crate::discovery::dns::DnsConfigError;
+    use super::sources::dns::DnsConfigError;
     let at = |field: &str| format!("clusters[{i}].{field}");
     if let Err(err) = cluster.dns_settings().validate() {
         let field = match &err {

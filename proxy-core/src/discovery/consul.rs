@@ -8,9 +8,9 @@
 //!
 //! ```no_run
 //! # async fn wire() -> Result<(), Box<dyn std::error::Error>> {
-//! use proxy_core::discovery::{
-//!     consul::{ConsulConfig, spawn_consul},
-//!     source::DiscoverySource as _,
+//! use proxy_core::{
+//!     config::sources::consul::ConsulConfig,
+//!     discovery::{consul::spawn_consul, source::DiscoverySource as _},
 //! };
 //!
 //! let config: ConsulConfig = serde_yaml::from_str("service: web\ndatacenter: dc1")?;
@@ -28,7 +28,7 @@
 //! * every query counts `update_attempt`, then `update_success` or `update_failure`; a success
 //!   whose host set is unchanged counts `update_no_rebuild` and publishes nothing;
 //! * instances are not filtered by health (`passing` is never sent): each becomes a host whose
-//!   [`EdsHealth`](crate::discovery::EdsHealth) and weight come from its checks and `Weights`
+//!   [`EdsHealth`](crate::host::EdsHealth) and weight come from its checks and `Weights`
 //!   exactly as Consul computes them for Envoy (see [`catalog`]);
 //! * a failure (connection, timeout, non-200, bad body) keeps the hosts and retries after a
 //!   jittered exponential backoff (`retry_backoff`), reset by the next success;
@@ -41,10 +41,8 @@
 //! * initialized after the first query finished, success or failure (a Consul agent that is
 //!   down at start gives an initialized, empty cluster, as a failed first DNS resolution does).
 
-pub mod access;
 pub mod acl;
 pub mod catalog;
-mod config;
 pub mod entries;
 pub mod http;
 mod stats;
@@ -56,18 +54,17 @@ use std::sync::Arc;
 
 use tokio::{sync::watch as channel, task::AbortHandle};
 
-use self::{
-    access::Access,
-    watch::{CatalogFetch, HttpFetch, Watch},
-};
+use self::watch::{CatalogFetch, HttpFetch, Watch};
 pub use self::{
-    access::{ConsulToken, TokenError, TokenOrigin},
     acl::AclDenial,
-    config::{ConsulConfig, ConsulConfigError, RetryBackoff},
     stats::{ConsulStatValues, ConsulStats},
     watch::{QueryError, next_index, query_target},
 };
 use super::source::{DiscoverySource, SourceUpdate};
+use crate::config::sources::consul::{
+    ConsulConfig, ConsulConfigError,
+    access::{self, Access},
+};
 
 /// A running Consul cluster. Dropping it stops its watch.
 pub struct ConsulCluster {

@@ -11,7 +11,10 @@
 //! # async fn wire() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
 //!
-//! use proxy_core::discovery::dns::{DnsEndpoint, DnsSettings, HickoryResolver, spawn_strict_dns};
+//! use proxy_core::{
+//!     config::sources::dns::{DnsEndpoint, DnsSettings},
+//!     discovery::dns::{HickoryResolver, spawn_strict_dns},
+//! };
 //!
 //! let settings: DnsSettings = serde_yaml::from_str("dns_refresh_rate: 1s\nrespect_dns_ttl: true")?;
 //! settings.validate()?;
@@ -49,8 +52,6 @@
 //!   when there are no targets.
 
 mod backoff;
-mod config;
-pub mod duration;
 mod engine;
 mod fake;
 mod hickory;
@@ -67,11 +68,8 @@ use tokio::{sync::watch, task::AbortHandle};
 
 pub use self::{
     backoff::FailureBackoff,
-    config::{
-        DnsConfigError, DnsEndpoint, DnsLookupFamily, DnsResolverAddress, DnsSettings, RefreshRate,
-    },
     fake::{FakeResolver, QueryType},
-    hickory::{BuildResolverError, HickoryResolver, QueryLimits, address_records, srv_records},
+    hickory::{BuildResolverError, HickoryResolver, address_records, srv_records},
     resolver::{
         AddressFamily, AddressRecord, BoxFuture, DnsResolve, ResolveError, SrvRecord,
         resolve_addresses,
@@ -84,6 +82,7 @@ use self::{
     target::Target,
 };
 use super::{DiscoverySource, SourceUpdate};
+use crate::config::sources::dns::{DnsConfigError, DnsEndpoint, DnsSettings};
 
 /// A running DNS cluster. Dropping it stops its resolution tasks.
 pub struct DnsCluster {

@@ -2,7 +2,8 @@
 
 use tokio::sync::watch;
 
-use super::{DiscoverySource, HostSet, SourceUpdate};
+use super::{DiscoverySource, SourceUpdate};
+use crate::host::HostSet;
 
 /// A STATIC cluster's source: one initialized update with the configured hosts. It has no task;
 /// it holds the sender so the channel stays open for as long as the cluster runs.

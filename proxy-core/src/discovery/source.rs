@@ -10,16 +10,21 @@
 use tokio::sync::watch;
 
 use super::{
-    HostSet,
     consul::spawn_consul,
     dns::{
-        BuildResolverError, DnsConfigError, HickoryResolver, SrvService, spawn_dns_srv,
-        spawn_logical_dns, spawn_strict_dns,
+        BuildResolverError, HickoryResolver, SrvService, spawn_dns_srv, spawn_logical_dns,
+        spawn_strict_dns,
     },
     fixed::FixedSource,
     xds::XdsClients,
 };
-use crate::config::{Cluster, ClusterType, CustomClusterType, CustomConfig};
+use crate::{
+    config::{
+        Cluster, ClusterType, CustomClusterType, CustomConfig,
+        sources::dns::{DnsConfigError, DnsSettings, QueryLimits},
+    },
+    host::HostSet,
+};
 
 /// One published state of a source's hosts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -36,10 +41,10 @@ pub struct SourceUpdate {
     /// All hosts the source reports, with their weight, priority, health and metadata.
     pub hosts: HostSet,
     /// Hosts whose address was not in the previous publication ([`super::diff_hosts`]).
-    pub added: Vec<super::Host>,
+    pub added: Vec<crate::host::Host>,
     /// Hosts of the previous publication whose address is gone: drain their connections when
     /// [`DiscoverySource::drain_on_change`] says so.
-    pub removed: Vec<super::Host>,
+    pub removed: Vec<crate::host::Host>,
 }
 
 impl SourceUpdate {
@@ -162,8 +167,8 @@ pub fn start(cluster: &Cluster, xds: &XdsClients) -> Result<Box<dyn DiscoverySou
 
 fn resolver(
     cluster: &str,
-    settings: &super::dns::DnsSettings,
-    limits: super::dns::QueryLimits,
+    settings: &DnsSettings,
+    limits: QueryLimits,
 ) -> Result<std::sync::Arc<HickoryResolver>, SourceError> {
     HickoryResolver::with_limits(settings, limits)
         .map(std::sync::Arc::new)
@@ -218,8 +223,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        config::Config,
-        discovery::dns::{DnsEndpoint, DnsSettings, FakeResolver},
+        config::{Config, sources::dns::DnsEndpoint},
+        discovery::dns::FakeResolver,
     };
 
     #[tokio::test(start_paused = true)]

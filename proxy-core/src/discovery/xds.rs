@@ -16,7 +16,10 @@
 //!
 //! ```no_run
 //! # async fn wire() -> Result<(), Box<dyn std::error::Error>> {
-//! use proxy_core::discovery::xds::{EdsClusterConfig, XdsConfig, plan, spawn_eds};
+//! use proxy_core::{
+//!     config::sources::xds::{EdsClusterConfig, XdsConfig, plan},
+//!     discovery::xds::spawn_eds,
+//! };
 //!
 //! let xds: XdsConfig = serde_yaml::from_str(
 //!     "node: {id: proxy-1, cluster: edge}\n\
@@ -39,12 +42,15 @@
 //!
 //! See [`cla`] for validation and the host mapping, [`stats`] for the counting rules, and the
 //! `grpc` and `rest` modules' docs for the protocol.
+//!
+//! [`XdsConfig`]: crate::config::sources::xds::XdsConfig
+//! [`EdsClusterConfig`]: crate::config::sources::xds::EdsClusterConfig
+//! [`plan`]: crate::config::sources::xds::plan
 #![forbid(unsafe_code)]
 
 pub mod backoff;
 pub mod cds;
 pub mod cla;
-pub mod config;
 mod grpc;
 pub mod hcm;
 pub mod json;
@@ -55,11 +61,9 @@ mod rest;
 mod spawn;
 mod state;
 pub mod stats;
-pub mod transport_socket;
 
 use std::{
     collections::BTreeMap,
-    net::SocketAddr,
     sync::{Arc, Mutex},
 };
 
@@ -71,11 +75,6 @@ use tokio::{
 pub use self::{
     backoff::Backoff,
     cla::{ClaError, Rule, Violation, check_constraints, hosts_from_cla},
-    config::{
-        AdsOnly, AggregatedConfigSource, ApiConfigSource, ApiType, ApiVersion, BackoffConfig,
-        ConfigSource, EdsClusterConfig, EdsWatch, EnvoyGrpc, GoogleGrpc, GrpcApi, GrpcService,
-        NodeConfig, Transport, XdsConfig, XdsConfigError, XdsSource, plan,
-    },
     rest::EDS_REST_PATH,
     spawn::{spawn_ads, spawn_eds, spawn_eds_within},
     state::{CLA_TYPE_URL, UpdateError},
@@ -84,11 +83,17 @@ pub use self::{
 use self::{
     resources::{FileNames, ResourceState},
     state::{EdsState, Sink},
-    transport_socket::TransportSocket,
 };
 use super::{DiscoverySource, SourceUpdate};
 use crate::{
-    config::{ClusterType, Config},
+    config::{
+        Config,
+        sources::xds::{
+            EdsWatch, XdsConfigError, XdsSource,
+            clusters::{eds_clusters, static_resolver},
+            plan,
+        },
+    },
     desired::Feed,
 };
 
@@ -498,61 +503,6 @@ impl Drop for XdsChange {
             }
         }
     }
-}
-
-/// Every EDS cluster of `config` with its `eds_cluster_config` (validation made it present).
-pub fn eds_clusters(config: &Config) -> Vec<(String, EdsClusterConfig)> {
-    config
-        .clusters
-        .iter()
-        .filter(|c| c.cluster_type == ClusterType::Eds && c.custom_cluster_type.is_none())
-        .filter_map(|c| Some((c.name.clone(), c.eds_cluster_config.clone()?)))
-        .collect()
-}
-
-/// How `envoy_grpc: {cluster_name}` and REST `cluster_names` reach their server: the address of
-/// the named STATIC cluster's first host, and the cluster's `transport_socket`.
-pub fn static_resolver(
-    config: &Config,
-) -> impl Fn(&str) -> Option<(SocketAddr, Option<TransportSocket>)> + '_ {
-    |name| {
-        let cluster = config.cluster(name)?;
-        let addr = cluster.static_hosts().first()?.addr;
-        Some((addr, cluster.transport_socket.clone()))
-    }
-}
-
-/// Refuses a `transport_socket` on a cluster that no xDS config source names through
-/// `envoy_grpc` or REST `cluster_names` (without `server_uri`), or on a cluster that is not
-/// STATIC: the data path does not speak TLS, so it would be accepted without effect.
-pub fn check_transport_sockets(config: &Config) -> Result<(), String> {
-    let eds = eds_clusters(config);
-    let mut sources: Vec<&ApiConfigSource> = eds
-        .iter()
-        .filter_map(|(_, eds)| eds.eds_config.api_config_source.as_ref())
-        .collect();
-    sources.extend(config.xds.as_ref().and_then(|x| x.ads_config.as_ref()));
-    let named: Vec<&str> = sources
-        .iter()
-        .filter(|s| s.server_uri.is_none())
-        .flat_map(|s| {
-            let grpc = s.grpc_services.iter().filter_map(|g| g.envoy_grpc.as_ref());
-            let grpc = grpc.map(|e| e.cluster_name.as_str());
-            grpc.chain(s.cluster_names.iter().map(String::as_str))
-        })
-        .collect();
-    for (i, cluster) in config.clusters.iter().enumerate() {
-        let used = named.contains(&cluster.name.as_str());
-        if cluster.transport_socket.is_some()
-            && (!used || cluster.cluster_type != ClusterType::Static)
-        {
-            return Err(format!(
-                "clusters[{i}] ({}): transport_socket is only accepted on a STATIC cluster that an xDS config source names (envoy_grpc or REST cluster_names): the data path does not speak TLS",
-                cluster.name
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// One EDS cluster's source: its subscription on a shared control-plane connection. The

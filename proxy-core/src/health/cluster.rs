@@ -22,7 +22,7 @@ use super::{
     spec::HealthCheckSpec,
     stats::{HealthCheckStats, render},
 };
-use crate::discovery::HostSet;
+use crate::host::HostSet;
 
 /// A passive signal from the data path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

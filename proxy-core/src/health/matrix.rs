@@ -36,7 +36,7 @@ use super::{
     state::HostHealth,
     stats::{MembershipStats, OutlierStats},
 };
-use crate::discovery::{EdsHealth, Host, HostSet};
+use crate::host::{EdsHealth, Host, HostSet};
 
 /// Envoy's host health flags, as `/clusters` prints them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]

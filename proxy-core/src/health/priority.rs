@@ -9,7 +9,7 @@
 
 use serde::Serialize;
 
-use crate::discovery::Host;
+use crate::host::Host;
 
 /// Overprovisioning factor, in percent (Envoy's default 140).
 pub const OVERPROVISIONING_PERCENT: u64 = 140;

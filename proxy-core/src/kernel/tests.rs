@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use super::*;
-use crate::{discovery::Host, health::HostClass};
+use crate::{health::HostClass, host::Host};
 
 const ENDPOINT: &str = "    load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 1 } } } } ] } ] }\n";
 

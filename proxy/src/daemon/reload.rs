@@ -13,10 +13,7 @@ use std::{
 };
 
 use proxy_common::service::ServiceKey;
-use proxy_core::{
-    config::{Config, ServiceMode},
-    discovery::xds::eds_clusters,
-};
+use proxy_core::config::{Config, ServiceMode, sources::xds::clusters::eds_clusters};
 
 /// The difference a reload applies.
 #[derive(Debug, Default, PartialEq, Eq)]

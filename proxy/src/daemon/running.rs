@@ -9,12 +9,9 @@ use std::{
 
 use proxy_common::service::ServiceKey;
 use proxy_core::{
-    config::{Config, Service, ServiceMode},
+    config::{Config, Service, ServiceMode, host_guard::HostGuard},
     desired::{Overlay, Source},
-    discovery::{
-        guard::HostGuard,
-        xds::{XdsClients, resources::FileNames},
-    },
+    discovery::xds::{XdsClients, resources::FileNames},
     health::HealthCheckManager,
     kernel::{ServiceTemplate, needs_sockops},
     upstream::Upstream,

@@ -7,11 +7,9 @@ use std::time::Instant;
 use proxy_chain::{CompileRequest, ConfigEntry, Entries, compile};
 use proxy_core::{
     chain::compile_each,
-    config::Config,
+    config::{Config, sources::consul::entries::ConsulEntriesConfig},
     desired::Overlay,
-    discovery::consul::entries::{
-        ConsulEntries, ConsulEntriesConfig, EntriesStatValues, spawn_consul_entries,
-    },
+    discovery::consul::entries::{ConsulEntries, EntriesStatValues, spawn_consul_entries},
 };
 use tokio::sync::watch;
 

@@ -25,8 +25,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response, body::Incoming, service::service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use proxy_core::{
-    discovery::Host,
     health::{HostClass, Routing},
+    host::Host,
 };
 use proxy_relay::{
     ClusterHandle, OriginalDstTable, ProxyConfig, ProxyDeps, ProxyHandle, ServiceTable, serve,

@@ -8,9 +8,10 @@ use std::{collections::BTreeSet, time::Duration};
 
 use integration_tests::xds_server::{Envoy, WAIT, XdsServer};
 use proxy_core::{
+    config::sources::xds::{GrpcApi, Transport, XdsConfig},
     desired::Overlay,
     discovery::xds::{
-        EdsClient, GrpcApi, Transport, XdsConfig,
+        EdsClient,
         resources::{FileNames, ResourceState},
         spawn_ads,
     },

@@ -22,10 +22,8 @@
 
 use std::time::Duration;
 
-use super::{
-    access::{SentToken, TokenOrigin},
-    watch::{CatalogFetch, QueryError},
-};
+use super::watch::{CatalogFetch, QueryError};
+use crate::config::sources::consul::access::{SentToken, TokenOrigin};
 
 /// The endpoint that says whether Consul knows a token.
 pub(crate) const TOKEN_SELF: &str = "/v1/acl/token/self";

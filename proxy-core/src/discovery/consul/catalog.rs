@@ -22,7 +22,7 @@ use std::{
 
 use serde::Deserialize;
 
-use crate::discovery::{EdsHealth, Host, HostSet};
+use crate::host::{EdsHealth, Host, HostSet};
 
 /// Largest weight Consul hands to Envoy.
 const MAX_WEIGHT: i64 = 128;

@@ -27,7 +27,6 @@
 //!
 //! Stats are `consul_entries.<stat>` (see [`EntriesStatValues`]).
 
-mod config;
 pub mod decode;
 mod stats;
 
@@ -42,13 +41,10 @@ use tokio::{sync::watch, task::AbortHandle, time::Instant};
 use tracing::{debug, info, warn};
 
 pub use self::{
-    config::ConsulEntriesConfig,
     decode::SkippedEntry,
     stats::{EntriesStatValues, EntriesStats},
 };
 use super::{
-    ConsulConfig, ConsulConfigError,
-    access::{self, TokenSource},
     acl::{self, AclDenial},
     http,
     watch::{
@@ -57,6 +53,11 @@ use super::{
     },
 };
 use crate::{
+    config::sources::consul::{
+        ConsulConfig, ConsulConfigError,
+        access::{self, TokenSource},
+        entries::ConsulEntriesConfig,
+    },
     desired::{Feed, Overlay},
     discovery::dns::FailureBackoff,
 };

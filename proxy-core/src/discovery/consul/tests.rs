@@ -23,13 +23,16 @@ use serde_json::{Value, json};
 use tokio::{sync::watch, time::Instant};
 
 use super::{
-    ConsulCluster, ConsulConfig, ConsulToken,
+    ConsulCluster,
     acl::TOKEN_SELF,
     http::{HttpError, HttpResponse},
     spawn_with,
     watch::{BoxFuture, CatalogFetch},
 };
-use crate::discovery::source::{DiscoverySource as _, SourceUpdate};
+use crate::{
+    config::sources::consul::{ConsulConfig, access::ConsulToken},
+    discovery::source::{DiscoverySource as _, SourceUpdate},
+};
 
 /// Bound of every wait in these tests (virtual time: costs nothing when met).
 const WAIT: Duration = Duration::from_secs(600);
@@ -261,7 +264,8 @@ fn token_self(acls: &Acls, token: Option<&str>) -> HttpResponse {
 /// Starts a cluster named `web` on `script` with a fixed random seed and no `CONSUL_HTTP_*`
 /// variables.
 pub(super) fn start(config: ConsulConfig, script: &Script) -> ConsulCluster {
-    let access = super::access::resolve(&config, &|_| None).expect("valid config");
+    let access =
+        crate::config::sources::consul::access::resolve(&config, &|_| None).expect("valid config");
     spawn_with(
         "web".to_owned(),
         config,

@@ -24,15 +24,18 @@ use tokio::{sync::watch, time::Instant};
 use tracing::{debug, info, warn};
 
 use super::{
-    access::{ConsulToken, SentToken, TokenError, TokenSource},
     acl::{self, AclDenial},
     catalog::{ServiceEntry, Skipped, decode_entries, to_hosts},
-    config::ConsulConfig,
     http::{self, HttpError, HttpResponse},
     stats::ConsulStats,
 };
 use crate::{
-    discovery::{HostSet, dns::FailureBackoff, source::SourceUpdate},
+    config::sources::consul::{
+        ConsulConfig,
+        access::{ConsulToken, SentToken, TokenError, TokenSource},
+    },
+    discovery::{dns::FailureBackoff, source::SourceUpdate},
+    host::HostSet,
     tls::TlsSettings,
 };
 

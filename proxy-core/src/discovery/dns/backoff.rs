@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::config::DnsSettings;
+use crate::config::sources::dns::DnsSettings;
 
 /// The failure refresh strategy of one cluster (shared by all its targets, as in Envoy).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,7 +86,7 @@ fn millis(duration: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::discovery::dns::config::RefreshRate;
+    use crate::config::sources::dns::RefreshRate;
 
     fn jittered(base_ms: u64, max_ms: Option<u64>) -> FailureBackoff {
         let settings = DnsSettings {

@@ -18,12 +18,15 @@ use tracing::{debug, warn};
 
 use super::{
     backoff::FailureBackoff,
-    config::DnsSettings,
     resolver::{DnsResolve, ResolveError},
     stats::DnsClusterStats,
     target::{Answer, Target},
 };
-use crate::discovery::{Host, HostSet, SourceUpdate};
+use crate::{
+    config::sources::dns::DnsSettings,
+    discovery::SourceUpdate,
+    host::{Host, HostSet},
+};
 
 /// How answers become hosts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -25,30 +25,10 @@ use hickory_resolver::{
 use tracing::debug;
 
 use super::{
-    config::DnsSettings,
     resolver::{AddressFamily, AddressRecord, BoxFuture, DnsResolve, ResolveError, SrvRecord},
     transport::Transport,
 };
-
-/// How long one try waits and how many tries one query makes: the defaults of Envoy's c-ares
-/// resolver (`CaresDnsResolverConfig.query_timeout_seconds` 5 and `query_tries` 4, which Envoy
-/// sets over c-ares' own 2 s and 3).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QueryLimits {
-    /// How long one try waits for its answer.
-    pub timeout: Duration,
-    /// Tries per query, at least 1.
-    pub tries: u8,
-}
-
-impl Default for QueryLimits {
-    fn default() -> Self {
-        Self {
-            timeout: Duration::from_secs(5),
-            tries: 4,
-        }
-    }
-}
+use crate::config::sources::dns::{DnsSettings, QueryLimits};
 
 /// The production resolver.
 #[derive(Clone)]

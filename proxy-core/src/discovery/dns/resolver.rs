@@ -7,7 +7,7 @@
 
 use std::{future::Future, net::IpAddr, pin::Pin, time::Duration};
 
-use super::config::DnsLookupFamily;
+use crate::config::sources::dns::DnsLookupFamily;
 
 /// A boxed, `Send` future, so [`DnsResolve`] can be used as a trait object.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -7,11 +7,11 @@ use std::{
     time::Duration,
 };
 
-use super::{
-    config::{DnsEndpoint, DnsLookupFamily},
-    resolver::{AddressRecord, DnsResolve, ResolveError, resolve_addresses},
+use super::resolver::{AddressRecord, DnsResolve, ResolveError, resolve_addresses};
+use crate::{
+    config::sources::dns::{DnsEndpoint, DnsLookupFamily},
+    host::{EdsHealth, Host},
 };
-use crate::discovery::{EdsHealth, Host};
 
 /// A DNS SRV service to discover, e.g. `_http._tcp.web.svc.test`.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -33,13 +33,13 @@ fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
 }
 
-fn addrs(hosts: &[crate::discovery::Host]) -> Vec<String> {
+fn addrs(hosts: &[crate::host::Host]) -> Vec<String> {
     hosts.iter().map(|h| h.addr.to_string()).collect()
 }
 
 fn v4_settings() -> DnsSettings {
     DnsSettings {
-        dns_lookup_family: super::DnsLookupFamily::V4Only,
+        dns_lookup_family: crate::config::sources::dns::DnsLookupFamily::V4Only,
         ..DnsSettings::default()
     }
 }

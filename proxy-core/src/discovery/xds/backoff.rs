@@ -9,11 +9,6 @@
 
 use std::time::Duration;
 
-/// Envoy's xDS gRPC stream retry base (`RetryInitialDelayMs`).
-pub const DEFAULT_BASE_INTERVAL: Duration = Duration::from_millis(500);
-/// Envoy's xDS gRPC stream retry cap (`RetryMaxDelayMs`).
-pub const DEFAULT_MAX_INTERVAL: Duration = Duration::from_secs(30);
-
 /// Backoff state of one control-plane connection.
 #[derive(Clone, Debug)]
 pub struct Backoff {

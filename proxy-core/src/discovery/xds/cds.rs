@@ -32,10 +32,7 @@ use prost::Message;
 use serde_json::{Map, Value, json};
 use thiserror::Error;
 
-use crate::{
-    config::{Cluster, Config, ConfigError},
-    discovery::{dns::duration, xds::XdsConfig},
-};
+use crate::config::{Cluster, Config, ConfigError, duration, sources::xds::XdsConfig};
 
 /// The type URL of `envoy.config.cluster.v3.Cluster`.
 pub const CLUSTER_TYPE_URL: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";

@@ -23,7 +23,7 @@
 //! * `port_value: 0`, and the unspecified, broadcast and multicast addresses: Envoy keeps such a
 //!   host and every connection to it fails. Here it is a host of the assignment (counted in
 //!   `membership_total`), and the cluster's loop leaves it out of routing, logs it and counts it
-//!   in `hosts_refused` (see `discovery::guard`); the cluster's other hosts are used;
+//!   in `hosts_refused` (see `config::host_guard`); the cluster's other hosts are used;
 //! * a `health_status` outside the enum (Envoy has no `defined_only` rule there): UNKNOWN, which
 //!   routes like HEALTHY (Envoy's admin shows such a host healthy);
 //! * gaps between priorities. The API says priorities "should range from 0 (highest) to N
@@ -66,7 +66,7 @@ use envoy_types::pb::{
 };
 use thiserror::Error;
 
-use crate::discovery::{EdsHealth, Host, HostSet};
+use crate::host::{EdsHealth, Host, HostSet};
 
 /// Metadata key of the locality's region.
 pub const LOCALITY_REGION: &str = "locality.region";

@@ -49,9 +49,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::{
+    config::sources::xds::GrpcApi,
     discovery::xds::{
         backoff::Backoff,
-        config::GrpcApi,
         resources::ResourceState,
         state::{CLA_TYPE_URL, EdsState},
         stats::ControlPlaneStats,

@@ -29,7 +29,10 @@ use prost::Message;
 use serde::{Deserialize, Deserializer, de};
 use serde_json::json;
 
-use crate::discovery::xds::{config::NodeConfig, node, state::CLA_TYPE_URL};
+use crate::{
+    config::sources::xds::NodeConfig,
+    discovery::xds::{node, state::CLA_TYPE_URL},
+};
 
 /// A REST `DiscoveryRequest` as JSON; empty fields are omitted, as proto3 JSON does.
 pub fn discovery_request(

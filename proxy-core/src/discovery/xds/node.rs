@@ -8,7 +8,7 @@ use envoy_types::pb::{
 };
 use serde_json::json;
 
-use crate::discovery::xds::config::NodeConfig;
+use crate::config::sources::xds::NodeConfig;
 
 /// What we call ourselves in `user_agent_name` (Envoy sends "envoy"); control planes log it and
 /// some match on it.
@@ -93,7 +93,7 @@ fn value(v: &serde_json::Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::discovery::xds::config::NodeLocality;
+    use crate::config::sources::xds::NodeLocality;
 
     fn node() -> NodeConfig {
         serde_yaml::from_str(

@@ -29,10 +29,9 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::{
-    config::{ClusterType, Config},
+    config::{ClusterType, Config, sources::xds::XdsConfig},
     desired::{Feed, Overlay},
     discovery::xds::{
-        XdsConfig,
         cds::{self, CLUSTER_TYPE_URL, ResourceError},
         lds::{self, LISTENER_TYPE_URL, ListenerForm},
     },

@@ -21,9 +21,9 @@ use thiserror::Error;
 use tokio::net::TcpStream;
 
 use crate::{
+    config::sources::xds::NodeConfig,
     discovery::xds::{
         backoff::Backoff,
-        config::NodeConfig,
         grpc::{error_chain, lock, nack_status},
         json,
         state::{EdsState, UpdateError},

@@ -1,6 +1,5 @@
 //! Starting one control-plane connection: its state, its stream or poll task, and its
 //! `initial_fetch_timeout` timer.
-
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex},
@@ -9,15 +8,17 @@ use std::{
 use tokio::sync::{Notify, watch};
 
 use super::{
-    Backoff, ClusterStats, ControlPlaneStats, EdsClient, EdsWatch, GrpcApi, Output, Transport,
-    XdsConfigError, XdsSource,
+    Backoff, ClusterStats, ControlPlaneStats, EdsClient, Output,
     grpc::{self, GrpcSubscription},
     node,
     resources::ResourceState,
     rest::{self, RestSubscription},
     state::{EdsState, Sink},
 };
-use crate::discovery::SourceUpdate;
+use crate::{
+    config::sources::xds::{EdsWatch, GrpcApi, Transport, XdsConfigError, XdsSource},
+    discovery::SourceUpdate,
+};
 
 /// Starts the subscriptions of `watches` on `source`. Must be called within a tokio runtime.
 /// A cluster name may appear once; several clusters may share a resource name.

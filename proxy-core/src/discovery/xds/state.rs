@@ -34,12 +34,13 @@ use tokio::sync::watch;
 use crate::{
     config::MapSizes,
     discovery::{
-        HostSet, SourceUpdate, diff_hosts,
+        SourceUpdate, diff_hosts,
         xds::{
             cla::{ClaError, check_constraints, map_hosts},
             stats::{ClusterStats, version_gauge},
         },
     },
+    host::HostSet,
 };
 
 /// The type URL of `envoy.config.endpoint.v3.ClusterLoadAssignment`.

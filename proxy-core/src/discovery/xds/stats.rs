@@ -16,7 +16,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::{
-    discovery::{EdsHealth, HostSet},
+    host::{EdsHealth, HostSet},
     tls::TlsFailure,
 };
 

@@ -4,12 +4,12 @@ use std::sync::Arc;
 
 use super::support::addr;
 use crate::{
-    discovery::{EdsHealth, Host},
     health::{
         matrix::{ClusterMembership, MembershipChange},
         random::SeededRandom,
         state::HostHealth,
     },
+    host::{EdsHealth, Host},
 };
 
 const HEALTHY: HostHealth = HostHealth {

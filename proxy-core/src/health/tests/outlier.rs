@@ -10,13 +10,13 @@ use tokio::time::Instant;
 
 use super::support::{addr, secs};
 use crate::{
-    discovery::Host,
     health::{
         cluster_config::OutlierDetection,
         matrix::ClusterMembership,
         outlier::{FailureVerdict, OutlierDetector, PassiveResult},
         random::{ExtremeRandom, SeededRandom},
     },
+    host::Host,
 };
 
 fn detector(hosts: u8) -> OutlierDetector {

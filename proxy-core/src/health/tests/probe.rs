@@ -9,7 +9,6 @@ use tokio::time::{Instant, sleep};
 
 use super::support::{Script, ScriptFactory, addr, secs, spec};
 use crate::{
-    discovery::Host,
     health::{
         cluster::ClusterHealth,
         cluster_config::ClusterHealthConfig,
@@ -18,6 +17,7 @@ use crate::{
         state::{CheckOutcome, FailureKind},
         stats::HealthCheckStats,
     },
+    host::Host,
 };
 
 fn manager(script: &Arc<Script>, random: Arc<dyn Random>) -> HealthCheckManager {

@@ -11,8 +11,8 @@
 use std::{collections::BTreeMap, fmt::Write as _, net::SocketAddr};
 
 use proxy_core::{
-    discovery::{EdsHealth, Host},
     health::{HostFlags, HostStatus},
+    host::{EdsHealth, Host},
     upstream::HostTraffic,
 };
 use serde::Serialize;

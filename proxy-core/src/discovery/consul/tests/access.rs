@@ -4,9 +4,9 @@
 use std::{collections::HashMap, path::PathBuf};
 
 use super::*;
-use crate::discovery::consul::{
-    ConsulConfigError, TokenOrigin,
-    access::{Access, TokenSource, resolve},
+use crate::config::sources::consul::{
+    ConsulConfigError,
+    access::{Access, TokenOrigin, TokenSource, resolve},
 };
 
 fn resolve_in(config: &ConsulConfig, vars: &[(&str, &str)]) -> Result<Access, ConsulConfigError> {
@@ -173,7 +173,7 @@ fn a_raw_typed_config_serializes_with_its_token_redacted() {
     let raw = serde_json::json!({"service": "web", "token": "s3cret-0003"});
     let mut out = Vec::new();
     let mut serializer = serde_json::Serializer::new(&mut out);
-    crate::discovery::consul::access::serialize_redacted(&raw, &mut serializer)
+    crate::config::sources::consul::access::serialize_redacted(&raw, &mut serializer)
         .expect("serializes");
     let text = String::from_utf8(out).expect("utf-8");
     assert_eq!(text, r#"{"service":"web","token":"<redacted>"}"#);

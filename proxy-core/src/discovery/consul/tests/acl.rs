@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::*;
-use crate::discovery::consul::ConsulToken;
+use crate::config::sources::consul::access::ConsulToken;
 
 fn two() -> Value {
     body(&[inst("a", "127.0.0.2", 80), inst("b", "127.0.0.3", 80)])
@@ -115,7 +115,7 @@ async fn a_known_token_that_may_not_read_the_service_keeps_the_hosts() {
                {"Resource": "node", "Segment": "", "Access": "read"}])
     );
     let err = crate::discovery::consul::AclDenial::NoServiceRead {
-        origin: crate::discovery::consul::TokenOrigin::Config,
+        origin: crate::config::sources::consul::access::TokenOrigin::Config,
         service: "web".to_owned(),
     }
     .to_string();
@@ -135,7 +135,7 @@ async fn a_token_without_node_read_keeps_the_hosts() {
     assert_eq!(cluster.current().hosts.len(), 2, "never drained");
     assert_eq!(cluster.stats().values().acl_denied, 1);
     let err = crate::discovery::consul::AclDenial::NoNodeRead {
-        origin: crate::discovery::consul::TokenOrigin::Config,
+        origin: crate::config::sources::consul::access::TokenOrigin::Config,
         service: "web".to_owned(),
     }
     .to_string();

@@ -1,7 +1,7 @@
 //! Configuration parsing, defaults and validation.
 
 use super::*;
-use crate::discovery::consul::{ConsulConfigError, RetryBackoff};
+use crate::config::sources::consul::{ConsulConfigError, RetryBackoff};
 
 fn parse(yaml: &str) -> Result<ConsulConfig, serde_yaml::Error> {
     serde_yaml::from_str(yaml)
@@ -12,7 +12,8 @@ fn only_service_is_required_and_defaults_are_named() {
     let config = parse("service: web").expect("minimal config");
     assert_eq!(config, ConsulConfig::new("web"));
     assert_eq!(config.address, None);
-    let access = crate::discovery::consul::access::resolve(&config, &|_| None).expect("default");
+    let access =
+        crate::config::sources::consul::access::resolve(&config, &|_| None).expect("default");
     assert_eq!(access.authority, "127.0.0.1:8500", "Consul's default agent");
     assert_eq!(config.wait, Duration::from_secs(30));
     assert!(!config.only_passing);

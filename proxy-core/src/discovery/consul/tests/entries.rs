@@ -8,10 +8,10 @@ use proxy_chain::{ConfigEntry, EntryKind};
 
 use super::*;
 use crate::{
+    config::sources::consul::{RetryBackoff, entries::ConsulEntriesConfig},
     desired::Overlay,
     discovery::consul::{
-        RetryBackoff,
-        entries::{ConsulEntries, ConsulEntriesConfig, KINDS, decode, entries_target, spawn_with},
+        entries::{ConsulEntries, KINDS, decode, entries_target, spawn_with},
         watch::MIN_QUERY_INTERVAL,
     },
 };
@@ -80,7 +80,8 @@ fn start(
     };
     fetch.acl.set_acls(acls);
     let connection = config.connection();
-    let access = super::super::access::resolve(&connection, &|_| None).expect("valid config");
+    let access = crate::config::sources::consul::access::resolve(&connection, &|_| None)
+        .expect("valid config");
     let (feed, overlay) = watch::channel(Overlay::default());
     let entries = spawn_with(
         &connection,

@@ -1,7 +1,7 @@
 //! Failures keep hosts, back off with jitter, and count as Envoy counts them.
 
 use super::*;
-use crate::discovery::consul::{RetryBackoff, watch::MIN_QUERY_INTERVAL};
+use crate::{config::sources::consul::RetryBackoff, discovery::consul::watch::MIN_QUERY_INTERVAL};
 
 fn two() -> Value {
     body(&[inst("a", "127.0.0.2", 80), inst("b", "127.0.0.3", 80)])

@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::discovery::{
-    EdsHealth,
-    consul::catalog::{ServiceEntry, Skipped, health_and_weight, to_hosts},
+use crate::{
+    discovery::consul::catalog::{ServiceEntry, Skipped, health_and_weight, to_hosts},
+    host::EdsHealth,
 };
 
 fn entries(instances: &[Inst]) -> Vec<ServiceEntry> {

@@ -2,7 +2,7 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use crate::discovery::dns::{
+use crate::config::sources::dns::{
     DnsConfigError, DnsLookupFamily, DnsResolverAddress, DnsSettings, RefreshRate,
 };
 

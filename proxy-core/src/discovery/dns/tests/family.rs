@@ -2,8 +2,9 @@
 
 use std::net::IpAddr;
 
-use crate::discovery::dns::{
-    AddressRecord, DnsLookupFamily as F, FakeResolver, QueryType, resolve_addresses,
+use crate::{
+    config::sources::dns::DnsLookupFamily as F,
+    discovery::dns::{AddressRecord, FakeResolver, QueryType, resolve_addresses},
 };
 
 fn ips(records: &[AddressRecord]) -> Vec<IpAddr> {

@@ -3,8 +3,9 @@
 use std::sync::Arc;
 
 use super::{addrs, advance, gaps, next_update, secs, v4_settings};
-use crate::discovery::dns::{
-    DnsCluster, DnsConfigError, DnsEndpoint, DnsSettings, FakeResolver, spawn_logical_dns,
+use crate::{
+    config::sources::dns::{DnsConfigError, DnsEndpoint, DnsSettings},
+    discovery::dns::{DnsCluster, FakeResolver, spawn_logical_dns},
 };
 
 fn logical(fake: &FakeResolver, settings: DnsSettings) -> DnsCluster {

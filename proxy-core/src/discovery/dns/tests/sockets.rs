@@ -17,9 +17,11 @@ use hickory_resolver::proto::{
 };
 use tokio::{net::UdpSocket, task::JoinHandle};
 
-use crate::discovery::dns::{
-    AddressFamily, DnsEndpoint, DnsLookupFamily, DnsResolve, DnsResolverAddress, DnsSettings,
-    HickoryResolver, QueryLimits, RefreshRate, StatValues, spawn_strict_dns,
+use crate::{
+    config::sources::dns::{
+        DnsEndpoint, DnsLookupFamily, DnsResolverAddress, DnsSettings, QueryLimits, RefreshRate,
+    },
+    discovery::dns::{AddressFamily, DnsResolve, HickoryResolver, StatValues, spawn_strict_dns},
 };
 
 /// Bound of every wait in these tests.

@@ -3,8 +3,9 @@
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use super::{addrs, advance, next_update, secs, v4_settings};
-use crate::discovery::dns::{
-    DnsCluster, DnsSettings, FakeResolver, QueryType, SrvRecord, SrvService, spawn_dns_srv,
+use crate::{
+    config::sources::dns::DnsSettings,
+    discovery::dns::{DnsCluster, FakeResolver, QueryType, SrvRecord, SrvService, spawn_dns_srv},
 };
 
 const NAME: &str = "_http._tcp.web.test";

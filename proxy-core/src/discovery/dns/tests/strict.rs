@@ -7,19 +7,17 @@ use tokio::time::Instant;
 
 use super::{addrs, advance, gaps, next_update, secs, strict, v4_settings};
 use crate::{
-    config::Config,
-    discovery::{
-        EdsHealth,
-        dns::{
-            DnsEndpoint, DnsSettings, FakeResolver, QueryType, RefreshRate, StatValues,
-            spawn_strict_dns,
-        },
-        guard::HostGuard,
+    config::{
+        Config,
+        host_guard::HostGuard,
+        sources::dns::{DnsEndpoint, DnsSettings, RefreshRate},
     },
+    discovery::dns::{FakeResolver, QueryType, StatValues, spawn_strict_dns},
     health::{
         ExtremeRandom, HealthCheckManager,
         tests::support::{Script, ScriptFactory},
     },
+    host::EdsHealth,
     lb,
     upstream::Upstream,
 };

@@ -19,10 +19,13 @@ use super::{
     server::{FakeServer, Opened},
 };
 use crate::{
-    config::Config,
+    config::{
+        Config,
+        sources::xds::{EdsWatch, GrpcApi, Transport, XdsConfig, XdsSource},
+    },
     desired::Overlay,
     discovery::xds::{
-        CLA_TYPE_URL, EdsClient, EdsWatch, GrpcApi, Transport, XdsClients, XdsConfig, XdsSource,
+        CLA_TYPE_URL, EdsClient, XdsClients,
         cds::CLUSTER_TYPE_URL,
         lds::LISTENER_TYPE_URL,
         resources::{FileNames, ResourceState},

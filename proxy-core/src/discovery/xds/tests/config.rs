@@ -4,7 +4,7 @@ use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
 use serde::Deserialize;
 
-use crate::discovery::xds::{
+use crate::config::sources::xds::{
     ApiType, EdsClusterConfig, EdsWatch, GrpcApi, Transport, XdsConfig, XdsConfigError, plan,
     transport_socket::TransportSocket,
 };

@@ -2,9 +2,11 @@
 
 use serde_json::json;
 
-use crate::discovery::{
-    EdsHealth,
-    xds::{CLA_TYPE_URL, UpdateError, hosts_from_cla, json::discovery_response, state::decode_all},
+use crate::{
+    discovery::xds::{
+        CLA_TYPE_URL, UpdateError, hosts_from_cla, json::discovery_response, state::decode_all,
+    },
+    host::EdsHealth,
 };
 
 #[test]

@@ -14,9 +14,11 @@ use envoy_types::pb::{
 };
 
 use super::fixtures::{cla, endpoint, locality};
-use crate::discovery::{
-    EdsHealth,
-    xds::cla::{ClaError, LOCALITY_REGION, LOCALITY_SUB_ZONE, LOCALITY_ZONE, Rule, hosts_from_cla},
+use crate::{
+    discovery::xds::cla::{
+        ClaError, LOCALITY_REGION, LOCALITY_SUB_ZONE, LOCALITY_ZONE, Rule, hosts_from_cla,
+    },
+    host::EdsHealth,
 };
 
 fn one(lb: LbEndpoint) -> ClusterLoadAssignment {
@@ -319,7 +321,7 @@ fn port_zero_and_never_routable_addresses_are_hosts_of_the_assignment() {
         addrs,
         ["10.0.0.1:0", "0.0.0.0:80", "224.0.0.1:80", "10.0.0.2:80"]
     );
-    let guard = crate::discovery::guard::HostGuard::default();
+    let guard = crate::config::host_guard::HostGuard::default();
     let (kept, refused) = guard.filter(hosts);
     assert_eq!(kept.len(), 1);
     assert_eq!(refused[0].1, "port 0");

@@ -27,10 +27,9 @@ use tokio::sync::watch;
 
 use super::fixtures::cla;
 use crate::{
-    config::{ClusterType, ServiceMode},
+    config::{ClusterType, ServiceMode, sources::xds::XdsConfig},
     desired::Overlay,
     discovery::xds::{
-        XdsConfig,
         cds::CLUSTER_TYPE_URL,
         lds::{HCM_TYPE_URL, LISTENER_TYPE_URL, TCP_PROXY_TYPE_URL},
         resources::{FileNames, ResourceState, ResponseError},

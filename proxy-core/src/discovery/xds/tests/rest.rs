@@ -11,8 +11,9 @@ use tokio::{
 };
 
 use super::fixtures::{WAIT, ports, wait_for};
-use crate::discovery::xds::{
-    CLA_TYPE_URL, EDS_REST_PATH, EdsWatch, NodeConfig, Transport, XdsSource, spawn_eds,
+use crate::{
+    config::sources::xds::{EdsWatch, NodeConfig, Transport, XdsSource},
+    discovery::xds::{CLA_TYPE_URL, EDS_REST_PATH, spawn_eds},
 };
 
 /// One scripted answer: status and body.

@@ -9,9 +9,9 @@ use super::{
     fixtures::{cla, delta, ports, sotw, wait_for},
     server::{FakeServer, Opened},
 };
-use crate::discovery::xds::{
-    CLA_TYPE_URL, EdsClient, EdsWatch, GrpcApi, NodeConfig, Transport, XdsSource,
-    config::NodeLocality, spawn_eds,
+use crate::{
+    config::sources::xds::{EdsWatch, GrpcApi, NodeConfig, NodeLocality, Transport, XdsSource},
+    discovery::xds::{CLA_TYPE_URL, EdsClient, spawn_eds},
 };
 
 fn client(server: &FakeServer, api: GrpcApi, delta: bool) -> EdsClient {

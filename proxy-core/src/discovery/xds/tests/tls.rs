@@ -9,10 +9,10 @@ use super::{
     server::{FakeServer, Opened},
 };
 use crate::{
-    discovery::xds::{
-        EdsClient, EdsClusterConfig, EdsWatch, GrpcApi, NodeConfig, Transport, XdsConfig,
-        XdsSource, plan, spawn_eds,
+    config::sources::xds::{
+        EdsClusterConfig, EdsWatch, GrpcApi, NodeConfig, Transport, XdsConfig, XdsSource, plan,
     },
+    discovery::xds::{EdsClient, spawn_eds},
     tls::{
         TlsSettings,
         testing::{TestPki, server_config},
@@ -250,14 +250,14 @@ fn config_text(socket: &str, source: &str) -> String {
 
 #[test]
 fn a_named_static_clusters_transport_socket_makes_its_source_tls() {
-    use crate::{config::Config, discovery::xds::static_resolver};
+    use crate::config::{Config, sources::xds::clusters::static_resolver};
     let text = config_text(
         TLS_SOCKET,
         "{ api_type: GRPC, grpc_services: [{ envoy_grpc: { cluster_name: xds } }] }",
     );
     let config = Config::parse(&text, "test.yaml".as_ref()).expect("valid");
     let xds = config.xds.as_ref().expect("xds");
-    let clusters = crate::discovery::xds::eds_clusters(&config);
+    let clusters = crate::config::sources::xds::clusters::eds_clusters(&config);
     let planned = plan(xds, &clusters, &static_resolver(&config)).expect("plan");
     let source = &planned[0].0;
     let tls = source.tls.as_ref().expect("tls from transport_socket");

@@ -15,7 +15,7 @@ use std::{
     sync::Arc,
 };
 
-use crate::discovery::HostSet;
+use crate::host::HostSet;
 
 /// An IPv4-mapped IPv6 address as its IPv4 address.
 fn canonical_ip(ip: IpAddr) -> IpAddr {
@@ -130,7 +130,7 @@ impl HostGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::discovery::Host;
+    use crate::host::Host;
 
     fn a(s: &str) -> SocketAddr {
         s.parse().unwrap()

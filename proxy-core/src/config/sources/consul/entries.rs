@@ -14,13 +14,8 @@ use std::{path::PathBuf, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    discovery::{
-        consul::{ConsulConfig, ConsulConfigError, ConsulToken, RetryBackoff},
-        dns::duration,
-    },
-    tls::TlsSettings,
-};
+use super::{ConsulConfig, ConsulConfigError, RetryBackoff, access::ConsulToken};
+use crate::{config::duration, tls::TlsSettings};
 
 /// Name given to the connection settings in place of a catalog service (never queried).
 const CONNECTION: &str = "config-entries";

@@ -5,7 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{discovery::xds::config::DataSource, tls::TlsSettings};
+use super::DataSource;
+use crate::tls::TlsSettings;
 
 /// The only transport socket accepted.
 pub const TLS_SOCKET: &str = "envoy.transport_sockets.tls";

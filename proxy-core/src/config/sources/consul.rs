@@ -1,4 +1,5 @@
-//! Configuration of one Consul catalog cluster, and its validation.
+//! Configuration of one Consul catalog cluster, and its validation; `crate::discovery::consul`
+//! watches the catalog with it.
 //!
 //! Durations are Envoy JSON strings (`"30s"`, `"0.5s"`, or `"500ms"`), as everywhere else in the
 //! configuration. Only `service` is required:
@@ -14,12 +15,15 @@
 //! retry_backoff: { base_interval: 1s, max_interval: 30s }
 //! ```
 
+pub mod access;
+pub mod entries;
+
 use std::{path::PathBuf, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
-use super::access::{self, ConsulToken};
-use crate::{discovery::dns::duration, tls::TlsSettings};
+use self::access::ConsulToken;
+use crate::{config::duration, tls::TlsSettings};
 
 /// Consul caps a blocking query's `wait` at 10 minutes.
 const MAX_WAIT: Duration = Duration::from_secs(600);

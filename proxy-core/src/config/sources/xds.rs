@@ -20,20 +20,17 @@ use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration}
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::{
-    discovery::{
-        dns::duration,
-        xds::{
-            backoff::{DEFAULT_BASE_INTERVAL, DEFAULT_MAX_INTERVAL},
-            transport_socket::TransportSocket,
-        },
-    },
-    tls::TlsSettings,
-};
+use self::{target::server_uri, transport_socket::TransportSocket};
+use crate::{config::duration, tls::TlsSettings};
 
+pub mod clusters;
 mod target;
+pub mod transport_socket;
 
-use self::target::server_uri;
+/// Envoy's xDS gRPC stream retry base (`RetryInitialDelayMs`).
+pub const DEFAULT_BASE_INTERVAL: Duration = Duration::from_millis(500);
+/// Envoy's xDS gRPC stream retry cap (`RetryMaxDelayMs`).
+pub const DEFAULT_MAX_INTERVAL: Duration = Duration::from_secs(30);
 
 /// The xDS section of the daemon's config: who we are, and the ADS server if any.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]

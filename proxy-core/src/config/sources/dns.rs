@@ -1,7 +1,8 @@
-//! DNS knobs of a DNS-based cluster (Envoy `Cluster` / `DnsCluster` field names) and validation.
+//! DNS knobs of a DNS-based cluster (Envoy `Cluster` / `DnsCluster` field names) and validation;
+//! `crate::discovery::dns` resolves with them.
 //!
 //! Durations are Envoy JSON strings: `"5s"`, `"0.5s"`; `"500ms"` is accepted too (see
-//! [`super::duration`]). Every field has Envoy's default, so `{}` is a valid [`DnsSettings`].
+//! [`crate::config::duration`]). Every field has Envoy's default, so `{}` is a valid [`DnsSettings`].
 
 use std::{
     collections::BTreeMap,
@@ -11,8 +12,7 @@ use std::{
 
 use serde::{Deserialize, Serialize, Serializer};
 
-use super::duration;
-use crate::discovery::EdsHealth;
+use crate::{config::duration, host::EdsHealth};
 
 /// Smallest refresh or backoff interval Envoy accepts is anything strictly above this.
 const MIN_INTERVAL: Duration = Duration::from_millis(1);
@@ -264,6 +264,26 @@ impl DnsEndpoint {
             priority: 0,
             metadata: BTreeMap::new(),
             health: EdsHealth::Unknown,
+        }
+    }
+}
+
+/// How long one try waits and how many tries one query makes: the defaults of Envoy's c-ares
+/// resolver (`CaresDnsResolverConfig.query_timeout_seconds` 5 and `query_tries` 4, which Envoy
+/// sets over c-ares' own 2 s and 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueryLimits {
+    /// How long one try waits for its answer.
+    pub timeout: Duration,
+    /// Tries per query, at least 1.
+    pub tries: u8,
+}
+
+impl Default for QueryLimits {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(5),
+            tries: 4,
         }
     }
 }

@@ -20,7 +20,7 @@ use std::{fmt, path::PathBuf};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::config::{ConsulConfig, ConsulConfigError};
+use super::{ConsulConfig, ConsulConfigError};
 use crate::tls::{TlsError, TlsSettings};
 
 /// Consul's default agent address.

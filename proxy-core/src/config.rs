@@ -9,6 +9,7 @@ mod admin;
 mod cluster;
 mod compose;
 pub mod duration;
+mod entries;
 pub use self::compose::ComposeError;
 pub mod envoy;
 mod error;
@@ -246,7 +247,7 @@ impl Config {
         validate::validate(&mut config).map_err(|invalid| invalid.locate(file, text))?;
         let base = file.parent().unwrap_or(Path::new("."));
         config.file_entries =
-            validate::gather_entries(&config, base).map_err(|e| e.locate(file, text))?;
+            entries::gather_entries(&config, base).map_err(|e| e.locate(file, text))?;
         if config.consul_config_entries.is_some() {
             // Chains read Consul's entries too (a service-defaults that makes one HTTP, say):
             // one that does not compile from the file's alone is not the file's fault. It is
@@ -256,7 +257,7 @@ impl Config {
             config.chains = compiled.chains;
             config.chain_failures = compiled.failures;
         } else {
-            config.chains = validate::compile_chains(&config, &config.file_entries)
+            config.chains = entries::compile_chains(&config, &config.file_entries)
                 .map_err(|e| e.locate(file, text))?;
         }
         sources::xds::clusters::validate_xds(&config)

@@ -59,3 +59,6 @@ pub fn load_config(
 
 /// Exit status for a configuration that cannot be used: 64, `EX_USAGE` of sysexits.h.
 pub const EXIT_BAD_CONFIG: u8 = 64;
+
+#[cfg(test)]
+mod house;

@@ -120,6 +120,14 @@ fn check(config: &std::path::Path) -> ExitCode {
                 cfg.clusters.len(),
                 cfg.services.len()
             );
+            // Chains that need Consul's entries (consul_config_entries): not the file's fault,
+            // but the operator should know the service waits for them.
+            for failure in &cfg.chain_failures {
+                println!(
+                    "note: service {:?} waits for Consul's config entries: its {}",
+                    failure.service, failure.reason
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(err) => {

@@ -376,13 +376,28 @@ async fn consul_config_writes_move_a_proxy_mode_service_without_a_failed_request
         cluster("web", &(endpoint(v1, "v1") + &endpoint(v2, "v2")), ""),
         consul.http_addr(),
     );
+    // The file alone is fine: `web` waits for Consul's service-defaults, and `proxy check`
+    // says so.
+    let dir = integration_tests::kernel::TempDir::new();
+    let file = dir.0.join("config.yaml");
+    std::fs::write(&file, config.replace("{admin}", "127.0.0.1:0")).unwrap();
+    let checked = std::process::Command::new(integration_tests::kernel::proxy_bin())
+        .args(["check", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&checked.stdout);
+    assert!(checked.status.success(), "{said}");
+    assert!(
+        said.contains("note: service \"web\" waits for Consul's config entries"),
+        "{said}"
+    );
     let daemon = tokio::task::block_in_place(|| Daemon::start_in(&netns, &config));
     let took = "the proxy path took the new services";
     // One at the start already: Consul's service-defaults made `web` HTTP, so its chain came
     // with Consul's first answer.
     let at_start = daemon.log_text().matches(took).count();
     let within = Duration::from_secs(30);
-    let dir = integration_tests::kernel::TempDir::new();
     let progress = dir.0.join("runs");
     let client = {
         let progress = progress.clone();

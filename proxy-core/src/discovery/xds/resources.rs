@@ -18,15 +18,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use envoy_types::pb::{
-    envoy::{
-        config::{cluster::v3::Cluster as ProtoCluster, listener::v3::Listener},
-        service::discovery::v3::{DeltaDiscoveryResponse, DiscoveryResponse, Resource},
-    },
+    envoy::service::discovery::v3::{DeltaDiscoveryResponse, DiscoveryResponse, Resource},
     google::protobuf::Any,
 };
-use prost::Message;
 use serde_json::Value;
-use thiserror::Error;
 
 use crate::{
     config::{ClusterType, Config, sources::xds::XdsConfig},
@@ -37,65 +32,11 @@ use crate::{
     },
 };
 
-/// Why a CDS or LDS response is NACKed; the message is the NACK's `error_detail`.
-#[derive(Debug, Error)]
-pub enum ResponseError {
-    /// One resource is refused.
-    #[error(transparent)]
-    Resource(#[from] ResourceError),
-    /// A resource of another type than the response's.
-    #[error("{found} does not match the message-wide type URL {expected} (resource {index})")]
-    TypeUrl {
-        /// The response's type URL.
-        expected: String,
-        /// The resource's.
-        found: String,
-        /// Its index in the response.
-        index: usize,
-    },
-    /// A resource that does not decode as its type.
-    #[error("unable to unpack resource {index} as {type_url}")]
-    Decode {
-        /// The type URL.
-        type_url: String,
-        /// Its index in the response.
-        index: usize,
-        /// The decoder's error.
-        #[source]
-        source: prost::DecodeError,
-    },
-    /// One name twice in one response.
-    #[error("duplicate {kind} {name} found")]
-    Duplicate {
-        /// `cluster` or `listener`.
-        kind: &'static str,
-        /// The name.
-        name: String,
-    },
-    /// A delta resource whose name is not its message's.
-    #[error("{kind} resource {name:?} holds a {kind} named {inner:?}; the names must match")]
-    NameMismatch {
-        /// `cluster` or `listener`.
-        kind: &'static str,
-        /// The resource's name.
-        name: String,
-        /// The message's name.
-        inner: String,
-    },
-    /// A name the configuration file defines too.
-    #[error(
-        "{kind} {name:?} is defined both in {} ({field}) and by xDS; a name may come from one source only, rename one of them",
-        crate::desired::Source::File
-    )]
-    Clash {
-        /// `cluster`, `listener` or `config entry`.
-        kind: &'static str,
-        /// The name.
-        name: String,
-        /// Where the file defines it.
-        field: &'static str,
-    },
-}
+mod decode;
+mod error;
+
+use self::decode::{Held, decode_cluster, decode_listener, update, versions};
+pub use self::error::ResponseError;
 
 /// The names the configuration file defines, which xDS may not define again.
 #[derive(Clone, Debug, Default)]
@@ -125,13 +66,6 @@ impl FileNames {
                 .collect(),
         }
     }
-}
-
-/// A held resource: its version and its file form.
-#[derive(Clone, Debug)]
-struct Held<T> {
-    version: String,
-    form: T,
 }
 
 /// The CDS and LDS resources of one stream.
@@ -453,94 +387,4 @@ fn unknown_route_cluster(listener: &str, form: &ListenerForm, cluster: &str) -> 
         field: "route_config".to_owned(),
         reason: format!("route: unknown {what} '{cluster}'"),
     }
-}
-
-fn versions<T>(held: &BTreeMap<String, Held<T>>) -> std::collections::HashMap<String, String> {
-    held.iter()
-        .map(|(n, h)| (n.clone(), h.version.clone()))
-        .collect()
-}
-
-/// Decodes one resource (its index in the response) into its name and file form.
-type Decode<T> = fn(&Any, usize) -> Result<(String, T), ResponseError>;
-
-/// Applies decoded resources (and removals) to `set`: `whole` replaces it.
-fn update<T>(
-    set: &mut BTreeMap<String, Held<T>>,
-    resources: Vec<(usize, Option<String>, String, &Any)>,
-    removed: &[String],
-    whole: bool,
-    type_url: &str,
-    decode: Decode<T>,
-) -> Result<(), ResponseError> {
-    let kind = if type_url == CLUSTER_TYPE_URL {
-        "cluster"
-    } else {
-        "listener"
-    };
-    let next = decode_each(resources, type_url, kind, decode)?;
-    for name in removed {
-        if next.contains_key(name) {
-            return Err(ResponseError::Duplicate {
-                kind,
-                name: name.clone(),
-            });
-        }
-    }
-    if whole {
-        *set = next;
-    } else {
-        for name in removed {
-            set.remove(name);
-        }
-        set.extend(next);
-    }
-    Ok(())
-}
-
-/// Decodes every resource of a response, by name; refuses another type and a name twice.
-fn decode_each<T>(
-    resources: Vec<(usize, Option<String>, String, &Any)>,
-    type_url: &str,
-    kind: &'static str,
-    decode: Decode<T>,
-) -> Result<BTreeMap<String, Held<T>>, ResponseError> {
-    let mut next = BTreeMap::new();
-    for (index, name, version, any) in resources {
-        if any.type_url != type_url {
-            return Err(ResponseError::TypeUrl {
-                expected: type_url.to_owned(),
-                found: any.type_url.clone(),
-                index,
-            });
-        }
-        let (inner, form) = decode(any, index)?;
-        if let Some(name) = name.filter(|n| *n != inner) {
-            return Err(ResponseError::NameMismatch { kind, name, inner });
-        }
-        if next.insert(inner.clone(), Held { version, form }).is_some() {
-            return Err(ResponseError::Duplicate { kind, name: inner });
-        }
-    }
-    Ok(next)
-}
-
-fn decode_cluster(any: &Any, index: usize) -> Result<(String, Value), ResponseError> {
-    let cluster =
-        ProtoCluster::decode(any.value.as_slice()).map_err(|source| ResponseError::Decode {
-            type_url: CLUSTER_TYPE_URL.to_owned(),
-            index,
-            source,
-        })?;
-    Ok((cluster.name.clone(), cds::file_form(&cluster)?))
-}
-
-fn decode_listener(any: &Any, index: usize) -> Result<(String, ListenerForm), ResponseError> {
-    let listener =
-        Listener::decode(any.value.as_slice()).map_err(|source| ResponseError::Decode {
-            type_url: LISTENER_TYPE_URL.to_owned(),
-            index,
-            source,
-        })?;
-    Ok((listener.name.clone(), lds::file_form(&listener)?))
 }

@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 
 use envoy_types::pb::{
-    envoy::config::{cluster::v3::Cluster as ProtoCluster, listener::v3::Listener},
+    envoy::config::{
+        cluster::v3::Cluster as ProtoCluster, listener::v3::Listener, route::v3::RouteConfiguration,
+    },
     google::protobuf::Any,
 };
 use prost::Message;
@@ -12,8 +14,60 @@ use serde_json::Value;
 use super::ResponseError;
 use crate::discovery::xds::{
     cds::{self, CLUSTER_TYPE_URL},
+    hcm::{self, ROUTE_TYPE_URL, RouteTable},
     lds::{self, LISTENER_TYPE_URL, ListenerForm},
 };
+
+/// The held CDS, LDS and RDS resources, checked and kept as one.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Sets {
+    pub(super) clusters: BTreeMap<String, Held<Value>>,
+    pub(super) listeners: BTreeMap<String, Held<ListenerForm>>,
+    pub(super) routes: BTreeMap<String, Held<RouteTable>>,
+}
+
+/// The resources of a response: index, name (delta), version, body.
+pub(super) type Named<'a> = Vec<(usize, Option<String>, String, &'a Any)>;
+
+impl Sets {
+    /// The sets after a response of `type_url` (`whole`: state of the world).
+    pub(super) fn next(
+        &self,
+        type_url: &str,
+        resources: Named,
+        removed: &[String],
+        whole: bool,
+    ) -> Result<Self, ResponseError> {
+        let mut next = self.clone();
+        match type_url {
+            CLUSTER_TYPE_URL => update(
+                &mut next.clusters,
+                resources,
+                removed,
+                whole,
+                type_url,
+                decode_cluster,
+            ),
+            ROUTE_TYPE_URL => update(
+                &mut next.routes,
+                resources,
+                removed,
+                whole,
+                type_url,
+                decode_route,
+            ),
+            _ => update(
+                &mut next.listeners,
+                resources,
+                removed,
+                whole,
+                type_url,
+                decode_listener,
+            ),
+        }?;
+        Ok(next)
+    }
+}
 
 /// A held resource: its version and its file form.
 #[derive(Clone, Debug)]
@@ -34,18 +88,18 @@ pub(super) fn versions<T>(
 pub(super) type Decode<T> = fn(&Any, usize) -> Result<(String, T), ResponseError>;
 
 /// Applies decoded resources (and removals) to `set`: `whole` replaces it.
-pub(super) fn update<T>(
+fn update<T>(
     set: &mut BTreeMap<String, Held<T>>,
-    resources: Vec<(usize, Option<String>, String, &Any)>,
+    resources: Named,
     removed: &[String],
     whole: bool,
     type_url: &str,
     decode: Decode<T>,
 ) -> Result<(), ResponseError> {
-    let kind = if type_url == CLUSTER_TYPE_URL {
-        "cluster"
-    } else {
-        "listener"
+    let kind = match type_url {
+        CLUSTER_TYPE_URL => "cluster",
+        ROUTE_TYPE_URL => "route configuration",
+        _ => "listener",
     };
     let next = decode_each(resources, type_url, kind, decode)?;
     for name in removed {
@@ -68,8 +122,8 @@ pub(super) fn update<T>(
 }
 
 /// Decodes every resource of a response, by name; refuses another type and a name twice.
-pub(super) fn decode_each<T>(
-    resources: Vec<(usize, Option<String>, String, &Any)>,
+fn decode_each<T>(
+    resources: Named,
     type_url: &str,
     kind: &'static str,
     decode: Decode<T>,
@@ -94,7 +148,7 @@ pub(super) fn decode_each<T>(
     Ok(next)
 }
 
-pub(super) fn decode_cluster(any: &Any, index: usize) -> Result<(String, Value), ResponseError> {
+fn decode_cluster(any: &Any, index: usize) -> Result<(String, Value), ResponseError> {
     let cluster =
         ProtoCluster::decode(any.value.as_slice()).map_err(|source| ResponseError::Decode {
             type_url: CLUSTER_TYPE_URL.to_owned(),
@@ -104,10 +158,7 @@ pub(super) fn decode_cluster(any: &Any, index: usize) -> Result<(String, Value),
     Ok((cluster.name.clone(), cds::file_form(&cluster)?))
 }
 
-pub(super) fn decode_listener(
-    any: &Any,
-    index: usize,
-) -> Result<(String, ListenerForm), ResponseError> {
+fn decode_listener(any: &Any, index: usize) -> Result<(String, ListenerForm), ResponseError> {
     let listener =
         Listener::decode(any.value.as_slice()).map_err(|source| ResponseError::Decode {
             type_url: LISTENER_TYPE_URL.to_owned(),
@@ -115,4 +166,15 @@ pub(super) fn decode_listener(
             source,
         })?;
     Ok((listener.name.clone(), lds::file_form(&listener)?))
+}
+
+fn decode_route(any: &Any, index: usize) -> Result<(String, RouteTable), ResponseError> {
+    let config = RouteConfiguration::decode(any.value.as_slice()).map_err(|source| {
+        ResponseError::Decode {
+            type_url: ROUTE_TYPE_URL.to_owned(),
+            index,
+            source,
+        }
+    })?;
+    Ok((config.name.clone(), hcm::route_table(&config)?))
 }

@@ -15,11 +15,11 @@
 //! tables). A CDS cluster is published at once; an EDS one then waits for its first endpoints (or its `initial_fetch_timeout`) in the
 //! daemon's cluster loop, which publishes no service before its cluster's first hosts.
 //!
-//! RDS: the route configurations the listeners name are asked for by name ([`names`]). An RDS
-//! listener is held until its route configuration is (and every cluster it names is known,
-//! refused instead when its `validate_clusters` is true); a changed route configuration
-//! changes the listener's chain; a removed one (state of the world: absent from the answer;
-//! delta: removed) withdraws the listener's service, since a chain needs routes.
+//! RDS: the route configurations the listeners name are asked for by name
+//! (`resources/names.rs`). An RDS listener is held until its route configuration is (and every
+//! cluster it names is known, refused instead when its `validate_clusters` is true); a changed
+//! route configuration changes the listener's chain; a removed one (state of the world: absent
+//! from the answer; delta: removed) withdraws the listener's service, since a chain needs routes.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -186,6 +186,7 @@ impl ResourceState {
         if response.type_url == ROUTE_TYPE_URL {
             self.route_nonce.clone_from(&response.nonce);
         }
+        let named = self.asked(&response.type_url, named);
         let result = self
             .held
             .next(&response.type_url, named, &[], true)
@@ -213,6 +214,7 @@ impl ResourceState {
             };
             named.push((index, Some(name.clone()), version.clone(), any));
         }
+        let named = self.asked(&response.type_url, named);
         let removed = &response.removed_resources;
         let result = self
             .held

@@ -6,11 +6,12 @@
 use std::collections::BTreeSet;
 
 use envoy_types::pb::envoy::{
-    config::core::v3::Node,
+    config::{core::v3::Node, route::v3::RouteConfiguration},
     service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest},
 };
+use prost::Message;
 
-use super::ResourceState;
+use super::{ResourceState, decode::Named};
 use crate::discovery::xds::hcm::ROUTE_TYPE_URL;
 
 impl ResourceState {
@@ -28,6 +29,27 @@ impl ResourceState {
         } else {
             Vec::new()
         }
+    }
+
+    /// The resources of a response of `type_url` to consider: of RDS, only those a listener
+    /// names (Envoy ignores the others); one that does not decode is kept, to be refused.
+    pub(super) fn asked<'a>(&self, type_url: &str, named: Named<'a>) -> Named<'a> {
+        if type_url != ROUTE_TYPE_URL {
+            return named;
+        }
+        let names = self.route_names();
+        let name_of = |any: &envoy_types::pb::google::protobuf::Any| {
+            RouteConfiguration::decode(any.value.as_slice())
+                .ok()
+                .map(|c| c.name)
+        };
+        named
+            .into_iter()
+            .filter(|(_, name, _, any)| {
+                let name = name.clone().or_else(|| name_of(any));
+                name.is_none_or(|n| names.contains(&n))
+            })
+            .collect()
     }
 
     /// A new stream: nothing is asked on it yet.

@@ -545,6 +545,18 @@ fn a_bad_route_configuration_is_nacked_by_name_and_field_keeping_the_last_good()
 }
 
 #[test]
+fn a_route_configuration_no_listener_names_is_ignored_as_envoy_does() {
+    let (mut state, rx) = rds_state();
+    let mut stray = route_configuration("other", vec![prefix("/", "a")]);
+    stray.virtual_hosts[0].domains = vec!["example.com".into()];
+    let r1 = route_configuration("r1", vec![prefix("/", "a")]);
+    state
+        .apply_sotw(&routes_sotw("1", &[stray, r1]))
+        .expect("ACK: the stray one is not looked at");
+    assert_eq!(web_routes(&rx.borrow()), [("/".into(), "a".into())]);
+}
+
+#[test]
 fn an_rds_route_table_waits_for_an_unknown_cluster_by_default() {
     let (mut state, rx) = rds_state();
     let lenient = route_configuration("r1", vec![prefix("/", "c")]);

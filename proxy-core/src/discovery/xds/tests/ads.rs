@@ -249,7 +249,7 @@ fn cds_without_ads_config_is_refused_by_name() {
 }
 
 #[tokio::test]
-async fn rds_is_asked_by_the_listeners_names_on_the_same_stream() {
+async fn rds_is_asked_by_the_listeners_names_on_the_same_stream_and_on_a_new_one() {
     let mut server = FakeServer::start().await;
     let (_client, mut rx) = start(&server, false);
     let Opened::Sotw(stream) = server.next_stream().await else {
@@ -284,6 +284,27 @@ async fn rds_is_asked_by_the_listeners_names_on_the_same_stream() {
     assert_eq!(seen, (ROUTE_TYPE_URL, "1", "r1"));
     assert_eq!(ack.resource_names, ["r1"], "a SotW ACK restates the names");
     overlay_where(&mut rx, |o| o.services.len() == 1).await;
+    // A new stream asks for the names held at once, with the version held.
+    drop(stream);
+    let Opened::Sotw(_again) = server.next_stream().await else {
+        panic!("expected a SotW stream");
+    };
+    let first = [
+        server.next_sotw("ads").await,
+        server.next_sotw("ads").await,
+        server.next_sotw("ads").await,
+    ];
+    let rds = &first[2];
+    let seen = (
+        rds.type_url.as_str(),
+        rds.resource_names.as_slice(),
+        rds.version_info.as_str(),
+        rds.response_nonce.as_str(),
+    );
+    assert_eq!(
+        seen,
+        (ROUTE_TYPE_URL, ["r1".to_owned()].as_slice(), "1", "")
+    );
 }
 
 #[tokio::test]

@@ -320,9 +320,25 @@ fn http_listener(b_prefix: &str) -> Value {
             "stat_prefix": "hweb",
             "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
-            "route_config": {"name": "local", "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [
-                {"match": {"prefix": b_prefix}, "route": {"cluster": "hb"}},
-                {"match": {"prefix": "/"}, "route": {"cluster": "ha"}}]}]}}}]}]})
+            "route_config": route_config("local", b_prefix)}}]}]})
+}
+
+/// A route table sending `b_prefix` to cluster hb and the rest to ha.
+fn route_config(name: &str, b_prefix: &str) -> Value {
+    json!({"name": name, "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [
+        {"match": {"prefix": b_prefix}, "route": {"cluster": "hb"}},
+        {"match": {"prefix": "/"}, "route": {"cluster": "ha"}}]}]})
+}
+
+/// [`http_listener`] with its routes by RDS over ADS as `route`.
+fn rds_listener(route: &str) -> Value {
+    let mut listener = http_listener("/");
+    let hcm = &mut listener["filter_chains"][0]["filters"][0]["typed_config"];
+    hcm["rds"] = json!({"config_source": {"ads": {}, "resource_api_version": "V3"}, "route_config_name": route});
+    if let Some(fields) = hcm.as_object_mut() {
+        fields.remove("route_config");
+    }
+    listener
 }
 
 /// GETs `paths` through the VIP until the bodies are `want` (15 s at most; else the daemon's log
@@ -351,7 +367,8 @@ fn wait_for_bodies(
 
 /// CDS and LDS make an HTTP service on the proxy path: an HTTP connection manager's inline
 /// routes send two paths to two clusters, a listener change moves a path to the other
-/// cluster, and a push without the listener withdraws the service.
+/// cluster, the listener's routes then come by RDS and an RDS push moves the path back, and a
+/// push without the listener withdraws the service.
 #[test]
 fn an_lds_http_listener_routes_paths_to_clusters_on_the_proxy_path() {
     require_root();
@@ -397,7 +414,18 @@ fn an_lds_http_listener_routes_paths_to_clusters_on_the_proxy_path() {
         &paths,
         &["a /b/1", "b /c/1", "a /"],
     );
-    in_netns(&netns, || server.push_resources("listener", "3", json!([])));
+    in_netns(&netns, || {
+        server.push_resources("route", "1", json!([route_config("r1", "/b")]));
+        server.push_resources("listener", "3", json!([rds_listener("r1")]));
+    });
+    let b_to_hb = ["b /b/1", "a /c/1", "a /"];
+    wait_for_bodies((&daemon, &netns), &cgroup, &paths, &b_to_hb);
+    in_netns(&netns, || {
+        server.push_resources("route", "2", json!([route_config("r1", "/c")]));
+    });
+    let c_to_hb = ["a /b/1", "b /c/1", "a /"];
+    wait_for_bodies((&daemon, &netns), &cgroup, &paths, &c_to_hb);
+    in_netns(&netns, || server.push_resources("listener", "4", json!([])));
     let refused = "error: Connection refused (os error 111)";
     wait_for_bodies((&daemon, &netns), &cgroup, &paths[..1], &[refused]);
     let ours: Vec<Value> = in_netns(&netns, || server.requests())

@@ -24,13 +24,17 @@ port (HTTP/1.1, JSON):
                  "name" at "version") until the next /push.
   POST /remove   {"cluster": "web"}   delta: removed_resources; SotW: omitted from responses
   POST /drop     {}                   ends every open gRPC stream with UNAVAILABLE
-  POST /push_resources {"type": "cluster" | "listener", "version": "2", "resources": [RES, ...]}
-                 RES = an envoy.config.cluster.v3.Cluster or envoy.config.listener.v3.Listener
-                       in proto3 JSON (snake_case names accepted; typed_config with "@type")
+  POST /push_resources {"type": "cluster" | "listener" | "route", "version": "2", "resources": [RES, ...]}
+                 RES = an envoy.config.cluster.v3.Cluster, envoy.config.listener.v3.Listener or
+                       envoy.config.route.v3.RouteConfiguration in proto3 JSON (snake_case names
+                       accepted; typed_config with "@type")
                  The whole set of that type from now on, served over ADS to streams that
                  subscribed the type: SotW sends it as one response (duplicates included);
                  delta sends the resources whose content changed (each keeps the version it
-                 was last changed at) and removes the names that left the set.
+                 was last changed at) and removes the names that left the set. Clusters and
+                 listeners are wildcard subscriptions; routes are served by name, as EDS: only
+                 the names the stream asks for (SotW: the request's resource_names, answered
+                 again whenever they change; delta: resource_names_subscribe / _unsubscribe).
   GET  /requests                      every request received, oldest first (see record()); each
                                       names its stream (numbered from 1 as they open)
 
@@ -57,6 +61,7 @@ from google.protobuf import any_pb2, json_format, wrappers_pb2
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import health_check_pb2
 from envoy.config.listener.v3 import listener_pb2
+from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2  # noqa: F401 (registers the type for "@type")
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2  # noqa: F401 (registers the type for "@type")
 from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401 (registers the type for "@type")
@@ -67,7 +72,12 @@ from envoy.service.endpoint.v3 import eds_pb2_grpc
 CLA_TYPE = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 LISTENER_TYPE = "type.googleapis.com/envoy.config.listener.v3.Listener"
-TYPED = {"cluster": (CLUSTER_TYPE, cluster_pb2.Cluster), "listener": (LISTENER_TYPE, listener_pb2.Listener)}
+ROUTE_TYPE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+TYPED = {
+    "cluster": (CLUSTER_TYPE, cluster_pb2.Cluster),
+    "listener": (LISTENER_TYPE, listener_pb2.Listener),
+    "route": (ROUTE_TYPE, route_pb2.RouteConfiguration),
+}
 STREAM_POLL_SECONDS = 0.2
 
 
@@ -230,7 +240,7 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
                     self.store.record(kind, rpc, request, stream)
                     if request.type_url == CLA_TYPE:
                         events.put(("request", request))
-                    elif request.type_url in (CLUSTER_TYPE, LISTENER_TYPE):
+                    elif request.type_url in (CLUSTER_TYPE, LISTENER_TYPE, ROUTE_TYPE):
                         events.put(("typed_request", request))
             except grpc.RpcError:
                 pass
@@ -245,7 +255,8 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
 
     def sotw(self, rpc, request_iterator, context):
         events = self.open("sotw", rpc, request_iterator)
-        names, sent_version, typed = set(), None, set()
+        # typed: type URL -> the names asked (None: wildcard).
+        names, sent_version, typed = set(), None, {}
         try:
             while context.is_active():
                 try:
@@ -260,11 +271,17 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
                     # Clusters and listeners: a first request subscribes its type; a push sends
                     # the type's whole set to the streams that subscribed it.
                     type_url = value.type_url if event == "typed_request" else value
-                    if event == "typed_request":
+                    if event == "typed_request" and type_url == ROUTE_TYPE:
+                        # By name: answered again only when the names change.
+                        asked = set(value.resource_names)
+                        if typed.get(type_url) == asked:
+                            continue
+                        typed[type_url] = asked
+                    elif event == "typed_request":
                         if value.response_nonce:
                             continue
-                        typed.add(type_url)
-                    response = self.typed_sotw(type_url) if type_url in typed else None
+                        typed[type_url] = None
+                    response = self.typed_sotw(type_url, typed[type_url]) if type_url in typed else None
                     if response is not None:
                         yield response
                     continue
@@ -307,22 +324,26 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
             response.resources.add().Pack(held[name][1])
         return response
 
-    def typed_sotw(self, type_url):
+    def typed_sotw(self, type_url, wanted):
+        """The set of `type_url`; only the names in `wanted` unless it is None (wildcard)."""
         with self.store.lock:
             version, entries = self.store.typed.get(type_url, ("", []))
-        if not version:
+        if not version or wanted == set():
             return None
         response = discovery_pb2.DiscoveryResponse(version_info=version, type_url=type_url, nonce=self.store.next_nonce())
-        for _, _, message in entries:
-            response.resources.add().Pack(message)
+        for name, _, message in entries:
+            if wanted is None or name in wanted:
+                response.resources.add().Pack(message)
         return response
 
-    def typed_delta(self, type_url, known):
-        """What changed of `type_url` since `known` (name -> version, updated)."""
+    def typed_delta(self, type_url, known, wanted):
+        """What changed of `type_url` since `known` (name -> version, updated); only the names
+        in `wanted` unless it is None (wildcard)."""
         with self.store.lock:
             version, entries = self.store.typed.get(type_url, ("", []))
         if not version:
             return None
+        entries = [e for e in entries if wanted is None or e[0] in wanted]
         response = discovery_pb2.DeltaDiscoveryResponse(type_url=type_url, system_version_info=version)
         for name, changed_at, message in entries:
             if known.get(name) != changed_at:
@@ -339,7 +360,8 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
 
     def delta(self, rpc, request_iterator, context):
         events = self.open("delta", rpc, request_iterator)
-        names, known, first, typed = set(), {}, True, {}
+        # typed: type URL -> name -> version held; wanted: ROUTE_TYPE -> the names subscribed.
+        names, known, first, typed, wanted = set(), {}, True, {}, {}
         try:
             while context.is_active():
                 try:
@@ -353,10 +375,18 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
                 if event in ("typed_request", "typed"):
                     type_url = value.type_url if event == "typed_request" else value
                     if event == "typed_request":
-                        if value.response_nonce:
+                        changes = list(value.resource_names_subscribe) + list(value.resource_names_unsubscribe)
+                        if value.response_nonce and not changes:
                             continue
-                        typed.setdefault(type_url, {}).update(value.initial_resource_versions)
-                    response = self.typed_delta(type_url, typed[type_url]) if type_url in typed else None
+                        held = typed.setdefault(type_url, {})
+                        held.update(value.initial_resource_versions)
+                        if type_url == ROUTE_TYPE:
+                            asked = wanted.setdefault(type_url, set())
+                            asked |= set(value.resource_names_subscribe)
+                            for name in value.resource_names_unsubscribe:
+                                asked.discard(name)
+                                held.pop(name, None)
+                    response = self.typed_delta(type_url, typed[type_url], wanted.get(type_url)) if type_url in typed else None
                     if response is not None:
                         yield response
                     continue

@@ -2,7 +2,7 @@
 //! same server (SotW and delta ADS): per version pushed, the same ACK or NACK of each type, the
 //! same clusters and listeners active and the same hosts of a STATIC cluster (port, weight,
 //! priority), through a bad version, a listener whose cluster is not there yet, and removals;
-//! and HTTP connection managers with an inline route table.
+//! and HTTP connection managers with an inline route table or one by RDS.
 
 use std::{collections::BTreeSet, time::Duration};
 
@@ -21,6 +21,7 @@ use tokio::sync::watch;
 
 const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+const ROUTE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
 
 /// Envoy and our client, subscribed to CDS and LDS the same way.
 pub(super) struct Side {
@@ -192,7 +193,11 @@ async fn step(
 ) {
     let before = tokio::task::block_in_place(|| server.requests().len());
     let (kind, resources) = push;
-    let type_url = if kind == "cluster" { CLUSTER } else { LISTENER };
+    let type_url = match kind {
+        "cluster" => CLUSTER,
+        "route" => ROUTE,
+        _ => LISTENER,
+    };
     tokio::task::block_in_place(|| server.push_resources(kind, version, resources));
     for side in sides.iter_mut() {
         let nack = if side.flavour == "sotw" {
@@ -419,6 +424,118 @@ async fn envoy_and_we_agree_on_inline_http_listeners() {
         ("listener", json!([])),
         (None, None),
         (&gone, &gone),
+    )
+    .await;
+}
+
+/// An HTTP listener whose routes come by RDS over ADS as `route`.
+fn rds_listener(name: &str, port: u16, route: &str) -> Value {
+    let mut listener = http_listener(name, port, &json!([]));
+    let hcm = &mut listener["filter_chains"][0]["filters"][0]["typed_config"];
+    let Some(fields) = hcm.as_object_mut() else {
+        unreachable!("an HttpConnectionManager object")
+    };
+    fields.remove("route_config");
+    fields.insert(
+        "rds".into(),
+        json!({"config_source": {"ads": {}, "resource_api_version": "V3"}, "route_config_name": route}),
+    );
+    listener
+}
+
+fn route_configuration(name: &str, routes: &Value) -> Value {
+    json!({"name": name, "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": routes}]})
+}
+
+/// HTTP connection managers with routes by RDS: both ask for the route configuration by name
+/// (we hold the listener until it arrives), ACK a good one, both NACK a table naming a cluster that is not there
+/// with `validate_clusters: true`, both take a weighted split; a route configuration removed
+/// is ACKed by both, Envoy keeps the listener active where we withdraw it (README).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_and_we_agree_on_rds_http_listeners() {
+    let server = tokio::task::block_in_place(XdsServer::start);
+    let port = std::net::TcpListener::bind("127.77.240.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port on 127.77.240.1")
+        .port();
+    let (a, b) = (
+        static_cluster("a", "127.0.0.1", 9001),
+        static_cluster("b", "127.0.0.1", 9002),
+    );
+    server.push_resources("cluster", "1", json!([a, b]));
+    server.push_resources("listener", "1", json!([rds_listener("web", port, "r1")]));
+    let mut sides = [Side::start(&server, false), Side::start(&server, true)];
+    // Both ask for r1 by name; we hold the listener until it arrives (Envoy's admin lists its
+    // warming listener already).
+    let held = active(&["a", "b"], &[]);
+    for side in &mut sides {
+        for node in [side.envoy_node, side.ours_node] {
+            tokio::task::block_in_place(|| {
+                server.wait_request(&format!("{node}'s RDS request of r1"), 0, |r| {
+                    let names = if side.flavour == "sotw" {
+                        &r["resource_names"]
+                    } else {
+                        &r["subscribe"]
+                    };
+                    r["node"] == node && r["type_url"] == ROUTE && *names == json!(["r1"])
+                })
+            });
+        }
+        assert_eq!(
+            side.our_active(&held).await,
+            held,
+            "warming ({})",
+            side.flavour
+        );
+    }
+    let routes = json!([
+        {"match": {"prefix": "/b"}, "route": {"cluster": "b"}},
+        {"match": {"prefix": "/"}, "route": {"cluster": "a"}}
+    ]);
+    let both = active(&["a", "b"], &["web"]);
+    let r1 = |routes: &Value| json!([route_configuration("r1", routes)]);
+    step(
+        &server,
+        &mut sides,
+        "1",
+        ("route", r1(&routes)),
+        (None, None),
+        (&both, &both),
+    )
+    .await;
+    let mut unknown = route_configuration(
+        "r1",
+        &json!([{"match": {"prefix": "/"}, "route": {"cluster": "zz"}}]),
+    );
+    unknown["validate_clusters"] = json!(true);
+    let words = Some("route: unknown cluster 'zz'");
+    step(
+        &server,
+        &mut sides,
+        "2",
+        ("route", json!([unknown])),
+        (words, words),
+        (&both, &both),
+    )
+    .await;
+    let split = json!([{"match": {"prefix": "/"}, "route": {"weighted_clusters": {"clusters": [
+        {"name": "a", "weight": 1}, {"name": "b", "weight": 3}]}}}]);
+    step(
+        &server,
+        &mut sides,
+        "3",
+        ("route", r1(&split)),
+        (None, None),
+        (&both, &both),
+    )
+    .await;
+    step(
+        &server,
+        &mut sides,
+        "4",
+        ("route", json!([])),
+        (None, None),
+        (&both, &held),
     )
     .await;
 }

@@ -9,8 +9,9 @@
 //!   `initial_resource_versions`; ACK = `response_nonce`; NACK = `response_nonce` and
 //!   `error_detail`.
 //! * Every request carries `node` and its `type_url`. An ADS stream with CDS and LDS enabled
-//!   also subscribes Cluster and Listener resources (wildcard, as Envoy) and ACKs or NACKs each
-//!   type on its own ([`ResourceState`]); responses of types not subscribed are ignored.
+//!   also subscribes Cluster and Listener resources (wildcard, as Envoy), RouteConfigurations
+//!   by the names the listeners give, and ACKs or NACKs each type on its own
+//!   ([`ResourceState`]); responses of types not subscribed are ignored.
 //! * A failed or closed stream counts `update_failure`, keeps every host, and is retried after
 //!   a jittered exponential backoff, reset by the next accepted response; a response over the
 //!   decode limit counts `control_plane.oversized_responses` and backs off on its own count
@@ -274,8 +275,15 @@ async fn run_sotw(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backof
         };
         if let Some(request) = resource_reply_sotw(sub, &response) {
             backoff.reset();
-            if tx.send(request).await.is_err() {
-                return StreamError::Closed;
+            // A listener change may change the route configurations to ask for.
+            let routes = sub
+                .resources
+                .as_ref()
+                .and_then(|r| lock_resources(r).route_request_sotw(&sub.node));
+            for request in std::iter::once(request).chain(routes) {
+                if tx.send(request).await.is_err() {
+                    return StreamError::Closed;
+                }
             }
             continue;
         }
@@ -371,8 +379,14 @@ async fn run_delta(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backo
         };
         if let Some(request) = resource_reply_delta(sub, &response) {
             backoff.reset();
-            if tx.send(request).await.is_err() {
-                return StreamError::Closed;
+            let routes = sub
+                .resources
+                .as_ref()
+                .and_then(|r| lock_resources(r).route_request_delta(&sub.node, false));
+            for request in std::iter::once(request).chain(routes) {
+                if tx.send(request).await.is_err() {
+                    return StreamError::Closed;
+                }
             }
             continue;
         }
@@ -422,14 +436,17 @@ fn resource_first_sotw(sub: &GrpcSubscription) -> Vec<DiscoveryRequest> {
     let Some(resources) = &sub.resources else {
         return Vec::new();
     };
-    let state = lock_resources(resources);
+    let mut state = lock_resources(resources);
     let request = |type_url: &str| DiscoveryRequest {
         version_info: state.version_info(type_url).to_owned(),
         node: Some(sub.node.clone()),
         type_url: type_url.to_owned(),
         ..Default::default()
     };
-    state.types().iter().map(|t| request(t)).collect()
+    let mut requests: Vec<_> = state.types().iter().map(|t| request(t)).collect();
+    state.stream_started();
+    requests.extend(state.route_request_sotw(&sub.node));
+    requests
 }
 
 /// The ACK or NACK of a CDS or LDS response; `None` for a response of another type.
@@ -446,6 +463,7 @@ fn resource_reply_sotw(
     Some(DiscoveryRequest {
         version_info: state.version_info(&response.type_url).to_owned(),
         node: Some(sub.node.clone()),
+        resource_names: state.asked_names(&response.type_url),
         type_url: response.type_url.clone(),
         response_nonce: response.nonce.clone(),
         error_detail: detail,
@@ -458,14 +476,17 @@ fn resource_first_delta(sub: &GrpcSubscription) -> Vec<DeltaDiscoveryRequest> {
     let Some(resources) = &sub.resources else {
         return Vec::new();
     };
-    let state = lock_resources(resources);
+    let mut state = lock_resources(resources);
     let request = |type_url: &str| DeltaDiscoveryRequest {
         node: Some(sub.node.clone()),
         type_url: type_url.to_owned(),
         initial_resource_versions: state.delta_versions(type_url),
         ..Default::default()
     };
-    state.types().iter().map(|t| request(t)).collect()
+    let mut requests: Vec<_> = state.types().iter().map(|t| request(t)).collect();
+    state.stream_started();
+    requests.extend(state.route_request_delta(&sub.node, true));
+    requests
 }
 
 /// Delta: the ACK or NACK of a CDS or LDS response; `None` for another type.

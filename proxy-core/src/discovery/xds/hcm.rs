@@ -1,5 +1,6 @@
-//! LDS: a listener whose one filter is an HTTP connection manager with an inline
-//! `route_config`, as a `mode: proxy` service whose discovery chain is generated from the routes.
+//! LDS and RDS: a listener whose one filter is an HTTP connection manager, with an inline
+//! `route_config` or one named for RDS over ADS, as a `mode: proxy` service whose discovery
+//! chain is generated from the routes.
 //!
 //! The service is named like the listener, with `chain` of the same name. Its config entries, in
 //! Consul's JSON form: a service-router named like the listener holding the routes in order
@@ -8,11 +9,20 @@
 //! implicit default to the catch-all route's first cluster (never reached: the last route must
 //! match every request), and service-defaults with protocol http for every name the chain uses.
 //! Anything the proxy path cannot do exactly as Envoy does is refused by name.
+//!
+//! An RDS listener's form holds the service only; its chain is generated when its
+//! RouteConfiguration is held ([`with_routes`]).
 
 use envoy_types::pb::{
-    envoy::extensions::filters::network::http_connection_manager::v3::{
-        HttpConnectionManager, HttpFilter, http_connection_manager::RouteSpecifier,
-        http_filter::ConfigType,
+    envoy::{
+        config::{
+            core::v3::{ApiVersion, ConfigSource, config_source::ConfigSourceSpecifier},
+            route::v3::RouteConfiguration,
+        },
+        extensions::filters::network::http_connection_manager::v3::{
+            HttpConnectionManager, HttpFilter, Rds, http_connection_manager::RouteSpecifier,
+            http_filter::ConfigType,
+        },
     },
     google::protobuf::Any,
 };
@@ -91,24 +101,36 @@ const HCM_FIELDS: &[(u64, &str)] = &[
     (62, "drain_timeout_jitter"),
 ];
 
-/// Builds refusals naming the listener.
+/// The type URL of RDS resources.
+pub const ROUTE_TYPE_URL: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+
+/// A route table, mapped: its routes, and whether a cluster not known refuses it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteTable {
+    routes: Vec<Mapped>,
+    /// Envoy's `validate_clusters` (true by default inline, false by default over RDS).
+    pub validate_clusters: bool,
+}
+
+/// Builds refusals naming the resource (a listener or a route configuration).
 struct Refuse<'a> {
-    listener: &'a str,
+    kind: &'static str,
+    name: &'a str,
 }
 
 impl Refuse<'_> {
     fn unsupported(&self, field: String) -> ResourceError {
         ResourceError::Unsupported {
-            kind: "listener",
-            name: self.listener.to_owned(),
+            kind: self.kind,
+            name: self.name.to_owned(),
             field,
         }
     }
 
     fn invalid(&self, field: &str, reason: &str) -> ResourceError {
         ResourceError::Invalid {
-            kind: "listener",
-            name: self.listener.to_owned(),
+            kind: self.kind,
+            name: self.name.to_owned(),
             field: field.to_owned(),
             reason: reason.to_owned(),
         }
@@ -122,7 +144,16 @@ impl Refuse<'_> {
         names: &[(u64, &str)],
         at: &str,
     ) -> Result<(), ResourceError> {
-        refuse_residual(msg, clear, names, |f| self.unsupported(format!("{at}.{f}")))
+        refuse_residual(msg, clear, names, |f| self.unsupported(join(at, &f)))
+    }
+}
+
+/// `at.field`, or `field` at a resource's top.
+fn join(at: &str, field: &str) -> String {
+    if at.is_empty() {
+        field.to_owned()
+    } else {
+        format!("{at}.{field}")
     }
 }
 
@@ -134,7 +165,10 @@ pub fn file_form(
     port: u32,
     any: &Any,
 ) -> Result<ListenerForm, ResourceError> {
-    let r = Refuse { listener };
+    let r = Refuse {
+        kind: "listener",
+        name: listener,
+    };
     let at = "http_connection_manager";
     let hcm = HttpConnectionManager::decode(any.value.as_slice()).map_err(|e| {
         r.invalid(
@@ -156,23 +190,90 @@ pub fn file_form(
     r.residual(&hcm, clear, HCM_FIELDS, at)?;
     router_only(&r, &hcm.http_filters)?;
     let upgrades = upgrade_configs(&r, &hcm)?;
-    let validate;
-    let routes = match &hcm.route_specifier {
+    let service = service(listener, address, port, &upgrades);
+    match &hcm.route_specifier {
         Some(RouteSpecifier::RouteConfig(config)) => {
             // Envoy checks an inline route table's clusters unless told not to.
-            validate = config.validate_clusters.is_none_or(|v| v.value);
-            route_config(&r, config)?
+            let table = RouteTable {
+                routes: route_config(&r, "route_config", config)?,
+                validate_clusters: config.validate_clusters.is_none_or(|v| v.value),
+            };
+            Ok(with_routes(listener, service, None, &table))
         }
-        Some(RouteSpecifier::Rds(_)) => {
-            let reason =
-                "RDS is not supported yet; give the route configuration inline (route_config)";
-            return Err(r.invalid(&format!("{at}.rds"), reason));
+        Some(RouteSpecifier::Rds(rds)) => Ok(ListenerForm {
+            service,
+            entries: Vec::new(),
+            clusters: Vec::new(),
+            validate_clusters: false,
+            rds: Some(rds_name(&r, rds)?),
+        }),
+        _ => Err(r.invalid(at, "needs route_config or rds")),
+    }
+}
+
+/// The route configuration an `rds` names; its source must be ADS (the stream it comes on).
+fn rds_name(r: &Refuse, rds: &Rds) -> Result<String, ResourceError> {
+    let at = "http_connection_manager.rds";
+    let source = rds.config_source.clone().unwrap_or_default();
+    if !matches!(
+        source.config_source_specifier,
+        Some(ConfigSourceSpecifier::Ads(_))
+    ) {
+        let reason =
+            "config_source must be ads ({}): route configurations come on the ADS stream only";
+        return Err(r.invalid(&format!("{at}.config_source"), reason));
+    }
+    let clear = |c: &mut ConfigSource| {
+        c.config_source_specifier = None;
+        if c.resource_api_version == ApiVersion::V3 as i32 {
+            c.resource_api_version = 0;
         }
-        _ => return Err(r.invalid(at, "needs route_config")),
     };
-    let mut form = chain_form(listener, address, port, &upgrades, routes);
-    form.validate_clusters = validate;
-    Ok(form)
+    let names = &[
+        (4, "initial_fetch_timeout"),
+        (6, "resource_api_version"),
+        (7, "authorities"),
+    ];
+    r.residual(&source, clear, names, &format!("{at}.config_source"))?;
+    if rds.route_config_name.is_empty() {
+        return Err(r.invalid(&format!("{at}.route_config_name"), "is required"));
+    }
+    Ok(rds.route_config_name.clone())
+}
+
+/// An RDS resource as a route table, or the first field refused naming it.
+pub fn route_table(config: &RouteConfiguration) -> Result<RouteTable, ResourceError> {
+    let r = Refuse {
+        kind: "route configuration",
+        name: &config.name,
+    };
+    Ok(RouteTable {
+        routes: route_config(&r, "", config)?,
+        validate_clusters: config.validate_clusters.is_some_and(|v| v.value),
+    })
+}
+
+/// The listener's service in the file's form.
+fn service(listener: &str, address: &str, port: u32, upgrades: &Value) -> Value {
+    json!({"name": listener, "address": address, "port": port, "mode": "proxy",
+        "chain": listener, "upgrade_configs": upgrades})
+}
+
+/// The listener's form with `table`'s chain: its config entries and the clusters it names.
+pub fn with_routes(
+    listener: &str,
+    service: Value,
+    rds: Option<String>,
+    table: &RouteTable,
+) -> ListenerForm {
+    let (entries, clusters) = chain_entries(listener, table.routes.clone());
+    ListenerForm {
+        service,
+        entries,
+        clusters,
+        validate_clusters: table.validate_clusters,
+        rds,
+    }
 }
 
 /// `http_filters` must be exactly the router, with nothing set.
@@ -220,25 +321,6 @@ fn upgrade_configs(r: &Refuse, hcm: &HttpConnectionManager) -> Result<Value, Res
         list.push(json!({"upgrade_type": u.upgrade_type, "enabled": enabled}));
     }
     Ok(Value::Array(list))
-}
-
-/// The service, its config entries and the clusters it names.
-fn chain_form(
-    listener: &str,
-    address: &str,
-    port: u32,
-    upgrades: &Value,
-    routes: Vec<Mapped>,
-) -> ListenerForm {
-    let (entries, clusters) = chain_entries(listener, routes);
-    let service = json!({"name": listener, "address": address, "port": port, "mode": "proxy",
-        "chain": listener, "upgrade_configs": upgrades});
-    ListenerForm {
-        service,
-        entries,
-        clusters,
-        validate_clusters: true,
-    }
 }
 
 /// The chain's config entries, and the clusters the routes name.

@@ -93,6 +93,8 @@ pub struct ListenerForm {
     /// Whether a cluster not known refuses the listener (Envoy's `validate_clusters` of an
     /// inline route table) instead of holding it until the cluster arrives.
     pub validate_clusters: bool,
+    /// An HTTP listener's RDS route configuration: the form has no chain until it is held.
+    pub rds: Option<String>,
 }
 
 /// `listener` as a service in the file's form, or the first field refused.
@@ -130,6 +132,7 @@ pub fn file_form(listener: &Listener) -> Result<ListenerForm, ResourceError> {
                 entries: Vec::new(),
                 clusters: vec![cluster],
                 validate_clusters: false,
+                rds: None,
             })
         }
         Some(ClusterSpecifier::WeightedClusters(weighted)) => {
@@ -186,6 +189,7 @@ fn split_form(
         entries: vec![splitter],
         clusters: named.into_iter().map(|(n, _)| n).collect(),
         validate_clusters: false,
+        rds: None,
     })
 }
 

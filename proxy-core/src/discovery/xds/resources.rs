@@ -1,4 +1,4 @@
-//! The CDS and LDS state of one ADS stream: apply state-of-the-world and delta responses
+//! The CDS, LDS and RDS state of one ADS stream: apply state-of-the-world and delta responses
 //! through one path, decide ACK or NACK, and publish what is accepted as an [`Overlay`].
 //!
 //! Both protocols reduce a response to the whole next set of its type (state of the world:
@@ -14,88 +14,36 @@
 //! table is refused instead, unless its `validate_clusters` is false (Envoy checks inline
 //! tables). A CDS cluster is published at once; an EDS one then waits for its first endpoints (or its `initial_fetch_timeout`) in the
 //! daemon's cluster loop, which publishes no service before its cluster's first hosts.
+//!
+//! RDS: the route configurations the listeners name are asked for by name
+//! (`resources/names.rs`). An RDS listener is held until its route configuration is (and every
+//! cluster it names is known, refused instead when its `validate_clusters` is true); a changed
+//! route configuration changes the listener's chain; a removed one (state of the world: absent
+//! from the answer; delta: removed) withdraws the listener's service, since a chain needs routes.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use envoy_types::pb::{
-    envoy::{
-        config::{cluster::v3::Cluster as ProtoCluster, listener::v3::Listener},
-        service::discovery::v3::{DeltaDiscoveryResponse, DiscoveryResponse, Resource},
-    },
-    google::protobuf::Any,
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryResponse, DiscoveryResponse, Resource,
 };
-use prost::Message;
 use serde_json::Value;
-use thiserror::Error;
 
 use crate::{
     config::{ClusterType, Config, sources::xds::XdsConfig},
     desired::{Feed, Overlay},
     discovery::xds::{
         cds::{self, CLUSTER_TYPE_URL, ResourceError},
+        hcm::{self, ROUTE_TYPE_URL},
         lds::{self, LISTENER_TYPE_URL, ListenerForm},
     },
 };
 
-/// Why a CDS or LDS response is NACKed; the message is the NACK's `error_detail`.
-#[derive(Debug, Error)]
-pub enum ResponseError {
-    /// One resource is refused.
-    #[error(transparent)]
-    Resource(#[from] ResourceError),
-    /// A resource of another type than the response's.
-    #[error("{found} does not match the message-wide type URL {expected} (resource {index})")]
-    TypeUrl {
-        /// The response's type URL.
-        expected: String,
-        /// The resource's.
-        found: String,
-        /// Its index in the response.
-        index: usize,
-    },
-    /// A resource that does not decode as its type.
-    #[error("unable to unpack resource {index} as {type_url}")]
-    Decode {
-        /// The type URL.
-        type_url: String,
-        /// Its index in the response.
-        index: usize,
-        /// The decoder's error.
-        #[source]
-        source: prost::DecodeError,
-    },
-    /// One name twice in one response.
-    #[error("duplicate {kind} {name} found")]
-    Duplicate {
-        /// `cluster` or `listener`.
-        kind: &'static str,
-        /// The name.
-        name: String,
-    },
-    /// A delta resource whose name is not its message's.
-    #[error("{kind} resource {name:?} holds a {kind} named {inner:?}; the names must match")]
-    NameMismatch {
-        /// `cluster` or `listener`.
-        kind: &'static str,
-        /// The resource's name.
-        name: String,
-        /// The message's name.
-        inner: String,
-    },
-    /// A name the configuration file defines too.
-    #[error(
-        "{kind} {name:?} is defined both in {} ({field}) and by xDS; a name may come from one source only, rename one of them",
-        crate::desired::Source::File
-    )]
-    Clash {
-        /// `cluster`, `listener` or `config entry`.
-        kind: &'static str,
-        /// The name.
-        name: String,
-        /// Where the file defines it.
-        field: &'static str,
-    },
-}
+mod decode;
+mod error;
+mod names;
+
+use self::decode::{Sets, versions};
+pub use self::error::ResponseError;
 
 /// The names the configuration file defines, which xDS may not define again.
 #[derive(Clone, Debug, Default)]
@@ -127,26 +75,22 @@ impl FileNames {
     }
 }
 
-/// A held resource: its version and its file form.
-#[derive(Clone, Debug)]
-struct Held<T> {
-    version: String,
-    form: T,
-}
-
-/// The CDS and LDS resources of one stream.
+/// The CDS, LDS and RDS resources of one stream.
 pub struct ResourceState {
     xds: XdsConfig,
     file: FileNames,
-    clusters: BTreeMap<String, Held<Value>>,
-    listeners: BTreeMap<String, Held<ListenerForm>>,
+    held: Sets,
     /// State of the world: the last accepted `version_info` by type URL.
     versions: BTreeMap<String, String>,
-    /// The types subscribed, in the order Envoy asks for them.
+    /// The wildcard types subscribed, in the order Envoy asks for them.
     types: Vec<&'static str>,
     /// Subscribed types without a first answer (accepted or not): nothing is published before
     /// every type has answered once, so the first overlay is never a partial state.
     waiting: BTreeSet<&'static str>,
+    /// The RDS names asked for on this stream.
+    routes_asked: BTreeSet<String>,
+    /// State of the world: the nonce of the last RDS response on this stream.
+    route_nonce: String,
     /// What the last accepted state publishes.
     current: Overlay,
     feed: Feed,
@@ -156,7 +100,7 @@ impl ResourceState {
     /// An empty state publishing on `feed`, checking EDS clusters against `xds` and names
     /// against `file`.
     /// Subscribes the types `xds` enables (`cds_config`, `lds_config`; both when neither is
-    /// set).
+    /// set); RDS comes with LDS, by the names the listeners give.
     pub fn new(xds: XdsConfig, file: FileNames, feed: Feed) -> Self {
         let mut types = Vec::new();
         if xds.cds_config.is_some() || xds.lds_config.is_none() {
@@ -168,24 +112,27 @@ impl ResourceState {
         Self {
             xds,
             file,
-            clusters: BTreeMap::new(),
-            listeners: BTreeMap::new(),
+            held: Sets::default(),
             versions: BTreeMap::new(),
             waiting: types.iter().copied().collect(),
             types,
+            routes_asked: BTreeSet::new(),
+            route_nonce: String::new(),
             current: Overlay::default(),
             feed,
         }
     }
 
-    /// The types subscribed, in the order Envoy asks for them (clusters, then listeners).
+    /// The wildcard types subscribed, in the order Envoy asks for them (clusters, then
+    /// listeners).
     pub fn types(&self) -> &[&'static str] {
         &self.types
     }
 
-    /// Whether a response of `type_url` is ours.
+    /// Whether a response of `type_url` is ours (RDS is, with LDS).
     pub fn handles(&self, type_url: &str) -> bool {
         self.types.contains(&type_url)
+            || (type_url == ROUTE_TYPE_URL && self.types.contains(&LISTENER_TYPE_URL))
     }
 
     /// `type_url` answered (accepted or not): the first overlay goes out once every
@@ -203,12 +150,18 @@ impl ResourceState {
         self.versions.get(type_url).map_or("", String::as_str)
     }
 
-    /// Delta: the versions held of `type_url`, for `initial_resource_versions`.
+    /// Delta: the versions held of `type_url`, for `initial_resource_versions` (RDS: of the
+    /// names the listeners ask for).
     pub fn delta_versions(&self, type_url: &str) -> std::collections::HashMap<String, String> {
-        if type_url == CLUSTER_TYPE_URL {
-            versions(&self.clusters)
-        } else {
-            versions(&self.listeners)
+        match type_url {
+            CLUSTER_TYPE_URL => versions(&self.held.clusters),
+            ROUTE_TYPE_URL => {
+                let mut held = versions(&self.held.routes);
+                let names = self.route_names();
+                held.retain(|n, _| names.contains(n));
+                held
+            }
+            _ => versions(&self.held.listeners),
         }
     }
 
@@ -216,8 +169,7 @@ impl ResourceState {
     /// `Err` (nothing changed) when an accepted xDS resource now clashes with the file.
     pub fn set_file(&mut self, file: FileNames) -> Result<(), ResponseError> {
         let old = std::mem::replace(&mut self.file, file);
-        let (clusters, listeners) = (self.clusters.clone(), self.listeners.clone());
-        if let Err(error) = self.commit(clusters, listeners) {
+        if let Err(error) = self.commit(self.held.clone()) {
             self.file = old;
             return Err(error);
         }
@@ -231,9 +183,14 @@ impl ResourceState {
         for (index, any) in response.resources.iter().enumerate() {
             named.push((index, None, version.clone(), any));
         }
+        if response.type_url == ROUTE_TYPE_URL {
+            self.route_nonce.clone_from(&response.nonce);
+        }
+        let named = self.asked(&response.type_url, named);
         let result = self
-            .next_sets(&response.type_url, named, &[], true)
-            .and_then(|(clusters, listeners)| self.commit(clusters, listeners));
+            .held
+            .next(&response.type_url, named, &[], true)
+            .and_then(|sets| self.commit(sets));
         if result.is_ok() {
             self.versions
                 .insert(response.type_url.clone(), version.clone());
@@ -257,61 +214,20 @@ impl ResourceState {
             };
             named.push((index, Some(name.clone()), version.clone(), any));
         }
+        let named = self.asked(&response.type_url, named);
         let removed = &response.removed_resources;
         let result = self
-            .next_sets(&response.type_url, named, removed, false)
-            .and_then(|(clusters, listeners)| self.commit(clusters, listeners));
+            .held
+            .next(&response.type_url, named, removed, false)
+            .and_then(|sets| self.commit(sets));
         self.answered(&response.type_url);
         result
     }
 
-    /// The next cluster and listener sets after a response of `type_url`.
-    #[expect(clippy::type_complexity, reason = "the two sets, named once")]
-    fn next_sets(
-        &self,
-        type_url: &str,
-        resources: Vec<(usize, Option<String>, String, &Any)>,
-        removed: &[String],
-        whole: bool,
-    ) -> Result<
-        (
-            BTreeMap<String, Held<Value>>,
-            BTreeMap<String, Held<ListenerForm>>,
-        ),
-        ResponseError,
-    > {
-        let (mut clusters, mut listeners) = (self.clusters.clone(), self.listeners.clone());
-        if type_url == CLUSTER_TYPE_URL {
-            update(
-                &mut clusters,
-                resources,
-                removed,
-                whole,
-                type_url,
-                decode_cluster,
-            )?;
-        } else {
-            update(
-                &mut listeners,
-                resources,
-                removed,
-                whole,
-                type_url,
-                decode_listener,
-            )?;
-        }
-        Ok((clusters, listeners))
-    }
-
     /// Checks the next sets as one and, when they pass, keeps and publishes them.
-    fn commit(
-        &mut self,
-        clusters: BTreeMap<String, Held<Value>>,
-        listeners: BTreeMap<String, Held<ListenerForm>>,
-    ) -> Result<(), ResponseError> {
-        let overlay = self.check(&clusters, &listeners)?;
-        self.clusters = clusters;
-        self.listeners = listeners;
+    fn commit(&mut self, sets: Sets) -> Result<(), ResponseError> {
+        let overlay = self.check(&sets)?;
+        self.held = sets;
         self.current = overlay;
         if self.waiting.is_empty() {
             self.feed.send_replace(self.current.clone());
@@ -320,33 +236,36 @@ impl ResourceState {
     }
 
     /// The overlay of the sets, or why they are refused.
-    fn check(
-        &self,
-        clusters: &BTreeMap<String, Held<Value>>,
-        listeners: &BTreeMap<String, Held<ListenerForm>>,
-    ) -> Result<Overlay, ResponseError> {
+    fn check(&self, sets: &Sets) -> Result<Overlay, ResponseError> {
         let clash = |kind, name: &String, field| ResponseError::Clash {
             kind,
             name: name.clone(),
             field,
         };
-        if let Some(name) = clusters
+        if let Some(name) = sets
+            .clusters
             .keys()
             .find(|n| self.file.clusters.contains_key(*n))
         {
             return Err(clash("cluster", name, "clusters"));
         }
-        if let Some(name) = listeners.keys().find(|n| self.file.services.contains(*n)) {
+        if let Some(name) = sets
+            .listeners
+            .keys()
+            .find(|n| self.file.services.contains(*n))
+        {
             return Err(clash("listener", name, "services"));
         }
-        if let Some((kind, name)) = self.entry_clash(listeners) {
+        let listeners = routed(sets);
+        if let Some((kind, name)) = self.entry_clash(&listeners) {
             return Err(ResponseError::Clash {
                 kind,
                 name,
                 field: "config_entries",
             });
         }
-        let forms: Vec<(String, Value)> = clusters
+        let forms: Vec<(String, Value)> = sets
+            .clusters
             .iter()
             .map(|(n, h)| (n.clone(), h.form.clone()))
             .collect();
@@ -361,11 +280,8 @@ impl ResourceState {
     }
 
     /// The first generated config entry (kind, name) that the file defines too.
-    fn entry_clash(
-        &self,
-        listeners: &BTreeMap<String, Held<ListenerForm>>,
-    ) -> Option<(&'static str, String)> {
-        let generated = listeners.values().flat_map(|l| &l.form.entries);
+    fn entry_clash(&self, listeners: &[(String, ListenerForm)]) -> Option<(&'static str, String)> {
+        let generated = listeners.iter().flat_map(|(_, l)| &l.entries);
         generated
             .filter_map(|e| Some((e.get("Kind")?.as_str()?, e.get("Name")?.as_str()?)))
             .find_map(|(kind, name)| {
@@ -381,19 +297,15 @@ impl ResourceState {
     /// publishes the ready ones: those whose clusters are all known.
     fn listener_overlay(
         clusters: Vec<crate::config::Cluster>,
-        listeners: &BTreeMap<String, Held<ListenerForm>>,
+        all: Vec<(String, ListenerForm)>,
         known: &BTreeMap<String, ClusterType>,
     ) -> Result<Overlay, ResponseError> {
         let mut stand_ins = known.clone();
-        for l in listeners.values() {
-            for c in &l.form.clusters {
+        for (_, form) in &all {
+            for c in &form.clusters {
                 stand_ins.entry(c.clone()).or_insert(ClusterType::Static);
             }
         }
-        let all: Vec<(String, ListenerForm)> = listeners
-            .iter()
-            .map(|(n, h)| (n.clone(), h.form.clone()))
-            .collect();
         if !all.is_empty() {
             let stand_ins: Vec<(String, ClusterType)> = stand_ins.into_iter().collect();
             lds::validate(&all, &stand_ins)?;
@@ -425,16 +337,38 @@ impl ResourceState {
 
     /// The names of the accepted clusters.
     pub fn cluster_names(&self) -> Vec<String> {
-        self.clusters.keys().cloned().collect()
+        self.held.clusters.keys().cloned().collect()
     }
 
     /// The names of the accepted listeners (published or held).
     pub fn listener_names(&self) -> Vec<String> {
-        self.listeners.keys().cloned().collect()
+        self.held.listeners.keys().cloned().collect()
     }
 }
 
-/// Envoy's refusal of an inline route table naming a cluster not known.
+/// The listeners with their chains: an RDS listener with its route configuration's, one
+/// whose route configuration is not held is left out (held, warming).
+fn routed(sets: &Sets) -> Vec<(String, ListenerForm)> {
+    let mut all = Vec::with_capacity(sets.listeners.len());
+    for (name, held) in &sets.listeners {
+        let Some(route) = &held.form.rds else {
+            all.push((name.clone(), held.form.clone()));
+            continue;
+        };
+        if let Some(table) = sets.routes.get(route) {
+            let service = held.form.service.clone();
+            all.push((
+                name.clone(),
+                hcm::with_routes(name, service, Some(route.clone()), &table.form),
+            ));
+        } else {
+            tracing::info!(listener = %name, route, "listener held until its route configuration arrives (warming)");
+        }
+    }
+    all
+}
+
+/// Envoy's refusal of a route table (inline or RDS) naming a cluster not known.
 fn unknown_route_cluster(listener: &str, form: &ListenerForm, cluster: &str) -> ResourceError {
     let weighted = form.entries.iter().any(|e| {
         e["Kind"] == "service-splitter"
@@ -447,100 +381,14 @@ fn unknown_route_cluster(listener: &str, form: &ListenerForm, cluster: &str) -> 
     } else {
         "cluster"
     };
+    let (kind, name, field) = match &form.rds {
+        Some(route) => ("route configuration", route.as_str(), "virtual_hosts[0]"),
+        None => ("listener", listener, "route_config"),
+    };
     ResourceError::Invalid {
-        kind: "listener",
-        name: listener.to_owned(),
-        field: "route_config".to_owned(),
+        kind,
+        name: name.to_owned(),
+        field: field.to_owned(),
         reason: format!("route: unknown {what} '{cluster}'"),
     }
-}
-
-fn versions<T>(held: &BTreeMap<String, Held<T>>) -> std::collections::HashMap<String, String> {
-    held.iter()
-        .map(|(n, h)| (n.clone(), h.version.clone()))
-        .collect()
-}
-
-/// Decodes one resource (its index in the response) into its name and file form.
-type Decode<T> = fn(&Any, usize) -> Result<(String, T), ResponseError>;
-
-/// Applies decoded resources (and removals) to `set`: `whole` replaces it.
-fn update<T>(
-    set: &mut BTreeMap<String, Held<T>>,
-    resources: Vec<(usize, Option<String>, String, &Any)>,
-    removed: &[String],
-    whole: bool,
-    type_url: &str,
-    decode: Decode<T>,
-) -> Result<(), ResponseError> {
-    let kind = if type_url == CLUSTER_TYPE_URL {
-        "cluster"
-    } else {
-        "listener"
-    };
-    let next = decode_each(resources, type_url, kind, decode)?;
-    for name in removed {
-        if next.contains_key(name) {
-            return Err(ResponseError::Duplicate {
-                kind,
-                name: name.clone(),
-            });
-        }
-    }
-    if whole {
-        *set = next;
-    } else {
-        for name in removed {
-            set.remove(name);
-        }
-        set.extend(next);
-    }
-    Ok(())
-}
-
-/// Decodes every resource of a response, by name; refuses another type and a name twice.
-fn decode_each<T>(
-    resources: Vec<(usize, Option<String>, String, &Any)>,
-    type_url: &str,
-    kind: &'static str,
-    decode: Decode<T>,
-) -> Result<BTreeMap<String, Held<T>>, ResponseError> {
-    let mut next = BTreeMap::new();
-    for (index, name, version, any) in resources {
-        if any.type_url != type_url {
-            return Err(ResponseError::TypeUrl {
-                expected: type_url.to_owned(),
-                found: any.type_url.clone(),
-                index,
-            });
-        }
-        let (inner, form) = decode(any, index)?;
-        if let Some(name) = name.filter(|n| *n != inner) {
-            return Err(ResponseError::NameMismatch { kind, name, inner });
-        }
-        if next.insert(inner.clone(), Held { version, form }).is_some() {
-            return Err(ResponseError::Duplicate { kind, name: inner });
-        }
-    }
-    Ok(next)
-}
-
-fn decode_cluster(any: &Any, index: usize) -> Result<(String, Value), ResponseError> {
-    let cluster =
-        ProtoCluster::decode(any.value.as_slice()).map_err(|source| ResponseError::Decode {
-            type_url: CLUSTER_TYPE_URL.to_owned(),
-            index,
-            source,
-        })?;
-    Ok((cluster.name.clone(), cds::file_form(&cluster)?))
-}
-
-fn decode_listener(any: &Any, index: usize) -> Result<(String, ListenerForm), ResponseError> {
-    let listener =
-        Listener::decode(any.value.as_slice()).map_err(|source| ResponseError::Decode {
-            type_url: LISTENER_TYPE_URL.to_owned(),
-            index,
-            source,
-        })?;
-    Ok((listener.name.clone(), lds::file_form(&listener)?))
 }

@@ -17,7 +17,7 @@ use envoy_types::pb::{
 };
 use serde_json::{Map, Value, json};
 
-use super::Refuse;
+use super::{Refuse, join};
 use crate::discovery::xds::cds::ResourceError;
 
 /// Envoy's route `timeout` when unset.
@@ -160,6 +160,7 @@ const WEIGHT_FIELDS: &[(u64, &str)] = &[
 ];
 
 /// One route, mapped: its service-router route, and the splitter of a weighted split.
+#[derive(Clone, Debug, PartialEq)]
 pub(super) struct Mapped {
     pub(super) route: Value,
     pub(super) weighted: Option<Vec<(String, u32)>>,
@@ -167,11 +168,12 @@ pub(super) struct Mapped {
 }
 
 /// The routes of the one virtual host with domains `["*"]`; the last must match every request.
+/// `at` is where the table is in its resource (empty for an RDS resource).
 pub(super) fn route_config(
     r: &Refuse,
+    at: &str,
     config: &RouteConfiguration,
 ) -> Result<Vec<Mapped>, ResourceError> {
-    let at = "route_config";
     let clear = |c: &mut RouteConfiguration| {
         c.name.clear();
         c.virtual_hosts.clear();
@@ -180,9 +182,9 @@ pub(super) fn route_config(
     r.residual(config, clear, ROUTE_CONFIG_FIELDS, at)?;
     let [vhost] = config.virtual_hosts.as_slice() else {
         let reason = "must hold exactly one virtual host (with domains [\"*\"])";
-        return Err(r.invalid(&format!("{at}.virtual_hosts"), reason));
+        return Err(r.invalid(&join(at, "virtual_hosts"), reason));
     };
-    let at = format!("{at}.virtual_hosts[0]");
+    let at = join(at, "virtual_hosts[0]");
     if vhost.domains != ["*"] {
         let reason = "only domains [\"*\"] is supported (the proxy path does not route by Host)";
         return Err(r.invalid(&format!("{at}.domains"), reason));

@@ -1,5 +1,6 @@
 //! CDS and LDS on a real ADS stream against the in-process server: the wildcard subscriptions,
-//! an ACK or NACK per type and version (SotW and delta), and EDS joining the same stream.
+//! an ACK or NACK per type and version (SotW and delta), EDS joining the same stream, and RDS
+//! asked by the names the listeners give, right after the listener ACK.
 
 use std::{path::Path, time::Duration};
 
@@ -15,6 +16,7 @@ use tokio::sync::watch;
 
 use super::{
     fixtures::WAIT,
+    hcm::{http_listener, prefix, rds_hcm, route_configuration, routes_sotw},
     resources::{any, clusters, listener, listeners, static_cluster, xds},
     server::{FakeServer, Opened},
 };
@@ -27,6 +29,7 @@ use crate::{
     discovery::xds::{
         CLA_TYPE_URL, EdsClient, XdsClients,
         cds::CLUSTER_TYPE_URL,
+        hcm::ROUTE_TYPE_URL,
         lds::LISTENER_TYPE_URL,
         resources::{FileNames, ResourceState},
         spawn_ads,
@@ -243,4 +246,97 @@ fn cds_without_ads_config_is_refused_by_name() {
         error.to_string(),
         "xds.cds_config/lds_config: clusters and listeners come over ADS: set ads_config (api_type GRPC or DELTA_GRPC)"
     );
+}
+
+#[tokio::test]
+async fn rds_is_asked_by_the_listeners_names_on_the_same_stream_and_on_a_new_one() {
+    let mut server = FakeServer::start().await;
+    let (_client, mut rx) = start(&server, false);
+    let Opened::Sotw(stream) = server.next_stream().await else {
+        panic!("expected a SotW stream");
+    };
+    let _wildcards = [server.next_sotw("ads").await, server.next_sotw("ads").await];
+    stream
+        .send(Ok(clusters("1", &[static_cluster("a", 9001)])))
+        .await
+        .unwrap();
+    assert_eq!(server.next_sotw("ads").await.error_detail, None);
+    let web = http_listener(&rds_hcm("r1"));
+    stream.send(Ok(listeners("1", &[web]))).await.unwrap();
+    let ack = server.next_sotw("ads").await;
+    assert_eq!(
+        (ack.type_url.as_str(), ack.error_detail),
+        (LISTENER_TYPE_URL, None)
+    );
+    let rds = server.next_sotw("ads").await;
+    assert_eq!(
+        (rds.type_url.as_str(), rds.resource_names.as_slice()),
+        (ROUTE_TYPE_URL, ["r1".to_owned()].as_slice())
+    );
+    let r1 = route_configuration("r1", vec![prefix("/", "a")]);
+    stream.send(Ok(routes_sotw("1", &[r1]))).await.unwrap();
+    let ack = server.next_sotw("ads").await;
+    let seen = (
+        ack.type_url.as_str(),
+        ack.version_info.as_str(),
+        ack.response_nonce.as_str(),
+    );
+    assert_eq!(seen, (ROUTE_TYPE_URL, "1", "r1"));
+    assert_eq!(ack.resource_names, ["r1"], "a SotW ACK restates the names");
+    overlay_where(&mut rx, |o| o.services.len() == 1).await;
+    // A new stream asks for the names held at once, with the version held.
+    drop(stream);
+    let Opened::Sotw(_again) = server.next_stream().await else {
+        panic!("expected a SotW stream");
+    };
+    let first = [
+        server.next_sotw("ads").await,
+        server.next_sotw("ads").await,
+        server.next_sotw("ads").await,
+    ];
+    let rds = &first[2];
+    let seen = (
+        rds.type_url.as_str(),
+        rds.resource_names.as_slice(),
+        rds.version_info.as_str(),
+        rds.response_nonce.as_str(),
+    );
+    assert_eq!(
+        seen,
+        (ROUTE_TYPE_URL, ["r1".to_owned()].as_slice(), "1", "")
+    );
+}
+
+#[tokio::test]
+async fn delta_rds_subscribes_and_unsubscribes_as_the_listeners_change() {
+    let mut server = FakeServer::start().await;
+    let (_client, _rx) = start(&server, true);
+    let Opened::Delta(stream) = server.next_stream().await else {
+        panic!("expected a delta stream");
+    };
+    let _wildcards = [
+        server.next_delta("ads").await,
+        server.next_delta("ads").await,
+    ];
+    for (version, route) in [("v1", "r1"), ("v2", "r2")] {
+        let web = http_listener(&rds_hcm(route));
+        let response = DeltaDiscoveryResponse {
+            type_url: LISTENER_TYPE_URL.into(),
+            resources: vec![Resource {
+                name: "web".into(),
+                version: version.into(),
+                resource: Some(any(LISTENER_TYPE_URL, &web)),
+                ..Default::default()
+            }],
+            nonce: format!("d{version}"),
+            ..Default::default()
+        };
+        stream.send(Ok(response)).await.unwrap();
+        assert_eq!(server.next_delta("ads").await.error_detail, None);
+        let rds = server.next_delta("ads").await;
+        let unsubscribe: &[&str] = if route == "r1" { &[] } else { &["r1"] };
+        assert_eq!(rds.type_url, ROUTE_TYPE_URL);
+        assert_eq!(rds.resource_names_subscribe, [route]);
+        assert_eq!(rds.resource_names_unsubscribe, unsubscribe);
+    }
 }

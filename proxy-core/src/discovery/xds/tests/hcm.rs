@@ -1,21 +1,29 @@
 //! LDS listeners with an HTTP connection manager and an inline route table: the generated
-//! service and chain entries, Envoy's defaults, cluster validation, and each refusal by name.
+//! service and chain entries, Envoy's defaults, cluster validation, and each refusal by name;
+//! and their RDS form: warming on the route configuration, its changes, removal and refusals.
 
 use envoy_types::pb::{
     envoy::{
-        config::route::v3::{
-            HeaderMatcher, QueryParameterMatcher, RedirectAction, RetryPolicy, Route, RouteAction,
-            RouteConfiguration, RouteMatch, VirtualHost, WeightedCluster,
-            header_matcher::HeaderMatchSpecifier,
-            query_parameter_matcher::QueryParameterMatchSpecifier, route::Action,
-            route_action::ClusterSpecifier, route_match::PathSpecifier,
-            weighted_cluster::ClusterWeight,
+        config::{
+            core::v3::{
+                AggregatedConfigSource, ApiVersion, ConfigSource,
+                config_source::ConfigSourceSpecifier,
+            },
+            route::v3::{
+                HeaderMatcher, QueryParameterMatcher, RedirectAction, RetryPolicy, Route,
+                RouteAction, RouteConfiguration, RouteMatch, VirtualHost, WeightedCluster,
+                header_matcher::HeaderMatchSpecifier,
+                query_parameter_matcher::QueryParameterMatchSpecifier, route::Action,
+                route_action::ClusterSpecifier, route_match::PathSpecifier,
+                weighted_cluster::ClusterWeight,
+            },
         },
         extensions::filters::network::http_connection_manager::v3::{
             HttpConnectionManager, HttpFilter, Rds,
             http_connection_manager::{CodecType, RouteSpecifier},
             http_filter::ConfigType,
         },
+        service::discovery::v3::{DeltaDiscoveryResponse, DiscoveryResponse},
         r#type::matcher::v3::{RegexMatcher, StringMatcher, string_matcher::MatchPattern},
     },
     google::protobuf::{BoolValue, Duration, UInt32Value},
@@ -23,11 +31,11 @@ use envoy_types::pb::{
 use prost::Message;
 use serde_json::{Value, json};
 
-use super::resources::{clusters, listener_with, listeners, state, static_cluster};
+use super::resources::{any, clusters, listener_with, listeners, state, static_cluster};
 use crate::{
     config::ServiceMode,
     discovery::xds::{
-        hcm::ROUTER_TYPE_URL,
+        hcm::{ROUTE_TYPE_URL, ROUTER_TYPE_URL},
         lds::HCM_TYPE_URL,
         resources::{FileNames, ResponseError},
     },
@@ -47,11 +55,11 @@ fn route(path: PathSpecifier, cluster: &str) -> Route {
     }
 }
 
-fn prefix(p: &str, cluster: &str) -> Route {
+pub(super) fn prefix(p: &str, cluster: &str) -> Route {
     route(PathSpecifier::Prefix(p.into()), cluster)
 }
 
-fn hcm(routes: Vec<Route>) -> HttpConnectionManager {
+pub(super) fn hcm(routes: Vec<Route>) -> HttpConnectionManager {
     let router = HttpFilter {
         name: "envoy.filters.http.router".into(),
         config_type: Some(ConfigType::TypedConfig(
@@ -80,10 +88,44 @@ fn hcm(routes: Vec<Route>) -> HttpConnectionManager {
     }
 }
 
-fn http_listener(
+pub(super) fn http_listener(
     h: &HttpConnectionManager,
 ) -> envoy_types::pb::envoy::config::listener::v3::Listener {
     listener_with("web", 8080, HCM_TYPE_URL, h.encode_to_vec())
+}
+
+/// An HCM whose routes come by RDS over ADS as `name`.
+pub(super) fn rds_hcm(name: &str) -> HttpConnectionManager {
+    let mut h = hcm(Vec::new());
+    h.route_specifier = Some(RouteSpecifier::Rds(Rds {
+        config_source: Some(ConfigSource {
+            config_source_specifier: Some(ConfigSourceSpecifier::Ads(AggregatedConfigSource {})),
+            resource_api_version: ApiVersion::V3.into(),
+            ..Default::default()
+        }),
+        route_config_name: name.into(),
+    }));
+    h
+}
+
+/// The RDS resource `name` with one virtual host of `routes`.
+pub(super) fn route_configuration(name: &str, routes: Vec<Route>) -> RouteConfiguration {
+    let Some(RouteSpecifier::RouteConfig(mut config)) = hcm(routes).route_specifier else {
+        unreachable!("an inline route table")
+    };
+    config.name = name.into();
+    config
+}
+
+/// A SotW RDS response of `list`.
+pub(super) fn routes_sotw(version: &str, list: &[RouteConfiguration]) -> DiscoveryResponse {
+    DiscoveryResponse {
+        version_info: version.into(),
+        resources: list.iter().map(|r| any(ROUTE_TYPE_URL, r)).collect(),
+        type_url: ROUTE_TYPE_URL.into(),
+        nonce: format!("r{version}"),
+        ..Default::default()
+    }
 }
 
 fn vhost_mut(h: &mut HttpConnectionManager) -> &mut VirtualHost {
@@ -298,7 +340,7 @@ fn what_the_proxy_path_cannot_do_as_envoy_is_refused_by_name() {
             },
         ),
         (
-            "http_connection_manager.rds: RDS is not supported yet",
+            "http_connection_manager.rds.config_source: config_source must be ads",
             |h| {
                 h.route_specifier = Some(RouteSpecifier::Rds(Rds::default()));
             },
@@ -383,4 +425,150 @@ fn a_generated_entry_consul_refuses_is_nacked_naming_the_listener() {
         text,
         "listener \"web\": generated \"service-router\" \"web\": Route[0] PathPrefix doesn't start with '/': \"b\""
     );
+}
+
+/// The router's routes of listener `web`, as (path prefix, service) pairs.
+fn web_routes(overlay: &crate::desired::Overlay) -> Vec<(String, String)> {
+    let router = entry(overlay, "service-router", "web");
+    let routes = router["Routes"].as_array().cloned().unwrap_or_default();
+    routes
+        .iter()
+        .map(|r| {
+            let at = r["Match"]["HTTP"]["PathPrefix"].as_str().unwrap_or("?");
+            let to = r["Destination"]["Service"].as_str().unwrap_or("?");
+            (at.to_owned(), to.to_owned())
+        })
+        .collect()
+}
+
+/// A state with clusters a and b and the RDS listener `web` naming `r1`: held, nothing out.
+pub(super) fn rds_state() -> (
+    crate::discovery::xds::resources::ResourceState,
+    tokio::sync::watch::Receiver<crate::desired::Overlay>,
+) {
+    let (mut state, rx) = state(FileNames::default());
+    let known = [static_cluster("a", 9001), static_cluster("b", 9002)];
+    state.apply_sotw(&clusters("1", &known)).expect("ACK");
+    let web = http_listener(&rds_hcm("r1"));
+    state
+        .apply_sotw(&listeners("1", &[web]))
+        .expect("ACK: held");
+    assert!(rx.borrow().services.is_empty(), "warming until r1 arrives");
+    assert_eq!(state.route_names().into_iter().collect::<Vec<_>>(), ["r1"]);
+    (state, rx)
+}
+
+#[test]
+fn an_rds_listener_waits_for_its_routes_follows_them_and_is_withdrawn_without_them() {
+    let (mut state, rx) = rds_state();
+    let r1 = route_configuration("r1", vec![prefix("/", "a")]);
+    state.apply_sotw(&routes_sotw("1", &[r1])).expect("ACK");
+    let [service] = rx
+        .borrow()
+        .services
+        .clone()
+        .try_into()
+        .expect("one service");
+    assert_eq!(
+        (service.mode, service.chain.as_deref()),
+        (ServiceMode::Proxy, Some("web"))
+    );
+    assert_eq!(web_routes(&rx.borrow()), [("/".into(), "a".into())]);
+    let moved = route_configuration("r1", vec![prefix("/b", "b"), prefix("/", "a")]);
+    state.apply_sotw(&routes_sotw("2", &[moved])).expect("ACK");
+    let want = [("/b".to_owned(), "b".to_owned()), ("/".into(), "a".into())];
+    assert_eq!(web_routes(&rx.borrow()), want);
+    assert_eq!(state.version_info(ROUTE_TYPE_URL), "2");
+    // State of the world: r1 absent from the answer withdraws the listener's service.
+    state.apply_sotw(&routes_sotw("3", &[])).expect("ACK");
+    assert!(rx.borrow().services.is_empty(), "withdrawn without routes");
+    assert!(rx.borrow().config_entries.is_empty(), "its chain too");
+}
+
+#[test]
+fn a_delta_removal_of_the_route_configuration_withdraws_the_service() {
+    let (mut state, rx) = rds_state();
+    let r1 = route_configuration("r1", vec![prefix("/", "a")]);
+    let added = DeltaDiscoveryResponse {
+        type_url: ROUTE_TYPE_URL.into(),
+        resources: vec![envoy_types::pb::envoy::service::discovery::v3::Resource {
+            name: "r1".into(),
+            version: "v1".into(),
+            resource: Some(any(ROUTE_TYPE_URL, &r1)),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    state.apply_delta(&added).expect("ACK");
+    assert_eq!(rx.borrow().services.len(), 1);
+    let held = state.delta_versions(ROUTE_TYPE_URL);
+    assert_eq!(held.get("r1").map(String::as_str), Some("v1"));
+    let removed = DeltaDiscoveryResponse {
+        type_url: ROUTE_TYPE_URL.into(),
+        removed_resources: vec!["r1".into()],
+        ..Default::default()
+    };
+    state.apply_delta(&removed).expect("ACK");
+    assert!(rx.borrow().services.is_empty(), "withdrawn without routes");
+}
+
+#[test]
+fn a_bad_route_configuration_is_nacked_by_name_and_field_keeping_the_last_good() {
+    let (mut state, rx) = rds_state();
+    let good = route_configuration("r1", vec![prefix("/", "a")]);
+    state.apply_sotw(&routes_sotw("1", &[good])).expect("ACK");
+    let mut bad = route_configuration("r1", vec![prefix("/", "b")]);
+    bad.virtual_hosts[0].domains = vec!["example.com".into()];
+    let error = state
+        .apply_sotw(&routes_sotw("2", &[bad]))
+        .expect_err("NACK");
+    assert!(
+        error
+            .to_string()
+            .starts_with("route configuration \"r1\": virtual_hosts[0].domains: only domains"),
+        "{error}"
+    );
+    let kept = [("/".to_owned(), "a".to_owned())];
+    assert_eq!(
+        web_routes(&rx.borrow()),
+        kept,
+        "the last good state is kept"
+    );
+    assert_eq!(state.version_info(ROUTE_TYPE_URL), "1");
+    let mut strict = route_configuration("r1", vec![prefix("/", "missing")]);
+    strict.validate_clusters = Some(BoolValue { value: true });
+    let error = state
+        .apply_sotw(&routes_sotw("3", &[strict]))
+        .expect_err("NACK");
+    let want = "route configuration \"r1\": virtual_hosts[0]: route: unknown cluster 'missing'";
+    assert_eq!(error.to_string(), want);
+}
+
+#[test]
+fn a_route_configuration_no_listener_names_is_ignored_as_envoy_does() {
+    let (mut state, rx) = rds_state();
+    let mut stray = route_configuration("other", vec![prefix("/", "a")]);
+    stray.virtual_hosts[0].domains = vec!["example.com".into()];
+    let r1 = route_configuration("r1", vec![prefix("/", "a")]);
+    state
+        .apply_sotw(&routes_sotw("1", &[stray, r1]))
+        .expect("ACK: the stray one is not looked at");
+    assert_eq!(web_routes(&rx.borrow()), [("/".into(), "a".into())]);
+}
+
+#[test]
+fn an_rds_route_table_waits_for_an_unknown_cluster_by_default() {
+    let (mut state, rx) = rds_state();
+    let lenient = route_configuration("r1", vec![prefix("/", "c")]);
+    state
+        .apply_sotw(&routes_sotw("1", &[lenient]))
+        .expect("ACK: held");
+    assert!(rx.borrow().services.is_empty(), "warming until c arrives");
+    let known = [
+        static_cluster("a", 9001),
+        static_cluster("b", 9002),
+        static_cluster("c", 9003),
+    ];
+    state.apply_sotw(&clusters("2", &known)).expect("ACK");
+    assert_eq!(web_routes(&rx.borrow()), [("/".into(), "c".into())]);
 }

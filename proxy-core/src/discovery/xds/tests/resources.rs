@@ -1,5 +1,5 @@
-//! CDS and LDS: decoding into the file's forms, the file's rules, warming, clashes, and the
-//! state of the world and delta paths to one overlay.
+//! CDS and LDS: decoding into the file's forms, the file's rules, warming, clashes, the state
+//! of the world and delta paths to one overlay, and the RDS names asked as listeners change.
 
 use envoy_types::pb::{
     envoy::{
@@ -25,7 +25,10 @@ use envoy_types::pb::{
 use prost::Message;
 use tokio::sync::watch;
 
-use super::fixtures::cla;
+use super::{
+    fixtures::cla,
+    hcm::{http_listener, prefix, rds_hcm, rds_state, route_configuration, routes_sotw},
+};
 use crate::{
     config::{ClusterType, ServiceMode, sources::xds::XdsConfig},
     desired::Overlay,
@@ -385,4 +388,44 @@ fn weighted_clusters_without_weight_are_refused() {
         text,
         "listener \"web\": tcp_proxy.weighted_clusters: needs at least one cluster and a total weight above 0"
     );
+}
+
+#[test]
+fn the_route_names_asked_follow_the_listeners_sotw_and_delta() {
+    let node = envoy_types::pb::envoy::config::core::v3::Node::default();
+    let (mut state, _rx) = rds_state();
+    state.stream_started();
+    let first = state.route_request_sotw(&node).expect("r1 asked");
+    assert_eq!(first.resource_names, ["r1"]);
+    assert!(state.route_request_sotw(&node).is_none(), "asked once");
+    let r1 = route_configuration("r1", vec![prefix("/", "a")]);
+    state.apply_sotw(&routes_sotw("1", &[r1])).expect("ACK");
+    let two = [
+        http_listener(&rds_hcm("r2")),
+        listener_with("api", 8081, HCM_TYPE_URL, rds_hcm("r2").encode_to_vec()),
+    ];
+    state.apply_sotw(&listeners("2", &two)).expect("ACK");
+    let next = state.route_request_sotw(&node).expect("the names changed");
+    let seen = (
+        next.resource_names.as_slice(),
+        next.version_info.as_str(),
+        next.response_nonce.as_str(),
+    );
+    assert_eq!(seen, (["r2".to_owned()].as_slice(), "1", "r1"));
+    state
+        .apply_sotw(&listeners("3", &[http_listener(&rds_hcm("r3"))]))
+        .expect("ACK");
+    let delta = state
+        .route_request_delta(&node, false)
+        .expect("the names changed");
+    assert_eq!(
+        (
+            delta.resource_names_subscribe,
+            delta.resource_names_unsubscribe
+        ),
+        (vec!["r3".to_owned()], vec!["r2".to_owned()])
+    );
+    state.apply_sotw(&listeners("4", &[])).expect("ACK");
+    let none = state.route_request_sotw(&node).expect("the names changed");
+    assert!(none.resource_names.is_empty(), "nothing left to ask for");
 }

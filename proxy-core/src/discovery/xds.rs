@@ -55,6 +55,7 @@ mod grpc;
 pub mod hcm;
 pub mod json;
 pub mod lds;
+pub mod listener;
 pub mod node;
 pub mod resources;
 mod rest;

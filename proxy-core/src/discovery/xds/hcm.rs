@@ -31,7 +31,7 @@ use serde_json::{Value, json};
 
 use crate::discovery::xds::{
     cds::{ResourceError, refuse_residual},
-    lds::{ListenerForm, percentages},
+    listener::{ListenerForm, percentages},
 };
 
 mod routes;

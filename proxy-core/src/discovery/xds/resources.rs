@@ -34,7 +34,8 @@ use crate::{
     discovery::xds::{
         cds::{self, CLUSTER_TYPE_URL, ResourceError},
         hcm::{self, ROUTE_TYPE_URL},
-        lds::{self, LISTENER_TYPE_URL, ListenerForm},
+        lds::{self, LISTENER_TYPE_URL},
+        listener::ListenerForm,
     },
 };
 

@@ -15,7 +15,8 @@ use super::ResponseError;
 use crate::discovery::xds::{
     cds::{self, CLUSTER_TYPE_URL},
     hcm::{self, ROUTE_TYPE_URL, RouteTable},
-    lds::{self, LISTENER_TYPE_URL, ListenerForm},
+    lds::{self, LISTENER_TYPE_URL},
+    listener::ListenerForm,
 };
 
 /// The held CDS, LDS and RDS resources, checked and kept as one.

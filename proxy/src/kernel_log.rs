@@ -46,7 +46,7 @@ impl log::Log for KernelRecords {
 /// can write into the buffer (it is not pinned, and no other process holds it), so that would
 /// be a bug of ours, and the daemon's panic handling applies.
 pub async fn run(log: KernelLog) {
-    let mut fd = match crate::sys::register_kernel_log(log) {
+    let mut fd = match crate::sys::register_readable(log) {
         Ok(fd) => fd,
         Err(err) => {
             warn!(%err, "cannot wait for the kernel's log records; they are not shown");

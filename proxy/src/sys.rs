@@ -397,14 +397,24 @@ pub fn register_async(
     Ok(unsafe { tokio::io::unix::AsyncFd::register(socket) }?)
 }
 
-/// Registers the reader of the kernel's log records with tokio's event loop for readability.
-pub fn register_kernel_log(
-    log: crate::kernel_log::KernelLog,
-) -> io::Result<tokio::io::unix::AsyncFd<crate::kernel_log::KernelLog>> {
-    // SAFETY: the reader owns the ring buffer's descriptor (its map), which stays open and the
-    // same until the AsyncFd (its only owner from here) is dropped.
+/// An owner whose descriptor stays open and the same for as long as it lives, so that tokio's
+/// event loop may watch it ([`register_readable`]).
+///
+/// # Safety
+///
+/// Implement only for a type that owns its descriptor and never closes or replaces it.
+pub unsafe trait StableFd: std::os::fd::AsRawFd {}
+
+// SAFETY: aya-log's reader owns its ring buffer's map descriptor for its whole life.
+unsafe impl<T> StableFd for aya_log::EbpfLogger<T> {}
+
+/// Registers `owner` (the reader of the kernel's log records) with tokio's event loop for
+/// readability.
+pub fn register_readable<T: StableFd>(owner: T) -> io::Result<tokio::io::unix::AsyncFd<T>> {
+    // SAFETY: `StableFd`: the owner's descriptor stays open and the same until the AsyncFd,
+    // its only owner from here, is dropped.
     Ok(unsafe {
-        tokio::io::unix::AsyncFd::register_with_interest(log, tokio::io::Interest::READABLE)
+        tokio::io::unix::AsyncFd::register_with_interest(owner, tokio::io::Interest::READABLE)
     }?)
 }
 

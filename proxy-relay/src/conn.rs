@@ -415,10 +415,7 @@ mod tests {
                 });
             }
         });
-        let dead = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        let dead = crate::testing::dead_addr();
         let original = || {
             let mut t = ServiceTable::new();
             t.set_fallback(Service::OriginalDst { http: false });
@@ -474,10 +471,7 @@ mod tests {
                 });
             }
         });
-        let dead = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        let dead = crate::testing::dead_addr();
         let cluster = |hosts: &[(SocketAddr, HostClass)]| {
             let hosts: Vec<_> = hosts.iter().map(|&(a, c)| (Host::new(a), c)).collect();
             let (tx, rx) = watch::channel(Routing::compute(&hosts, 50.0));

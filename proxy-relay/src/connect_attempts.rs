@@ -301,8 +301,7 @@ mod tests {
 
     /// A loopback port nothing listens on: connects to it are refused.
     fn dead() -> SocketAddr {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
+        crate::testing::dead_addr()
     }
 
     /// A server that greets every connection with `hi` and then echoes it. The client waits

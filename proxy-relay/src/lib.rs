@@ -717,3 +717,27 @@ mod tests {
         tokio::net::TcpStream::connect(addr).await.is_err()
     }
 }
+
+/// Helpers shared by the crate's unit tests.
+#[cfg(test)]
+mod testing {
+    use std::net::SocketAddr;
+
+    /// A loopback address where nothing listens: connects to it are refused. Its socket stays
+    /// bound (never listening) for the life of the test process, so no other socket (a proxy
+    /// listener bound to port 0 by another test) can take the port, as one could after a bind
+    /// and close.
+    pub(crate) fn dead_addr() -> SocketAddr {
+        static HELD: std::sync::Mutex<Vec<tokio::net::TcpSocket>> =
+            std::sync::Mutex::new(Vec::new());
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket
+            .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .expect("bind");
+        let addr = socket.local_addr().expect("its address");
+        HELD.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(socket);
+        addr
+    }
+}

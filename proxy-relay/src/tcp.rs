@@ -216,8 +216,7 @@ mod tests {
     }
 
     fn dead_addr() -> BackendAddr {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        BackendAddr(l.local_addr().unwrap())
+        BackendAddr(crate::testing::dead_addr())
     }
 
     fn start(

@@ -131,10 +131,17 @@ pub fn cluster(
     )
 }
 
-/// An address where nothing listens (bound, then closed: connects are refused).
+/// An address where nothing listens: connects to it are refused. Its socket stays bound (never
+/// listening) for the life of the test process, so no other socket can take the port. A port
+/// bound and closed at once was free again: a proxy listener that another test (or this one)
+/// bound next could get it, and a connect meant for a dead host then reached that proxy.
 pub fn dead_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
+    static HELD: std::sync::Mutex<Vec<tokio::net::TcpSocket>> = std::sync::Mutex::new(Vec::new());
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = socket.local_addr().unwrap();
+    HELD.lock().unwrap().push(socket);
+    addr
 }
 
 /// A TCP server whose connections a test takes one by one.

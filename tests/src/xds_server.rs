@@ -326,6 +326,20 @@ impl Envoy {
         )
     }
 
+    /// Starts Envoy with node id `node`, subscribed over SotW ADS to the EDS clusters
+    /// `clusters`, each a whole Envoy `Cluster` in JSON (for fields beyond the name: health
+    /// checks, `ignore_health_on_host_removal`, ...).
+    pub fn start_with_clusters(server: &XdsServer, node: &str, clusters: &[Value]) -> Self {
+        let node = serde_json::json!({"id": node, "cluster": "envoy-test"});
+        let text = bootstrap_json(server.grpc_addr(), &node, &[], "GRPC");
+        let mut bootstrap: Value = serde_json::from_str(&text).expect("bootstrap JSON");
+        let list = bootstrap["static_resources"]["clusters"]
+            .as_array_mut()
+            .expect("the bootstrap's clusters");
+        list.extend(clusters.iter().cloned());
+        Self::launch(&bootstrap.to_string(), None)
+    }
+
     /// Starts Envoy with node id `node` taking its clusters and listeners from `server` over
     /// ADS (`api_type` `GRPC` or `DELTA_GRPC`): bootstrap `cds_config` and `lds_config`.
     pub fn start_dynamic(server: &XdsServer, node: &str, api_type: &str) -> Self {

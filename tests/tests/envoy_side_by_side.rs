@@ -15,7 +15,11 @@
 //! failures, and after its restart with a changed record both follow within a backoff and a
 //! refresh of each other. A fourth subscribes both to one xDS server's EDS cluster and pushes
 //! the same assignments: every EDS health status, weights, priorities, hosts leaving; both
-//! `/clusters` and the membership stats must agree after each version.
+//! `/clusters` and the membership stats must agree after each version. The absent cells of the
+//! health matrix (hosts discovery stops sending) are compared in `removal`.
+
+#[path = "envoy_side_by_side/removal.rs"]
+mod removal;
 
 use std::{
     net::{SocketAddr, TcpStream},

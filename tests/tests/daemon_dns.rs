@@ -1,4 +1,5 @@
-//! STRICT_DNS and LOGICAL_DNS through the daemon and the kernel (root): a real unbound answers;
+//! STRICT_DNS, LOGICAL_DNS and DNS SRV clusters through the daemon and the kernel (root): a real
+//! unbound answers;
 //! records changed live through unbound-control move connects from a fresh cgroup and
 //! namespace to the new addresses.
 
@@ -136,4 +137,47 @@ fn strict_dns_address_from_two_names_is_two_hosts() {
         n,
         2.0 / 3.0,
     );
+}
+
+/// A `proxy.clusters.dns_srv` cluster through the daemon and the kernel: the SRV targets' ports
+/// are the hosts' ports, the lowest SRV priority serves alone while it has a host, and records
+/// changed live move connects (the higher priority takes over, then the first comes back).
+#[test]
+fn dns_srv_priorities_and_ports_reach_the_kernel() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let (a, b) = ("127.0.0.48:8081", "127.0.0.49:8082");
+    let _servers = BannerServers::start(
+        &netns,
+        &[
+            (a.parse().unwrap(), a, false),
+            (b.parse().unwrap(), b, false),
+        ],
+    );
+    let first = "_web._tcp.svc.test. 5 IN SRV 10 5 8081 a.svc.test.";
+    let second = "_web._tcp.svc.test. 5 IN SRV 20 5 8082 b.svc.test.";
+    let dns = Unbound::start(&[
+        first,
+        second,
+        "a.svc.test. 5 IN A 127.0.0.48",
+        "b.svc.test. 5 IN A 127.0.0.49",
+    ]);
+    let config = format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n  - name: web\n    cluster_type: {{ name: proxy.clusters.dns_srv, typed_config: {{ service_names: [_web._tcp.svc.test] }} }}\n    dns_refresh_rate: 0.2s\n    dns_lookup_family: V4_ONLY\n    dns_resolvers: [\"{}\"]\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web }}\n",
+        unique("srv"),
+        cgroup.path().display(),
+        dns.addr(),
+    );
+    let daemon = Daemon::start(&config);
+    wait(&netns, &cgroup, &[a]);
+    let (_, clusters) = daemon.get("/clusters").expect("admin /clusters");
+    for (host, priority) in [(a, 0), (b, 1)] {
+        let line = format!("web::{host}::priority::{priority}");
+        assert!(clusters.lines().any(|l| l == line), "{line} in {clusters}");
+    }
+
+    dns.replace("_web._tcp.svc.test", &[second]);
+    wait(&netns, &cgroup, &[b]);
+    dns.replace("_web._tcp.svc.test", &[first, second]);
+    wait(&netns, &cgroup, &[a]);
 }

@@ -1,14 +1,17 @@
 //! Outlier detection fed by the kernel's passive signal (root): connects from a fresh cgroup to
 //! a host with nothing listening fail; sockops counts them; the daemon ejects the host and new
-//! connects go to the healthy one.
+//! connects go to the healthy one. And the HTTP detectors (success rate, failure percentage) fed
+//! by the proxy path's answers from a host that returns 500.
 
 use std::{
+    fmt::Write as _,
     net::SocketAddr,
     time::{Duration, Instant},
 };
 
-use integration_tests::kernel::{
-    BannerServers, Daemon, Netns, Probe, TestCgroup, require_root, unique,
+use integration_tests::{
+    http_servers::{Servers, get_in_cgroup},
+    kernel::{BannerServers, Daemon, Netns, Probe, TestCgroup, require_root, unique},
 };
 
 #[test]
@@ -51,4 +54,123 @@ fn connect_failures_eject_the_host() {
     let failed = daemon.stat("service.web.cx_passive_failure");
     println!("service.web.cx_passive_failure: {failed}");
     assert!(failed >= 2, "at least consecutive_5xx failures: {failed}");
+}
+
+/// Answers one HTTP/1.1 request: 500 from the hosts named `bad`, 200 from the others; the body
+/// names the host.
+fn status_server(mut conn: std::net::TcpStream, name: &str) {
+    use std::io::{Read as _, Write as _};
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 8192 {
+        match conn.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => break,
+        }
+    }
+    let status = if name == "bad" {
+        "500 Internal Server Error"
+    } else {
+        "200 OK"
+    };
+    let _ = write!(
+        conn,
+        "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{name}",
+        name.len()
+    );
+}
+
+/// The success-rate and failure-percentage detectors fed by the proxy path's HTTP statuses,
+/// through the daemon and the kernel redirect: five hosts, one answering 500 to everything. Each
+/// of two chains' clusters runs one detector alone (the others not enforcing); both eject the
+/// 500 host within a few intervals, count it under their own detector, and then no request
+/// reaches it.
+#[test]
+fn http_5xx_feed_the_success_rate_and_failure_percentage_detectors() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let hosts: Vec<(SocketAddr, &str)> = ["ok1", "ok2", "ok3", "ok4", "bad"]
+        .iter()
+        .enumerate()
+        .map(|(i, name)| (SocketAddr::from(([127, 0, 0, 71 + i as u8], 8080)), *name))
+        .collect();
+    let _servers = Servers::start(&netns, &hosts, status_server);
+    let mut endpoints = String::new();
+    for (a, _) in &hosts {
+        writeln!(
+            endpoints,
+            "            - endpoint: {{ address: {{ socket_address: {{ address: \"{}\", port_value: {} }} }} }}",
+            a.ip(),
+            a.port()
+        )
+        .expect("writing to a String");
+    }
+    // Only the detector under test enforces; consecutive 5xx (enforcing by default) is off.
+    let common = "interval: 1s, max_ejection_percent: 50, enforcing_consecutive_5xx: 0";
+    let detectors = [
+        (
+            "sr",
+            format!(
+                "{{ {common}, success_rate_minimum_hosts: 5, success_rate_request_volume: 10 }}"
+            ),
+            "outlier_detection.ejections_enforced_success_rate",
+        ),
+        (
+            "fp",
+            format!(
+                "{{ {common}, enforcing_success_rate: 0, enforcing_failure_percentage: 100, failure_percentage_minimum_hosts: 5, failure_percentage_request_volume: 10 }}"
+            ),
+            "outlier_detection.ejections_enforced_failure_percentage",
+        ),
+    ];
+    let mut config = format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n",
+        unique("od"),
+        cgroup.path().display()
+    );
+    for (name, outlier, _) in &detectors {
+        write!(
+            config,
+            "  - name: {name}\n    outlier_detection: {outlier}\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n{endpoints}"
+        )
+        .expect("writing to a String");
+    }
+    config.push_str("config_entries:\n");
+    for (name, _, _) in &detectors {
+        writeln!(
+            config,
+            "  - {{ Kind: service-defaults, Name: {name}, Protocol: http }}"
+        )
+        .expect("writing to a String");
+    }
+    config.push_str("services:\n");
+    for (i, (name, _, _)) in detectors.iter().enumerate() {
+        writeln!(
+            config,
+            "  - {{ name: {name}, address: 127.77.0.{}, port: 80, chain: {name}, mode: proxy }}",
+            i + 1
+        )
+        .expect("writing to a String");
+    }
+    let daemon = Daemon::start_in(&netns, &config);
+    let paths = vec!["/"; 50];
+    for (i, (name, _, stat)) in detectors.iter().enumerate() {
+        let vip = SocketAddr::from(([127, 77, 0, 1 + i as u8], 80));
+        let ejected = format!("cluster.{name}.{stat}");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while daemon.stat(&ejected) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{name}: the 500 host was never ejected"
+            );
+            get_in_cgroup(vip, &netns, &cgroup, &paths);
+        }
+        let bodies = get_in_cgroup(vip, &netns, &cgroup, &paths);
+        assert!(
+            bodies.iter().all(|b| b.starts_with("ok")),
+            "{name}: after the ejection every request reaches a 200 host: {bodies:?}"
+        );
+        println!("{name}: {ejected} = {}", daemon.stat(&ejected));
+    }
 }

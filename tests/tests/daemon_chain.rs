@@ -1,7 +1,8 @@
 //! Consul discovery chains executed by the kernel path (root): the real daemon compiles the
 //! chain from config entries, and connects from a fresh cgroup in a fresh network namespace
 //! follow it: a 90/10 split by subset, a redirect, and failover when the primary's hosts fail
-//! their active health checks (and back when they recover). And entries live from a real Consul:
+//! their active health checks (and back when they recover); the opt-ins beyond Consul
+//! (health-aware splits, tcp splits, failover on a healthy share). And entries live from a real Consul:
 //! a `consul config write` moves connects within one watch round trip, and moves a proxy-mode
 //! HTTP service without one failed request.
 
@@ -178,6 +179,69 @@ fn a_split_leg_without_hosts_fails_its_share_unless_health_aware() {
         200,
         "health-aware: the canary's share goes to web: {probe:?}"
     );
+}
+
+/// The two opt-ins beyond Consul that no other test runs through the kernel. `tcp_splits`: a
+/// splitter on a tcp service splits connects by weight. `failover_threshold_percent`: a target
+/// with one healthy host of four (25 %) serves while the threshold is unset (Consul fails over
+/// only when none is healthy), and fails over to the resolver's failover target at 50.
+#[test]
+fn chain_opt_ins_split_tcp_and_fail_over_on_a_healthy_share() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let addr = |last: u8, port: u16| SocketAddr::from(([127, 0, 0, last], port));
+    let (web, canary, backup) = (addr(31, 8081), addr(32, 8082), addr(33, 8083));
+    let _servers = BannerServers::start(
+        &netns,
+        &[
+            (web, "web", false),
+            (canary, "canary", false),
+            (backup, "backup", false),
+        ],
+    );
+    let vip: SocketAddr = VIP.parse().unwrap();
+
+    let split = format!(
+        "{}clusters:\n{}{}config_entries:\n  - Kind: service-splitter\n    Name: web\n    Splits: [{{ Weight: 70, Service: web }}, {{ Weight: 30, Service: canary }}]\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, chain: web, chain_options: {{ tcp_splits: true }} }}\n",
+        header(&cgroup),
+        cluster("web", &endpoint(web, "a"), ""),
+        cluster("canary", &endpoint(canary, "c"), ""),
+    );
+    {
+        let _daemon = Daemon::start(&split);
+        let n = 1000;
+        let probe = Probe::run(&netns, Some(cgroup.path()), vip, n, false);
+        assert!(probe.errors.is_empty(), "{probe:?}");
+        assert_share("canary", probe.count("canary"), n, 0.3);
+    }
+
+    // Three of web's four hosts are UNHEALTHY: 25 % healthy.
+    let unhealthy = |a: SocketAddr| {
+        endpoint(a, "a").replace(
+            "              metadata:",
+            "              health_status: UNHEALTHY\n              metadata:",
+        )
+    };
+    let web_hosts = endpoint(web, "a")
+        + &unhealthy(addr(34, 8084))
+        + &unhealthy(addr(35, 8085))
+        + &unhealthy(addr(36, 8086));
+    let failover = |options: &str| {
+        format!(
+            "{}clusters:\n{}{}config_entries:\n  - Kind: service-resolver\n    Name: web\n    Failover:\n      '*': {{ Service: backup }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, chain: web{options} }}\n",
+            header(&cgroup),
+            cluster("web", &web_hosts, ""),
+            cluster("backup", &endpoint(backup, "b"), ""),
+        )
+    };
+    {
+        let _daemon = Daemon::start(&failover(""));
+        wait_for_backends(&netns, &cgroup, vip, &["web"], Duration::from_secs(10));
+    }
+    let _daemon = Daemon::start(&failover(
+        ", chain_options: { failover_threshold_percent: 50 }",
+    ));
+    wait_for_backends(&netns, &cgroup, vip, &["backup"], Duration::from_secs(10));
 }
 
 /// Bound from a `consul config write`'s return to the first connect that follows it: one watch

@@ -1,7 +1,8 @@
 //! Outlier detection fed by the kernel's passive signal (root): connects from a fresh cgroup to
 //! a host with nothing listening fail; sockops counts them; the daemon ejects the host and new
 //! connects go to the healthy one. And the HTTP detectors (success rate, failure percentage) fed
-//! by the proxy path's answers from a host that returns 500.
+//! by the proxy path's answers from a host that returns 500, and LEAST_REQUEST from the file,
+//! which sockops follows by counting each host's open connections.
 
 use std::{
     fmt::Write as _,
@@ -173,4 +174,101 @@ fn http_5xx_feed_the_success_rate_and_failure_percentage_detectors() {
         );
         println!("{name}: {ejected} = {}", daemon.stat(&ejected));
     }
+}
+
+/// `lb_policy: LEAST_REQUEST` from the configuration file, through the daemon: the daemon
+/// attaches sockops and publishes the service so that connect4 compares its hosts' open
+/// connections. One host is loaded with a million connections in the kernel's count (written
+/// into the pinned `ACTIVE_V1`, as `kernel_path` does); it then gets only the connects whose two
+/// draws both fall on it (a quarter, where RANDOM would give it half), and connections held
+/// open through the VIP are counted on their host and taken back when they close.
+#[test]
+fn least_request_from_the_file_compares_open_connections() {
+    use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+    use integration_tests::kernel::InCgroup;
+    use proxy_common::{
+        abi::maps,
+        service::{Backend, FAMILY_V4},
+    };
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let (a, b): (SocketAddr, SocketAddr) = (
+        "127.0.0.63:8080".parse().unwrap(),
+        "127.0.0.64:8080".parse().unwrap(),
+    );
+    // The servers close at once; a client's socket still counts until the client closes it.
+    let _servers = BannerServers::start(&netns, &[(a, "a", false), (b, "b", false)]);
+    let instance = unique("lr");
+    let config = format!(
+        "instance: {instance}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n  - name: web\n    lb_policy: LEAST_REQUEST\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n            - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.63, port_value: 8080 }} }} }}\n            - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.64, port_value: 8080 }} }} }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web }}\n",
+        cgroup.path().display(),
+    );
+    let _daemon = Daemon::start(&config);
+    let pin = std::path::Path::new("/sys/fs/bpf")
+        .join(&instance)
+        .join(maps::ACTIVE);
+    let active = || {
+        let map = MapData::from_pin(&pin).expect("ACTIVE_V1 pinned by the daemon");
+        BpfHashMap::<MapData, Backend, u64>::try_from(Map::HashMap(map)).expect("a hash map")
+    };
+    let backend = |addr: SocketAddr| {
+        let std::net::IpAddr::V4(ip) = addr.ip() else {
+            unreachable!("IPv4 hosts")
+        };
+        Backend {
+            addr: [u32::from_ne_bytes(ip.octets()), 0, 0, 0],
+            port: addr.port().to_be(),
+            family: FAMILY_V4,
+            _pad: 0,
+        }
+    };
+    let load = 1_000_000;
+    active()
+        .insert(backend(a), load, 0)
+        .expect("loading host a");
+    let vip: SocketAddr = "127.77.0.1:80".parse().unwrap();
+    let n = 400;
+    let probe = Probe::run(&netns, Some(cgroup.path()), vip, n, false);
+    assert!(probe.errors.is_empty(), "{probe:?}");
+    integration_tests::kernel::assert_share("the loaded host", probe.count("a"), n, 0.25);
+
+    // Ten connections held open from the cgroup: counted on their hosts, then taken back.
+    let held = || {
+        let m = active();
+        m.get(&backend(a), 0).unwrap_or(0) - load + m.get(&backend(b), 0).unwrap_or(0)
+    };
+    let settled = |want: u64| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while held() != want && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        held()
+    };
+    assert_eq!(settled(0), 0, "the probe's connections not taken back");
+    let dir = integration_tests::kernel::TempDir::new();
+    let (ready, release) = (dir.0.join("ready"), dir.0.join("release"));
+    let child = {
+        let (ready, release) = (ready.clone(), release.clone());
+        InCgroup::spawn(Some(cgroup.path()), &netns, move || {
+            let held: Vec<_> = (0..10)
+                .map(|_| std::net::TcpStream::connect(vip).expect("connect"))
+                .collect();
+            std::fs::write(&ready, b"").expect("ready");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !release.exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            drop(held);
+            String::new()
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "the client did not connect");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(held(), 10, "ten open connections");
+    std::fs::write(&release, b"").expect("release");
+    child.wait(Duration::from_secs(30));
+    assert_eq!(settled(0), 0, "held connections not taken back");
 }

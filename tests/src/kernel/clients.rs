@@ -130,6 +130,17 @@ fn sockets_of_port(port: u16) -> String {
 /// Unconnected UDP: `sendto(target)` and `recvfrom` on one socket, `count` times; the peer
 /// recorded is recvfrom's source address.
 pub fn udp_sendto_loop(target: SocketAddr, count: u32) -> LoopReport {
+    udp_sendto_loop_within(target, count, None)
+}
+
+/// Like [`udp_sendto_loop`], but stops after `within` too when given (whichever comes first):
+/// for a loop that only matters while something else happens for that long.
+pub fn udp_sendto_loop_within(
+    target: SocketAddr,
+    count: u32,
+    within: Option<Duration>,
+) -> LoopReport {
+    let deadline = within.and_then(|w| Instant::now().checked_add(w));
     let any: SocketAddr = if target.is_ipv4() {
         "0.0.0.0:0"
     } else {
@@ -144,6 +155,9 @@ pub fn udp_sendto_loop(target: SocketAddr, count: u32) -> LoopReport {
     let mut report = LoopReport::default();
     let mut buf = [0u8; 512];
     for _ in 0..count {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
         let outcome = socket.send_to(b"probe\n", target).and_then(|_| {
             let (n, from) = socket.recv_from(&mut buf)?;
             Ok((from, String::from_utf8_lossy(&buf[..n]).trim().to_owned()))

@@ -9,6 +9,7 @@ mod admin;
 mod cluster;
 mod compose;
 pub mod duration;
+mod endpoint_health;
 mod entries;
 pub use self::compose::ComposeError;
 pub mod envoy;
@@ -34,6 +35,7 @@ pub use self::{
         DNS_SRV_CLUSTER, DnsSrvConfig, Endpoint, LbEndpoint, LbPolicy, LoadAssignment,
         LocalityLbEndpoints, Metadata, OriginalDstLbConfig, SocketAddress,
     },
+    endpoint_health::EndpointHealthCheck,
     error::ConfigError,
     kernel_maps::MapSizes,
     proxy::{ProxyConfig, ProxyProtocolMode, SpliceMode},

@@ -2,7 +2,10 @@
 //! (`crate::discovery`), a STATIC cluster's endpoints (`crate::config`), health checking and
 //! load balancing share.
 
-use std::{collections::BTreeMap, net::SocketAddr};
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -39,8 +42,43 @@ pub struct Host {
     pub eds_health: EdsHealth,
     /// Host metadata (EDS metadata, Consul `Service.Meta`), used by subset filters.
     pub metadata: BTreeMap<String, String>,
-    /// Hostname the address came from, if any (DNS-based clusters).
+    /// Hostname the address came from (DNS-based clusters), or the endpoint's `hostname` (EDS,
+    /// the file): shown in `/clusters`, never resolved.
     pub hostname: Option<String>,
+    /// Envoy's `Endpoint.health_check_config`: where and how active checks reach this host.
+    pub health_check: HealthCheckTarget,
+}
+
+/// Envoy's `Endpoint.HealthCheckConfig`: an active check of a host may go to another address or
+/// port than its traffic, name it differently, or not run at all.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+pub struct HealthCheckTarget {
+    /// `address`: the IP checks connect to instead of the host's.
+    pub address: Option<IpAddr>,
+    /// `address.socket_address.port_value`, when `address` is set: its port.
+    pub address_port: Option<u16>,
+    /// `port_value` (not 0): the port checks connect to, over any other.
+    pub port: Option<u16>,
+    /// `hostname`: the HTTP `Host` (gRPC `:authority`) of checks to this host, over the
+    /// cluster's configured one.
+    pub hostname: Option<String>,
+    /// `disable_active_health_check`: this host is not checked, and routes without a check.
+    pub disabled: bool,
+}
+
+impl HealthCheckTarget {
+    /// Where checks of a host at `addr` connect, as Envoy resolves it: the alternate address
+    /// (with its own port) when set, then `port_value` over the port.
+    pub fn addr(&self, addr: SocketAddr) -> SocketAddr {
+        let mut target = match self.address {
+            Some(ip) => SocketAddr::new(ip, self.address_port.unwrap_or(addr.port())),
+            None => addr,
+        };
+        if let Some(port) = self.port {
+            target.set_port(port);
+        }
+        target
+    }
 }
 
 impl Host {
@@ -53,6 +91,7 @@ impl Host {
             eds_health: EdsHealth::Unknown,
             metadata: BTreeMap::new(),
             hostname: None,
+            health_check: HealthCheckTarget::default(),
         }
     }
 }

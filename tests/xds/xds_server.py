@@ -8,7 +8,8 @@ port (HTTP/1.1, JSON):
   POST /push     {"cluster": "web", "version": "2", "endpoints": [ENDPOINT, ...]}
                  ENDPOINT = {"address": "127.0.0.1", "port": 8080, "health": "HEALTHY",
                              "weight": 3, "priority": 0, "region": "eu", "zone": "eu-1",
-                             "hostname": "a", "lb": {"version": "v1"}}
+                             "hostname": "a", "lb": {"version": "v1"},
+                             "health_check_config": {"port_value": 9000}}
                  ("port": a string is a named_port, null or absent leaves the port unset;
                  "health": a number is sent as is, even outside the enum)
                  Nothing is validated: an invalid endpoint (port 0, "not-an-ip", weight 0)
@@ -187,6 +188,8 @@ def build_cla(name, endpoints):
         elif port is not None:
             socket.port_value = port
         lb.endpoint.hostname = spec.get("hostname", "")
+        if "health_check_config" in spec:
+            json_format.ParseDict(spec["health_check_config"], lb.endpoint.health_check_config)
         health = spec.get("health", "UNKNOWN")
         lb.health_status = health if isinstance(health, int) else health_check_pb2.HealthStatus.Value(health)
         if "weight" in spec:

@@ -310,6 +310,24 @@ impl Metadata {
 pub struct Endpoint {
     /// The endpoint's address.
     pub address: Address,
+    /// A name for the endpoint, shown in `/clusters`; never resolved (a DNS cluster's hosts
+    /// carry it instead of the name they were resolved from).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// Where and how active health checks reach this endpoint
+    /// (`config::endpoint_health`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check_config: Option<super::EndpointHealthCheck>,
+}
+
+impl Endpoint {
+    /// The health-check target of the endpoint's hosts.
+    pub fn health_check(&self) -> crate::host::HealthCheckTarget {
+        self.health_check_config
+            .as_ref()
+            .map(super::EndpointHealthCheck::target)
+            .unwrap_or_default()
+    }
 }
 
 /// Envoy's `core.v3.Address` (only the `socket_address` form).
@@ -363,6 +381,8 @@ impl Cluster {
                     priority,
                     health: lb.health_status,
                     metadata: lb.metadata.lb(),
+                    hostname: lb.endpoint.hostname.clone(),
+                    health_check: lb.endpoint.health_check(),
                     ..DnsEndpoint::new(sa.address.clone(), sa.port_value)
                 }
             })
@@ -388,6 +408,8 @@ impl Cluster {
                     priority,
                     eds_health: lb.health_status,
                     metadata: lb.metadata.lb(),
+                    hostname: lb.endpoint.hostname.clone(),
+                    health_check: lb.endpoint.health_check(),
                     ..Host::new(SocketAddr::new(ip, sa.port_value))
                 })
             })

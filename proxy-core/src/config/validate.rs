@@ -226,6 +226,11 @@ fn validate_endpoints(
                     "must be at least 1",
                 ));
             }
+            if let Some(check) = &lb.endpoint.health_check_config {
+                check.validate(guard).map_err(|(field, why)| {
+                    Invalid::new(at(&format!("endpoint.health_check_config.{field}")), why)
+                })?;
+            }
         }
     }
     Ok(())

@@ -20,9 +20,10 @@ use super::{
     priority::Routing,
     random::Random,
     spec::HealthCheckSpec,
+    state::HostHealth,
     stats::{HealthCheckStats, render},
 };
-use crate::host::HostSet;
+use crate::host::{HealthCheckTarget, HostSet};
 
 /// A passive signal from the data path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,9 +45,19 @@ pub struct ClusterHealth {
     membership: ClusterMembership,
     manager: HealthCheckManager,
     spec: Option<Arc<HealthCheckSpec>>,
-    probes: HashMap<SocketAddr, ProbeId>,
-    owners: HashMap<ProbeId, SocketAddr>,
+    /// Host address -> its probe and what the probe checks (a host's `health_check_config`
+    /// may move it); a host whose checks are disabled has none.
+    probes: HashMap<SocketAddr, Checked>,
+    /// Probe -> the hosts it checks (two hosts may name one check target).
+    owners: HashMap<ProbeId, Vec<SocketAddr>>,
     stats: Arc<HealthCheckStats>,
+}
+
+/// One host's registration with the manager (`None`: its checks are disabled).
+#[derive(Clone)]
+struct Checked {
+    probe: Option<ProbeId>,
+    target: HealthCheckTarget,
 }
 
 impl ClusterHealth {
@@ -78,6 +89,17 @@ impl ClusterHealth {
     pub fn update_hosts(&mut self, hosts: HostSet) {
         let change = self.membership.update_hosts(hosts);
         self.apply_change(change);
+        // A host that stayed but whose health_check_config changed is checked anew.
+        let moved: Vec<SocketAddr> = self
+            .probes
+            .iter()
+            .filter(|(addr, c)| self.membership.health_check_of(**addr) != Some(&c.target))
+            .map(|(addr, _)| *addr)
+            .collect();
+        for addr in moved {
+            self.stop_probe(addr);
+            self.start_probe(addr);
+        }
     }
 
     /// Applies every transition pending in `events` (this cluster's subscription to the
@@ -95,11 +117,13 @@ impl ClusterHealth {
 
     /// Applies one transition if it is for one of this cluster's probes.
     pub fn on_event(&mut self, event: &HealthEvent) -> bool {
-        if self.owners.get(&event.probe) != Some(&event.addr) {
+        let Some(hosts) = self.owners.get(&event.probe).cloned() else {
             return false;
+        };
+        for addr in hosts {
+            let change = self.membership.set_active_health(addr, event.health);
+            self.apply_change(change);
         }
-        let change = self.membership.set_active_health(event.addr, event.health);
-        self.apply_change(change);
         true
     }
 
@@ -161,32 +185,80 @@ impl ClusterHealth {
 
     fn apply_change(&mut self, change: MembershipChange) {
         for addr in change.removed {
-            if let Some(probe) = self.probes.remove(&addr) {
-                self.owners.remove(&probe);
-                self.manager.unregister(&self.name, probe, &self.stats);
-            }
+            self.stop_probe(addr);
         }
-        let Some(spec) = self.spec.clone() else {
+        if self.spec.is_none() {
+            return;
+        }
+        for addr in change.added {
+            self.start_probe(addr);
+        }
+    }
+
+    /// Registers the probe of the host at `addr` (where its `health_check_config` says), or,
+    /// when its checks are disabled, lets it route without one.
+    fn start_probe(&mut self, addr: SocketAddr) {
+        let (Some(spec), Some(target)) = (
+            self.spec.clone(),
+            self.membership.health_check_of(addr).cloned(),
+        ) else {
             return;
         };
-        for addr in change.added {
-            let (probe, health) = self.manager.register(&self.name, addr, &spec, &self.stats);
-            self.probes.insert(addr, probe);
-            self.owners.insert(probe, addr);
-            if !health.pending {
-                // A probe shared with another cluster already knows the answer.
-                let change = self.membership.set_active_health(addr, health);
-                self.apply_change(change);
+        if target.disabled {
+            self.probes.insert(
+                addr,
+                Checked {
+                    probe: None,
+                    target,
+                },
+            );
+            let change = self
+                .membership
+                .set_active_health(addr, HostHealth::default());
+            self.apply_change(change);
+            return;
+        }
+        let spec = match &target.hostname {
+            Some(hostname) => Arc::new(spec.for_hostname(hostname)),
+            None => spec,
+        };
+        let at = target.addr(addr);
+        let (probe, health) = self.manager.register(&self.name, at, &spec, &self.stats);
+        let checked = Checked {
+            probe: Some(probe),
+            target,
+        };
+        self.probes.insert(addr, checked);
+        self.owners.entry(probe).or_default().push(addr);
+        if !health.pending {
+            // A probe shared with another cluster already knows the answer.
+            let change = self.membership.set_active_health(addr, health);
+            self.apply_change(change);
+        }
+    }
+
+    fn stop_probe(&mut self, addr: SocketAddr) {
+        let Some(probe) = self.probes.remove(&addr).and_then(|c| c.probe) else {
+            return;
+        };
+        if let Some(hosts) = self.owners.get_mut(&probe) {
+            hosts.retain(|h| *h != addr);
+            if hosts.is_empty() {
+                self.owners.remove(&probe);
             }
         }
+        self.manager.unregister(&self.name, probe, &self.stats);
     }
 
     /// Re-reads every probe's health from the manager: what to do when this cluster's
     /// subscription lagged and transitions were lost.
     pub fn resync(&mut self) {
         warn!(cluster = %self.name, "health events lagged; resynchronising from the probes");
-        let probes: Vec<(SocketAddr, ProbeId)> =
-            self.probes.iter().map(|(a, p)| (*a, *p)).collect();
+        let probes: Vec<(SocketAddr, ProbeId)> = self
+            .probes
+            .iter()
+            .filter_map(|(a, c)| Some((*a, c.probe?)))
+            .collect();
         for (addr, probe) in probes {
             if let Some(health) = self.manager.health(probe) {
                 let change = self.membership.set_active_health(addr, health);
@@ -198,8 +270,8 @@ impl ClusterHealth {
 
 impl Drop for ClusterHealth {
     fn drop(&mut self) {
-        for probe in self.probes.values() {
-            self.manager.unregister(&self.name, *probe, &self.stats);
+        for probe in self.probes.values().filter_map(|c| c.probe) {
+            self.manager.unregister(&self.name, probe, &self.stats);
         }
     }
 }

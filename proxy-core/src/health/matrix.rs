@@ -211,10 +211,17 @@ impl ClusterMembership {
             self.members.insert(key, member);
         }
         // Envoy keeps an absent host that active health checking has not failed (it goes at
-        // its first failure), unless told to ignore health on removal.
+        // its first failure), unless told to ignore health on removal. A host its source last
+        // marked UNHEALTHY or TIMEOUT (Envoy's FAILED_EDS_HEALTH), or one that is not checked
+        // (`disable_active_health_check`), goes at once, as in Envoy 1.40.
         let keep_absent = self.active_hc && !self.ignore_health_on_removal;
-        self.members
-            .retain(|_, m| m.discovered || (keep_absent && !m.active.failed));
+        self.members.retain(|_, m| {
+            m.discovered
+                || (keep_absent
+                    && !m.active.failed
+                    && !matches!(m.host.eds_health, EdsHealth::Unhealthy | EdsHealth::Timeout)
+                    && !m.host.health_check.disabled)
+        });
         self.sync_outlier();
         let after = self.addresses();
         MembershipChange {
@@ -345,6 +352,15 @@ impl ClusterMembership {
             active_hc_timeout: self.active_hc && m.active.timeout,
             eds_status_draining: eds == EdsHealth::Draining,
         }
+    }
+
+    /// How active checks reach the host at `addr` (its first member's
+    /// `health_check_config`); `None` when no host is there.
+    pub fn health_check_of(&self, addr: SocketAddr) -> Option<&crate::host::HealthCheckTarget> {
+        self.members
+            .range(keys_of(addr))
+            .next()
+            .map(|(_, m)| &m.host.health_check)
     }
 
     /// Every address with at least one host.

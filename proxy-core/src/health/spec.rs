@@ -130,3 +130,18 @@ impl StringMatch {
         }
     }
 }
+
+impl HealthCheckSpec {
+    /// This check for a host whose `health_check_config.hostname` is `hostname`: an HTTP
+    /// check's `Host` and a gRPC check's `:authority` become it (Envoy's order: the host's
+    /// name, then the check's own, then the cluster's name); a TCP check is unchanged.
+    pub fn for_hostname(&self, hostname: &str) -> Self {
+        let mut spec = self.clone();
+        match &mut spec.kind {
+            CheckKind::Http(http) => hostname.clone_into(&mut http.host),
+            CheckKind::Grpc(grpc) => hostname.clone_into(&mut grpc.authority),
+            CheckKind::Tcp(_) => {}
+        }
+        spec
+    }
+}

@@ -4,7 +4,8 @@
 //! stops sending while it passes its checks stays in the first (`pending_dynamic_removal`) until
 //! it fails one, and leaves the second at once; a host that already fails its checks leaves both
 //! at once. After each step both admins' `/clusters` must show the same hosts with the same
-//! flags.
+//! flags. A second case runs Envoy's per-endpoint `health_check_config` and `hostname` on both,
+//! and which absent hosts each keeps (unchecked, EDS-unhealthy, draining).
 
 use std::{
     fmt::Write as _,
@@ -167,23 +168,7 @@ fn hosts_leaving_discovery_follow_envoys_absent_cells() {
         &unique("envoy"),
         &[cluster("c", false), cluster("d", true)],
     );
-    let mut clusters = String::new();
-    for (name, ignore) in [("c", false), ("d", true)] {
-        let mut c = cluster(name, ignore);
-        c["eds_cluster_config"]["eds_config"]
-            .as_object_mut()
-            .unwrap()
-            .remove("resource_api_version");
-        writeln!(clusters, "  - {c}").expect("writing to a String");
-    }
-    let config = format!(
-        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nxds:\n  node: {{ id: {}, cluster: edge }}\n  ads_config: {{ api_type: GRPC, server_uri: \"{}\" }}\nclusters:\n{clusters}services:\n  - {{ name: web-c, address: 127.77.9.21, port: 80, cluster: c }}\n  - {{ name: web-d, address: 127.77.9.22, port: 80, cluster: d }}\n",
-        unique("sbsrm"),
-        cgroup.path().display(),
-        unique("daemon"),
-        server.grpc_addr(),
-    );
-    let daemon = Daemon::start(&config);
+    let daemon = eds_daemon(&cgroup, &server, &[("c", false), ("d", true)]);
     let sides = Sides {
         netns: None,
         envoy: envoy.admin(),
@@ -213,4 +198,226 @@ fn hosts_leaving_discovery_follow_envoys_absent_cells() {
     push_both(&server, "3", &HOSTS[..1]);
     until_both_show(&sides, "v3 without the failed second", &all[..1], &all[..1]);
     drop(listeners);
+}
+
+/// The hosts of `endpoint_health_check_config_matches_envoy`, a to f.
+const HC_HOSTS: [&str; 6] = [
+    "127.0.0.111:8111",
+    "127.0.0.112:8112",
+    "127.0.0.113:8113",
+    "127.0.0.114:8114",
+    "127.0.0.115:8115",
+    "127.0.0.117:8117",
+];
+
+/// The daemon on `server`'s EDS clusters (`name`, `ignore_health_on_host_removal`), each behind
+/// a service of its own.
+fn eds_daemon(cgroup: &TestCgroup, server: &XdsServer, clusters: &[(&str, bool)]) -> Daemon {
+    let mut yaml = String::from("clusters:\n");
+    let mut services = String::from("services:\n");
+    for (i, (name, ignore)) in clusters.iter().enumerate() {
+        let mut c = cluster(name, *ignore);
+        c["eds_cluster_config"]["eds_config"]
+            .as_object_mut()
+            .unwrap()
+            .remove("resource_api_version");
+        writeln!(yaml, "  - {c}").expect("writing to a String");
+        writeln!(
+            services,
+            "  - {{ name: web-{name}, address: 127.77.9.{}, port: 80, cluster: {name} }}",
+            21 + i
+        )
+        .expect("writing to a String");
+    }
+    Daemon::start(&format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nxds:\n  node: {{ id: {}, cluster: edge }}\n  ads_config: {{ api_type: GRPC, server_uri: \"{}\" }}\n{yaml}{services}",
+        unique("sbseds"),
+        cgroup.path().display(),
+        unique("daemon"),
+        server.grpc_addr(),
+    ))
+}
+
+/// A host of cluster `c` with its name: address, port, failed its active check, pending
+/// removal, hostname.
+type Named = (String, u64, bool, bool, String);
+
+fn named_view(clusters: &Value) -> Vec<Named> {
+    let cluster = clusters["cluster_statuses"]
+        .as_array()
+        .expect("cluster_statuses")
+        .iter()
+        .find(|c| c["name"] == "c")
+        .unwrap_or_else(|| panic!("no cluster c in {clusters:#}"));
+    let hostnames: Vec<String> = cluster["host_statuses"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|h| h["hostname"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    let mut hosts: Vec<Named> = cluster["host_statuses"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .zip(hostnames)
+        .map(|(h, name)| {
+            let sa = &h["address"]["socket_address"];
+            let health = &h["health_status"];
+            let flag = |f: &str| health[f].as_bool().unwrap_or(false);
+            (
+                sa["address"].as_str().unwrap_or_default().to_owned(),
+                sa["port_value"].as_u64().unwrap_or(0),
+                flag("failed_active_health_check"),
+                flag("pending_dynamic_removal"),
+                name,
+            )
+        })
+        .collect();
+    hosts.sort();
+    hosts
+}
+
+/// An EDS endpoint with `health_check_config` and `hostname`.
+fn checked_endpoint(addr: &str, health: &str, hostname: &str, check: &Value) -> Value {
+    let mut e = endpoint(addr, health, 1, 0);
+    e["hostname"] = json!(hostname);
+    e["health_check_config"] = check.clone();
+    e
+}
+
+/// Waits (at most 10 s) until both show `want` for cluster `c`; returns Envoy's view.
+fn until_both_named(sides: &Sides<'_>, step: &str, want: &[Named]) {
+    let mut want = want.to_vec();
+    want.sort();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (envoy, daemon) = sides.clusters();
+        let (e, d) = (named_view(&envoy), named_view(&daemon));
+        if e == want && d == want {
+            println!("{step}: both show {want:?}");
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{step}: want {want:?}\nenvoy:  {e:?}\ndaemon: {d:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn named(addr: &str, failed: bool, pending: bool, hostname: &str) -> Named {
+    let (ip, port, ..) = host(addr, failed, pending);
+    (ip, port, failed, pending, hostname.to_owned())
+}
+
+/// Envoy's per-endpoint `health_check_config` and `hostname`, side by side: checks that go to
+/// another port (a dead one fails a live host; a live one passes a host whose own port is
+/// dead), to another address, or nowhere (`disable_active_health_check`); the hostname shown in
+/// `/clusters`. Then what leaves: a host whose checks pass stays pending; one whose checks are
+/// disabled, and one EDS marked UNHEALTHY while its checks pass, go at once; a DRAINING one stays
+/// pending.
+#[test]
+#[expect(
+    clippy::many_single_char_names,
+    reason = "hosts a to f, as the comments name them"
+)]
+fn endpoint_health_check_config_matches_envoy() {
+    require_root();
+    if skip_without_dataplane("endpoint_health_check_config_matches_envoy") {
+        return;
+    }
+    let [a, b, c, d, e, f] = HC_HOSTS;
+    // Live: a's traffic port, b's check port, the alternate address c is checked at, e, f.
+    // Dead: a's check port, b's and c's and d's traffic ports.
+    let _live: Vec<CheckedHost> = [a, "127.0.0.112:9112", "127.0.0.116:9116", e, f]
+        .iter()
+        .map(|h| CheckedHost::start(h))
+        .collect();
+    let v1 = json!([
+        checked_endpoint(a, "HEALTHY", "web-a", &json!({"port_value": 9111})),
+        checked_endpoint(b, "HEALTHY", "web-b", &json!({"port_value": 9112})),
+        checked_endpoint(
+            c,
+            "HEALTHY",
+            "",
+            &json!({"address": {"socket_address": {"address": "127.0.0.116", "port_value": 9116}}})
+        ),
+        checked_endpoint(
+            d,
+            "HEALTHY",
+            "",
+            &json!({"disable_active_health_check": true})
+        ),
+        checked_endpoint(e, "HEALTHY", "web-e", &json!({})),
+        checked_endpoint(f, "HEALTHY", "", &json!({})),
+    ]);
+    let cgroup = TestCgroup::new();
+    let server = XdsServer::start();
+    server.push("c", "1", v1);
+    let envoy = Envoy::start_with_clusters(&server, &unique("envoy"), &[cluster("c", false)]);
+    let daemon = eds_daemon(&cgroup, &server, &[("c", false)]);
+    let sides = Sides {
+        netns: None,
+        envoy: envoy.admin(),
+        daemon: &daemon,
+    };
+    until_both_named(
+        &sides,
+        "v1",
+        &[
+            named(a, true, false, "web-a"),
+            named(b, false, false, "web-b"),
+            named(c, false, false, ""),
+            named(d, false, false, ""),
+            named(e, false, false, "web-e"),
+            named(f, false, false, ""),
+        ],
+    );
+
+    // c leaves while its checks pass (pending); e becomes UNHEALTHY by EDS (its checks still
+    // pass) and f DRAINING, then d, e and f leave: Envoy deletes d and e at once (not checked;
+    // FAILED_EDS_HEALTH) and keeps f pending (draining is not a failure).
+    let v2 = |version: &str, e_health: &str, with: bool| {
+        let mut list = vec![
+            checked_endpoint(a, "HEALTHY", "web-a", &json!({"port_value": 9111})),
+            checked_endpoint(b, "HEALTHY", "web-b", &json!({"port_value": 9112})),
+        ];
+        if with {
+            list.push(checked_endpoint(
+                d,
+                "HEALTHY",
+                "",
+                &json!({"disable_active_health_check": true}),
+            ));
+            list.push(checked_endpoint(e, e_health, "web-e", &json!({})));
+            list.push(checked_endpoint(f, "DRAINING", "", &json!({})));
+        }
+        server.push("c", version, Value::Array(list));
+    };
+    v2("2", "UNHEALTHY", true);
+    until_both_named(
+        &sides,
+        "v2, e unhealthy by EDS",
+        &[
+            named(a, true, false, "web-a"),
+            named(b, false, false, "web-b"),
+            named(c, false, true, ""),
+            named(d, false, false, ""),
+            named(e, false, false, "web-e"),
+            named(f, false, false, ""),
+        ],
+    );
+    v2("3", "UNHEALTHY", false);
+    until_both_named(
+        &sides,
+        "v3 without d, e and f",
+        &[
+            named(a, true, false, "web-a"),
+            named(b, false, false, "web-b"),
+            named(c, false, true, ""),
+            named(f, false, true, ""),
+        ],
+    );
 }

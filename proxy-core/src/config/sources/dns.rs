@@ -251,6 +251,8 @@ pub struct DnsEndpoint {
     pub metadata: BTreeMap<String, String>,
     /// `lb_endpoint.health_status`.
     pub health: EdsHealth,
+    /// `endpoint.health_check_config`, for every resolved host.
+    pub health_check: crate::host::HealthCheckTarget,
 }
 
 impl DnsEndpoint {
@@ -264,6 +266,7 @@ impl DnsEndpoint {
             priority: 0,
             metadata: BTreeMap::new(),
             health: EdsHealth::Unknown,
+            health_check: crate::host::HealthCheckTarget::default(),
         }
     }
 }

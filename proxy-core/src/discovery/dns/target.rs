@@ -97,6 +97,7 @@ fn endpoint_answer(endpoint: &DnsEndpoint, records: &[AddressRecord]) -> Answer 
             priority: endpoint.priority,
             eds_health: endpoint.health,
             metadata: endpoint.metadata.clone(),
+            health_check: endpoint.health_check.clone(),
             hostname: Some(
                 endpoint
                     .hostname
@@ -147,6 +148,7 @@ async fn srv_answer(
                     eds_health: EdsHealth::Unknown,
                     metadata: service.metadata.clone(),
                     hostname: Some(target.to_owned()),
+                    health_check: crate::host::HealthCheckTarget::default(),
                 });
             }
         }

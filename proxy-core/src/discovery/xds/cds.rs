@@ -24,7 +24,10 @@ use envoy_types::pb::{
             Address, HealthStatus, address, config_source::ConfigSourceSpecifier,
             socket_address::PortSpecifier,
         },
-        endpoint::v3::{ClusterLoadAssignment, LbEndpoint, lb_endpoint::HostIdentifier},
+        endpoint::v3::{
+            ClusterLoadAssignment, LbEndpoint, endpoint::HealthCheckConfig,
+            lb_endpoint::HostIdentifier,
+        },
     },
     google::protobuf::Duration as ProtoDuration,
 };
@@ -332,8 +335,8 @@ fn lb_endpoint(lb: &LbEndpoint) -> Result<Value, (String, String)> {
             "must be an endpoint (not a named one)".into(),
         ));
     };
-    if endpoint.health_check_config.is_some() || !endpoint.additional_addresses.is_empty() {
-        let reason = "health_check_config and additional_addresses are not supported";
+    if !endpoint.additional_addresses.is_empty() {
+        let reason = "additional_addresses are not supported";
         return Err(("endpoint".into(), reason.into()));
     }
     let (address, port) = socket_address(endpoint.address.as_ref()).ok_or_else(|| {
@@ -350,6 +353,32 @@ fn lb_endpoint(lb: &LbEndpoint) -> Result<Value, (String, String)> {
     });
     if let Some(w) = lb.load_balancing_weight {
         out["load_balancing_weight"] = json!(w.value);
+    }
+    if !endpoint.hostname.is_empty() {
+        out["endpoint"]["hostname"] = json!(endpoint.hostname);
+    }
+    if let Some(check) = &endpoint.health_check_config {
+        out["endpoint"]["health_check_config"] = endpoint_check(check)?;
+    }
+    Ok(out)
+}
+
+/// `Endpoint.health_check_config` in the file's form (`config::EndpointHealthCheck`), which
+/// the file's rules then check.
+fn endpoint_check(check: &HealthCheckConfig) -> Result<Value, (String, String)> {
+    let mut out = json!({
+        "port_value": check.port_value,
+        "hostname": check.hostname,
+        "disable_active_health_check": check.disable_active_health_check,
+    });
+    if let Some(address) = &check.address {
+        let (ip, port) = socket_address(Some(address)).ok_or_else(|| {
+            (
+                "endpoint.health_check_config.address".to_owned(),
+                "must be a socket_address with a port_value".to_owned(),
+            )
+        })?;
+        out["address"] = json!({"socket_address": {"address": ip, "port_value": port}});
     }
     Ok(out)
 }

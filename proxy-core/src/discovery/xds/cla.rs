@@ -39,6 +39,9 @@
 //! * `priority`: the enclosing `LocalityLbEndpoints.priority`;
 //! * `eds_health`: `health_status` (UNKNOWN, HEALTHY, UNHEALTHY, DRAINING, TIMEOUT, DEGRADED);
 //! * `hostname`: `endpoint.hostname` when not empty;
+//! * `health_check`: `endpoint.health_check_config` (`port_value`, an `address` that must be an
+//!   IP literal like the endpoint's, `hostname`, `disable_active_health_check`), Envoy's order:
+//!   the alternate address with its port, then `port_value` over the port;
 //! * `metadata`: the scalar values of `metadata.filter_metadata["envoy.lb"]` under their own key
 //!   (strings as is, booleans as `true`/`false`, numbers in Rust's shortest form, e.g. `1` or
 //!   `0.5`; lists, structs and nulls are skipped), then the locality's non-empty `region`,
@@ -58,15 +61,15 @@ use envoy_types::pb::{
             socket_address::PortSpecifier,
         },
         endpoint::v3::{
-            ClusterLoadAssignment, LbEndpoint, LocalityLbEndpoints, lb_endpoint::HostIdentifier,
-            locality_lb_endpoints::LbConfig,
+            ClusterLoadAssignment, LbEndpoint, LocalityLbEndpoints, endpoint::HealthCheckConfig,
+            lb_endpoint::HostIdentifier, locality_lb_endpoints::LbConfig,
         },
     },
     google::protobuf::value::Kind,
 };
 use thiserror::Error;
 
-use crate::host::{EdsHealth, Host, HostSet};
+use crate::host::{EdsHealth, HealthCheckTarget, Host, HostSet};
 
 /// Metadata key of the locality's region.
 pub const LOCALITY_REGION: &str = "locality.region";
@@ -183,6 +186,8 @@ pub enum Rule {
     PortSpecifier,
     /// `port_value` above 65535 (`lte: 65535`).
     PortRange,
+    /// `health_check_config.port_value` above 65535 (`lte: 65535`).
+    HealthCheckPort,
 }
 
 const EMBEDDED: &str = "embedded message failed validation | caused by ";
@@ -231,6 +236,10 @@ impl fmt::Display for Violation {
                 f,
                 "{socket}SocketAddressValidationError.PortValue: value must be less than or equal to 65535"
             ),
+            Rule::HealthCheckPort => write!(
+                f,
+                "LbEndpointValidationError.Endpoint: {EMBEDDED}EndpointValidationError.HealthCheckConfig: {EMBEDDED}HealthCheckConfigValidationError.PortValue: value must be less than or equal to 65535"
+            ),
         }
     }
 }
@@ -258,6 +267,16 @@ pub fn check_constraints(cla: &ClusterLoadAssignment) -> Result<(), ClaError> {
                 && let Some(address) = &endpoint.address
             {
                 check_address(address).map_err(broken)?;
+            }
+            if let Some(HostIdentifier::Endpoint(endpoint)) = &lb_endpoint.host_identifier
+                && let Some(check) = &endpoint.health_check_config
+            {
+                if check.port_value > u32::from(u16::MAX) {
+                    return Err(broken(Rule::HealthCheckPort));
+                }
+                if let Some(address) = &check.address {
+                    check_address(address).map_err(broken)?;
+                }
             }
             if lb_endpoint
                 .load_balancing_weight
@@ -351,7 +370,26 @@ fn host_from_lb_endpoint(
     host.eds_health = eds_health(lb_endpoint.health_status);
     host.hostname = Some(endpoint.hostname.clone()).filter(|h| !h.is_empty());
     host.metadata = metadata(lb_endpoint.metadata.as_ref(), locality.locality.as_ref());
+    if let Some(check) = &endpoint.health_check_config {
+        host.health_check = health_check(check, &format!("{at}.endpoint.health_check_config"))?;
+    }
     Ok(host)
+}
+
+/// `Endpoint.health_check_config` as a [`HealthCheckTarget`]: its address must be an IP
+/// literal like the endpoint's own (its port checked by [`check_constraints`]).
+fn health_check(check: &HealthCheckConfig, at: &str) -> Result<HealthCheckTarget, ClaError> {
+    let address = match &check.address {
+        Some(address) => Some(socket_addr(Some(address), at)?),
+        None => None,
+    };
+    Ok(HealthCheckTarget {
+        address: address.map(|a| a.ip()),
+        address_port: address.map(|a| a.port()).filter(|p| *p != 0),
+        port: u16::try_from(check.port_value).ok().filter(|p| *p != 0),
+        hostname: Some(check.hostname.clone()).filter(|h| !h.is_empty()),
+        disabled: check.disable_active_health_check,
+    })
 }
 
 /// The socket address of an endpoint, in the order Envoy's resolver checks it: the resolver,

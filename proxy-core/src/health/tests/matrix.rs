@@ -231,6 +231,34 @@ fn eds_unhealthy_overrides_a_passing_active_check() {
     assert_eq!(routable(&m), vec![1]);
 }
 
+/// Envoy 1.40 keeps an absent host only while nothing marks it failed: a host its source last
+/// said was UNHEALTHY or TIMEOUT (FAILED_EDS_HEALTH), or one whose checks are disabled, goes
+/// with the update that leaves it out, passing checks or not (`envoy_side_by_side` compares).
+#[test]
+fn absent_hosts_failed_by_their_source_or_unchecked_go_at_once() {
+    for unhealthy in [EdsHealth::Unhealthy, EdsHealth::Timeout] {
+        let mut m = checked_pair();
+        let mut set = hosts(&[1, 2]);
+        set[1].eds_health = unhealthy;
+        m.update_hosts(set);
+        let change = m.update_hosts(hosts(&[1]));
+        assert_eq!(change.removed, vec![addr(2)], "{unhealthy:?}");
+    }
+    let mut m = checked_pair();
+    let mut set = hosts(&[1, 2]);
+    set[1].health_check.disabled = true;
+    m.update_hosts(set);
+    let change = m.update_hosts(hosts(&[1]));
+    assert_eq!(change.removed, vec![addr(2)], "an unchecked host");
+    // DRAINING is not FAILED_EDS_HEALTH: such a host stays pending while its checks pass.
+    let mut m = checked_pair();
+    let mut set = hosts(&[1, 2]);
+    set[1].eds_health = EdsHealth::Draining;
+    m.update_hosts(set);
+    let change = m.update_hosts(hosts(&[1]));
+    assert_eq!(change, MembershipChange::default());
+}
+
 #[test]
 fn degraded_routes_only_when_healthy_hosts_do_not_suffice() {
     let mut m = membership(false, 0.0);

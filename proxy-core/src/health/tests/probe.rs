@@ -261,3 +261,45 @@ async fn a_replaced_cluster_instance_keeps_the_probe_and_counts_in_its_own_stats
     mgr.unregister("c", probe, &new);
     assert_eq!(mgr.probe_count(), 0, "the last user stopped it");
 }
+
+/// `health_check_config`: a host whose checks go to another port is judged by that port (its
+/// own is never checked); a host whose checks are disabled routes at once without a probe; a
+/// changed target moves the probe.
+#[tokio::test(start_paused = true)]
+async fn a_hosts_health_check_config_moves_or_disables_its_probe() {
+    use crate::host::HealthCheckTarget;
+    let script = Arc::new(Script::default());
+    let mgr = manager(&script, Arc::new(ExtremeRandom { max: false }));
+    mgr.note_traffic("a");
+    let mut a = cluster("a", TCP_CLUSTER, &mgr);
+    let mut moved = Host::new(addr(1));
+    moved.health_check = HealthCheckTarget {
+        port: Some(9000),
+        ..HealthCheckTarget::default()
+    };
+    let mut unchecked = Host::new(addr(2));
+    unchecked.health_check.disabled = true;
+    let check_port = std::net::SocketAddr::new(addr(1).ip(), 9000);
+    script.set(check_port, CheckOutcome::Failed(FailureKind::Immediate));
+    a.update_hosts(vec![moved.clone(), unchecked]);
+    assert_eq!(mgr.probe_count(), 1, "the unchecked host has no probe");
+    sleep(Duration::from_millis(1)).await;
+    a.pump_events();
+    let routable: Vec<_> = a.routing().routable().iter().map(|h| h.addr).collect();
+    assert_eq!(routable, vec![addr(2)], "host 1 fails at its check port");
+    assert!(
+        script.calls(addr(1)).is_empty(),
+        "its own port is never checked"
+    );
+    assert!(!script.calls(check_port).is_empty());
+
+    // Its checks move back to its own port (healthy): the probe follows.
+    moved.health_check = HealthCheckTarget::default();
+    let mut unchecked = Host::new(addr(2));
+    unchecked.health_check.disabled = true;
+    a.update_hosts(vec![moved, unchecked]);
+    assert_eq!(mgr.probe_count(), 1);
+    sleep(Duration::from_millis(1)).await;
+    a.pump_events();
+    assert_eq!(a.routing().routable().len(), 2);
+}

@@ -370,3 +370,55 @@ fn leds_localities_are_rejected() {
         Err(ClaError::Leds { .. })
     ));
 }
+
+/// `health_check_config` becomes the host's check target; its address must be an IP literal
+/// like the endpoint's, and a port above 65535 breaks the proto rule with Envoy's words.
+#[test]
+fn health_check_config_maps_to_the_check_target() {
+    use envoy_types::pb::envoy::config::endpoint::v3::endpoint::HealthCheckConfig;
+    let with = |check: HealthCheckConfig| {
+        let mut lb = endpoint("10.0.0.1", 80);
+        let Some(HostIdentifier::Endpoint(e)) = &mut lb.host_identifier else {
+            unreachable!()
+        };
+        e.health_check_config = Some(check);
+        lb
+    };
+    let alternate = |ip: &str| {
+        let Some(HostIdentifier::Endpoint(e)) = endpoint(ip, 81).host_identifier else {
+            unreachable!()
+        };
+        e.address
+    };
+    let hosts = hosts_from_cla(&one(with(HealthCheckConfig {
+        port_value: 9000,
+        hostname: "health.web".into(),
+        address: alternate("10.0.0.9"),
+        disable_active_health_check: true,
+    })))
+    .unwrap();
+    let check = &hosts[0].health_check;
+    assert_eq!(check.addr(hosts[0].addr).to_string(), "10.0.0.9:9000");
+    assert_eq!(check.hostname.as_deref(), Some("health.web"));
+    assert!(check.disabled);
+
+    let err = error_of(with(HealthCheckConfig {
+        address: alternate("health.test"),
+        ..HealthCheckConfig::default()
+    }));
+    assert!(
+        err.to_string()
+            .contains("malformed IP address: health.test"),
+        "{err}"
+    );
+    let err = error_of(with(HealthCheckConfig {
+        port_value: 70_000,
+        ..HealthCheckConfig::default()
+    }));
+    assert!(
+        err.to_string().contains(
+            "HealthCheckConfigValidationError.PortValue: value must be less than or equal to 65535"
+        ),
+        "{err}"
+    );
+}

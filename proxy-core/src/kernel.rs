@@ -5,7 +5,8 @@
 //! A [`ServiceTemplate`] holds what does not depend on hosts (made once per configuration);
 //! [`ServiceTemplate::spec`] turns the clusters' current [`Routing`] into a [`ServiceSpec`]:
 //! a chain service's levels from its plan, a plain service's from its cluster, a refused share
-//! pointed at the address the kernel refuses, the panic flag when a cluster is in panic.
+//! pointed at the address the kernel refuses, the panic flag when a cluster is in panic. A
+//! kernel-path service keeps only the hosts of its own address family.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -108,6 +109,9 @@ impl ServiceTemplate {
                 }
             }
         }
+        if self.flags & SERVICE_F_PROXY == 0 {
+            keep_own_family(&mut priorities, self.refuse.is_ipv4());
+        }
         let panic = clusters.iter().any(|(_, routing)| routing.in_panic());
         ServiceSpec {
             name: self.name.clone(),
@@ -131,6 +135,17 @@ impl ServiceTemplate {
     pub fn rotates(&self) -> bool {
         self.flags & SERVICE_F_ROUND_ROBIN != 0
     }
+}
+
+/// Leaves in `levels` only the hosts of the service's family (IPv4 when `v4`), and no level
+/// that this empties. connect4/6 cannot move a socket to the other family: a host of the other
+/// family in a dual-stack cluster is no host of this service (the kernel would count
+/// `connect_family_mismatch` and let the connect go to the VIP untouched).
+fn keep_own_family(levels: &mut Vec<Vec<(SocketAddr, u32)>>, v4: bool) {
+    for level in levels.iter_mut() {
+        level.retain(|(addr, _)| addr.is_ipv4() == v4);
+    }
+    levels.retain(|level| !level.is_empty());
 }
 
 /// Whether the data path needs sockops: a service whose connections it follows, or splicing of

@@ -11,7 +11,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use proxy_common::service::{
-    PROTO_TCP, PROTO_UDP, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_PANIC,
+    FAMILY_V4, PROTO_TCP, PROTO_UDP, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_PANIC,
     SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, ServiceKey,
 };
 
@@ -72,13 +72,16 @@ impl ServiceTemplate {
 
     /// The template of `svc`, a service of `config`.
     pub fn new(svc: &Service, config: &Config) -> Self {
-        let unspecified = match svc.address {
-            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        let key = service_key(svc);
+        // The key's family: an IPv4-mapped VIP is an IPv4 service.
+        let unspecified: IpAddr = if key.family == FAMILY_V4 {
+            Ipv4Addr::UNSPECIFIED.into()
+        } else {
+            Ipv6Addr::UNSPECIFIED.into()
         };
         Self {
             name: svc.name.clone(),
-            key: service_key(svc),
+            key,
             flags: flags(svc, config),
             plan: config.chain_plan(svc),
             refuse: SocketAddr::new(unspecified, 0),

@@ -147,3 +147,35 @@ fn a_kernel_path_service_keeps_only_hosts_of_its_family() {
             .is_empty()
     );
 }
+
+/// An IPv4-mapped VIP is the IPv4 service (the kernel keys a dual-stack socket's mapped
+/// destination so): its key is IPv4, it keeps the IPv4 hosts, its refusals go to 0.0.0.0; and
+/// the same VIP spelled both ways is one service twice, refused.
+#[test]
+fn an_ipv4_mapped_vip_is_the_ipv4_service() {
+    let yaml = format!(
+        "clusters:\n  - name: dual\n{ENDPOINT}services:\n  - {{ name: m, address: '::ffff:127.77.0.3', port: 80, cluster: dual }}\n"
+    );
+    let config = Config::parse(&yaml, Path::new("t.yaml")).expect("valid config");
+    let template = &ServiceTemplate::all(&config)[0];
+    assert_eq!(
+        template.key,
+        ServiceKey::new("127.77.0.3".parse().unwrap(), 80, PROTO_TCP)
+    );
+    assert_eq!(template.refuse, "0.0.0.0:0".parse().unwrap());
+    let v6 = Host::new("[fd00::1]:80".parse().unwrap());
+    let dual = Routing::compute(
+        &[(host(1), HostClass::Healthy), (v6, HostClass::Healthy)],
+        50.0,
+    );
+    let levels = template.spec(&[("dual", &dual)]).priorities;
+    assert_eq!(levels.len(), 1);
+    assert_eq!(
+        levels[0].iter().map(|(a, _)| *a).collect::<Vec<_>>(),
+        [host(1).addr]
+    );
+
+    let twice = format!("{yaml}  - {{ name: n, address: 127.77.0.3, port: 80, cluster: dual }}\n");
+    let err = Config::parse(&twice, Path::new("t.yaml")).expect_err("one VIP twice");
+    assert!(err.to_string().contains("is already a service"), "{err}");
+}

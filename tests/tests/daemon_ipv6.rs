@@ -4,9 +4,9 @@
 //! AAAA answers from unbound, asked over IPv6, under each `dns_lookup_family` (STRICT_DNS and
 //! LOGICAL_DNS, records changed live), EDS with IPv6 endpoints from the real xDS server, the
 //! Consul catalog with IPv6 service addresses, TCP and HTTP health checks over IPv6 taking a host
-//! out and back, the proxy path on an IPv6 VIP (TCP, HTTP routes, ORIGINAL_DST), and dual-stack
-//! clusters whose IPv4 VIP reaches only their IPv4 hosts and whose IPv6 VIP only their IPv6
-//! hosts.
+//! out and back, the proxy path on an IPv6 VIP (TCP, HTTP routes, ORIGINAL_DST, PROXY protocol
+//! headers naming IPv6 addresses), and dual-stack clusters whose IPv4 VIP reaches only their IPv4
+//! hosts and whose IPv6 VIP only their IPv6 hosts.
 
 use std::{
     io::{Read as _, Write as _},
@@ -142,42 +142,22 @@ fn aaaa_answers_follow_the_lookup_family() {
             "four.svc.test. 5 IN A 127.0.0.12",
         ],
     );
-    // (cluster, type, family, name, VIPs)
-    let table: [(&str, &str, &str, &str, &[&str]); 7] = [
-        ("v6only", "STRICT_DNS", "V6_ONLY", "six", &["[fd77::1]:80"]),
-        ("auto", "STRICT_DNS", "AUTO", "both", &["[fd77::2]:80"]),
-        ("autofb", "STRICT_DNS", "AUTO", "four", &["127.77.0.3:80"]),
-        (
-            "v4pref",
-            "STRICT_DNS",
-            "V4_PREFERRED",
-            "both",
-            &["127.77.0.4:80"],
-        ),
-        (
-            "v4preffb",
-            "STRICT_DNS",
-            "V4_PREFERRED",
-            "six",
-            &["[fd77::5]:80"],
-        ),
-        (
-            "all",
-            "STRICT_DNS",
-            "ALL",
-            "both",
-            &["127.77.0.6:80", "[fd77::6]:80"],
-        ),
-        (
-            "logical",
-            "LOGICAL_DNS",
-            "V6_ONLY",
-            "six",
-            &["[fd77::7]:80"],
-        ),
+    // cluster, type, family, name, VIPs
+    let table = [
+        "v6only STRICT_DNS V6_ONLY six [fd77::1]:80",
+        "auto STRICT_DNS AUTO both [fd77::2]:80",
+        "autofb STRICT_DNS AUTO four 127.77.0.3:80",
+        "v4pref STRICT_DNS V4_PREFERRED both 127.77.0.4:80",
+        "v4preffb STRICT_DNS V4_PREFERRED six [fd77::5]:80",
+        "all STRICT_DNS ALL both 127.77.0.6:80 [fd77::6]:80",
+        "logical LOGICAL_DNS V6_ONLY six [fd77::7]:80",
     ];
     let (mut clusters, mut services) = (String::new(), String::new());
-    for (name, kind, family, host, vips) in table {
+    for row in table {
+        let row: Vec<&str> = row.split_whitespace().collect();
+        let [name, kind, family, host, vips @ ..] = &row[..] else {
+            panic!("a table row has five fields or more: {row:?}")
+        };
         let extra = format!(
             "    type: {kind}\n    dns_refresh_rate: 0.2s\n    dns_lookup_family: {family}\n    dns_resolvers: [\"{}\"]\n",
             dns.addr()
@@ -488,6 +468,43 @@ fn proxy_mode_on_ipv6_vips() {
     let direct = Probe::run(&netns, None, "[::1]:15001".parse().unwrap(), 5, false);
     assert_eq!(direct.backends.values().sum::<u32>(), 0, "{direct:?}");
     assert_eq!(daemon.stat("proxy.downstream_cx_no_original_dst"), 5);
+}
+
+/// PROXY protocol headers naming IPv6 addresses (v1 `TCP6` and v2), from a trusted peer on the
+/// `[::1]` listener: each connection goes to the IPv6 service its header names.
+#[test]
+fn proxy_protocol_headers_name_an_ipv6_service() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let host = "[fd00::81]:8081";
+    let _servers = banner_hosts(&netns, &[host]);
+    let config = format!(
+        "{}proxy:\n  listeners: [\"[::1]:15001\"]\n  proxy_protocol: any\n  proxy_protocol_trusted_sources: [\"::1/128\"]\nclusters:\n{}services:\n{}",
+        header(&cgroup),
+        static_cluster("web", "", &[host]),
+        service_line("web", "[fd77::1]:80", "web", ", mode: proxy"),
+    );
+    let daemon = Daemon::start_in(&netns, &config);
+    let (client, vip) = ("[fd00::9]:40001", "[fd77::1]:80");
+    let v1 = b"PROXY TCP6 fd00::9 fd77::1 40000 80\r\n".to_vec();
+    let v2 = proxy_relay::encode_v2(client.parse().unwrap(), vip.parse().unwrap());
+    let banners = integration_tests::kernel::in_netns(&netns, move || {
+        [v1, v2].map(|header| {
+            let listener: SocketAddr = "[::1]:15001".parse().expect("literal");
+            let mut s = TcpStream::connect_timeout(&listener, Duration::from_secs(2))?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.write_all(&header)?;
+            let mut banner = String::new();
+            s.read_to_string(&mut banner)?;
+            Ok::<_, std::io::Error>(banner.trim().to_owned())
+        })
+    })
+    .join()
+    .expect("client thread");
+    let banners: Vec<String> = banners.into_iter().map(|b| b.expect("a banner")).collect();
+    assert_eq!(banners, [host, host]);
+    assert_eq!(daemon.stat("cluster.web.upstream_cx_total"), 2);
+    assert_eq!(daemon.stat("proxy.downstream_cx_proxy_proto_error"), 0);
 }
 
 /// A VIP in its IPv4-mapped IPv6 spelling.

@@ -357,7 +357,8 @@ fn wait_http(netns: &Netns, cgroup: &TestCgroup, vip: &str, want: &[&str]) {
 }
 
 /// Active TCP and HTTP health checks from the daemon to IPv6 hosts: a host that fails its checks
-/// leaves the IPv6 VIP's connects, and comes back once it passes again.
+/// leaves the IPv6 VIP's connects, and comes back once it passes again. Outlier detection fed
+/// by the kernel's passive signal ejects an IPv6 host that refuses connects.
 #[test]
 fn health_checks_over_ipv6_take_a_host_out_and_back() {
     require_root();
@@ -368,8 +369,10 @@ fn health_checks_over_ipv6_take_a_host_out_and_back() {
         "[fd00::43]:8080",
         "[fd00::44]:8080",
     );
-    let _t1 = banner_hosts(&netns, &[t1]);
-    add_v6_addrs(&netns, &[t2, h1, h2]);
+    // Passive: nothing listens on `dead`, whose refused connects sockops reports.
+    let (good, dead) = ("[fd00::45]:8080", "[fd00::46]:8080");
+    let _t1 = banner_hosts(&netns, &[t1, good]);
+    add_v6_addrs(&netns, &[t2, h1, h2, dead]);
     let t2_server = BannerServers::start(&netns, &[(t2.parse().unwrap(), t2, false)]);
     let _http = Servers::start(
         &netns,
@@ -385,14 +388,18 @@ fn health_checks_over_ipv6_take_a_host_out_and_back() {
     let http = format!(
         "    health_checks:\n      - {{ {timing}, http_health_check: {{ path: /healthz }} }}\n"
     );
-    let (tcp_vip, http_vip) = ("[fd77::1]:80", "[fd77::2]:80");
+    let outlier =
+        "    outlier_detection: { consecutive_5xx: 2, interval: 0.2s, max_ejection_percent: 50 }\n";
+    let (tcp_vip, http_vip, passive_vip) = ("[fd77::1]:80", "[fd77::2]:80", "[fd77::3]:80");
     let config = format!(
-        "{}clusters:\n{}{}services:\n{}{}",
+        "{}clusters:\n{}{}{}services:\n{}{}{}",
         header(&cgroup),
         static_cluster("tcp", &tcp, &[t1, t2]),
         static_cluster("http", &http, &[h1, h2]),
+        static_cluster("passive", outlier, &[good, dead]),
         service_line("tcp", tcp_vip, "tcp", ""),
         service_line("http", http_vip, "http", ""),
+        service_line("passive", passive_vip, "passive", ""),
     );
     let daemon = Daemon::start_in(&netns, &config);
     assert_eq!(flags(&daemon, "tcp", t2), "healthy");
@@ -412,6 +419,11 @@ fn health_checks_over_ipv6_take_a_host_out_and_back() {
     SICK.store(false, Ordering::SeqCst);
     wait_http(&netns, &cgroup, http_vip, &["hc-a", SICK_HOST]);
     assert_eq!(flags(&daemon, "http", h2), "healthy");
+
+    // The kernel's passive signal over IPv6: the refusing host is ejected.
+    wait(&netns, &cgroup, passive_vip, &[good]);
+    assert!(daemon.stat("service.passive.cx_passive_failure") >= 2);
+    assert!(flags(&daemon, "passive", dead).contains("failed_outlier_check"));
 }
 
 /// The proxy path on IPv6 VIPs, the daemon listening on `[::1]:15001`: a TCP service to IPv6

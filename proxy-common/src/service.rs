@@ -95,8 +95,14 @@ pub struct ServiceKey {
 const _: () = assert!(size_of::<ServiceKey>() == 20);
 
 impl ServiceKey {
-    /// The key of `ip:port` over `proto` (`PROTO_TCP` or `PROTO_UDP`).
+    /// The key of `ip:port` over `proto` (`PROTO_TCP` or `PROTO_UDP`). An IPv4-mapped IPv6
+    /// address is keyed as its IPv4 address, as connect6 and sendmsg6 key a dual-stack socket's
+    /// destination: one service answers both spellings.
     pub fn new(ip: core::net::IpAddr, port: u16, proto: u8) -> Self {
+        let ip = match ip {
+            core::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, core::net::IpAddr::V4),
+            core::net::IpAddr::V4(_) => ip,
+        };
         let (addr, family) = ip_words(ip);
         Self {
             addr,
@@ -218,4 +224,22 @@ pub mod legacy {
     pub const SERVICES_V1: &str = "SERVICES_V1";
     pub const SLOTS_V1: &str = "SLOTS_V1";
     pub const BACKENDS_V1: &str = "BACKENDS_V1";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A VIP written as IPv4-mapped IPv6 is the IPv4 service, the key connect4 builds for an
+    /// IPv4 socket and connect6 for a dual-stack one; before, it was an IPv6 key no hook built.
+    #[test]
+    fn an_ipv4_mapped_address_is_keyed_as_ipv4() {
+        let four = ServiceKey::new("127.77.0.3".parse().unwrap(), 80, PROTO_TCP);
+        let mapped = ServiceKey::new("::ffff:127.77.0.3".parse().unwrap(), 80, PROTO_TCP);
+        assert_eq!(mapped, four);
+        assert_eq!(mapped.family, FAMILY_V4);
+        assert_eq!(mapped.addr, [u32::from_ne_bytes([127, 77, 0, 3]), 0, 0, 0]);
+        let six = ServiceKey::new("fd77::3".parse().unwrap(), 80, PROTO_TCP);
+        assert_eq!(six.family, FAMILY_V6);
+    }
 }

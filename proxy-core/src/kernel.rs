@@ -5,12 +5,13 @@
 //! A [`ServiceTemplate`] holds what does not depend on hosts (made once per configuration);
 //! [`ServiceTemplate::spec`] turns the clusters' current [`Routing`] into a [`ServiceSpec`]:
 //! a chain service's levels from its plan, a plain service's from its cluster, a refused share
-//! pointed at the address the kernel refuses, the panic flag when a cluster is in panic.
+//! pointed at the address the kernel refuses, the panic flag when a cluster is in panic. A
+//! kernel-path service keeps only the hosts of its own address family.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use proxy_common::service::{
-    PROTO_TCP, PROTO_UDP, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_PANIC,
+    FAMILY_V4, PROTO_TCP, PROTO_UDP, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_PANIC,
     SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, ServiceKey,
 };
 
@@ -71,13 +72,16 @@ impl ServiceTemplate {
 
     /// The template of `svc`, a service of `config`.
     pub fn new(svc: &Service, config: &Config) -> Self {
-        let unspecified = match svc.address {
-            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        let key = service_key(svc);
+        // The key's family: an IPv4-mapped VIP is an IPv4 service.
+        let unspecified: IpAddr = if key.family == FAMILY_V4 {
+            Ipv4Addr::UNSPECIFIED.into()
+        } else {
+            Ipv6Addr::UNSPECIFIED.into()
         };
         Self {
             name: svc.name.clone(),
-            key: service_key(svc),
+            key,
             flags: flags(svc, config),
             plan: config.chain_plan(svc),
             refuse: SocketAddr::new(unspecified, 0),
@@ -108,6 +112,9 @@ impl ServiceTemplate {
                 }
             }
         }
+        if self.flags & SERVICE_F_PROXY == 0 {
+            keep_own_family(&mut priorities, self.refuse.is_ipv4());
+        }
         let panic = clusters.iter().any(|(_, routing)| routing.in_panic());
         ServiceSpec {
             name: self.name.clone(),
@@ -131,6 +138,17 @@ impl ServiceTemplate {
     pub fn rotates(&self) -> bool {
         self.flags & SERVICE_F_ROUND_ROBIN != 0
     }
+}
+
+/// Leaves in `levels` only the hosts of the service's family (IPv4 when `v4`), and no level
+/// that this empties. connect4/6 cannot move a socket to the other family: a host of the other
+/// family in a dual-stack cluster is no host of this service (the kernel would count
+/// `connect_family_mismatch` and let the connect go to the VIP untouched).
+fn keep_own_family(levels: &mut Vec<Vec<(SocketAddr, u32)>>, v4: bool) {
+    for level in levels.iter_mut() {
+        level.retain(|(addr, _)| addr.is_ipv4() == v4);
+    }
+    levels.retain(|level| !level.is_empty());
 }
 
 /// Whether the data path needs sockops: a service whose connections it follows, or splicing of

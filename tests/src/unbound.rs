@@ -1,4 +1,5 @@
-//! A private unbound DNS server on 127.0.0.1 for DNS discovery tests, with live record changes.
+//! A private unbound DNS server on 127.0.0.1 (or `[::1]` in a test namespace) for DNS discovery
+//! tests, with live record changes.
 //!
 //! Each [`Unbound`] writes its own config into a fresh temp dir (its own UDP port, no daemon, no
 //! chroot, a static `svc.test.` zone, remote control on a unix socket in that dir), starts the
@@ -8,7 +9,7 @@
 
 use std::{
     fmt::Write as _,
-    net::{SocketAddr, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::atomic::{AtomicU32, Ordering},
@@ -49,18 +50,28 @@ impl Unbound {
         Self::start_with(records, Some(netns))
     }
 
-    fn start_with(records: &[&str], netns: Option<&Path>) -> Self {
-        crate::start_retrying("unbound", 5, || Self::try_start(records, netns))
+    /// Like [`Unbound::start_in`], but serving on `[::1]` (queries over IPv6) inside the
+    /// network namespace at `netns`.
+    pub fn start_v6_in(netns: &Path, records: &[&str]) -> Self {
+        crate::start_retrying("unbound", 5, || {
+            Self::try_start(records, Some(netns), Ipv6Addr::LOCALHOST.into())
+        })
     }
 
-    /// One start; `Err` with unbound's log when it exited before serving.
-    fn try_start(records: &[&str], netns: Option<&Path>) -> Result<Self, String> {
+    fn start_with(records: &[&str], netns: Option<&Path>) -> Self {
+        crate::start_retrying("unbound", 5, || {
+            Self::try_start(records, netns, Ipv4Addr::LOCALHOST.into())
+        })
+    }
+
+    /// One start on `listen`; `Err` with unbound's log when it exited before serving.
+    fn try_start(records: &[&str], netns: Option<&Path>, listen: IpAddr) -> Result<Self, String> {
         let server = find_binary("unbound");
         let control = find_binary("unbound-control");
         let dir = temp_dir();
         let port = free_udp_port();
         let conf = dir.join("unbound.conf");
-        std::fs::write(&conf, config(&dir, port, records))
+        std::fs::write(&conf, config(&dir, SocketAddr::new(listen, port), records))
             .unwrap_or_else(|e| panic!("cannot write {}: {e}", conf.display()));
         let log = dir.join("unbound.log");
         let log_file = std::fs::File::create(&log)
@@ -80,7 +91,7 @@ impl Unbound {
         let mut unbound = Self {
             dir,
             conf,
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            addr: SocketAddr::new(listen, port),
             control,
             child,
             netns: netns.map(Path::to_path_buf),
@@ -192,13 +203,20 @@ impl Drop for Unbound {
     }
 }
 
-fn config(dir: &Path, port: u16, records: &[&str]) -> String {
+/// The config of a server on `listen` (127.0.0.1 or ::1, with its port).
+fn config(dir: &Path, listen: SocketAddr, records: &[&str]) -> String {
     let dir = dir.display();
+    let (ip, port) = (listen.ip(), listen.port());
+    let (ip6, allow) = if ip.is_ipv6() {
+        ("yes", "::1/128")
+    } else {
+        ("no", "127.0.0.0/8")
+    };
     let mut conf = format!(
-        "server:\n  interface: 127.0.0.1@{port}\n  port: {port}\n  do-daemonize: no\n  \
+        "server:\n  interface: {ip}@{port}\n  port: {port}\n  do-daemonize: no\n  \
          username: \"\"\n  chroot: \"\"\n  directory: \"{dir}\"\n  pidfile: \"\"\n  \
-         use-syslog: no\n  logfile: \"\"\n  verbosity: 0\n  num-threads: 1\n  do-ip6: no\n  \
-         so-reuseport: no\n  access-control: 127.0.0.0/8 allow\n  rrset-roundrobin: no\n  \
+         use-syslog: no\n  logfile: \"\"\n  verbosity: 0\n  num-threads: 1\n  do-ip6: {ip6}\n  \
+         so-reuseport: no\n  access-control: {allow} allow\n  rrset-roundrobin: no\n  \
          module-config: \"iterator\"\n  local-zone: \"svc.test.\" static\n"
     );
     for record in records {

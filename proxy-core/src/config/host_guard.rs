@@ -18,7 +18,7 @@ use std::{
 use crate::host::HostSet;
 
 /// An IPv4-mapped IPv6 address as its IPv4 address.
-fn canonical_ip(ip: IpAddr) -> IpAddr {
+pub(crate) fn canonical_ip(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         IpAddr::V4(_) => ip,

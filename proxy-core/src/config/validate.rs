@@ -406,7 +406,9 @@ fn validate_services(config: &Config) -> Result<(), Invalid> {
                 format!("duplicate service name {:?}", svc.name),
             ));
         }
-        if !addrs.insert((svc.address, svc.port, svc.protocol)) {
+        // An IPv4-mapped VIP is its IPv4 address in the kernel.
+        let address = super::host_guard::canonical_ip(svc.address);
+        if !addrs.insert((address, svc.port, svc.protocol)) {
             return Err(Invalid::new(
                 at("address"),
                 format!(

@@ -101,3 +101,81 @@ fn the_spec_carries_the_routing_its_refusals_and_the_panic_flag() {
     // No cluster running: nothing routable, nothing invented.
     assert!(templates[2].spec(&[]).priorities.is_empty());
 }
+
+/// A cluster with hosts of both families behind a v4 and a v6 service: each kernel-path service
+/// gets only its own family's hosts (a priority level left empty goes), a proxy-mode service
+/// all of them (the proxy connects across families).
+#[test]
+fn a_kernel_path_service_keeps_only_hosts_of_its_family() {
+    let yaml = format!(
+        "proxy: {{ listeners: [\"127.0.0.1:15001\"] }}\nclusters:\n  - name: dual\n{ENDPOINT}services:\n  - {{ name: four, address: 127.77.0.1, port: 80, cluster: dual }}\n  - {{ name: six, address: 'fd77::1', port: 80, cluster: dual }}\n  - {{ name: proxied, address: 'fd77::2', port: 80, cluster: dual, mode: proxy }}\n"
+    );
+    let config = Config::parse(&yaml, Path::new("t.yaml")).expect("valid config");
+    let templates = ServiceTemplate::all(&config);
+    let (v4, v6) = (host(1), Host::new("[fd00::1]:80".parse().unwrap()));
+    let v6_backup = Host {
+        priority: 1,
+        ..Host::new("[fd00::2]:80".parse().unwrap())
+    };
+    let dual = Routing::compute(
+        &[
+            (v4.clone(), HostClass::Healthy),
+            (v6.clone(), HostClass::Healthy),
+            (v6_backup.clone(), HostClass::Healthy),
+        ],
+        50.0,
+    );
+    let addrs = |spec: &ServiceSpec| -> Vec<Vec<SocketAddr>> {
+        spec.priorities
+            .iter()
+            .map(|l| l.iter().map(|(a, _)| *a).collect())
+            .collect()
+    };
+    let four = templates[0].spec(&[("dual", &dual)]);
+    assert_eq!(addrs(&four), [vec![v4.addr]]);
+    let six = templates[1].spec(&[("dual", &dual)]);
+    assert_eq!(addrs(&six), [vec![v6.addr], vec![v6_backup.addr]]);
+    let proxied = templates[2].spec(&[("dual", &dual)]);
+    assert_eq!(proxied.priorities, lb::kernel_levels(&dual));
+
+    // Only hosts of the other family: no host at all (the kernel refuses the connect).
+    let only_v4 = Routing::compute(&[(v4, HostClass::Healthy)], 50.0);
+    assert!(
+        templates[1]
+            .spec(&[("dual", &only_v4)])
+            .priorities
+            .is_empty()
+    );
+}
+
+/// An IPv4-mapped VIP is the IPv4 service (the kernel keys a dual-stack socket's mapped
+/// destination so): its key is IPv4, it keeps the IPv4 hosts, its refusals go to 0.0.0.0; and
+/// the same VIP spelled both ways is one service twice, refused.
+#[test]
+fn an_ipv4_mapped_vip_is_the_ipv4_service() {
+    let yaml = format!(
+        "clusters:\n  - name: dual\n{ENDPOINT}services:\n  - {{ name: m, address: '::ffff:127.77.0.3', port: 80, cluster: dual }}\n"
+    );
+    let config = Config::parse(&yaml, Path::new("t.yaml")).expect("valid config");
+    let template = &ServiceTemplate::all(&config)[0];
+    assert_eq!(
+        template.key,
+        ServiceKey::new("127.77.0.3".parse().unwrap(), 80, PROTO_TCP)
+    );
+    assert_eq!(template.refuse, "0.0.0.0:0".parse().unwrap());
+    let v6 = Host::new("[fd00::1]:80".parse().unwrap());
+    let dual = Routing::compute(
+        &[(host(1), HostClass::Healthy), (v6, HostClass::Healthy)],
+        50.0,
+    );
+    let levels = template.spec(&[("dual", &dual)]).priorities;
+    assert_eq!(levels.len(), 1);
+    assert_eq!(
+        levels[0].iter().map(|(a, _)| *a).collect::<Vec<_>>(),
+        [host(1).addr]
+    );
+
+    let twice = format!("{yaml}  - {{ name: n, address: 127.77.0.3, port: 80, cluster: dual }}\n");
+    let err = Config::parse(&twice, Path::new("t.yaml")).expect_err("one VIP twice");
+    assert!(err.to_string().contains("is already a service"), "{err}");
+}

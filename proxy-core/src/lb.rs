@@ -7,8 +7,15 @@
 //! in Maglev order (each host walks its own permutation of the table), so that removing one of N
 //! hosts changes only about 1/N of the slots and clients keyed to the others stay where they are.
 
+mod balancer;
+pub mod hash_policy;
+pub mod maglev;
+pub mod ring_hash;
+pub mod xxhash;
+
 use std::net::SocketAddr;
 
+pub use self::balancer::{Balancer, MaglevLbConfig, RingHashFunction, RingHashLbConfig};
 use crate::health::Routing;
 
 /// Total weight a table's hosts are scaled to when priority loads are merged: a resolution of

@@ -49,6 +49,13 @@ pub struct Service {
     /// `max_connect_attempts`). At least 1; unset is 1, one connect and no retry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connect_attempts: Option<u32>,
+    /// Proxy path only: what the cluster's RING_HASH or MAGLEV hashes, Envoy's `hash_policy`
+    /// list (`header: {header_name}`, `cookie: {name, ttl, path}`, `query_parameter: {name}`,
+    /// `connection_properties: {source_ip: true}`, each with an optional `terminal`). A service
+    /// with a `cluster` is TCP and may hash only the source IP; a chain's routes use it where
+    /// their resolver sets no `HashPolicies`. Empty (default): each pick hashes a random number.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hash_policy: Vec<crate::lb::hash_policy::HashPolicy>,
 }
 
 /// One upgrade type of [`Service::upgrade_configs`] (Envoy's `UpgradeConfig`).
@@ -108,6 +115,32 @@ impl Service {
 }
 
 impl Service {
+    /// Checks `hash_policy`: each policy valid, only on the proxy path, and on a TCP service
+    /// (a `cluster`, not a chain) only the source IP, the one input a TCP connection has.
+    pub(super) fn validate_hash_policy(&self, i: usize) -> Result<(), Invalid> {
+        use crate::lb::hash_policy::HashInput;
+        for (j, policy) in self.hash_policy.iter().enumerate() {
+            let at = format!("services[{i}].hash_policy[{j}]");
+            let input = policy.input().map_err(|why| Invalid::new(&at, why))?;
+            if self.mode == ServiceMode::Direct {
+                return Err(Invalid::new(
+                    at,
+                    "applies to the proxy path (mode: proxy); the kernel path's MAGLEV hashes \
+                     the client's network namespace",
+                ));
+            }
+            if self.chain.is_none() && input != HashInput::SourceIp {
+                return Err(Invalid::new(
+                    at,
+                    "a service with a cluster is TCP: it can hash only the source IP \
+                     (connection_properties: {source_ip: true}); headers, cookies and query \
+                     parameters need HTTP routes (a chain)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The connects one proxied connection may make (`max_connect_attempts`, 1 when unset).
     pub fn connect_attempts(&self) -> u32 {
         self.max_connect_attempts.unwrap_or(1)

@@ -368,4 +368,34 @@ services:
             assert!(err.to_string().contains(why), "{service}: {err}");
         }
     }
+
+    #[test]
+    fn hash_policy_is_checked_per_service() {
+        let ok = parse_proxied(
+            "  - { name: a, address: 127.77.0.1, port: 80, cluster: web, mode: proxy, hash_policy: [{ connection_properties: { source_ip: true }, terminal: true }] }\n",
+        )
+        .expect("a TCP service may hash the source IP");
+        assert!(ok.services[0].hash_policy[0].terminal);
+        for (service, why) in [
+            (
+                "{ name: a, address: 127.77.0.1, port: 80, cluster: web, mode: proxy, hash_policy: [{ header: { header_name: x-user } }] }",
+                "can hash only the source IP",
+            ),
+            (
+                "{ name: a, address: 127.77.0.1, port: 80, cluster: web, hash_policy: [{ connection_properties: { source_ip: true } }] }",
+                "applies to the proxy path",
+            ),
+            (
+                "{ name: a, address: 127.77.0.1, port: 80, cluster: web, mode: proxy, hash_policy: [{ terminal: true }] }",
+                "exactly one of header, cookie",
+            ),
+        ] {
+            let err = parse_proxied(&format!("  - {service}\n")).expect_err(service);
+            let ConfigError::Invalid { field, .. } = &err else {
+                panic!("{service}: {err}");
+            };
+            assert_eq!(field, "services[0].hash_policy[0]", "{service}");
+            assert!(err.to_string().contains(why), "{service}: {err}");
+        }
+    }
 }

@@ -381,3 +381,31 @@ fn least_request_draws_choice_count_hosts() {
     // Expect about 2; 20 is more than 12 sigma of a Poisson(2) away.
     assert!(on_loaded < 20, "{on_loaded}");
 }
+
+/// A TCP service hashing the source IP: every connection from one address lands on one host,
+/// the host its address's XXH64 picks.
+#[test]
+fn source_ip_hash_keys_tcp_connections_on_the_client_address() {
+    let (_tx, rx) = watch::channel(routing(&[
+        ("127.0.0.1:1", HostClass::Healthy),
+        ("127.0.0.2:1", HostClass::Healthy),
+        ("127.0.0.3:1", HostClass::Healthy),
+    ]));
+    let c = ClusterHandle::new("c", rx, true, Duration::from_secs(1))
+        .with_balancer(Balancer::Maglev { table_size: 65_537 })
+        .with_source_ip_hash(true);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let want = c.pick_hashed(&[], Some(lb::xxhash::xxhash64(b"127.0.0.5", 0)));
+    for _ in 0..5 {
+        let client =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        client
+            .bind(&SocketAddr::from(([127, 0, 0, 5], 0)).into())
+            .unwrap();
+        client
+            .connect(&listener.local_addr().unwrap().into())
+            .unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        assert_eq!(c.pick_leased_for(&[], &accepted).unwrap().0, want.unwrap());
+    }
+}

@@ -229,4 +229,58 @@ mod tests {
         let line = hash(&session, &[], "/").set_cookie.unwrap();
         assert_eq!(line, format!("s=\"{value}\"; HttpOnly").as_str());
     }
+
+    /// A chain's resolver `LoadBalancer`: its policy becomes the target cluster's, its
+    /// `HashPolicies` the leg's (only with a hashing policy); the service's `hash_policy` fills
+    /// a leg that has none.
+    fn table(load_balancer: &str) -> crate::route::RouteTable {
+        let entries = proxy_chain::Entries::from_json(&format!(
+            r#"[{{"Kind": "service-defaults", "Name": "web", "Protocol": "http"}},
+               {{"Kind": "service-resolver", "Name": "web", "LoadBalancer": {load_balancer}}}]"#
+        ))
+        .unwrap();
+        let request = proxy_chain::CompileRequest::new("web", "dc1", "consul");
+        let chain = proxy_chain::compile(&request, &entries).unwrap();
+        let (_tx, rx) = tokio::sync::watch::channel(proxy_core::health::Routing::default());
+        let cluster =
+            crate::cluster::ClusterHandle::new("web", rx, true, std::time::Duration::ZERO);
+        crate::route::RouteTable::from_chain(&chain, &|_| Some(cluster.clone())).unwrap()
+    }
+
+    #[test]
+    fn a_resolvers_load_balancer_sets_the_policy_and_the_hash() {
+        use proxy_core::lb::Balancer;
+        let maglev = table(
+            r#"{"Policy": "maglev", "HashPolicies": [{"Field": "header", "FieldValue": "x-user"}]}"#,
+        );
+        let leg = &maglev.routes[0].legs[0];
+        assert_eq!(
+            leg.clusters[0].balancer(),
+            Balancer::Maglev { table_size: 65_537 }
+        );
+        let h = hash(&leg.hash, &[("x-user", "alice")], "/").hash;
+        assert_eq!(h, Some(xxhash64(b"alice", 0)));
+        // The service's own list does not replace the resolver's.
+        let service: Vec<HashPolicy> =
+            serde_yaml::from_str("[{query_parameter: {name: u}}]").unwrap();
+        let maglev = maglev.with_hash_policy(&service);
+        let kept = hash(
+            &maglev.routes[0].legs[0].hash,
+            &[("x-user", "alice")],
+            "/?u=1",
+        );
+        assert_eq!(kept.hash, h);
+        // A policy that does not hash: no hash, and the service's list then applies.
+        let least =
+            table(r#"{"Policy": "least_request", "LeastRequestConfig": {"ChoiceCount": 3}}"#);
+        let leg = &least.routes[0].legs[0];
+        assert_eq!(
+            leg.clusters[0].balancer(),
+            Balancer::LeastRequest { choice_count: 3 }
+        );
+        assert!(leg.hash.is_empty());
+        let filled = least.with_hash_policy(&service);
+        let h = hash(&filled.routes[0].legs[0].hash, &[], "/?u=1").hash;
+        assert_eq!(h, Some(xxhash64(b"1", 0)));
+    }
 }

@@ -32,7 +32,7 @@ use crate::{
     drain::DrainWatcher,
     orig_dst::HostLease,
     pool::{self, Body, Pool, Proto, Sender},
-    route::{AttemptFailure, Peers, Route, RouteLeg, apply_headers},
+    route::{AttemptFailure, Hashed, Peers, Route, RouteLeg, apply_headers},
     service::Service,
     shared::Shared,
     stats::ProxyStats,
@@ -188,7 +188,12 @@ async fn routed(
     let Some((leg, cluster)) = pick_cluster(route, stats) else {
         return no_healthy_upstream();
     };
-    let hashed = leg.hash.compute(req.headers(), req.uri(), ctx.peers);
+    // Only a hashing policy asks for the hash (and so generates a cookie), as in Envoy.
+    let hashed = if cluster.balancer().is_hash_based() {
+        leg.hash.compute(req.headers(), req.uri(), ctx.peers)
+    } else {
+        Hashed::default()
+    };
     let client = upgrade.map(|kind| upgrade::prepare(&mut req, kind));
     let (mut parts, body) = req.into_parts();
     if let Some(path) = route.rewrite(&parts.uri) {

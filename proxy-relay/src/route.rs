@@ -22,7 +22,7 @@ use regex::Regex;
 
 pub use self::{
     error::RouteError,
-    hash::{Peers, RequestHash},
+    hash::{Hashed, Peers, RequestHash},
     retry::{AttemptFailure, RetryPolicy, backoff},
 };
 use crate::{

@@ -6,9 +6,20 @@
 //! 1/m. For `RANDOM`, the kernel picks a uniformly random slot. For `MAGLEV`, the slots are filled
 //! in Maglev order (each host walks its own permutation of the table), so that removing one of N
 //! hosts changes only about 1/N of the slots and clients keyed to the others stay where they are.
+//!
+//! The proxy path's RING_HASH and MAGLEV are Envoy's own constructions instead ([`ring_hash`],
+//! [`maglev`], over [`xxhash`]), keyed by a request's [`hash_policy`]; [`Balancer`] is the policy
+//! a cluster (or a Consul resolver's `LoadBalancer`) picks with there.
+
+mod balancer;
+pub mod hash_policy;
+pub mod maglev;
+pub mod ring_hash;
+pub mod xxhash;
 
 use std::net::SocketAddr;
 
+pub use self::balancer::{Balancer, MaglevLbConfig, RingHashFunction, RingHashLbConfig};
 use crate::health::Routing;
 
 /// Total weight a table's hosts are scaled to when priority loads are merged: a resolution of

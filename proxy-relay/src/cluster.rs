@@ -1,25 +1,26 @@
 //! A cluster as the proxy sees it: its routable hosts (a watch on the running cluster's
-//! routing), a weighted pick per connection or request, its HTTP pool, and the per-connection
-//! watch that drains or closes connections whose host went away or failed.
+//! routing), a pick per connection or request by its policy ([`pick`]), its HTTP pool, and the
+//! per-connection watch that drains or closes connections whose host went away or failed.
+
+mod pick;
+#[cfg(test)]
+mod tests;
 
 use std::{
-    cell::Cell,
-    hash::{BuildHasher, RandomState},
     net::SocketAddr,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::{Arc, atomic::Ordering},
     time::Duration,
 };
 
 use proxy_core::{
     health::{PassiveSignal, Routing},
-    lb,
+    lb::{self, Balancer},
     upstream::{OpenConnection, Upstream, UpstreamTraffic},
 };
 use tokio::sync::{mpsc, watch};
 
+use self::pick::{ActiveCounts, Consistent, Rotation};
+pub use self::pick::{ActiveLease, random_u64, weighted_pick};
 use crate::{addr::BackendAddr, pool::Pool};
 
 /// Where a host stands in its cluster.
@@ -103,99 +104,12 @@ pub struct ClusterHandle {
     close_on_health_failure: Option<bool>,
     /// The service's `max_connect_attempts`: connects one TCP connection may make.
     connect_attempts: u32,
-}
-
-/// Open connections (or requests) per host, for LEAST_REQUEST.
-#[derive(Default)]
-struct ActiveCounts(Mutex<std::collections::HashMap<SocketAddr, u64>>);
-
-impl ActiveCounts {
-    fn of(&self, host: SocketAddr) -> u64 {
-        self.lock().get(&host).copied().unwrap_or(0)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<SocketAddr, u64>> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-/// A connection's (or request's) place in its host's open count (LEAST_REQUEST), given back
-/// when dropped.
-pub struct ActiveLease {
-    counts: Arc<ActiveCounts>,
-    host: SocketAddr,
-}
-
-impl Drop for ActiveLease {
-    fn drop(&mut self) {
-        let mut counts = self.counts.lock();
-        if let Some(n) = counts.get_mut(&self.host) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                counts.remove(&self.host);
-            }
-        }
-    }
-}
-
-/// ROUND_ROBIN on the proxy path: the kernel's rotation (the same smooth weighted table,
-/// [`lb::round_robin_table`]) with one turn counter per cluster handle.
-#[derive(Default)]
-struct Rotation {
-    turn: AtomicU64,
-    table: Mutex<RotationTable>,
-}
-
-/// A rotation's table and the level (hosts and weights) it was built from.
-#[derive(Default)]
-struct RotationTable {
-    level: Vec<(SocketAddr, u32)>,
-    hosts: Vec<SocketAddr>,
-}
-
-impl Rotation {
-    /// The next host of `level` in turn, skipping `tried` while a fresh one is left.
-    fn next(&self, level: &[(SocketAddr, u32)], tried: &[BackendAddr]) -> Option<SocketAddr> {
-        let mut cached = self
-            .table
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if cached.level != level {
-            let hosts: Vec<lb::SlotHost> = level
-                .iter()
-                .enumerate()
-                .map(|(i, &(addr, weight))| lb::SlotHost {
-                    id: i as u32,
-                    addr,
-                    weight: weight.max(1),
-                })
-                .collect();
-            let table = lb::round_robin_table(&hosts, proxy_common::service::SLOTS)
-                .into_iter()
-                .map(|id| level[id as usize].0)
-                .collect();
-            *cached = RotationTable {
-                level: level.to_vec(),
-                hosts: table,
-            };
-        }
-        let table = &cached.hosts;
-        let len = table.len() as u64;
-        if len == 0 {
-            return None;
-        }
-        let mut turn = self.turn.fetch_add(1, Ordering::Relaxed);
-        for _ in 0..len {
-            let host = table[(turn % len) as usize];
-            if !tried.contains(&BackendAddr(host)) {
-                return Some(host);
-            }
-            turn = self.turn.fetch_add(1, Ordering::Relaxed);
-        }
-        Some(table[(turn % len) as usize])
-    }
+    /// The policy the picks follow (the cluster's, or its chain resolver's).
+    balancer: Balancer,
+    /// RING_HASH and MAGLEV: the ring or table (shared by the handle's clones).
+    consistent: Option<Arc<Consistent>>,
+    /// A TCP service's `hash_policy` hashes the client's IP address.
+    hash_source_ip: bool,
 }
 
 impl ClusterHandle {
@@ -220,6 +134,9 @@ impl ClusterHandle {
             least: None,
             close_on_health_failure: None,
             connect_attempts: 1,
+            balancer: Balancer::Random,
+            consistent: None,
+            hash_source_ip: false,
         }
     }
 
@@ -244,18 +161,42 @@ impl ClusterHandle {
         self
     }
 
-    /// The cluster with its own connect timeout and lb policy (`ROUND_ROBIN` rotates; every
-    /// other policy picks at random by weight, as the kernel's RANDOM does).
+    /// The cluster with its own connect timeout and lb policy (with that policy's defaults:
+    /// [`with_balancer`](Self::with_balancer) takes its parameters).
+    #[must_use]
     pub fn with_policy(
-        mut self,
+        self,
         connect_timeout: Option<Duration>,
         lb_policy: proxy_core::config::LbPolicy,
     ) -> Self {
-        self.connect_timeout = connect_timeout;
-        self.rotation = (lb_policy == proxy_core::config::LbPolicy::RoundRobin)
-            .then(|| Arc::new(Rotation::default()));
-        self.least = (lb_policy == proxy_core::config::LbPolicy::LeastRequest)
+        let mut handle = self.with_balancer(Balancer::of_cluster(lb_policy, None, None));
+        handle.connect_timeout = connect_timeout;
+        handle
+    }
+
+    /// The cluster picking by `balancer`: ROUND_ROBIN rotates, LEAST_REQUEST compares open
+    /// leases, RING_HASH and MAGLEV hash (Envoy's ring and table), RANDOM picks by weight. The
+    /// state is the handle's own (and its clones').
+    #[must_use]
+    pub fn with_balancer(mut self, balancer: Balancer) -> Self {
+        self.balancer = balancer;
+        self.rotation = (balancer == Balancer::RoundRobin).then(|| Arc::new(Rotation::default()));
+        self.least = matches!(balancer, Balancer::LeastRequest { .. })
             .then(|| Arc::new(ActiveCounts::default()));
+        self.consistent = Consistent::new(balancer).map(Arc::new);
+        self
+    }
+
+    /// The policy the picks follow.
+    pub fn balancer(&self) -> Balancer {
+        self.balancer
+    }
+
+    /// A TCP service whose `hash_policy` hashes the client's IP address
+    /// ([`pick_leased_for`](Self::pick_leased_for)).
+    #[must_use]
+    pub fn with_source_ip_hash(mut self, on: bool) -> Self {
+        self.hash_source_ip = on;
         self
     }
 
@@ -291,10 +232,8 @@ impl ClusterHandle {
     ) -> Self {
         self.routing = routing;
         self.pool = Arc::new(Pool::new(pool_idle_timeout));
-        if self.rotation.is_some() {
-            self.rotation = Some(Arc::new(Rotation::default()));
-        }
-        self
+        let balancer = self.balancer;
+        self.with_balancer(balancer)
     }
 
     /// The cluster's name.
@@ -348,7 +287,32 @@ impl ClusterHandle {
     /// [`ClusterHandle::pick`] for a connection or request that lasts: with LEAST_REQUEST, the
     /// lease counts it in its host's open connections until it is dropped.
     pub fn pick_leased(&self, tried: &[BackendAddr]) -> Option<(BackendAddr, Option<ActiveLease>)> {
-        let host = self.pick(tried)?;
+        self.pick_leased_hashed(tried, None)
+    }
+
+    /// [`pick_leased`](Self::pick_leased) for a TCP connection from `client`: its IP address
+    /// is the hash when the service's `hash_policy` says so (Envoy's tcp_proxy `source_ip`).
+    pub fn pick_leased_for(
+        &self,
+        tried: &[BackendAddr],
+        client: &impl std::os::fd::AsFd,
+    ) -> Option<(BackendAddr, Option<ActiveLease>)> {
+        let hash = self
+            .hash_source_ip
+            .then(|| socket2::SockRef::from(client).peer_addr().ok()?.as_socket())
+            .flatten()
+            .map(|peer| lb::xxhash::xxhash64(peer.ip().to_string().as_bytes(), 0));
+        self.pick_leased_hashed(tried, hash)
+    }
+
+    /// [`pick_leased`](Self::pick_leased) with the request's hash (RING_HASH and MAGLEV; `None`:
+    /// the request has none and a random one is taken, as Envoy does).
+    pub fn pick_leased_hashed(
+        &self,
+        tried: &[BackendAddr],
+        hash: Option<u64>,
+    ) -> Option<(BackendAddr, Option<ActiveLease>)> {
+        let host = self.pick_hashed(tried, hash)?;
         let lease = self.least.as_ref().map(|least| {
             *least.lock().entry(host.0).or_default() += 1;
             ActiveLease {
@@ -364,9 +328,14 @@ impl ClusterHandle {
         !lb::kernel_levels(&self.routing.borrow()).is_empty()
     }
 
-    /// Picks a host by weight (priorities and health as the kernel tables see them), avoiding
-    /// `tried` when another host is available.
+    /// Picks a host by the handle's policy (priorities and health as the kernel tables see
+    /// them), avoiding `tried` when another host is available.
     pub fn pick(&self, tried: &[BackendAddr]) -> Option<BackendAddr> {
+        self.pick_hashed(tried, None)
+    }
+
+    /// [`pick`](Self::pick) with the request's hash for RING_HASH and MAGLEV (`None`: random).
+    pub fn pick_hashed(&self, tried: &[BackendAddr], hash: Option<u64>) -> Option<BackendAddr> {
         let routing = self.routing.borrow().clone();
         let Some(level) = lb::kernel_levels(&routing).into_iter().next() else {
             self.traffic.cx_none_healthy.fetch_add(1, Ordering::Relaxed);
@@ -377,24 +346,24 @@ impl ClusterHandle {
                 .lb_healthy_panic
                 .fetch_add(1, Ordering::Relaxed);
         }
+        if let Some(rotation) = &self.rotation {
+            return rotation.next(&level, tried).map(BackendAddr);
+        }
+        if let Some(consistent) = &self.consistent {
+            let hash = hash.unwrap_or_else(random_u64);
+            return consistent.pick(&level, hash, tried).map(BackendAddr);
+        }
         let fresh: Vec<_> = level
             .iter()
             .filter(|(a, _)| !tried.contains(&BackendAddr(*a)))
             .copied()
             .collect();
-        if let Some(rotation) = &self.rotation {
-            return rotation.next(&level, tried).map(BackendAddr);
-        }
         let candidates = if fresh.is_empty() { level } else { fresh };
-        let first = weighted_pick(&candidates)?;
-        if let Some(least) = &self.least {
-            // The power of two choices, drawn with replacement as Envoy's: the first on a tie.
-            let second = weighted_pick(&candidates)?;
-            if least.of(second) < least.of(first) {
-                return Some(BackendAddr(second));
-            }
+        if let (Some(least), Balancer::LeastRequest { choice_count }) = (&self.least, self.balancer)
+        {
+            return pick::least_of(&candidates, least, choice_count).map(BackendAddr);
         }
-        Some(BackendAddr(first))
+        weighted_pick(&candidates).map(BackendAddr)
     }
 
     /// The host's state now.
@@ -497,365 +466,5 @@ impl ClusterHandle {
                 return std::future::pending().await;
             }
         }
-    }
-}
-
-/// A weighted random choice.
-pub fn weighted_pick(hosts: &[(SocketAddr, u32)]) -> Option<SocketAddr> {
-    let total: u64 = hosts.iter().map(|(_, w)| u64::from((*w).max(1))).sum();
-    if total == 0 {
-        return None;
-    }
-    let mut r = random_u64() % total;
-    for (addr, w) in hosts {
-        let w = u64::from((*w).max(1));
-        if r < w {
-            return Some(*addr);
-        }
-        r -= w;
-    }
-    hosts.last().map(|(a, _)| *a)
-}
-
-/// A fast per-thread pseudo-random number (xorshift64*), seeded from the std hasher's keys.
-pub fn random_u64() -> u64 {
-    thread_local! {
-        static STATE: Cell<u64> = Cell::new(RandomState::new().hash_one(0x5eed_u64) | 1);
-    }
-    STATE.with(|s| {
-        let mut x = s.get();
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        s.set(x);
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use proxy_core::{
-        health::{HostClass, Routing},
-        host::Host,
-    };
-
-    use super::*;
-
-    fn routing(hosts: &[(&str, HostClass)]) -> Routing {
-        let hosts: Vec<(Host, HostClass)> = hosts
-            .iter()
-            .map(|(a, c)| (Host::new(a.parse().unwrap()), *c))
-            .collect();
-        Routing::compute(&hosts, 50.0)
-    }
-
-    fn addr(s: &str) -> BackendAddr {
-        BackendAddr(s.parse().unwrap())
-    }
-
-    const POLICY: DrainPolicy = DrainPolicy {
-        drain_timeout: Duration::from_secs(10),
-        close_on_health_failure: false,
-    };
-
-    #[test]
-    fn states() {
-        let r = routing(&[
-            ("127.0.0.1:1", HostClass::Healthy),
-            ("127.0.0.2:1", HostClass::Healthy),
-            ("127.0.0.3:1", HostClass::Unhealthy),
-        ]);
-        assert_eq!(
-            host_state(&r, "127.0.0.1:1".parse().unwrap()),
-            HostState::Routable
-        );
-        assert_eq!(
-            host_state(&r, "127.0.0.3:1".parse().unwrap()),
-            HostState::Unhealthy
-        );
-        assert_eq!(
-            host_state(&r, "127.0.0.9:1".parse().unwrap()),
-            HostState::Removed
-        );
-    }
-
-    #[test]
-    fn pick_follows_weights_and_avoids_tried() {
-        let hosts = [
-            ("127.0.0.1:1".parse().unwrap(), 3),
-            ("127.0.0.2:1".parse().unwrap(), 1),
-        ];
-        let n = 4000;
-        let first = (0..n)
-            .filter(|_| weighted_pick(&hosts) == Some(hosts[0].0))
-            .count();
-        // Expect 3000; 5 sigma of a binomial(4000, 0.75) is about 137.
-        assert!((2860..3140).contains(&first), "{first}");
-        let (_tx, rx) = watch::channel(routing(&[
-            ("127.0.0.1:1", HostClass::Healthy),
-            ("127.0.0.2:1", HostClass::Healthy),
-        ]));
-        let c = ClusterHandle::new("c", rx, true, Duration::from_secs(1));
-        for _ in 0..50 {
-            assert_eq!(c.pick(&[addr("127.0.0.1:1")]), Some(addr("127.0.0.2:1")));
-        }
-        // Every host tried: pick among all again.
-        assert!(
-            c.pick(&[addr("127.0.0.1:1"), addr("127.0.0.2:1")])
-                .is_some()
-        );
-    }
-
-    #[test]
-    fn round_robin_rotates_exactly_and_follows_the_hosts() {
-        use proxy_core::config::LbPolicy;
-        let (tx, rx) = watch::channel(routing(&[
-            ("127.0.0.1:1", HostClass::Healthy),
-            ("127.0.0.2:1", HostClass::Healthy),
-            ("127.0.0.3:1", HostClass::Healthy),
-        ]));
-        let c = ClusterHandle::new("c", rx, true, Duration::from_secs(1))
-            .with_policy(Some(Duration::from_millis(250)), LbPolicy::RoundRobin);
-        assert_eq!(
-            c.connect_timeout(Duration::from_secs(5)),
-            Duration::from_millis(250)
-        );
-        // Clones share the rotation (the engine's threads each hold one).
-        let d = c.clone();
-        let picks: Vec<_> = (0..9)
-            .map(|i| if i % 2 == 0 { &c } else { &d }.pick(&[]).unwrap())
-            .collect();
-        for host in ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"] {
-            assert_eq!(picks.iter().filter(|&&p| p == addr(host)).count(), 3);
-        }
-        // Three in a row are three different hosts.
-        for w in picks.windows(3) {
-            assert!(w[0] != w[1] && w[1] != w[2] && w[0] != w[2], "{picks:?}");
-        }
-        // A retry skips the host it tried, and the checks before a pick take no turn.
-        assert!(c.has_routable());
-        let next = c.pick(&[]).unwrap();
-        assert_ne!(c.pick(&[next]), Some(next));
-        // The rotation follows the hosts.
-        tx.send_replace(routing(&[("127.0.0.9:1", HostClass::Healthy)]));
-        assert_eq!(c.pick(&[]), Some(addr("127.0.0.9:1")));
-        // Without its own timeout a cluster takes the proxy's; RANDOM does not rotate.
-        let (_tx, rx) = watch::channel(routing(&[("127.0.0.1:1", HostClass::Healthy)]));
-        let r = ClusterHandle::new("r", rx, true, Duration::from_secs(1))
-            .with_policy(None, LbPolicy::Random);
-        assert_eq!(
-            r.connect_timeout(Duration::from_secs(5)),
-            Duration::from_secs(5)
-        );
-        assert!(r.rotation.is_none());
-    }
-
-    #[test]
-    fn least_request_prefers_the_host_with_fewer_open_leases() {
-        use proxy_core::config::LbPolicy;
-        let (_tx, rx) = watch::channel(routing(&[
-            ("127.0.0.1:1", HostClass::Healthy),
-            ("127.0.0.2:1", HostClass::Healthy),
-        ]));
-        let c = ClusterHandle::new("c", rx, true, Duration::from_secs(1))
-            .with_policy(None, LbPolicy::LeastRequest);
-        // A hundred leases held on host 1 (taken until one lands there).
-        let mut held = Vec::new();
-        while held.len() < 100 {
-            let (host, lease) = c.pick_leased(&[]).unwrap();
-            if host == addr("127.0.0.1:1") {
-                held.push(lease.expect("LEAST_REQUEST leases"));
-            }
-        }
-        // Host 1 is chosen only when both draws fall on it: about a quarter.
-        let n = 4000;
-        let on_loaded = (0..n)
-            .filter(|_| c.pick_leased(&[]).unwrap().0 == addr("127.0.0.1:1"))
-            .count();
-        // Expect 1000; 5 sigma of binomial(4000, 1/4) is about 137.
-        assert!((860..1140).contains(&on_loaded), "{on_loaded}");
-        // Given back: the counts are even again, and host 1 gets about half.
-        drop(held);
-        let on_first = (0..n)
-            .filter(|_| c.pick(&[]).unwrap() == addr("127.0.0.1:1"))
-            .count();
-        assert!((1840..2160).contains(&on_first), "{on_first}");
-        // Other policies hand out no lease.
-        let (_tx, rx) = watch::channel(routing(&[("127.0.0.1:1", HostClass::Healthy)]));
-        let r = ClusterHandle::new("r", rx, true, Duration::from_secs(1));
-        assert!(r.pick_leased(&[]).unwrap().1.is_none());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn removed_host_drains_until_the_deadline() {
-        let (tx, rx) = watch::channel(routing(&[("127.0.0.1:1", HostClass::Healthy)]));
-        let c = ClusterHandle::new("c", rx, true, Duration::from_secs(1));
-        let start = tokio::time::Instant::now();
-        let closed = tokio::spawn({
-            let c = c.clone();
-            async move { c.host_closed(addr("127.0.0.1:1"), POLICY).await }
-        });
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        tx.send_replace(routing(&[("127.0.0.2:1", HostClass::Healthy)]));
-        assert_eq!(closed.await.unwrap(), HostClose::Drained);
-        assert_eq!(start.elapsed(), Duration::from_secs(13));
-        // New picks go elsewhere at once.
-        assert_eq!(c.pick(&[]), Some(addr("127.0.0.2:1")));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn host_back_before_the_deadline_cancels_the_drain() {
-        let (tx, rx) = watch::channel(routing(&[("127.0.0.1:1", HostClass::Healthy)]));
-        let c = ClusterHandle::new("c", rx, true, Duration::from_secs(1));
-        let closed = tokio::spawn({
-            let c = c.clone();
-            async move { c.host_closed(addr("127.0.0.1:1"), POLICY).await }
-        });
-        tx.send_replace(routing(&[]));
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        tx.send_replace(routing(&[("127.0.0.1:1", HostClass::Healthy)]));
-        tokio::time::sleep(Duration::from_secs(60)).await;
-        assert!(!closed.is_finished());
-        closed.abort();
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn logical_dns_never_drains_and_health_failure_closes_when_configured() {
-        let (tx, rx) = watch::channel(routing(&[("127.0.0.1:1", HostClass::Healthy)]));
-        let logical = ClusterHandle::new("l", rx.clone(), false, Duration::from_secs(1));
-        let never =
-            tokio::spawn(async move { logical.host_closed(addr("127.0.0.1:1"), POLICY).await });
-        let strict = ClusterHandle::new("s", rx, true, Duration::from_secs(1));
-        let policy = DrainPolicy {
-            close_on_health_failure: true,
-            ..POLICY
-        };
-        let health =
-            tokio::spawn(async move { strict.host_closed(addr("127.0.0.1:1"), policy).await });
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        tx.send_replace(routing(&[
-            ("127.0.0.1:1", HostClass::Unhealthy),
-            ("127.0.0.2:1", HostClass::Healthy),
-            ("127.0.0.3:1", HostClass::Healthy),
-        ]));
-        assert_eq!(health.await.unwrap(), HostClose::HealthFailure);
-        tx.send_replace(routing(&[]));
-        tokio::time::sleep(Duration::from_secs(3600)).await;
-        assert!(!never.is_finished());
-        never.abort();
-    }
-
-    /// A cluster's own `close_connections_on_host_health_failure` wins over the proxy's, both
-    /// ways; unset, the proxy's applies.
-    #[test]
-    fn the_clusters_close_on_health_failure_wins_over_the_proxys() {
-        let (_tx, rx) = watch::channel(routing(&[]));
-        let c = |own| {
-            ClusterHandle::new("c", rx.clone(), true, Duration::from_secs(1))
-                .with_close_on_health_failure(own)
-        };
-        let proxy = |close| DrainPolicy {
-            close_on_health_failure: close,
-            ..POLICY
-        };
-        let verdict = |own, close| c(own).verdict(HostState::Unhealthy, proxy(close));
-        assert_eq!(verdict(None, false), HostVerdict::Keep);
-        assert_eq!(verdict(None, true), HostVerdict::Close);
-        assert_eq!(verdict(Some(true), false), HostVerdict::Close);
-        assert_eq!(verdict(Some(false), true), HostVerdict::Keep);
-        // A healthy host is kept whatever the setting.
-        assert_eq!(
-            c(Some(true)).verdict(HostState::Routable, proxy(true)),
-            HostVerdict::Keep
-        );
-    }
-
-    fn upstream(outlier_detection: &str) -> proxy_core::upstream::Upstream {
-        let yaml = format!(
-            "clusters:\n  - name: c\n{outlier_detection}    load_assignment:\n      endpoints:\n        - lb_endpoints:\n            - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: 1 }} }} }}\n            - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.2, port_value: 1 }} }} }}\n"
-        );
-        let config = proxy_core::config::Config::parse(&yaml, std::path::Path::new("t.yaml"))
-            .expect("valid config");
-        let manager = proxy_core::health::HealthCheckManager::default();
-        proxy_core::upstream::Upstream::spawn(&config.clusters[0], &manager).expect("spawns")
-    }
-
-    #[tokio::test]
-    async fn connect_failures_eject_through_outlier_detection() {
-        // Two hosts: ejecting one is 50 % of the cluster, which the cap must allow.
-        let up = upstream(
-            "    outlier_detection: { consecutive_5xx: 2, interval: 0.1s, max_ejection_percent: 50 }\n",
-        );
-        up.initialized().wait_for(|i| *i).await.unwrap();
-        let c = ClusterHandle::from_upstream(&up, Duration::from_secs(60));
-        let bad = addr("127.0.0.2:1");
-        c.report_connect(bad, false);
-        c.report_connect(bad, false);
-        let mut routing = up.routing();
-        tokio::time::timeout(
-            Duration::from_secs(5),
-            routing.wait_for(|r| r.routable().iter().all(|h| h.addr != bad.0)),
-        )
-        .await
-        .expect("the failing host is ejected")
-        .unwrap();
-        for _ in 0..20 {
-            assert_eq!(c.pick(&[]), Some(addr("127.0.0.1:1")));
-        }
-    }
-
-    /// HTTP exchanges are judged by their status: two 5xx in a row eject even with a successful
-    /// connect between them (a connect of an HTTP exchange reports only its failure).
-    #[tokio::test]
-    async fn http_5xx_responses_eject_and_connect_successes_do_not_reset_the_run() {
-        let up = upstream(
-            "    outlier_detection: { consecutive_5xx: 2, interval: 0.1s, max_ejection_percent: 50 }\n",
-        );
-        up.initialized().wait_for(|i| *i).await.unwrap();
-        let c = ClusterHandle::from_upstream(&up, Duration::from_secs(60));
-        let bad = addr("127.0.0.2:1");
-        c.report_response(bad, 500);
-        c.report_http_connect(bad, true);
-        c.report_response(bad, 502);
-        // The connect is counted like any other, for the cluster and the host.
-        let counted = up.traffic().host(bad.0);
-        assert_eq!((counted.cx_total, counted.cx_connect_fail), (1, 0));
-        let mut routing = up.routing();
-        tokio::time::timeout(
-            Duration::from_secs(5),
-            routing.wait_for(|r| r.routable().iter().all(|h| h.addr != bad.0)),
-        )
-        .await
-        .expect("the host answering 5xx is ejected")
-        .unwrap();
-        // A 2xx between two 5xx ends the run: the other host stays.
-        let good = addr("127.0.0.1:1");
-        c.report_response(good, 500);
-        c.report_response(good, 200);
-        c.report_response(good, 500);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(
-            up.routing()
-                .borrow()
-                .routable()
-                .iter()
-                .any(|h| h.addr == good.0)
-        );
-    }
-
-    #[tokio::test]
-    async fn without_outlier_detection_nothing_is_reported() {
-        let up = upstream("");
-        up.initialized().wait_for(|i| *i).await.unwrap();
-        let c = ClusterHandle::from_upstream(&up, Duration::from_secs(60));
-        assert!(
-            c.passive.is_none(),
-            "no channel: connect results change nothing"
-        );
-        // Reporting is then a no-op, and both hosts stay routable.
-        c.report_connect(addr("127.0.0.2:1"), false);
-        c.report_connect(addr("127.0.0.2:1"), false);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(up.routing().borrow().routable().len(), 2);
     }
 }

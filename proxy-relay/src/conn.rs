@@ -147,7 +147,7 @@ pub(crate) fn choose(
             })
         }
         Target::Cluster(cluster) => {
-            let Some((host, active)) = cluster.pick_leased(tried) else {
+            let Some((host, active)) = cluster.pick_leased_for(tried, client) else {
                 ProxyStats::inc(&shared.stats.upstream_cx_none_healthy);
                 debug!(cluster = cluster.name(), "no healthy host: refused");
                 flow::abort(client);

@@ -32,7 +32,7 @@ use crate::{
     drain::DrainWatcher,
     orig_dst::HostLease,
     pool::{self, Body, Pool, Proto, Sender},
-    route::{AttemptFailure, Route, RouteLeg, apply_headers},
+    route::{AttemptFailure, Hashed, Peers, Route, RouteLeg, apply_headers},
     service::Service,
     shared::Shared,
     stats::ProxyStats,
@@ -60,6 +60,8 @@ const HOP_BY_HOP: [&str; 8] = [
 struct Ctx {
     shared: Arc<Shared>,
     orig: OrigDstAddr,
+    /// The client and the service address (what hash policies may hash).
+    peers: Peers,
     service: Service,
     /// The bytes of an upgraded connection (at most one per HTTP/1.1 connection).
     tunnel: std::sync::Mutex<Option<JoinHandle<()>>>,
@@ -78,9 +80,16 @@ pub(crate) async fn serve(
     shared: Arc<Shared>,
     drain: &DrainWatcher,
 ) {
+    let client = stream
+        .peer_addr()
+        .unwrap_or_else(|_| std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
     let ctx = Arc::new(Ctx {
         shared,
         orig,
+        peers: Peers {
+            client,
+            service: orig.0,
+        },
         service,
         tunnel: std::sync::Mutex::new(None),
         started: tokio::sync::watch::Sender::new(false),
@@ -179,6 +188,12 @@ async fn routed(
     let Some((leg, cluster)) = pick_cluster(route, stats) else {
         return no_healthy_upstream();
     };
+    // Only a hashing policy asks for the hash (and so generates a cookie), as in Envoy.
+    let hashed = if cluster.balancer().is_hash_based() {
+        leg.hash.compute(req.headers(), req.uri(), ctx.peers)
+    } else {
+        Hashed::default()
+    };
     let client = upgrade.map(|kind| upgrade::prepare(&mut req, kind));
     let (mut parts, body) = req.into_parts();
     if let Some(path) = route.rewrite(&parts.uri) {
@@ -207,6 +222,7 @@ async fn routed(
             .connect_timeout
             .unwrap_or_else(|| ctx.shared.connect_timeout(Some(cluster))),
         policy: &route.retry,
+        hash: hashed.hash,
         parts,
         payload,
         stats,
@@ -223,8 +239,14 @@ async fn routed(
         }
     };
     let mut resp = match result {
-        Ok(answer) => {
+        Ok(mut answer) => {
             debug!(route_target = %leg.target, host = %answer.host, "request routed");
+            if let Some(cookie) = hashed.set_cookie {
+                answer
+                    .resp
+                    .headers_mut()
+                    .append(http::header::SET_COOKIE, cookie);
+            }
             match client {
                 Some(client) => upgrade::answer(answer, client, ctx),
                 None => respond(answer, cluster.pool(), Some(clock), stats),

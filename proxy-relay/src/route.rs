@@ -4,6 +4,7 @@
 //! First matching route wins; the compiled chain always ends with a catch-all.
 
 mod error;
+mod hash;
 mod retry;
 
 use std::time::Duration;
@@ -16,10 +17,12 @@ use proxy_chain::{
         ServiceRouteMatchQueryParam,
     },
 };
+use proxy_core::lb::{Balancer, hash_policy::HashPolicy};
 use regex::Regex;
 
 pub use self::{
     error::RouteError,
+    hash::{Hashed, Peers, RequestHash},
     retry::{AttemptFailure, RetryPolicy, backoff},
 };
 use crate::{
@@ -244,6 +247,9 @@ pub struct RouteLeg {
     pub clusters: Vec<ClusterHandle>,
     /// Connect timeout from the resolver (`None`: the proxy's default).
     pub connect_timeout: Option<Duration>,
+    /// What RING_HASH and MAGLEV hash: the resolver's `HashPolicies` when its policy hashes,
+    /// else the service's `hash_policy`.
+    pub hash: RequestHash,
 }
 
 /// A compiled route.
@@ -289,8 +295,13 @@ impl Route {
         };
         let mut legs = Vec::new();
         for leg in &rl.legs {
-            let mut clusters =
-                vec![cluster_of(&leg.target).ok_or_else(|| no_cluster(&leg.target))?];
+            let mut primary = cluster_of(&leg.target).ok_or_else(|| no_cluster(&leg.target))?;
+            // The resolver's LoadBalancer is its targets' cluster policy, as Consul's xDS makes it.
+            let resolver = leg.load_balancer.as_ref();
+            if let Some(balancer) = resolver.and_then(Balancer::of_resolver) {
+                primary = primary.with_balancer(balancer);
+            }
+            let mut clusters = vec![primary];
             // Failover targets without a cluster here are skipped: they may be other datacenters.
             clusters.extend(leg.failover.iter().filter_map(cluster_of));
             let nanos = leg.connect_timeout.as_nanos();
@@ -299,6 +310,7 @@ impl Route {
                 target: leg.target.id.clone(),
                 clusters,
                 connect_timeout: (nanos > 0).then(|| Duration::from_nanos(nanos as u64)),
+                hash: resolver_hash(resolver),
             });
         }
         let prefix_rewrite = (!dest.prefix_rewrite.is_empty())
@@ -355,6 +367,21 @@ impl Route {
         }
         Some(path)
     }
+}
+
+/// A resolver's `HashPolicies` in Envoy's form, when its policy hashes (Consul's xDS sets a
+/// route's `hash_policy` only then).
+fn resolver_hash(lb: Option<&proxy_chain::entries::LoadBalancer>) -> RequestHash {
+    let policies = lb
+        .filter(|lb| lb.is_hash_based())
+        .map(|lb| {
+            lb.hash_policies
+                .iter()
+                .filter_map(HashPolicy::from_consul)
+                .collect()
+        })
+        .unwrap_or_default();
+    RequestHash::new(policies)
 }
 
 /// Applies header changes (remove, then set, then add), as Envoy's header manipulation does.
@@ -415,6 +442,17 @@ impl RouteTable {
     #[must_use]
     pub fn with_upgrades(mut self, upgrades: UpgradePolicy) -> Self {
         self.upgrades = upgrades;
+        self
+    }
+
+    /// The same routes with the service's `hash_policy` for every leg whose resolver sets
+    /// none.
+    #[must_use]
+    pub fn with_hash_policy(mut self, policies: &[HashPolicy]) -> Self {
+        let legs = self.routes.iter_mut().flat_map(|r| r.legs.iter_mut());
+        for leg in legs.filter(|l| l.hash.is_empty()) {
+            leg.hash = RequestHash::new(policies.to_vec());
+        }
         self
     }
 

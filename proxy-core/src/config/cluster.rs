@@ -29,10 +29,20 @@ pub struct Cluster {
     /// Discovery type (Envoy's `type`). Default `STATIC`.
     #[serde(rename = "type", default)]
     pub cluster_type: ClusterType,
-    /// How a host is chosen. On the kernel path `RANDOM` (weighted random, the default here) and
-    /// `MAGLEV` (consistent hashing on the client's network namespace) are available.
+    /// How a host is chosen: `RANDOM` (weighted random, the default here), `ROUND_ROBIN`,
+    /// `LEAST_REQUEST`, `RING_HASH` or `MAGLEV`. On the kernel path the hash policies key on the
+    /// client's network namespace; on the proxy path they are Envoy's ring and table, keyed by
+    /// the service's `hash_policy`.
     #[serde(default)]
     pub lb_policy: LbPolicy,
+    /// `lb_policy: RING_HASH` on the proxy path: the ring's `minimum_ring_size` (default 1024)
+    /// and `maximum_ring_size` (default and most 8388608), Envoy's `ring_hash_lb_config`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring_hash_lb_config: Option<crate::lb::RingHashLbConfig>,
+    /// `lb_policy: MAGLEV` on the proxy path: the table's `table_size` (a prime, default
+    /// 65537, at most 5000011), Envoy's `maglev_lb_config`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maglev_lb_config: Option<crate::lb::MaglevLbConfig>,
     /// The endpoints of a STATIC cluster (and the names to resolve for DNS clusters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_assignment: Option<LoadAssignment>,
@@ -212,7 +222,9 @@ pub enum LbPolicy {
     /// Linux 5.12).
     #[default]
     Random,
-    /// Consistent hashing over a Maglev table keyed by the client's network-namespace cookie.
+    /// Consistent hashing over a Maglev table: on the kernel path keyed by the client's
+    /// network-namespace cookie, on the proxy path Envoy's table (`maglev_lb_config`) keyed by
+    /// the service's `hash_policy`.
     Maglev,
     /// An exact weighted rotation: on the kernel path a per-table atomic cursor over a slot
     /// table in smooth weighted order (needs BPF atomic fetch-and-add, Linux 5.12); on the proxy
@@ -222,7 +234,8 @@ pub enum LbPolicy {
     /// connections (on the kernel path, counted by sockops per backend; on the proxy path, the
     /// proxy's own connections).
     LeastRequest,
-    /// Not available; use MAGLEV for consistent hashing.
+    /// Consistent hashing: on the proxy path Envoy's ring (`ring_hash_lb_config`), on the
+    /// kernel path the kernel's Maglev slot table.
     RingHash,
     /// Not available.
     ClusterProvided,

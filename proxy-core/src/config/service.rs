@@ -49,6 +49,13 @@ pub struct Service {
     /// `max_connect_attempts`). At least 1; unset is 1, one connect and no retry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connect_attempts: Option<u32>,
+    /// Proxy path only: what the cluster's RING_HASH or MAGLEV hashes, Envoy's `hash_policy`
+    /// list (`header: {header_name}`, `cookie: {name, ttl, path}`, `query_parameter: {name}`,
+    /// `connection_properties: {source_ip: true}`, each with an optional `terminal`). A service
+    /// with a `cluster` is TCP and may hash only the source IP; a chain's routes use it where
+    /// their resolver sets no `HashPolicies`. Empty (default): each pick hashes a random number.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hash_policy: Vec<crate::lb::hash_policy::HashPolicy>,
 }
 
 /// One upgrade type of [`Service::upgrade_configs`] (Envoy's `UpgradeConfig`).
@@ -108,6 +115,32 @@ impl Service {
 }
 
 impl Service {
+    /// Checks `hash_policy`: each policy valid, only on the proxy path, and on a TCP service
+    /// (a `cluster`, not a chain) only the source IP, the one input a TCP connection has.
+    pub(super) fn validate_hash_policy(&self, i: usize) -> Result<(), Invalid> {
+        use crate::lb::hash_policy::HashInput;
+        for (j, policy) in self.hash_policy.iter().enumerate() {
+            let at = format!("services[{i}].hash_policy[{j}]");
+            let input = policy.input().map_err(|why| Invalid::new(&at, why))?;
+            if self.mode == ServiceMode::Direct {
+                return Err(Invalid::new(
+                    at,
+                    "applies to the proxy path (mode: proxy); the kernel path's MAGLEV hashes \
+                     the client's network namespace",
+                ));
+            }
+            if self.chain.is_none() && input != HashInput::SourceIp {
+                return Err(Invalid::new(
+                    at,
+                    "a service with a cluster is TCP: it can hash only the source IP \
+                     (connection_properties: {source_ip: true}); headers, cookies and query \
+                     parameters need HTTP routes (a chain)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The connects one proxied connection may make (`max_connect_attempts`, 1 when unset).
     pub fn connect_attempts(&self) -> u32 {
         self.max_connect_attempts.unwrap_or(1)
@@ -332,6 +365,36 @@ services:
             };
             assert_eq!(field, "services[0].max_connect_attempts", "{service}");
             assert_eq!(at.line, 13, "{service}: {err}");
+            assert!(err.to_string().contains(why), "{service}: {err}");
+        }
+    }
+
+    #[test]
+    fn hash_policy_is_checked_per_service() {
+        let ok = parse_proxied(
+            "  - { name: a, address: 127.77.0.1, port: 80, cluster: web, mode: proxy, hash_policy: [{ connection_properties: { source_ip: true }, terminal: true }] }\n",
+        )
+        .expect("a TCP service may hash the source IP");
+        assert!(ok.services[0].hash_policy[0].terminal);
+        for (service, why) in [
+            (
+                "{ name: a, address: 127.77.0.1, port: 80, cluster: web, mode: proxy, hash_policy: [{ header: { header_name: x-user } }] }",
+                "can hash only the source IP",
+            ),
+            (
+                "{ name: a, address: 127.77.0.1, port: 80, cluster: web, hash_policy: [{ connection_properties: { source_ip: true } }] }",
+                "applies to the proxy path",
+            ),
+            (
+                "{ name: a, address: 127.77.0.1, port: 80, cluster: web, mode: proxy, hash_policy: [{ terminal: true }] }",
+                "exactly one of header, cookie",
+            ),
+        ] {
+            let err = parse_proxied(&format!("  - {service}\n")).expect_err(service);
+            let ConfigError::Invalid { field, .. } = &err else {
+                panic!("{service}: {err}");
+            };
+            assert_eq!(field, "services[0].hash_policy[0]", "{service}");
             assert!(err.to_string().contains(why), "{service}: {err}");
         }
     }

@@ -122,9 +122,9 @@ fn semantic_errors_name_the_field() {
             "duplicate",
         ),
         (
-            "clusters:\n  - name: a\n    lb_policy: RING_HASH\n",
-            "clusters[0].lb_policy",
-            "RANDOM",
+            "clusters:\n  - name: a\n    lb_policy: RING_HASH\n    maglev_lb_config: {}\n",
+            "clusters[0].maglev_lb_config",
+            "applies to lb_policy Maglev only",
         ),
         (
             "clusters:\n  - name: a\n    type: ORIGINAL_DST\n    load_assignment: {}\n",

@@ -156,19 +156,53 @@ fn validate_cluster(
         };
         return Err(Invalid::new(at(field), err.to_string()));
     }
-    match cluster.lb_policy {
-        LbPolicy::Random | LbPolicy::Maglev | LbPolicy::RoundRobin | LbPolicy::LeastRequest => {}
-        other => {
+    validate_lb(cluster, &at)?;
+    validate_endpoints(i, cluster, dns, guard)
+}
+
+/// The cluster's `lb_policy` and its `ring_hash_lb_config` / `maglev_lb_config` (Envoy's
+/// bounds and texts; each only with its own policy).
+fn validate_lb(cluster: &super::Cluster, at: &dyn Fn(&str) -> String) -> Result<(), Invalid> {
+    if cluster.lb_policy == LbPolicy::ClusterProvided {
+        return Err(Invalid::new(
+            at("lb_policy"),
+            "CLUSTER_PROVIDED is for ORIGINAL_DST clusters only; use RANDOM (weighted random, \
+             the default), ROUND_ROBIN, LEAST_REQUEST, RING_HASH or MAGLEV",
+        ));
+    }
+    let configs = [
+        (
+            "ring_hash_lb_config",
+            LbPolicy::RingHash,
+            cluster
+                .ring_hash_lb_config
+                .as_ref()
+                .map(crate::lb::RingHashLbConfig::validate),
+        ),
+        (
+            "maglev_lb_config",
+            LbPolicy::Maglev,
+            cluster
+                .maglev_lb_config
+                .as_ref()
+                .map(crate::lb::MaglevLbConfig::validate),
+        ),
+    ];
+    for (field, policy, checked) in configs {
+        let Some(checked) = checked else { continue };
+        if cluster.lb_policy != policy {
             return Err(Invalid::new(
-                at("lb_policy"),
+                at(field),
                 format!(
-                    "{other:?} is not available on the kernel path; use RANDOM (weighted random, \
-                     the default), ROUND_ROBIN, LEAST_REQUEST or MAGLEV (consistent hashing)"
+                    "applies to lb_policy {policy:?} only (this cluster's is {:?}); remove it \
+                     or change lb_policy",
+                    cluster.lb_policy
                 ),
             ));
         }
+        checked.map_err(|why| Invalid::new(at(field), why))?;
     }
-    validate_endpoints(i, cluster, dns, guard)
+    Ok(())
 }
 
 /// The endpoints of a cluster's `load_assignment`: priorities in range, IP literals where no
@@ -462,6 +496,7 @@ fn validate_services(config: &Config) -> Result<(), Invalid> {
             _ => {}
         }
         svc.validate_connect_attempts(&at("max_connect_attempts"), original_dst)?;
+        svc.validate_hash_policy(i)?;
     }
     if let Some(name) = &config.proxy.fallback_cluster
         && config.cluster(name).is_none()

@@ -32,6 +32,8 @@ pub(super) struct Attempts<'a> {
     pub(super) proto: Proto,
     pub(super) connect_timeout: Duration,
     pub(super) policy: &'a RetryPolicy,
+    /// The request's hash for RING_HASH and MAGLEV (`None`: a random one per pick).
+    pub(super) hash: Option<u64>,
     pub(super) parts: http::request::Parts,
     pub(super) payload: Payload,
     pub(super) stats: &'a Arc<ProxyStats>,
@@ -88,7 +90,7 @@ impl Attempts<'_> {
 
     async fn attempt(&mut self, tried: &[BackendAddr]) -> Result<Answer, Failed> {
         // LEAST_REQUEST counts the request against its host until the answer is in.
-        let Some((host, _active)) = self.cluster.pick_leased(tried) else {
+        let Some((host, _active)) = self.cluster.pick_leased_hashed(tried, self.hash) else {
             ProxyStats::inc(&self.stats.upstream_cx_none_healthy);
             return Err(Failed {
                 host: None,

@@ -16,6 +16,7 @@ use proxy_common::socket::PairFlow;
 use proxy_core::{
     chain,
     config::{Config, ServiceMode},
+    lb::Balancer,
     upstream::Upstream,
 };
 use proxy_relay::{
@@ -180,11 +181,16 @@ fn service_table(
                 let cluster_of = |t: &TargetLeg| target_handle(config, upstreams, proxy, t);
                 let routes = RouteTable::from_chain(compiled, &cluster_of)
                     .with_context(|| format!("service {}: HTTP routes of its chain", svc.name))?
-                    .with_upgrades(UpgradePolicy::from_config(&svc.upgrade_configs));
+                    .with_upgrades(UpgradePolicy::from_config(&svc.upgrade_configs))
+                    .with_hash_policy(&svc.hash_policy);
                 Service::Http(Arc::new(routes))
             }
             None => match cluster_service(config, upstreams, proxy, &svc.cluster)? {
-                Service::Tcp(c) => Service::Tcp(c.with_connect_attempts(svc.connect_attempts())),
+                // Validation leaves a TCP service only source-IP hash policies.
+                Service::Tcp(c) => Service::Tcp(
+                    c.with_connect_attempts(svc.connect_attempts())
+                        .with_source_ip_hash(!svc.hash_policy.is_empty()),
+                ),
                 other => other,
             },
         };
@@ -220,6 +226,11 @@ fn handle(config: &Config, upstream: &Upstream, proxy: &ProxyConfig) -> ClusterH
     match config.cluster(upstream.name()) {
         Some(c) => handle
             .with_policy(c.connect_timeout, c.lb_policy)
+            .with_balancer(Balancer::of_cluster(
+                c.lb_policy,
+                c.ring_hash_lb_config.as_ref(),
+                c.maglev_lb_config.as_ref(),
+            ))
             .with_close_on_health_failure(c.close_connections_on_host_health_failure),
         None => handle,
     }

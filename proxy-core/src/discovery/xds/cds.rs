@@ -10,7 +10,8 @@
 //! `load_assignment` (socket addresses with `port_value`, weights, health, priorities),
 //! `eds_cluster_config` (`service_name`; `eds_config` must be `ads: {}`), `dns_refresh_rate`,
 //! `respect_dns_ttl`, `dns_lookup_family`, `cleanup_interval`,
-//! `ignore_health_on_host_removal`, `close_connections_on_host_health_failure`.
+//! `ignore_health_on_host_removal`, `close_connections_on_host_health_failure`,
+//! `ring_hash_lb_config` and `maglev_lb_config` (their bounds and texts are Envoy's).
 
 use std::path::Path;
 
@@ -18,7 +19,10 @@ use envoy_types::pb::{
     envoy::config::{
         cluster::v3::{
             Cluster as ProtoCluster,
-            cluster::{ClusterDiscoveryType, DiscoveryType, DnsLookupFamily, LbPolicy},
+            cluster::{
+                ClusterDiscoveryType, DiscoveryType, DnsLookupFamily, LbConfig as ProtoLbConfig,
+                LbPolicy, ring_hash_lb_config::HashFunction as RingHashFunction,
+            },
         },
         core::v3::{
             Address, HealthStatus, address, config_source::ConfigSourceSpecifier,
@@ -149,7 +153,39 @@ pub fn file_form(cluster: &ProtoCluster) -> Result<Value, ResourceError> {
     if let Some(eds) = &cluster.eds_cluster_config {
         out.insert("eds_cluster_config".into(), eds_form(eds).map_err(invalid)?);
     }
+    if let Some((field, value)) = lb_config_form(cluster.lb_config.as_ref()) {
+        out.insert(field.into(), value);
+    }
     Ok(Value::Object(out))
+}
+
+/// `ring_hash_lb_config` and `maglev_lb_config` in the file's form (their bounds are the file's
+/// checks); the other `lb_config`s are refused by name with the residual.
+fn lb_config_form(lb: Option<&ProtoLbConfig>) -> Option<(&'static str, Value)> {
+    let mut form = Map::new();
+    let mut size = |field: &str, value: Option<u64>| {
+        if let Some(v) = value {
+            form.insert(field.into(), json!(v));
+        }
+    };
+    let field = match lb? {
+        ProtoLbConfig::RingHashLbConfig(ring) => {
+            size("minimum_ring_size", ring.minimum_ring_size.map(|v| v.value));
+            size("maximum_ring_size", ring.maximum_ring_size.map(|v| v.value));
+            let function = RingHashFunction::try_from(ring.hash_function).map_or_else(
+                |_| ring.hash_function.to_string(),
+                |f| f.as_str_name().into(),
+            );
+            form.insert("hash_function".into(), json!(function));
+            "ring_hash_lb_config"
+        }
+        ProtoLbConfig::MaglevLbConfig(maglev) => {
+            size("table_size", maglev.table_size.map(|v| v.value));
+            "maglev_lb_config"
+        }
+        _ => return None,
+    };
+    Some((field, Value::Object(form)))
 }
 
 /// The name and the enumerations: `type`, `lb_policy` (unset is ROUND_ROBIN, as the proto
@@ -232,6 +268,12 @@ fn clear_honoured(c: &mut ProtoCluster) {
     c.cleanup_interval = None;
     c.ignore_health_on_host_removal = false;
     c.close_connections_on_host_health_failure = false;
+    if matches!(
+        c.lb_config,
+        Some(ProtoLbConfig::RingHashLbConfig(_) | ProtoLbConfig::MaglevLbConfig(_))
+    ) {
+        c.lb_config = None;
+    }
 }
 
 /// Envoy's JSON duration text of `d`; `None` when negative or out of range.

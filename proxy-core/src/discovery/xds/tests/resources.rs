@@ -6,7 +6,10 @@ use envoy_types::pb::{
         config::{
             cluster::v3::{
                 Cluster, OutlierDetection,
-                cluster::{ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbPolicy},
+                cluster::{
+                    ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbConfig, LbPolicy,
+                    MaglevLbConfig, RingHashLbConfig,
+                },
             },
             core::v3::{
                 Address, AggregatedConfigSource, ConfigSource, SocketAddress, address,
@@ -20,7 +23,7 @@ use envoy_types::pb::{
         },
         service::discovery::v3::{DeltaDiscoveryResponse, DiscoveryResponse, Resource},
     },
-    google::protobuf::Any,
+    google::protobuf::{Any, UInt64Value},
 };
 use prost::Message;
 use tokio::sync::watch;
@@ -198,14 +201,54 @@ fn unsupported_field_is_nacked_by_name_and_the_last_good_state_kept() {
 #[test]
 fn the_file_rules_refuse_a_cluster_naming_the_field() {
     let (mut state, _rx) = state(FileNames::default());
-    let mut ring = static_cluster("a", 9001);
-    ring.lb_policy = LbPolicy::RingHash as i32;
-    let error = state.apply_sotw(&clusters("1", &[ring])).expect_err("NACK");
+    let mut maglev = static_cluster("a", 9001);
+    maglev.lb_policy = LbPolicy::Maglev as i32;
+    maglev.lb_config = Some(LbConfig::MaglevLbConfig(MaglevLbConfig {
+        table_size: Some(UInt64Value { value: 65_536 }),
+    }));
+    let error = state
+        .apply_sotw(&clusters("1", &[maglev]))
+        .expect_err("NACK");
     let text = error.to_string();
     assert!(
-        text.starts_with("cluster \"a\": lb_policy: RingHash is not available"),
+        text.starts_with(
+            "cluster \"a\": maglev_lb_config: The table size of maglev must be prime number"
+        ),
         "{text}"
     );
+}
+
+/// RING_HASH and MAGLEV with their configs arrive as the file's fields.
+#[test]
+fn ring_hash_and_maglev_configs_are_honoured() {
+    let (mut state, rx) = state(FileNames::default());
+    let mut ring = static_cluster("a", 9001);
+    ring.lb_policy = LbPolicy::RingHash as i32;
+    ring.lb_config = Some(LbConfig::RingHashLbConfig(RingHashLbConfig {
+        minimum_ring_size: Some(UInt64Value { value: 2048 }),
+        ..RingHashLbConfig::default()
+    }));
+    let mut maglev = static_cluster("b", 9002);
+    maglev.lb_policy = LbPolicy::Maglev as i32;
+    maglev.lb_config = Some(LbConfig::MaglevLbConfig(MaglevLbConfig {
+        table_size: Some(UInt64Value { value: 13 }),
+    }));
+    state
+        .apply_sotw(&clusters("1", &[ring, maglev]))
+        .expect("ACK");
+    let overlay = rx.borrow();
+    let sizes = overlay.clusters[0]
+        .ring_hash_lb_config
+        .as_ref()
+        .unwrap()
+        .sizes();
+    assert_eq!(sizes, (2048, 8_388_608));
+    let table = overlay.clusters[1]
+        .maglev_lb_config
+        .as_ref()
+        .unwrap()
+        .size();
+    assert_eq!(table, 13);
 }
 
 #[test]

@@ -10,18 +10,20 @@
 //! `load_assignment` (socket addresses with `port_value`, weights, health, priorities),
 //! `eds_cluster_config` (`service_name`; `eds_config` must be `ads: {}`), `dns_refresh_rate`,
 //! `respect_dns_ttl`, `dns_lookup_family`, `cleanup_interval`,
-//! `ignore_health_on_host_removal`, `close_connections_on_host_health_failure`.
+//! `ignore_health_on_host_removal`, `close_connections_on_host_health_failure`,
+//! `circuit_breakers` (checked by the file's rules, which refuse what is not honoured).
 
 use std::path::Path;
 
 use envoy_types::pb::{
     envoy::config::{
         cluster::v3::{
-            Cluster as ProtoCluster,
+            CircuitBreakers as ProtoBreakers, Cluster as ProtoCluster,
+            circuit_breakers::Thresholds as ProtoThresholds,
             cluster::{ClusterDiscoveryType, DiscoveryType, DnsLookupFamily, LbPolicy},
         },
         core::v3::{
-            Address, HealthStatus, address, config_source::ConfigSourceSpecifier,
+            Address, HealthStatus, RoutingPriority, address, config_source::ConfigSourceSpecifier,
             socket_address::PortSpecifier,
         },
         endpoint::v3::{ClusterLoadAssignment, LbEndpoint, lb_endpoint::HostIdentifier},
@@ -93,7 +95,6 @@ const CLUSTER_FIELDS: &[(u64, &str)] = &[
     (5, "per_connection_buffer_limit_bytes"),
     (8, "health_checks"),
     (9, "max_requests_per_connection"),
-    (10, "circuit_breakers"),
     (13, "http_protocol_options"),
     (14, "http2_protocol_options"),
     (18, "dns_resolvers"),
@@ -145,6 +146,10 @@ pub fn file_form(cluster: &ProtoCluster) -> Result<Value, ResourceError> {
     }
     if let Some(eds) = &cluster.eds_cluster_config {
         out.insert("eds_cluster_config".into(), eds_form(eds).map_err(invalid)?);
+    }
+    if let Some(breakers) = &cluster.circuit_breakers {
+        let form = breakers_form(breakers).map_err(invalid)?;
+        out.insert("circuit_breakers".into(), form);
     }
     Ok(Value::Object(out))
 }
@@ -229,6 +234,47 @@ fn clear_honoured(c: &mut ProtoCluster) {
     c.cleanup_interval = None;
     c.ignore_health_on_host_removal = false;
     c.close_connections_on_host_health_failure = false;
+    c.circuit_breakers = None;
+}
+
+/// `circuit_breakers` in the file's form. Fields not honoured (`retry_budget`,
+/// `max_connection_pools`, `per_host_thresholds`) are carried over for the file's rules to
+/// refuse by name.
+fn breakers_form(breakers: &ProtoBreakers) -> Result<Value, (String, String)> {
+    let form = |i: usize, t: &ProtoThresholds| -> Result<Value, (String, String)> {
+        let priority = RoutingPriority::try_from(t.priority).map_err(|_| {
+            (
+                format!("circuit_breakers.thresholds[{i}].priority"),
+                format!("unknown priority {}", t.priority),
+            )
+        })?;
+        let mut out = json!({"priority": priority.as_str_name()});
+        for (field, value) in [
+            ("max_connections", t.max_connections),
+            ("max_pending_requests", t.max_pending_requests),
+            ("max_requests", t.max_requests),
+            ("max_retries", t.max_retries),
+            ("max_connection_pools", t.max_connection_pools),
+        ] {
+            if let Some(v) = value {
+                out[field] = json!(v.value);
+            }
+        }
+        if t.track_remaining {
+            out["track_remaining"] = json!(true);
+        }
+        if t.retry_budget.is_some() {
+            out["retry_budget"] = json!({});
+        }
+        Ok(out)
+    };
+    let thresholds = breakers.thresholds.iter().enumerate();
+    let mut out =
+        json!({"thresholds": thresholds.map(|(i, t)| form(i, t)).collect::<Result<Vec<_>, _>>()?});
+    if !breakers.per_host_thresholds.is_empty() {
+        out["per_host_thresholds"] = json!([]);
+    }
+    Ok(out)
 }
 
 /// Envoy's JSON duration text of `d`; `None` when negative or out of range.

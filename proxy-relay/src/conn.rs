@@ -149,7 +149,7 @@ pub(crate) fn choose(
         Target::Cluster(cluster) => {
             // Envoy's tcp_proxy checks max_connections before it picks a host.
             if at_max_connections(cluster) {
-                return overflow(cluster, client);
+                return overflow(cluster);
             }
             let Some((host, active)) = cluster.pick_leased(tried) else {
                 ProxyStats::inc(&shared.stats.upstream_cx_none_healthy);
@@ -159,7 +159,7 @@ pub(crate) fn choose(
             };
             // A connect of another task may have taken the last place meanwhile.
             let Some(open) = cluster.try_open_connection(host) else {
-                return overflow(cluster, client);
+                return overflow(cluster);
             };
             Some(Chosen {
                 host,
@@ -171,15 +171,15 @@ pub(crate) fn choose(
     }
 }
 
-/// The cluster has `max_connections` open: the client is reset, counted in the cluster's
-/// `upstream_cx_overflow` (Envoy's tcp_proxy closes the downstream connection).
-fn overflow(cluster: &ClusterHandle, client: &impl AsFd) -> Option<Chosen> {
+/// The cluster has `max_connections` open: counted in the cluster's `upstream_cx_overflow`,
+/// and the client is closed, not reset (the caller drops it: a FIN unless it sent bytes not
+/// read yet), as Envoy's tcp_proxy closes the downstream connection.
+fn overflow(cluster: &ClusterHandle) -> Option<Chosen> {
     Breakers::overflowed(&cluster.traffic().breakers().cx_overflow);
     debug!(
         cluster = cluster.name(),
-        "cluster at max_connections: refused"
+        "cluster at max_connections: closed"
     );
-    flow::abort(client);
     None
 }
 
@@ -482,7 +482,7 @@ mod tests {
     }
 
     /// `max_connections` as Envoy's tcp_proxy holds a cluster to it: a connection over it is
-    /// reset before any host is picked or connected, counted in `upstream_cx_overflow`; the
+    /// closed before any host is picked or connected, counted in `upstream_cx_overflow`; the
     /// place frees when a connection closes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn both_drivers_refuse_a_connection_over_max_connections() {

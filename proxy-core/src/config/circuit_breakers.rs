@@ -133,36 +133,41 @@ impl CircuitBreakers {
             ));
         }
         for (i, t) in self.thresholds.iter().enumerate() {
-            let at = |field: &str| format!("thresholds[{i}].{field}");
-            if t.retry_budget.is_some() {
-                return Err((
-                    at("retry_budget"),
-                    "retry budgets are not supported by this daemon (it would ignore them); \
-                     limit retries in flight with max_retries instead"
-                        .into(),
-                ));
-            }
-            if t.max_connection_pools.is_some() {
-                return Err((
-                    at("max_connection_pools"),
-                    "is not supported by this daemon (it would ignore it): it keeps one \
-                     connection pool per host and protocol; remove the field"
-                        .into(),
-                ));
-            }
-            if self.thresholds[..i]
-                .iter()
-                .any(|o| o.priority == t.priority)
-            {
-                return Err((
-                    at("priority"),
-                    format!(
-                        "a second set of thresholds for priority {}; give each priority at \
-                         most one",
-                        t.priority.name()
-                    ),
-                ));
-            }
+            t.check(i, &self.thresholds[..i])?;
+        }
+        Ok(())
+    }
+}
+
+impl Thresholds {
+    /// The `i`th thresholds, after `before`: the first field refused, as in
+    /// [`CircuitBreakers::check`].
+    fn check(&self, i: usize, before: &[Thresholds]) -> Result<(), (String, String)> {
+        let at = |field: &str| format!("thresholds[{i}].{field}");
+        if self.retry_budget.is_some() {
+            return Err((
+                at("retry_budget"),
+                "retry budgets are not supported by this daemon (it would ignore them); \
+                 limit retries in flight with max_retries instead"
+                    .into(),
+            ));
+        }
+        if self.max_connection_pools.is_some() {
+            return Err((
+                at("max_connection_pools"),
+                "is not supported by this daemon (it would ignore it): it keeps one \
+                 connection pool per host and protocol; remove the field"
+                    .into(),
+            ));
+        }
+        if before.iter().any(|o| o.priority == self.priority) {
+            return Err((
+                at("priority"),
+                format!(
+                    "a second set of thresholds for priority {}; give each priority at most one",
+                    self.priority.name()
+                ),
+            ));
         }
         Ok(())
     }

@@ -170,22 +170,28 @@ impl Breakers {
                 .map(|(n, (c, m))| (n, u64::from(c >= m))),
         );
         if l.track_remaining {
-            let remaining = [
-                "circuit_breakers.default.remaining_cx",
-                "circuit_breakers.default.remaining_pending",
-                "circuit_breakers.default.remaining_rq",
-                "circuit_breakers.default.remaining_retries",
-            ];
-            out.extend(
-                remaining
-                    .into_iter()
-                    .zip(levels)
-                    .map(|(n, (c, m))| (n, m.saturating_sub(c))),
-            );
-            out.push(("circuit_breakers.default.remaining_cx_pools", u64::MAX));
+            out.extend(remaining(levels));
         }
         out
     }
+}
+
+/// The `remaining_*` gauges of the (held, limit) levels of connections, pending requests,
+/// requests and retries; connection pools are unlimited.
+fn remaining(levels: [(u64, u64); 4]) -> Vec<(&'static str, u64)> {
+    let names = [
+        "circuit_breakers.default.remaining_cx",
+        "circuit_breakers.default.remaining_pending",
+        "circuit_breakers.default.remaining_rq",
+        "circuit_breakers.default.remaining_retries",
+    ];
+    let mut out: Vec<_> = names
+        .into_iter()
+        .zip(levels)
+        .map(|(n, (held, max))| (n, max.saturating_sub(held)))
+        .collect();
+    out.push(("circuit_breakers.default.remaining_cx_pools", u64::MAX));
+    out
 }
 
 #[cfg(test)]

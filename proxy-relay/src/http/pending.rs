@@ -8,7 +8,10 @@
 use std::{sync::Arc, time::Duration};
 
 use http::{HeaderValue, Response, StatusCode};
-use proxy_core::upstream::breakers::{Breakers, Held, Resource};
+use proxy_core::upstream::{
+    OpenConnection,
+    breakers::{Breakers, Held, Resource},
+};
 use tracing::debug;
 
 use super::local_reply;
@@ -108,13 +111,7 @@ async fn wait_or_connect(
             (traffic.host(host.0).cx_active == 0).then(|| cluster.open_connection(host))
         });
         if let Some(open) = open {
-            let result = pool::connect(host, proto, timeout, stats, cluster.pool(), Some(open));
-            let result = result.await;
-            if let Err(err) = &result {
-                debug!(%err, "upstream connect failed");
-            }
-            cluster.report_http_connect(host, result.is_ok());
-            return result.map_err(Refused::Connect);
+            return connect(cluster, host, proto, timeout, stats, open).await;
         }
         tokio::select! {
             () = freed => {}
@@ -125,6 +122,24 @@ async fn wait_or_connect(
             }
         }
     }
+}
+
+/// A new connection to `host`, counted in the cluster's open connections by `open` (its
+/// result goes to outlier detection).
+async fn connect(
+    cluster: &ClusterHandle,
+    host: BackendAddr,
+    proto: Proto,
+    timeout: Duration,
+    stats: &Arc<ProxyStats>,
+    open: OpenConnection,
+) -> Result<Sender, Refused> {
+    let result = pool::connect(host, proto, timeout, stats, cluster.pool(), Some(open)).await;
+    if let Err(err) = &result {
+        debug!(%err, "upstream connect failed");
+    }
+    cluster.report_http_connect(host, result.is_ok());
+    result.map_err(Refused::Connect)
 }
 
 /// Envoy's answer to a request the circuit breakers refuse.

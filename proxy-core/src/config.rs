@@ -6,6 +6,7 @@
 //! names the file, line, column and field; the daemon exits with status 64 and changes nothing.
 
 mod admin;
+pub mod circuit_breakers;
 mod cluster;
 mod compose;
 pub mod duration;

@@ -12,6 +12,7 @@
 //! The health state sits behind a lock so the admin interface can read host flags and stats at
 //! any time.
 
+pub mod breakers;
 mod traffic;
 
 use std::{
@@ -133,7 +134,10 @@ impl Upstream {
         let (views, views_rx) = mpsc::unbounded_channel();
         let refused = Arc::new(AtomicU64::new(0));
         let too_large = Arc::new(AtomicU64::new(0));
-        let traffic = Arc::new(UpstreamTraffic::default());
+        let limits = crate::config::circuit_breakers::CircuitBreakers::default_limits(
+            cluster.circuit_breakers.as_ref(),
+        );
+        let traffic = Arc::new(UpstreamTraffic::with_limits(limits));
         let inputs = Inputs {
             hosts: source.updates(),
             guard: Guarded {

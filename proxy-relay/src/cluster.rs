@@ -284,6 +284,23 @@ impl ClusterHandle {
         self.traffic.open(host.0)
     }
 
+    /// The cluster with fresh counters held to `limits` (tests: a running cluster's come from
+    /// its `circuit_breakers`).
+    #[cfg(test)]
+    #[must_use]
+    pub(crate) fn with_limits(
+        mut self,
+        limits: proxy_core::config::circuit_breakers::Limits,
+    ) -> Self {
+        self.traffic = Arc::new(UpstreamTraffic::with_limits(limits));
+        self
+    }
+
+    /// [`ClusterHandle::open_connection`], unless the cluster has `max_connections` open.
+    pub fn try_open_connection(&self, host: BackendAddr) -> Option<OpenConnection> {
+        self.traffic.try_open(host.0)
+    }
+
     /// [`ClusterHandle::pick`] for a connection or request that lasts: with LEAST_REQUEST, the
     /// lease counts it in its host's open connections until it is dropped.
     pub fn pick_leased(&self, tried: &[BackendAddr]) -> Option<(BackendAddr, Option<ActiveLease>)> {

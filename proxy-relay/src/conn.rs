@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use proxy_core::upstream::OpenConnection;
+use proxy_core::upstream::{OpenConnection, breakers::Breakers};
 use tracing::debug;
 
 use crate::{
@@ -147,20 +147,46 @@ pub(crate) fn choose(
             })
         }
         Target::Cluster(cluster) => {
+            // Envoy's tcp_proxy checks max_connections before it picks a host.
+            if at_max_connections(cluster) {
+                return overflow(cluster);
+            }
             let Some((host, active)) = cluster.pick_leased_for(tried, client) else {
                 ProxyStats::inc(&shared.stats.upstream_cx_none_healthy);
                 debug!(cluster = cluster.name(), "no healthy host: refused");
                 flow::abort(client);
                 return None;
             };
+            // A connect of another task may have taken the last place meanwhile.
+            let Some(open) = cluster.try_open_connection(host) else {
+                return overflow(cluster);
+            };
             Some(Chosen {
                 host,
                 lease: None,
                 active,
-                open: Some(cluster.open_connection(host)),
+                open: Some(open),
             })
         }
     }
+}
+
+/// The cluster has `max_connections` open: counted in the cluster's `upstream_cx_overflow`,
+/// and the client is closed, not reset (the caller drops it: a FIN unless it sent bytes not
+/// read yet), as Envoy's tcp_proxy closes the downstream connection.
+fn overflow(cluster: &ClusterHandle) -> Option<Chosen> {
+    Breakers::overflowed(&cluster.traffic().breakers().cx_overflow);
+    debug!(
+        cluster = cluster.name(),
+        "cluster at max_connections: closed"
+    );
+    None
+}
+
+/// Whether the cluster has its circuit breakers' `max_connections` open.
+pub(crate) fn at_max_connections(cluster: &ClusterHandle) -> bool {
+    let traffic = cluster.traffic();
+    traffic.cx_active() >= traffic.breakers().limits().max_connections
 }
 
 /// Why an upstream connect failed.
@@ -452,6 +478,59 @@ mod tests {
                 );
                 assert_eq!(counted, (1, 0, 1, 1), "{event_loop:?}, {case}");
             }
+        }
+    }
+
+    /// `max_connections` as Envoy's tcp_proxy holds a cluster to it: a connection over it is
+    /// closed before any host is picked or connected, counted in `upstream_cx_overflow`; the
+    /// place frees when a connection closes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn both_drivers_refuse_a_connection_over_max_connections() {
+        use proxy_core::{config::circuit_breakers::Limits, health::HostClass, host::Host};
+        let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let echo_addr = echo.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = echo.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        let limits = Limits {
+            max_connections: 1,
+            ..Limits::default()
+        };
+        for event_loop in [EventLoop::Epoll, EventLoop::Tokio] {
+            let hosts = [(Host::new(echo_addr), HostClass::Healthy)];
+            let (tx, rx) = watch::channel(Routing::compute(&hosts, 50.0));
+            let handle =
+                ClusterHandle::new("c", rx, true, Duration::from_secs(1)).with_limits(limits);
+            let table = || {
+                let mut t = ServiceTable::new();
+                t.set_fallback(Service::Tcp(handle.clone()));
+                t
+            };
+            let other = handle.open_connection(BackendAddr(echo_addr));
+            let (got, stats) = one_connection(event_loop, echo_addr, table()).await;
+            let t = handle.traffic();
+            let overflow = t.breakers().cx_overflow.load(Ordering::Relaxed);
+            assert_eq!(
+                (got.len(), overflow, t.cx_total.load(Ordering::Relaxed)),
+                (0, 1, 0),
+                "{event_loop:?}: refused before a connect"
+            );
+            assert_eq!(stat(&stats, "downstream_cx_destroy"), 1, "{event_loop:?}");
+            drop(other);
+            let (got, _) = one_connection(event_loop, echo_addr, table()).await;
+            assert_eq!(
+                got, b"ping",
+                "{event_loop:?}: the closed one's place is free"
+            );
+            assert_eq!(t.breakers().cx_overflow.load(Ordering::Relaxed), 1);
+            assert_eq!(t.cx_active(), 0, "{event_loop:?}: nothing leaks");
+            drop(tx);
         }
     }
 

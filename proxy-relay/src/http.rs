@@ -18,6 +18,7 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo},
     server::conn::auto,
 };
+use proxy_core::upstream::breakers::Held;
 use tokio::{net::TcpStream, task::JoinHandle};
 use tracing::debug;
 
@@ -40,6 +41,7 @@ use crate::{
 
 mod attempts;
 mod body;
+mod pending;
 pub(crate) mod upgrade;
 
 /// The header ORIGINAL_DST takes the destination from when `use_http_header` is on.
@@ -281,6 +283,9 @@ struct Answer {
     resp: Response<Incoming>,
     sender: Sender,
     host: BackendAddr,
+    /// A routed request's place in its cluster's `max_requests`, held until the response body
+    /// has ended (or been dropped).
+    request: Option<Held>,
 }
 
 /// ORIGINAL_DST over HTTP: the request goes to the connection's original destination, or to
@@ -316,7 +321,12 @@ async fn original_dst(
     let req = Request::from_parts(parts, body.map_err(BoxError::from).boxed());
     let resp = match exchange(sender, host, req, proto, pool, timeout, &shared.stats).await {
         Ok((resp, sender)) => {
-            let answer = Answer { resp, sender, host };
+            let answer = Answer {
+                resp,
+                sender,
+                host,
+                request: None,
+            };
             match client {
                 Some(client) => upgrade::answer(answer, client, ctx),
                 None => respond(answer, pool, None, &shared.stats),
@@ -387,7 +397,12 @@ fn respond(
     clock: Option<Arc<Clock>>,
     stats: &Arc<ProxyStats>,
 ) -> Response<Body> {
-    let Answer { resp, sender, host } = answer;
+    let Answer {
+        resp,
+        sender,
+        host,
+        request,
+    } = answer;
     if let Sender::Http1(mut s) = sender {
         let pool = pool.clone();
         tokio::spawn(async move {
@@ -402,6 +417,13 @@ fn respond(
         Some(clock) => TimedBody::new(body, clock, stats.clone()).boxed(),
         None => body.map_err(BoxError::from).boxed(),
     };
+    // The request stays in flight (`max_requests`) as long as its response body lives.
+    let body = body
+        .map_err(move |err| {
+            let _in_flight = &request;
+            err
+        })
+        .boxed();
     Response::from_parts(parts, body)
 }
 

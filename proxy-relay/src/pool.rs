@@ -110,6 +110,8 @@ struct Idle {
 pub struct Pool {
     idle: Mutex<HashMap<(BackendAddr, Proto), Vec<Idle>>>,
     idle_timeout: Duration,
+    /// Woken when a connection is handed back or registered (requests waiting for one).
+    returned: tokio::sync::Notify,
 }
 
 impl Pool {
@@ -118,7 +120,14 @@ impl Pool {
         Self {
             idle: Mutex::default(),
             idle_timeout,
+            returned: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Completes when a connection is handed back or registered after this call (enable it
+    /// before looking, so no return is missed).
+    pub fn returned(&self) -> tokio::sync::futures::Notified<'_> {
+        self.returned.notified()
     }
 
     /// A pooled connection to `host`, if one is idle (HTTP/1.1) or open (HTTP/2).
@@ -148,6 +157,7 @@ impl Pool {
             sender,
             since: Instant::now(),
         });
+        self.returned.notify_waiters();
     }
 
     /// Drops the connections of hosts `keep` rejects.

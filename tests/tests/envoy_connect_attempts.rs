@@ -5,6 +5,10 @@
 //! another, once with the field unset (one attempt) and once with two attempts. Both must count
 //! alike: the connects that failed, `upstream_cx_connect_attempts_exceeded`,
 //! `upstream_cx_connect_fail` and `upstream_cx_total` of the cluster.
+//!
+//! The cluster's `circuit_breakers` on the same tcp_proxy path: with `max_connections: 2`
+//! pasted as Envoy takes it, two held connections and a third; both must refuse the third
+//! alike and count one `upstream_cx_overflow`.
 
 use std::{
     net::SocketAddr,
@@ -12,7 +16,9 @@ use std::{
 };
 
 use integration_tests::{
-    kernel::{BannerServers, Daemon, Netns, Probe, TestCgroup, in_netns, require_root, unique},
+    kernel::{
+        BannerServers, Daemon, InCgroup, Netns, Probe, TestCgroup, in_netns, require_root, unique,
+    },
     xds_server::{Envoy, http},
 };
 use serde_json::{Value, json};
@@ -44,7 +50,20 @@ fn cluster() -> Value {
     })
 }
 
+/// The cluster of the circuit-breaker test: the live host only, at most two connections.
+fn limited_cluster() -> Value {
+    let mut c = cluster();
+    let live: SocketAddr = LIVE.parse().unwrap();
+    c["load_assignment"]["endpoints"][0]["lb_endpoints"] = json!([{"endpoint": {"address": {"socket_address": {"address": live.ip().to_string(), "port_value": live.port()}}}}]);
+    c["circuit_breakers"] = json!({"thresholds": [{"max_connections": 2}]});
+    c
+}
+
 fn envoy_bootstrap(attempts: Option<u32>) -> String {
+    envoy_bootstrap_with(attempts, &cluster())
+}
+
+fn envoy_bootstrap_with(attempts: Option<u32>, cluster: &Value) -> String {
     let listener: SocketAddr = ENVOY_LISTENER.parse().unwrap();
     let mut tcp_proxy = json!({
         "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
@@ -65,16 +84,19 @@ fn envoy_bootstrap(attempts: Option<u32>) -> String {
                     "typed_config": tcp_proxy
                 }]}]
             }],
-            "clusters": [cluster()]
+            "clusters": [cluster]
         }
     })
     .to_string()
 }
 
 fn daemon_config(cgroup: &TestCgroup, attempts: Option<u32>) -> String {
+    daemon_config_with(cgroup, attempts, cluster())
+}
+
+fn daemon_config_with(cgroup: &TestCgroup, attempts: Option<u32>, mut cluster: Value) -> String {
     let vip: SocketAddr = VIP.parse().unwrap();
     // JSON is YAML: the daemon gets the very cluster Envoy gets, less the field it derives.
-    let mut cluster = cluster();
     cluster["load_assignment"]
         .as_object_mut()
         .unwrap()
@@ -185,4 +207,77 @@ fn connect_attempts_count_as_envoy_with_a_dead_host() {
             }
         }
     }
+}
+
+/// From `cgroup` (or none) in `netns`: two connections to `target` that each read their banner
+/// and stay open, then a third; what each got: its banner, `eof` (closed before any byte) or
+/// `reset` (at the connect or the read).
+fn two_held_then_a_third(
+    netns: &Netns,
+    cgroup: Option<&std::path::Path>,
+    target: SocketAddr,
+) -> String {
+    let child = InCgroup::spawn(cgroup, netns, move || {
+        use std::io::{BufRead, BufReader};
+        let outcome = |s: std::io::Result<std::net::TcpStream>| {
+            let s = match s {
+                Ok(s) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    return ("reset".to_owned(), None);
+                }
+                Err(e) => panic!("connecting to {target}: {e}"),
+            };
+            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            let mut line = String::new();
+            let got = match BufReader::new(&s).read_line(&mut line) {
+                Ok(0) => "eof".to_owned(),
+                Ok(_) => line.trim().to_owned(),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => "reset".to_owned(),
+                Err(e) => panic!("reading from {target}: {e}"),
+            };
+            (got, Some(s))
+        };
+        let open = || std::net::TcpStream::connect_timeout(&target, Duration::from_secs(2));
+        let held: Vec<_> = (0..2).map(|_| outcome(open())).collect();
+        let (third, _) = outcome(open());
+        format!("{} {} {third}", held[0].0, held[1].0)
+    });
+    child.wait(Duration::from_secs(20))
+}
+
+#[test]
+fn max_connections_refuses_the_third_connection_as_envoy() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let _live = BannerServers::start_holding(&netns, &[(LIVE.parse().unwrap(), "live", false)]);
+    let daemon = Daemon::start_in(
+        &netns,
+        &daemon_config_with(&cgroup, None, limited_cluster()),
+    );
+    let envoy = Envoy::with_bootstrap(
+        &envoy_bootstrap_with(None, &limited_cluster()),
+        Some(&netns.path()),
+    );
+    until_envoy_serves(&netns, envoy.admin());
+    let through_envoy = two_held_then_a_third(&netns, None, ENVOY_LISTENER.parse().unwrap());
+    let through_daemon = two_held_then_a_third(&netns, Some(cgroup.path()), VIP.parse().unwrap());
+    let envoy_stats = envoy_stats(&netns, envoy.admin());
+    let (code, body) = daemon
+        .get("/stats?format=json")
+        .expect("daemon admin answers");
+    assert_eq!(code, 200, "{body}");
+    let daemon_stats: Value = serde_json::from_str(&body).expect("daemon stats JSON");
+    let overflow = |stats: &Value| stat(stats, "cluster.c.upstream_cx_overflow");
+    println!(
+        "max_connections 2: envoy {through_envoy:?}, overflow {}; daemon {through_daemon:?}, overflow {}",
+        overflow(&envoy_stats),
+        overflow(&daemon_stats)
+    );
+    assert!(
+        through_envoy.starts_with("live live "),
+        "envoy: {through_envoy}"
+    );
+    assert_eq!(through_daemon, through_envoy, "daemon");
+    assert_eq!(overflow(&envoy_stats), 1, "envoy");
+    assert_eq!(overflow(&daemon_stats), 1, "daemon");
 }

@@ -3,8 +3,9 @@
 //! retries (connect failures, status codes, `RetryOn`, the replayed body and its buffer limit,
 //! another host per retry), the request timeout (before the headers: 504; during the body: the
 //! downstream stream is aborted) and the idle timeout, HTTP/2 cleartext, ORIGINAL_DST pooling
-//! and `x-envoy-original-dst-host`, the HTTP side of a graceful shutdown, and the statuses
-//! outlier detection gets (5xx answers, timed-out requests as 504).
+//! and `x-envoy-original-dst-host`, the HTTP side of a graceful shutdown, the statuses
+//! outlier detection gets (5xx answers, timed-out requests as 504), and a request the cluster's
+//! circuit breakers refuse.
 
 mod proxy_support;
 
@@ -548,4 +549,43 @@ async fn timed_out_requests_count_as_gateway_failures() {
     }
     assert_eq!(outlier_stat(&up, "ejections_active"), 1);
     assert!(up.host_statuses()[0].flags.failed_outlier_check);
+}
+
+/// A routed request its cluster's circuit breakers refuse (`max_requests: 0`, from the
+/// cluster's configuration) is Envoy's 503 with the overflow reset reason, counted in the
+/// cluster's `upstream_rq_pending_overflow`; nothing reaches the host but the connection.
+#[tokio::test]
+async fn a_request_over_max_requests_is_envoys_overflow_503() {
+    let server = HttpServer::start("lim").await;
+    let yaml = format!(
+        "clusters:\n  - name: lim\n    circuit_breakers: {{ thresholds: [ {{ max_requests: 0 }} ] }}\n    load_assignment: {{ endpoints: [ {{ lb_endpoints: [ {{ endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {} }} }} }} }} ] }} ] }}\n",
+        server.addr.port()
+    );
+    let config = proxy_core::config::Config::parse(&yaml, std::path::Path::new("t.yaml"))
+        .expect("a valid cluster");
+    let manager = proxy_core::health::HealthCheckManager::default();
+    let up = proxy_core::upstream::Upstream::spawn(&config.clusters[0], &manager).expect("spawn");
+    up.initialized()
+        .wait_for(|i| *i)
+        .await
+        .expect("initialized");
+    let handle = ClusterHandle::from_upstream(&up, Duration::from_secs(60));
+    let entries = Entries::from_json(
+        r#"[{"Kind": "proxy-defaults", "Name": "global", "Config": {"protocol": "http"}}]"#,
+    )
+    .expect("entries are valid");
+    let chain =
+        compile(&CompileRequest::new("lim", "dc1", "consul"), &entries).expect("chain compiles");
+    let table =
+        RouteTable::from_chain(&chain, &|_| Some(handle.clone())).expect("the target's cluster");
+    let mut services = ServiceTable::new();
+    services.insert(VIP.parse().unwrap(), Service::Http(Arc::new(table)));
+    let proxy = TestProxy::start(ProxyConfig::default(), services).await;
+    let mut c = http1_client(&proxy, VIP.parse().unwrap()).await;
+    let (status, body) = get(&mut c, "/", &[]).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.ends_with("reset reason: overflow\n"), "{body}");
+    let stats: BTreeMap<String, u64> = up.stats().into_iter().collect();
+    assert_eq!(stats["cluster.lim.upstream_rq_pending_overflow"], 1);
+    assert_eq!(stats["cluster.lim.circuit_breakers.default.rq_open"], 1);
 }

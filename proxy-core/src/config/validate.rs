@@ -20,6 +20,16 @@ pub(super) fn validate(config: &mut Config) -> Result<(), Invalid> {
                 "must be greater than 0",
             ));
         }
+        if let Some(Err((field, why))) = cluster
+            .circuit_breakers
+            .as_ref()
+            .map(super::circuit_breakers::CircuitBreakers::check)
+        {
+            return Err(Invalid::new(
+                format!("clusters[{i}].circuit_breakers.{field}"),
+                why,
+            ));
+        }
         match &cluster.custom_cluster_type {
             Some(custom) => {
                 let typed = validate_custom(i, cluster, custom)?;
@@ -285,6 +295,13 @@ fn validate_original_dst(i: usize, cluster: &super::Cluster) -> Result<(), Inval
         return Err(Invalid::new(
             at("health_checks"),
             "ORIGINAL_DST hosts are not health-checked",
+        ));
+    }
+    if cluster.circuit_breakers.is_some() {
+        return Err(Invalid::new(
+            at("circuit_breakers"),
+            "ORIGINAL_DST clusters are not limited by circuit breakers here (the proxy keeps one \
+             pool of original destinations for all of them); remove circuit_breakers",
         ));
     }
     if cluster.outlier_detection.is_some() {

@@ -15,6 +15,9 @@ use std::{
     },
 };
 
+use super::breakers::Breakers;
+use crate::config::circuit_breakers::Limits;
+
 /// A cluster's upstream counters (cluster-wide and per host).
 #[derive(Debug, Default)]
 pub struct UpstreamTraffic {
@@ -33,6 +36,8 @@ pub struct UpstreamTraffic {
     cx_active: AtomicU64,
     /// Per host, by address (Envoy's `host_statuses[].stats`).
     hosts: Mutex<HashMap<SocketAddr, HostTraffic>>,
+    /// The cluster's circuit breakers (`max_connections` bounds `cx_active`).
+    breakers: Arc<Breakers>,
 }
 
 /// One host's counters, as `/clusters` shows them (`cx_total`, `cx_connect_fail`, `cx_active`).
@@ -60,10 +65,36 @@ impl Drop for OpenConnection {
         if let Some(host) = self.traffic.lock_hosts().get_mut(&self.host) {
             host.cx_active = host.cx_active.saturating_sub(1);
         }
+        self.traffic.breakers.wake();
     }
 }
 
 impl UpstreamTraffic {
+    /// A cluster's counters, its connections and requests held to `limits`.
+    pub fn with_limits(limits: Limits) -> Self {
+        Self {
+            breakers: Arc::new(Breakers::new(limits)),
+            ..Self::default()
+        }
+    }
+
+    /// The cluster's circuit breakers.
+    pub fn breakers(&self) -> &Arc<Breakers> {
+        &self.breakers
+    }
+
+    /// A connection to `host` opens, as [`UpstreamTraffic::open`], unless the cluster has
+    /// `max_connections` open already (`None`; the caller counts `upstream_cx_overflow`).
+    pub fn try_open(self: &Arc<Self>, host: SocketAddr) -> Option<OpenConnection> {
+        let max = self.breakers.limits().max_connections;
+        self.cx_active
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()?;
+        Some(self.opened(host))
+    }
+
     /// Counts a connect result for `host`, in the cluster's and the host's counters.
     pub fn connect_result(&self, host: SocketAddr, ok: bool) {
         self.cx_total.fetch_add(1, Ordering::Relaxed);
@@ -80,6 +111,11 @@ impl UpstreamTraffic {
     /// returned guard is dropped.
     pub fn open(self: &Arc<Self>, host: SocketAddr) -> OpenConnection {
         self.cx_active.fetch_add(1, Ordering::Relaxed);
+        self.opened(host)
+    }
+
+    /// The guard of a connection counted in `cx_active`, counted for its host.
+    fn opened(self: &Arc<Self>, host: SocketAddr) -> OpenConnection {
         self.lock_hosts().entry(host).or_default().cx_active += 1;
         OpenConnection {
             traffic: self.clone(),
@@ -104,9 +140,10 @@ impl UpstreamTraffic {
             .retain(|addr, counts| counts.cx_active > 0 || keep(*addr));
     }
 
-    /// The cluster-wide stats with Envoy's names, without the `cluster.<name>.` prefix.
-    pub fn named(&self) -> [(&'static str, u64); 6] {
-        [
+    /// The cluster-wide stats with Envoy's names, without the `cluster.<name>.` prefix: the
+    /// counters, then the circuit breakers'.
+    pub fn named(&self) -> Vec<(&'static str, u64)> {
+        let mut named = vec![
             ("upstream_cx_total", self.cx_total.load(Ordering::Relaxed)),
             (
                 "upstream_cx_connect_fail",
@@ -125,7 +162,9 @@ impl UpstreamTraffic {
                 "lb_healthy_panic",
                 self.lb_healthy_panic.load(Ordering::Relaxed),
             ),
-        ]
+        ];
+        named.extend(self.breakers.named(self.cx_active()));
+        named
     }
 
     fn lock_hosts(&self) -> MutexGuard<'_, HashMap<SocketAddr, HostTraffic>> {
@@ -164,6 +203,27 @@ mod tests {
         assert_eq!(traffic.cx_active(), 0);
         traffic.retain_hosts(|_| false);
         assert_eq!(traffic.host(a), HostTraffic::default());
+    }
+
+    #[test]
+    fn max_connections_bounds_the_open_connections_and_frees_on_close() {
+        let limits = Limits {
+            max_connections: 2,
+            ..Limits::default()
+        };
+        let traffic = Arc::new(UpstreamTraffic::with_limits(limits));
+        let a = addr("127.0.0.1:1");
+        let first = traffic.try_open(a).expect("first");
+        // An unconditional open (a host without any connection) counts against the limit.
+        let second = traffic.open(a);
+        assert!(traffic.try_open(a).is_none());
+        let named: HashMap<_, _> = traffic.named().into_iter().collect();
+        assert_eq!(named["circuit_breakers.default.cx_open"], 1);
+        drop(first);
+        let third = traffic.try_open(a).expect("a freed place");
+        assert_eq!((traffic.cx_active(), traffic.host(a).cx_active), (2, 2));
+        drop((second, third));
+        assert_eq!(traffic.cx_active(), 0);
     }
 
     #[test]

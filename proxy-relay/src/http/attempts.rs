@@ -5,13 +5,17 @@
 use std::{sync::Arc, time::Duration};
 
 use http::{Request, Response};
-use tracing::debug;
 
-use super::{Answer, body::Payload, exchange, failure_reply, no_healthy_upstream};
+use super::{
+    Answer,
+    body::Payload,
+    exchange, failure_reply, no_healthy_upstream,
+    pending::{self, Refused},
+};
 use crate::{
     addr::BackendAddr,
     cluster::{ClusterHandle, random_u64},
-    pool::{self, Body, ConnectError, Proto, Sender},
+    pool::{Body, ConnectError, Proto},
     route::{AttemptFailure, RetryPolicy, backoff},
     stats::ProxyStats,
 };
@@ -53,8 +57,11 @@ impl Attempts<'_> {
     pub(super) async fn run(mut self) -> Result<Answer, Response<Body>> {
         let mut tried = Vec::new();
         let mut retries = 0;
+        // The retry in flight (`max_retries`), from its decision until its attempt is answered.
+        let mut retry = None;
         loop {
             let outcome = self.attempt(&tried).await;
+            drop(retry.take());
             let retriable = match &outcome {
                 Ok(a) => self
                     .policy
@@ -75,6 +82,10 @@ impl Attempts<'_> {
                 // A streamed body went to this attempt: it cannot be sent again.
                 return outcome.map_err(|f| f.reply);
             }
+            retry = match pending::hold_retry(self.cluster) {
+                Some(held) => Some(held),
+                None => return outcome.map_err(|f| f.reply),
+            };
             let host = match &outcome {
                 Ok(a) => Some(a.host),
                 Err(f) => f.host,
@@ -104,19 +115,26 @@ impl Attempts<'_> {
             reply: failure_reply(failure),
         };
         self.set_in_flight(Some(host));
-        let sender = match connection(
+        let connecting = pending::connection(
             self.cluster,
             host,
             self.proto,
             self.connect_timeout,
             self.stats,
-        )
-        .await
-        {
-            Ok(sender) => sender,
-            Err(err) => {
+        );
+        let (sender, request) = match connecting.await {
+            Ok(connected) => connected,
+            Err(refused) => {
                 self.set_in_flight(None);
-                return Err(failed(attempt_failure(&err)));
+                return Err(match refused {
+                    Refused::Connect(err) => failed(attempt_failure(&err)),
+                    // Envoy does not retry an overflow.
+                    Refused::Overflow => Failed {
+                        host: Some(host),
+                        failure: None,
+                        reply: pending::overflow_reply(),
+                    },
+                });
             }
         };
         let Some(body) = self.payload.body() else {
@@ -146,29 +164,13 @@ impl Attempts<'_> {
         self.cluster.report_response(host, status);
         self.set_in_flight(None);
         let (resp, sender) = exchanged.map_err(failed)?;
-        Ok(Answer { resp, sender, host })
+        Ok(Answer {
+            resp,
+            sender,
+            host,
+            request: Some(request),
+        })
     }
-}
-
-/// A pooled connection to `host`, or a new one (its result goes to outlier detection).
-async fn connection(
-    cluster: &ClusterHandle,
-    host: BackendAddr,
-    proto: Proto,
-    timeout: Duration,
-    stats: &Arc<ProxyStats>,
-) -> Result<Sender, ConnectError> {
-    if let Some(sender) = cluster.pool().take(host, proto) {
-        ProxyStats::inc(&stats.upstream_cx_pool_reuse);
-        return Ok(sender);
-    }
-    let open = Some(cluster.open_connection(host));
-    let result = pool::connect(host, proto, timeout, stats, cluster.pool(), open).await;
-    if let Err(err) = &result {
-        debug!(%err, "upstream connect failed");
-    }
-    cluster.report_http_connect(host, result.is_ok());
-    result
 }
 
 pub(super) fn attempt_failure(err: &ConnectError) -> AttemptFailure {

@@ -131,6 +131,9 @@ fn is_gauge(name: &str) -> bool {
     leaf.starts_with("membership_")
         || leaf == "healthy"
         || leaf.ends_with("_active")
+        // Circuit breakers: `cx_open`, `rq_pending_open`, ... and `remaining_*`.
+        || leaf.ends_with("_open")
+        || leaf.starts_with("remaining_")
         || leaf == "original_dst_hosts"
         || leaf == "hosts_stale"
         || leaf == "hosts_refused"
@@ -224,6 +227,55 @@ mod tests {
                 {"name": "server.services", "value": 0}
             ]})
         );
+    }
+
+    /// A cluster's circuit-breaker stats under Envoy's names: the overflow counters, the
+    /// `circuit_breakers.default.*` gauges, and with `track_remaining` what remains of
+    /// Envoy's defaults (1024 connections, pending requests and requests, 3 retries) when the
+    /// thresholds set no limit.
+    #[tokio::test]
+    async fn circuit_breaker_stats_are_envoys_with_its_defaults() {
+        let config = Config::parse(
+            "clusters:\n  - name: c\n    circuit_breakers: { thresholds: [ { track_remaining: true } ] }\n    load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 81 } } } } ] } ] }\n",
+            std::path::Path::new("t.yaml"),
+        )
+        .expect("config");
+        let manager = proxy_core::health::HealthCheckManager::default();
+        let up =
+            proxy_core::upstream::Upstream::spawn(&config.clusters[0], &manager).expect("spawn");
+        let upstreams = BTreeMap::from([("c".to_owned(), Arc::new(up))]);
+        let state = State::new(
+            config,
+            Arc::new(Mutex::new(None)),
+            upstreams,
+            watch::channel(std::collections::BTreeSet::default()).1,
+        );
+        let stats = all_stats(&state);
+        let breakers: BTreeMap<&str, u64> = stats
+            .iter()
+            .filter(|(name, _)| name.contains("overflow") || name.contains("circuit_breakers"))
+            .map(|(name, value)| (name.as_str(), *value))
+            .collect();
+        let d = "cluster.c.circuit_breakers.default";
+        let want = BTreeMap::from([
+            (format!("{d}.cx_open"), 0),
+            (format!("{d}.cx_pool_open"), 0),
+            (format!("{d}.remaining_cx"), 1024),
+            (format!("{d}.remaining_cx_pools"), u64::MAX),
+            (format!("{d}.remaining_pending"), 1024),
+            (format!("{d}.remaining_retries"), 3),
+            (format!("{d}.remaining_rq"), 1024),
+            (format!("{d}.rq_open"), 0),
+            (format!("{d}.rq_pending_open"), 0),
+            (format!("{d}.rq_retry_open"), 0),
+            ("cluster.c.upstream_cx_overflow".to_owned(), 0),
+            ("cluster.c.upstream_rq_pending_overflow".to_owned(), 0),
+            ("cluster.c.upstream_rq_retry_overflow".to_owned(), 0),
+        ]);
+        let want: BTreeMap<&str, u64> = want.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        assert_eq!(breakers, want);
+        assert!(is_gauge(&format!("{d}.remaining_cx")) && is_gauge(&format!("{d}.rq_open")));
+        assert!(!is_gauge("cluster.c.upstream_cx_overflow"));
     }
 
     /// One parsed sample line: family, labels (unescaped), value.

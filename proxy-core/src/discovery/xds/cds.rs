@@ -11,21 +11,23 @@
 //! `eds_cluster_config` (`service_name`; `eds_config` must be `ads: {}`), `dns_refresh_rate`,
 //! `respect_dns_ttl`, `dns_lookup_family`, `cleanup_interval`,
 //! `ignore_health_on_host_removal`, `close_connections_on_host_health_failure`,
-//! `ring_hash_lb_config` and `maglev_lb_config` (their bounds and texts are Envoy's).
+//! `ring_hash_lb_config` and `maglev_lb_config` (their bounds and texts are Envoy's),
+//! `circuit_breakers` (checked by the file's rules, which refuse what is not honoured).
 
 use std::path::Path;
 
 use envoy_types::pb::{
     envoy::config::{
         cluster::v3::{
-            Cluster as ProtoCluster,
+            CircuitBreakers as ProtoBreakers, Cluster as ProtoCluster,
+            circuit_breakers::Thresholds as ProtoThresholds,
             cluster::{
                 ClusterDiscoveryType, DiscoveryType, DnsLookupFamily, LbConfig as ProtoLbConfig,
                 LbPolicy, ring_hash_lb_config::HashFunction as RingHashFunction,
             },
         },
         core::v3::{
-            Address, HealthStatus, address, config_source::ConfigSourceSpecifier,
+            Address, HealthStatus, RoutingPriority, address, config_source::ConfigSourceSpecifier,
             socket_address::PortSpecifier,
         },
         endpoint::v3::{
@@ -100,7 +102,6 @@ const CLUSTER_FIELDS: &[(u64, &str)] = &[
     (5, "per_connection_buffer_limit_bytes"),
     (8, "health_checks"),
     (9, "max_requests_per_connection"),
-    (10, "circuit_breakers"),
     (13, "http_protocol_options"),
     (14, "http2_protocol_options"),
     (18, "dns_resolvers"),
@@ -155,6 +156,10 @@ pub fn file_form(cluster: &ProtoCluster) -> Result<Value, ResourceError> {
     }
     if let Some((field, value)) = lb_config_form(cluster.lb_config.as_ref()) {
         out.insert(field.into(), value);
+    }
+    if let Some(breakers) = &cluster.circuit_breakers {
+        let form = breakers_form(breakers).map_err(invalid)?;
+        out.insert("circuit_breakers".into(), form);
     }
     Ok(Value::Object(out))
 }
@@ -274,6 +279,47 @@ fn clear_honoured(c: &mut ProtoCluster) {
     ) {
         c.lb_config = None;
     }
+    c.circuit_breakers = None;
+}
+
+/// `circuit_breakers` in the file's form. Fields not honoured (`retry_budget`,
+/// `max_connection_pools`, `per_host_thresholds`) are carried over for the file's rules to
+/// refuse by name.
+fn breakers_form(breakers: &ProtoBreakers) -> Result<Value, (String, String)> {
+    let form = |i: usize, t: &ProtoThresholds| -> Result<Value, (String, String)> {
+        let priority = RoutingPriority::try_from(t.priority).map_err(|_| {
+            (
+                format!("circuit_breakers.thresholds[{i}].priority"),
+                format!("unknown priority {}", t.priority),
+            )
+        })?;
+        let mut out = json!({"priority": priority.as_str_name()});
+        for (field, value) in [
+            ("max_connections", t.max_connections),
+            ("max_pending_requests", t.max_pending_requests),
+            ("max_requests", t.max_requests),
+            ("max_retries", t.max_retries),
+            ("max_connection_pools", t.max_connection_pools),
+        ] {
+            if let Some(v) = value {
+                out[field] = json!(v.value);
+            }
+        }
+        if t.track_remaining {
+            out["track_remaining"] = json!(true);
+        }
+        if t.retry_budget.is_some() {
+            out["retry_budget"] = json!({});
+        }
+        Ok(out)
+    };
+    let thresholds = breakers.thresholds.iter().enumerate();
+    let mut out =
+        json!({"thresholds": thresholds.map(|(i, t)| form(i, t)).collect::<Result<Vec<_>, _>>()?});
+    if !breakers.per_host_thresholds.is_empty() {
+        out["per_host_thresholds"] = json!([]);
+    }
+    Ok(out)
 }
 
 /// Envoy's JSON duration text of `d`; `None` when negative or out of range.

@@ -2,6 +2,7 @@
 //! ACK/NACK sequences against an in-process tonic xDS server on 127.0.0.1.
 
 mod ads;
+mod breakers;
 mod config;
 mod fixtures;
 mod hcm;

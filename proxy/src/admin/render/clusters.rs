@@ -4,9 +4,10 @@
 //! The JSON is `envoy.admin.v3.Clusters` as Envoy 1.40 prints it (proto3 JSON with the
 //! original field names): false booleans, zeros, empty strings and empty lists are left out,
 //! 64-bit stat values are strings, a stat's `type` is printed only for gauges, and `locality`
-//! is always there (`{}` when unknown). Not printed, because the daemon has no such thing:
-//! `added_via_api` (always false here: clusters come from the file), `circuit_breakers`,
-//! `success_rate` and the outlier success-rate thresholds.
+//! is always there (`{}` when unknown). Not printed: `circuit_breakers` (the thresholds are in
+//! `/config_dump`, their state in `/stats`), and, because the daemon has no such thing,
+//! `added_via_api` (always false here: clusters come from the file), `success_rate` and the
+//! outlier success-rate thresholds.
 
 use std::{collections::BTreeMap, fmt::Write as _, net::SocketAddr};
 

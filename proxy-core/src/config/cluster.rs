@@ -212,7 +212,8 @@ pub enum LbPolicy {
     /// Linux 5.12).
     #[default]
     Random,
-    /// Consistent hashing over a Maglev table keyed by the client's network-namespace cookie.
+    /// Consistent hashing over a Maglev table, keyed on the kernel path by the service's
+    /// `hash_key` (the client's process by default).
     Maglev,
     /// An exact weighted rotation: on the kernel path a per-table atomic cursor over a slot
     /// table in smooth weighted order (needs BPF atomic fetch-and-add, Linux 5.12); on the proxy
@@ -226,6 +227,14 @@ pub enum LbPolicy {
     RingHash,
     /// Not available.
     ClusterProvided,
+}
+
+impl LbPolicy {
+    /// Whether the policy is consistent hashing (MAGLEV, RING_HASH): the kernel serves both
+    /// with its Maglev table, keyed by the service's `hash_key`.
+    pub fn hashes(self) -> bool {
+        matches!(self, Self::Maglev | Self::RingHash)
+    }
 }
 
 /// Envoy's `ClusterLoadAssignment`.

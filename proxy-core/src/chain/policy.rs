@@ -7,8 +7,8 @@
 //! there; the service's `hash_key` says what consistent hashing keys on instead. One service has
 //! one policy in the kernel, so resolvers of the chain's legs that set different policies are
 //! refused rather than one of them silently winning (Consul would give each target's cluster its
-//! own policy, which one kernel entry cannot). Failover targets are served with the policy of the
-//! leg they belong to.
+//! own policy, which one kernel entry cannot); `maglev` and `ring_hash` count as one, the Maglev
+//! table. Failover targets are served with the policy of the leg they belong to.
 
 use proxy_chain::{Leg, entries::LoadBalancer};
 
@@ -70,7 +70,8 @@ pub fn resolver_policy(legs: &[Leg]) -> Result<Option<LbPolicy>, PolicyError> {
         };
         match chosen {
             None => chosen = Some((&leg.target.id, &lb.policy, policy)),
-            Some((_, first_policy, _)) if first_policy == lb.policy => {}
+            // maglev and ring_hash are one policy here: both are served by the Maglev table.
+            Some((_, _, same)) if same == policy || (same.hashes() && policy.hashes()) => {}
             Some((first, first_policy, _)) => {
                 return Err(PolicyError::Conflict {
                     first: first.to_owned(),

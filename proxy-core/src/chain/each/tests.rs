@@ -154,6 +154,9 @@ fn a_resolver_policy_the_kernel_cannot_serve_is_refused_naming_the_field() {
     let rotate = ", LoadBalancer: {Policy: round_robin}";
     let ok = policy_config(maglev, maglev, ", hash_key: user").expect("one policy, hashed");
     assert_eq!(ok.chains.len(), 2);
+    let ring = ", LoadBalancer: {Policy: ring_hash}";
+    let both = policy_config(maglev, ring, "").expect("maglev and ring_hash: one Maglev table");
+    assert_eq!(both.chains.len(), 2);
     for (resolver, backup, hash_key, why) in [
         (
             ", LoadBalancer: {Policy: ring_hash, HashPolicies: [{Field: header, FieldValue: x-user}]}",

@@ -213,6 +213,12 @@ pub mod features {
     /// `bpf_set_retval` in cgroup sock_addr programs (Linux 5.18): a refused connect fails
     /// with `ECONNREFUSED` instead of `EPERM`.
     pub const SET_RETVAL: u32 = 1 << 0;
+    /// `bpf_get_current_pid_tgid` in cgroup sock_addr programs (by Linux 5.10): consistent hashing
+    /// can key on the client's process (`service::HASH_KEY_PROCESS`).
+    pub const CURRENT_PID_TGID: u32 = 1 << 1;
+    /// `bpf_get_current_cgroup_id` in cgroup sock_addr programs (Linux 5.7): consistent hashing
+    /// can key on the client's cgroup (`service::HASH_KEY_CGROUP`).
+    pub const CURRENT_CGROUP_ID: u32 = 1 << 2;
 }
 
 /// The level of the kernel's log records (aya-log), a read-only global of the object set by the

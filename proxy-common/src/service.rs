@@ -49,8 +49,8 @@ pub const MAX_PRIORITIES: u32 = 4;
 /// in `SETTINGS_V1`) instead of connecting straight to a host, and record the original
 /// destination for the proxy (see `socket`). UDP services ignore it.
 pub const SERVICE_F_PROXY: u32 = 1 << 0;
-/// `Service::flags` bit: choose the slot by hashing the client's network-namespace cookie
-/// (consistent hashing over a Maglev table) instead of at random.
+/// `Service::flags` bit: choose the slot by hashing a key of the client (consistent hashing
+/// over a Maglev table) instead of at random; [`SERVICE_HASH_KEY_MASK`] says which key.
 pub const SERVICE_F_MAGLEV: u32 = 1 << 1;
 /// `Service::flags` bit: the service has exactly one routable host, `Service::backend`; the kernel
 /// reads no slot table (any slot table would name only that host, whatever the weights, and a
@@ -77,6 +77,34 @@ pub const SERVICE_F_PANIC: u32 = 1 << 5;
 /// fewer open connections in `ACTIVE_V1` (the power of two choices); sockops keeps those counts
 /// for the service's connections, so the service is followed.
 pub const SERVICE_F_LEAST_REQUEST: u32 = 1 << 6;
+
+/// The bits of `Service::flags` that say what consistent hashing ([`SERVICE_F_MAGLEV`]) keys
+/// on: one of the `HASH_KEY_*` values, shifted left by [`SERVICE_HASH_KEY_SHIFT`]. Zero is the
+/// network namespace, what every service hashed on before the key was configurable, so an entry
+/// a previous daemon published keeps its meaning. Kept far from the single-bit flags, which
+/// grow upwards from bit 0.
+pub const SERVICE_HASH_KEY_MASK: u32 = 0x7 << SERVICE_HASH_KEY_SHIFT;
+/// Position of the hash-key field in `Service::flags`.
+pub const SERVICE_HASH_KEY_SHIFT: u32 = 16;
+/// Hash key: the client's network-namespace cookie (`bpf_get_netns_cookie`, Linux 5.7).
+pub const HASH_KEY_NETNS: u32 = 0;
+/// Hash key: the id of the client's cgroup v2 (`bpf_get_current_cgroup_id`; in cgroup
+/// sock_addr programs since Linux 5.7, probed at load).
+pub const HASH_KEY_CGROUP: u32 = 1;
+/// Hash key: the client's process, its thread-group id in the initial pid namespace
+/// (`bpf_get_current_pid_tgid`; in cgroup sock_addr programs by Linux 5.10, probed at load).
+pub const HASH_KEY_PROCESS: u32 = 2;
+/// Hash key: the client's user id in the initial user namespace (`bpf_get_current_uid_gid`,
+/// Linux 4.17 in cgroup sock_addr programs).
+pub const HASH_KEY_USER: u32 = 3;
+/// Hash key: the client's socket cookie (`bpf_get_socket_cookie`): per connection for TCP, per
+/// socket for UDP.
+pub const HASH_KEY_SOCKET: u32 = 4;
+
+/// The `HASH_KEY_*` value of `flags`.
+pub const fn hash_key_of(flags: u32) -> u32 {
+    (flags & SERVICE_HASH_KEY_MASK) >> SERVICE_HASH_KEY_SHIFT
+}
 
 /// Key of `SERVICES_V2`: a service address as the application dials it.
 #[repr(C)]

@@ -18,15 +18,19 @@
 //! (consul#6276; Consul fails over only when no instance is healthy).
 
 mod each;
+mod policy;
 
 use std::{collections::BTreeSet, net::SocketAddr};
 
 use proxy_chain::{CompiledDiscoveryChain, TargetLeg, filter::HealthStatus};
 use serde::{Deserialize, Serialize};
 
-pub use self::each::{
-    ChainFailure, ChainServiceError, CompiledChains, UnusableEntry, compile_each, compile_service,
-    runs_in,
+pub use self::{
+    each::{
+        ChainFailure, ChainServiceError, CompiledChains, UnusableEntry, compile_each,
+        compile_service, runs_in,
+    },
+    policy::{PolicyError, resolver_policy},
 };
 use crate::{
     health::Routing,
@@ -85,6 +89,14 @@ pub enum ChainExecError {
     /// Peered or external targets cannot be reached by this daemon.
     #[error("target {0} is peered or external; only local clusters can serve it")]
     Unreachable(String),
+    /// The resolvers' `LoadBalancer` cannot be served on the kernel path.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// The service sets `hash_key`, but the chain's policy does not hash.
+    #[error(
+        "the service sets hash_key, but its chain's load-balancing policy is {0:?}, which does          not hash; set LoadBalancer Policy maglev or ring_hash in the service-resolver (or the          clusters' lb_policy), or remove hash_key"
+    )]
+    HashKeyWithoutHashing(crate::config::LbPolicy),
 }
 
 /// One target: where its hosts come from and which of them it takes.
@@ -112,6 +124,9 @@ pub struct ChainPlan {
     pub legs: Vec<PlannedLeg>,
     /// Options in force.
     pub options: ChainOptions,
+    /// The policy the chain's resolvers set (`LoadBalancer`), over the clusters' `lb_policy`;
+    /// `None` when none sets one.
+    pub policy: Option<crate::config::LbPolicy>,
 }
 
 impl ChainPlan {
@@ -132,8 +147,9 @@ impl ChainPlan {
                 target: t.clone(),
             })
         };
-        let legs = chain
-            .legs()?
+        let compiled = chain.legs()?;
+        let policy = resolver_policy(&compiled)?;
+        let legs = compiled
             .iter()
             .map(|leg| {
                 let targets = std::iter::once(&leg.target)
@@ -146,7 +162,11 @@ impl ChainPlan {
                 })
             })
             .collect::<Result<_, ChainExecError>>()?;
-        Ok(Self { legs, options })
+        Ok(Self {
+            legs,
+            options,
+            policy,
+        })
     }
 
     /// Every cluster the plan reads.

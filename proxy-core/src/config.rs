@@ -40,7 +40,7 @@ pub use self::{
     error::ConfigError,
     kernel_maps::MapSizes,
     proxy::{ProxyConfig, ProxyProtocolMode, SpliceMode},
-    service::{Protocol, Service, ServiceMode, UpgradeConfig, default_upgrade_configs},
+    service::{HashKey, Protocol, Service, ServiceMode, UpgradeConfig, default_upgrade_configs},
 };
 
 /// The configuration used when `proxy run` is given no `--config`: the demo's STATIC cluster of

@@ -11,13 +11,15 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use proxy_common::service::{
-    FAMILY_V4, PROTO_TCP, PROTO_UDP, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_PANIC,
-    SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, ServiceKey,
+    FAMILY_V4, HASH_KEY_CGROUP, HASH_KEY_NETNS, HASH_KEY_PROCESS, HASH_KEY_SOCKET, HASH_KEY_USER,
+    PROTO_TCP, PROTO_UDP, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_PANIC,
+    SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_HASH_KEY_SHIFT, ServiceKey,
+    hash_key_of,
 };
 
 use crate::{
     chain::{self, ChainPlan},
-    config::{Config, LbPolicy, Protocol, Service, ServiceMode},
+    config::{Config, HashKey, LbPolicy, Protocol, Service, ServiceMode},
     health::Routing,
     lb,
 };
@@ -79,11 +81,12 @@ impl ServiceTemplate {
         } else {
             Ipv6Addr::UNSPECIFIED.into()
         };
+        let plan = config.chain_plan(svc);
         Self {
             name: svc.name.clone(),
             key,
-            flags: flags(svc, config),
-            plan: config.chain_plan(svc),
+            flags: flags(svc, config, &policies(svc, config, plan.as_ref())),
+            plan,
             refuse: SocketAddr::new(unspecified, 0),
         }
     }
@@ -138,6 +141,42 @@ impl ServiceTemplate {
     pub fn rotates(&self) -> bool {
         self.flags & SERVICE_F_ROUND_ROBIN != 0
     }
+
+    /// What the kernel's consistent hashing keys on for this service (a `HASH_KEY_*` value),
+    /// `None` when it does not hash.
+    pub fn hash_key(&self) -> Option<u32> {
+        (self.flags & SERVICE_F_MAGLEV != 0).then_some(hash_key_of(self.flags))
+    }
+}
+
+/// The `HASH_KEY_*` value of `key`, in the kernel's encoding.
+pub fn kernel_hash_key(key: HashKey) -> u32 {
+    match key {
+        HashKey::Netns => HASH_KEY_NETNS,
+        HashKey::Cgroup => HASH_KEY_CGROUP,
+        HashKey::Process => HASH_KEY_PROCESS,
+        HashKey::User => HASH_KEY_USER,
+        HashKey::Socket => HASH_KEY_SOCKET,
+    }
+}
+
+/// The load-balancing policies that choose for `svc` (whose chain plan, on the kernel path, is
+/// `plan`): the one its chain's resolvers set (`LoadBalancer`), else its clusters'
+/// `lb_policy`.
+pub fn policies(svc: &Service, config: &Config, plan: Option<&ChainPlan>) -> Vec<LbPolicy> {
+    let clusters = match plan {
+        Some(ChainPlan {
+            policy: Some(policy),
+            ..
+        }) => return vec![*policy],
+        Some(plan) => plan.clusters().into_iter().collect(),
+        None => config.service_clusters(svc),
+    };
+    clusters
+        .iter()
+        .filter_map(|c| config.cluster(c))
+        .map(|c| c.lb_policy)
+        .collect()
 }
 
 /// Leaves in `levels` only the hosts of the service's family (IPv4 when `v4`), and no level
@@ -158,13 +197,15 @@ pub fn needs_sockops(config: &Config, templates: &[ServiceTemplate]) -> bool {
     config.splice || templates.iter().any(ServiceTemplate::follows_sockets)
 }
 
-/// The flags of `svc` that follow from its clusters' policies and its mode.
-fn flags(svc: &Service, config: &Config) -> u32 {
+/// The flags of `svc` that follow from the `policies` that choose for it (see [`policies`]),
+/// its clusters' outlier detection and its mode.
+fn flags(svc: &Service, config: &Config, policies: &[LbPolicy]) -> u32 {
     let names = config.service_clusters(svc);
     let clusters: Vec<_> = names.iter().filter_map(|c| config.cluster(c)).collect();
-    let any = |policy: LbPolicy| clusters.iter().any(|c| c.lb_policy == policy);
+    let any = |policy: LbPolicy| policies.contains(&policy);
     let direct = svc.mode == ServiceMode::Direct;
-    let maglev = any(LbPolicy::Maglev);
+    // RING_HASH is served by the Maglev table: consistent hashing with the same ~1/N movement.
+    let maglev = policies.iter().any(|p| p.hashes());
     // Consistent hashing wins over rotation when a chain mixes the two. A proxy-mode service's
     // kernel entry only redirects: the proxy rotates (`ClusterHandle`).
     let round_robin = !maglev && direct && any(LbPolicy::RoundRobin);
@@ -174,6 +215,11 @@ fn flags(svc: &Service, config: &Config) -> u32 {
     // Only outlier detection reads the kernel's passive signal: without it sockops does not
     // follow the service's connections at all.
     let passive = clusters.iter().any(|c| c.outlier_detection.is_some());
+    let key = if maglev && direct {
+        kernel_hash_key(svc.hash_key.unwrap_or_default()) << SERVICE_HASH_KEY_SHIFT
+    } else {
+        0
+    };
     [
         (maglev, SERVICE_F_MAGLEV),
         (round_robin, SERVICE_F_ROUND_ROBIN),
@@ -183,7 +229,7 @@ fn flags(svc: &Service, config: &Config) -> u32 {
     ]
     .into_iter()
     .filter(|(on, _)| *on)
-    .fold(0, |flags, (_, flag)| flags | flag)
+    .fold(key, |flags, (_, flag)| flags | flag)
 }
 
 #[cfg(test)]

@@ -16,6 +16,8 @@
 //!   the dialled service is recorded under the socket cookie in `SOCK_ORIG_V1` for sockops.
 //!   UDP services ignore the flag and select a backend.
 //! - Minimum kernel: 4.17 for the hooks; 5.7 for `bpf_get_netns_cookie` (consistent hashing);
+//!   5.7 for `bpf_get_current_cgroup_id` and by 5.10 `bpf_get_current_pid_tgid` (the cgroup
+//!   and process hash keys; the loader probes both, see `crate::features`);
 //!   5.7 for attaching through bpf_link (the daemon refuses to attach without it); 5.3 for
 //!   `bpf_sock_addr.sk` and `bpf_sk_storage_get` in sock_addr programs (`SOCK_VIP_V2`).
 //! - Reads `SERVICES_V2`, `SLOTS_V2`, `BACKENDS_V2`, `SETTINGS_V1`; writes the dialled service

@@ -3,8 +3,9 @@
 //! A service with one host carries it in its own map value (`SERVICE_F_SINGLE`): no further
 //! lookup. Otherwise the daemon expands weights into a slot table per failover priority. The kernel walks the
 //! priorities of the live generation, highest first, and uses the first table with a routable
-//! host; inside it, the slot is random, or, for consistent hashing, derived from the client's
-//! network-namespace cookie (the table is then a Maglev permutation table), or, for
+//! host; inside it, the slot is random, or, for consistent hashing, derived from a key of the
+//! client (its network namespace, cgroup, process, user or socket, as the service's flags say;
+//! the table is then a Maglev permutation table), or, for
 //! ROUND_ROBIN, the next turn of the table's atomic cursor (the table is then in smooth
 //! weighted order), or, for LEAST_REQUEST, the less loaded of two random slots' backends.
 
@@ -23,18 +24,19 @@ pub enum NoBackend {
     Missing,
 }
 
-/// Chooses a backend for `svc`. `netns_cookie` keys consistent hashing. `ROTATE`: this is a
+/// Chooses a backend for `svc`. `client` (the key [`crate::translate`] read) keys consistent
+/// hashing. `ROTATE`: this is a
 /// `_rr` program variant, which may use atomic fetch-and-add for ROUND_ROBIN services; in the
 /// base programs a ROUND_ROBIN service (which the daemon never publishes for them) picks at
 /// random.
 #[inline(always)]
-pub fn choose<const ROTATE: bool>(svc: &Service, netns_cookie: u64) -> Result<&Backend, NoBackend> {
+pub fn choose<const ROTATE: bool>(svc: &Service, client: u64) -> Result<&Backend, NoBackend> {
     if svc.flags & SERVICE_F_SINGLE != 0 {
         return Ok(&svc.backend);
     }
     let rotate = ROTATE && svc.flags & SERVICE_F_ROUND_ROBIN != 0;
     let hash = if svc.flags & SERVICE_F_MAGLEV != 0 {
-        mix(netns_cookie)
+        mix(client)
     } else if rotate {
         0
     } else {
@@ -158,11 +160,11 @@ unsafe fn next_turn(head: *mut u64) -> u32 {
     (previous >> 32) as u32
 }
 
-/// Folds a 64-bit cookie into a well-mixed 32-bit hash (the finaliser of MurmurHash3), so that
-/// sequential cookies spread over the whole table.
+/// Folds a 64-bit client key into a well-mixed 32-bit hash (the finaliser of MurmurHash3), so
+/// that sequential keys (cookies, process ids, user ids) spread over the whole table.
 #[inline(always)]
-fn mix(cookie: u64) -> u32 {
-    let mut h = cookie;
+fn mix(key: u64) -> u32 {
+    let mut h = key;
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;

@@ -8,7 +8,8 @@
 //! - **Fail-open** for destinations that are not services and for internal errors; **fail-closed**
 //!   (`EPERM` from the send) for a service with no routable host, counted `sendmsg_no_host`.
 //!   Proxy mode does not apply to UDP: the flag is ignored and a backend is selected.
-//! - Minimum kernel 4.18; 5.7 for `bpf_get_netns_cookie`.
+//! - Minimum kernel 4.18; 5.7 for `bpf_get_netns_cookie`; the hash keys as in connect4/6
+//!   (`crate::connect`).
 //! - Reads `SERVICES_V2`, `SLOTS_V2`, `BACKENDS_V2`; writes `UDP_REV_V1` (only when the entry is
 //!   missing or different, so a steady flow costs one lookup per datagram), `COUNTERS_V2` and the
 //!   service's `SVC_COUNTERS_V3` entry.

@@ -4,15 +4,16 @@
 
 use aya_ebpf::{EbpfContext as _, programs::SockAddrContext};
 use proxy_common::{
-    counters,
+    abi, counters,
     service::{
-        Backend, FAMILY_V4, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_PANIC,
-        SERVICE_F_PASSIVE, SERVICE_F_PROXY, Service, ServiceKey,
+        Backend, FAMILY_V4, HASH_KEY_CGROUP, HASH_KEY_PROCESS, HASH_KEY_SOCKET, HASH_KEY_USER,
+        SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_PANIC, SERVICE_F_PASSIVE,
+        SERVICE_F_PROXY, Service, ServiceKey, hash_key_of,
     },
 };
 
 use crate::{
-    log,
+    features, log,
     maps::{SERVICES_V2, ServiceOutcome, count, count_service, settings},
     select::{NoBackend, choose},
 };
@@ -67,14 +68,13 @@ pub fn target<const ROTATE: bool>(
     if allow_proxy && svc.flags & SERVICE_F_PROXY != 0 {
         return to_proxy(svc, key).map(Some);
     }
-    // Only consistent hashing reads the client's network namespace.
-    let netns = if svc.flags & SERVICE_F_MAGLEV != 0 {
-        // SAFETY: the helper only reads the context, which is valid.
-        unsafe { aya_ebpf::helpers::bpf_get_netns_cookie(ctx.as_ptr()) }
+    // Only consistent hashing reads a key of the client.
+    let client = if svc.flags & SERVICE_F_MAGLEV != 0 {
+        client_key(ctx, svc.flags)
     } else {
         0
     };
-    let Some((dest, flags)) = backend::<ROTATE>(key, svc, netns, outcomes)? else {
+    let Some((dest, flags)) = backend::<ROTATE>(key, svc, client, outcomes)? else {
         return Ok(None);
     };
     if dest.family != key.family {
@@ -84,6 +84,35 @@ pub fn target<const ROTATE: bool>(
     }
     count(outcomes.rewritten);
     Ok(Some(to_host(svc.id, dest, flags)))
+}
+
+/// What consistent hashing keys on for a service with `flags` (`SERVICE_HASH_KEY_MASK`).
+/// The daemon publishes a process or cgroup key only when the loader found its helper; on a
+/// kernel without it the branch is dead, and the verifier never sees the call.
+#[inline(always)]
+fn client_key(ctx: &SockAddrContext, flags: u32) -> u64 {
+    match hash_key_of(flags) {
+        // Without the helper (never published so: the daemon refuses the service) every
+        // client has key 0 rather than another key.
+        HASH_KEY_CGROUP if !features::has(abi::features::CURRENT_CGROUP_ID) => 0,
+        HASH_KEY_PROCESS if !features::has(abi::features::CURRENT_PID_TGID) => 0,
+        HASH_KEY_CGROUP => {
+            // SAFETY: a helper without arguments or side effects.
+            unsafe { aya_ebpf::helpers::bpf_get_current_cgroup_id() }
+        }
+        // The thread-group id is the high half.
+        HASH_KEY_PROCESS => aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32,
+        // The uid is the low half.
+        HASH_KEY_USER => aya_ebpf::helpers::bpf_get_current_uid_gid() & 0xffff_ffff,
+        HASH_KEY_SOCKET => {
+            // SAFETY: the helper only reads the context, which is valid.
+            unsafe { aya_ebpf::helpers::bpf_get_socket_cookie(ctx.as_ptr()) }
+        }
+        _ => {
+            // SAFETY: the helper only reads the context, which is valid.
+            unsafe { aya_ebpf::helpers::bpf_get_netns_cookie(ctx.as_ptr()) }
+        }
+    }
 }
 
 /// A proxy-mode service: the proxy listener, counted for the service either way.
@@ -126,12 +155,12 @@ fn to_host(id: u32, dest: Backend, flags: u32) -> Target {
 fn backend<const ROTATE: bool>(
     key: &ServiceKey,
     mut svc: &Service,
-    netns: u64,
+    client: u64,
     outcomes: &Outcomes,
 ) -> Result<Option<(Backend, u32)>, Refuse> {
     let mut attempt = 0;
     loop {
-        match choose::<ROTATE>(svc, netns) {
+        match choose::<ROTATE>(svc, client) {
             Ok(backend) => return Ok(Some((*backend, svc.flags))),
             Err(NoBackend::Missing) => {
                 count(counters::CONNECT_BACKEND_MISSING);

@@ -36,7 +36,7 @@ use tokio::{
 use tracing::{error, info};
 
 use self::{
-    publish::{check_round_robin, reap, sweep_after_first_publish},
+    publish::{check_kernel_support, reap, sweep_after_first_publish},
     running::{Context, Running, host_guard, spawn_traffic, start_upstreams},
     signals::{Signal, Signals},
     state::{Failed, abandon, release},
@@ -98,7 +98,7 @@ pub fn run(
         takeover::open_dataplane(&opts, inherited.is_some()).context("attaching the data path")?,
     )));
     let privileged = || -> anyhow::Result<()> {
-        check_round_robin(&templates, &dp)?;
+        check_kernel_support(&templates, &dp)?;
         configure_splice(&config, &dp)?;
         let have = privileges::ThreadCaps::current()?;
         privileges::enter(&privileges::SteadyState::of(&config, &have)?)

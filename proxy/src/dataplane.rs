@@ -9,6 +9,7 @@
 
 mod attach;
 mod error;
+mod features;
 mod loader;
 mod maps;
 mod migrate;

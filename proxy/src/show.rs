@@ -11,9 +11,10 @@ use proxy_common::{
     abi::maps,
     counters::ServiceCounts,
     service::{
-        Backend, MAX_PRIORITIES, PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV, SERVICE_F_PANIC,
-        SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, SLOTS,
-        Service, ServiceKey, SlotTable, SlotTableKey,
+        Backend, HASH_KEY_CGROUP, HASH_KEY_NETNS, HASH_KEY_PROCESS, HASH_KEY_SOCKET, HASH_KEY_USER,
+        MAX_PRIORITIES, PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV, SERVICE_F_PANIC, SERVICE_F_PASSIVE,
+        SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, SLOTS, Service, ServiceKey,
+        SlotTable, SlotTableKey, hash_key_of,
         legacy::{BACKENDS_V1, SERVICES_V1, SLOTS_V1, ServiceV1},
     },
     socket::SETTINGS_F_SPLICE,
@@ -50,7 +51,7 @@ pub struct ServiceView {
     pub name: Option<String>,
     pub id: u32,
     pub generation: u32,
-    /// `proxy`, `maglev`, `single`, `passive`.
+    /// `proxy`, `maglev` (followed by its hash key, `key:process`), `single`, `passive`.
     pub flags: Vec<&'static str>,
     /// Per priority (0 first) the hosts and the slots each holds, of [`SLOTS`]; an empty list
     /// is a priority without a routable host.
@@ -250,8 +251,9 @@ fn levels(
     levels
 }
 
+/// The names of `flags`' bits; a Maglev service's hash key follows `maglev` (`key:process`).
 fn flag_names(flags: u32) -> Vec<&'static str> {
-    [
+    let mut names: Vec<&'static str> = [
         (SERVICE_F_PROXY, "proxy"),
         (SERVICE_F_MAGLEV, "maglev"),
         (SERVICE_F_ROUND_ROBIN, "round_robin"),
@@ -262,7 +264,18 @@ fn flag_names(flags: u32) -> Vec<&'static str> {
     .into_iter()
     .filter(|(bit, _)| flags & bit != 0)
     .map(|(_, name)| name)
-    .collect()
+    .collect();
+    if flags & SERVICE_F_MAGLEV != 0 {
+        names.push(match hash_key_of(flags) {
+            HASH_KEY_NETNS => "key:netns",
+            HASH_KEY_CGROUP => "key:cgroup",
+            HASH_KEY_PROCESS => "key:process",
+            HASH_KEY_USER => "key:user",
+            HASH_KEY_SOCKET => "key:socket",
+            _ => "key:unknown",
+        });
+    }
+    names
 }
 
 fn backend_addr(b: &Backend) -> SocketAddr {
@@ -395,5 +408,10 @@ mod tests {
             flag_names(SERVICE_F_PROXY | SERVICE_F_PASSIVE),
             ["proxy", "passive"]
         );
+        // A Maglev entry of an earlier daemon (no key bits) hashed on the namespace.
+        assert_eq!(flag_names(SERVICE_F_MAGLEV), ["maglev", "key:netns"]);
+        let user =
+            SERVICE_F_MAGLEV | (HASH_KEY_USER << proxy_common::service::SERVICE_HASH_KEY_SHIFT);
+        assert_eq!(flag_names(user), ["maglev", "key:user"]);
     }
 }

@@ -80,11 +80,17 @@ pub enum Feature {
     AtomicFetch,
     /// `bpf_set_retval` in cgroup sock_addr programs: a refused connect says ECONNREFUSED.
     SetRetval,
+    /// `bpf_get_current_pid_tgid` in cgroup sock_addr programs (`hash_key: process`).
+    CurrentPidTgid,
+    /// `bpf_get_current_cgroup_id` in cgroup sock_addr programs (`hash_key: cgroup`).
+    CurrentCgroupId,
+    /// `bpf_get_current_uid_gid` in cgroup sock_addr programs (`hash_key: user`).
+    CurrentUidGid,
 }
 
 impl Feature {
     /// Every feature, for reports.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 19] = [
         Self::ConnectHooks,
         Self::SendmsgHooks,
         Self::RecvmsgHooks,
@@ -101,18 +107,23 @@ impl Feature {
         Self::Veth,
         Self::AtomicFetch,
         Self::SetRetval,
+        Self::CurrentPidTgid,
+        Self::CurrentCgroupId,
+        Self::CurrentUidGid,
     ];
 
     /// The first mainline kernel with the feature, where known (documentation and a
     /// cross-check of the probes; the probe decides).
     pub fn min_kernel(self) -> Option<(u32, u32)> {
         Some(match self {
-            Self::ConnectHooks | Self::SkMsg => (4, 17),
+            Self::ConnectHooks | Self::SkMsg | Self::CurrentUidGid => (4, 17),
             Self::SendmsgHooks | Self::SockHash => (4, 18),
             Self::RecvmsgHooks => (5, 2),
             Self::GetpeernameHooks | Self::RingBuf => (5, 8),
             Self::SockReleaseHook => (5, 9),
-            Self::CgroupLink | Self::NetnsCookie => (5, 7),
+            Self::CgroupLink | Self::NetnsCookie | Self::CurrentCgroupId => (5, 7),
+            // There by 5.10 at the latest (the oldest kernel of the matrix).
+            Self::CurrentPidTgid => (5, 10),
             Self::SockOps => (4, 13),
             Self::SkSkbVerdict => (5, 10),
             Self::Veth => (2, 6),
@@ -224,7 +235,10 @@ const ATTACH_INET6_GETPEERNAME: u32 = 30;
 const ATTACH_INET_SOCK_RELEASE: u32 = 34;
 const MAP_SOCKHASH: u32 = 18;
 const MAP_RINGBUF: u32 = 27;
+const FUNC_GET_CURRENT_PID_TGID: i32 = 14;
+const FUNC_GET_CURRENT_UID_GID: i32 = 15;
 const FUNC_GET_SOCKET_COOKIE: i32 = 46;
+const FUNC_GET_CURRENT_CGROUP_ID: i32 = 80;
 const FUNC_GET_NETNS_COOKIE: i32 = 122;
 const FUNC_SET_RETVAL: i32 = 187;
 const PROG_SOCKET_FILTER: u32 = 1;
@@ -234,6 +248,8 @@ const PROG_SOCKET_FILTER: u32 = 1;
 fn probe(feature: Feature) -> Result<(), String> {
     raise_memlock();
     let sock_addr = |attach| load(PROG_CGROUP_SOCK_ADDR, attach, None).map(drop);
+    let connect_helper =
+        |helper| load(PROG_CGROUP_SOCK_ADDR, ATTACH_INET4_CONNECT, Some(helper)).map(drop);
     match feature {
         Feature::ConnectHooks => {
             sock_addr(ATTACH_INET4_CONNECT).and_then(|()| sock_addr(ATTACH_INET6_CONNECT))
@@ -276,6 +292,9 @@ fn probe(feature: Feature) -> Result<(), String> {
             Some(FUNC_SET_RETVAL),
         )
         .map(drop),
+        Feature::CurrentPidTgid => connect_helper(FUNC_GET_CURRENT_PID_TGID),
+        Feature::CurrentCgroupId => connect_helper(FUNC_GET_CURRENT_CGROUP_ID),
+        Feature::CurrentUidGid => connect_helper(FUNC_GET_CURRENT_UID_GID),
     }
 }
 

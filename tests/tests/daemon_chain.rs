@@ -2,9 +2,10 @@
 //! chain from config entries, and connects from a fresh cgroup in a fresh network namespace
 //! follow it: a 90/10 split by subset, a redirect, and failover when the primary's hosts fail
 //! their active health checks (and back when they recover); the opt-ins beyond Consul
-//! (health-aware splits, tcp splits, failover on a healthy share). And entries live from a real Consul:
-//! a `consul config write` moves connects within one watch round trip, and moves a proxy-mode
-//! HTTP service without one failed request.
+//! (health-aware splits, tcp splits, failover on a healthy share); a resolver's `LoadBalancer`
+//! choosing for the kernel, and its `HashPolicies` leaving the chain out. And entries live from
+//! a real Consul: a `consul config write` moves connects within one watch round trip, and moves
+//! a proxy-mode HTTP service without one failed request.
 
 use std::{
     io::Read as _,
@@ -514,4 +515,67 @@ async fn consul_config_writes_move_a_proxy_mode_service_without_a_failed_request
         daemon.log_text()
     );
     assert_eq!(daemon.stat("consul_entries.update_failure"), 0);
+}
+
+/// A service-resolver's `LoadBalancer` on the kernel path: `Policy: maglev` makes the
+/// daemon's direct service hash (its default key, the client's process: every connect of one
+/// process reaches one host, though the cluster's own policy is random), and `HashPolicies`,
+/// which the kernel cannot key on, leave the chain that reads them out, with the reason logged
+/// and counted in `server.chain_failures`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolvers_load_balancer_chooses_on_the_kernel_path() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let hosts: Vec<SocketAddr> = ["127.0.0.11:8081", "127.0.0.12:8082", "127.0.0.13:8083"]
+        .iter()
+        .map(|h| h.parse().unwrap())
+        .collect();
+    let banners = ["h1", "h2", "h3"];
+    let servers: Vec<(SocketAddr, &str, bool)> = hosts
+        .iter()
+        .zip(banners)
+        .map(|(h, b)| (*h, b, false))
+        .collect();
+    let _servers = BannerServers::start(&netns, &servers);
+    // Consul 1.8's agent has no LoadBalancer yet: the entries are the file's. With Consul's
+    // entries configured, a chain the file's cannot serve is left out rather than refused.
+    let consul = Consul::start("dc1").await;
+    let endpoints: String = hosts.iter().map(|h| endpoint(*h, "a")).collect();
+    let config = format!(
+        "{}clusters:\n{}{}config_entries:\n  - {{ Kind: service-resolver, Name: web, LoadBalancer: {{ Policy: maglev }} }}\n  - {{ Kind: service-resolver, Name: api, LoadBalancer: {{ Policy: maglev, HashPolicies: [{{ SourceIP: true }}] }} }}\nconsul_config_entries: {{ address: \"{}\", datacenter: dc1 }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, chain: web }}\n  - {{ name: api, address: 127.77.0.2, port: 80, chain: api }}\n",
+        header(&cgroup),
+        cluster("web", &endpoints, ""),
+        cluster("api", &endpoints, ""),
+        consul.http_addr(),
+    );
+    let daemon = tokio::task::block_in_place(|| Daemon::start(&config));
+    let within = Duration::from_secs(15);
+    let reason = "sets LoadBalancer.HashPolicies";
+    assert!(
+        tokio::task::block_in_place(|| daemon.wait_log(reason, within)),
+        "{}",
+        daemon.log_text()
+    );
+    assert!(
+        daemon.log_text().contains("the service is left out"),
+        "{}",
+        daemon.log_text()
+    );
+    assert_eq!(daemon.stat("server.chain_failures"), 1, "api's chain");
+    let vip: SocketAddr = VIP.parse().unwrap();
+    let deadline = Instant::now() + within;
+    // Each probe is a process of its own: every connect of one reaches one host.
+    let mut probes = 0;
+    while probes < 3 {
+        let probe =
+            tokio::task::block_in_place(|| Probe::run(&netns, Some(cgroup.path()), vip, 30, false));
+        if probe.errors.is_empty() {
+            assert_eq!(probe.backends.len(), 1, "one process, one host: {probe:?}");
+            probes += 1;
+        } else {
+            // The chain is not published yet: nothing serves the VIP.
+            assert!(Instant::now() < deadline, "web never served: {probe:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }

@@ -1,16 +1,23 @@
 //! Consistent hashing on the kernel path (root): with `SERVICE_F_MAGLEV`, the slot is chosen by
-//! the client's network-namespace cookie, so every connect from one namespace reaches the same
-//! host, and removing one of N hosts moves (about) only the clients that were on it. Each
-//! namespace's host is also predicted exactly, from its cookie and the daemon's Maglev table:
-//! a difference says whether the kernel or the table moved a client.
+//! a key of the client (the service's hash key: network namespace, process, user, cgroup or
+//! socket), so every connect of one client reaches the same host, clients that differ only by
+//! the key spread over the hosts, and removing one of N hosts moves (about) only the clients
+//! that were on it. Each client's host is also predicted exactly, from its key and the daemon's
+//! Maglev table: a difference says whether the kernel or the table moved a client.
 
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
-use integration_tests::kernel::{
-    BannerServers, InCgroup, InProcess, Netns, Probe, TestCgroup, require_root,
-    skip_without_dataplane, spec,
+use integration_tests::{
+    features::{Feature, skip_unless},
+    kernel::{
+        BannerServers, InCgroup, InProcess, Netns, Probe, TestCgroup, require_root,
+        skip_without_dataplane, spec,
+    },
 };
-use proxy_common::service::SERVICE_F_MAGLEV;
+use proxy_common::service::{
+    HASH_KEY_CGROUP, HASH_KEY_PROCESS, HASH_KEY_SOCKET, HASH_KEY_USER, SERVICE_F_MAGLEV,
+    SERVICE_HASH_KEY_SHIFT,
+};
 use proxy_core::lb::{SlotHost, maglev_table};
 
 const HOSTS: [&str; 5] = [
@@ -192,4 +199,274 @@ fn maglev_keeps_clients_and_moves_only_those_of_a_removed_host() {
         slots_moved * 20 <= proxy_common::service::SLOTS,
         "{slots_moved} slots of remaining hosts change owner"
     );
+}
+
+/// Clients of one namespace told apart by the service's hash key.
+const KEYED_CLIENTS: usize = 12;
+/// How often a client reaches the service per phase; every time it must reach one host.
+const ROUNDS: usize = 4;
+/// The first uid of the `user` key's clients (no account needs to exist).
+const FIRST_UID: u32 = 61_000;
+
+/// One client: a child process in the test namespace and cgroup (its own child cgroup for the
+/// `cgroup` key, its own uid for `user`) that reaches the service whenever told to, over a
+/// socket pair, and answers `<its key> <host> <host> ...`: the key as the kernel reads it.
+struct KeyedClient {
+    child: InCgroup,
+    control: std::os::unix::net::UnixStream,
+    reader: std::io::BufReader<std::os::unix::net::UnixStream>,
+}
+
+impl KeyedClient {
+    fn spawn(
+        kind: u32,
+        index: usize,
+        cgroup: &std::path::Path,
+        ns: &Netns,
+        vip: SocketAddr,
+    ) -> Self {
+        use std::os::fd::IntoRawFd as _;
+        let (control, theirs) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+        let cgroup_id = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(cgroup).unwrap());
+        let fd = theirs.into_raw_fd();
+        let uid = FIRST_UID + u32::try_from(index).unwrap();
+        let child = InCgroup::spawn_keeping(Some(cgroup), ns, fd, move || {
+            // SAFETY: the descriptor was handed to this child, which owns it from here.
+            let stream = unsafe {
+                <std::os::unix::net::UnixStream as std::os::fd::FromRawFd>::from_raw_fd(fd)
+            };
+            client_main(kind, uid, cgroup_id, vip, stream)
+        });
+        // Our copy of the child's end; the child has its own.
+        // SAFETY: `fd` was ours (into_raw_fd above) and is not used again here.
+        unsafe { libc::close(fd) };
+        let reader = std::io::BufReader::new(control.try_clone().expect("cloning"));
+        Self {
+            child,
+            control,
+            reader,
+        }
+    }
+
+    /// Tells the client to reach the service; its key and the one host it reached.
+    fn reach(&mut self) -> (u64, String) {
+        use std::io::{BufRead as _, Write as _};
+        self.control.write_all(b"go\n").expect("telling the client");
+        self.control
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut line = String::new();
+        self.reader
+            .read_line(&mut line)
+            .expect("the client's answer");
+        let mut words = line.split_whitespace();
+        let key: u64 = words
+            .next()
+            .and_then(|k| k.parse().ok())
+            .unwrap_or_else(|| panic!("client answered {line:?}"));
+        let hosts: std::collections::BTreeSet<&str> = words.collect();
+        assert_eq!(hosts.len(), 1, "one client, one host ({line:?})");
+        (key, hosts.into_iter().next().unwrap().to_owned())
+    }
+
+    fn finish(self) {
+        drop(self.control);
+        drop(self.reader);
+        self.child.wait(Duration::from_secs(10));
+    }
+}
+
+/// The child's side: per `go`, [`ROUNDS`] connects (datagrams from one socket for the `socket`
+/// key), answered with the key and the hosts; ends when the parent closes its end.
+fn client_main(
+    kind: u32,
+    uid: u32,
+    cgroup_id: u64,
+    vip: SocketAddr,
+    stream: std::os::unix::net::UnixStream,
+) -> String {
+    use std::io::{BufRead as _, Write as _};
+    // SAFETY: plain system calls on this child's own credentials.
+    if kind == HASH_KEY_USER && unsafe { libc::setuid(uid) } != 0 {
+        return format!("PANIC: setuid: {}", std::io::Error::last_os_error());
+    }
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("binding a client socket");
+    udp.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let key = match kind {
+        HASH_KEY_PROCESS => u64::from(std::process::id()),
+        HASH_KEY_USER => u64::from(uid),
+        HASH_KEY_CGROUP => cgroup_id,
+        _ => socket_cookie(&udp),
+    };
+    let mut out = stream.try_clone().expect("cloning");
+    for line in std::io::BufReader::new(stream).lines().take(2) {
+        if line.is_err() {
+            break;
+        }
+        let mut answer = key.to_string();
+        for _ in 0..ROUNDS {
+            answer.push(' ');
+            answer.push_str(&if kind == HASH_KEY_SOCKET {
+                udp_banner(&udp, vip)
+            } else {
+                tcp_banner(vip)
+            });
+        }
+        answer.push('\n');
+        out.write_all(answer.as_bytes()).expect("answering");
+    }
+    String::new()
+}
+
+fn tcp_banner(vip: SocketAddr) -> String {
+    use std::io::BufRead as _;
+    let conn = std::net::TcpStream::connect_timeout(&vip, Duration::from_secs(2))
+        .unwrap_or_else(|e| panic!("connect {vip}: {e}"));
+    conn.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut banner = String::new();
+    std::io::BufReader::new(conn)
+        .read_line(&mut banner)
+        .expect("banner");
+    banner.trim().to_owned()
+}
+
+fn udp_banner(socket: &std::net::UdpSocket, vip: SocketAddr) -> String {
+    socket.send_to(b"hello", vip).expect("sendto");
+    let mut buf = [0_u8; 128];
+    let (n, _) = socket.recv_from(&mut buf).expect("banner datagram");
+    String::from_utf8_lossy(&buf[..n]).trim().to_owned()
+}
+
+/// `SO_COOKIE` of `socket`: what `bpf_get_socket_cookie` returns for it.
+fn socket_cookie(socket: &std::net::UdpSocket) -> u64 {
+    use std::os::fd::AsRawFd as _;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: a getsockopt into a local of the right size on a descriptor we hold.
+    let got = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_COOKIE,
+            std::ptr::from_mut(&mut cookie).cast(),
+            &raw mut len,
+        )
+    };
+    assert_eq!(got, 0, "SO_COOKIE: {}", std::io::Error::last_os_error());
+    cookie
+}
+
+/// Child cgroups of the test cgroup, one per client of the `cgroup` key; removed on drop
+/// (after the clients in them are gone).
+struct ChildCgroups(Vec<std::path::PathBuf>);
+
+impl Drop for ChildCgroups {
+    fn drop(&mut self) {
+        for dir in &self.0 {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// Publishes the MAGLEV service keyed by `kind` over `hosts`.
+fn publish_keyed(dp: &mut InProcess, kind: u32, vip: SocketAddr, hosts: &[SocketAddr]) {
+    let flags = SERVICE_F_MAGLEV | (kind << SERVICE_HASH_KEY_SHIFT);
+    let udp = kind == HASH_KEY_SOCKET;
+    dp.publisher()
+        .publish(&spec("keyed", vip, udp, flags, hosts))
+        .unwrap_or_else(|err| panic!("publishing: {err}"));
+}
+
+#[rstest::rstest]
+#[case::process(HASH_KEY_PROCESS, Feature::CurrentPidTgid)]
+#[case::user(HASH_KEY_USER, Feature::CurrentUidGid)]
+#[case::cgroup(HASH_KEY_CGROUP, Feature::CurrentCgroupId)]
+#[case::socket(HASH_KEY_SOCKET, Feature::SocketCookie)]
+fn clients_of_one_namespace_spread_by_the_hash_key_and_keep_their_host(
+    #[case] kind: u32,
+    #[case] helper: Feature,
+) {
+    require_root();
+    let test =
+        format!("clients_of_one_namespace_spread_by_the_hash_key_and_keep_their_host({kind})");
+    if skip_without_dataplane(&test) || skip_unless(&test, &[helper]) {
+        return;
+    }
+    let cgroup = TestCgroup::new();
+    let hosts: Vec<SocketAddr> = HOSTS.iter().map(|h| h.parse().unwrap()).collect();
+    let udp = kind == HASH_KEY_SOCKET;
+    let ns = Netns::new();
+    let _servers = BannerServers::start(&ns, &HOSTS.map(|h| (h.parse().unwrap(), h, udp)));
+    let vip: SocketAddr = "127.77.0.10:80".parse().unwrap();
+    let mut dp = InProcess::open(&cgroup);
+    publish_keyed(&mut dp, kind, vip, &hosts);
+    let children = ChildCgroups(
+        (0..KEYED_CLIENTS)
+            .map(|i| cgroup.path().join(format!("client{i}")))
+            .collect(),
+    );
+    let mut clients: Vec<KeyedClient> = (0..KEYED_CLIENTS)
+        .map(|i| {
+            let dir = if kind == HASH_KEY_CGROUP {
+                std::fs::create_dir(&children.0[i]).expect("creating a child cgroup");
+                children.0[i].as_path()
+            } else {
+                cgroup.path()
+            };
+            KeyedClient::spawn(kind, i, dir, &ns, vip)
+        })
+        .collect();
+    let (keys, before): (Vec<u64>, Vec<String>) =
+        clients.iter_mut().map(KeyedClient::reach).unzip();
+    assert_eq!(
+        before,
+        predicted(&keys, &hosts),
+        "the kernel's choice is the table's slot of the client's key (keys {keys:?})"
+    );
+    let spread: std::collections::BTreeSet<&String> = before.iter().collect();
+    assert!(
+        spread.len() > 1,
+        "clients must spread over hosts: {before:?}"
+    );
+
+    // The first client's host leaves: at least that client must move.
+    let removed = before[0].clone();
+    let fewer: Vec<SocketAddr> = hosts
+        .iter()
+        .copied()
+        .filter(|h| h.to_string() != removed)
+        .collect();
+    publish_keyed(&mut dp, kind, vip, &fewer);
+    let (again, after): (Vec<u64>, Vec<String>) =
+        clients.iter_mut().map(KeyedClient::reach).unzip();
+    assert_eq!(again, keys, "every client kept its key");
+    assert_eq!(
+        after,
+        predicted(&keys, &fewer),
+        "the kernel's choice is the new table's slot of the client's key (keys {keys:?}, before {before:?})"
+    );
+    assert!(
+        after.iter().all(|a| *a != removed),
+        "nobody may reach the removed host: {after:?}"
+    );
+    // Which clients of the remaining hosts move is the tables' doing (asserted exactly above);
+    // the tables move a few percent of the remaining hosts' slots (Maglev is not perfectly
+    // minimal).
+    let moved = before
+        .iter()
+        .zip(&after)
+        .filter(|(b, a)| **b != removed && a != b)
+        .count();
+    let slots_moved = predicted_moves(&hosts, &fewer);
+    println!(
+        "{moved} of the clients of remaining hosts moved; the tables move {slots_moved} slots"
+    );
+    assert!(
+        slots_moved * 20 <= proxy_common::service::SLOTS,
+        "{slots_moved} slots of remaining hosts change owner"
+    );
+    for client in clients {
+        client.finish();
+    }
+    drop(children);
 }

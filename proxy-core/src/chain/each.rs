@@ -90,14 +90,31 @@ pub fn runs_in(
         })
     };
     match svc.mode {
-        ServiceMode::Direct => ChainPlan::new(
-            compiled,
-            &config.datacenter,
-            svc.chain_options.clone(),
-            has_cluster,
-        )
-        .map(drop),
+        ServiceMode::Direct => {
+            let plan = ChainPlan::new(
+                compiled,
+                &config.datacenter,
+                svc.chain_options.clone(),
+                has_cluster,
+            )?;
+            hashes_if_keyed(config, svc, &plan)
+        }
         ServiceMode::Proxy => route_clusters(compiled, &config.datacenter, &has_cluster).map(drop),
+    }
+}
+
+/// A direct chain service that sets `hash_key` must hash: its resolvers' policy, or else its
+/// clusters', is MAGLEV or RING_HASH (a key nobody reads would be silently ignored).
+fn hashes_if_keyed(config: &Config, svc: &Service, plan: &ChainPlan) -> Result<(), ChainExecError> {
+    if svc.hash_key.is_none() {
+        return Ok(());
+    }
+    let policies = crate::kernel::policies(svc, config, Some(plan));
+    match policies.first() {
+        Some(policy) if !policies.iter().any(|p| p.hashes()) => {
+            Err(ChainExecError::HashKeyWithoutHashing(*policy))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -227,9 +227,9 @@ pub enum LbPolicy {
     /// Linux 5.12).
     #[default]
     Random,
-    /// Consistent hashing over a Maglev table: on the kernel path keyed by the client's
-    /// network-namespace cookie, on the proxy path Envoy's table (`maglev_lb_config`) keyed by
-    /// the service's `hash_policy`.
+    /// Consistent hashing over a Maglev table: on the kernel path keyed by the service's
+    /// `hash_key` (the client's process by default), on the proxy path Envoy's table
+    /// (`maglev_lb_config`) keyed by the service's `hash_policy`.
     Maglev,
     /// An exact weighted rotation: on the kernel path a per-table atomic cursor over a slot
     /// table in smooth weighted order (needs BPF atomic fetch-and-add, Linux 5.12); on the proxy
@@ -244,6 +244,14 @@ pub enum LbPolicy {
     RingHash,
     /// Not available.
     ClusterProvided,
+}
+
+impl LbPolicy {
+    /// Whether the policy is consistent hashing (MAGLEV, RING_HASH): the kernel serves both
+    /// with its Maglev table, keyed by the service's `hash_key`.
+    pub fn hashes(self) -> bool {
+        matches!(self, Self::Maglev | Self::RingHash)
+    }
 }
 
 /// Envoy's `ClusterLoadAssignment`.

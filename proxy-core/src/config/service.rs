@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::Invalid;
+use super::{Cluster, error::Invalid};
 
 /// A service address (VIP, port, protocol) served by a cluster.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -56,6 +56,31 @@ pub struct Service {
     /// their resolver sets no `HashPolicies`. Empty (default): each pick hashes a random number.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hash_policy: Vec<crate::lb::hash_policy::HashPolicy>,
+    /// Kernel path, consistent hashing only (MAGLEV or RING_HASH, from the clusters or the
+    /// chain's resolvers): what tells the clients apart, so that each keeps its host. `netns`,
+    /// `cgroup`, `process`, `user` or `socket`; unset is `process` ([`HashKey`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash_key: Option<HashKey>,
+}
+
+/// What consistent hashing on the kernel path keys on: which clients share a host.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HashKey {
+    /// The client's network namespace: one host per container (every process of a host that is
+    /// not a container shares one).
+    Netns,
+    /// The client's cgroup v2 (a systemd unit, a container).
+    Cgroup,
+    /// The client's process (its threads share it): each process keeps its host while it lives.
+    /// The default.
+    #[default]
+    Process,
+    /// The client's user id: every process of one user shares a host.
+    User,
+    /// The client's socket: each TCP connection hashes anew (no affinity beyond the
+    /// connection); a UDP socket keeps its host.
+    Socket,
 }
 
 /// One upgrade type of [`Service::upgrade_configs`] (Envoy's `UpgradeConfig`).
@@ -173,6 +198,40 @@ impl Service {
             return Ok(());
         };
         Err(Invalid::new(at, refused))
+    }
+}
+
+impl Service {
+    /// `hash_key` only where the kernel hashes for this service: mode direct, and for a
+    /// `cluster` service a cluster whose `lb_policy` is MAGLEV or RING_HASH (a chain's policy
+    /// is checked when the chain compiles, `crate::chain::runs_in`). Anywhere else it would be
+    /// silently ignored.
+    pub(super) fn validate_hash_key(
+        &self,
+        at: &str,
+        cluster: Option<&Cluster>,
+    ) -> Result<(), Invalid> {
+        if self.hash_key.is_none() {
+            return Ok(());
+        }
+        if self.mode == ServiceMode::Proxy {
+            return Err(Invalid::new(
+                at,
+                "applies to the kernel path (mode: direct); the proxy path hashes by its own \
+                 policies; remove hash_key",
+            ));
+        }
+        match cluster {
+            Some(c) if !c.lb_policy.hashes() => Err(Invalid::new(
+                at,
+                format!(
+                    "applies to consistent hashing, but cluster {:?} has lb_policy {:?}; set \
+                     lb_policy: MAGLEV or RING_HASH, or remove hash_key",
+                    c.name, c.lb_policy
+                ),
+            )),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -395,6 +454,32 @@ services:
                 panic!("{service}: {err}");
             };
             assert_eq!(field, "services[0].hash_policy[0]", "{service}");
+            assert!(err.to_string().contains(why), "{service}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_hash_key_where_nothing_hashes_is_refused_at_its_line() {
+        for (service, why) in [
+            (
+                "{ name: a, address: 127.77.0.1, port: 80, cluster: web, hash_key: user }",
+                "cluster \"web\" has lb_policy Random",
+            ),
+            (
+                "{ name: a, address: 127.77.0.1, port: 80, cluster: web, mode: proxy, hash_key: user }",
+                "applies to the kernel path",
+            ),
+            (
+                "{ name: a, address: 127.77.0.1, port: 80, cluster: web, hash_key: thread }",
+                "unknown variant `thread`",
+            ),
+        ] {
+            let err = parse_proxied(&format!("  - {service}\n")).expect_err(service);
+            let ConfigError::Invalid { field, at, .. } = &err else {
+                panic!("{service}: {err}");
+            };
+            assert_eq!(field, "services[0].hash_key", "{service}");
+            assert_eq!(at.line, 13, "{service}: {err}");
             assert!(err.to_string().contains(why), "{service}: {err}");
         }
     }

@@ -514,6 +514,7 @@ fn validate_services(config: &Config) -> Result<(), Invalid> {
         }
         svc.validate_connect_attempts(&at("max_connect_attempts"), original_dst)?;
         svc.validate_hash_policy(i)?;
+        svc.validate_hash_key(&at("hash_key"), config.cluster(&svc.cluster))?;
     }
     if let Some(name) = &config.proxy.fallback_cluster
         && config.cluster(name).is_none()

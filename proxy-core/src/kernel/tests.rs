@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use proxy_common::service::SERVICE_HASH_KEY_MASK;
+
 use super::*;
 use crate::{health::HostClass, host::Host};
 
@@ -21,7 +23,7 @@ fn kernel_flags_follow_the_clusters() {
         [
             0,
             SERVICE_F_PASSIVE,
-            SERVICE_F_MAGLEV,
+            SERVICE_F_MAGLEV | (HASH_KEY_PROCESS << SERVICE_HASH_KEY_SHIFT),
             SERVICE_F_PASSIVE | SERVICE_F_PROXY,
             SERVICE_F_ROUND_ROBIN,
             // The proxy rotates a proxy-mode service's hosts itself.
@@ -178,4 +180,70 @@ fn an_ipv4_mapped_vip_is_the_ipv4_service() {
     let twice = format!("{yaml}  - {{ name: n, address: 127.77.0.3, port: 80, cluster: dual }}\n");
     let err = Config::parse(&twice, Path::new("t.yaml")).expect_err("one VIP twice");
     assert!(err.to_string().contains("is already a service"), "{err}");
+}
+
+#[test]
+fn consistent_hashing_keys_on_the_process_unless_the_service_says_otherwise() {
+    let yaml = format!(
+        "clusters:\n  - name: hashed\n    lb_policy: MAGLEV\n{ENDPOINT}services:\n  - {{ name: a, address: 127.77.0.1, port: 80, cluster: hashed }}\n  - {{ name: b, address: 127.77.0.2, port: 80, cluster: hashed, hash_key: netns }}\n  - {{ name: c, address: 127.77.0.3, port: 80, cluster: hashed, hash_key: cgroup }}\n  - {{ name: d, address: 127.77.0.4, port: 80, cluster: hashed, hash_key: process }}\n  - {{ name: e, address: 127.77.0.5, port: 80, cluster: hashed, hash_key: user }}\n  - {{ name: f, address: 127.77.0.6, port: 80, cluster: hashed, hash_key: socket, protocol: UDP }}\n"
+    );
+    let config = Config::parse(&yaml, Path::new("t.yaml")).expect("valid config");
+    let templates = ServiceTemplate::all(&config);
+    let keys: Vec<Option<u32>> = templates.iter().map(ServiceTemplate::hash_key).collect();
+    assert_eq!(
+        keys,
+        [
+            HASH_KEY_PROCESS,
+            HASH_KEY_NETNS,
+            HASH_KEY_CGROUP,
+            HASH_KEY_PROCESS,
+            HASH_KEY_USER,
+            HASH_KEY_SOCKET
+        ]
+        .map(Some)
+    );
+    assert_eq!(
+        templates[4].flags,
+        SERVICE_F_MAGLEV | (HASH_KEY_USER << SERVICE_HASH_KEY_SHIFT)
+    );
+    // The key is part of the published entry, whatever the hosts.
+    let spec = templates[2].spec(&[]);
+    assert_eq!(hash_key_of(spec.flags), HASH_KEY_CGROUP);
+}
+
+#[test]
+fn a_service_that_does_not_hash_carries_no_key() {
+    let yaml = format!(
+        "clusters:\n  - name: plain\n{ENDPOINT}services:\n  - {{ name: a, address: 127.77.0.1, port: 80, cluster: plain }}\n"
+    );
+    let config = Config::parse(&yaml, Path::new("t.yaml")).expect("valid config");
+    let templates = ServiceTemplate::all(&config);
+    assert_eq!(templates[0].hash_key(), None);
+    assert_eq!(templates[0].flags & SERVICE_HASH_KEY_MASK, 0);
+}
+
+#[test]
+fn a_resolvers_load_balancer_chooses_over_the_clusters_lb_policy() {
+    let yaml = format!(
+        "clusters:\n  - name: rotated\n{ENDPOINT}  - name: ring\n{ENDPOINT}  - name: random\n    lb_policy: MAGLEV\n{ENDPOINT}  - name: least\n{ENDPOINT}  - name: unset\n    lb_policy: MAGLEV\n{ENDPOINT}config_entries:\n  - {{Kind: service-resolver, Name: rotated, LoadBalancer: {{Policy: round_robin}}}}\n  - {{Kind: service-resolver, Name: ring, LoadBalancer: {{Policy: ring_hash, RingHashConfig: {{MinimumRingSize: 1024}}}}}}\n  - {{Kind: service-resolver, Name: random, LoadBalancer: {{Policy: random}}}}\n  - {{Kind: service-resolver, Name: least, LoadBalancer: {{Policy: least_request}}}}\nservices:\n  - {{ name: rotated, address: 127.77.0.1, port: 80, chain: rotated }}\n  - {{ name: ring, address: 127.77.0.2, port: 80, chain: ring, hash_key: socket }}\n  - {{ name: random, address: 127.77.0.3, port: 80, chain: random }}\n  - {{ name: least, address: 127.77.0.4, port: 80, chain: least }}\n  - {{ name: unset, address: 127.77.0.5, port: 80, chain: unset }}\n"
+    );
+    let config = Config::parse(&yaml, Path::new("t.yaml")).expect("valid config");
+    let flags: Vec<u32> = ServiceTemplate::all(&config)
+        .iter()
+        .map(|t| t.flags)
+        .collect();
+    let process = HASH_KEY_PROCESS << SERVICE_HASH_KEY_SHIFT;
+    assert_eq!(
+        flags,
+        [
+            SERVICE_F_ROUND_ROBIN,
+            // RING_HASH is served by the Maglev table.
+            SERVICE_F_MAGLEV | (HASH_KEY_SOCKET << SERVICE_HASH_KEY_SHIFT),
+            // The resolver's random wins over the cluster's MAGLEV.
+            0,
+            SERVICE_F_LEAST_REQUEST,
+            // No LoadBalancer: the cluster's policy.
+            SERVICE_F_MAGLEV | process,
+        ]
+    );
 }

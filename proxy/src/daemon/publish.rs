@@ -144,26 +144,30 @@ async fn any_changed(inputs: &mut [ClusterInput]) -> bool {
     .await
 }
 
-/// Refuses to start when a direct-mode service asks for ROUND_ROBIN and the kernel refused the
-/// programs that rotate (before 5.12): said at start, not at the service's first publish.
-pub(super) fn check_round_robin(
+/// Refuses to start (or reload) when a direct-mode service asks for what the kernel's programs
+/// cannot do: ROUND_ROBIN where the kernel refused the programs that rotate (before 5.12), or a
+/// hash key whose helper the kernel lacks. Said at start, not at the service's first publish.
+pub(super) fn check_kernel_support(
     templates: &[ServiceTemplate],
     dp: &SharedDataplane,
 ) -> anyhow::Result<()> {
-    let guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let Some(dp) = guard.as_ref() else {
+    let mut guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(dp) = guard.as_mut() else {
         return Ok(());
     };
+    for t in templates {
+        dp.publisher().check_hash_key(&t.name, t.flags)?;
+    }
     if dp.round_robin() {
         return Ok(());
     }
-    match templates.iter().find(|t| t.rotates()) {
-        Some(t) => Err(dataplane::DataplaneError::NoRoundRobin {
+    if let Some(t) = templates.iter().find(|t| t.rotates()) {
+        return Err(dataplane::DataplaneError::NoRoundRobin {
             service: t.name.clone(),
         }
-        .into()),
-        None => Ok(()),
+        .into());
     }
+    Ok(())
 }
 
 /// Frees retired generations whose grace period passed, once a second. Publishing frees them

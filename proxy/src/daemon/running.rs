@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use super::{
     proxy_path,
-    publish::{ClusterInput, check_round_robin, publish_loop, sweep_after_first_publish},
+    publish::{ClusterInput, check_kernel_support, publish_loop, sweep_after_first_publish},
     reload,
     state::{Live, PublishedTx, SharedDataplane, service_key},
 };
@@ -186,7 +186,7 @@ impl Running {
             service_key,
         )
         .map_err(|err| ReloadRefused::NeedsRestart(err.to_string()))?;
-        check_round_robin(&templates, &ctx.dp)
+        check_kernel_support(&templates, &ctx.dp)
             .map_err(|err| ReloadRefused::NeedsRestart(format!("{err:#}")))?;
         if plan.is_empty() {
             self.config = new;

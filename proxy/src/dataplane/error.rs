@@ -179,4 +179,19 @@ pub enum DataplaneError {
         /// The service.
         service: String,
     },
+    /// A service whose consistent hashing keys on what this kernel's programs cannot read
+    /// (the loader's probe found no such helper); nothing was changed.
+    #[error(
+        "service {service}: hash_key {key} needs {helper} in cgroup sock_addr programs, which this kernel lacks (Linux {kernel} and later have it); choose hash_key netns, user or socket"
+    )]
+    NoHashKey {
+        /// The service.
+        service: String,
+        /// The key, as configured.
+        key: &'static str,
+        /// The helper the programs would call.
+        helper: &'static str,
+        /// A Linux version from which on every kernel offers it there.
+        kernel: &'static str,
+    },
 }

@@ -168,7 +168,7 @@ impl Dataplane {
                 source,
             })?;
         }
-        let features = kernel_features();
+        let features = super::features::probe();
         let log_level = opts.kernel_log.abi();
         let mut ebpf = super::sizes::loader(pin_dir, &opts.kernel_maps)?
             .default_map_pin_directory(pin_dir)
@@ -251,7 +251,8 @@ impl Dataplane {
             runtime,
             pair: pair_maps,
         } = KernelMaps::take(&mut ebpf)?;
-        let publisher = Publisher::new(service, opts.follow_sockets, round_robin)?;
+        let mut publisher = Publisher::new(service, opts.follow_sockets, round_robin)?;
+        publisher.set_kernel_features(features);
         let runtime = RuntimeMaps::new(runtime);
         let pair = match (pair_attached, pair_maps) {
             (Ok(()), Ok(maps)) => Ok(PairSplicer::new(maps)),
@@ -469,25 +470,4 @@ impl Dataplane {
         }
         info!("data path detached and unpinned");
     }
-}
-
-/// What the kernel offers beyond the programs' minimum, as the bits of
-/// `abi::features::GLOBAL`. A probe that fails counts as the feature missing: the programs then
-/// keep the behaviour every supported kernel has.
-fn kernel_features() -> u32 {
-    use aya::{
-        programs::ProgramType,
-        sys::{BpfHelper, is_helper_supported},
-    };
-    let mut bits = 0;
-    match is_helper_supported(ProgramType::CgroupSockAddr, BpfHelper::BPF_FUNC_set_retval) {
-        Ok(true) => bits |= abi::features::SET_RETVAL,
-        Ok(false) => {
-            info!("refused connects fail with EPERM: bpf_set_retval needs kernel 5.18");
-        }
-        Err(err) => {
-            warn!(%err, "probing bpf_set_retval failed; refused connects fail with EPERM");
-        }
-    }
-    bits
 }

@@ -119,6 +119,9 @@ pub struct Publisher {
     follow_sockets: bool,
     /// The `_rr` program variants are attached: ROUND_ROBIN services can be published.
     round_robin: bool,
+    /// What the loader found the kernel offers (`abi::features`): which hash keys the programs
+    /// can read. None until the loader says so.
+    kernel_features: u32,
     /// Generations switched away from, freed once they are older than [`RETIRE_GRACE`].
     retiring: VecDeque<Retiring>,
     /// Services whose newest host set failed to publish.
@@ -206,6 +209,7 @@ impl Publisher {
             adopted,
             follow_sockets,
             round_robin,
+            kernel_features: 0,
             retiring: VecDeque::new(),
             stale: StaleSets::default(),
         })
@@ -248,6 +252,17 @@ impl Publisher {
         self.round_robin
     }
 
+    /// Records what the loader found the kernel offers (`abi::features` bits).
+    pub(super) fn set_kernel_features(&mut self, bits: u32) {
+        self.kernel_features = bits;
+    }
+
+    /// Whether the programs can read the hash key of a service `name` with `flags`
+    /// ([`super::features::check_hash_key`]).
+    pub fn check_hash_key(&self, name: &str, flags: u32) -> Result<(), DataplaneError> {
+        super::features::check_hash_key(name, flags, self.kernel_features)
+    }
+
     /// How many services were found in pinned maps at start.
     pub fn adopted(&self) -> usize {
         self.adopted
@@ -282,6 +297,7 @@ impl Publisher {
                 service: spec.name.clone(),
             });
         }
+        self.check_hash_key(&spec.name, spec.flags)?;
         if spec.priorities.len() > MAX_PRIORITIES as usize {
             return Err(DataplaneError::Capacity {
                 service: spec.name.clone(),

@@ -122,3 +122,69 @@ fn an_unusable_proxy_defaults_is_read_by_every_chain() {
     );
     assert!(out.chains.is_empty());
 }
+
+#[test]
+fn hash_policies_from_consul_leave_a_kernel_path_chain_out_with_the_reason() {
+    let config = config();
+    let consul = [entry(json!({"Kind": "service-resolver", "Name": "api",
+        "LoadBalancer": {"Policy": "maglev", "HashPolicies": [{"SourceIP": true}]}}))];
+    let out = compile_each(&config, &config.config_entries, &consul);
+    let failures = failures(&out);
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0].0, "api");
+    assert!(
+        failures[0].1.contains("LoadBalancer.HashPolicies") && failures[0].1.contains("hash_key"),
+        "{failures:?}"
+    );
+    assert_eq!(out.chains.keys().collect::<Vec<_>>(), ["web"]);
+}
+
+/// A configuration of two direct chain services over `api` (whose resolver is `resolver`) and
+/// a tcp split of `mixed` between `api` and `backup` (whose resolver is `backup`).
+fn policy_config(resolver: &str, backup: &str, hash_key: &str) -> Result<Config, String> {
+    let yaml = format!(
+        "clusters:\n  - name: api\n  - name: backup\nconfig_entries:\n  - {{Kind: service-resolver, Name: api{resolver}}}\n  - {{Kind: service-resolver, Name: backup{backup}}}\n  - {{Kind: service-splitter, Name: mixed, Splits: [{{Weight: 50, Service: api}}, {{Weight: 50, Service: backup}}]}}\nservices:\n  - {{ name: api, address: 127.77.0.1, port: 80, chain: api{hash_key} }}\n  - {{ name: mixed, address: 127.77.0.2, port: 80, chain: mixed, chain_options: {{ tcp_splits: true }} }}\n"
+    );
+    Config::parse(&yaml, Path::new("t.yaml")).map_err(|e| e.to_string())
+}
+
+#[test]
+fn a_resolver_policy_the_kernel_cannot_serve_is_refused_naming_the_field() {
+    let maglev = ", LoadBalancer: {Policy: maglev}";
+    let rotate = ", LoadBalancer: {Policy: round_robin}";
+    let ok = policy_config(maglev, maglev, ", hash_key: user").expect("one policy, hashed");
+    assert_eq!(ok.chains.len(), 2);
+    let ring = ", LoadBalancer: {Policy: ring_hash}";
+    let both = policy_config(maglev, ring, "").expect("maglev and ring_hash: one Maglev table");
+    assert_eq!(both.chains.len(), 2);
+    for (resolver, backup, hash_key, why) in [
+        (
+            ", LoadBalancer: {Policy: ring_hash, HashPolicies: [{Field: header, FieldValue: x-user}]}",
+            "",
+            "",
+            "LoadBalancer.HashPolicies",
+        ),
+        (maglev, rotate, "", "set different LoadBalancer policies"),
+        (
+            rotate,
+            "",
+            ", hash_key: process",
+            "sets hash_key, but its chain's load-balancing policy is RoundRobin",
+        ),
+        (
+            "",
+            "",
+            ", hash_key: process",
+            "sets hash_key, but its chain's load-balancing policy is Random",
+        ),
+        (
+            ", LoadBalancer: {Policy: least_request, LeastRequestConfig: {ChoiceCount: 3}}",
+            "",
+            "",
+            "ChoiceCount 3",
+        ),
+    ] {
+        let err = policy_config(resolver, backup, hash_key).expect_err(why);
+        assert!(err.contains(why), "{why}: {err}");
+    }
+}

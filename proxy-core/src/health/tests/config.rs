@@ -246,3 +246,28 @@ fn cluster_level_validation() {
         Err(HealthConfigError::BadPercent { .. })
     ));
 }
+
+/// `service_name_matcher` with two patterns used the first and ignored the other; with none it
+/// matched only an empty header. Envoy's pattern is a required oneof: both are refused.
+#[test]
+fn a_service_name_matcher_needs_exactly_one_pattern() {
+    let base = "timeout: 1s, interval: 1s, unhealthy_threshold: 1, healthy_threshold: 1";
+    for (matcher, found) in [
+        ("{exact: web, prefix: we}", 2),
+        ("{prefix: we, suffix: eb, contains: e}", 3),
+        ("{}", 0),
+        ("{ignore_case: true}", 0),
+    ] {
+        let http = format!("http_health_check: {{path: /, service_name_matcher: {matcher}}}");
+        let result = check(&format!("{{{base}, {http}}}"));
+        assert_eq!(
+            result,
+            Err(HealthConfigError::MatcherPatterns(found)),
+            "{matcher}"
+        );
+        let text = result.unwrap_err().to_string();
+        assert!(text.contains("service_name_matcher"), "{text}");
+    }
+    let one = "http_health_check: {path: /, service_name_matcher: {suffix: eb}}";
+    assert_eq!(check(&format!("{{{base}, {one}}}")), Ok(()));
+}

@@ -455,6 +455,7 @@ fn validate_services(config: &Config) -> Result<(), Invalid> {
             _ => {}
         }
         svc.validate_connect_attempts(&at("max_connect_attempts"), original_dst)?;
+        svc.validate_chain_options(&at("chain_options"))?;
     }
     if let Some(name) = &config.proxy.fallback_cluster
         && config.cluster(name).is_none()

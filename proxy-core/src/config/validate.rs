@@ -20,6 +20,7 @@ pub(super) fn validate(config: &mut Config) -> Result<(), Invalid> {
                 "must be greater than 0",
             ));
         }
+        super::unread::refuse_unread(i, cluster)?;
         match &cluster.custom_cluster_type {
             Some(custom) => {
                 let typed = validate_custom(i, cluster, custom)?;

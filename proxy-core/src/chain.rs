@@ -18,6 +18,7 @@
 //! (consul#6276; Consul fails over only when no instance is healthy).
 
 mod each;
+mod unapplied;
 
 use std::{collections::BTreeSet, net::SocketAddr};
 
@@ -85,6 +86,16 @@ pub enum ChainExecError {
     /// Peered or external targets cannot be reached by this daemon.
     #[error("target {0} is peered or external; only local clusters can serve it")]
     Unreachable(String),
+    /// An entry field the chain carries that neither path applies.
+    #[error("{node}: {field} is not applied by this daemon; {advice}")]
+    Unapplied {
+        /// The chain node, or the entries, that carry it.
+        node: String,
+        /// The field, in Consul's name.
+        field: &'static str,
+        /// What to do instead.
+        advice: &'static str,
+    },
 }
 
 /// One target: where its hosts come from and which of them it takes.

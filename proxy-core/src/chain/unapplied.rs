@@ -1,6 +1,6 @@
 //! Fields a compiled chain carries that neither path applies: a split's header changes, a
-//! resolver's `RequestTimeout` (Consul 1.15's, which this daemon's routes do not read) and
-//! `EnvoyExtensions`. A chain that carries one does not run (only that chain, as any chain
+//! resolver's `RequestTimeout` (Consul 1.15's, which this daemon's routes do not read), a
+//! failover `Policy` ordering by locality, and `EnvoyExtensions`. A chain that carries one does not run (only that chain, as any chain
 //! that cannot run), rather than run without it.
 
 use proxy_chain::CompiledDiscoveryChain;
@@ -39,6 +39,17 @@ pub(super) fn refuse_unapplied(compiled: &CompiledDiscoveryChain) -> Result<(), 
                 key,
                 field,
                 "set header changes on a service-router route's Destination",
+            ));
+        }
+        let policy = node
+            .resolver
+            .as_ref()
+            .and_then(|r| r.failover.as_ref()?.policy.as_ref());
+        if policy.is_some_and(|p| p.mode == "order-by-locality" || !p.regions.is_empty()) {
+            return Err(unapplied(
+                key,
+                "Failover Policy order-by-locality",
+                "failover goes to the targets in the order listed; list them in the order wanted",
             ));
         }
         if node
@@ -89,6 +100,10 @@ mod tests {
                 (
                     "{ Kind: service-resolver, Name: web, RequestTimeout: 5s }".to_owned(),
                     "resolver:web.default.default.dc1: RequestTimeout is not applied by this daemon; set RequestTimeout on a service-router route's Destination",
+                ),
+                (
+                    "{ Kind: proxy-defaults, Name: global, FailoverPolicy: { Regions: [eu] } }\n  - { Kind: service-resolver, Name: web, Failover: { '*': { Service: canary } } }".to_owned(),
+                    "resolver:web.default.default.dc1: Failover Policy order-by-locality is not applied",
                 ),
                 (
                     "{ Kind: proxy-defaults, Name: global, EnvoyExtensions: [{ Name: builtin/lua }] }".to_owned(),

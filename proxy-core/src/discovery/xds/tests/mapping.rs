@@ -370,3 +370,56 @@ fn leds_localities_are_rejected() {
         Err(ClaError::Leds { .. })
     ));
 }
+
+/// A drop policy, a changed overprovisioning factor or an endpoint's own health-check port were
+/// ACKed and ignored: each is refused by name (Envoy acts on them); the default factor passes.
+#[test]
+fn what_envoy_acts_on_and_this_daemon_would_not_is_refused_by_name() {
+    use envoy_types::pb::envoy::config::endpoint::v3::{
+        cluster_load_assignment::Policy, endpoint::HealthCheckConfig,
+    };
+    let policy = |policy: Policy| ClusterLoadAssignment {
+        policy: Some(policy),
+        ..cla("web", &[80])
+    };
+    let factor = |value| Policy {
+        overprovisioning_factor: Some(UInt32Value { value }),
+        ..Default::default()
+    };
+    assert!(
+        hosts_from_cla(&policy(factor(140))).is_ok(),
+        "Envoy's default"
+    );
+    let stale = Policy {
+        endpoint_stale_after: Some(Default::default()),
+        ..Default::default()
+    };
+    let weighted = Policy {
+        weighted_priority_health: true,
+        ..Default::default()
+    };
+    let mut checked = cla("web", &[80]);
+    if let Some(HostIdentifier::Endpoint(e)) =
+        &mut checked.endpoints[0].lb_endpoints[0].host_identifier
+    {
+        e.health_check_config = Some(HealthCheckConfig {
+            port_value: 8081,
+            ..Default::default()
+        });
+    }
+    for (assignment, text) in [
+        (
+            policy(factor(200)),
+            "policy: field overprovisioning_factor is not supported by this daemon (it would be ignored)",
+        ),
+        (policy(stale), "policy: field endpoint_stale_after"),
+        (policy(weighted), "policy: field weighted_priority_health"),
+        (
+            checked,
+            "endpoints[0].lb_endpoints[0].endpoint: field health_check_config is not supported",
+        ),
+    ] {
+        let error = hosts_from_cla(&assignment).expect_err(text).to_string();
+        assert!(error.starts_with(text), "{error}");
+    }
+}

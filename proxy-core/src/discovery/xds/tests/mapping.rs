@@ -391,7 +391,7 @@ fn what_envoy_acts_on_and_this_daemon_would_not_is_refused_by_name() {
         "Envoy's default"
     );
     let stale = Policy {
-        endpoint_stale_after: Some(Default::default()),
+        endpoint_stale_after: Some(envoy_types::pb::google::protobuf::Duration::default()),
         ..Default::default()
     };
     let weighted = Policy {

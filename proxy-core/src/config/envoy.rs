@@ -282,3 +282,23 @@ fn path_suffix(path: &serde_path_to_error::Path) -> String {
         format!(".{path}")
     }
 }
+
+/// The field paths of the `typed_config`s read here, under `custom` (a cluster's
+/// `cluster_type`), for the README's table of accepted fields (`field_table`).
+#[cfg(test)]
+pub(crate) fn typed_field_paths(custom: &str) -> std::collections::BTreeSet<String> {
+    use crate::field_table::tracer::field_paths;
+    let resolver = "typed_dns_resolver_config";
+    let mut paths = field_paths::<DnsCluster>(&format!("{custom}({DNS_CLUSTER}).typed_config"));
+    for at in [
+        "clusters[]",
+        &format!("{custom}({DNS_CLUSTER}).typed_config"),
+    ] {
+        paths.extend(field_paths::<Cares>(&format!(
+            "{at}.{resolver}({CARES}).typed_config"
+        )));
+        let gai = format!("{at}.{resolver}({GETADDRINFO}).typed_config");
+        paths.extend(field_paths::<GetAddrInfo>(&gai));
+    }
+    paths
+}

@@ -73,7 +73,7 @@ fn article(word: &str) -> &'static str {
 }
 
 /// The first DNS field of `cluster` that differs from its default.
-fn dns_field_set(cluster: &Cluster) -> Option<&'static str> {
+pub(super) fn dns_field_set(cluster: &Cluster) -> Option<&'static str> {
     let set = [
         (
             cluster.dns_refresh_rate != super::defaults::dns_refresh_rate(),
@@ -201,6 +201,32 @@ mod tests {
             let xds = "xds: { node: { id: n }, ads_config: { api_type: GRPC, server_uri: \"127.0.0.1:18000\" } }\n";
             let text = format!("{xds}clusters:\n  - {cluster}\n");
             Config::parse(&text, Path::new("t.yaml")).expect(&cluster);
+        }
+    }
+
+    /// With `envoy.cluster.dns`, the cluster's own DNS fields were overwritten by the
+    /// typed_config's (or, for a resolver, overrode them): each is refused, naming it.
+    #[test]
+    fn a_dns_field_beside_an_envoy_dns_cluster_is_refused() {
+        let dns =
+            "cluster_type: { name: envoy.cluster.dns, typed_config: { dns_refresh_rate: 1s } }";
+        for (field, value) in [
+            ("dns_refresh_rate", "2s"),
+            ("dns_lookup_family", "V4_ONLY"),
+            ("respect_dns_ttl", "true"),
+            (
+                "typed_dns_resolver_config",
+                "{ name: envoy.network.dns_resolver.getaddrinfo }",
+            ),
+            ("type", "LOGICAL_DNS"),
+        ] {
+            let cluster = format!("{{ name: a, {dns}, {field}: {value} }}");
+            let (at, text) = refusal(&cluster);
+            assert_eq!(at, format!("clusters[0].{field}"), "{text}");
+            assert!(
+                text.contains("with cluster_type envoy.cluster.dns"),
+                "{text}"
+            );
         }
     }
 }

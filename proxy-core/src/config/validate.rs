@@ -145,18 +145,7 @@ fn validate_cluster(
     if dns {
         validate_dns(i, cluster)?;
     }
-    if let Some(od) = &cluster.outlier_detection {
-        od.validate()
-            .map_err(|err| Invalid::new(at("outlier_detection"), err.to_string()))?;
-    }
-    if let Err(err) = cluster.health_config().validate(&cluster.name) {
-        let field = if cluster.health_checks.is_empty() {
-            "outlier_detection"
-        } else {
-            "health_checks[0]"
-        };
-        return Err(Invalid::new(at(field), err.to_string()));
-    }
+    validate_health(i, cluster)?;
     match cluster.lb_policy {
         LbPolicy::Random | LbPolicy::Maglev | LbPolicy::RoundRobin | LbPolicy::LeastRequest => {}
         other => {
@@ -321,12 +310,32 @@ fn validate_original_dst_agree(config: &Config) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// Health checks, outlier detection and the panic threshold of cluster `i`, whatever finds
+/// its hosts.
+fn validate_health(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
+    let at = |field: &str| format!("clusters[{i}].{field}");
+    if let Some(od) = &cluster.outlier_detection {
+        od.validate()
+            .map_err(|err| Invalid::new(at("outlier_detection"), err.to_string()))?;
+    }
+    if let Err(err) = cluster.health_config().validate(&cluster.name) {
+        let field = if cluster.health_checks.is_empty() {
+            "outlier_detection"
+        } else {
+            "health_checks[0]"
+        };
+        return Err(Invalid::new(at(field), err.to_string()));
+    }
+    Ok(())
+}
+
 /// A custom backend: a known name and a `typed_config` of its type, returned typed.
 fn validate_custom(
     i: usize,
     cluster: &super::Cluster,
     custom: &super::CustomClusterType,
 ) -> Result<super::CustomConfig, Invalid> {
+    validate_health(i, cluster)?;
     let at = |field: &str| format!("clusters[{i}].cluster_type.{field}");
     let typed = |inner: String, msg: String| {
         let field = if inner == "." {

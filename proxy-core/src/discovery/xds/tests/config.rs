@@ -243,3 +243,21 @@ fn a_field_the_api_type_does_not_read_is_refused() {
     );
     assert!(plan_one(node, &polled).is_ok(), "REST reads both");
 }
+
+/// An `xds` section with CDS or LDS but a bad `ads_config` passed `proxy check` (the start found
+/// it), and one that nothing subscribes through was accepted and did nothing: both are refused.
+#[test]
+fn an_xds_section_is_checked_whatever_subscribes_and_refused_when_nothing_does() {
+    let parse = |text: &str| crate::config::Config::parse(text, std::path::Path::new("t.yaml"));
+    let node = "xds:\n  node: { id: n }\n";
+    let bad = format!("{node}  ads_config: {{ api_type: GRPC, server_uri: 'not an address' }}\n");
+    let err = parse(&format!("{bad}  cds_config: {{ ads: {{}} }}\n")).expect_err("bad uri");
+    assert_eq!(err.field(), Some("xds"), "{err}");
+    let err = parse(&format!("{node}  lds_config: {{ ads: {{}} }}\n")).expect_err("no ads");
+    assert!(err.to_string().contains("set ads_config"), "{err}");
+    let err = parse(&bad).expect_err("nothing subscribes");
+    assert_eq!(err.field(), Some("xds"), "{err}");
+    assert!(err.to_string().contains("nothing subscribes"), "{err}");
+    let good = format!("{node}  ads_config: {{ api_type: GRPC, server_uri: '127.0.0.1:18000' }}\n");
+    parse(&format!("{good}  cds_config: {{ ads: {{}} }}\n")).expect("CDS over a good ADS");
+}

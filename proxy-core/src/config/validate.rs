@@ -483,6 +483,7 @@ fn validate_services(config: &Config) -> Result<(), Invalid> {
             "needs proxy.proxy_protocol_trusted_sources: a PROXY header names where the daemon connects, so list the load balancers whose headers are believed (addresses or CIDRs); any other peer, local processes included, could make it connect anywhere",
         ));
     }
+    config.proxy.validate_unread()?;
     let proxied = config.services.iter().any(|s| s.mode == ServiceMode::Proxy)
         || config.proxy.fallback_cluster.is_some();
     if proxied && config.proxy.listeners.is_empty() {

@@ -19,6 +19,7 @@
 
 mod each;
 mod policy;
+mod unapplied;
 
 use std::{collections::BTreeSet, net::SocketAddr};
 
@@ -97,6 +98,16 @@ pub enum ChainExecError {
         "the service sets hash_key, but its chain's load-balancing policy is {0:?}, which does          not hash; set LoadBalancer Policy maglev or ring_hash in the service-resolver (or the          clusters' lb_policy), or remove hash_key"
     )]
     HashKeyWithoutHashing(crate::config::LbPolicy),
+    /// An entry field the chain carries that neither path applies.
+    #[error("{node}: {field} is not applied by this daemon; {advice}")]
+    Unapplied {
+        /// The chain node, or the entries, that carry it.
+        node: String,
+        /// The field, in Consul's name.
+        field: &'static str,
+        /// What to do instead.
+        advice: &'static str,
+    },
 }
 
 /// One target: where its hosts come from and which of them it takes.

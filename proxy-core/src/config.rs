@@ -23,6 +23,7 @@ pub mod locate;
 pub mod proxy;
 mod service;
 pub mod sources;
+mod unread;
 mod validate;
 
 use std::path::{Path, PathBuf};

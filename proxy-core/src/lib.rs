@@ -8,6 +8,8 @@ pub mod chain;
 pub mod config;
 pub mod desired;
 pub mod discovery;
+#[cfg(test)]
+mod field_table;
 pub mod health;
 pub mod host;
 pub mod kernel;

@@ -83,6 +83,7 @@ pub fn runs_in(
     svc: &Service,
     compiled: &CompiledDiscoveryChain,
 ) -> Result<(), ChainExecError> {
+    super::unapplied::refuse_unapplied(compiled)?;
     // A target must map to a cluster that discovers hosts (not ORIGINAL_DST).
     let has_cluster = |c: &str| {
         config.cluster(c).is_some_and(|c| {

@@ -143,6 +143,7 @@ pub(super) fn normalize(i: usize, cluster: &mut Cluster) -> Result<(), Invalid> 
         .as_ref()
         .is_some_and(|c| c.name == DNS_CLUSTER)
     {
+        refuse_top_level_dns(cluster).map_err(|(field, why)| Invalid::new(at(field), why))?;
         let custom = cluster.custom_cluster_type.take().expect("checked above");
         let field = |inner: &str| at(&format!("cluster_type.typed_config{inner}"));
         let dns: DnsCluster = serde_path_to_error::deserialize(&custom.typed_config)
@@ -176,6 +177,32 @@ pub(super) fn normalize(i: usize, cluster: &mut Cluster) -> Result<(), Invalid> 
         }
         (cluster.dns_resolvers, cluster.dns_query_limits) =
             resolvers(&resolver, &at("typed_dns_resolver_config"))?;
+    }
+    Ok(())
+}
+
+/// A DNS field set on a cluster whose `envoy.cluster.dns` typed_config holds its DNS settings
+/// (Envoy reads only those): it would be overwritten, so it is refused, naming it.
+fn refuse_top_level_dns(cluster: &Cluster) -> Result<(), (&'static str, String)> {
+    let field = super::unread::dns_field_set(cluster).or_else(|| {
+        let resolver = cluster.typed_dns_resolver_config.is_some();
+        resolver.then_some("typed_dns_resolver_config")
+    });
+    if let Some(field) = field {
+        return Err((
+            field,
+            format!(
+                "with cluster_type {DNS_CLUSTER}, {field} is read from its typed_config only (as in \
+                 Envoy); move it there"
+            ),
+        ));
+    }
+    if cluster.cluster_type != ClusterType::Static {
+        let why = format!(
+            "with cluster_type {DNS_CLUSTER}, all_addresses_in_single_endpoint decides between \
+             STRICT_DNS and LOGICAL_DNS (Envoy takes one of type and cluster_type); remove type"
+        );
+        return Err(("type", why));
     }
     Ok(())
 }
@@ -281,4 +308,24 @@ fn path_suffix(path: &serde_path_to_error::Path) -> String {
     } else {
         format!(".{path}")
     }
+}
+
+/// The field paths of the `typed_config`s read here, under `custom` (a cluster's
+/// `cluster_type`), for the README's table of accepted fields (`field_table`).
+#[cfg(test)]
+pub(crate) fn typed_field_paths(custom: &str) -> std::collections::BTreeSet<String> {
+    use crate::field_table::tracer::field_paths;
+    let resolver = "typed_dns_resolver_config";
+    let mut paths = field_paths::<DnsCluster>(&format!("{custom}({DNS_CLUSTER}).typed_config"));
+    for at in [
+        "clusters[]",
+        &format!("{custom}({DNS_CLUSTER}).typed_config"),
+    ] {
+        paths.extend(field_paths::<Cares>(&format!(
+            "{at}.{resolver}({CARES}).typed_config"
+        )));
+        let gai = format!("{at}.{resolver}({GETADDRINFO}).typed_config");
+        paths.extend(field_paths::<GetAddrInfo>(&gai));
+    }
+    paths
 }

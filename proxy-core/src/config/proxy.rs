@@ -175,6 +175,28 @@ impl Default for ProxyConfig {
     }
 }
 
+impl ProxyConfig {
+    /// The PROXY protocol's sources and timeout are set only with `proxy_protocol` on: off, no
+    /// header is read, and they would do nothing.
+    pub(super) fn validate_unread(&self) -> Result<(), super::error::Invalid> {
+        if self.proxy_protocol != ProxyProtocolMode::Off {
+            return Ok(());
+        }
+        let field = if !self.proxy_protocol_trusted_sources.is_empty() {
+            "proxy.proxy_protocol_trusted_sources"
+        } else if self.proxy_protocol_timeout != defaults::proxy_protocol_timeout() {
+            "proxy.proxy_protocol_timeout"
+        } else {
+            return Ok(());
+        };
+        Err(super::error::Invalid::new(
+            field,
+            "applies with proxy.proxy_protocol, which is off (no PROXY header is read); set \
+             proxy_protocol or remove it",
+        ))
+    }
+}
+
 /// Which PROXY protocol versions the listener requires.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -296,6 +318,30 @@ pub enum EventLoop {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Trusted sources or a header timeout with the PROXY protocol off were accepted and did
+    /// nothing: each is refused at its line.
+    #[test]
+    fn proxy_protocol_settings_without_the_protocol_are_refused() {
+        let parse = |text: &str| crate::config::Config::parse(text, std::path::Path::new("t.yaml"));
+        for field in [
+            "proxy_protocol_trusted_sources: [10.0.0.0/8]",
+            "proxy_protocol_timeout: 2s",
+        ] {
+            let err = parse(&format!("proxy:\n  {field}\n")).expect_err(field);
+            let name = field.split(':').next().unwrap_or_default();
+            assert_eq!(err.field(), Some(format!("proxy.{name}").as_str()), "{err}");
+            assert!(err.to_string().contains("which is off"), "{err}");
+            let on = format!("proxy:\n  proxy_protocol: v1\n  {field}\n");
+            let trusted = "  proxy_protocol_trusted_sources: [192.0.2.1]\n";
+            let on = if name.ends_with("sources") {
+                on
+            } else {
+                format!("{on}{trusted}")
+            };
+            parse(&on).expect(&on);
+        }
+    }
 
     #[test]
     fn defaults_and_strictness() {

@@ -233,6 +233,31 @@ impl Service {
             _ => Ok(()),
         }
     }
+
+    /// `chain_options` set only where they act: on a chain the kernel path runs. A service with
+    /// a cluster has no chain to split or fail over, and the proxy path picks a leg by weight
+    /// and fails over when a target has no routable host, whatever these say.
+    pub(super) fn validate_chain_options(&self, at: &str) -> Result<(), Invalid> {
+        if self.chain_options == crate::chain::ChainOptions::default() {
+            return Ok(());
+        }
+        if self.chain.is_none() {
+            return Err(Invalid::new(
+                at,
+                "applies to a service with a chain; this service has a cluster, with no splits or \
+                 failover targets; remove chain_options",
+            ));
+        }
+        if self.mode == ServiceMode::Proxy {
+            return Err(Invalid::new(
+                at,
+                "applies to the kernel path (mode: direct) only: the proxy path splits requests by \
+                 weight and fails over when a target has no routable host, whatever \
+                 chain_options say; remove chain_options or use mode: direct",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Why `kind` (lowercase) cannot be an upgrade type, if it cannot.
@@ -480,6 +505,38 @@ services:
             };
             assert_eq!(field, "services[0].hash_key", "{service}");
             assert_eq!(at.line, 13, "{service}: {err}");
+            assert!(err.to_string().contains(why), "{service}: {err}");
+        }
+    }
+
+    #[test]
+    fn chain_options_where_they_cannot_act_are_refused_at_their_line() {
+        let options = "chain_options: { health_aware_splits: true }";
+        let kernel = format!("{{ name: s, address: 127.77.0.1, port: 80, chain: a, {options} }}");
+        let config = parse(&format!("  - {kernel}\n")).expect("a kernel-path chain takes them");
+        assert!(config.services[0].chain_options.health_aware_splits);
+        for (service, why) in [
+            (
+                format!("{{ name: s, address: 127.77.0.1, port: 80, cluster: a, {options} }}"),
+                "applies to a service with a chain",
+            ),
+            (
+                format!(
+                    "{{ name: s, address: 127.77.0.1, port: 80, chain: a, mode: proxy, {options} }}"
+                ),
+                "applies to the kernel path (mode: direct) only",
+            ),
+            (
+                "{ name: s, address: 127.77.0.1, port: 80, chain: a, mode: proxy, chain_options: { failover_threshold_percent: 50 } }".to_owned(),
+                "the proxy path splits requests by weight",
+            ),
+        ] {
+            let err = parse(&format!("  - {service}\n")).expect_err(&service);
+            let ConfigError::Invalid { field, at, .. } = &err else {
+                panic!("{service}: {err}");
+            };
+            assert_eq!(field, "services[0].chain_options", "{service}");
+            assert_eq!(at.line, 4, "{service}: {err}");
             assert!(err.to_string().contains(why), "{service}: {err}");
         }
     }

@@ -30,6 +30,7 @@ pub(super) fn validate(config: &mut Config) -> Result<(), Invalid> {
                 why,
             ));
         }
+        super::unread::refuse_unread(i, cluster)?;
         match &cluster.custom_cluster_type {
             Some(custom) => {
                 let typed = validate_custom(i, cluster, custom)?;
@@ -154,18 +155,7 @@ fn validate_cluster(
     if dns {
         validate_dns(i, cluster)?;
     }
-    if let Some(od) = &cluster.outlier_detection {
-        od.validate()
-            .map_err(|err| Invalid::new(at("outlier_detection"), err.to_string()))?;
-    }
-    if let Err(err) = cluster.health_config().validate(&cluster.name) {
-        let field = if cluster.health_checks.is_empty() {
-            "outlier_detection"
-        } else {
-            "health_checks[0]"
-        };
-        return Err(Invalid::new(at(field), err.to_string()));
-    }
+    validate_health(i, cluster)?;
     validate_lb(cluster, &at)?;
     validate_endpoints(i, cluster, dns, guard)
 }
@@ -376,12 +366,32 @@ fn validate_original_dst_agree(config: &Config) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// Health checks, outlier detection and the panic threshold of cluster `i`, whatever finds
+/// its hosts.
+fn validate_health(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
+    let at = |field: &str| format!("clusters[{i}].{field}");
+    if let Some(od) = &cluster.outlier_detection {
+        od.validate()
+            .map_err(|err| Invalid::new(at("outlier_detection"), err.to_string()))?;
+    }
+    if let Err(err) = cluster.health_config().validate(&cluster.name) {
+        let field = if cluster.health_checks.is_empty() {
+            "outlier_detection"
+        } else {
+            "health_checks[0]"
+        };
+        return Err(Invalid::new(at(field), err.to_string()));
+    }
+    Ok(())
+}
+
 /// A custom backend: a known name and a `typed_config` of its type, returned typed.
 fn validate_custom(
     i: usize,
     cluster: &super::Cluster,
     custom: &super::CustomClusterType,
 ) -> Result<super::CustomConfig, Invalid> {
+    validate_health(i, cluster)?;
     let at = |field: &str| format!("clusters[{i}].cluster_type.{field}");
     let typed = |inner: String, msg: String| {
         let field = if inner == "." {
@@ -515,6 +525,7 @@ fn validate_services(config: &Config) -> Result<(), Invalid> {
         svc.validate_connect_attempts(&at("max_connect_attempts"), original_dst)?;
         svc.validate_hash_policy(i)?;
         svc.validate_hash_key(&at("hash_key"), config.cluster(&svc.cluster))?;
+        svc.validate_chain_options(&at("chain_options"))?;
     }
     if let Some(name) = &config.proxy.fallback_cluster
         && config.cluster(name).is_none()
@@ -532,6 +543,7 @@ fn validate_services(config: &Config) -> Result<(), Invalid> {
             "needs proxy.proxy_protocol_trusted_sources: a PROXY header names where the daemon connects, so list the load balancers whose headers are believed (addresses or CIDRs); any other peer, local processes included, could make it connect anywhere",
         ));
     }
+    config.proxy.validate_unread()?;
     let proxied = config.services.iter().any(|s| s.mode == ServiceMode::Proxy)
         || config.proxy.fallback_cluster.is_some();
     if proxied && config.proxy.listeners.is_empty() {

@@ -59,6 +59,12 @@ pub enum HealthConfigError {
         /// Range end (exclusive).
         end: i64,
     },
+    /// `service_name_matcher` sets none or several of its patterns (Envoy's `match_pattern`
+    /// is a required oneof): all but one would be ignored.
+    #[error(
+        "health check field `http_health_check.service_name_matcher` must set exactly one of `exact`, `prefix`, `suffix`, `contains`, found {0}"
+    )]
+    MatcherPatterns(usize),
     /// `http_health_check.path` is empty.
     #[error("health check field `http_health_check.path` must not be empty")]
     EmptyPath,
@@ -389,7 +395,11 @@ impl HttpHealthCheck {
                 &self.retriable_statuses,
                 "http_health_check.retriable_statuses",
             )?,
-            service_name_matcher: self.service_name_matcher.as_ref().map(StringMatch::from),
+            service_name_matcher: self
+                .service_name_matcher
+                .as_ref()
+                .map(|m| m.validate().map(|()| StringMatch::from(m)))
+                .transpose()?,
         })
     }
 }
@@ -430,6 +440,21 @@ pub fn decode_hex(text: &str, field: &'static str) -> Result<Vec<u8>, HealthConf
                 .ok_or_else(bad)
         })
         .collect()
+}
+
+impl StringMatcher {
+    /// Exactly one pattern is set, as Envoy's oneof requires.
+    fn validate(&self) -> Result<(), HealthConfigError> {
+        let set = [&self.exact, &self.prefix, &self.suffix, &self.contains]
+            .into_iter()
+            .filter(|p| p.is_some())
+            .count();
+        if set == 1 {
+            Ok(())
+        } else {
+            Err(HealthConfigError::MatcherPatterns(set))
+        }
+    }
 }
 
 impl From<&StringMatcher> for StringMatch {

@@ -17,7 +17,10 @@
 //!    can't handle port specifier type 4"), a `resolver_name` ("Unknown address resolver: ..."),
 //!    a locality with both LEDS and endpoints ("... cannot include both LEDS ..."). Rejected by
 //!    us only: pipe and Envoy internal addresses (Envoy accepts them; we cannot connect to them)
-//!    and LEDS localities (Envoy subscribes to LEDS; this daemon does not implement it).
+//!    and LEDS localities (Envoy subscribes to LEDS; this daemon does not implement it), and
+//!    what Envoy acts on and this daemon would ignore: a `policy` other than the default
+//!    (`drop_overloads`, `overprovisioning_factor` other than 140, `endpoint_stale_after`,
+//!    `weighted_priority_health`) and an endpoint's `additional_addresses`.
 //!
 //! Accepted as Envoy accepts them:
 //! * `port_value: 0`, and the unspecified, broadcast and multicast addresses: Envoy keeps such a
@@ -152,6 +155,14 @@ pub enum ClaError {
     Leds {
         /// Path of the element.
         at: String,
+    },
+    /// A field Envoy honours and this daemon would ignore (ours: Envoy accepts it).
+    #[error("{at}: field {field} is not supported by this daemon (it would be ignored)")]
+    Unhonoured {
+        /// Path of the element.
+        at: String,
+        /// The field.
+        field: &'static str,
     },
 }
 
@@ -323,6 +334,7 @@ pub fn hosts_from_cla(cla: &ClusterLoadAssignment) -> Result<HostSet, ClaError> 
 
 /// The second stage alone: the host mapping of an assignment whose constraints were checked.
 pub(crate) fn map_hosts(cla: &ClusterLoadAssignment) -> Result<HostSet, ClaError> {
+    refuse_unhonoured(cla)?;
     for (index, locality) in cla.endpoints.iter().enumerate() {
         if let Some(LbConfig::LedsClusterLocalityConfig(leds)) = &locality.lb_config {
             if !locality.lb_endpoints.is_empty() {
@@ -349,6 +361,41 @@ pub(crate) fn map_hosts(cla: &ClusterLoadAssignment) -> Result<HostSet, ClaError
         }
     }
     Ok(hosts)
+}
+
+/// The overload, overprovisioning and staleness `policy`, and an endpoint's extra addresses:
+/// Envoy acts on each, and this daemon would not.
+fn refuse_unhonoured(cla: &ClusterLoadAssignment) -> Result<(), ClaError> {
+    let refuse = |at: String, field| Err(ClaError::Unhonoured { at, field });
+    if let Some(policy) = &cla.policy {
+        let default_factor = policy
+            .overprovisioning_factor
+            .is_none_or(|f| f.value == 140);
+        let set = [
+            (!policy.drop_overloads.is_empty(), "drop_overloads"),
+            (!default_factor, "overprovisioning_factor"),
+            (
+                policy.endpoint_stale_after.is_some(),
+                "endpoint_stale_after",
+            ),
+            (policy.weighted_priority_health, "weighted_priority_health"),
+        ];
+        if let Some((_, field)) = set.into_iter().find(|(on, _)| *on) {
+            return refuse("policy".to_owned(), field);
+        }
+    }
+    for (index, locality) in cla.endpoints.iter().enumerate() {
+        for (lb_index, lb_endpoint) in locality.lb_endpoints.iter().enumerate() {
+            let Some(HostIdentifier::Endpoint(endpoint)) = &lb_endpoint.host_identifier else {
+                continue;
+            };
+            let at = || format!("endpoints[{index}].lb_endpoints[{lb_index}].endpoint");
+            if !endpoint.additional_addresses.is_empty() {
+                return refuse(at(), "additional_addresses");
+            }
+        }
+    }
+    Ok(())
 }
 
 fn host_from_lb_endpoint(

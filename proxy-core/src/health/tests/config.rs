@@ -246,3 +246,61 @@ fn cluster_level_validation() {
         Err(HealthConfigError::BadPercent { .. })
     ));
 }
+
+/// `service_name_matcher` with two patterns used the first and ignored the other; with none it
+/// matched only an empty header. Envoy's pattern is a required oneof: both are refused.
+#[test]
+fn a_service_name_matcher_needs_exactly_one_pattern() {
+    let base = "timeout: 1s, interval: 1s, unhealthy_threshold: 1, healthy_threshold: 1";
+    for (matcher, found) in [
+        ("{exact: web, prefix: we}", 2),
+        ("{prefix: we, suffix: eb, contains: e}", 3),
+        ("{}", 0),
+        ("{ignore_case: true}", 0),
+    ] {
+        let http = format!("http_health_check: {{path: /, service_name_matcher: {matcher}}}");
+        let result = check(&format!("{{{base}, {http}}}"));
+        assert_eq!(
+            result,
+            Err(HealthConfigError::MatcherPatterns(found)),
+            "{matcher}"
+        );
+        let text = result.unwrap_err().to_string();
+        assert!(text.contains("service_name_matcher"), "{text}");
+    }
+    let one = "http_health_check: {path: /, service_name_matcher: {suffix: eb}}";
+    assert_eq!(check(&format!("{{{base}, {one}}}")), Ok(()));
+}
+
+/// A Consul or DNS SRV cluster's health checks and outlier detection passed `proxy check`
+/// unchecked (a check without a timeout, a 900 % ejection share): they are checked as any
+/// cluster's, naming the field.
+#[test]
+fn a_custom_clusters_health_settings_are_checked_at_load() {
+    let consul = "cluster_type: { name: proxy.clusters.consul, typed_config: { service: web } }";
+    let srv = "cluster_type: { name: proxy.clusters.dns_srv, typed_config: { service_names: [_web._tcp.test] } }";
+    for (custom, settings, field, says) in [
+        (
+            consul,
+            "health_checks: [{ interval: 1s, tcp_health_check: {} }]",
+            "health_checks[0]",
+            "`timeout` is required",
+        ),
+        (
+            srv,
+            "outlier_detection: { max_ejection_percent: 900 }",
+            "outlier_detection",
+            "max_ejection_percent",
+        ),
+    ] {
+        let text = format!("clusters:\n  - {{ name: web, {custom}, {settings} }}\n");
+        let err =
+            crate::config::Config::parse(&text, std::path::Path::new("t.yaml")).expect_err(&text);
+        assert_eq!(
+            err.field(),
+            Some(format!("clusters[0].{field}").as_str()),
+            "{err}"
+        );
+        assert!(err.to_string().contains(says), "{err}");
+    }
+}

@@ -61,20 +61,31 @@ pub fn check_transport_sockets(config: &Config) -> Result<(), String> {
     Ok(())
 }
 
-/// The xDS parts: an `xds` section when a cluster is EDS, and every EDS cluster's source
-/// reachable ([`plan`]). Runs last, as `proxy check` always ran it.
+/// The xDS parts: an `xds` section when a cluster is EDS, the ADS source when CDS or LDS is
+/// on, every EDS cluster's source reachable ([`plan`]), and no `xds` section that nothing
+/// subscribes through. Runs last, as `proxy check` always ran it.
 pub(in crate::config) fn validate_xds(config: &Config) -> Result<(), Invalid> {
     check_transport_sockets(config).map_err(|e| Invalid::new("clusters", e))?;
     let clusters = eds_clusters(config);
-    if clusters.is_empty() {
-        return Ok(());
-    }
     let Some(xds) = &config.xds else {
+        if clusters.is_empty() {
+            return Ok(());
+        }
         return Err(Invalid::new(
             "xds",
             "EDS clusters need an `xds` section with the node identity",
         ));
     };
+    if xds.resources_enabled() {
+        xds.ads_source(&static_resolver(config))
+            .map_err(|e| Invalid::new("xds", e.to_string()))?;
+    } else if clusters.is_empty() {
+        return Err(Invalid::new(
+            "xds",
+            "nothing subscribes through this section (no EDS cluster, cds_config or lds_config): \
+             remove it, or add what it is for",
+        ));
+    }
     plan(xds, &clusters, &static_resolver(config))
         .map(|_| ())
         .map_err(|e| Invalid::new("xds", e.to_string()))

@@ -19,6 +19,7 @@ pub(super) fn server_uri(
             "tls applies to server_uri only (google_grpc takes channel_credentials, a named cluster its transport_socket)".into(),
         ));
     }
+    unread(source).map_err(|why| error(why.to_owned()))?;
     let (raw, tls) = match &source.server_uri {
         Some(uri) => (uri.clone(), source.tls.clone()),
         None => target(source, resolve).map_err(error)?,
@@ -28,6 +29,25 @@ pub(super) fn server_uri(
     }
     let uri = normalize_uri(&raw, tls.is_some()).map_err(error)?;
     Ok((uri, tls))
+}
+
+/// A field `source`'s `api_type` (or its `server_uri`) does not read: refused, never ignored.
+fn unread(source: &ApiConfigSource) -> Result<(), &'static str> {
+    let rest = source.api_type == ApiType::Rest;
+    let targets = !source.grpc_services.is_empty() || !source.cluster_names.is_empty();
+    if source.server_uri.is_some() && targets {
+        Err("server_uri replaces grpc_services and cluster_names; set one of them")
+    } else if rest && !source.grpc_services.is_empty() {
+        Err("grpc_services is for GRPC and DELTA_GRPC; REST reads cluster_names")
+    } else if !rest && !source.cluster_names.is_empty() {
+        Err("cluster_names is for REST; GRPC and DELTA_GRPC read grpc_services")
+    } else if !rest && source.refresh_delay.is_some() {
+        Err("refresh_delay is REST's polling interval; a gRPC stream is pushed to")
+    } else if !rest && source.request_timeout != super::default_request_timeout() {
+        Err("request_timeout bounds one REST poll; a gRPC stream has none")
+    } else {
+        Ok(())
+    }
 }
 
 /// The address and TLS of `grpc_services` or REST `cluster_names` (no `server_uri`).

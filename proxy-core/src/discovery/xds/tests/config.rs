@@ -205,3 +205,59 @@ fn unknown_fields_and_versions_are_rejected() {
         ApiType::Rest
     );
 }
+
+/// `refresh_delay` on a gRPC source, or `server_uri` beside `grpc_services`, was accepted and
+/// never read: each field the source's `api_type` does not read is refused by name.
+#[test]
+fn a_field_the_api_type_does_not_read_is_refused() {
+    let node = "node: {id: n}";
+    let grpc = "api_type: GRPC, server_uri: '127.0.0.1:1'";
+    let rest = "api_type: REST, refresh_delay: 1s";
+    for (source, expected) in [
+        (
+            format!("{grpc}, grpc_services: [{{envoy_grpc: {{cluster_name: x}}}}]"),
+            "server_uri replaces grpc_services and cluster_names",
+        ),
+        (
+            format!("{grpc}, cluster_names: [x]"),
+            "server_uri replaces grpc_services and cluster_names",
+        ),
+        (
+            format!("{rest}, cluster_names: [x], grpc_services: [{{envoy_grpc: {{cluster_name: x}}}}]"),
+            "grpc_services is for GRPC and DELTA_GRPC",
+        ),
+        (
+            "api_type: DELTA_GRPC, cluster_names: [x], grpc_services: [{envoy_grpc: {cluster_name: x}}]".to_owned(),
+            "cluster_names is for REST",
+        ),
+        (format!("{grpc}, refresh_delay: 1s"), "refresh_delay is REST's polling interval"),
+        (format!("{grpc}, request_timeout: 2s"), "request_timeout bounds one REST poll"),
+    ] {
+        let cluster = format!("eds_config: {{api_config_source: {{{source}}}}}");
+        let error = plan_one(node, &cluster).expect_err(&cluster).to_string();
+        assert!(error.contains(expected), "{error:?} should contain {expected:?}");
+        assert!(error.contains("api_config_source"), "{error:?} names the source");
+    }
+    let polled = format!(
+        "eds_config: {{api_config_source: {{{rest}, server_uri: '127.0.0.1:1', request_timeout: 2s}}}}"
+    );
+    assert!(plan_one(node, &polled).is_ok(), "REST reads both");
+}
+
+/// An `xds` section with CDS or LDS but a bad `ads_config` passed `proxy check` (the start found
+/// it), and one that nothing subscribes through was accepted and did nothing: both are refused.
+#[test]
+fn an_xds_section_is_checked_whatever_subscribes_and_refused_when_nothing_does() {
+    let parse = |text: &str| crate::config::Config::parse(text, std::path::Path::new("t.yaml"));
+    let node = "xds:\n  node: { id: n }\n";
+    let bad = format!("{node}  ads_config: {{ api_type: GRPC, server_uri: 'not an address' }}\n");
+    let err = parse(&format!("{bad}  cds_config: {{ ads: {{}} }}\n")).expect_err("bad uri");
+    assert_eq!(err.field(), Some("xds"), "{err}");
+    let err = parse(&format!("{node}  lds_config: {{ ads: {{}} }}\n")).expect_err("no ads");
+    assert!(err.to_string().contains("set ads_config"), "{err}");
+    let err = parse(&bad).expect_err("nothing subscribes");
+    assert_eq!(err.field(), Some("xds"), "{err}");
+    assert!(err.to_string().contains("nothing subscribes"), "{err}");
+    let good = format!("{node}  ads_config: {{ api_type: GRPC, server_uri: '127.0.0.1:18000' }}\n");
+    parse(&format!("{good}  cds_config: {{ ads: {{}} }}\n")).expect("CDS over a good ADS");
+}

@@ -422,3 +422,42 @@ fn health_check_config_maps_to_the_check_target() {
         "{err}"
     );
 }
+
+/// A drop policy or a changed overprovisioning factor were ACKed and ignored: each is refused by
+/// name (Envoy acts on them); the default factor passes. (An endpoint's `health_check_config` is
+/// honoured: `health_check_config_maps_to_the_check_target`.)
+#[test]
+fn what_envoy_acts_on_and_this_daemon_would_not_is_refused_by_name() {
+    use envoy_types::pb::envoy::config::endpoint::v3::cluster_load_assignment::Policy;
+    let policy = |policy: Policy| ClusterLoadAssignment {
+        policy: Some(policy),
+        ..cla("web", &[80])
+    };
+    let factor = |value| Policy {
+        overprovisioning_factor: Some(UInt32Value { value }),
+        ..Default::default()
+    };
+    assert!(
+        hosts_from_cla(&policy(factor(140))).is_ok(),
+        "Envoy's default"
+    );
+    let stale = Policy {
+        endpoint_stale_after: Some(envoy_types::pb::google::protobuf::Duration::default()),
+        ..Default::default()
+    };
+    let weighted = Policy {
+        weighted_priority_health: true,
+        ..Default::default()
+    };
+    for (assignment, text) in [
+        (
+            policy(factor(200)),
+            "policy: field overprovisioning_factor is not supported by this daemon (it would be ignored)",
+        ),
+        (policy(stale), "policy: field endpoint_stale_after"),
+        (policy(weighted), "policy: field weighted_priority_health"),
+    ] {
+        let error = hosts_from_cla(&assignment).expect_err(text).to_string();
+        assert!(error.starts_with(text), "{error}");
+    }
+}

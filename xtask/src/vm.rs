@@ -3,8 +3,9 @@
 //! For each kernel line (5.10, 6.1, 6.12): the newest Debian cloud kernel of that line is
 //! downloaded and extracted (cached under `<target>/vm/`), an initramfs is written with the
 //! `kernel_*` test binaries, the daemon, busybox, iproute2's `ip`, their libraries and the
-//! modules the tests need, and QEMU boots it with no network device. The init runs each test
-//! binary with `--test-threads=1` and prints `PROXY-VM-RESULT: pass N fail M skip K`.
+//! modules the tests need, and QEMU boots it with no network device. The init runs the test
+//! binaries in two lanes (one per vCPU), each binary with `--test-threads=1`, and prints
+//! `PROXY-VM-RESULT: pass N fail M skip K`.
 //!
 //! Only the `kernel_*` binaries run in the VM: the DNS, health and xDS tests need unbound and
 //! Python, which the initramfs does not carry; they run on the host in `cargo xtask test`.

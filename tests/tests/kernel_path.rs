@@ -228,7 +228,9 @@ fn bad_config_exits_64_and_attaches_nothing() {
     let path = dir.0.join("bad.yaml");
     std::fs::write(
         &path,
-        format!("instance: {instance}\nclusters:\n  - name: web\n    lb_policy: CLUSTER_PROVIDED\n"),
+        format!(
+            "instance: {instance}\nclusters:\n  - name: web\n    lb_policy: CLUSTER_PROVIDED\n"
+        ),
     )
     .unwrap();
     for sub in ["check", "run"] {

@@ -47,6 +47,28 @@ pub struct Host {
     pub hostname: Option<String>,
     /// Envoy's `Endpoint.health_check_config`: where and how active checks reach this host.
     pub health_check: HealthCheckTarget,
+    /// Where the host runs (the enclosing `LocalityLbEndpoints.locality`); empty when the
+    /// source names none.
+    pub locality: Locality,
+    /// The enclosing `LocalityLbEndpoints.load_balancing_weight`, when set: the locality's
+    /// weight under locality-weighted load balancing (the same on every host of a locality).
+    pub locality_weight: Option<u32>,
+}
+
+/// Envoy's `core.v3.Locality`: region, zone and sub-zone, each empty when not named. Two hosts
+/// are in one locality when all three are equal.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Locality {
+    /// The region.
+    #[serde(default)]
+    pub region: String,
+    /// The zone within the region.
+    #[serde(default)]
+    pub zone: String,
+    /// The sub-zone within the zone.
+    #[serde(default)]
+    pub sub_zone: String,
 }
 
 /// Envoy's `Endpoint.HealthCheckConfig`: an active check of a host may go to another address or
@@ -92,6 +114,8 @@ impl Host {
             metadata: BTreeMap::new(),
             hostname: None,
             health_check: HealthCheckTarget::default(),
+            locality: Locality::default(),
+            locality_weight: None,
         }
     }
 }

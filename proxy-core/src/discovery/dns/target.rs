@@ -10,7 +10,7 @@ use std::{
 use super::resolver::{AddressRecord, DnsResolve, ResolveError, resolve_addresses};
 use crate::{
     config::sources::dns::{DnsEndpoint, DnsLookupFamily},
-    host::{EdsHealth, Host},
+    host::Host,
 };
 
 /// A DNS SRV service to discover, e.g. `_http._tcp.web.svc.test`.
@@ -92,7 +92,6 @@ fn endpoint_answer(endpoint: &DnsEndpoint, records: &[AddressRecord]) -> Answer 
         }
         answer.min_ttl = Some(answer.min_ttl.map_or(record.ttl, |t| t.min(record.ttl)));
         answer.hosts.push(Host {
-            addr,
             weight: endpoint.weight.max(1),
             priority: endpoint.priority,
             eds_health: endpoint.health,
@@ -104,6 +103,7 @@ fn endpoint_answer(endpoint: &DnsEndpoint, records: &[AddressRecord]) -> Answer 
                     .clone()
                     .unwrap_or_else(|| endpoint.address.clone()),
             ),
+            ..Host::new(addr)
         });
     }
     answer
@@ -142,13 +142,11 @@ async fn srv_answer(
             answer.first_ttl.get_or_insert(record.ttl);
             if seen.insert(addr) {
                 answer.hosts.push(Host {
-                    addr,
                     weight: u32::from(srv.weight).max(1),
                     priority: rank(srv.priority),
-                    eds_health: EdsHealth::Unknown,
                     metadata: service.metadata.clone(),
                     hostname: Some(target.to_owned()),
-                    health_check: crate::host::HealthCheckTarget::default(),
+                    ..Host::new(addr)
                 });
             }
         }

@@ -45,6 +45,7 @@
 //! * `health_check`: `endpoint.health_check_config` (`port_value`, an `address` that must be an
 //!   IP literal like the endpoint's, `hostname`, `disable_active_health_check`), Envoy's order:
 //!   the alternate address with its port, then `port_value` over the port;
+//! * `locality`, `locality_weight`: the enclosing locality and its `load_balancing_weight`;
 //! * `metadata`: the scalar values of `metadata.filter_metadata["envoy.lb"]` under their own key
 //!   (strings as is, booleans as `true`/`false`, numbers in Rust's shortest form, e.g. `1` or
 //!   `0.5`; lists, structs and nulls are skipped), then the locality's non-empty `region`,
@@ -417,6 +418,14 @@ fn host_from_lb_endpoint(
     host.eds_health = eds_health(lb_endpoint.health_status);
     host.hostname = Some(endpoint.hostname.clone()).filter(|h| !h.is_empty());
     host.metadata = metadata(lb_endpoint.metadata.as_ref(), locality.locality.as_ref());
+    if let Some(l) = &locality.locality {
+        host.locality = crate::host::Locality {
+            region: l.region.clone(),
+            zone: l.zone.clone(),
+            sub_zone: l.sub_zone.clone(),
+        };
+    }
+    host.locality_weight = locality.load_balancing_weight.map(|w| w.value);
     if let Some(check) = &endpoint.health_check_config {
         host.health_check = health_check(check, &format!("{at}.endpoint.health_check_config"))?;
     }

@@ -112,6 +112,7 @@ fn fields_map_to_host() {
     lb.metadata = Some(metadata);
     let mut loc = locality(2, vec![lb]);
     loc.locality.as_mut().unwrap().sub_zone = "rack-4".into();
+    loc.load_balancing_weight = Some(UInt32Value { value: 3 });
     let assignment = ClusterLoadAssignment {
         cluster_name: "web".into(),
         endpoints: vec![loc],
@@ -121,6 +122,13 @@ fn fields_map_to_host() {
     assert_eq!(host.addr, "[2001:db8::1]:8443".parse().unwrap());
     assert_eq!((host.weight, host.priority), (7, 2));
     assert_eq!(host.hostname.as_deref(), Some("web-1.example"));
+    let zone = ("eu", "eu-1a", "rack-4");
+    let l = &host.locality;
+    assert_eq!(
+        (l.region.as_str(), l.zone.as_str(), l.sub_zone.as_str()),
+        zone
+    );
+    assert_eq!(host.locality_weight, Some(3));
     let meta: Vec<_> = host
         .metadata
         .iter()
@@ -147,6 +155,7 @@ fn defaults_weight_one_no_hostname() {
         (1, 0, EdsHealth::Unknown)
     );
     assert_eq!(host.hostname, None);
+    assert_eq!(host.locality_weight, None);
 }
 
 #[test]

@@ -1,10 +1,16 @@
-//! Builds the kernel programs (`proxy-ebpf`) with aya-build and leaves the object in OUT_DIR,
-//! where `proxy::dataplane` embeds it.
+//! Builds the kernel programs (`proxy-ebpf`) with aya-build in a directory shared by every
+//! build of this crate ([`shared_dir`]) and copies the object to OUT_DIR, where
+//! `proxy::dataplane` embeds it.
 //!
 //! The eBPF crate is built with the same toolchain as this crate (`RUSTUP_TOOLCHAIN`, set by
 //! rustup for everything cargo runs), and `RUSTC_BOOTSTRAP=1` lets that stable toolchain use
 //! `-Z build-std=core` for the nested build only. bpf-linker must be built against this
 //! toolchain's LLVM: `cargo xtask setup` does that.
+use std::{
+    fs::File,
+    path::{Path, PathBuf},
+};
+
 use anyhow::{Context as _, anyhow};
 use aya_build::Toolchain;
 
@@ -27,6 +33,18 @@ fn main() -> anyhow::Result<()> {
     // by the nested cargo only.
     unsafe { std::env::set_var("RUSTC_BOOTSTRAP", "1") };
     which_bpf_linker()?;
+    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").context("OUT_DIR is not set")?);
+    let shared = shared_dir(&out_dir);
+    std::fs::create_dir_all(&shared).with_context(|| format!("creating {}", shared.display()))?;
+    // One build at a time in the shared directory: the nested cargo locks its own target
+    // directory, and this lock also covers the object's copy in and out.
+    let lock = File::create(shared.join(".lock"))
+        .with_context(|| format!("creating {}", shared.join(".lock").display()))?;
+    lock.lock()
+        .context("locking the shared eBPF build directory")?;
+    // SAFETY: as above; aya-build reads OUT_DIR as where its nested target directory and the
+    // object go, and nothing else in this process reads it after the copy below.
+    unsafe { std::env::set_var("OUT_DIR", &shared) };
     aya_build::build_ebpf(
         [aya_build::Package {
             name: ebpf.name.as_str(),
@@ -35,7 +53,37 @@ fn main() -> anyhow::Result<()> {
         }],
         Toolchain::Custom(&toolchain),
     )
-    .context("building the kernel programs (proxy-ebpf) failed; `cargo xtask setup` installs the eBPF toolchain")
+    .context("building the kernel programs (proxy-ebpf) failed; `cargo xtask setup` installs the eBPF toolchain")?;
+    // SAFETY: as above.
+    unsafe { std::env::set_var("OUT_DIR", &out_dir) };
+    let object = shared.join(OBJECT);
+    std::fs::copy(&object, out_dir.join(OBJECT))
+        .with_context(|| format!("copying {} into OUT_DIR", object.display()))?;
+    Ok(())
+}
+
+/// The kernel object's name (`proxy-ebpf`'s binary), which `proxy::dataplane` embeds.
+const OBJECT: &str = "proxy-programs";
+
+/// Where the kernel programs are built: one directory per profile directory of the target
+/// directory (`target/debug/ebpf`), not this run's OUT_DIR. Cargo gives every variant of this
+/// crate's build (`cargo build`, `cargo test`, clippy, another feature set) an OUT_DIR of its
+/// own, so building there compiled the kernel programs and their dependencies from nothing
+/// each time; in the shared directory the nested cargo build is incremental and a variant
+/// whose kernel sources did not change costs a second. OUT_DIR is
+/// `<profile dir>/build/<crate>-<hash>/out`; an unexpected shape falls back to OUT_DIR itself.
+fn shared_dir(out_dir: &Path) -> PathBuf {
+    match out_dir.ancestors().nth(3) {
+        Some(profile)
+            if out_dir
+                .ancestors()
+                .nth(2)
+                .is_some_and(|b| b.ends_with("build")) =>
+        {
+            profile.join("ebpf")
+        }
+        _ => out_dir.to_path_buf(),
+    }
 }
 
 /// Fails early with a pointer to the fix when bpf-linker is not on PATH.

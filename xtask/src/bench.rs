@@ -32,11 +32,11 @@ pub fn run(args: &[OsString]) -> anyhow::Result<()> {
     Err(err).with_context(|| format!("running {}", bin.display()))
 }
 
-/// The smoke run of `cargo xtask test` (`proxy-bench --smoke`) against the daemon `proxy`.
-pub fn smoke(proxy: &Path) -> anyhow::Result<()> {
-    let bin = build()?;
+/// The smoke run of `cargo xtask test` (`proxy-bench --smoke`, the harness `bench` built with
+/// the suite) against the daemon `proxy`.
+pub fn smoke(bench: &Path, proxy: &Path) -> anyhow::Result<()> {
     util::run(
-        Command::new(&bin).arg("--smoke").env("PROXY_BIN", proxy),
+        Command::new(bench).arg("--smoke").env("PROXY_BIN", proxy),
         "the benchmark harness smoke run",
     )
 }

@@ -81,9 +81,13 @@ impl Lane<'_> {
     }
 }
 
-/// Builds every test binary of `integration-tests`, then runs them in lanes.
-pub fn run(proxy: &Path, python: &Path, filter: Option<&str>) -> anyhow::Result<()> {
-    let binaries = util::test_binaries("integration-tests")?;
+/// Runs the test binaries of `integration-tests` (built by [`util::Suite`]) in lanes.
+pub fn run(
+    binaries: &[(String, PathBuf)],
+    proxy: &Path,
+    python: &Path,
+    filter: Option<&str>,
+) -> anyhow::Result<()> {
     let pick = |names: &[&str], inside: bool| -> Vec<(String, PathBuf)> {
         binaries
             .iter()

@@ -38,10 +38,11 @@ pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
     });
 
     util::require_root("the integration tests")?;
-    let proxy = util::build_proxy()?;
+    let suite = util::Suite::build()?;
     step("integration tests (root: network namespaces, cgroups, eBPF, real servers)");
     let python = util::workspace_root().join(".venv/bin/python");
-    let integrated = integration::run(&proxy, &python, filter).context("integration tests failed");
+    let integrated = integration::run(&suite.tests, &suite.proxy, &python, filter)
+        .context("integration tests failed");
     // The kernel tests again on the oldest supported kernel, in QEMU (about a minute, plus the
     // kernel download on a fresh target directory), whatever the host's own kernel is.
     step("kernel tests on Linux 5.10 in QEMU (cargo xtask vm --kernel 5.10)");
@@ -50,7 +51,7 @@ pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
         ..vm::Options::new(vm::KernelChoice::V5_10)
     });
     // The benchmark harness, once with tiny counts, so it cannot rot; numbers are not judged.
-    let smoke = bench::smoke(&proxy);
+    let smoke = bench::smoke(&suite.bench, &suite.proxy);
     style.context("the style gates failed (cargo xtask lint)")?;
     fuzzed.context("fuzzing failed (cargo xtask fuzz)")?;
     integrated?;

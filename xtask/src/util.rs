@@ -98,36 +98,75 @@ pub fn build_proxy() -> anyhow::Result<PathBuf> {
     Ok(target_dir()?.join("debug").join("proxy"))
 }
 
-/// Builds the test binaries of `package` (`cargo test --no-run`) and returns each with its
-/// target's name (`kernel_path`, ...; the library's own tests under the crate name), by name.
-pub fn test_binaries(package: &str) -> anyhow::Result<Vec<(String, PathBuf)>> {
-    step(format!("building the test binaries of {package}"));
-    let out = output(
-        cargo().args([
-            "test",
-            "--package",
-            package,
-            "--no-run",
-            "--message-format=json-render-diagnostics",
-        ]),
-        "cargo test --no-run",
-    )?;
-    let mut binaries = Vec::new();
-    for line in out.lines().filter(|l| l.starts_with('{')) {
-        let msg: serde_json::Value = serde_json::from_str(line).context("cargo's JSON output")?;
-        let is_test = msg["profile"]["test"].as_bool() == Some(true);
-        if let (true, Some(name), Some(exe)) = (
-            is_test,
-            msg["target"]["name"].as_str(),
-            msg["executable"].as_str(),
-        ) {
-            binaries.push((name.to_owned(), PathBuf::from(exe)));
+/// What the root-only suite runs: the daemon, the benchmark harness and every test binary of
+/// `integration-tests` with its target's name (`kernel_path`, ...), by name.
+pub struct Suite {
+    /// The daemon (debug build), with its kernel programs embedded.
+    pub proxy: PathBuf,
+    /// The benchmark harness (`proxy-bench`).
+    pub bench: PathBuf,
+    /// The integration test executables, sorted by name.
+    pub tests: Vec<(String, PathBuf)>,
+}
+
+impl Suite {
+    /// Builds all of it in one cargo invocation. One invocation resolves the dependencies'
+    /// features once: separate `cargo build -p proxy`, `cargo test -p integration-tests` and
+    /// `cargo build -p proxy-bench` runs each resolve them differently (dev-dependencies count
+    /// only where tests are built), and each difference compiled tokio, hyper, tonic and the
+    /// kernel programs again. With the features of the unit-test build (`cargo test
+    /// --workspace`), this build only compiles and links the binaries themselves.
+    pub fn build() -> anyhow::Result<Self> {
+        step(
+            "building the daemon, its kernel programs, the benchmark harness and the integration tests",
+        );
+        let out = output(
+            cargo().args([
+                "build",
+                "--package",
+                "proxy",
+                "--package",
+                "proxy-bench",
+                "--package",
+                "integration-tests",
+                "--bin",
+                "proxy",
+                "--bin",
+                "proxy-bench",
+                "--test",
+                "*",
+                "--message-format=json-render-diagnostics",
+            ]),
+            "cargo build (the daemon, the harness, the integration tests)",
+        )?;
+        let mut proxy = None;
+        let mut bench = None;
+        let mut tests = Vec::new();
+        for line in out.lines().filter(|l| l.starts_with('{')) {
+            let msg: serde_json::Value =
+                serde_json::from_str(line).context("cargo's JSON output")?;
+            let (Some(name), Some(exe)) =
+                (msg["target"]["name"].as_str(), msg["executable"].as_str())
+            else {
+                continue;
+            };
+            let exe = PathBuf::from(exe);
+            match (msg["profile"]["test"].as_bool() == Some(true), name) {
+                (true, _) => tests.push((name.to_owned(), exe)),
+                (false, "proxy") => proxy = Some(exe),
+                (false, "proxy-bench") => bench = Some(exe),
+                _ => {}
+            }
         }
+        if tests.is_empty() {
+            bail!("integration-tests has no test binaries");
+        }
+        tests.sort();
+        tests.dedup();
+        Ok(Self {
+            proxy: proxy.context("cargo built no `proxy` binary")?,
+            bench: bench.context("cargo built no `proxy-bench` binary")?,
+            tests,
+        })
     }
-    if binaries.is_empty() {
-        bail!("{package} has no test binaries");
-    }
-    binaries.sort();
-    binaries.dedup();
-    Ok(binaries)
 }

@@ -39,8 +39,9 @@ impl Payload {
     /// Builds the proxy and the kernel test binaries and gathers everything the VM needs.
     /// `binary_timeout` limits each test binary in the VM (it is killed and counted as a failure).
     pub fn build(filter: Option<&str>, binary_timeout: Duration) -> anyhow::Result<Self> {
-        let proxy = util::build_proxy()?;
-        let tests = build_kernel_tests()?;
+        let suite = util::Suite::build()?;
+        let proxy = suite.proxy;
+        let tests = kernel_tests(suite.tests)?;
         let mut payload = Self {
             files: BTreeMap::new(),
             tests: Vec::new(),
@@ -137,9 +138,9 @@ fn busybox() -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
-/// `cargo test -p integration-tests --no-run`, returning the test executables named `kernel_*`.
-fn build_kernel_tests() -> anyhow::Result<Vec<PathBuf>> {
-    let tests: Vec<PathBuf> = util::test_binaries("integration-tests")?
+/// The test executables named `kernel_*`.
+fn kernel_tests(all: Vec<(String, PathBuf)>) -> anyhow::Result<Vec<PathBuf>> {
+    let tests: Vec<PathBuf> = all
         .into_iter()
         .filter(|(name, _)| name.starts_with("kernel_"))
         .map(|(_, exe)| exe)

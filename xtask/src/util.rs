@@ -133,8 +133,7 @@ impl Suite {
                 "proxy",
                 "--bin",
                 "proxy-bench",
-                "--test",
-                "*",
+                "--tests",
                 "--message-format=json-render-diagnostics",
             ]),
             "cargo build (the daemon, the harness, the integration tests)",
@@ -151,8 +150,14 @@ impl Suite {
                 continue;
             };
             let exe = PathBuf::from(exe);
+            // `--tests` builds the other two packages' unit tests too (the unit-test step's
+            // artifacts, so no work): only integration-tests' run here.
+            let suite = msg["package_id"]
+                .as_str()
+                .is_some_and(|id| id.contains("#integration-tests@"));
             match (msg["profile"]["test"].as_bool() == Some(true), name) {
-                (true, _) => tests.push((name.to_owned(), exe)),
+                (true, _) if suite => tests.push((name.to_owned(), exe)),
+                (true, _) => {}
                 (false, "proxy") => proxy = Some(exe),
                 (false, "proxy-bench") => bench = Some(exe),
                 _ => {}

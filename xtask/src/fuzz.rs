@@ -68,37 +68,36 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let bins = build()?;
     let root = util::workspace_root().join("fuzz");
     let scratch = std::env::temp_dir().join(format!("proxy-fuzz-{}", std::process::id()));
+    // libFuzzer runs one thread: the targets run side by side, one per core, each writing to
+    // its own log, which is shown (its last lines, or all of it after a crash) when it ends.
+    let lanes = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    step(format!(
+        "fuzzing {} targets for {} s each, {lanes} at a time (corpora in fuzz/corpus/<target>)",
+        targets.len(),
+        opts.each.as_secs()
+    ));
     let mut crashed = Vec::new();
-    for target in targets {
-        step(format!(
-            "fuzzing {target} for {} s (corpus fuzz/corpus/{target})",
-            opts.each.as_secs()
-        ));
-        let corpus = root.join("corpus").join(target);
-        let out = scratch.join(target);
-        let artifacts = root.join("artifacts").join(target);
-        for dir in [&out, &artifacts] {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for chunk in targets.chunks(lanes) {
+        let outcomes = std::thread::scope(|s| {
+            let runs: Vec<_> = chunk
+                .iter()
+                .map(|&target| {
+                    let (bins, root, scratch) = (&bins, &root, &scratch);
+                    s.spawn(move || fuzz_one(bins, root, scratch, target, opts))
+                })
+                .collect();
+            runs.into_iter()
+                .map(|r| {
+                    r.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a fuzz run panicked")))
+                })
+                .collect::<Vec<_>>()
+        });
+        for (target, outcome) in chunk.iter().zip(outcomes) {
+            if let Some(crash) = outcome? {
+                crashed.push(format!("{target}: {crash}"));
+            }
         }
-        let mut cmd = Command::new(bins.join(target));
-        cmd.arg(format!("-max_total_time={}", opts.each.as_secs().max(1)))
-            // A slow input is a finding too (a parser that hangs), as is unbounded memory.
-            .arg("-timeout=10")
-            .arg("-rss_limit_mb=2048")
-            .arg("-print_final_stats=1")
-            .arg(format!("-artifact_prefix={}/", artifacts.display()))
-            .arg(&out)
-            .arg(&corpus);
-        let status = cmd
-            .status()
-            .with_context(|| format!("starting the {target} fuzzer"))?;
-        if !status.success() {
-            crashed.push(format!("{target} ({status}): see {}", artifacts.display()));
-        } else if opts.grow {
-            merge(&bins.join(target), &corpus, &out)?;
-        }
-        // An empty artifacts directory is noise in the checkout.
-        let _ = std::fs::remove_dir(&artifacts);
     }
     let _ = std::fs::remove_dir(root.join("artifacts"));
     let _ = std::fs::remove_dir_all(&scratch);
@@ -112,6 +111,62 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Runs one target for `opts.each`; `Some(why)` when an input crashed it. Its output goes to a
+/// log in `scratch`, printed when the run ends: the final stats, or the whole log on a crash.
+fn fuzz_one(
+    bins: &Path,
+    root: &Path,
+    scratch: &Path,
+    target: &str,
+    opts: &Options,
+) -> anyhow::Result<Option<String>> {
+    let corpus = root.join("corpus").join(target);
+    let out = scratch.join(target);
+    let artifacts = root.join("artifacts").join(target);
+    for dir in [&out, &artifacts] {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let log_path = scratch.join(format!("{target}.log"));
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("creating {}", log_path.display()))?;
+    let mut cmd = Command::new(bins.join(target));
+    cmd.arg(format!("-max_total_time={}", opts.each.as_secs().max(1)))
+        // A slow input is a finding too (a parser that hangs), as is unbounded memory.
+        .arg("-timeout=10")
+        .arg("-rss_limit_mb=2048")
+        .arg("-print_final_stats=1")
+        .arg(format!("-artifact_prefix={}/", artifacts.display()))
+        .arg(&out)
+        .arg(&corpus)
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    let status = cmd
+        .status()
+        .with_context(|| format!("starting the {target} fuzzer"))?;
+    let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let shown: Vec<&str> = if status.success() {
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(12)..].to_vec()
+    } else {
+        text.lines().collect()
+    };
+    detail(format!(
+        "fuzz target {target} ({status}):\n{}",
+        shown.join("\n")
+    ));
+    // An empty artifacts directory is noise in the checkout.
+    let crash = if status.success() {
+        if opts.grow {
+            merge(&bins.join(target), &corpus, &out)?;
+        }
+        None
+    } else {
+        Some(format!("{status}: see {}", artifacts.display()))
+    };
+    let _ = std::fs::remove_dir(&artifacts);
+    Ok(crash)
 }
 
 /// Replaces `corpus` with the smallest set of its inputs and `found`'s that keeps every feature.

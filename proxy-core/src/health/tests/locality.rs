@@ -172,3 +172,74 @@ fn an_unhealthy_eds_host_counts_in_its_locality() {
     let weights: Vec<u32> = level.iter().map(|(_, w)| *w).collect();
     assert_eq!(weights, [189_189, 810_811]);
 }
+
+/// A source the test drives: it publishes whatever the test sends.
+struct Scripted(tokio::sync::watch::Sender<crate::discovery::SourceUpdate>);
+
+impl crate::discovery::DiscoverySource for Scripted {
+    fn cluster_name(&self) -> &'static str {
+        "web"
+    }
+
+    fn updates(&self) -> tokio::sync::watch::Receiver<crate::discovery::SourceUpdate> {
+        self.0.subscribe()
+    }
+
+    fn named_stats(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_cluster_loop_takes_the_policy_that_comes_with_the_hosts() {
+    use crate::{
+        config::host_guard::HostGuard, discovery::SourceUpdate, health::HealthCheckManager,
+        upstream::Upstream,
+    };
+    // The source stands for EDS: the cluster's own policy is the default.
+    let cluster = parse("clusters:\n  - name: web\n")
+        .unwrap()
+        .clusters
+        .remove(0);
+    // One of two priority-0 hosts unhealthy, and a backup: P0 keeps 1.4 x 1/2 = 70 % by default.
+    let mut down = Host::new(super::support::addr(2));
+    down.eds_health = EdsHealth::Unhealthy;
+    let mut backup = Host::new(super::support::addr(3));
+    backup.priority = 1;
+    let hosts = vec![Host::new(super::support::addr(1)), down, backup];
+    let mut first = SourceUpdate::default();
+    first.advance(hosts.clone());
+    first.policy = Some(AssignmentPolicy {
+        overprovisioning_factor: 200,
+        weighted_priority_health: false,
+    });
+    let (tx, _) = tokio::sync::watch::channel(first);
+    let upstream = Upstream::with_source(
+        &cluster,
+        &HealthCheckManager::default(),
+        Box::new(Scripted(tx.clone())),
+        &HostGuard::default(),
+    )
+    .unwrap();
+    let mut routing = upstream.routing();
+    let within = std::time::Duration::from_secs(5);
+    let load = |r: &crate::health::Routing| r.priorities.first().map(|p| p.healthy_load);
+    // Factor 200: P0 whole.
+    let got = tokio::time::timeout(within, routing.wait_for(|r| load(r) == Some(100)))
+        .await
+        .expect("the assignment's factor applies")
+        .unwrap()
+        .overprovisioning_factor;
+    assert_eq!(got, 200);
+    // The next assignment brings none: the cluster's own (Envoy's default 140).
+    tx.send_modify(|u| {
+        u.advance(hosts.clone());
+        u.policy = None;
+    });
+    let got = tokio::time::timeout(within, routing.wait_for(|r| load(r) == Some(70)))
+        .await
+        .expect("the cluster's own factor applies again")
+        .unwrap()
+        .overprovisioning_factor;
+    assert_eq!(got, 140);
+}

@@ -28,6 +28,10 @@ const XDS_LISTS: &[(&str, &[(&str, &str)])] = &[
         ],
     ),
     (
+        include_str!("discovery/xds/cds/balance.rs"),
+        &[("COMMON_LB_FIELDS", "Cluster.common_lb_config")],
+    ),
+    (
         include_str!("discovery/xds/lds.rs"),
         &[
             ("LISTENER_FIELDS", "Listener"),
@@ -71,6 +75,12 @@ const XDS_HONOURED: &[&str] = &[
     "Cluster.load_assignment.endpoints[].lb_endpoints[].endpoint",
     "Cluster.load_assignment.endpoints[].lb_endpoints[].health_status",
     "Cluster.load_assignment.endpoints[].lb_endpoints[].load_balancing_weight",
+    "Cluster.load_assignment.endpoints[].locality",
+    "Cluster.load_assignment.endpoints[].load_balancing_weight",
+    "Cluster.load_assignment.policy.overprovisioning_factor",
+    "Cluster.load_assignment.policy.weighted_priority_health",
+    "Cluster.common_lb_config.healthy_panic_threshold",
+    "Cluster.common_lb_config.locality_weighted_lb_config",
     "ClusterLoadAssignment.cluster_name",
     "ClusterLoadAssignment.endpoints",
     "ClusterLoadAssignment.policy",

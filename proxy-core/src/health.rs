@@ -29,12 +29,15 @@ pub(crate) mod tests;
 
 pub use checker::{Checker, CheckerFactory, NetworkCheckers, ProtocolChecker};
 pub use cluster::{ClusterHealth, PassiveSignal};
-pub use cluster_config::{ClusterHealthConfig, CommonLbConfig, OutlierDetection, Percent};
+pub use cluster_config::{
+    AssignmentPolicy, ClusterHealthConfig, CommonLbConfig, LocalityWeightedLbConfig,
+    OutlierDetection, Percent,
+};
 pub use config::{HealthCheck, HealthConfigError, MIN_TIMER_INTERVAL};
 pub use manager::{HealthCheckManager, HealthEvent, ProbeId};
 pub use matrix::{ClusterMembership, HostFlags, HostStatus, MembershipChange};
 pub use outlier::{FailureVerdict, OutlierDetector, PassiveResult};
-pub use priority::{HostClass, PriorityRouting, Routing};
+pub use priority::{Balance, HostClass, PriorityRouting, Routing};
 pub use random::{ExtremeRandom, Random, SeededRandom};
 pub use spec::HealthCheckSpec;
 pub use state::{CheckOutcome, FailureKind, HostHealth, Transition};

@@ -13,6 +13,7 @@
 
 mod balancer;
 pub mod hash_policy;
+mod locality;
 pub mod maglev;
 pub mod ring_hash;
 pub mod xxhash;
@@ -20,7 +21,8 @@ pub mod xxhash;
 use std::net::SocketAddr;
 
 pub use self::balancer::{Balancer, MaglevLbConfig, RingHashFunction, RingHashLbConfig};
-use crate::health::Routing;
+use self::locality::class_shares;
+use crate::{health::Routing, host::Host};
 
 /// Total weight a table's hosts are scaled to when priority loads are merged: a resolution of
 /// one millionth, far below the table's 1/1021.
@@ -32,7 +34,8 @@ const LOAD_SCALE: f64 = 1_000_000.0;
 /// 80 % healthy still takes all traffic; at 50 % it takes 70 % and the next priority the rest),
 /// and inside a priority over healthy and then degraded hosts. The kernel picks from one table,
 /// so every priority that carries load goes into level 0 with each host's weight scaled by its
-/// priority's (and class's) load share. Priorities without load follow as levels 1, 2, ...:
+/// priority's (and class's) load share, and under locality-weighted balancing by its
+/// locality's share ([`class_shares`]). Priorities without load follow as levels 1, 2, ...:
 /// the kernel falls back to them only if level 0 has no host.
 pub fn kernel_levels(routing: &Routing) -> Vec<Vec<(SocketAddr, u32)>> {
     let mut merged = Vec::new();
@@ -49,19 +52,18 @@ pub fn kernel_levels(routing: &Routing) -> Vec<Vec<(SocketAddr, u32)>> {
             }
             continue;
         }
-        let classes: [(&[crate::host::Host], u32); 2] = if p.panic {
+        let classes: [(&[Host], u32); 2] = if p.panic {
             [(&p.all, p.healthy_load + p.degraded_load), (&[], 0)]
         } else {
             [(&p.healthy, p.healthy_load), (&p.degraded, p.degraded_load)]
         };
+        // Envoy ignores localities in panic: the whole priority's hosts, by host weight.
+        let localities = routing.locality_weighted && !p.panic;
         for (hosts, load) in classes {
-            let total: u64 = hosts.iter().map(|h| u64::from(h.weight.max(1))).sum();
-            if load == 0 || total == 0 {
-                continue;
-            }
-            for h in hosts {
-                let share = f64::from(load) / 100.0 * f64::from(h.weight.max(1)) / total as f64;
-                merged.push((h.addr, ((share * LOAD_SCALE).round() as u32).max(1)));
+            let all = if localities { Some(&p.all[..]) } else { None };
+            for (addr, share) in class_shares(hosts, all, routing.overprovisioning_factor) {
+                let scaled = f64::from(load) / 100.0 * share * LOAD_SCALE;
+                merged.push((addr, (scaled.round() as u32).max(1)));
             }
         }
     }

@@ -349,7 +349,11 @@ async fn run(health: Arc<Mutex<ClusterHealth>>, inputs: Inputs, out: Outputs, sw
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     };
-    let initial = guard.apply(hosts.borrow_and_update().hosts.clone());
+    let (initial, policy) = {
+        let update = hosts.borrow_and_update();
+        (guard.apply(update.hosts.clone()), update.policy)
+    };
+    lock().set_policy(policy);
     lock().update_hosts(initial.unwrap_or_default());
     let mut ticker = tokio::time::interval_at(
         crate::time::after_tokio(tokio::time::Instant::now(), sweep),
@@ -371,8 +375,14 @@ async fn run(health: Arc<Mutex<ClusterHealth>>, inputs: Inputs, out: Outputs, sw
         tokio::select! {
             next = hosts.changed() => match next {
                 Ok(()) => {
-                    if let Some(set) = guard.apply(hosts.borrow_and_update().hosts.clone()) {
-                        lock().update_hosts(set);
+                    let (set, policy) = {
+                        let update = hosts.borrow_and_update();
+                        (guard.apply(update.hosts.clone()), update.policy)
+                    };
+                    if let Some(set) = set {
+                        let mut health = lock();
+                        health.set_policy(policy);
+                        health.update_hosts(set);
                     }
                 }
                 Err(_) => return,

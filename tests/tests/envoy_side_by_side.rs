@@ -16,8 +16,11 @@
 //! refresh of each other. A fourth subscribes both to one xDS server's EDS cluster and pushes
 //! the same assignments: every EDS health status, weights, priorities, hosts leaving; both
 //! `/clusters` and the membership stats must agree after each version. The absent cells of the
-//! health matrix (hosts discovery stops sending) are compared in `removal`.
+//! health matrix (hosts discovery stops sending) are compared in `removal`, locality-weighted
+//! round robin (kernel and proxy path) in `locality`.
 
+#[path = "envoy_side_by_side/locality.rs"]
+mod locality;
 #[path = "envoy_side_by_side/removal.rs"]
 mod removal;
 

@@ -3,6 +3,7 @@
 use std::{
     collections::BTreeMap,
     net::{IpAddr, SocketAddr},
+    num::NonZeroU32,
     time::Duration,
 };
 
@@ -16,8 +17,10 @@ use crate::{
             DnsEndpoint, DnsLookupFamily, DnsResolverAddress, DnsSettings, QueryLimits, RefreshRate,
         },
     },
-    health::{ClusterHealthConfig, CommonLbConfig, HealthCheck, OutlierDetection},
-    host::{EdsHealth, Host, HostSet},
+    health::{
+        AssignmentPolicy, ClusterHealthConfig, CommonLbConfig, HealthCheck, OutlierDetection,
+    },
+    host::{EdsHealth, Host, HostSet, Locality},
 };
 
 /// An upstream cluster.
@@ -264,6 +267,36 @@ pub struct LoadAssignment {
     /// Endpoints grouped by locality and priority.
     #[serde(default)]
     pub endpoints: Vec<LocalityLbEndpoints>,
+    /// Envoy's `ClusterLoadAssignment.Policy` (`overprovisioning_factor`,
+    /// `weighted_priority_health`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<AssignmentPolicyConfig>,
+}
+
+/// Envoy's `ClusterLoadAssignment.Policy`, the fields that shape routing.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AssignmentPolicyConfig {
+    /// Percent by which priorities and localities count as overprovisioned: one is whole while
+    /// its available hosts times this reach 100 % (default 140; must be above 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overprovisioning_factor: Option<NonZeroU32>,
+    /// A priority's health counts host weights instead of hosts (default false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub weighted_priority_health: bool,
+}
+
+impl AssignmentPolicyConfig {
+    /// The policy as routing takes it, with Envoy's defaults.
+    pub fn resolved(&self) -> AssignmentPolicy {
+        let default = AssignmentPolicy::default();
+        AssignmentPolicy {
+            overprovisioning_factor: self
+                .overprovisioning_factor
+                .map_or(default.overprovisioning_factor, NonZeroU32::get),
+            weighted_priority_health: self.weighted_priority_health,
+        }
+    }
 }
 
 /// Envoy's `LocalityLbEndpoints`: endpoints that share a locality and a priority.
@@ -276,6 +309,13 @@ pub struct LocalityLbEndpoints {
     /// Failover priority, 0 (default) is the highest; at most 3 on the kernel path.
     #[serde(default)]
     pub priority: u32,
+    /// Where these endpoints run (`region`, `zone`, `sub_zone`); default none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locality: Option<Locality>,
+    /// The locality's weight under `common_lb_config.locality_weighted_lb_config`, at least 1;
+    /// a locality without one gets no traffic there (Envoy's rule). Default unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_balancing_weight: Option<NonZeroU32>,
 }
 
 /// Envoy's `LbEndpoint`.
@@ -394,17 +434,25 @@ impl Cluster {
             outlier_detection: self.outlier_detection.clone(),
             common_lb_config: self.common_lb_config,
             ignore_health_on_host_removal: self.ignore_health_on_host_removal,
+            assignment_policy: self
+                .load_assignment
+                .as_ref()
+                .and_then(|a| a.policy)
+                .unwrap_or_default()
+                .resolved(),
         }
     }
 
     /// The names (or IPs) to resolve for a DNS cluster, with each endpoint's attributes.
     pub fn dns_endpoints(&self) -> Vec<DnsEndpoint> {
         self.endpoints()
-            .map(|(priority, lb)| {
+            .map(|(group, lb)| {
                 let sa = &lb.endpoint.address.socket_address;
                 DnsEndpoint {
                     weight: lb.load_balancing_weight,
-                    priority,
+                    priority: group.priority,
+                    locality: group.locality.clone().unwrap_or_default(),
+                    locality_weight: group.load_balancing_weight.map(NonZeroU32::get),
                     health: lb.health_status,
                     metadata: lb.metadata.lb(),
                     hostname: lb.endpoint.hostname.clone(),
@@ -415,23 +463,25 @@ impl Cluster {
             .collect()
     }
 
-    /// Every endpoint with its priority.
-    fn endpoints(&self) -> impl Iterator<Item = (u32, &LbEndpoint)> {
+    /// Every endpoint with its locality group.
+    fn endpoints(&self) -> impl Iterator<Item = (&LocalityLbEndpoints, &LbEndpoint)> {
         self.load_assignment
             .iter()
             .flat_map(|a| &a.endpoints)
-            .flat_map(|g| g.lb_endpoints.iter().map(move |lb| (g.priority, lb)))
+            .flat_map(|g| g.lb_endpoints.iter().map(move |lb| (g, lb)))
     }
 
     /// The hosts of a STATIC cluster. Call only on a validated config (addresses are IPs).
     pub fn static_hosts(&self) -> HostSet {
         self.endpoints()
-            .filter_map(|(priority, lb)| {
+            .filter_map(|(group, lb)| {
                 let sa = &lb.endpoint.address.socket_address;
                 let ip = sa.address.parse::<IpAddr>().ok()?;
                 Some(Host {
                     weight: lb.load_balancing_weight,
-                    priority,
+                    priority: group.priority,
+                    locality: group.locality.clone().unwrap_or_default(),
+                    locality_weight: group.load_balancing_weight.map(NonZeroU32::get),
                     eds_health: lb.health_status,
                     metadata: lb.metadata.lb(),
                     hostname: lb.endpoint.hostname.clone(),

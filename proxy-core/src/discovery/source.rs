@@ -45,6 +45,9 @@ pub struct SourceUpdate {
     /// Hosts of the previous publication whose address is gone: drain their connections when
     /// [`DiscoverySource::drain_on_change`] says so.
     pub removed: Vec<crate::host::Host>,
+    /// The `ClusterLoadAssignment.policy` that came with the hosts (EDS); `None`: the
+    /// cluster's own (`load_assignment.policy` of its config, else Envoy's defaults).
+    pub policy: Option<crate::health::AssignmentPolicy>,
 }
 
 impl SourceUpdate {

@@ -12,7 +12,7 @@ use tokio::{sync::broadcast, time::Instant};
 use tracing::warn;
 
 use super::{
-    cluster_config::ClusterHealthConfig,
+    cluster_config::{AssignmentPolicy, ClusterHealthConfig},
     config::HealthConfigError,
     manager::{HealthCheckManager, HealthEvent, ProbeId},
     matrix::{ClusterMembership, HostStatus, MembershipChange},
@@ -51,6 +51,8 @@ pub struct ClusterHealth {
     /// Probe -> the hosts it checks (two hosts may name one check target).
     owners: HashMap<ProbeId, Vec<SocketAddr>>,
     stats: Arc<HealthCheckStats>,
+    /// The cluster's own assignment policy, for host sets that bring none.
+    policy: AssignmentPolicy,
 }
 
 /// One host's registration with the manager (`None`: its checks are disabled).
@@ -76,13 +78,21 @@ impl ClusterHealth {
         Ok(Self {
             name: name.to_owned(),
             membership: ClusterMembership::new(spec.is_some(), panic, od, random)
+                .balanced(config.balance())
                 .ignoring_health_on_removal(config.ignore_health_on_host_removal),
             manager: manager.clone(),
             spec,
             probes: HashMap::new(),
             owners: HashMap::new(),
             stats: Arc::default(),
+            policy: config.assignment_policy,
         })
+    }
+
+    /// Applies the assignment policy that came with a host set (`None`: the cluster's own);
+    /// give it before the update's hosts ([`Self::update_hosts`]), which recompute routing.
+    pub fn set_policy(&mut self, policy: Option<AssignmentPolicy>) {
+        self.membership.set_policy(policy.unwrap_or(self.policy));
     }
 
     /// Applies a discovery update; must run inside a tokio runtime (it may start probes).

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::{
     config::{HealthCheck, HealthConfigError},
     duration,
+    priority::Balance,
     spec::HealthCheckSpec,
 };
 
@@ -218,19 +219,49 @@ pub struct Percent {
     pub value: f64,
 }
 
-/// `Cluster.CommonLbConfig`, the panic-threshold subset.
+/// `Cluster.CommonLbConfig`: the panic threshold and locality-weighted balancing.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CommonLbConfig {
     /// Below this healthy percentage a priority routes to all its hosts (default 50; 0 disables).
     #[serde(default = "default_panic_threshold")]
     pub healthy_panic_threshold: Percent,
+    /// Present (`{}`): inside each priority, localities share traffic by their effective
+    /// weights (Envoy's locality-weighted load balancing). Absent: host by host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locality_weighted_lb_config: Option<LocalityWeightedLbConfig>,
 }
 
 impl Default for CommonLbConfig {
     fn default() -> Self {
         Self {
             healthy_panic_threshold: default_panic_threshold(),
+            locality_weighted_lb_config: None,
+        }
+    }
+}
+
+/// `CommonLbConfig.LocalityWeightedLbConfig`: an empty message whose presence turns locality
+/// weighting on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalityWeightedLbConfig {}
+
+/// The part of `ClusterLoadAssignment.policy` that shapes routing; it travels with the host
+/// set (the file's `load_assignment`, a CDS inline assignment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct AssignmentPolicy {
+    /// `overprovisioning_factor`, percent (default 140).
+    pub overprovisioning_factor: u32,
+    /// `weighted_priority_health` (default false).
+    pub weighted_priority_health: bool,
+}
+
+impl Default for AssignmentPolicy {
+    fn default() -> Self {
+        Self {
+            overprovisioning_factor: super::priority::OVERPROVISIONING_PERCENT,
+            weighted_priority_health: false,
         }
     }
 }
@@ -257,9 +288,22 @@ pub struct ClusterHealthConfig {
     /// it stays until it fails a check.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ignore_health_on_host_removal: bool,
+    /// The host set's assignment policy (from `load_assignment.policy`, not a field here).
+    #[serde(skip)]
+    pub assignment_policy: AssignmentPolicy,
 }
 
 impl ClusterHealthConfig {
+    /// How routing spreads load: the panic threshold, locality weighting and the policy.
+    pub fn balance(&self) -> Balance {
+        Balance {
+            panic_threshold: self.common_lb_config.healthy_panic_threshold.value,
+            overprovisioning_factor: self.assignment_policy.overprovisioning_factor,
+            weighted_priority_health: self.assignment_policy.weighted_priority_health,
+            locality_weighted: self.common_lb_config.locality_weighted_lb_config.is_some(),
+        }
+    }
+
     /// Validates everything; returns the active check (if any) for cluster `cluster`.
     pub fn validate(&self, cluster: &str) -> Result<Option<HealthCheckSpec>, HealthConfigError> {
         if self.health_checks.len() > 1 {

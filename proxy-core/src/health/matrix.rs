@@ -29,9 +29,9 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::{
-    cluster_config::OutlierDetection,
+    cluster_config::{AssignmentPolicy, OutlierDetection},
     outlier::{FailureVerdict, OutlierDetector, PassiveResult},
-    priority::{HostClass, Routing},
+    priority::{Balance, HostClass, Routing},
     random::Random,
     state::HostHealth,
     stats::{MembershipStats, OutlierStats},
@@ -146,7 +146,7 @@ pub struct ClusterMembership {
     active_hc: bool,
     /// `ignore_health_on_host_removal`: an absent host goes at once, healthy or not.
     ignore_health_on_removal: bool,
-    panic_threshold: f64,
+    balance: Balance,
     members: BTreeMap<MemberKey, Member>,
     outlier: Option<OutlierDetector>,
 }
@@ -163,10 +163,25 @@ impl ClusterMembership {
         Self {
             active_hc,
             ignore_health_on_removal: false,
-            panic_threshold,
+            balance: Balance::new(panic_threshold),
             members: BTreeMap::new(),
             outlier: outlier.map(|c| OutlierDetector::new(c, random)),
         }
+    }
+
+    /// With `balance` (its panic threshold replaces the one given to [`Self::new`]):
+    /// locality weighting and the assignment policy.
+    #[must_use]
+    pub fn balanced(mut self, balance: Balance) -> Self {
+        self.balance = balance;
+        self
+    }
+
+    /// Replaces the assignment policy (overprovisioning factor, weighted priority health);
+    /// routing follows from the next [`Self::routing`].
+    pub fn set_policy(&mut self, policy: AssignmentPolicy) {
+        self.balance.overprovisioning_factor = policy.overprovisioning_factor;
+        self.balance.weighted_priority_health = policy.weighted_priority_health;
     }
 
     /// With `ignore`, a host discovery no longer returns is deleted at once, even while active
@@ -306,7 +321,7 @@ impl ClusterMembership {
             .iter()
             .map(|(key, m)| (m.host.clone(), self.flags(key.0, m).class()))
             .collect();
-        Routing::compute(&classified, self.panic_threshold)
+        Routing::compute_with(&classified, &self.balance)
     }
 
     /// Membership gauges.

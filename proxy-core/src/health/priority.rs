@@ -1,7 +1,8 @@
 //! Per-priority load, degraded spill-over and panic mode (Envoy's priority and panic rules).
 //!
-//! For each priority `P`, `health(P) = min(100, 140 * healthy / total)` (overprovisioning
-//! factor 1.4, host counts, excluded hosts not counted) and likewise for degraded hosts. Load is
+//! For each priority `P`, `health(P) = min(100, factor * healthy / total)` (the assignment's
+//! overprovisioning factor in percent, default 140; host counts, or host weights under
+//! `weighted_priority_health`; excluded hosts not counted) and likewise for degraded hosts. Load is
 //! handed out in priority order: healthy first, then degraded, normalised by the total
 //! availability. A priority is in panic when the total availability is below 100 and its
 //! healthy + degraded share is below `healthy_panic_threshold` (0 disables panic); then it
@@ -12,7 +13,33 @@ use serde::Serialize;
 use crate::host::Host;
 
 /// Overprovisioning factor, in percent (Envoy's default 140).
-pub const OVERPROVISIONING_PERCENT: u64 = 140;
+pub const OVERPROVISIONING_PERCENT: u32 = 140;
+
+/// How a cluster spreads load beyond its hosts' health: the panic threshold and the locality
+/// choice of `common_lb_config`, and the host set's `ClusterLoadAssignment.policy`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Balance {
+    /// `healthy_panic_threshold` in percent (0 disables panic).
+    pub panic_threshold: f64,
+    /// `policy.overprovisioning_factor` in percent (default 140).
+    pub overprovisioning_factor: u32,
+    /// `policy.weighted_priority_health`: a priority's health counts host weights, not hosts.
+    pub weighted_priority_health: bool,
+    /// `locality_weighted_lb_config`: inside a priority, localities share by effective weight.
+    pub locality_weighted: bool,
+}
+
+impl Balance {
+    /// Envoy's defaults with this panic threshold.
+    pub fn new(panic_threshold: f64) -> Self {
+        Self {
+            panic_threshold,
+            overprovisioning_factor: OVERPROVISIONING_PERCENT,
+            weighted_priority_health: false,
+            locality_weighted: false,
+        }
+    }
+}
 
 /// How a host counts for load balancing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -68,10 +95,26 @@ impl PriorityRouting {
 }
 
 /// A cluster's routing: one entry per priority present, ascending.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Routing {
     /// Per-priority state.
     pub priorities: Vec<PriorityRouting>,
+    /// The overprovisioning factor (percent) the loads were computed with; locality effective
+    /// weights use it too.
+    pub overprovisioning_factor: u32,
+    /// Whether localities share each priority's load by effective weight
+    /// ([`crate::lb::kernel_levels`]).
+    pub locality_weighted: bool,
+}
+
+impl Default for Routing {
+    fn default() -> Self {
+        Self {
+            priorities: Vec::new(),
+            overprovisioning_factor: OVERPROVISIONING_PERCENT,
+            locality_weighted: false,
+        }
+    }
 }
 
 impl Routing {
@@ -92,6 +135,7 @@ impl Routing {
                     ..p.clone()
                 })
                 .collect(),
+            ..*self
         }
     }
 
@@ -112,8 +156,13 @@ impl Routing {
             .collect()
     }
 
-    /// Computes routing from classified hosts.
+    /// Computes routing from classified hosts with Envoy's defaults and this panic threshold.
     pub fn compute(hosts: &[(Host, HostClass)], panic_threshold: f64) -> Self {
+        Self::compute_with(hosts, &Balance::new(panic_threshold))
+    }
+
+    /// Computes routing from classified hosts under `balance`.
+    pub fn compute_with(hosts: &[(Host, HostClass)], balance: &Balance) -> Self {
         let mut priorities: Vec<PriorityRouting> = Vec::new();
         for (host, class) in hosts {
             let idx = match priorities.binary_search_by_key(&host.priority, |p| p.priority) {
@@ -136,26 +185,41 @@ impl Routing {
             }
             p.all.push(host.clone());
         }
-        assign_load(&mut priorities, panic_threshold);
-        Self { priorities }
+        assign_load(&mut priorities, balance);
+        Self {
+            priorities,
+            overprovisioning_factor: balance.overprovisioning_factor,
+            locality_weighted: balance.locality_weighted,
+        }
     }
 }
 
-fn availability(count: usize, total: usize) -> u64 {
+/// A priority's health (or degraded share) in percent: Envoy's
+/// `min(100, factor * eligible / total)`, in hosts or, with `weighted`, in host weights.
+fn availability(eligible: &[Host], all: &[Host], balance: &Balance) -> u64 {
+    let size = |hosts: &[Host]| -> u64 {
+        if balance.weighted_priority_health {
+            hosts.iter().map(|h| u64::from(h.weight)).sum()
+        } else {
+            hosts.len() as u64
+        }
+    };
+    let total = size(all);
     if total == 0 {
         return 0;
     }
-    (OVERPROVISIONING_PERCENT * count as u64 / total as u64).min(100)
+    (u64::from(balance.overprovisioning_factor) * size(eligible) / total).min(100)
 }
 
-fn assign_load(priorities: &mut [PriorityRouting], panic_threshold: f64) {
+fn assign_load(priorities: &mut [PriorityRouting], balance: &Balance) {
+    let panic_threshold = balance.panic_threshold;
     let healthy: Vec<u64> = priorities
         .iter()
-        .map(|p| availability(p.healthy.len(), p.all.len()))
+        .map(|p| availability(&p.healthy, &p.all, balance))
         .collect();
     let degraded: Vec<u64> = priorities
         .iter()
-        .map(|p| availability(p.degraded.len(), p.all.len()))
+        .map(|p| availability(&p.degraded, &p.all, balance))
         .collect();
     let total = (healthy.iter().sum::<u64>() + degraded.iter().sum::<u64>()).min(100);
     for p in priorities.iter_mut() {

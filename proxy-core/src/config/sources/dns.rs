@@ -253,6 +253,10 @@ pub struct DnsEndpoint {
     pub health: EdsHealth,
     /// `endpoint.health_check_config`, for every resolved host.
     pub health_check: crate::host::HealthCheckTarget,
+    /// The enclosing group's `locality`.
+    pub locality: crate::host::Locality,
+    /// The enclosing group's `load_balancing_weight`.
+    pub locality_weight: Option<u32>,
 }
 
 impl DnsEndpoint {
@@ -267,6 +271,8 @@ impl DnsEndpoint {
             metadata: BTreeMap::new(),
             health: EdsHealth::Unknown,
             health_check: crate::host::HealthCheckTarget::default(),
+            locality: crate::host::Locality::default(),
+            locality_weight: None,
         }
     }
 }

@@ -97,6 +97,8 @@ fn endpoint_answer(endpoint: &DnsEndpoint, records: &[AddressRecord]) -> Answer 
             eds_health: endpoint.health,
             metadata: endpoint.metadata.clone(),
             health_check: endpoint.health_check.clone(),
+            locality: endpoint.locality.clone(),
+            locality_weight: endpoint.locality_weight,
             hostname: Some(
                 endpoint
                     .hostname

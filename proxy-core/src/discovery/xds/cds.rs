@@ -7,7 +7,10 @@
 //!
 //! Honoured: `name`, `type` (STATIC, STRICT_DNS, LOGICAL_DNS, EDS, ORIGINAL_DST), `lb_policy`
 //! (as the proto says: unset is ROUND_ROBIN, Envoy's default), `connect_timeout`,
-//! `load_assignment` (socket addresses with `port_value`, weights, health, priorities),
+//! `load_assignment` (socket addresses with `port_value`, weights, health, priorities,
+//! localities and their weights, `policy.overprovisioning_factor` and
+//! `policy.weighted_priority_health`), `common_lb_config` (`healthy_panic_threshold`,
+//! `locality_weighted_lb_config`),
 //! `eds_cluster_config` (`service_name`; `eds_config` must be `ads: {}`), `dns_refresh_rate`,
 //! `respect_dns_ttl`, `dns_lookup_family`, `cleanup_interval`,
 //! `ignore_health_on_host_removal`, `close_connections_on_host_health_failure`,
@@ -41,7 +44,10 @@ use prost::Message;
 use serde_json::{Map, Value, json};
 use thiserror::Error;
 
+use self::balance::{common_lb_form, policy_form};
 use crate::config::{Cluster, Config, ConfigError, duration, sources::xds::XdsConfig};
+
+mod balance;
 
 /// The type URL of `envoy.config.cluster.v3.Cluster`.
 pub const CLUSTER_TYPE_URL: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
@@ -111,7 +117,6 @@ const CLUSTER_FIELDS: &[(u64, &str)] = &[
     (23, "ring_hash_lb_config"),
     (24, "transport_socket"),
     (25, "metadata"),
-    (27, "common_lb_config"),
     (28, "alt_stat_name"),
     (29, "common_http_protocol_options"),
     (30, "upstream_connection_options"),
@@ -156,6 +161,10 @@ pub fn file_form(cluster: &ProtoCluster) -> Result<Value, ResourceError> {
     }
     if let Some((field, value)) = lb_config_form(cluster.lb_config.as_ref()) {
         out.insert(field.into(), value);
+    }
+    if let Some(common) = &cluster.common_lb_config {
+        let form = common_lb_form(common).map_err(invalid)?;
+        out.insert("common_lb_config".into(), form);
     }
     if let Some(breakers) = &cluster.circuit_breakers {
         let form = breakers_form(breakers).map_err(invalid)?;
@@ -280,6 +289,7 @@ fn clear_honoured(c: &mut ProtoCluster) {
         c.lb_config = None;
     }
     c.circuit_breakers = None;
+    c.common_lb_config = None;
 }
 
 /// `circuit_breakers` in the file's form. Fields not honoured (`retry_budget`,
@@ -365,16 +375,11 @@ fn eds_form(
 const LB_ENDPOINT_FIELDS: &[(u64, &str)] = &[(3, "metadata"), (5, "endpoint_name")];
 
 /// An inline `load_assignment` in the file's form: socket addresses with a port value,
-/// weights, health and priorities.
+/// weights, health, priorities, localities with their weights, and the `policy`.
 fn assignment(cla: &ClusterLoadAssignment) -> Result<Value, (String, String)> {
-    if cla.policy.is_some() || !cla.named_endpoints.is_empty() {
-        let field = if cla.policy.is_some() {
-            "policy"
-        } else {
-            "named_endpoints"
-        };
+    if !cla.named_endpoints.is_empty() {
         return Err((
-            format!("load_assignment.{field}"),
+            "load_assignment.named_endpoints".into(),
             "is not supported".into(),
         ));
     }
@@ -385,15 +390,26 @@ fn assignment(cla: &ClusterLoadAssignment) -> Result<Value, (String, String)> {
             let at = format!("load_assignment.endpoints[{i}].lb_endpoints[{j}]");
             lbs.push(lb_endpoint(lb).map_err(|(f, r)| (format!("{at}.{f}"), r))?);
         }
-        if group.load_balancing_weight.is_some() || group.lb_config.is_some() {
+        if group.lb_config.is_some() {
             return Err((
                 format!("load_assignment.endpoints[{i}]"),
-                "locality weights are not supported".into(),
+                "LEDS (leds_cluster_locality_config) is not supported".into(),
             ));
         }
-        groups.push(json!({"lb_endpoints": lbs, "priority": group.priority}));
+        let mut form = json!({"lb_endpoints": lbs, "priority": group.priority});
+        if let Some(l) = &group.locality {
+            form["locality"] = json!({"region": l.region, "zone": l.zone, "sub_zone": l.sub_zone});
+        }
+        if let Some(w) = group.load_balancing_weight {
+            form["load_balancing_weight"] = json!(w.value);
+        }
+        groups.push(form);
     }
-    Ok(json!({"cluster_name": cla.cluster_name, "endpoints": groups}))
+    let mut out = json!({"cluster_name": cla.cluster_name, "endpoints": groups});
+    if let Some(policy) = &cla.policy {
+        out["policy"] = policy_form(policy)?;
+    }
+    Ok(out)
 }
 
 /// Refuses an `LbEndpoint` field not honoured (`metadata`, `endpoint_name`, ...).

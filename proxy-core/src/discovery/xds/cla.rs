@@ -9,7 +9,7 @@
 //!    rule in field-number order. The rules: a non-empty `cluster_name`;
 //!    `load_balancing_weight` at least 1 on a locality or an endpoint; `priority` at most 128;
 //!    an `Address` with one of its kinds set; a socket address with a non-empty `address`, a
-//!    port specifier, and `port_value` at most 65535.
+//!    port specifier, and `port_value` at most 65535; `policy.overprovisioning_factor` above 0.
 //! 2. [`hosts_from_cla`]: the host mapping, which Envoy's EDS cluster applies only to the
 //!    assignment it uses. Rejected, with Envoy's words where Envoy rejects too: an `LbEndpoint`
 //!    without an endpoint or an endpoint without an address ("Address must be set"), an address
@@ -18,9 +18,10 @@
 //!    a locality with both LEDS and endpoints ("... cannot include both LEDS ..."). Rejected by
 //!    us only: pipe and Envoy internal addresses (Envoy accepts them; we cannot connect to them)
 //!    and LEDS localities (Envoy subscribes to LEDS; this daemon does not implement it), and
-//!    what Envoy acts on and this daemon would ignore: a `policy` other than the default
-//!    (`drop_overloads`, `overprovisioning_factor` other than 140, `endpoint_stale_after`,
-//!    `weighted_priority_health`) and an endpoint's `additional_addresses`.
+//!    what Envoy acts on and this daemon would ignore: a `policy`'s `drop_overloads` and
+//!    `endpoint_stale_after`, and an endpoint's `additional_addresses`. The policy's
+//!    `overprovisioning_factor` and `weighted_priority_health` are honoured
+//!    ([`assignment_policy`]): they travel with the hosts to the cluster's routing.
 //!
 //! Accepted as Envoy accepts them:
 //! * `port_value: 0`, and the unspecified, broadcast and multicast addresses: Envoy keeps such a
@@ -73,7 +74,10 @@ use envoy_types::pb::{
 };
 use thiserror::Error;
 
-use crate::host::{EdsHealth, HealthCheckTarget, Host, HostSet};
+use crate::{
+    health::AssignmentPolicy,
+    host::{EdsHealth, HealthCheckTarget, Host, HostSet},
+};
 
 /// Metadata key of the locality's region.
 pub const LOCALITY_REGION: &str = "locality.region";
@@ -200,6 +204,8 @@ pub enum Rule {
     PortRange,
     /// `health_check_config.port_value` above 65535 (`lte: 65535`).
     HealthCheckPort,
+    /// `policy.overprovisioning_factor` is 0 (`gt: 0`).
+    OverprovisioningFactor,
 }
 
 const EMBEDDED: &str = "embedded message failed validation | caused by ";
@@ -247,6 +253,10 @@ impl fmt::Display for Violation {
             Rule::PortRange => write!(
                 f,
                 "{socket}SocketAddressValidationError.PortValue: value must be less than or equal to 65535"
+            ),
+            Rule::OverprovisioningFactor => write!(
+                f,
+                "ClusterLoadAssignmentValidationError.Policy: {EMBEDDED}ClusterLoadAssignment_PolicyValidationError.OverprovisioningFactor: value must be greater than 0"
             ),
             Rule::HealthCheckPort => write!(
                 f,
@@ -304,7 +314,25 @@ pub fn check_constraints(cla: &ClusterLoadAssignment) -> Result<(), ClaError> {
             return Err(violation(Some(index), None, Rule::Priority));
         }
     }
+    let factor = cla.policy.as_ref().and_then(|p| p.overprovisioning_factor);
+    if factor.is_some_and(|f| f.value == 0) {
+        return Err(violation(None, None, Rule::OverprovisioningFactor));
+    }
     Ok(())
+}
+
+/// The routing part of `cla`'s `policy`, Envoy's defaults where unset (factor 140).
+pub fn assignment_policy(cla: &ClusterLoadAssignment) -> AssignmentPolicy {
+    let default = AssignmentPolicy::default();
+    let Some(policy) = &cla.policy else {
+        return default;
+    };
+    AssignmentPolicy {
+        overprovisioning_factor: policy
+            .overprovisioning_factor
+            .map_or(default.overprovisioning_factor, |f| f.value),
+        weighted_priority_health: policy.weighted_priority_health,
+    }
 }
 
 fn check_address(address: &Address) -> Result<(), Rule> {
@@ -364,22 +392,17 @@ pub(crate) fn map_hosts(cla: &ClusterLoadAssignment) -> Result<HostSet, ClaError
     Ok(hosts)
 }
 
-/// The overload, overprovisioning and staleness `policy`, and an endpoint's extra addresses:
-/// Envoy acts on each, and this daemon would not.
+/// The overload and staleness `policy`, and an endpoint's extra addresses: Envoy acts on
+/// each, and this daemon would not.
 fn refuse_unhonoured(cla: &ClusterLoadAssignment) -> Result<(), ClaError> {
     let refuse = |at: String, field| Err(ClaError::Unhonoured { at, field });
     if let Some(policy) = &cla.policy {
-        let default_factor = policy
-            .overprovisioning_factor
-            .is_none_or(|f| f.value == 140);
         let set = [
             (!policy.drop_overloads.is_empty(), "drop_overloads"),
-            (!default_factor, "overprovisioning_factor"),
             (
                 policy.endpoint_stale_after.is_some(),
                 "endpoint_stale_after",
             ),
-            (policy.weighted_priority_health, "weighted_priority_health"),
         ];
         if let Some((_, field)) = set.into_iter().find(|(on, _)| *on) {
             return refuse("policy".to_owned(), field);

@@ -36,10 +36,11 @@ use crate::{
     discovery::{
         SourceUpdate, diff_hosts,
         xds::{
-            cla::{ClaError, check_constraints, map_hosts},
+            cla::{ClaError, assignment_policy, check_constraints, map_hosts},
             stats::{ClusterStats, version_gauge},
         },
     },
+    health::AssignmentPolicy,
     host::HostSet,
 };
 
@@ -153,9 +154,14 @@ pub(crate) struct Sink {
     pub(crate) stats: Arc<ClusterStats>,
 }
 
+/// An accepted assignment: its hosts and the `policy` that travels with them.
+type Assigned = (HostSet, AssignmentPolicy);
+
 struct Resource {
     sinks: Vec<Sink>,
     hosts: Option<HostSet>,
+    /// The held assignment's policy.
+    policy: AssignmentPolicy,
     /// Delta: the version of the resource we hold, sent in `initial_resource_versions`.
     delta_version: Option<String>,
 }
@@ -182,6 +188,7 @@ impl EdsState {
             let resource = resources.entry(name).or_insert_with(|| Resource {
                 sinks: Vec::new(),
                 hosts: None,
+                policy: AssignmentPolicy::default(),
                 delta_version: None,
             });
             resource.sinks.push(sink);
@@ -202,7 +209,7 @@ impl EdsState {
     }
 
     /// The hosts of `cla`, or why it is NACKed: invalid, or too many for the kernel maps.
-    fn hosts_of(&self, cla: &ClusterLoadAssignment) -> Result<HostSet, UpdateError> {
+    fn hosts_of(&self, cla: &ClusterLoadAssignment) -> Result<Assigned, UpdateError> {
         let hosts = map_hosts(cla).map_err(|source| invalid(cla, source))?;
         let refusal = self.maps.and_then(|m| {
             m.hosts_refusal(hosts.len()).or_else(|| {
@@ -216,7 +223,7 @@ impl EdsState {
                 name: cla.cluster_name.clone(),
                 reason,
             }),
-            None => Ok(hosts),
+            None => Ok((hosts, assignment_policy(cla))),
         }
     }
 
@@ -233,6 +240,7 @@ impl EdsState {
                     update.initialized = true;
                     update.hosts.clone_from(hosts);
                     update.added.clone_from(hosts);
+                    update.policy = Some(resource.policy);
                 });
                 sink.stats.set_membership(hosts);
             }
@@ -246,6 +254,7 @@ impl EdsState {
             Resource {
                 sinks: vec![sink],
                 hosts: None,
+                policy: AssignmentPolicy::default(),
                 delta_version: None,
             },
         );
@@ -322,7 +331,7 @@ impl EdsState {
         let single = self.resources.len() == 1;
         for (name, resource) in &mut self.resources {
             match assignments.get(name) {
-                Some(hosts) => publish(resource, hosts.clone(), &response.version_info),
+                Some(assigned) => publish(resource, assigned.clone(), &response.version_info),
                 None if single => count_empty(resource),
                 None => {}
             }
@@ -337,7 +346,7 @@ impl EdsState {
         &self,
         clas: &[ClusterLoadAssignment],
         duplicates: Duplicates,
-    ) -> Result<BTreeMap<String, HostSet>, UpdateError> {
+    ) -> Result<BTreeMap<String, Assigned>, UpdateError> {
         for cla in clas {
             check_constraints(cla).map_err(|source| invalid(cla, source))?;
         }
@@ -370,9 +379,9 @@ impl EdsState {
         response: &DeltaDiscoveryResponse,
     ) -> Result<(), UpdateError> {
         let added = self.reject_on_error(self.validate_delta(response))?;
-        for (name, version, hosts) in added {
+        for (name, version, assigned) in added {
             if let Some(resource) = self.resources.get_mut(&name) {
-                publish(resource, hosts, &version);
+                publish(resource, assigned, &version);
                 resource.delta_version = Some(version);
             } else {
                 tracing::debug!(resource = %name, "ignoring unsubscribed resource");
@@ -394,7 +403,7 @@ impl EdsState {
     fn validate_delta(
         &self,
         response: &DeltaDiscoveryResponse,
-    ) -> Result<Vec<(String, String, HostSet)>, UpdateError> {
+    ) -> Result<Vec<(String, String, Assigned)>, UpdateError> {
         let mut names = HashSet::new();
         let mut wanted = Vec::new();
         for (index, resource) in response.resources.iter().enumerate() {
@@ -440,8 +449,8 @@ impl EdsState {
                     found: cla.cluster_name,
                 });
             }
-            let hosts = self.hosts_of(&cla)?;
-            out.push((resource.name.clone(), resource.version.clone(), hosts));
+            let assigned = self.hosts_of(&cla)?;
+            out.push((resource.name.clone(), resource.version.clone(), assigned));
         }
         Ok(out)
     }
@@ -509,9 +518,10 @@ fn invalid(cla: &ClusterLoadAssignment, source: ClaError) -> UpdateError {
     UpdateError::Invalid { name, source }
 }
 
-/// Publishes an accepted assignment to every sink of `resource`.
-fn publish(resource: &mut Resource, hosts: HostSet, version_info: &str) {
-    let unchanged = resource.hosts.as_ref() == Some(&hosts);
+/// Publishes an accepted assignment to every sink of `resource`; a changed policy is a
+/// change as a changed host is (Envoy rebuilds the host set for either).
+fn publish(resource: &mut Resource, (hosts, policy): Assigned, version_info: &str) {
+    let unchanged = resource.hosts.as_ref() == Some(&hosts) && resource.policy == policy;
     let (added, removed) = diff_hosts(resource.hosts.as_deref().unwrap_or_default(), &hosts);
     for sink in &resource.sinks {
         let stats = &sink.stats;
@@ -540,9 +550,11 @@ fn publish(resource: &mut Resource, hosts: HostSet, version_info: &str) {
             update.hosts.clone_from(&hosts);
             update.added.clone_from(&added);
             update.removed.clone_from(&removed);
+            update.policy = Some(policy);
         });
     }
     resource.hosts = Some(hosts);
+    resource.policy = policy;
 }
 
 fn count_empty(resource: &Resource) {

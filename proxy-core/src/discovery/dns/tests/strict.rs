@@ -35,6 +35,11 @@ async fn every_distinct_address_is_a_host_carrying_endpoint_attributes() {
         priority: 2,
         metadata: BTreeMap::from([("zone".into(), "a".into())]),
         health: EdsHealth::Degraded,
+        locality: crate::host::Locality {
+            zone: "z1".into(),
+            ..Default::default()
+        },
+        locality_weight: Some(3),
         ..DnsEndpoint::new("web.test", 8080)
     };
     let cluster =
@@ -51,6 +56,10 @@ async fn every_distinct_address_is_a_host_carrying_endpoint_attributes() {
         );
         assert_eq!(host.metadata["zone"], "a");
         assert_eq!(host.hostname.as_deref(), Some("web"));
+        assert_eq!(
+            (host.locality.zone.as_str(), host.locality_weight),
+            ("z1", Some(3))
+        );
     }
     let stats = cluster.stats().values();
     assert_eq!(

@@ -432,12 +432,15 @@ fn health_check_config_maps_to_the_check_target() {
     );
 }
 
-/// A drop policy or a changed overprovisioning factor were ACKed and ignored: each is refused by
-/// name (Envoy acts on them); the default factor passes. (An endpoint's `health_check_config` is
+/// A policy's staleness was ACKed and ignored: it is refused by name (Envoy acts on it). The
+/// overprovisioning factor and weighted priority health are honoured: they come with the
+/// hosts; a factor of 0 breaks Envoy's proto rule. (An endpoint's `health_check_config` is
 /// honoured: `health_check_config_maps_to_the_check_target`.)
 #[test]
-fn what_envoy_acts_on_and_this_daemon_would_not_is_refused_by_name() {
+fn the_policy_is_honoured_or_refused_by_name() {
     use envoy_types::pb::envoy::config::endpoint::v3::cluster_load_assignment::Policy;
+
+    use crate::{discovery::xds::cla::assignment_policy, health::AssignmentPolicy};
     let policy = |policy: Policy| ClusterLoadAssignment {
         policy: Some(policy),
         ..cla("web", &[80])
@@ -446,27 +449,38 @@ fn what_envoy_acts_on_and_this_daemon_would_not_is_refused_by_name() {
         overprovisioning_factor: Some(UInt32Value { value }),
         ..Default::default()
     };
+    assert_eq!(
+        assignment_policy(&cla("web", &[80])),
+        AssignmentPolicy::default()
+    );
+    let weighted = policy(Policy {
+        weighted_priority_health: true,
+        ..factor(200)
+    });
+    assert!(hosts_from_cla(&weighted).is_ok());
+    let want = AssignmentPolicy {
+        overprovisioning_factor: 200,
+        weighted_priority_health: true,
+    };
+    assert_eq!(assignment_policy(&weighted), want);
+    let zero = hosts_from_cla(&policy(factor(0))).expect_err("factor 0");
     assert!(
-        hosts_from_cla(&policy(factor(140))).is_ok(),
-        "Envoy's default"
+        zero.to_string().contains(
+            "ClusterLoadAssignmentValidationError.Policy: embedded message failed validation | caused by ClusterLoadAssignment_PolicyValidationError.OverprovisioningFactor: value must be greater than 0"
+        ),
+        "{zero}"
     );
     let stale = Policy {
         endpoint_stale_after: Some(envoy_types::pb::google::protobuf::Duration::default()),
         ..Default::default()
     };
-    let weighted = Policy {
-        weighted_priority_health: true,
-        ..Default::default()
-    };
-    for (assignment, text) in [
-        (
-            policy(factor(200)),
-            "policy: field overprovisioning_factor is not supported by this daemon (it would be ignored)",
+    let error = hosts_from_cla(&policy(stale))
+        .expect_err("stale")
+        .to_string();
+    assert!(
+        error.starts_with(
+            "policy: field endpoint_stale_after is not supported by this daemon (it would be ignored)"
         ),
-        (policy(stale), "policy: field endpoint_stale_after"),
-        (policy(weighted), "policy: field weighted_priority_health"),
-    ] {
-        let error = hosts_from_cla(&assignment).expect_err(text).to_string();
-        assert!(error.starts_with(text), "{error}");
-    }
+        "{error}"
+    );
 }

@@ -1,0 +1,83 @@
+//! The balancing parts of a CDS cluster in the file's form: `common_lb_config` and an inline
+//! assignment's `policy`.
+
+use envoy_types::pb::envoy::config::{
+    cluster::v3::cluster::{
+        CommonLbConfig as ProtoCommonLbConfig, common_lb_config::LocalityConfigSpecifier,
+    },
+    endpoint::v3::cluster_load_assignment::Policy as ProtoPolicy,
+};
+use serde_json::{Map, Value, json};
+
+use super::{ResourceError, refuse_residual};
+
+/// Field numbers of `Cluster.CommonLbConfig` not honoured.
+const COMMON_LB_FIELDS: &[(u64, &str)] = &[
+    (2, "zone_aware_lb_config"),
+    (4, "update_merge_window"),
+    (5, "ignore_new_hosts_until_first_hc"),
+    (6, "close_connections_on_host_set_change"),
+    (7, "consistent_hashing_lb_config"),
+    (8, "override_host_status"),
+];
+
+/// `common_lb_config` in the file's form: `healthy_panic_threshold` and
+/// `locality_weighted_lb_config`; any other field is refused by name.
+pub(super) fn common_lb_form(common: &ProtoCommonLbConfig) -> Result<Value, (String, String)> {
+    let clear = |c: &mut ProtoCommonLbConfig| {
+        c.healthy_panic_threshold = None;
+        if matches!(
+            c.locality_config_specifier,
+            Some(LocalityConfigSpecifier::LocalityWeightedLbConfig(_))
+        ) {
+            c.locality_config_specifier = None;
+        }
+    };
+    refuse_residual(common, clear, COMMON_LB_FIELDS, |field| {
+        ResourceError::Unsupported {
+            kind: "cluster",
+            name: String::new(),
+            field,
+        }
+    })
+    .map_err(|e| match e {
+        ResourceError::Unsupported { field, .. } | ResourceError::Invalid { field, .. } => (
+            format!("common_lb_config.{field}"),
+            "is not supported".to_owned(),
+        ),
+    })?;
+    let mut out = Map::new();
+    if let Some(p) = &common.healthy_panic_threshold {
+        out.insert("healthy_panic_threshold".into(), json!({"value": p.value}));
+    }
+    if common.locality_config_specifier.is_some() {
+        out.insert("locality_weighted_lb_config".into(), json!({}));
+    }
+    Ok(Value::Object(out))
+}
+
+/// `ClusterLoadAssignment.policy` in the file's form: `overprovisioning_factor` and
+/// `weighted_priority_health`; the others are refused by name.
+pub(super) fn policy_form(policy: &ProtoPolicy) -> Result<Value, (String, String)> {
+    let refused = [
+        (!policy.drop_overloads.is_empty(), "drop_overloads"),
+        (
+            policy.endpoint_stale_after.is_some(),
+            "endpoint_stale_after",
+        ),
+    ];
+    if let Some((_, field)) = refused.into_iter().find(|(set, _)| *set) {
+        return Err((
+            format!("load_assignment.policy.{field}"),
+            "is not supported".into(),
+        ));
+    }
+    let mut out = Map::new();
+    if let Some(factor) = policy.overprovisioning_factor {
+        out.insert("overprovisioning_factor".into(), json!(factor.value));
+    }
+    if policy.weighted_priority_health {
+        out.insert("weighted_priority_health".into(), json!(true));
+    }
+    Ok(Value::Object(out))
+}

@@ -121,6 +121,14 @@ pub struct Config {
     /// The datacenter this daemon runs in; discovery chains are compiled for it. Default `dc1`.
     #[serde(default = "defaults::datacenter")]
     pub datacenter: String,
+    /// Envoy's bootstrap `cluster_manager`: `local_cluster_name`, the cluster of this node's own
+    /// service, whose hosts' localities zone-aware routing compares with each upstream's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_manager: Option<ClusterManager>,
+    /// Envoy's bootstrap `node`: its `locality`, where this node runs (zone-aware routing keeps
+    /// traffic there). The xDS client's `xds.node.locality`, when also set, must be the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<Node>,
     /// Consul config entries, verbatim (`Kind` plus Consul's PascalCase fields):
     /// service-defaults, proxy-defaults, service-resolver, service-splitter, service-router.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -187,6 +195,23 @@ pub struct Config {
     /// Where each cluster is in `clusters`, built on the first lookup by name.
     #[serde(skip)]
     cluster_index: ClusterIndex,
+}
+
+/// Envoy's bootstrap `cluster_manager`, the part used here.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterManager {
+    /// The cluster this node's own service belongs to (a cluster of the file).
+    pub local_cluster_name: String,
+}
+
+/// Envoy's bootstrap `node`, the part used here.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Node {
+    /// Where this node runs.
+    #[serde(default)]
+    pub locality: crate::host::Locality,
 }
 
 /// Cluster positions by name for [`Config::cluster`], which every service's set-up asks for

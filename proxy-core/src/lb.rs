@@ -17,6 +17,7 @@ mod locality;
 pub mod maglev;
 pub mod ring_hash;
 pub mod xxhash;
+pub mod zone;
 
 use std::net::SocketAddr;
 
@@ -52,6 +53,15 @@ pub fn kernel_levels(routing: &Routing) -> Vec<Vec<(SocketAddr, u32)>> {
             }
             continue;
         }
+        // Zone-aware `fail_traffic_on_panic`: a priority in panic serves nothing.
+        if p.panic
+            && routing
+                .zone
+                .as_ref()
+                .is_some_and(|z| z.fail_traffic_on_panic)
+        {
+            continue;
+        }
         let classes: [(&[Host], u32); 2] = if p.panic {
             [(&p.all, p.healthy_load + p.degraded_load), (&[], 0)]
         } else {
@@ -59,9 +69,14 @@ pub fn kernel_levels(routing: &Routing) -> Vec<Vec<(SocketAddr, u32)>> {
         };
         // Envoy ignores localities in panic: the whole priority's hosts, by host weight.
         let localities = routing.locality_weighted && !p.panic;
-        for (hosts, load) in classes {
+        for (class, (hosts, load)) in classes.into_iter().enumerate() {
             let all = if localities { Some(&p.all[..]) } else { None };
-            for (addr, share) in class_shares(hosts, all, routing.overprovisioning_factor) {
+            let mut shares = class_shares(hosts, all, routing.overprovisioning_factor);
+            // Zone routing: priority 0's healthy hosts only (Envoy's rule), not in panic.
+            if let (Some(zone), 0, 0, false) = (&routing.zone, p.priority, class, p.panic) {
+                shares = zone::host_shares(hosts, &shares, zone);
+            }
+            for (addr, share) in shares {
                 let scaled = f64::from(load) / 100.0 * share * LOAD_SCALE;
                 merged.push((addr, (scaled.round() as u32).max(1)));
             }

@@ -114,6 +114,30 @@ impl Upstream {
         source: Box<dyn DiscoverySource>,
         guard: &HostGuard,
     ) -> Result<Self, UpstreamError> {
+        Self::with_source_zoned(cluster, manager, source, guard, None)
+    }
+
+    /// [`spawn_in`](Self::spawn_in) for a zone-aware cluster: its routing follows `zone`'s
+    /// local cluster too.
+    pub fn spawn_zoned(
+        cluster: &Cluster,
+        manager: &HealthCheckManager,
+        xds: &XdsClients,
+        guard: &HostGuard,
+        zone: Option<ZoneInput>,
+    ) -> Result<Self, UpstreamError> {
+        let source = discovery::start(cluster, xds)?;
+        Self::with_source_zoned(cluster, manager, source, guard, zone)
+    }
+
+    /// [`with_source`](Self::with_source), with zone-aware routing when `zone` is given.
+    pub fn with_source_zoned(
+        cluster: &Cluster,
+        manager: &HealthCheckManager,
+        source: Box<dyn DiscoverySource>,
+        guard: &HostGuard,
+        zone: Option<ZoneInput>,
+    ) -> Result<Self, UpstreamError> {
         let name = cluster.name.clone();
         let random = Arc::new(SeededRandom::from_entropy());
         let health = ClusterHealth::new(&name, &cluster.health_config(), manager, random).map_err(
@@ -151,6 +175,7 @@ impl Upstream {
             events: manager.subscribe(),
             passive: passive_rx,
             views: views_rx,
+            zone,
         };
         let outputs = Outputs {
             routing: routing_tx,
@@ -267,13 +292,35 @@ impl Drop for Upstream {
 }
 
 /// What the event loop reads: the source's own channel, the cluster's subscription to health
-/// events, the data path's passive signals, and views to keep.
+/// events, the data path's passive signals, views to keep, and for zone-aware routing the
+/// local cluster's routing.
 struct Inputs {
     hosts: watch::Receiver<SourceUpdate>,
     guard: Guarded,
     events: broadcast::Receiver<HealthEvent>,
     passive: mpsc::Receiver<PassiveSignal>,
     views: mpsc::UnboundedReceiver<View>,
+    zone: Option<ZoneInput>,
+}
+
+/// What a zone-aware cluster routes by: the local cluster's routing (`cluster_manager.
+/// local_cluster_name`) and this node's place with the cluster's settings.
+pub struct ZoneInput {
+    /// The local cluster's routing.
+    pub local: watch::Receiver<Routing>,
+    /// This node's locality and the cluster's `zone_aware_lb_config`.
+    pub settings: crate::lb::zone::ZoneSettings,
+}
+
+/// Waits for the local cluster's routing to change; never when there is none (or it is gone).
+async fn local_changed(zone: &mut Option<ZoneInput>) {
+    let ok = match zone {
+        Some(z) => z.local.changed().await.is_ok(),
+        None => false,
+    };
+    if !ok {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// The cluster's host guard, with what it reports to.
@@ -342,6 +389,7 @@ async fn run(health: Arc<Mutex<ClusterHealth>>, inputs: Inputs, out: Outputs, sw
         mut events,
         mut passive,
         views: mut new_views,
+        mut zone,
     } = inputs;
     let mut views: Vec<View> = Vec::new();
     let lock = || {
@@ -364,7 +412,8 @@ async fn run(health: Arc<Mutex<ClusterHealth>>, inputs: Inputs, out: Outputs, sw
     // so for them the routing is neither recomputed nor compared.
     let mut changed = true;
     loop {
-        if changed && publish(&lock(), &out, hosts.borrow().initialized) {
+        let zoned = zone.as_ref().map(|z| (z, &*guard.traffic));
+        if changed && publish(&lock(), &out, hosts.borrow().initialized, zoned) {
             // Views whose readers are all gone are forgotten here and when a view is added.
             views.retain(|view| !view.tx.is_closed());
             for view in &views {
@@ -405,14 +454,37 @@ async fn run(health: Arc<Mutex<ClusterHealth>>, inputs: Inputs, out: Outputs, sw
                 changed = false;
             }
             _ = ticker.tick() => { lock().outlier_tick(); }
+            () = local_changed(&mut zone) => {}
         }
     }
 }
 
 /// Sends the routing when it changed, and `initialized` once discovery delivered and no host
 /// waits for its first health check. Returns whether the routing changed.
-fn publish(h: &ClusterHealth, out: &Outputs, discovered: bool) -> bool {
-    let now = h.routing();
+fn publish(
+    h: &ClusterHealth,
+    out: &Outputs,
+    discovered: bool,
+    zone: Option<(&ZoneInput, &UpstreamTraffic)>,
+) -> bool {
+    let mut now = h.routing();
+    if let Some((zone, traffic)) = zone {
+        let shares = crate::lb::zone::zone_shares(&now, &zone.local.borrow(), &zone.settings);
+        let stat = match shares.state {
+            crate::lb::zone::ZoneState::TooSmall => Some(&traffic.lb_zone_cluster_too_small),
+            crate::lb::zone::ZoneState::LocalClusterNotOk => Some(&traffic.lb_local_cluster_not_ok),
+            _ => None,
+        };
+        if out.routing.borrow().zone.as_ref() != Some(&shares) {
+            traffic
+                .lb_recalculate_zone_structures
+                .fetch_add(1, Ordering::Relaxed);
+            if let Some(stat) = stat {
+                stat.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        now.zone = Some(shares);
+    }
     let pending = h.host_statuses().iter().any(|s| s.flags.pending_active_hc);
     let changed = out.routing.send_if_modified(|old| {
         let changed = *old != now;

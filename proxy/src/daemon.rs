@@ -10,6 +10,7 @@ mod signals;
 pub mod sources;
 pub mod state;
 mod takeover;
+mod zones;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -192,7 +193,7 @@ async fn run_async(
     let file_names = proxy_core::discovery::xds::resources::FileNames::of(&config);
     let xds = XdsClients::start_with(&config, Some(feeds.xds.clone()), file_names)
         .context("starting the xDS clients")?;
-    let upstreams = start_upstreams(&config, &ctx, &xds, &BTreeSet::new())?;
+    let upstreams = start_upstreams(&config, &ctx, &xds, &BTreeSet::new(), &BTreeMap::new())?;
     // The proxy listener is live and known to the kernel before a service is published in
     // proxy mode.
     let proxy = proxy_path::start(&config, file.declares_proxy(), &upstreams, &dp, inherited)

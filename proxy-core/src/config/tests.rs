@@ -4,6 +4,8 @@
 use std::{net::SocketAddr, path::Path, time::Duration};
 
 use super::*;
+
+mod zone;
 use crate::config::sources::dns::{DnsLookupFamily, QueryLimits};
 
 fn parse(text: &str) -> Result<Config, ConfigError> {

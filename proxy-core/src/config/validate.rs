@@ -42,12 +42,62 @@ pub(super) fn validate(config: &mut Config) -> Result<(), Invalid> {
         }
     }
     validate_services(config)?;
+    validate_zones(config)?;
     if let Some(entries) = &config.consul_config_entries {
         entries
             .validate()
             .map_err(|e| Invalid::new("consul_config_entries", e.to_string()))?;
     }
     super::kernel_maps::check_config(config)
+}
+
+/// The local cluster exists and serves hosts; every zone-aware cluster has a local cluster
+/// and a node locality to route by (Envoy would route without zones then; here the setting is
+/// never ignored); the two node localities agree.
+fn validate_zones(config: &Config) -> Result<(), Invalid> {
+    if let Some(cm) = &config.cluster_manager {
+        let name = &cm.local_cluster_name;
+        if config.cluster(name).is_none() {
+            return Err(Invalid::new(
+                "cluster_manager.local_cluster_name",
+                format!("local cluster '{name}' must be defined"),
+            ));
+        }
+        if config.is_original_dst(name) {
+            return Err(Invalid::new(
+                "cluster_manager.local_cluster_name",
+                format!(
+                    "local cluster '{name}' is ORIGINAL_DST: it has no hosts to compare localities with"
+                ),
+            ));
+        }
+    }
+    let node = config.node.as_ref().map(|n| &n.locality);
+    if let (Some(node), Some(xds)) = (
+        node,
+        config.xds.as_ref().and_then(|x| x.node.locality.as_ref()),
+    ) {
+        let same =
+            (&node.region, &node.zone, &node.sub_zone) == (&xds.region, &xds.zone, &xds.sub_zone);
+        if !same {
+            return Err(Invalid::new(
+                "node.locality",
+                "differs from xds.node.locality: one node has one locality",
+            ));
+        }
+    }
+    let placed = node.is_some_and(|l| *l != crate::host::Locality::default());
+    for (i, cluster) in config.clusters.iter().enumerate() {
+        if cluster.common_lb_config.zone_aware_lb_config.is_some()
+            && (config.cluster_manager.is_none() || !placed)
+        {
+            return Err(Invalid::new(
+                format!("clusters[{i}].common_lb_config.zone_aware_lb_config"),
+                "needs cluster_manager.local_cluster_name (the cluster of this node's own service) and node.locality (where this node runs); without them Envoy routes without zones, and this daemon does not ignore a setting",
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn validate_names(config: &Config) -> Result<(), Invalid> {

@@ -230,6 +230,12 @@ pub struct CommonLbConfig {
     /// weights (Envoy's locality-weighted load balancing). Absent: host by host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub locality_weighted_lb_config: Option<LocalityWeightedLbConfig>,
+    /// Zone-aware routing: priority 0's traffic stays in this node's locality
+    /// (`node.locality`) as far as the upstream's healthy hosts there can take the share the
+    /// local cluster (`cluster_manager.local_cluster_name`) sends from it, and spills by residual
+    /// capacity (see `lb::zone`). Needs both settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone_aware_lb_config: Option<ZoneAwareLbConfig>,
 }
 
 impl Default for CommonLbConfig {
@@ -237,6 +243,36 @@ impl Default for CommonLbConfig {
         Self {
             healthy_panic_threshold: default_panic_threshold(),
             locality_weighted_lb_config: None,
+            zone_aware_lb_config: None,
+        }
+    }
+}
+
+/// `CommonLbConfig.ZoneAwareLbConfig`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZoneAwareLbConfig {
+    /// Percent of picks routed by zone (default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing_enabled: Option<Percent>,
+    /// Fewer healthy priority-0 hosts than this: no zone routing (default 6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_cluster_size: Option<u64>,
+    /// A priority in panic fails its traffic instead of routing to every host (default false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fail_traffic_on_panic: bool,
+}
+
+impl ZoneAwareLbConfig {
+    /// These settings for a node in `node`, with Envoy's defaults.
+    pub fn settings(&self, node: crate::host::Locality) -> crate::lb::zone::ZoneSettings {
+        crate::lb::zone::ZoneSettings {
+            node,
+            routing_enabled: self.routing_enabled.map_or(100.0, |p| p.value),
+            min_cluster_size: self
+                .min_cluster_size
+                .unwrap_or(crate::lb::zone::DEFAULT_MIN_CLUSTER_SIZE),
+            fail_traffic_on_panic: self.fail_traffic_on_panic,
         }
     }
 }
@@ -320,6 +356,19 @@ impl ClusterHealthConfig {
                 field: "common_lb_config.healthy_panic_threshold",
                 value: panic,
             });
+        }
+        let lb = &self.common_lb_config;
+        if let Some(zone) = &lb.zone_aware_lb_config {
+            if lb.locality_weighted_lb_config.is_some() {
+                return Err(HealthConfigError::TwoLocalityConfigs);
+            }
+            let enabled = zone.routing_enabled.map_or(100.0, |p| p.value);
+            if !(0.0..=100.0).contains(&enabled) {
+                return Err(HealthConfigError::BadPercent {
+                    field: "common_lb_config.zone_aware_lb_config.routing_enabled",
+                    value: enabled,
+                });
+            }
         }
         self.health_checks
             .first()

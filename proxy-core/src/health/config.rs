@@ -89,6 +89,11 @@ pub enum HealthConfigError {
     /// A threshold is zero.
     #[error("health check field `{0}` must be at least 1")]
     ZeroThreshold(&'static str),
+    /// Both locality choices of `common_lb_config` (Envoy's `locality_config_specifier` oneof).
+    #[error(
+        "`common_lb_config` sets both `locality_weighted_lb_config` and `zone_aware_lb_config`; Envoy takes one of them"
+    )]
+    TwoLocalityConfigs,
 }
 
 /// One active health checker (`config.core.v3.HealthCheck`).

@@ -105,6 +105,9 @@ pub struct Routing {
     /// Whether localities share each priority's load by effective weight
     /// ([`crate::lb::kernel_levels`]).
     pub locality_weighted: bool,
+    /// Zone-aware routing's shares of priority 0, when the cluster routes by zone (set by the
+    /// cluster's loop from the local cluster's routing).
+    pub zone: Option<crate::lb::zone::ZoneShares>,
 }
 
 impl Default for Routing {
@@ -113,6 +116,7 @@ impl Default for Routing {
             priorities: Vec::new(),
             overprovisioning_factor: OVERPROVISIONING_PERCENT,
             locality_weighted: false,
+            zone: None,
         }
     }
 }
@@ -135,6 +139,7 @@ impl Routing {
                     ..p.clone()
                 })
                 .collect(),
+            zone: self.zone.clone(),
             ..*self
         }
     }
@@ -190,6 +195,7 @@ impl Routing {
             priorities,
             overprovisioning_factor: balance.overprovisioning_factor,
             locality_weighted: balance.locality_weighted,
+            zone: None,
         }
     }
 }

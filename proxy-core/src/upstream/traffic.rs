@@ -32,6 +32,13 @@ pub struct UpstreamTraffic {
     pub cx_none_healthy: AtomicU64,
     /// Choices made in panic mode (`lb_healthy_panic`).
     pub lb_healthy_panic: AtomicU64,
+    /// Zone-aware routing recomputed (`lb_recalculate_zone_structures`).
+    pub lb_recalculate_zone_structures: AtomicU64,
+    /// Recomputations that found too few healthy hosts (`lb_zone_cluster_too_small`).
+    pub lb_zone_cluster_too_small: AtomicU64,
+    /// Recomputations that found the local cluster unusable: no host in this node's locality,
+    /// or in panic (`lb_local_cluster_not_ok`).
+    pub lb_local_cluster_not_ok: AtomicU64,
     /// Upstream connections open now (`upstream_cx_active`); moved only by [`OpenConnection`].
     cx_active: AtomicU64,
     /// Per host, by address (Envoy's `host_statuses[].stats`).
@@ -161,6 +168,18 @@ impl UpstreamTraffic {
             (
                 "lb_healthy_panic",
                 self.lb_healthy_panic.load(Ordering::Relaxed),
+            ),
+            (
+                "lb_recalculate_zone_structures",
+                self.lb_recalculate_zone_structures.load(Ordering::Relaxed),
+            ),
+            (
+                "lb_zone_cluster_too_small",
+                self.lb_zone_cluster_too_small.load(Ordering::Relaxed),
+            ),
+            (
+                "lb_local_cluster_not_ok",
+                self.lb_local_cluster_not_ok.load(Ordering::Relaxed),
             ),
         ];
         named.extend(self.breakers.named(self.cx_active()));

@@ -118,13 +118,13 @@ pub fn plan(
         .clusters
         .iter()
         .filter(|c| !old.is_original_dst(&c.name))
-        .map(|c| (c.name.as_str(), format!("{c:?}")))
+        .map(|c| (c.name.as_str(), super::zones::cluster_fingerprint(old, c)))
         .collect();
     let news: BTreeMap<&str, String> = new
         .clusters
         .iter()
         .filter(|c| !new.is_original_dst(&c.name))
-        .map(|c| (c.name.as_str(), format!("{c:?}")))
+        .map(|c| (c.name.as_str(), super::zones::cluster_fingerprint(new, c)))
         .collect();
     let is_eds = |c: &Config, name: &str| eds_clusters(c).iter().any(|(n, _)| n == name);
     for (name, was) in &olds {
@@ -143,6 +143,7 @@ pub fn plan(
     for name in news.keys().filter(|n| !olds.contains_key(*n)) {
         plan.start.insert((*name).to_owned());
     }
+    super::zones::restart_followers(new, &olds, &mut plan);
     plan.proxy_path = proxy_path_changes(old, new, proxy, &plan)?;
     let services = |c: &Config| -> BTreeMap<ServiceKey, String> {
         c.services

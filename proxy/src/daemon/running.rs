@@ -211,6 +211,7 @@ impl Running {
             ctx,
             fresh_xds.as_ref().unwrap_or(&self.xds),
             &plan.start,
+            &self.upstreams,
         )
         .map_err(|err| ReloadRefused::Failed(format!("{err:#}")))?;
         let successor = match (&mut self.proxy, plan.proxy_path) {
@@ -332,16 +333,25 @@ pub(super) fn start_upstreams(
     ctx: &Context,
     xds: &XdsClients,
     only: &BTreeSet<String>,
+    running: &BTreeMap<String, Arc<Upstream>>,
 ) -> anyhow::Result<BTreeMap<String, Arc<Upstream>>> {
-    let mut upstreams = BTreeMap::new();
-    for cluster in &config.clusters {
+    let mut upstreams: BTreeMap<String, Arc<Upstream>> = BTreeMap::new();
+    // The local cluster first: zone-aware clusters follow its routing.
+    let local = config
+        .cluster_manager
+        .as_ref()
+        .map(|cm| cm.local_cluster_name.as_str());
+    let mut order: Vec<&proxy_core::config::Cluster> = config.clusters.iter().collect();
+    order.sort_by_key(|c| Some(c.name.as_str()) != local);
+    for cluster in order {
         // ORIGINAL_DST hosts are the proxied connections' destinations, kept by the proxy path.
         if config.is_original_dst(&cluster.name)
             || (!only.is_empty() && !only.contains(&cluster.name))
         {
             continue;
         }
-        let upstream = Upstream::spawn_in(cluster, &ctx.manager, xds, &ctx.guard)?;
+        let zone = super::zones::zone_input(config, cluster, &upstreams, running)?;
+        let upstream = Upstream::spawn_zoned(cluster, &ctx.manager, xds, &ctx.guard, zone)?;
         upstreams.insert(cluster.name.clone(), Arc::new(upstream));
     }
     Ok(upstreams)

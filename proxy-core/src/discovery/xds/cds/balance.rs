@@ -13,7 +13,6 @@ use super::{ResourceError, refuse_residual};
 
 /// Field numbers of `Cluster.CommonLbConfig` not honoured.
 const COMMON_LB_FIELDS: &[(u64, &str)] = &[
-    (2, "zone_aware_lb_config"),
     (4, "update_merge_window"),
     (5, "ignore_new_hosts_until_first_hc"),
     (6, "close_connections_on_host_set_change"),
@@ -21,17 +20,13 @@ const COMMON_LB_FIELDS: &[(u64, &str)] = &[
     (8, "override_host_status"),
 ];
 
-/// `common_lb_config` in the file's form: `healthy_panic_threshold` and
-/// `locality_weighted_lb_config`; any other field is refused by name.
+/// `common_lb_config` in the file's form: `healthy_panic_threshold`,
+/// `locality_weighted_lb_config` and `zone_aware_lb_config`; any other field is refused by
+/// name.
 pub(super) fn common_lb_form(common: &ProtoCommonLbConfig) -> Result<Value, (String, String)> {
     let clear = |c: &mut ProtoCommonLbConfig| {
         c.healthy_panic_threshold = None;
-        if matches!(
-            c.locality_config_specifier,
-            Some(LocalityConfigSpecifier::LocalityWeightedLbConfig(_))
-        ) {
-            c.locality_config_specifier = None;
-        }
+        c.locality_config_specifier = None;
     };
     refuse_residual(common, clear, COMMON_LB_FIELDS, |field| {
         ResourceError::Unsupported {
@@ -50,8 +45,24 @@ pub(super) fn common_lb_form(common: &ProtoCommonLbConfig) -> Result<Value, (Str
     if let Some(p) = &common.healthy_panic_threshold {
         out.insert("healthy_panic_threshold".into(), json!({"value": p.value}));
     }
-    if common.locality_config_specifier.is_some() {
-        out.insert("locality_weighted_lb_config".into(), json!({}));
+    match &common.locality_config_specifier {
+        Some(LocalityConfigSpecifier::LocalityWeightedLbConfig(_)) => {
+            out.insert("locality_weighted_lb_config".into(), json!({}));
+        }
+        Some(LocalityConfigSpecifier::ZoneAwareLbConfig(zone)) => {
+            let mut z = Map::new();
+            if let Some(p) = &zone.routing_enabled {
+                z.insert("routing_enabled".into(), json!({"value": p.value}));
+            }
+            if let Some(size) = &zone.min_cluster_size {
+                z.insert("min_cluster_size".into(), json!(size.value));
+            }
+            if zone.fail_traffic_on_panic {
+                z.insert("fail_traffic_on_panic".into(), json!(true));
+            }
+            out.insert("zone_aware_lb_config".into(), Value::Object(z));
+        }
+        None => {}
     }
     Ok(Value::Object(out))
 }

@@ -110,12 +110,6 @@ fn cds_localities_weights_policy_and_locality_weighting_are_honoured() {
 
 #[test]
 fn cds_fields_not_honoured_are_refused_by_name() {
-    let zone_aware = CommonLbConfig {
-        locality_config_specifier: Some(LocalityConfigSpecifier::ZoneAwareLbConfig(
-            ZoneAwareLbConfig::default(),
-        )),
-        ..Default::default()
-    };
     let merge = CommonLbConfig {
         update_merge_window: Some(Duration::default()),
         ..Default::default()
@@ -125,11 +119,6 @@ fn cds_fields_not_honoured_are_refused_by_name() {
         ..Default::default()
     };
     let cases = [
-        (
-            Some(zone_aware),
-            None,
-            "common_lb_config.zone_aware_lb_config: is not supported",
-        ),
         (
             Some(merge),
             None,
@@ -198,4 +187,31 @@ fn eds_policy_travels_with_the_hosts_and_a_change_of_it_is_published() {
         "{zero}"
     );
     assert_eq!(rx.borrow().policy, second.policy);
+}
+
+/// A CDS cluster with `zone_aware_lb_config` is decoded into the file's form and validated
+/// as a file cluster is: without the file's local cluster and node locality it is NACKed
+/// naming what it needs (never accepted and routed without zones).
+#[test]
+fn cds_zone_aware_without_a_local_cluster_is_nacked_naming_what_it_needs() {
+    let (mut state, _rx) = state(FileNames::default());
+    let mut web = static_cluster("web", 80);
+    web.common_lb_config = Some(CommonLbConfig {
+        locality_config_specifier: Some(LocalityConfigSpecifier::ZoneAwareLbConfig(
+            ZoneAwareLbConfig {
+                routing_enabled: Some(Percent { value: 30.0 }),
+                min_cluster_size: Some(envoy_types::pb::google::protobuf::UInt64Value {
+                    value: 2,
+                }),
+                fail_traffic_on_panic: true,
+            },
+        )),
+        ..Default::default()
+    });
+    let err = state
+        .apply_sotw(&clusters("1", &[web]))
+        .expect_err("NACK")
+        .to_string();
+    assert!(err.contains("common_lb_config.zone_aware_lb_config"), "{err}");
+    assert!(err.contains("cluster_manager.local_cluster_name"), "{err}");
 }

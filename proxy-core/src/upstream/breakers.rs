@@ -34,9 +34,11 @@ pub struct Breakers {
     retries: AtomicU64,
     /// Connections a limit kept from opening (`upstream_cx_overflow`).
     pub cx_overflow: AtomicU64,
-    /// Requests refused by `max_pending_requests` or `max_requests`
-    /// (`upstream_rq_pending_overflow`, Envoy counts both there).
+    /// Requests refused by `max_pending_requests` (`upstream_rq_pending_overflow`).
     pub rq_pending_overflow: AtomicU64,
+    /// Requests refused by `max_requests` once they had a connection
+    /// (`upstream_rq_active_overflow`, where Envoy counts them since 1.38).
+    pub rq_active_overflow: AtomicU64,
     /// Retries refused by `max_retries` (`upstream_rq_retry_overflow`).
     pub rq_retry_overflow: AtomicU64,
     /// Woken when a connection of the cluster closes.
@@ -74,6 +76,7 @@ impl Breakers {
             retries: AtomicU64::new(0),
             cx_overflow: AtomicU64::new(0),
             rq_pending_overflow: AtomicU64::new(0),
+            rq_active_overflow: AtomicU64::new(0),
             rq_retry_overflow: AtomicU64::new(0),
             freed: Notify::new(),
         }
@@ -154,6 +157,10 @@ impl Breakers {
                 "upstream_rq_pending_overflow",
                 load(&self.rq_pending_overflow),
             ),
+            (
+                "upstream_rq_active_overflow",
+                load(&self.rq_active_overflow),
+            ),
             ("upstream_rq_retry_overflow", load(&self.rq_retry_overflow)),
             // Connection pools are not limited here (Envoy's default: unlimited).
             ("circuit_breakers.default.cx_pool_open", 0),
@@ -229,9 +236,10 @@ mod tests {
     fn gauges_show_open_breakers_and_what_remains() {
         let b = Arc::new(Breakers::new(limits(1)));
         let _request = b.try_hold(Resource::Request).expect("request");
-        Breakers::overflowed(&b.rq_pending_overflow);
+        Breakers::overflowed(&b.rq_active_overflow);
         let named: HashMap<_, _> = b.named(0).into_iter().collect();
-        assert_eq!(named["upstream_rq_pending_overflow"], 1);
+        assert_eq!(named["upstream_rq_active_overflow"], 1);
+        assert_eq!(named["upstream_rq_pending_overflow"], 0);
         assert_eq!(named["circuit_breakers.default.rq_open"], 1);
         assert_eq!(named["circuit_breakers.default.remaining_rq"], 0);
         assert_eq!(named["circuit_breakers.default.cx_open"], 0);

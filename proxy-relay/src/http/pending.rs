@@ -2,8 +2,9 @@
 //! connection pool takes one: a pooled connection when one is free; else the request waits
 //! (`max_pending_requests`) for a new connection (`max_connections`) or a pooled one handed
 //! back; once it has a connection it is in flight (`max_requests`). A refusal is Envoy's 503
-//! with `x-envoy-overloaded: true`, counted in `upstream_rq_pending_overflow`; a connection a
-//! limit kept from opening is counted in `upstream_cx_overflow`.
+//! with `x-envoy-overloaded: true`, counted in `upstream_rq_pending_overflow` (no place to wait)
+//! or `upstream_rq_active_overflow` (no place in flight, as Envoy 1.38 and later count it); a
+//! connection a limit kept from opening is counted in `upstream_cx_overflow`.
 
 use std::{sync::Arc, time::Duration};
 
@@ -71,7 +72,7 @@ fn attach(
         return Ok((sender, request));
     }
     debug!(cluster = cluster.name(), "max_requests reached: 503");
-    Breakers::overflowed(&breakers.rq_pending_overflow);
+    Breakers::overflowed(&breakers.rq_active_overflow);
     // An HTTP/2 connection stays registered in the pool; an HTTP/1.1 one goes back.
     if let Sender::Http1(_) = sender {
         cluster.pool().put(host, sender);
@@ -299,7 +300,14 @@ mod tests {
         let refused = connection(&c, host, Proto::Http1, TIMEOUT, &stats).await;
         assert!(matches!(refused, Err(Refused::Overflow)), "refused");
         let breakers = c.traffic().breakers();
-        assert_eq!(load(&breakers.rq_pending_overflow), 1);
+        // Envoy 1.38 and later count it as an active, not a pending, overflow.
+        assert_eq!(
+            (
+                load(&breakers.rq_active_overflow),
+                load(&breakers.rq_pending_overflow)
+            ),
+            (1, 0)
+        );
         assert_eq!((c.pool().len(), load(&accepted)), (1, 2));
         drop(request);
         connection(&c, host, Proto::Http1, TIMEOUT, &stats)

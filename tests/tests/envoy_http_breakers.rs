@@ -7,7 +7,8 @@
 //!
 //! Per case both sides must show the same answers (status, `x-envoy-overloaded`), the same
 //! overflow counters and the same `circuit_breakers.default.*_open` gauges while the requests
-//! are held, and the same counters once all are answered:
+//! are held, and the same counters once all are answered; and the same thresholds in
+//! `/clusters?format=json`:
 //! - `pend` (`max_connections: 2`, `max_pending_requests: 1`): two held on two connections,
 //!   a third waits as pending (a connection over the limit counted), a fourth is refused;
 //! - `req` (`max_requests: 2`): two held, a third refused once it has its connection;
@@ -421,6 +422,21 @@ fn until_envoy_serves(envoy_stats: &dyn Fn() -> Value) {
     }
 }
 
+/// Each case's cluster's `circuit_breakers` in a `/clusters?format=json` answer.
+fn thresholds_of(body: &str) -> Vec<Value> {
+    let clusters: Value = serde_json::from_str(body).expect("clusters JSON");
+    let all = clusters["cluster_statuses"]
+        .as_array()
+        .expect("cluster_statuses");
+    CASES
+        .iter()
+        .map(|case| {
+            let c = all.iter().find(|c| c["name"] == case.name);
+            c.map_or(Value::Null, |c| c["circuit_breakers"].clone())
+        })
+        .collect()
+}
+
 /// Runs `case` through Envoy, checks what Envoy must show, then through the daemon: the
 /// daemon's record must be Envoy's.
 fn compare(case: &Case, mut envoy: Side<'_>, mut daemon: Side<'_>) {
@@ -486,4 +502,19 @@ fn http_circuit_breakers_answer_and_count_as_envoys() {
         };
         compare(case, envoy_side, daemon_side);
     }
+    let (code, daemon_clusters) = daemon
+        .get("/clusters?format=json")
+        .expect("daemon admin answers");
+    assert_eq!(code, 200, "{daemon_clusters}");
+    let ns = netns.path();
+    let (_, envoy_clusters) = integration_tests::kernel::in_netns_at(ns, move || {
+        http(admin, "GET", "/clusters?format=json", "")
+    })
+    .join()
+    .expect("envoy admin answers");
+    assert_eq!(
+        thresholds_of(&daemon_clusters),
+        thresholds_of(&envoy_clusters),
+        "/clusters circuit_breakers"
+    );
 }

@@ -12,7 +12,7 @@ use std::sync::{
 
 use tokio::sync::Notify;
 
-use crate::config::circuit_breakers::Limits;
+use crate::config::circuit_breakers::{Limits, Priority};
 
 /// A resource the breakers count, other than connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +29,9 @@ pub enum Resource {
 #[derive(Debug)]
 pub struct Breakers {
     limits: Limits,
+    /// The `HIGH` priority's limits: shown (`/clusters`), holding nothing, since no traffic
+    /// here has that priority.
+    high: Limits,
     pending: AtomicU64,
     requests: AtomicU64,
     retries: AtomicU64,
@@ -71,6 +74,7 @@ impl Breakers {
     pub fn new(limits: Limits) -> Self {
         Self {
             limits,
+            high: Limits::default(),
             pending: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             retries: AtomicU64::new(0),
@@ -82,9 +86,24 @@ impl Breakers {
         }
     }
 
-    /// The limits.
+    /// These breakers with `high` as the `HIGH` priority's limits.
+    #[must_use]
+    pub fn with_high(mut self, high: Limits) -> Self {
+        self.high = high;
+        self
+    }
+
+    /// The limits (of the `DEFAULT` priority, all traffic here).
     pub fn limits(&self) -> Limits {
         self.limits
+    }
+
+    /// The limits of each priority, `DEFAULT` first, as Envoy's `/clusters` lists them.
+    pub fn thresholds(&self) -> [(Priority, Limits); 2] {
+        [
+            (Priority::Default, self.limits),
+            (Priority::High, self.high),
+        ]
     }
 
     fn count(&self, resource: Resource) -> &AtomicU64 {

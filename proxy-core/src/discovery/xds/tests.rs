@@ -8,6 +8,7 @@ mod fixtures;
 mod hcm;
 mod json;
 mod mapping;
+mod protocol;
 mod resources;
 mod rest;
 mod server;

@@ -35,7 +35,7 @@ pub use self::{
     cluster::{
         Address, CONSUL_CLUSTER, Cluster, ClusterType, CustomClusterType, CustomConfig,
         DNS_SRV_CLUSTER, DnsSrvConfig, Endpoint, LbEndpoint, LbPolicy, LoadAssignment,
-        LocalityLbEndpoints, Metadata, OriginalDstLbConfig, SocketAddress,
+        LocalityLbEndpoints, Metadata, OriginalDstLbConfig, SocketAddress, SocketProtocol,
     },
     endpoint_health::EndpointHealthCheck,
     error::ConfigError,

@@ -82,6 +82,14 @@ pub struct Upstream {
     task: JoinHandle<()>,
 }
 
+/// The cluster's circuit breakers, each priority's limits from its `circuit_breakers`.
+fn breakers(cluster: &Cluster) -> breakers::Breakers {
+    use crate::config::circuit_breakers::{CircuitBreakers, Priority};
+    let config = cluster.circuit_breakers.as_ref();
+    breakers::Breakers::new(CircuitBreakers::limits(config, Priority::Default))
+        .with_high(CircuitBreakers::limits(config, Priority::High))
+}
+
 impl Upstream {
     /// Starts discovery and health for a cluster of any type but EDS (whose subscription lives
     /// on a shared connection: use [`Upstream::spawn_in`]). Must run inside a tokio runtime.
@@ -158,10 +166,7 @@ impl Upstream {
         let (views, views_rx) = mpsc::unbounded_channel();
         let refused = Arc::new(AtomicU64::new(0));
         let too_large = Arc::new(AtomicU64::new(0));
-        let limits = crate::config::circuit_breakers::CircuitBreakers::default_limits(
-            cluster.circuit_breakers.as_ref(),
-        );
-        let traffic = Arc::new(UpstreamTraffic::with_limits(limits));
+        let traffic = Arc::new(UpstreamTraffic::with_breakers(breakers(cluster)));
         let inputs = Inputs {
             hosts: source.updates(),
             guard: Guarded {

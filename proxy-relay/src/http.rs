@@ -5,7 +5,7 @@
 //! [`body::RETRY_BUFFER_LIMIT`] are replayed, each retry on another host when there is one) and the
 //! route's request and idle timeouts, which cover the response body too.
 
-use std::{convert::Infallible, sync::Arc, time::Duration};
+use std::{convert::Infallible, sync::Arc};
 
 use bytes::Bytes;
 use http::{
@@ -25,6 +25,7 @@ use tracing::debug;
 use self::{
     attempts::{Attempts, attempt_failure},
     body::{BoxError, Clock, Expired, Payload, TimedBody},
+    exchange::{Reconnect, exchange},
     upgrade::{KeepUpgrade, UpgradePolicy},
 };
 use crate::{
@@ -41,6 +42,7 @@ use crate::{
 
 mod attempts;
 mod body;
+mod exchange;
 mod pending;
 pub(crate) mod upgrade;
 
@@ -319,7 +321,12 @@ async fn original_dst(
     let client = upgrade.map(|kind| upgrade::prepare(&mut req, kind));
     let (parts, body) = req.into_parts();
     let req = Request::from_parts(parts, body.map_err(BoxError::from).boxed());
-    let resp = match exchange(sender, host, req, proto, pool, timeout, &shared.stats).await {
+    let reconnect = Reconnect {
+        pool,
+        timeout,
+        cluster: None,
+    };
+    let resp = match exchange(sender, host, req, proto, &reconnect, &shared.stats).await {
         Ok((resp, sender)) => {
             let answer = Answer {
                 resp,
@@ -350,41 +357,6 @@ fn orig_dst_host<B>(req: &Request<B>, ctx: &Ctx) -> Option<BackendAddr> {
             }
         }
         _ => Some(BackendAddr(ctx.orig.0)),
-    }
-}
-
-/// Sends the request on `sender` (a pooled connection found closed before the request went
-/// out is replaced once, on the same host).
-async fn exchange(
-    mut sender: Sender,
-    host: BackendAddr,
-    req: Request<Body>,
-    proto: Proto,
-    pool: &Arc<Pool>,
-    connect_timeout: Duration,
-    stats: &Arc<ProxyStats>,
-) -> Result<(Response<Incoming>, Sender), AttemptFailure> {
-    let req = upstream_request(req, proto, host);
-    ProxyStats::inc(&stats.upstream_rq_total);
-    let result = match sender.try_send(req).await {
-        Err((err, Some(req))) => {
-            debug!(%err, "pooled connection unusable; reconnecting");
-            sender = pool::connect(host, proto, connect_timeout, stats, pool, None)
-                .await
-                .map_err(|err| attempt_failure(&err))?;
-            sender.try_send(req).await
-        }
-        other => other,
-    };
-    match result {
-        Ok(resp) => Ok((resp, sender)),
-        Err((err, _)) => {
-            debug!(%err, %host, "upstream request failed");
-            ProxyStats::inc(&stats.upstream_rq_rx_reset);
-            Err(AttemptFailure::Reset {
-                refused_stream: is_refused_stream(&err),
-            })
-        }
     }
 }
 
@@ -425,35 +397,6 @@ fn respond(
         })
         .boxed();
     Response::from_parts(parts, body)
-}
-
-/// Whether an upstream error is an HTTP/2 `REFUSED_STREAM` reset.
-fn is_refused_stream(err: &hyper::Error) -> bool {
-    let mut source = std::error::Error::source(err);
-    while let Some(e) = source {
-        if let Some(h2) = e.downcast_ref::<h2::Error>() {
-            return h2.reason() == Some(h2::Reason::REFUSED_STREAM);
-        }
-        source = e.source();
-    }
-    false
-}
-
-impl Sender {
-    /// Sends, giving the request back when it was not sent at all.
-    async fn try_send(
-        &mut self,
-        req: Request<Body>,
-    ) -> Result<Response<Incoming>, (hyper::Error, Option<Request<Body>>)> {
-        let result = match self {
-            Sender::Http1(s) => s.try_send_request(req).await,
-            Sender::Http2(s) => s.try_send_request(req).await,
-        };
-        result.map_err(|mut e| {
-            let req = e.take_message();
-            (e.into_error(), req)
-        })
-    }
 }
 
 /// The request as the upstream gets it: hop-by-hop headers removed (an allowed upgrade's kept),

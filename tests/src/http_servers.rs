@@ -1,15 +1,17 @@
 //! Test servers in a test namespace ([`Servers`]: a thread per listener, one per connection),
-//! a one-request HTTP server naming itself and the path it got, and GETs from inside a cgroup.
+//! a one-request HTTP server naming itself and the path it got, a keep-alive backend that holds
+//! each request until released ([`HoldingBackend`]), and GETs from inside a cgroup.
 
 use std::{
+    collections::HashSet,
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream},
     sync::{
-        Arc,
+        Arc, Condvar, Mutex,
         atomic::{AtomicBool, Ordering},
     },
     thread::JoinHandle,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use crate::kernel::{InCgroup, Netns, TestCgroup};
@@ -139,4 +141,168 @@ pub fn get_in_cgroup(
         .lines()
         .map(str::to_owned)
         .collect()
+}
+
+/// How long a [`HoldingBackend`] holds a request at most, and waits for anything.
+const HOLD_BOUND: Duration = Duration::from_secs(20);
+
+/// A backend's state: requests held now, paths answered 503 once, whether released, whether
+/// its accept loop is to end.
+#[derive(Default)]
+struct Gate {
+    held: usize,
+    failed: HashSet<String>,
+    released: bool,
+    stopping: bool,
+}
+
+/// An HTTP/1.1 backend (keep-alive) that holds each request until released; a path under
+/// `/fail-once/` is answered 503 at once the first time it comes.
+pub struct HoldingBackend {
+    gate: Arc<(Mutex<Gate>, Condvar)>,
+    addr: SocketAddr,
+    netns: std::path::PathBuf,
+    accept: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HoldingBackend {
+    /// Starts listening at `addr` in `netns`.
+    pub fn start(netns: &Netns, addr: SocketAddr) -> Self {
+        let gate = Arc::new((Mutex::new(Gate::default()), Condvar::new()));
+        let listener = crate::kernel::in_netns(netns, move || {
+            TcpListener::bind(addr).expect("backend binds")
+        })
+        .join()
+        .expect("binding in the namespace");
+        let g = gate.clone();
+        let accept = std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                if g.0
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .stopping
+                {
+                    return;
+                }
+                let g = g.clone();
+                std::thread::spawn(move || serve(conn, &g));
+            }
+        });
+        Self {
+            gate,
+            addr,
+            netns: netns.path(),
+            accept: Some(accept),
+        }
+    }
+
+    /// Waits until `n` requests are held.
+    pub fn until_held(&self, n: usize) {
+        let (lock, cv) = &*self.gate;
+        let deadline = Instant::now() + HOLD_BOUND;
+        let mut gate = lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while gate.held < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "{}: {} held, not {n}",
+                self.addr,
+                gate.held
+            );
+            gate = cv
+                .wait_timeout(gate, left)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Lets every held request be answered, and every later one at once.
+    pub fn release(&self) {
+        self.gate
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .released = true;
+        self.gate.1.notify_all();
+    }
+}
+
+impl Drop for HoldingBackend {
+    fn drop(&mut self) {
+        self.gate
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .stopping = true;
+        self.release();
+        // The accept loop ends at its next connection once released: make one.
+        let addr = self.addr;
+        let _ = in_netns_at_path(&self.netns, move || {
+            let _ = TcpStream::connect_timeout(&addr, Duration::from_secs(1));
+        });
+        if let Some(accept) = self.accept.take() {
+            let _ = accept.join();
+        }
+    }
+}
+
+fn in_netns_at_path(path: &std::path::Path, f: impl FnOnce() + Send + 'static) -> bool {
+    crate::kernel::in_netns_at(path.to_owned(), f)
+        .join()
+        .is_ok()
+}
+
+/// Answers the requests of one connection, each when the gate says.
+fn serve(mut conn: TcpStream, gate: &(Mutex<Gate>, Condvar)) {
+    let _ = conn.set_read_timeout(Some(HOLD_BOUND));
+    // Bounded: one request per turn, the connection ends on a read timeout or close.
+    for _ in 0..64 {
+        let Some(path) = read_head(&mut conn) else {
+            return;
+        };
+        let (lock, cv) = gate;
+        let mut g = lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if path.starts_with("/fail-once/") && g.failed.insert(path.clone()) {
+            drop(g);
+            let _ = conn
+                .write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\nfail");
+            continue;
+        }
+        g.held += 1;
+        cv.notify_all();
+        let deadline = Instant::now() + HOLD_BOUND;
+        while !g.released && Instant::now() < deadline {
+            g = cv
+                .wait_timeout(g, HOLD_BOUND)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+        g.held -= 1;
+        drop(g);
+        let body = format!("ok {path}");
+        let _ = write!(
+            conn,
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+    }
+}
+
+/// The path of the next request's head (a GET: no body), or `None` at its end.
+fn read_head(conn: &mut TcpStream) -> Option<String> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() > 16 * 1024 || conn.read(&mut byte).ok()? != 1 {
+            return None;
+        }
+        head.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&head);
+    text.split_whitespace().nth(1).map(str::to_owned)
 }

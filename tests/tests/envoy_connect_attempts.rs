@@ -9,6 +9,8 @@
 //! The cluster's `circuit_breakers` on the same tcp_proxy path: with `max_connections: 2`
 //! pasted as Envoy takes it, two held connections and a third; both must refuse the third
 //! alike and count one `upstream_cx_overflow`.
+//!
+//! An endpoint marked `protocol: UDP` in that TCP cluster: both connect to it over TCP.
 
 use std::{
     net::SocketAddr,
@@ -280,4 +282,25 @@ fn max_connections_refuses_the_third_connection_as_envoy() {
     assert_eq!(through_daemon, through_envoy, "daemon");
     assert_eq!(overflow(&envoy_stats), 1, "envoy");
     assert_eq!(overflow(&daemon_stats), 1, "daemon");
+}
+
+/// An endpoint whose `socket_address.protocol` is `UDP`, in a TCP service's cluster: Envoy
+/// 1.40 takes it and connects TCP to it, and so does the daemon (a host serves its service's
+/// protocol).
+#[test]
+fn a_udp_endpoint_is_connected_over_tcp_as_by_envoy() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let _live = BannerServers::start(&netns, &[(LIVE.parse().unwrap(), "live", false)]);
+    let mut udp = limited_cluster();
+    udp.as_object_mut().unwrap().remove("circuit_breakers");
+    udp["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+        ["protocol"] = json!("UDP");
+    let _daemon = Daemon::start_in(&netns, &daemon_config_with(&cgroup, None, udp.clone()));
+    let envoy = Envoy::with_bootstrap(&envoy_bootstrap_with(None, &udp), Some(&netns.path()));
+    until_envoy_serves(&netns, envoy.admin());
+    let through_envoy = Probe::run(&netns, None, ENVOY_LISTENER.parse().unwrap(), 10, false);
+    let through_daemon = Probe::run(&netns, Some(cgroup.path()), VIP.parse().unwrap(), 10, false);
+    assert_eq!(through_envoy.count("live"), 10, "envoy");
+    assert_eq!(through_daemon.count("live"), 10, "daemon");
 }

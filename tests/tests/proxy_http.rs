@@ -553,7 +553,8 @@ async fn timed_out_requests_count_as_gateway_failures() {
 
 /// A routed request its cluster's circuit breakers refuse (`max_requests: 0`, from the
 /// cluster's configuration) is Envoy's 503 with the overflow reset reason, counted in the
-/// cluster's `upstream_rq_pending_overflow`; nothing reaches the host but the connection.
+/// cluster's `upstream_rq_active_overflow` (as Envoy 1.38 and later count it); nothing reaches
+/// the host but the connection.
 #[tokio::test]
 async fn a_request_over_max_requests_is_envoys_overflow_503() {
     let server = HttpServer::start("lim").await;
@@ -586,6 +587,7 @@ async fn a_request_over_max_requests_is_envoys_overflow_503() {
     assert_eq!(status, 503, "{body}");
     assert!(body.ends_with("reset reason: overflow\n"), "{body}");
     let stats: BTreeMap<String, u64> = up.stats().into_iter().collect();
-    assert_eq!(stats["cluster.lim.upstream_rq_pending_overflow"], 1);
+    assert_eq!(stats["cluster.lim.upstream_rq_active_overflow"], 1);
+    assert_eq!(stats["cluster.lim.upstream_rq_pending_overflow"], 0);
     assert_eq!(stats["cluster.lim.circuit_breakers.default.rq_open"], 1);
 }

@@ -105,11 +105,14 @@ impl CircuitBreakers {
     /// The limits of `DEFAULT` priority traffic (all traffic here): the `DEFAULT` thresholds
     /// with Envoy's defaults for what they leave out, or Envoy's defaults without them.
     pub fn default_limits(breakers: Option<&Self>) -> Limits {
-        let Some(t) = breakers.and_then(|b| {
-            b.thresholds
-                .iter()
-                .find(|t| t.priority == Priority::Default)
-        }) else {
+        Self::limits(breakers, Priority::Default)
+    }
+
+    /// The limits of `priority`'s traffic: its thresholds with Envoy's defaults for what they
+    /// leave out, or Envoy's defaults without them.
+    pub fn limits(breakers: Option<&Self>, priority: Priority) -> Limits {
+        let Some(t) = breakers.and_then(|b| b.thresholds.iter().find(|t| t.priority == priority))
+        else {
             return Limits::default();
         };
         let or = |v: Option<u32>, d: u32| u64::from(v.unwrap_or(d));
@@ -218,6 +221,13 @@ mod tests {
         assert_eq!(
             CircuitBreakers::default_limits(Some(&high_only)),
             Limits::default()
+        );
+        assert_eq!(
+            CircuitBreakers::limits(Some(&high_only), Priority::High),
+            Limits {
+                max_connections: 1,
+                ..Limits::default()
+            }
         );
     }
 

@@ -412,6 +412,21 @@ pub struct SocketAddress {
     pub address: String,
     /// The port.
     pub port_value: u16,
+    /// Envoy's `TCP` (default) or `UDP`: accepted and, as in Envoy 1.40, not used (a host
+    /// serves its service's protocol; Envoy's tcp_proxy connects TCP to a `UDP` endpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<SocketProtocol>,
+}
+
+/// Envoy's `SocketAddress.Protocol`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub enum SocketProtocol {
+    /// The default.
+    #[serde(rename = "TCP")]
+    Tcp,
+    /// UDP.
+    #[serde(rename = "UDP")]
+    Udp,
 }
 
 impl Cluster {

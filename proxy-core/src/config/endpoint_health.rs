@@ -97,6 +97,7 @@ mod tests {
                 socket_address: SocketAddress {
                     address: a.into(),
                     port_value: p,
+                    protocol: None,
                 },
             }),
             ..EndpointHealthCheck::default()

@@ -12,7 +12,7 @@ use std::sync::{
 
 use tokio::sync::Notify;
 
-use crate::config::circuit_breakers::Limits;
+use crate::config::circuit_breakers::{Limits, Priority};
 
 /// A resource the breakers count, other than connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,14 +29,19 @@ pub enum Resource {
 #[derive(Debug)]
 pub struct Breakers {
     limits: Limits,
+    /// The `HIGH` priority's limits: shown (`/clusters`), holding nothing, since no traffic
+    /// here has that priority.
+    high: Limits,
     pending: AtomicU64,
     requests: AtomicU64,
     retries: AtomicU64,
     /// Connections a limit kept from opening (`upstream_cx_overflow`).
     pub cx_overflow: AtomicU64,
-    /// Requests refused by `max_pending_requests` or `max_requests`
-    /// (`upstream_rq_pending_overflow`, Envoy counts both there).
+    /// Requests refused by `max_pending_requests` (`upstream_rq_pending_overflow`).
     pub rq_pending_overflow: AtomicU64,
+    /// Requests refused by `max_requests` once they had a connection
+    /// (`upstream_rq_active_overflow`, where Envoy counts them since 1.38).
+    pub rq_active_overflow: AtomicU64,
     /// Retries refused by `max_retries` (`upstream_rq_retry_overflow`).
     pub rq_retry_overflow: AtomicU64,
     /// Woken when a connection of the cluster closes.
@@ -69,19 +74,36 @@ impl Breakers {
     pub fn new(limits: Limits) -> Self {
         Self {
             limits,
+            high: Limits::default(),
             pending: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             cx_overflow: AtomicU64::new(0),
             rq_pending_overflow: AtomicU64::new(0),
+            rq_active_overflow: AtomicU64::new(0),
             rq_retry_overflow: AtomicU64::new(0),
             freed: Notify::new(),
         }
     }
 
-    /// The limits.
+    /// These breakers with `high` as the `HIGH` priority's limits.
+    #[must_use]
+    pub fn with_high(mut self, high: Limits) -> Self {
+        self.high = high;
+        self
+    }
+
+    /// The limits (of the `DEFAULT` priority, all traffic here).
     pub fn limits(&self) -> Limits {
         self.limits
+    }
+
+    /// The limits of each priority, `DEFAULT` first, as Envoy's `/clusters` lists them.
+    pub fn thresholds(&self) -> [(Priority, Limits); 2] {
+        [
+            (Priority::Default, self.limits),
+            (Priority::High, self.high),
+        ]
     }
 
     fn count(&self, resource: Resource) -> &AtomicU64 {
@@ -153,6 +175,10 @@ impl Breakers {
             (
                 "upstream_rq_pending_overflow",
                 load(&self.rq_pending_overflow),
+            ),
+            (
+                "upstream_rq_active_overflow",
+                load(&self.rq_active_overflow),
             ),
             ("upstream_rq_retry_overflow", load(&self.rq_retry_overflow)),
             // Connection pools are not limited here (Envoy's default: unlimited).
@@ -229,9 +255,10 @@ mod tests {
     fn gauges_show_open_breakers_and_what_remains() {
         let b = Arc::new(Breakers::new(limits(1)));
         let _request = b.try_hold(Resource::Request).expect("request");
-        Breakers::overflowed(&b.rq_pending_overflow);
+        Breakers::overflowed(&b.rq_active_overflow);
         let named: HashMap<_, _> = b.named(0).into_iter().collect();
-        assert_eq!(named["upstream_rq_pending_overflow"], 1);
+        assert_eq!(named["upstream_rq_active_overflow"], 1);
+        assert_eq!(named["upstream_rq_pending_overflow"], 0);
         assert_eq!(named["circuit_breakers.default.rq_open"], 1);
         assert_eq!(named["circuit_breakers.default.remaining_rq"], 0);
         assert_eq!(named["circuit_breakers.default.cx_open"], 0);

@@ -79,8 +79,13 @@ impl Drop for OpenConnection {
 impl UpstreamTraffic {
     /// A cluster's counters, its connections and requests held to `limits`.
     pub fn with_limits(limits: Limits) -> Self {
+        Self::with_breakers(Breakers::new(limits))
+    }
+
+    /// Fresh counters held to `breakers`.
+    pub fn with_breakers(breakers: Breakers) -> Self {
         Self {
-            breakers: Arc::new(Breakers::new(limits)),
+            breakers: Arc::new(breakers),
             ..Self::default()
         }
     }

@@ -7,7 +7,7 @@ use std::{sync::Arc, time::Duration};
 use http::{Request, Response};
 
 use super::{
-    Answer,
+    Answer, Reconnect,
     body::Payload,
     exchange, failure_reply, no_healthy_upstream,
     pending::{self, Refused},
@@ -145,17 +145,12 @@ impl Attempts<'_> {
             });
         };
         let req = Request::from_parts(self.parts.clone(), body);
-        let pool = self.cluster.pool();
-        let exchanged = exchange(
-            sender,
-            host,
-            req,
-            self.proto,
-            pool,
-            self.connect_timeout,
-            self.stats,
-        )
-        .await;
+        let reconnect = Reconnect {
+            pool: self.cluster.pool(),
+            timeout: self.connect_timeout,
+            cluster: Some(self.cluster),
+        };
+        let exchanged = exchange(sender, host, req, self.proto, &reconnect, self.stats).await;
         // Outlier detection judges the exchange by its status; a reset before the response is
         // a 503, as Envoy's router reports it.
         let status = exchanged

@@ -2,8 +2,9 @@
 //! connection pool takes one: a pooled connection when one is free; else the request waits
 //! (`max_pending_requests`) for a new connection (`max_connections`) or a pooled one handed
 //! back; once it has a connection it is in flight (`max_requests`). A refusal is Envoy's 503
-//! with `x-envoy-overloaded: true`, counted in `upstream_rq_pending_overflow`; a connection a
-//! limit kept from opening is counted in `upstream_cx_overflow`.
+//! with `x-envoy-overloaded: true`, counted in `upstream_rq_pending_overflow` (no place to wait)
+//! or `upstream_rq_active_overflow` (no place in flight, as Envoy 1.38 and later count it); a
+//! connection a limit kept from opening is counted in `upstream_cx_overflow`.
 
 use std::{sync::Arc, time::Duration};
 
@@ -71,7 +72,7 @@ fn attach(
         return Ok((sender, request));
     }
     debug!(cluster = cluster.name(), "max_requests reached: 503");
-    Breakers::overflowed(&breakers.rq_pending_overflow);
+    Breakers::overflowed(&breakers.rq_active_overflow);
     // An HTTP/2 connection stays registered in the pool; an HTTP/1.1 one goes back.
     if let Sender::Http1(_) = sender {
         cluster.pool().put(host, sender);
@@ -194,18 +195,21 @@ mod tests {
         tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
                 count.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(|_req| async {
-                        Ok::<_, std::convert::Infallible>(Response::new(String::new()))
-                    });
-                    let io = hyper_util::rt::TokioIo::new(socket);
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(io, service)
-                        .await;
-                });
+                tokio::spawn(serve(socket));
             }
         });
         (addr, accepted)
+    }
+
+    /// Answers the HTTP/1.1 requests of `socket` with empty 200s.
+    async fn serve(socket: tokio::net::TcpStream) {
+        let service = hyper::service::service_fn(|_req| async {
+            Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+        });
+        let io = hyper_util::rt::TokioIo::new(socket);
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(io, service)
+            .await;
     }
 
     fn cluster(host: SocketAddr, limits: Limits) -> (ClusterHandle, watch::Sender<Routing>) {
@@ -299,7 +303,14 @@ mod tests {
         let refused = connection(&c, host, Proto::Http1, TIMEOUT, &stats).await;
         assert!(matches!(refused, Err(Refused::Overflow)), "refused");
         let breakers = c.traffic().breakers();
-        assert_eq!(load(&breakers.rq_pending_overflow), 1);
+        // Envoy 1.38 and later count it as an active, not a pending, overflow.
+        assert_eq!(
+            (
+                load(&breakers.rq_active_overflow),
+                load(&breakers.rq_pending_overflow)
+            ),
+            (1, 0)
+        );
         assert_eq!((c.pool().len(), load(&accepted)), (1, 2));
         drop(request);
         connection(&c, host, Proto::Http1, TIMEOUT, &stats)
@@ -309,6 +320,58 @@ mod tests {
             (load(&stats.upstream_cx_pool_reuse), load(&accepted)),
             (1, 2)
         );
+    }
+
+    /// A pooled connection found closed before the request went out is replaced, and the
+    /// replacement counts in the cluster's open connections (`max_connections`) while it lives.
+    #[tokio::test]
+    async fn a_replaced_pooled_connection_counts_against_max_connections() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let host = BackendAddr(listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            // The first connection is closed at once, the second served.
+            drop(listener.accept().await);
+            if let Ok((socket, _)) = listener.accept().await {
+                serve(socket).await;
+            }
+        });
+        let (c, _tx) = cluster(host.0, Limits::default());
+        let stats = Arc::new(ProxyStats::default());
+        let mut stale = pool::connect(host, Proto::Http1, TIMEOUT, &stats, c.pool(), None)
+            .await
+            .expect("connects");
+        let Sender::Http1(s) = &mut stale else {
+            unreachable!("an HTTP/1.1 connection")
+        };
+        // Its connection task sees the close (a read of EOF; the runtime polls I/O between
+        // the yields) and ends, closing the sender.
+        let closed = async {
+            while !s.is_closed() {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(TIMEOUT, closed)
+            .await
+            .expect("the server's close reaches the pooled connection");
+        let reconnect = super::super::Reconnect {
+            pool: c.pool(),
+            timeout: TIMEOUT,
+            cluster: Some(&c),
+        };
+        let req = http::Request::get("/")
+            .body(http_body_util::BodyExt::boxed(
+                http_body_util::BodyExt::map_err(
+                    http_body_util::Empty::<bytes::Bytes>::new(),
+                    |never| match never {},
+                ),
+            ))
+            .unwrap();
+        let (resp, _replacement) =
+            super::super::exchange(stale, host, req, Proto::Http1, &reconnect, &stats)
+                .await
+                .expect("answered on the replacement");
+        assert_eq!(resp.status(), 200);
+        assert_eq!(c.traffic().cx_active(), 1, "the replacement is counted");
     }
 
     /// A retry is held until dropped; past `max_retries` none is, counted.

@@ -270,6 +270,7 @@ mod tests {
             (format!("{d}.rq_retry_open"), 0),
             ("cluster.c.upstream_cx_overflow".to_owned(), 0),
             ("cluster.c.upstream_rq_pending_overflow".to_owned(), 0),
+            ("cluster.c.upstream_rq_active_overflow".to_owned(), 0),
             ("cluster.c.upstream_rq_retry_overflow".to_owned(), 0),
         ]);
         let want: BTreeMap<&str, u64> = want.iter().map(|(k, v)| (k.as_str(), *v)).collect();

@@ -9,6 +9,7 @@ mod hcm;
 mod json;
 mod locality;
 mod mapping;
+mod protocol;
 mod resources;
 mod rest;
 mod server;

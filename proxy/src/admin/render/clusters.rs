@@ -4,14 +4,15 @@
 //! The JSON is `envoy.admin.v3.Clusters` as Envoy 1.40 prints it (proto3 JSON with the
 //! original field names): false booleans, zeros, empty strings and empty lists are left out,
 //! 64-bit stat values are strings, a stat's `type` is printed only for gauges, and `locality`
-//! is always there (`{}` when unknown). Not printed: `circuit_breakers` (the thresholds are in
-//! `/config_dump`, their state in `/stats`), and, because the daemon has no such thing,
-//! `added_via_api` (always false here: clusters come from the file), `success_rate` and the
-//! outlier success-rate thresholds.
+//! is always there (`{}` when unknown); `circuit_breakers` lists both priorities' four maxima,
+//! Envoy's defaults filled in, `DEFAULT` (left out, proto3's zero) first. Not printed, because
+//! the daemon has no such thing: `added_via_api` (always false here: clusters come from the
+//! file), `success_rate` and the outlier success-rate thresholds.
 
 use std::{collections::BTreeMap, fmt::Write as _, net::SocketAddr};
 
 use proxy_core::{
+    config::circuit_breakers::{Limits, Priority},
     health::{HostFlags, HostStatus},
     host::{EdsHealth, Host},
     upstream::HostTraffic,
@@ -32,7 +33,41 @@ struct ClusterStatus {
     name: String,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     host_statuses: Vec<EnvoyHost>,
+    circuit_breakers: CircuitBreakers,
     observability_name: String,
+}
+
+/// `envoy.config.cluster.v3.CircuitBreakers` as Envoy's `/clusters` fills it: per priority,
+/// the four maxima in force.
+#[derive(Serialize)]
+struct CircuitBreakers {
+    thresholds: Vec<Thresholds>,
+}
+
+#[derive(Serialize)]
+struct Thresholds {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    priority: Option<&'static str>,
+    max_connections: u64,
+    max_pending_requests: u64,
+    max_requests: u64,
+    max_retries: u64,
+}
+
+impl CircuitBreakers {
+    fn of(thresholds: [(Priority, Limits); 2]) -> Self {
+        let thresholds = thresholds
+            .into_iter()
+            .map(|(priority, l)| Thresholds {
+                priority: (priority != Priority::Default).then(|| priority.name()),
+                max_connections: l.max_connections,
+                max_pending_requests: l.max_pending_requests,
+                max_requests: l.max_requests,
+                max_retries: l.max_retries,
+            })
+            .collect();
+        Self { thresholds }
+    }
 }
 
 /// `envoy.admin.v3.HostStatus`.
@@ -203,6 +238,7 @@ pub(crate) fn clusters_json(state: &State) -> Clusters {
             ClusterStatus {
                 name: name.clone(),
                 host_statuses,
+                circuit_breakers: CircuitBreakers::of(traffic.breakers().thresholds()),
                 observability_name: name.clone(),
             }
         })
@@ -222,10 +258,13 @@ pub(crate) fn clusters_json(state: &State) -> Clusters {
                 }
             })
             .collect();
+        // An ORIGINAL_DST cluster takes no breakers here: Envoy's defaults.
+        let defaults = [Priority::Default, Priority::High].map(|p| (p, Limits::default()));
         cluster_statuses.push(ClusterStatus {
             observability_name: name.clone(),
             name,
             host_statuses,
+            circuit_breakers: CircuitBreakers::of(defaults),
         });
     }
     Clusters { cluster_statuses }

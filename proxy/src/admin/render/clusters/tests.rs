@@ -13,6 +13,8 @@ use super::*;
 
 const CONFIG: &str = "clusters:
   - name: c
+    circuit_breakers:
+      thresholds: [{ max_connections: 2, max_retries: 1 }, { priority: HIGH, max_requests: 7 }]
     load_assignment:
       endpoints:
         - lb_endpoints:
@@ -64,8 +66,14 @@ async fn clusters_json_is_envoys_schema() {
         }
         v
     };
+    // As a real Envoy 1.40 prints the same thresholds: every maximum, defaults filled in.
+    let thresholds = json!([
+        {"max_connections": 2, "max_pending_requests": 1024, "max_requests": 1024, "max_retries": 1},
+        {"priority": "HIGH", "max_connections": 1024, "max_pending_requests": 1024, "max_requests": 7, "max_retries": 3}
+    ]);
     let expected = json!({"cluster_statuses": [{
         "name": "c",
+        "circuit_breakers": {"thresholds": thresholds},
         "observability_name": "c",
         "host_statuses": [
             {

@@ -17,12 +17,14 @@
 //! the same assignments: every EDS health status, weights, priorities, hosts leaving; both
 //! `/clusters` and the membership stats must agree after each version. The absent cells of the
 //! health matrix (hosts discovery stops sending) are compared in `removal`, locality-weighted
-//! round robin (kernel and proxy path) in `locality`.
+//! round robin (kernel and proxy path) in `locality`, zone-aware routing in `zone`.
 
 #[path = "envoy_side_by_side/locality.rs"]
 mod locality;
 #[path = "envoy_side_by_side/removal.rs"]
 mod removal;
+#[path = "envoy_side_by_side/zone.rs"]
+mod zone;
 
 use std::{
     net::{SocketAddr, TcpStream},

@@ -200,9 +200,7 @@ fn cds_zone_aware_without_a_local_cluster_is_nacked_naming_what_it_needs() {
         locality_config_specifier: Some(LocalityConfigSpecifier::ZoneAwareLbConfig(
             ZoneAwareLbConfig {
                 routing_enabled: Some(Percent { value: 30.0 }),
-                min_cluster_size: Some(envoy_types::pb::google::protobuf::UInt64Value {
-                    value: 2,
-                }),
+                min_cluster_size: Some(envoy_types::pb::google::protobuf::UInt64Value { value: 2 }),
                 fail_traffic_on_panic: true,
             },
         )),
@@ -212,6 +210,9 @@ fn cds_zone_aware_without_a_local_cluster_is_nacked_naming_what_it_needs() {
         .apply_sotw(&clusters("1", &[web]))
         .expect_err("NACK")
         .to_string();
-    assert!(err.contains("common_lb_config.zone_aware_lb_config"), "{err}");
+    assert!(
+        err.contains("common_lb_config.zone_aware_lb_config"),
+        "{err}"
+    );
     assert!(err.contains("cluster_manager.local_cluster_name"), "{err}");
 }

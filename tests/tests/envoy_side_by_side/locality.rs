@@ -95,6 +95,11 @@ fn daemon_config(cgroup: &TestCgroup) -> String {
 
 /// Waits until Envoy's two listeners are active.
 fn until_envoy_listens(netns: &Netns, envoy: &Envoy) {
+    until_envoy_listens_n(netns, envoy, 2);
+}
+
+/// Waits until `n` listeners of Envoy are active.
+fn until_envoy_listens_n(netns: &Netns, envoy: &Envoy, n: u64) {
     let admin = envoy.admin();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -107,7 +112,7 @@ fn until_envoy_listens(netns: &Netns, envoy: &Envoy) {
                 .find(|s| s["name"] == "listener_manager.total_listeners_active")
                 .and_then(|s| s["value"].as_u64())
         });
-        if active == Some(2) {
+        if active == Some(n) {
             return;
         }
         assert!(
@@ -197,5 +202,83 @@ fn locality_weighted_round_robin_shares_match_envoy() {
                 i + 1
             );
         }
+    }
+}
+
+/// `policy.weighted_priority_health` side by side: priority 0 holds `b1` (weight 1, healthy) and
+/// `b2` (weight 3, UNHEALTHY), priority 1 `b3` and `b4`. Counted by weight, priority 0 is
+/// 1/4 available: its health is 1.4 x 1/4 = 35 %, so `b1` takes 35 % of the connects and the
+/// rest go to priority 1 (counted by hosts it would be 70 %). Envoy chooses the priority per
+/// connect at random and the daemon's RANDOM table holds the same shares, so of 400 connects
+/// `b1`'s count is binomial (mean 140, deviation 9.5) on both sides; each must be within 48
+/// (five deviations) of 140, a bound fixed before the run; 280 is far outside.
+#[test]
+fn weighted_priority_health_shares_match_envoy() {
+    require_root();
+    if skip_without_dataplane("weighted_priority_health_shares_match_envoy") {
+        return;
+    }
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let servers: Vec<(SocketAddr, &str, bool)> = HOSTS
+        .iter()
+        .map(|(a, b, _, _)| (a.parse().unwrap(), *b, false))
+        .collect();
+    let _servers = BannerServers::start(&netns, &servers);
+    let endpoint = |i: usize, weight: u32, health: &str| {
+        let addr: SocketAddr = HOSTS[i].0.parse().unwrap();
+        json!({"endpoint": {"address": {"socket_address": {
+            "address": addr.ip().to_string(), "port_value": addr.port()}}},
+            "load_balancing_weight": weight, "health_status": health})
+    };
+    let cluster = json!({
+        "name": "wph", "type": "STATIC", "lb_policy": "RANDOM", "connect_timeout": "1s",
+        "load_assignment": {
+            "policy": {"weighted_priority_health": true},
+            "endpoints": [
+                {"priority": 0, "lb_endpoints": [endpoint(0, 1, "HEALTHY"), endpoint(1, 3, "UNHEALTHY")]},
+                {"priority": 1, "lb_endpoints": [endpoint(2, 1, "HEALTHY"), endpoint(3, 1, "HEALTHY")]}
+            ]
+        }
+    });
+    let config = format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n  - {cluster}\nservices:\n  - {{ name: wph, address: 127.77.9.14, port: 80, cluster: wph }}\n",
+        unique("wph"),
+        cgroup.path().display(),
+    );
+    let _daemon = Daemon::start_in(&netns, &config);
+    let mut envoy_cluster = cluster.clone();
+    envoy_cluster["load_assignment"]["cluster_name"] = json!("wph");
+    let bootstrap = json!({
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+        "static_resources": {
+            "listeners": [listener(15014, "wph")],
+            "clusters": [envoy_cluster]
+        }
+    });
+    let envoy = Envoy::with_bootstrap(&bootstrap.to_string(), Some(&netns.path()));
+    until_envoy_listens_n(&netns, &envoy, 1);
+    wait_for_backends(
+        &netns,
+        &cgroup,
+        "127.77.9.14:80".parse().unwrap(),
+        &["b1", "b3", "b4"],
+        Duration::from_secs(10),
+    );
+    for (side, cgroup, to) in [
+        ("daemon", Some(&cgroup), "127.77.9.14:80"),
+        ("envoy", None, "127.0.0.1:15014"),
+    ] {
+        let probe = Probe::run(
+            &netns,
+            cgroup.map(TestCgroup::path),
+            to.parse().unwrap(),
+            400,
+            false,
+        );
+        assert!(probe.errors.is_empty(), "{side}: {probe:?}");
+        let b1 = probe.count("b1");
+        println!("weighted priority health, {side}: b1 {b1} of 400");
+        assert_eq!(probe.count("b2"), 0, "{side}: the unhealthy host");
+        assert!(b1.abs_diff(140) <= 48, "{side}: b1 took {b1} of 400");
     }
 }

@@ -78,6 +78,11 @@ pub mod maps {
     pub const SVC_COUNTERS: &str = "SVC_COUNTERS_V3";
     /// Open connections per backend of LEAST_REQUEST services (`socket`).
     pub const ACTIVE: &str = "ACTIVE_V1";
+    /// `max_connections` of limited services, by service address (`limit`).
+    pub const CX_MAX: &str = "CX_MAX_V1";
+    /// Open connections and refused connects of limited services, by service address
+    /// (`limit`).
+    pub const CX_OPEN: &str = "CX_OPEN_V1";
     /// Proxy-pair splicing: the sockhash the stream verdict program is attached to.
     pub const PAIR_SOCKS: &str = "PAIR_SOCKS_V1";
     /// Proxy-pair splicing: the socket to send out of, by the receiving socket's cookie. `_V2`:
@@ -94,8 +99,10 @@ pub mod maps {
     pub const LOGS: &str = "AYA_LOGS";
 
     /// Every map of the object except [`LOGS`]; all of them are pinned under their name.
-    pub const ALL: [&str; 19] = [
+    pub const ALL: [&str; 21] = [
         ACTIVE,
+        CX_MAX,
+        CX_OPEN,
         SERVICES,
         SLOTS,
         BACKENDS,

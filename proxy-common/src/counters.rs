@@ -66,12 +66,15 @@ pub const PAIR_REDIRECT_FAILED: u32 = 26;
 /// pair_verdict: bytes a spliced proxy socket received were passed to the daemon to copy (the
 /// peer used up its credit: backpressure).
 pub const PAIR_PASSED: u32 = 27;
+/// connect4/6: a service held to `max_connections` (`SERVICE_F_CX_LIMIT`) had that many open
+/// connections; the connect is refused (Envoy's `upstream_cx_overflow`).
+pub const CONNECT_CX_OVERFLOW: u32 = 28;
 
 /// Number of counters; the size of `COUNTERS_V2` (room to grow without a layout change).
 pub const COUNT: u32 = 64;
 
 /// Names used by the daemon when it exports the counters, indexed like the constants above.
-pub const NAMES: [&str; 28] = [
+pub const NAMES: [&str; 29] = [
     "connect_rewritten",
     "connect_not_service",
     "connect_no_host",
@@ -100,6 +103,7 @@ pub const NAMES: [&str; 28] = [
     "pair_redirected",
     "pair_redirect_failed",
     "pair_passed",
+    "connect_cx_overflow",
 ];
 const _: () = assert!(NAMES.len() as u32 <= COUNT);
 
@@ -128,7 +132,8 @@ mod tests {
         );
         assert_eq!(NAMES[PAIR_REDIRECT_FAILED as usize], "pair_redirect_failed");
         assert_eq!(NAMES[PAIR_PASSED as usize], "pair_passed");
-        assert_eq!(NAMES.len(), PAIR_PASSED as usize + 1);
+        assert_eq!(NAMES[CONNECT_CX_OVERFLOW as usize], "connect_cx_overflow");
+        assert_eq!(NAMES.len(), CONNECT_CX_OVERFLOW as usize + 1);
     }
 }
 

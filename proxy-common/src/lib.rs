@@ -10,6 +10,7 @@
 
 pub mod abi;
 pub mod counters;
+pub mod limit;
 pub mod service;
 pub mod socket;
 
@@ -22,6 +23,7 @@ pub mod socket;
 mod pod {
     use crate::{
         counters::ServiceCounts,
+        limit::CxOpen,
         service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey, legacy::ServiceV1},
         socket::{
             PairFlow, PairGrant, PassiveCounts, PeerSlot, Settings, SockTuple, UdpReverseKey,
@@ -57,4 +59,6 @@ mod pod {
     unsafe impl aya::Pod for ServiceCounts {}
     // SAFETY: as above.
     unsafe impl aya::Pod for ServiceV1 {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for CxOpen {}
 }

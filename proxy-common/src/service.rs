@@ -78,6 +78,12 @@ pub const SERVICE_F_PANIC: u32 = 1 << 5;
 /// for the service's connections, so the service is followed.
 pub const SERVICE_F_LEAST_REQUEST: u32 = 1 << 6;
 
+/// `Service::flags` bit: the service's TCP connects are held to the `max_connections` in
+/// `CX_MAX_V1` (its cluster's circuit breakers): connect4/6 refuse one while the service has
+/// that many open connections in `CX_OPEN_V1`; sockops counts them, so the service is
+/// followed. Without an entry in `CX_MAX_V1` nothing is limited (fail-open).
+pub const SERVICE_F_CX_LIMIT: u32 = 1 << 7;
+
 /// The bits of `Service::flags` that say what consistent hashing ([`SERVICE_F_MAGLEV`]) keys
 /// on: one of the `HASH_KEY_*` values, shifted left by [`SERVICE_HASH_KEY_SHIFT`]. Zero is the
 /// network namespace, what every service hashed on before the key was configurable, so an entry

@@ -21,6 +21,8 @@
 //! PASSIVE_V1     Backend        -> PassiveCounts  (per CPU: sockops -> the daemon's health)
 //! ACTIVE_V1      Backend        -> u64            (sockops -> connect4/6: LEAST_REQUEST)
 //! ```
+//!
+//! Open connections per service for `max_connections` are in the `limit` domain.
 
 use core::mem::size_of;
 
@@ -40,6 +42,12 @@ pub const SOCK_VIP_F_LEAST: u32 = 1 << 2;
 /// `SockVip::flags` bit: sockops counted the socket in `ACTIVE_V1` (set at its connect, cleared
 /// when the count is taken back at close), so a count is taken back exactly once.
 pub const SOCK_VIP_F_COUNTED: u32 = 1 << 3;
+/// `SockVip::flags` bit: the socket dialled a service with `SERVICE_F_CX_LIMIT`: sockops counts
+/// it in the service's `CX_OPEN_V1` entry from its connect until it closes.
+pub const SOCK_VIP_F_CX_LIMIT: u32 = 1 << 4;
+/// `SockVip::flags` bit: sockops counted the socket in `CX_OPEN_V1` (set at its connect,
+/// cleared when the count is taken back at close), so a count is taken back exactly once.
+pub const SOCK_VIP_F_CX_COUNTED: u32 = 1 << 5;
 
 /// Value of `SOCK_VIP_V2` (socket local storage): the service a socket dialled.
 #[repr(C)]

@@ -12,14 +12,17 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use proxy_common::service::{
     FAMILY_V4, HASH_KEY_CGROUP, HASH_KEY_NETNS, HASH_KEY_PROCESS, HASH_KEY_SOCKET, HASH_KEY_USER,
-    PROTO_TCP, PROTO_UDP, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_PANIC,
-    SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_HASH_KEY_SHIFT, ServiceKey,
-    hash_key_of,
+    PROTO_TCP, PROTO_UDP, SERVICE_F_CX_LIMIT, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV,
+    SERVICE_F_PANIC, SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN,
+    SERVICE_HASH_KEY_SHIFT, ServiceKey, hash_key_of,
 };
 
 use crate::{
     chain::{self, ChainPlan},
-    config::{Config, HashKey, LbPolicy, Protocol, Service, ServiceMode},
+    config::{
+        Config, HashKey, LbPolicy, Protocol, Service, ServiceMode,
+        circuit_breakers::{CircuitBreakers, Priority},
+    },
     health::Routing,
     lb,
 };
@@ -35,6 +38,9 @@ pub struct ServiceSpec {
     pub flags: u32,
     /// Routable hosts with weights, by failover priority (index 0 = highest).
     pub priorities: Vec<Vec<(SocketAddr, u32)>>,
+    /// The connections the cgroup may have open to the service at once (its cluster's explicit
+    /// `max_connections`), with `SERVICE_F_CX_LIMIT` in `flags`; `None`: no limit.
+    pub max_connections: Option<u32>,
 }
 
 /// The kernel's key of a service.
@@ -57,6 +63,8 @@ pub struct ServiceTemplate {
     pub flags: u32,
     /// The chain's plan, for a chain service on the kernel path.
     plan: Option<ChainPlan>,
+    /// The kernel's connection limit ([`kernel_max_connections`]).
+    max_connections: Option<u32>,
     /// Where a refused share of connections is sent: the unspecified address of the service's
     /// family, port 0, which the kernel's connect refuses (ECONNREFUSED).
     refuse: SocketAddr,
@@ -82,11 +90,18 @@ impl ServiceTemplate {
             Ipv6Addr::UNSPECIFIED.into()
         };
         let plan = config.chain_plan(svc);
+        let max_connections = kernel_max_connections(svc, config);
+        let limit = if max_connections.is_some() {
+            SERVICE_F_CX_LIMIT
+        } else {
+            0
+        };
         Self {
             name: svc.name.clone(),
             key,
-            flags: flags(svc, config, &policies(svc, config, plan.as_ref())),
+            flags: flags(svc, config, &policies(svc, config, plan.as_ref())) | limit,
             plan,
+            max_connections,
             refuse: SocketAddr::new(unspecified, 0),
         }
     }
@@ -128,13 +143,16 @@ impl ServiceTemplate {
                 self.flags
             },
             priorities,
+            max_connections: self.max_connections,
         }
     }
 
     /// Whether the kernel follows this service's connections with sockops: proxy mode, a
-    /// cluster with outlier detection, or LEAST_REQUEST.
+    /// cluster with outlier detection, LEAST_REQUEST, or `max_connections`.
     pub fn follows_sockets(&self) -> bool {
-        self.flags & (SERVICE_F_PROXY | SERVICE_F_PASSIVE | SERVICE_F_LEAST_REQUEST) != 0
+        let followed =
+            SERVICE_F_PROXY | SERVICE_F_PASSIVE | SERVICE_F_LEAST_REQUEST | SERVICE_F_CX_LIMIT;
+        self.flags & followed != 0
     }
 
     /// Whether the kernel rotates this service's hosts (ROUND_ROBIN, Linux 5.12 and later).
@@ -177,6 +195,25 @@ pub fn policies(svc: &Service, config: &Config, plan: Option<&ChainPlan>) -> Vec
         .filter_map(|c| config.cluster(c))
         .map(|c| c.lb_policy)
         .collect()
+}
+
+/// The `max_connections` the kernel holds `svc` to: its cluster's, when the `DEFAULT`
+/// thresholds of its `circuit_breakers` set one explicitly, for a direct-mode TCP service that
+/// reads exactly one cluster. `None` otherwise: a cluster without it keeps the kernel path
+/// unlimited (Envoy's implicit 1024 would refuse connects that run today); a chain over several
+/// clusters is not limited (the kernel does not know which cluster a host came from); UDP has
+/// no connections; the proxy path holds proxy-mode services to the limit itself.
+pub fn kernel_max_connections(svc: &Service, config: &Config) -> Option<u32> {
+    if svc.mode != ServiceMode::Direct || svc.protocol != Protocol::Tcp {
+        return None;
+    }
+    let [cluster] = config.service_clusters(svc).try_into().ok()?;
+    let breakers: &CircuitBreakers = config.cluster(&cluster)?.circuit_breakers.as_ref()?;
+    breakers
+        .thresholds
+        .iter()
+        .find(|t| t.priority == Priority::Default)?
+        .max_connections
 }
 
 /// Leaves in `levels` only the hosts of the service's family (IPv4 when `v4`), and no level

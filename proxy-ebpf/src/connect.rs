@@ -8,7 +8,9 @@
 //!   a proxy-mode service while no proxy listener of the socket's family is set: the connect is
 //!   refused with `ECONNREFUSED` (set with `bpf_set_retval`, Linux 5.18; before, `EPERM`, the
 //!   errno a cgroup sock_addr program produces by rejecting), counted as `connect_no_host` /
-//!   `connect_proxy_no_listener`. Nothing leaves the host for a VIP that has nowhere to go.
+//!   `connect_proxy_no_listener`. Nothing leaves the host for a VIP that has nowhere to go. A
+//!   TCP service held to `max_connections` (`SERVICE_F_CX_LIMIT`) that has that many open
+//!   connections is refused the same way, counted as `connect_cx_overflow` ([`crate::limit`]).
 //! - ROUND_ROBIN services rotate only in the `_rr` variants, which use atomic fetch-and-add
 //!   (5.12); the loader attaches them where the kernel has it.
 //! - Proxy mode (`SERVICE_F_PROXY`, TCP only): the destination becomes the listener address in
@@ -20,7 +22,8 @@
 //!   and process hash keys; the loader probes both, see `crate::features`);
 //!   5.7 for attaching through bpf_link (the daemon refuses to attach without it); 5.3 for
 //!   `bpf_sock_addr.sk` and `bpf_sk_storage_get` in sock_addr programs (`SOCK_VIP_V2`).
-//! - Reads `SERVICES_V2`, `SLOTS_V2`, `BACKENDS_V2`, `SETTINGS_V1`; writes the dialled service
+//! - Reads `SERVICES_V2`, `SLOTS_V2`, `BACKENDS_V2`, `SETTINGS_V1`, `CX_MAX_V1`; writes
+//!   `CX_OPEN_V1` (a refusal's count), the dialled service
 //!   to `SOCK_VIP_V2` (the socket's local storage) for a socket sockops follows (proxy mode, or
 //!   passive health), or else to `SOCK_PEER_V1` (a slot by cookie, for getpeername); `SOCK_ORIG_V1`
 //!   (proxy mode), `UDP_REV_V1` (connected UDP, for recvfrom), `COUNTERS_V2` and the service's
@@ -35,7 +38,9 @@ use aya_ebpf::{
 use proxy_common::{
     abi, counters,
     service::{FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP, ServiceKey},
-    socket::{SOCK_VIP_F_LEAST, SOCK_VIP_F_PASSIVE, SOCK_VIP_F_PROXIED, SockVip},
+    socket::{
+        SOCK_VIP_F_CX_LIMIT, SOCK_VIP_F_LEAST, SOCK_VIP_F_PASSIVE, SOCK_VIP_F_PROXIED, SockVip,
+    },
 };
 
 use crate::{
@@ -142,7 +147,12 @@ fn remember(ctx: &SockAddrContext, key: &ServiceKey, t: &Target, family: u8, see
         } else {
             0
         }
-        | if t.least && tcp { SOCK_VIP_F_LEAST } else { 0 };
+        | if t.least && tcp { SOCK_VIP_F_LEAST } else { 0 }
+        | if t.limited && tcp {
+            SOCK_VIP_F_CX_LIMIT
+        } else {
+            0
+        };
     // SAFETY: `ctx.sock_addr.sk` is the (full) socket being connected, valid for the program.
     // A followed socket's entry is created zeroed when it has none; NULL (no memory) only costs
     // the getpeername translation and the socket's passive health signal. For any other socket

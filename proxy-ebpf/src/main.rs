@@ -17,8 +17,10 @@
     reason = "map keys go by reference: the helper reads the caller's stack slot, no copy"
 )]
 
+mod active;
 mod connect;
 mod features;
+mod limit;
 mod log;
 mod maps;
 mod pair;
@@ -30,6 +32,7 @@ mod sendmsg;
 mod sk_msg;
 mod sock_addr;
 mod sock_addr_reverse;
+mod sock_vip;
 mod sockops;
 mod translate;
 mod tuple;

@@ -15,6 +15,7 @@ use aya_ebpf::{
 };
 use proxy_common::{
     counters::{self, ServiceCounts},
+    limit::CxOpen,
     service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey},
     socket::{
         PEER_SLOTS, PairFlow, PairGrant, PassiveCounts, PeerSlot, Settings, SockTuple, SockVip,
@@ -92,55 +93,16 @@ pub static UDP_REV_V1: LruHashMap<UdpReverseKey, ServiceKey> = LruHashMap::pinne
 #[map]
 pub static ACTIVE_V1: HashMap<Backend, u64> = HashMap::pinned(65_536, BPF_F_NO_PREALLOC);
 
-/// Adds `delta` (wrapping: `u64::MAX` takes one back) to `backend`'s open connections;
-/// false when the map is full (the connection is then not counted).
-#[inline(always)]
-pub fn active_add(backend: &Backend, delta: u64) -> bool {
-    for _ in 0..2 {
-        if let Some(count) = ACTIVE_V1.get_ptr_mut(backend) {
-            // SAFETY: the value is live (not preallocated: never reused while referenced) and
-            // 8-byte aligned; every write of it is an atomic add.
-            unsafe { atomic_add(count, delta) };
-            return true;
-        }
-        // Another CPU may create it at the same moment: then the lookup again finds it.
-        if ACTIVE_V1
-            .insert(backend, &delta, u64::from(BPF_NOEXIST))
-            .is_ok()
-        {
-            return true;
-        }
-    }
-    false
-}
+/// `max_connections` of each limited service (`SERVICE_F_CX_LIMIT`), by its address; written
+/// by the daemon before the flag is published, removed after it is gone.
+#[map]
+pub static CX_MAX_V1: HashMap<ServiceKey, u64> = HashMap::pinned(65_536, BPF_F_NO_PREALLOC);
 
-/// `backend`'s open connections (0 when it has no entry).
-#[inline(always)]
-pub fn active_of(backend: &Backend) -> u64 {
-    // SAFETY: a plain 8-byte load of a live value; a concurrent atomic add is seen or not.
-    ACTIVE_V1
-        .get_ptr(backend)
-        .map_or(0, |count| unsafe { core::ptr::read_volatile(count) })
-}
-
-/// `*target += delta` as one atomic instruction without a fetch (every supported kernel has it;
-/// the target has no atomic read-modify-write methods).
-///
-/// # Safety
-///
-/// `target` points to a live, 8-byte aligned u64 in a map value.
-#[inline(always)]
-unsafe fn atomic_add(target: *mut u64, delta: u64) {
-    // SAFETY: the caller's contract; the instruction writes only `*target`.
-    unsafe {
-        core::arch::asm!(
-            "lock *(u64 *)({target} + 0) += {delta}",
-            target = in(reg) target,
-            delta = in(reg) delta,
-            options(nostack),
-        );
-    }
-}
+/// Open connections and refused connects of each limited service, by its address. Only the
+/// programs write it (atomic adds; sockops creates an entry at a first connect), so, as
+/// `ACTIVE_V1`, a plain hash: an evicted count could not be taken back.
+#[map]
+pub static CX_OPEN_V1: HashMap<ServiceKey, CxOpen> = HashMap::pinned(65_536, BPF_F_NO_PREALLOC);
 
 /// Passive health: per-backend connect failures and resets seen by sockets in the cgroup.
 #[map]

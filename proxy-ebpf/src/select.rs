@@ -14,7 +14,10 @@ use proxy_common::service::{
     SERVICE_F_SINGLE, SLOT_MASK, Service, SlotTable, SlotTableKey,
 };
 
-use crate::maps::{BACKENDS_V2, SLOTS_V2, active_of};
+use crate::{
+    active::active_of,
+    maps::{BACKENDS_V2, SLOTS_V2},
+};
 
 /// Why no backend could be chosen.
 pub enum NoBackend {

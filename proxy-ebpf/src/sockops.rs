@@ -23,8 +23,8 @@
 //! costs the feature (counted). Minimum kernel 4.13 (sockops), 4.16 (`STATE_CB`), 4.18
 //! (sockhash), 5.3 (`bpf_sock_ops.sk`, `bpf_sk_storage_get`), 5.7 for attaching through
 //! bpf_link. Reads `SOCK_VIP_V2`, `SOCK_ORIG_V1`, `SETTINGS_V1`, `SERVICES_V2`; writes
-//! `ORIG_DST_V1`, `SOCK_ORIG_V1`, `SPLICE_V1`, `PASSIVE_V1`, `PASSIVE_RUN_V1`, `COUNTERS_V2`,
-//! `SVC_COUNTERS_V3`.
+//! `ORIG_DST_V1`, `SOCK_ORIG_V1`, `SPLICE_V1`, `PASSIVE_V1`, `PASSIVE_RUN_V1`, `ACTIVE_V1`,
+//! `CX_OPEN_V1` (open connections, [`crate::limit`]), `COUNTERS_V2`, `SVC_COUNTERS_V3`.
 
 use aya_ebpf::{
     EbpfContext as _,
@@ -33,22 +33,25 @@ use aya_ebpf::{
         BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_TCP_CONNECT_CB,
         BPF_TCP_CLOSE,
     },
-    helpers::{bpf_get_socket_cookie, bpf_sk_storage_get},
+    helpers::bpf_get_socket_cookie,
     macros::sock_ops,
     programs::SockOpsContext,
 };
 use proxy_common::{
     counters,
     socket::{
-        SETTINGS_F_SPLICE, SETTINGS_KEY, SOCK_VIP_F_COUNTED, SOCK_VIP_F_LEAST, SOCK_VIP_F_PASSIVE,
-        SOCK_VIP_F_PROXIED, SockTuple, SockVip,
+        SETTINGS_F_SPLICE, SETTINGS_KEY, SOCK_VIP_F_COUNTED, SOCK_VIP_F_CX_COUNTED,
+        SOCK_VIP_F_CX_LIMIT, SOCK_VIP_F_LEAST, SOCK_VIP_F_PASSIVE, SOCK_VIP_F_PROXIED, SockTuple,
     },
 };
 
 use crate::{
-    log,
-    maps::{ORIG_DST_V1, SETTINGS_V1, SOCK_ORIG_V1, SOCK_VIP_V2, SPLICE_V1, active_add, count},
-    passive, tuple,
+    active::active_add,
+    limit, log,
+    maps::{ORIG_DST_V1, SETTINGS_V1, SOCK_ORIG_V1, SPLICE_V1, count},
+    passive,
+    sock_vip::{count_limited, dialled, followed, set_counted},
+    tuple,
 };
 
 /// Return value of a sockops program; only meaningful for ops that ask for a reply.
@@ -96,8 +99,9 @@ fn try_sockops(ctx: &SockOpsContext) -> Result<(), Failed> {
 /// Asks for state callbacks on sockets that dialled a service and are followed: proxy mode
 /// (cleanup of the original destination), passive health (`SOCK_VIP_F_PASSIVE`) or
 /// LEAST_REQUEST (`SOCK_VIP_F_LEAST`: the socket is counted in its backend's open connections
-/// until it closes). Others, among them every kernel-path connection to a cluster without outlier
-/// detection, cost nothing more.
+/// until it closes) or `max_connections` (`SOCK_VIP_F_CX_LIMIT`: counted in its service's).
+/// Others, among them every kernel-path connection to a cluster without outlier detection, cost
+/// nothing more.
 #[inline(always)]
 fn watch(ctx: &SockOpsContext) -> Result<(), Failed> {
     let followed = followed(ctx);
@@ -109,62 +113,13 @@ fn watch(ctx: &SockOpsContext) -> Result<(), Failed> {
         .map_err(|_| Failed(counters::SOCKOPS_CB_FLAGS_FAILED))?;
     // Counted only once the close callback is sure to come, and marked, so that it is taken
     // back exactly once.
+    if followed & SOCK_VIP_F_CX_LIMIT != 0 {
+        count_limited(ctx);
+    }
     if followed & SOCK_VIP_F_LEAST != 0 && active_add(&tuple::remote(&conn(ctx)?), 1) {
-        set_counted(ctx, true);
+        set_counted(ctx, SOCK_VIP_F_COUNTED, true);
     }
     Ok(())
-}
-
-/// Marks (or unmarks) the socket as counted in `ACTIVE_V1`.
-#[inline(always)]
-fn set_counted(ctx: &SockOpsContext, counted: bool) {
-    // SAFETY: the socket's own storage value, valid while the program runs; only this program
-    // writes the flag, on the socket's own callbacks (which the kernel serialises).
-    if let Some(vip) = unsafe { dialled(ctx).cast_mut().as_mut() } {
-        if counted {
-            vip.flags |= SOCK_VIP_F_COUNTED;
-        } else {
-            vip.flags &= !SOCK_VIP_F_COUNTED;
-        }
-    }
-}
-
-/// The socket's `SOCK_VIP_V2` entry: NULL when it dialled no service (or is no full socket).
-/// Not hashed: the socket points at its storage, so this costs the same in a cgroup of a million
-/// connections.
-#[inline(always)]
-fn dialled(ctx: &SockOpsContext) -> *const SockVip {
-    // SAFETY: the context pointer is valid for the duration of the program; `sk` is NULL unless
-    // the kernel has a full socket here (it always has at TCP_CONNECT_CB and STATE_CB).
-    let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
-    if sk.is_null() {
-        return core::ptr::null();
-    }
-    // aya-ebpf's `SkStorage` only takes a sock_addr context, so the helper is called directly,
-    // with the map's address (relocated to the map by the loader). No flags: a read, never a
-    // create. SAFETY: `sk` is a non-NULL full socket.
-    unsafe {
-        bpf_sk_storage_get(
-            core::ptr::from_ref(&SOCK_VIP_V2).cast_mut().cast(),
-            sk.cast(),
-            core::ptr::null_mut(),
-            0,
-        )
-    }
-    .cast()
-}
-
-/// What sockops follows of the socket: its `SOCK_VIP_F_PROXIED`, `SOCK_VIP_F_PASSIVE`,
-/// `SOCK_VIP_F_LEAST` and `SOCK_VIP_F_COUNTED` bits (0 for a socket that dialled no service). Only a proxied socket has an original destination
-/// to move at ESTABLISHED and to remove at CLOSE (a kernel-path socket would pay a missing
-/// lookup in `SOCK_ORIG_V1` and one in `ORIG_DST_V1` for nothing), and only a passive one is
-/// counted.
-#[inline(always)]
-fn followed(ctx: &SockOpsContext) -> u32 {
-    // SAFETY: a value of the socket's storage, valid while the program runs; one field is read.
-    unsafe { dialled(ctx).as_ref() }.map_or(0, |v| {
-        v.flags & (SOCK_VIP_F_PROXIED | SOCK_VIP_F_PASSIVE | SOCK_VIP_F_LEAST | SOCK_VIP_F_COUNTED)
-    })
 }
 
 /// Moves a proxied connection's original destination from its cookie to its 4-tuple.
@@ -214,7 +169,14 @@ fn closed(ctx: &SockOpsContext, old: u32) -> Result<(), Failed> {
     if flags & SOCK_VIP_F_COUNTED != 0 {
         // Adding u64::MAX is taking one back.
         active_add(&tuple::remote(&t), u64::MAX);
-        set_counted(ctx, false);
+        set_counted(ctx, SOCK_VIP_F_COUNTED, false);
+    }
+    if flags & SOCK_VIP_F_CX_COUNTED != 0 {
+        // SAFETY: a value of the socket's storage, valid while the program runs.
+        if let Some(vip) = unsafe { dialled(ctx).as_ref() } {
+            limit::closed(&vip.key);
+        }
+        set_counted(ctx, SOCK_VIP_F_CX_COUNTED, false);
     }
     if flags & SOCK_VIP_F_PROXIED != 0 && ORIG_DST_V1.remove(&t).is_ok() {
         count(counters::ORIG_DST_REMOVED);

@@ -7,13 +7,13 @@ use proxy_common::{
     abi, counters,
     service::{
         Backend, FAMILY_V4, HASH_KEY_CGROUP, HASH_KEY_PROCESS, HASH_KEY_SOCKET, HASH_KEY_USER,
-        SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_PANIC, SERVICE_F_PASSIVE,
-        SERVICE_F_PROXY, Service, ServiceKey, hash_key_of,
+        SERVICE_F_CX_LIMIT, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_PANIC,
+        SERVICE_F_PASSIVE, SERVICE_F_PROXY, Service, ServiceKey, hash_key_of,
     },
 };
 
 use crate::{
-    features, log,
+    features, limit, log,
     maps::{SERVICES_V2, ServiceOutcome, count, count_service, settings},
     select::{NoBackend, choose},
 };
@@ -44,15 +44,17 @@ pub struct Target {
     pub passive: bool,
     /// The connection counts in its backend's open connections (`SERVICE_F_LEAST_REQUEST`).
     pub least: bool,
+    /// The connection counts in its service's open connections (`SERVICE_F_CX_LIMIT`).
+    pub limited: bool,
 }
 
 /// Re-reads of a service whose generation moved on while a program was choosing (see
 /// [`target`]).
 const RETRIES: u32 = 3;
 
-/// Where `key` goes: `Ok(None)` when the syscall must proceed untouched. Proxy mode applies when
-/// `allow_proxy` (TCP connects); everything else selects a backend (`ROTATE`: see
-/// [`choose`]).
+/// Where `key` goes: `Ok(None)` when the syscall must proceed untouched. Proxy mode and
+/// `max_connections` apply when `allow_proxy` (TCP connects); everything else selects a
+/// backend (`ROTATE`: see [`choose`]).
 #[inline(always)]
 pub fn target<const ROTATE: bool>(
     ctx: &SockAddrContext,
@@ -67,6 +69,9 @@ pub fn target<const ROTATE: bool>(
     };
     if allow_proxy && svc.flags & SERVICE_F_PROXY != 0 {
         return to_proxy(svc, key).map(Some);
+    }
+    if allow_proxy && svc.flags & SERVICE_F_CX_LIMIT != 0 && !limit::admit(key) {
+        return Err(Refuse);
     }
     // Only consistent hashing reads a key of the client.
     let client = if svc.flags & SERVICE_F_MAGLEV != 0 {
@@ -142,6 +147,7 @@ fn to_host(id: u32, dest: Backend, flags: u32) -> Target {
         proxied: false,
         passive: flags & SERVICE_F_PASSIVE != 0,
         least: flags & SERVICE_F_LEAST_REQUEST != 0,
+        limited: flags & SERVICE_F_CX_LIMIT != 0,
     }
 }
 
@@ -212,5 +218,6 @@ fn proxy_listener(key: &ServiceKey) -> Result<Target, Refuse> {
         proxied: true,
         passive: false,
         least: false,
+        limited: false,
     })
 }

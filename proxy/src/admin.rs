@@ -245,6 +245,11 @@ impl State {
         self.per_service(crate::dataplane::Dataplane::service_counts)
     }
 
+    /// The kernel's connection counts of each service held to `max_connections`.
+    fn cx_counts(&self) -> Vec<(&str, proxy_common::limit::CxOpen)> {
+        self.per_service(crate::dataplane::Dataplane::cx_counts)
+    }
+
     /// Each service's publish record: whether it runs on an older host set, and failures.
     fn publish_states(&self) -> Vec<(&str, crate::dataplane::PublishState)> {
         self.per_service(|dp, key| Some(dp.publish_state(key)))

@@ -12,9 +12,9 @@ use proxy_common::{
     counters::ServiceCounts,
     service::{
         Backend, HASH_KEY_CGROUP, HASH_KEY_NETNS, HASH_KEY_PROCESS, HASH_KEY_SOCKET, HASH_KEY_USER,
-        MAX_PRIORITIES, PROTO_TCP, PROTO_UDP, SERVICE_F_MAGLEV, SERVICE_F_PANIC, SERVICE_F_PASSIVE,
-        SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, SLOTS, Service, ServiceKey,
-        SlotTable, SlotTableKey, hash_key_of,
+        MAX_PRIORITIES, PROTO_TCP, PROTO_UDP, SERVICE_F_CX_LIMIT, SERVICE_F_MAGLEV,
+        SERVICE_F_PANIC, SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN,
+        SERVICE_F_SINGLE, SLOTS, Service, ServiceKey, SlotTable, SlotTableKey, hash_key_of,
         legacy::{BACKENDS_V1, SERVICES_V1, SLOTS_V1, ServiceV1},
     },
     socket::SETTINGS_F_SPLICE,
@@ -260,6 +260,7 @@ fn flag_names(flags: u32) -> Vec<&'static str> {
         (SERVICE_F_SINGLE, "single"),
         (SERVICE_F_PASSIVE, "passive"),
         (SERVICE_F_PANIC, "panic"),
+        (SERVICE_F_CX_LIMIT, "max_connections"),
     ]
     .into_iter()
     .filter(|(bit, _)| flags & bit != 0)
@@ -410,6 +411,7 @@ mod tests {
         );
         // A Maglev entry of an earlier daemon (no key bits) hashed on the namespace.
         assert_eq!(flag_names(SERVICE_F_MAGLEV), ["maglev", "key:netns"]);
+        assert_eq!(flag_names(SERVICE_F_CX_LIMIT), ["max_connections"]);
         let user =
             SERVICE_F_MAGLEV | (HASH_KEY_USER << proxy_common::service::SERVICE_HASH_KEY_SHIFT);
         assert_eq!(flag_names(user), ["maglev", "key:user"]);

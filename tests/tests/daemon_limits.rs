@@ -2,7 +2,8 @@
 //! that they are quick to reach: an EDS update with more hosts than `BACKENDS_V2` can take
 //! beside the live set is NACKed with the limit named while connects stay on the last hosts,
 //! and a start whose sizes differ from the instance's pinned maps is refused, leaving them
-//! serving.
+//! serving. And a cluster's `max_connections` on the kernel path: the connect over the limit
+//! refused and counted, the count freed by a close and never leaked by a failed connect.
 
 use std::{
     net::SocketAddr,
@@ -214,5 +215,124 @@ fn a_service_whose_newest_hosts_did_not_fit_is_shown_stale() {
     // Back to the set the kernel serves: nothing to write, and the service is current again.
     server.push("web", "3", endpoints(&hosts(1)));
     wait_for_stat(&daemon, "service.web.hosts_stale", 0);
+    assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
+}
+
+/// Waits (at most 20 s) until the file at `path` exists: a step of the client in the cgroup.
+fn wait_for_file(path: &std::path::Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "{} never came", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `max_connections` on the kernel path (issue #42): a direct-mode service whose cluster's
+/// `circuit_breakers` set `max_connections: 2` takes two connections held open from the
+/// cgroup, refuses the third at connect (the errno of every kernel refusal), counts it
+/// (`service.web.cx_overflow`, Envoy's `cluster.web.upstream_cx_overflow`,
+/// `bpf.connect_cx_overflow`), and takes the next connect once one of the two is closed. A
+/// service whose host refuses every connect (nothing listens) and whose limit is 1 sees each
+/// of five failed connects fail at its host, never at the limit: a failed connect frees its
+/// count.
+#[test]
+fn max_connections_refuses_the_connect_over_the_limit_until_one_closes() {
+    use integration_tests::{
+        features::refused_errno,
+        kernel::{InCgroup, errno_name},
+    };
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let host: SocketAddr = "127.0.0.81:8080".parse().unwrap();
+    // The server closes at once; the client's socket still counts until the client closes it.
+    let _servers = BannerServers::start(&netns, &[(host, "a", false)]);
+    let cluster = |name: &str, addr: &str, port: u16, max: u32| {
+        format!(
+            "  - name: {name}\n    circuit_breakers: {{ thresholds: [ {{ max_connections: {max} }} ] }}\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n            - endpoint: {{ address: {{ socket_address: {{ address: {addr}, port_value: {port} }} }} }}\n"
+        )
+    };
+    let config = format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n{}{}services:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web }}\n  - {{ name: dead, address: 127.77.0.2, port: 80, cluster: dead }}\n",
+        unique("cx"),
+        cgroup.path().display(),
+        cluster("web", "127.0.0.81", 8080, 2),
+        // Nothing listens there: every connect is refused by the host.
+        cluster("dead", "127.0.0.82", 8081, 1),
+    );
+    let mut daemon = Daemon::start(&config);
+    let dir = TempDir::new();
+    let step = |name: &str| dir.0.join(name);
+    let (ready, release, dropped, again) = (
+        step("ready"),
+        step("release"),
+        step("dropped"),
+        step("again"),
+    );
+    let child = {
+        let (ready, release, dropped, again) = (
+            ready.clone(),
+            release.clone(),
+            dropped.clone(),
+            again.clone(),
+        );
+        InCgroup::spawn(Some(cgroup.path()), &netns, move || {
+            let (vip, dead): (SocketAddr, SocketAddr) = (
+                "127.77.0.1:80".parse().unwrap(),
+                "127.77.0.2:80".parse().unwrap(),
+            );
+            let connect = |to| std::net::TcpStream::connect(to);
+            let (first, second) = (connect(vip).expect("first"), connect(vip).expect("second"));
+            let third = connect(vip).err().map(|e| errno_name(&e));
+            std::fs::write(&ready, b"").expect("ready");
+            wait_for_file(&release);
+            drop(first);
+            std::fs::write(&dropped, b"").expect("dropped");
+            wait_for_file(&again);
+            let fourth = connect(vip).map(|_| "ok").map_err(|e| errno_name(&e));
+            let failed: Vec<_> = (0..5)
+                .map(|_| connect(dead).err().map(|e| errno_name(&e)))
+                .collect();
+            drop(second);
+            format!("third={third:?} fourth={fourth:?} failed={failed:?}")
+        })
+    };
+    wait_for_file(&ready);
+    for (stat, want) in [
+        ("service.web.cx_open", 2),
+        ("service.web.cx_overflow", 1),
+        ("cluster.web.upstream_cx_overflow", 1),
+        ("bpf.connect_cx_overflow", 1),
+    ] {
+        assert_eq!(daemon.stat(stat), want, "{stat} with two held, one refused");
+    }
+    std::fs::write(&release, b"").expect("release");
+    wait_for_file(&dropped);
+    // The close completes in the kernel after close() returns (the host's ACK of the FIN).
+    wait_for_stat(&daemon, "service.web.cx_open", 1);
+    std::fs::write(&again, b"").expect("again");
+    let out = child.wait(Duration::from_secs(30));
+    let refused = Some(refused_errno().to_owned());
+    let host_refused = Some("ECONNREFUSED".to_owned());
+    assert_eq!(
+        out,
+        format!(
+            "third={refused:?} fourth=Ok(\"ok\") failed={:?}",
+            vec![host_refused; 5]
+        ),
+        "\n{}",
+        daemon.log_text()
+    );
+    assert_eq!(
+        daemon.stat("service.dead.cx_overflow"),
+        0,
+        "no failed connect leaked"
+    );
+    assert_eq!(
+        daemon.stat("service.dead.cx_open"),
+        0,
+        "failed connects taken back"
+    );
+    assert_eq!(daemon.stat("service.web.cx_overflow"), 1, "one refusal");
+    wait_for_stat(&daemon, "service.web.cx_open", 0);
     assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
 }

@@ -136,7 +136,8 @@ pub struct Cluster {
     pub close_connections_on_host_health_failure: Option<bool>,
     /// Envoy's `circuit_breakers`: limits on the proxy path's upstream connections, pending
     /// requests, requests and retries to the cluster (`DEFAULT` thresholds; absent ones take
-    /// Envoy's defaults, 1024/1024/1024/3). See `config::circuit_breakers`.
+    /// Envoy's defaults, 1024/1024/1024/3); on the kernel path an explicit `max_connections`
+    /// only (`kernel::kernel_max_connections`). See `config::circuit_breakers`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub circuit_breakers: Option<super::circuit_breakers::CircuitBreakers>,
     /// ORIGINAL_DST clusters: hosts unused for this long are flushed with their pooled

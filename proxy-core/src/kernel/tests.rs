@@ -57,6 +57,37 @@ fn sockops_is_attached_only_where_something_needs_it() {
     assert!(needs(listener, &format!("{plain}{proxied}")), "proxy mode");
 }
 
+/// The kernel limits a service only where its one cluster sets `max_connections` explicitly in
+/// its `DEFAULT` thresholds (0 too: every connect refused, as in Envoy), on the kernel path
+/// over TCP; Envoy's implicit 1024 is not applied there.
+#[test]
+fn max_connections_reaches_the_kernel_only_where_set_explicitly() {
+    let cb = |t: &str| format!("    circuit_breakers: {{ thresholds: [ {t} ] }}\n{ENDPOINT}");
+    let yaml = format!(
+        "clusters:\n  - name: plain\n{ENDPOINT}  - name: pending\n{}  - name: two\n{}  - name: high\n{}  - name: zero\n{}services:\n  - {{ name: a, address: 127.77.0.1, port: 80, cluster: plain }}\n  - {{ name: b, address: 127.77.0.2, port: 80, cluster: pending }}\n  - {{ name: c, address: 127.77.0.3, port: 80, cluster: two }}\n  - {{ name: d, address: 127.77.0.4, port: 80, cluster: two, mode: proxy }}\n  - {{ name: e, address: 127.77.0.5, port: 80, cluster: two, protocol: UDP }}\n  - {{ name: f, address: 127.77.0.6, port: 80, cluster: high }}\n  - {{ name: g, address: 127.77.0.7, port: 80, cluster: zero }}\n",
+        cb("{ max_pending_requests: 1 }"),
+        cb("{ max_connections: 2 }"),
+        cb("{ priority: HIGH, max_connections: 1 }"),
+        cb("{ max_connections: 0 }"),
+    );
+    let config = Config::parse(&yaml, Path::new("t.yaml")).expect("valid config");
+    let templates = ServiceTemplate::all(&config);
+    let limits: Vec<_> = templates.iter().map(|t| t.max_connections).collect();
+    assert_eq!(limits, [None, None, Some(2), None, None, None, Some(0)]);
+    for t in &templates {
+        let flagged = t.flags & SERVICE_F_CX_LIMIT != 0;
+        assert_eq!(flagged, t.max_connections.is_some(), "{}", t.name);
+    }
+    assert!(
+        templates[2].follows_sockets(),
+        "sockops counts the connections"
+    );
+    assert!(!templates[0].follows_sockets());
+    assert!(needs_sockops(&config, &templates));
+    let spec = templates[2].spec(&[]);
+    assert_eq!(spec.max_connections, Some(2), "the spec carries the limit");
+}
+
 fn host(last: u8) -> Host {
     Host::new(SocketAddr::from(([127, 0, 0, last], 80)))
 }

@@ -41,6 +41,7 @@ fn all_stats(state: &State) -> BTreeMap<String, u64> {
     for upstream in state.upstreams.values() {
         stats.extend(upstream.stats());
     }
+    kernel_limits(state, &mut stats);
     if let Some(entries) = &state.consul_entries {
         stats.extend(entries.named());
     }
@@ -82,6 +83,21 @@ fn all_stats(state: &State) -> BTreeMap<String, u64> {
         state.config.chain_failures.len() as u64,
     );
     stats
+}
+
+/// The kernel path's `max_connections`: per service its open connections and refusals, and
+/// the refusals under Envoy's per-cluster name, added to the proxy path's, for a direct-mode
+/// service of one cluster (the only kind the kernel limits).
+fn kernel_limits(state: &State, stats: &mut BTreeMap<String, u64>) {
+    for (service, counts) in state.cx_counts() {
+        stats.insert(format!("service.{service}.cx_open"), counts.open);
+        stats.insert(format!("service.{service}.cx_overflow"), counts.overflow);
+        if let Some(cluster) = state.kernel_cluster(service) {
+            *stats
+                .entry(format!("cluster.{cluster}.upstream_cx_overflow"))
+                .or_default() += counts.overflow;
+        }
+    }
 }
 
 /// `/stats?format=json` in Envoy's form: `{"stats": [{"name": ..., "value": ...}, ...]}`,

@@ -316,6 +316,14 @@ impl Dataplane {
         self.publisher.service_counts(key)
     }
 
+    /// The kernel's connection counts of a limited service ([`Publisher::cx_counts`]).
+    pub fn cx_counts(
+        &self,
+        key: &proxy_common::service::ServiceKey,
+    ) -> Option<proxy_common::limit::CxOpen> {
+        self.publisher.cx_counts(key)
+    }
+
     /// Whether the service at `key` runs on an older host set ([`Publisher::publish_state`]).
     pub fn publish_state(&self, key: &proxy_common::service::ServiceKey) -> super::PublishState {
         self.publisher.publish_state(key)

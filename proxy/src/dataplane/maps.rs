@@ -18,6 +18,7 @@ use aya::{
 use proxy_common::{
     abi::maps,
     counters::ServiceCounts,
+    limit::CxOpen,
     service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey},
     socket::{PairFlow, PairGrant, PassiveCounts, Settings, SockTuple},
 };
@@ -68,6 +69,10 @@ map_group! {
         backends: HashMap<MapData, u32, Backend> = BACKENDS,
         /// Per-CPU counters of each service, by service id.
         svc_counters: PerCpuHashMap<MapData, u32, ServiceCounts> = SVC_COUNTERS,
+        /// `max_connections` of limited services, by address.
+        cx_max: HashMap<MapData, ServiceKey, u64> = CX_MAX,
+        /// Open connections and refused connects of limited services, by address.
+        cx_open: HashMap<MapData, ServiceKey, CxOpen> = CX_OPEN,
     }
 }
 

@@ -14,6 +14,8 @@
 //! levels are routable hosts, so it would never read a lower one (the daemon republishes when the
 //! first level empties).
 
+mod counts;
+mod limit;
 mod stale;
 mod write;
 
@@ -28,18 +30,20 @@ use proxy_common::{
     abi::maps,
     counters::ServiceCounts,
     service::{
-        Backend, MAX_PRIORITIES, SERVICE_F_LEAST_REQUEST, SERVICE_F_PASSIVE, SERVICE_F_PROXY,
-        SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, Service, ServiceKey, SlotTable, SlotTableKey,
+        Backend, MAX_PRIORITIES, SERVICE_F_CX_LIMIT, SERVICE_F_LEAST_REQUEST, SERVICE_F_PASSIVE,
+        SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, Service, ServiceKey, SlotTable,
+        SlotTableKey,
     },
 };
 use tracing::{debug, info};
 
 pub use self::stale::PublishState;
-use self::stale::StaleSets;
+use self::{limit::Limits, stale::StaleSets};
 use super::{DataplaneError, maps::ServiceMaps};
 
 /// Service flags whose connections sockops follows.
-const FOLLOWED: u32 = SERVICE_F_PROXY | SERVICE_F_PASSIVE | SERVICE_F_LEAST_REQUEST;
+const FOLLOWED: u32 =
+    SERVICE_F_PROXY | SERVICE_F_PASSIVE | SERVICE_F_LEAST_REQUEST | SERVICE_F_CX_LIMIT;
 
 /// `Live::tables` of a service adopted from a previous run: which priorities have a table is
 /// unknown, so retiring it tries all of them.
@@ -105,6 +109,8 @@ pub struct Publisher {
     backends: HashMap<MapData, u32, Backend>,
     /// Per-service counters the hooks keep, by service id; an entry goes with its service.
     svc_counters: PerCpuHashMap<MapData, u32, ServiceCounts>,
+    /// `max_connections` of limited services, and the kernel's counts.
+    limits: Limits,
     live: BTreeMap<ServiceKey, Live>,
     /// Backend address -> id, and id -> (address, number of live tables referencing it).
     backend_ids: StdHashMap<Backend, u32>,
@@ -165,6 +171,8 @@ impl Publisher {
             slots,
             backends,
             svc_counters,
+            cx_max,
+            cx_open,
         } = maps;
         let mut live = BTreeMap::new();
         let mut next_service_id = 1;
@@ -200,6 +208,10 @@ impl Publisher {
             slots,
             backends,
             svc_counters,
+            limits: Limits {
+                max: cx_max,
+                open: cx_open,
+            },
             live,
             backend_ids: StdHashMap::new(),
             backend_refs: StdHashMap::new(),
@@ -213,38 +225,6 @@ impl Publisher {
             retiring: VecDeque::new(),
             stale: StaleSets::default(),
         })
-    }
-
-    /// What the hooks counted for the service at `key` since it was first published (summed
-    /// over CPUs); zero before its first use, `None` for a service that is not live.
-    pub fn service_counts(&self, key: &ServiceKey) -> Option<ServiceCounts> {
-        let id = self.live.get(key)?.service.id;
-        Some(
-            self.svc_counters
-                .get(&id, 0)
-                .map(|per_cpu| ServiceCounts::sum(per_cpu.iter()))
-                .unwrap_or_default(),
-        )
-    }
-
-    /// Which of the services at `keys` carried traffic: a connect or datagram sent to a host or
-    /// redirected to the proxy. Reads only the counters that exist (the hooks create a
-    /// service's entry on its first use), so services nobody dialled cost no `bpf()` call.
-    pub fn used(&self, keys: &[ServiceKey]) -> Vec<bool> {
-        let counted: HashSet<u32> = self.svc_counters.keys().flatten().collect();
-        keys.iter()
-            .map(|key| {
-                self.live
-                    .get(key)
-                    .map(|l| l.service.id)
-                    .filter(|id| counted.contains(id))
-                    .and_then(|id| self.svc_counters.get(&id, 0).ok())
-                    .is_some_and(|per_cpu| {
-                        let c = ServiceCounts::sum(per_cpu.iter());
-                        c.to_host > 0 || c.to_proxy > 0
-                    })
-            })
-            .collect()
     }
 
     /// Whether ROUND_ROBIN services can be published (the `_rr` programs are attached).
@@ -287,7 +267,7 @@ impl Publisher {
         if spec.flags & FOLLOWED != 0 && !self.follow_sockets {
             return Err(DataplaneError::NoSockops {
                 what: format!(
-                    "service {} (proxy mode, passive health or LEAST_REQUEST)",
+                    "service {} (proxy mode, passive health, LEAST_REQUEST or max_connections)",
                     spec.name
                 ),
             });
@@ -321,6 +301,10 @@ impl Publisher {
             flags: spec.flags & !SERVICE_F_SINGLE,
             backend: Backend::default(),
         };
+        // Before the switch; a later failure leaves the new limit beside the old generation.
+        if let Some(max) = spec.max_connections {
+            (self.limits.write(spec.key, max)).map_err(|e| publish_err(spec, maps::CX_MAX, e))?;
+        }
         let Written {
             tables,
             referenced,
@@ -339,6 +323,9 @@ impl Publisher {
             tables,
         };
         if let Some(old) = self.live.insert(spec.key, now_live) {
+            if old.service.flags & SERVICE_F_CX_LIMIT != 0 && spec.max_connections.is_none() {
+                self.limits.clear(&spec.key, false);
+            }
             self.retiring.push_back(Retiring {
                 since: Instant::now(),
                 live: old,
@@ -361,6 +348,9 @@ impl Publisher {
                 name: maps::SERVICES,
                 source,
             })?;
+        if live.service.flags & SERVICE_F_CX_LIMIT != 0 {
+            self.limits.clear(key, true);
+        }
         self.retiring.push_back(Retiring {
             since: Instant::now(),
             live,

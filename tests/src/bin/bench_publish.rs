@@ -34,6 +34,7 @@ fn spec(name: String, vip: SocketAddr, hosts: Vec<SocketAddr>) -> ServiceSpec {
         key: publish_key(vip.ip(), vip.port(), proxy_common::service::PROTO_TCP),
         flags: 0,
         priorities: vec![hosts.into_iter().map(|h| (h, 1)).collect()],
+        max_connections: None,
     }
 }
 

@@ -129,5 +129,6 @@ pub fn spec(
         key: proxy::dataplane::publish_key(vip.ip(), vip.port(), proto),
         flags,
         priorities,
+        max_connections: None,
     }
 }

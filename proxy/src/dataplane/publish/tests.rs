@@ -21,6 +21,7 @@ fn spec_of(priorities: Vec<Vec<(SocketAddr, u32)>>) -> ServiceSpec {
         key: service_key("127.77.0.1".parse().unwrap(), 80, 6),
         flags: SERVICE_F_MAGLEV,
         priorities,
+        max_connections: None,
     }
 }
 

@@ -81,6 +81,7 @@ const XDS_HONOURED: &[&str] = &[
     "Cluster.load_assignment.policy.weighted_priority_health",
     "Cluster.common_lb_config.healthy_panic_threshold",
     "Cluster.common_lb_config.locality_weighted_lb_config",
+    "Cluster.common_lb_config.zone_aware_lb_config",
     "ClusterLoadAssignment.cluster_name",
     "ClusterLoadAssignment.endpoints",
     "ClusterLoadAssignment.policy",

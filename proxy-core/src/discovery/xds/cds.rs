@@ -443,6 +443,18 @@ fn lb_endpoint(lb: &LbEndpoint) -> Result<Value, (String, String)> {
         let reason = "additional_addresses are not supported";
         return Err(("endpoint".into(), reason.into()));
     }
+    if let Some(address::Address::SocketAddress(sa)) =
+        endpoint.address.as_ref().and_then(|a| a.address.as_ref())
+        && !sa.resolver_name.is_empty()
+    {
+        return Err((
+            "endpoint.address.socket_address.resolver_name".to_owned(),
+            format!(
+                "is not supported ({:?}: this daemon has no custom address resolvers)",
+                sa.resolver_name
+            ),
+        ));
+    }
     let (address, port) = socket_address(endpoint.address.as_ref()).ok_or_else(|| {
         (
             "endpoint.address".to_owned(),

@@ -90,3 +90,35 @@ fn cds_takes_an_inline_udp_endpoint_with_the_same_host() {
     assert_eq!(hosts.len(), 1);
     assert_eq!(hosts[0].addr.to_string(), "127.0.0.1:9001");
 }
+
+/// A CDS inline endpoint naming a custom `resolver_name` is NACKed naming the field, as EDS
+/// refuses it: this daemon has no custom resolvers, so the name would be ignored.
+#[test]
+fn cds_refuses_an_inline_endpoints_resolver_name() {
+    let (mut state, _rx) = state(FileNames::default());
+    let mut assignment = cla("a", &[9001]);
+    for lb in assignment
+        .endpoints
+        .iter_mut()
+        .flat_map(|l| &mut l.lb_endpoints)
+    {
+        let Some(HostIdentifier::Endpoint(endpoint)) = &mut lb.host_identifier else {
+            unreachable!("fixtures make endpoints")
+        };
+        let Some(address::Address::SocketAddress(socket)) =
+            &mut endpoint.address.as_mut().expect("an address").address
+        else {
+            unreachable!("fixtures make socket addresses")
+        };
+        socket.resolver_name = "envoy.resolvers.custom".into();
+    }
+    let custom = XdsCluster {
+        load_assignment: Some(assignment),
+        ..static_cluster("a", 9001)
+    };
+    let err = state
+        .apply_sotw(&clusters("1", &[custom]))
+        .expect_err("NACK")
+        .to_string();
+    assert!(err.contains("resolver_name"), "{err}");
+}

@@ -33,6 +33,7 @@ fn main() -> anyhow::Result<()> {
     // by the nested cargo only.
     unsafe { std::env::set_var("RUSTC_BOOTSTRAP", "1") };
     which_bpf_linker()?;
+    stamp_version();
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").context("OUT_DIR is not set")?);
     let shared = shared_dir(&out_dir);
     std::fs::create_dir_all(&shared).with_context(|| format!("creating {}", shared.display()))?;
@@ -95,4 +96,36 @@ fn which_bpf_linker() -> anyhow::Result<()> {
     Err(anyhow!(
         "bpf-linker is not on PATH; run `cargo xtask setup` (it builds bpf-linker against this toolchain's LLVM)"
     ))
+}
+
+/// Sets `PROXY_COMMIT` (the checkout's HEAD, `unknown` outside a git checkout) and `PROXY_PROFILE` (`debug` or `release`) for `proxy --version`, and
+/// asks cargo to re-run this script when HEAD moves.
+fn stamp_version() {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .and_then(|out| String::from_utf8(out.stdout).ok())
+            .map(|text| text.trim().to_owned())
+    };
+    // No `-dirty` mark: the script re-runs when HEAD moves, not when a file is edited, so the
+    // mark would go stale.
+    let commit = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".to_owned());
+    println!("cargo:rustc-env=PROXY_COMMIT={commit}");
+    let profile = std::env::var("PROFILE").unwrap_or_else(|_| "unknown".to_owned());
+    println!("cargo:rustc-env=PROXY_PROFILE={profile}");
+    // HEAD names the branch; the branch's ref (loose or packed) names the commit.
+    for (flag, file) in [("--git-dir", "HEAD"), ("--git-common-dir", "packed-refs")] {
+        if let Some(dir) = git(&["rev-parse", flag]) {
+            println!("cargo:rerun-if-changed={dir}/{file}");
+        }
+    }
+    if let (Some(dir), Some(head)) = (
+        git(&["rev-parse", "--git-common-dir"]),
+        git(&["symbolic-ref", "-q", "HEAD"]),
+    ) {
+        println!("cargo:rerun-if-changed={dir}/{head}");
+    }
 }

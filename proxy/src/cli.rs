@@ -1,4 +1,4 @@
-//! Command line: `proxy run`, `proxy check`.
+//! Command line: `proxy run`, `proxy check`, `proxy status` and the other subcommands.
 
 use std::path::PathBuf;
 
@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 /// attached to that cgroup pick a host from the host sets this daemon publishes and connect the
 /// application straight to it.
 #[derive(Debug, Parser)]
-#[command(name = "proxy", version, propagate_version = true)]
+#[command(name = "proxy", version = crate::VERSION, propagate_version = true)]
 pub struct Cli {
     /// Log filter, in tracing's EnvFilter syntax (e.g. `info`, `proxy=debug`). RUST_LOG also works.
     /// A running daemon's level can be changed with `POST /logging?level=debug` on its admin
@@ -39,10 +39,13 @@ pub enum Command {
     /// services, serve the admin interface (admin.address; `GET /` lists its endpoints); SIGINT
     /// or SIGTERM stops it, leaving the data path serving for the next start.
     Run {
-        /// Configuration file (YAML or JSON). Without it, the embedded default configuration
-        /// (the demo's: one STATIC cluster of three loopback hosts behind 127.77.0.1:80) is used.
-        #[arg(long, short)]
+        /// Configuration file (YAML or JSON). Required, unless --demo.
+        #[arg(long, short, required_unless_present = "demo")]
         config: Option<PathBuf>,
+        /// Run the embedded demo configuration instead of a file: one STATIC cluster of three
+        /// loopback hosts behind 127.77.0.1:80 (what `cargo xtask demo` runs).
+        #[arg(long, conflicts_with = "config")]
+        demo: bool,
         /// Worker threads of the daemon's runtime (discovery, health checking, HTTP proxying),
         /// and threads of the proxy's epoll engine (plain TCP proxying), each (Envoy's
         /// --concurrency). Default: the CPUs the daemon may run on.
@@ -84,6 +87,9 @@ pub enum Command {
         /// services renders for a while).
         #[arg(long, default_value_t = 60)]
         timeout: u64,
+        /// Print the daemon's `/routing` document (one line of JSON) instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Ask a running daemon to re-read its configuration file and apply what changed (as
     /// SIGHUP does): untouched clusters keep their health state, DNS timers, Consul watches and
@@ -118,7 +124,20 @@ pub enum Command {
         /// Configuration file (YAML or JSON).
         #[arg(long, short)]
         config: PathBuf,
+        /// Print the verdict as one line of JSON on stdout (`ok`, the counts and notes, or the
+        /// error with its file, line, column and field); the exit status is the same.
+        #[arg(long)]
+        json: bool,
     },
+    /// Print a shell completion script for this command line on stdout (e.g.
+    /// `proxy completions bash > /etc/bash_completion.d/proxy`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page, proxy(8), in roff on stdout (e.g. `proxy man | man -l -`).
+    Man,
 }
 
 /// `proxy dataplane ...`.
@@ -243,13 +262,13 @@ pub struct ProbeArgs {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser as _;
+    use clap::{CommandFactory as _, Parser as _};
 
     use super::{Cli, Command};
     use crate::logging::LogFormat;
 
     fn concurrency(args: &[&str]) -> Result<Option<u16>, clap::Error> {
-        let cli = Cli::try_parse_from(["proxy", "run"].iter().chain(args))?;
+        let cli = Cli::try_parse_from(["proxy", "run", "--demo"].iter().chain(args))?;
         match cli.command {
             Command::Run { concurrency, .. } => Ok(concurrency),
             other => panic!("parsed as {other:?}"),
@@ -281,6 +300,78 @@ mod tests {
                 && text.contains("[possible values: text, json]"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn run_needs_a_config_file_or_the_demo_and_not_both() {
+        let run = |args: &[&str]| Cli::try_parse_from(["proxy", "run"].iter().chain(args));
+        let err = run(&[]).expect_err("run without a configuration");
+        assert!(
+            err.to_string().contains(
+                "the following required arguments were not provided:\n  --config <CONFIG>"
+            ),
+            "{err}"
+        );
+        let config = |args: &[&str]| match run(args).expect("parses").command {
+            Command::Run { config, demo, .. } => (config, demo),
+            other => panic!("parsed as {other:?}"),
+        };
+        assert_eq!(config(&["--demo"]), (None, true));
+        assert_eq!(
+            config(&["-c", "proxy.yaml"]),
+            (Some("proxy.yaml".into()), false)
+        );
+        let err = run(&["--demo", "--config", "proxy.yaml"]).expect_err("both");
+        assert!(
+            err.to_string()
+                .contains("the argument '--demo' cannot be used with '--config <CONFIG>'"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_version_names_the_commit_and_the_build_profile() {
+        let version = Cli::command().render_version();
+        assert!(
+            version.starts_with(&format!("proxy {} (commit ", env!("CARGO_PKG_VERSION"))),
+            "{version}"
+        );
+        let profile = if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        };
+        assert!(
+            version.trim_end().ends_with(&format!(", {profile} build)")),
+            "{version}"
+        );
+    }
+
+    #[test]
+    fn completions_and_the_manual_page_cover_every_subcommand() {
+        let mut completion = Vec::new();
+        clap_complete::generate(
+            clap_complete::Shell::Bash,
+            &mut Cli::command(),
+            "proxy",
+            &mut completion,
+        );
+        let completion = String::from_utf8(completion).expect("utf-8");
+        let mut man = Vec::new();
+        clap_mangen::Man::new(Cli::command())
+            .section("8")
+            .render(&mut man)
+            .expect("renders");
+        let man = String::from_utf8(man).expect("utf-8");
+        assert!(
+            man.starts_with(".ie") && man.contains(".TH proxy 8"),
+            "{man}"
+        );
+        for sub in Cli::command().get_subcommands() {
+            let name = sub.get_name();
+            assert!(completion.contains(name), "{name} has no completion");
+            assert!(man.contains(name), "{name} is not in the manual page");
+        }
     }
 
     #[test]

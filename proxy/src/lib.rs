@@ -8,6 +8,7 @@
 #![deny(unsafe_code)]
 
 pub mod admin;
+pub mod check;
 pub mod cli;
 pub mod daemon;
 pub mod dataplane;
@@ -56,6 +57,16 @@ pub fn load_config(
 ) -> Result<proxy_core::config::Config, proxy_core::config::ConfigError> {
     proxy_core::config::Config::load(path)
 }
+
+/// `proxy --version`: the package version, the commit it was built from and the build profile.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("PROXY_COMMIT"),
+    ", ",
+    env!("PROXY_PROFILE"),
+    " build)"
+);
 
 /// Exit status for a configuration that cannot be used: 64, `EX_USAGE` of sysexits.h.
 pub const EXIT_BAD_CONFIG: u8 = 64;

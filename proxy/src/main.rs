@@ -19,7 +19,13 @@ fn main() -> ExitCode {
     // Also routes `log` records (aya's) through tracing.
     subscriber.init();
     match cli.command {
-        Command::Check { config } => check(&config),
+        Command::Check { config, json } => check(&config, json),
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "proxy", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Man => man(),
         Command::Probe(args) => probe(&args),
         Command::Chain(ChainCommand::Compile {
             entries,
@@ -66,7 +72,11 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Status { admin, timeout } => status(&admin, timeout),
+        Command::Status {
+            admin,
+            timeout,
+            json,
+        } => status(&admin, timeout, json),
         Command::Reload { admin, timeout } => reload(&admin, timeout),
         Command::Uninstall(args) => uninstall(&args),
         Command::Dataplane(DataplaneCommand::Show { instance, json }) => {
@@ -74,6 +84,7 @@ fn main() -> ExitCode {
         }
         Command::Run {
             config,
+            demo: _,
             concurrency,
             takeover,
             user,
@@ -106,33 +117,37 @@ fn main() -> ExitCode {
     }
 }
 
-/// `proxy check`: the file, and the user it names, are usable (exit 0), or why not (64).
-fn check(config: &std::path::Path) -> ExitCode {
-    match proxy::load_config(config) {
-        Ok(cfg) if let Err(err) = steady_state_user(&cfg) => {
-            eprintln!("error: {}: {err}", config.display());
-            ExitCode::from(EXIT_BAD_CONFIG)
-        }
-        Ok(cfg) => {
-            println!(
-                "{}: ok ({} clusters, {} services)",
-                config.display(),
-                cfg.clusters.len(),
-                cfg.services.len()
-            );
-            // Chains that need Consul's entries (consul_config_entries): not the file's fault,
-            // but the operator should know the service waits for them.
-            for failure in &cfg.chain_failures {
-                println!(
-                    "note: service {:?} waits for Consul's config entries: its {}",
-                    failure.service, failure.reason
-                );
-            }
-            ExitCode::SUCCESS
-        }
+/// `proxy check`: the file, and the user it names, are usable (exit 0), or why not (64); the
+/// verdict as a table line or (`json`) one line of JSON on stdout.
+fn check(path: &std::path::Path, json: bool) -> ExitCode {
+    let verdict = proxy::check::check(path);
+    let code = if verdict.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_BAD_CONFIG)
+    };
+    let printed = if json {
+        print(&verdict, true, |_, _| Ok(()))
+    } else {
+        verdict.print_text(&mut std::io::stdout(), &mut std::io::stderr())
+    };
+    if printed.is_err() {
+        return ExitCode::FAILURE;
+    }
+    code
+}
+
+/// `proxy man`: proxy(8) in roff on stdout.
+fn man() -> ExitCode {
+    let command = <Cli as clap::CommandFactory>::command();
+    match clap_mangen::Man::new(command)
+        .section("8")
+        .render(&mut std::io::stdout())
+    {
+        Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err}");
-            ExitCode::from(EXIT_BAD_CONFIG)
+            eprintln!("error: writing the manual page: {err}");
+            ExitCode::FAILURE
         }
     }
 }
@@ -152,19 +167,11 @@ fn run_config(
         }
     };
     run_flags.apply(&mut cfg);
-    if let Err(err) = steady_state_user(&cfg) {
+    if let Err(err) = proxy::check::steady_state_user(&cfg) {
         eprintln!("error: {err}");
         return Err(ExitCode::from(EXIT_BAD_CONFIG));
     }
     Ok(cfg)
-}
-
-/// Resolves the configuration's `user`, so that an unknown one is a configuration error before
-/// anything is attached.
-fn steady_state_user(cfg: &Config) -> Result<(), proxy::privileges::UserError> {
-    cfg.user
-        .as_deref()
-        .map_or(Ok(()), |u| proxy::privileges::resolve_user(u).map(drop))
 }
 
 /// `proxy run`'s status after an error: 64 when the configuration is why a takeover was
@@ -331,9 +338,9 @@ fn print<T: serde::Serialize>(
 }
 
 /// `proxy status`.
-fn status(admin: &proxy_core::config::AdminAddress, timeout: u64) -> ExitCode {
+fn status(admin: &proxy_core::config::AdminAddress, timeout: u64, json: bool) -> ExitCode {
     let timeout = std::time::Duration::from_secs(timeout);
-    match proxy::status::run(admin, timeout, &mut std::io::stdout()) {
+    match proxy::status::run(admin, timeout, json, &mut std::io::stdout()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");

@@ -32,14 +32,22 @@ struct Host {
 /// The largest answer read from the admin interface (256 MiB).
 const MAX_ANSWER: usize = 256 << 20;
 
-/// Fetches the daemon's clusters and prints them; the answer must come within `timeout`.
+/// Fetches the daemon's clusters and prints them, as a table or (`json`) as the daemon's
+/// `/routing` document on one line; the answer must come within `timeout`.
 pub fn run(
     admin: &AdminAddress,
     timeout: Duration,
+    json: bool,
     out: &mut impl std::io::Write,
 ) -> anyhow::Result<()> {
     let body = get(admin, "/routing", timeout)?;
-    let clusters: Vec<Cluster> = serde_json::from_str(&body).context("parsing /routing")?;
+    let document: serde_json::Value = serde_json::from_str(&body).context("parsing /routing")?;
+    let clusters = Vec::<Cluster>::deserialize(&document).context("reading /routing")?;
+    if json {
+        serde_json::to_writer(&mut *out, &document)?;
+        writeln!(out)?;
+        return Ok(());
+    }
     writeln!(
         out,
         "{:<28} {:<14} {:<24} {:>4} {:>8} {:<9} HEALTH",

@@ -396,7 +396,7 @@ impl Daemon {
     fn start(proxy: &Path, log: &Path, admin: SocketAddr) -> anyhow::Result<Self> {
         let log_file = std::fs::File::create(log).context("creating the daemon log")?;
         let child = Command::new(proxy)
-            .arg("run")
+            .args(["run", "--demo"])
             .stdin(Stdio::null())
             .stdout(log_file.try_clone()?)
             .stderr(log_file)

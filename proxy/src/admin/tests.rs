@@ -434,14 +434,22 @@ async fn a_unix_socket_is_0600_served_and_removed_on_stop() {
     assert_eq!(get(&addr, "/ready").await, (503, "NOT READY\n".to_owned()));
     // `proxy status` over the socket.
     let status_addr = addr.clone();
-    let table = tokio::task::spawn_blocking(move || {
-        let mut out = Vec::new();
-        crate::status::run(&status_addr, Duration::from_secs(10), &mut out).map(|()| out)
+    let (table, json) = tokio::task::spawn_blocking(move || {
+        let status = |json| {
+            let mut out = Vec::new();
+            crate::status::run(&status_addr, Duration::from_secs(10), json, &mut out)
+                .map(|()| String::from_utf8(out).expect("utf-8"))
+        };
+        Ok::<_, anyhow::Error>((status(false)?, status(true)?))
     })
     .await
     .unwrap()
     .expect("proxy status over the unix socket");
-    assert!(String::from_utf8_lossy(&table).starts_with("SERVICE"));
+    assert!(table.starts_with("SERVICE"), "{table}");
+    // `--json`: the /routing document on one line.
+    assert_eq!(json.lines().count(), 1, "{json}");
+    let routing: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert!(routing.is_array(), "{routing}");
     server.stop().await;
     assert!(!path.exists(), "the socket file is removed on stop");
     let _ = std::fs::remove_dir_all(dir);

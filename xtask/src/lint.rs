@@ -1,6 +1,7 @@
 //! Style gates of `cargo xtask test` (and `cargo xtask lint` alone): formatting with the
-//! repository's `rustfmt.toml`, and clippy with the workspace lint set (`[workspace.lints]` in
-//! the root Cargo.toml) on every crate, the kernel programs included.
+//! repository's `rustfmt.toml`, clippy with the workspace lint set (`[workspace.lints]` in
+//! the root Cargo.toml) on every crate, the kernel programs included, and the dependency policy
+//! (`deps.rs`).
 //!
 //! Formatting needs nightly rustfmt: `group_imports` and `imports_granularity` are unstable
 //! options that stable rustfmt ignores with a warning, so a stable check would pass code the
@@ -47,6 +48,11 @@ pub fn run() -> anyhow::Result<()> {
     step("style: clippy on the kernel programs (bpfel-unknown-none), warnings denied");
     if util::run(&mut ebpf_clippy(), "clippy (kernel programs)").is_err() {
         failed.push("clippy on proxy-ebpf".to_owned());
+    }
+    step("dependencies: one registry, allowed licences, duplicates explained (xtask/src/deps.rs)");
+    if let Err(err) = crate::deps::check() {
+        eprintln!("{err:#}");
+        failed.push("the dependency policy".to_owned());
     }
     if !failed.is_empty() {
         bail!("style gates failed: {}", failed.join("; "));

@@ -7,6 +7,7 @@ mod apt;
 mod bench;
 mod consul;
 mod demo;
+mod deps;
 mod fuzz;
 mod integration;
 mod lint;

@@ -6,6 +6,11 @@
 //! rustup for everything cargo runs), and `RUSTC_BOOTSTRAP=1` lets that stable toolchain use
 //! `-Z build-std=core` for the nested build only. bpf-linker must be built against this
 //! toolchain's LLVM: `cargo xtask setup` does that.
+#![allow(
+    unsafe_code,
+    reason = "set_var for the nested eBPF build, in this single-threaded build script"
+)]
+
 use std::{
     fs::File,
     path::{Path, PathBuf},

@@ -8,6 +8,10 @@
 #![no_main]
 // ROUND_ROBIN's atomic fetch-and-add is one instruction of inline assembly (`select::next_turn`).
 #![feature(asm_experimental_arch)]
+#![allow(
+    unsafe_code,
+    reason = "kernel programs: every helper call, map access and context read is unsafe"
+)]
 #![expect(
     clippy::needless_pass_by_value,
     reason = "aya's program macros hand each entry point its context by value"

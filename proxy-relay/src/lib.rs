@@ -24,8 +24,6 @@
 //!               Http(routes)             -> hyper: route match, leg, host, retries, timeout
 //! ```
 
-#![deny(unsafe_code)]
-
 mod addr;
 mod client;
 mod cluster;

@@ -4,9 +4,17 @@
 //! nothing behind. Tests live in `tests/tests/`; run them with `cargo xtask test`.
 
 pub mod consul;
+#[allow(
+    unsafe_code,
+    reason = "the kernel feature probes' raw bpf(2) calls, each with its SAFETY note"
+)]
 pub mod features;
 pub mod health_servers;
 pub mod http_servers;
+#[allow(
+    unsafe_code,
+    reason = "fork, setns, raw sockets and bpf(2) of the kernel fixtures, each with its SAFETY note"
+)]
 pub mod kernel;
 pub mod pki;
 pub mod slow_dns;

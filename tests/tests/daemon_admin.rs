@@ -4,6 +4,10 @@
 //! `Host`; and while it holds a thousand idle connections and 64 half-sent request heads on the
 //! TCP port (reopening what the daemon closes), `/ready`, `proxy status` and `proxy reload`
 //! still answer within 1 s.
+#![allow(
+    unsafe_code,
+    reason = "setrlimit(2), setgid(2) and setuid(2) of the forked adversary"
+)]
 
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},

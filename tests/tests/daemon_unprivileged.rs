@@ -13,6 +13,7 @@
 //! Each daemon runs in a mount namespace of its own with a private `/run/proxy` (a tmpfs), so
 //! that handing that directory to nobody touches no other daemon on the host, and the first one
 //! within the shipped unit's capability bounding set.
+#![allow(unsafe_code, reason = "kill(2) of a test process by its PID")]
 
 use std::{
     collections::BTreeMap,

@@ -13,6 +13,10 @@
 //!   a third waits as pending (a connection over the limit counted), a fourth is refused;
 //! - `req` (`max_requests: 2`): two held, a third refused once it has its connection;
 //! - `retry` (`max_retries: 1`, one retry on 503): a retry held, a second one not made.
+#![allow(
+    unsafe_code,
+    reason = "a socket pair handed to a forked client by its fd"
+)]
 
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},

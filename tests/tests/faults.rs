@@ -17,6 +17,7 @@
 //! a killed backend (daemon_health.rs, envoy_side_by_side.rs), a DNS server down and back
 //! (envoy_side_by_side.rs), the daemon killed under a connect loop (kernel_restart.rs), Consul
 //! answers it must skip (daemon_consul.rs).
+#![allow(unsafe_code, reason = "kill(2) of the daemon by its PID")]
 
 use std::{
     net::SocketAddr,

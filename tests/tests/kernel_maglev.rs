@@ -4,6 +4,10 @@
 //! the key spread over the hosts, and removing one of N hosts moves (about) only the clients
 //! that were on it. Each client's host is also predicted exactly, from its key and the daemon's
 //! Maglev table: a difference says whether the kernel or the table moved a client.
+#![allow(
+    unsafe_code,
+    reason = "raw sockets, setuid(2) and getsockopt(2) of the hash-key clients"
+)]
 
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 

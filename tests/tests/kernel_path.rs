@@ -5,6 +5,10 @@
 //! getpeername shows the VIP, that processes outside the cgroup and destinations that are not
 //! services are untouched, that a service without hosts refuses connects, and that a bad config
 //! changes nothing. With the data path opened in-process: which record getpeername reads.
+#![allow(
+    unsafe_code,
+    reason = "raw socket calls the standard library has no binding for"
+)]
 
 use std::{
     net::SocketAddr,

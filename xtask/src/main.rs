@@ -6,6 +6,7 @@
 mod apt;
 mod bench;
 mod consul;
+#[allow(unsafe_code, reason = "kill(2) of the demo daemon by its PID")]
 mod demo;
 mod deps;
 mod fuzz;
@@ -14,6 +15,7 @@ mod lint;
 mod qemu;
 mod setup;
 mod test;
+#[allow(unsafe_code, reason = "geteuid(2), to tell root apart")]
 mod util;
 mod vm;
 

@@ -7,6 +7,7 @@
 //! Prints one JSON object (`*_ms` wall clock, `*_cpu_ms` CPU time of the publishing thread;
 //! `hosts_x1000_*` is the grouped case whatever `--per` is). Usage: `bench_publish --hosts 10000 --cgroup /sys/fs/cgroup/.../x`
 //! (`--per 100` makes the grouped case N/100 services of 100 hosts; the default is 1,000).
+#![allow(unsafe_code, reason = "clock_gettime(2) of the thread CPU clock")]
 
 use std::{
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream},

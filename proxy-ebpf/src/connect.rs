@@ -135,24 +135,23 @@ fn try_connect6<const ROTATE: bool>(ctx: &SockAddrContext) -> Result<(), Refuse>
     Ok(())
 }
 
+/// What sockops and the proxy follow a socket for: proxied, passive health, LEAST_REQUEST and
+/// max_connections (the last three on TCP only).
+#[inline(always)]
+fn sock_flags(t: &Target, tcp: bool) -> u32 {
+    let on = |yes: bool, flag: u32| if yes { flag } else { 0 };
+    on(t.proxied, SOCK_VIP_F_PROXIED)
+        | on(t.passive && tcp, SOCK_VIP_F_PASSIVE)
+        | on(t.least && tcp, SOCK_VIP_F_LEAST)
+        | on(t.limited && tcp, SOCK_VIP_F_CX_LIMIT)
+}
+
 /// Records which service the socket dialled: for getpeername, for sockops (followed sockets),
 /// for the proxy (proxy mode), and for recvfrom on a connected UDP socket (`seen` is the backend
 /// as the socket reports it).
 #[inline(always)]
 fn remember(ctx: &SockAddrContext, key: &ServiceKey, t: &Target, family: u8, seen: [u32; 4]) {
-    let tcp = key.proto == PROTO_TCP;
-    let flags = if t.proxied { SOCK_VIP_F_PROXIED } else { 0 }
-        | if t.passive && tcp {
-            SOCK_VIP_F_PASSIVE
-        } else {
-            0
-        }
-        | if t.least && tcp { SOCK_VIP_F_LEAST } else { 0 }
-        | if t.limited && tcp {
-            SOCK_VIP_F_CX_LIMIT
-        } else {
-            0
-        };
+    let flags = sock_flags(t, key.proto == PROTO_TCP);
     // SAFETY: `ctx.sock_addr.sk` is the (full) socket being connected, valid for the program.
     // A followed socket's entry is created zeroed when it has none; NULL (no memory) only costs
     // the getpeername translation and the socket's passive health signal. For any other socket

@@ -1,7 +1,8 @@
 //! Style gates of `cargo xtask test` (and `cargo xtask lint` alone): formatting with the
 //! repository's `rustfmt.toml`, clippy with the workspace lint set (`[workspace.lints]` in
-//! the root Cargo.toml) on every crate, the kernel programs included, and the dependency policy
-//! (`deps.rs`).
+//! the root Cargo.toml) on every crate, the kernel programs included (their functions at most 30
+//! lines through `proxy-ebpf/clippy.toml`, their files at most 250 here), and the dependency
+//! policy (`deps.rs`).
 //!
 //! Formatting needs nightly rustfmt: `group_imports` and `imports_granularity` are unstable
 //! options that stable rustfmt ignores with a warning, so a stable check would pass code the
@@ -49,6 +50,13 @@ pub fn run() -> anyhow::Result<()> {
     if util::run(&mut ebpf_clippy(), "clippy (kernel programs)").is_err() {
         failed.push("clippy on proxy-ebpf".to_owned());
     }
+    step(format!(
+        "style: kernel program files at most {EBPF_FILE_LINES} lines (functions: proxy-ebpf/clippy.toml)"
+    ));
+    if let Err(err) = ebpf_file_sizes() {
+        eprintln!("{err:#}");
+        failed.push("the kernel programs' file sizes".to_owned());
+    }
     step("dependencies: one registry, allowed licences, duplicates explained (xtask/src/deps.rs)");
     if let Err(err) = crate::deps::check() {
         eprintln!("{err:#}");
@@ -56,6 +64,38 @@ pub fn run() -> anyhow::Result<()> {
     }
     if !failed.is_empty() {
         bail!("style gates failed: {}", failed.join("; "));
+    }
+    Ok(())
+}
+
+/// The most lines a kernel program source file may have (the house style: the verifier's
+/// view of a hook family fits on a screen or two).
+const EBPF_FILE_LINES: usize = 250;
+
+/// Names every `proxy-ebpf/src` file over [`EBPF_FILE_LINES`].
+fn ebpf_file_sizes() -> anyhow::Result<()> {
+    let src = util::workspace_root().join("proxy-ebpf/src");
+    let mut over = Vec::new();
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&src)? {
+        let path = entry?.path();
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        seen += 1;
+        let lines = std::fs::read_to_string(&path)?.lines().count();
+        if lines > EBPF_FILE_LINES {
+            over.push(format!("{}: {lines} lines", path.display()));
+        }
+    }
+    if seen == 0 {
+        bail!("no kernel program sources under {}", src.display());
+    }
+    if !over.is_empty() {
+        bail!(
+            "over {EBPF_FILE_LINES} lines (split by hook family or helper): {}",
+            over.join(", ")
+        );
     }
     Ok(())
 }

@@ -1,14 +1,26 @@
 //! `dns_stale_bound`: a failing name's hosts are kept for at most the bound after its first
 //! failure, per name, then dropped as an empty answer drops them; unset keeps them (Envoy).
 
-use std::{sync::Arc, time::Duration};
+use std::{path::Path, sync::Arc, time::Duration};
 
 use tokio::time::Instant;
 
 use super::{addrs, advance, next_update, secs, strict, v4_settings};
 use crate::{
-    config::sources::dns::{DnsEndpoint, DnsSettings},
-    discovery::dns::{FakeResolver, StatValues, spawn_logical_dns},
+    config::{
+        Config,
+        host_guard::HostGuard,
+        sources::dns::{DnsEndpoint, DnsSettings},
+    },
+    discovery::dns::{
+        FakeResolver, SrvRecord, SrvService, StatValues, spawn_dns_srv, spawn_logical_dns,
+    },
+    health::{
+        ExtremeRandom, HealthCheckManager,
+        state::{CheckOutcome, FailureKind},
+        tests::support::{Script, ScriptFactory},
+    },
+    upstream::Upstream,
 };
 
 fn bounded(bound: Duration) -> DnsSettings {
@@ -175,4 +187,95 @@ async fn a_name_that_never_resolved_is_not_stale() {
     advance(secs(30)).await;
     assert!(cluster.current().initialized && cluster.current().hosts.is_empty());
     assert_eq!(stale(cluster.stats().values()), (0, 0, 0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_srv_name_whose_target_fails_goes_stale_as_a_whole() {
+    let fake = FakeResolver::new();
+    let record = SrvRecord {
+        priority: 0,
+        weight: 1,
+        port: 8001,
+        target: "a.test.".into(),
+        ttl: secs(60),
+    };
+    fake.set_srv("_web._tcp.test", vec![record]);
+    fake.set("a.test", &[("10.0.0.1", 60)]);
+    let service = vec![SrvService::new("_web._tcp.test")];
+    let cluster = spawn_dns_srv("web", bounded(secs(2)), service, Arc::new(fake.clone())).unwrap();
+    let mut updates = cluster.updates();
+    next_update(&mut updates).await;
+    let start = Instant::now();
+    fake.fail_all("a.test");
+    let update = next_update(&mut updates).await;
+    assert_eq!(start.elapsed(), secs(7));
+    assert_eq!(addrs(&update.removed), ["10.0.0.1:8001"]);
+    assert_eq!(stale(cluster.stats().values()), (0, 2000, 1, 0));
+}
+
+/// A STRICT_DNS cluster of `web.test` -> 127.0.0.1 with a bound of 2 s and a TCP check every
+/// 1 s, through the health matrix; `extra` is added to the cluster.
+fn checked(fake: &FakeResolver, script: &Arc<Script>, extra: &str) -> Upstream {
+    let source = Box::new(strict(fake, bounded(secs(2)), &["web.test"]));
+    let factory = Arc::new(ScriptFactory(Arc::clone(script)));
+    let manager = HealthCheckManager::new(factory, Arc::new(ExtremeRandom { max: false }));
+    let yaml = format!(
+        "clusters:\n  - name: web\n{extra}    health_checks: [{{timeout: 1s, interval: 1s, \
+         unhealthy_threshold: 1, healthy_threshold: 1, tcp_health_check: {{}}}}]\n"
+    );
+    let cluster = Config::parse(&yaml, Path::new("t.yaml"))
+        .expect("valid")
+        .clusters
+        .remove(0);
+    Upstream::with_source(&cluster, &manager, source, &HostGuard::default()).unwrap()
+}
+
+/// Waits (paused time) until `routable` hosts of `up` are `want`; returns when.
+async fn routable(up: &Upstream, want: usize) -> Instant {
+    let mut routing = up.routing();
+    let reached = routing.wait_for(|r| r.routable().len() == want);
+    tokio::time::timeout(secs(60), reached)
+        .await
+        .expect("reached within a minute of paused time")
+        .expect("the cluster runs");
+    Instant::now()
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_stale_hosts_follow_the_health_matrix_absent_rules() {
+    let fake = FakeResolver::new();
+    fake.set("web.test", &[("127.0.0.1", 30)]);
+    let script = Arc::new(Script::default());
+    let up = checked(&fake, &script, "");
+    routable(&up, 1).await;
+    let start = Instant::now();
+    fake.fail_all("web.test");
+    advance(secs(8)).await;
+    let stats: std::collections::BTreeMap<String, u64> = up.stats().into_iter().collect();
+    assert_eq!(stats["cluster.web.dns_stale_expired"], 1, "dropped at 7 s");
+    assert_eq!(
+        up.routing().borrow().routable().len(),
+        1,
+        "absent but passing its checks: still routed"
+    );
+    script.set(
+        "127.0.0.1:80".parse().unwrap(),
+        CheckOutcome::Failed(FailureKind::Immediate),
+    );
+    let gone = routable(&up, 0).await;
+    assert!(gone - start > secs(8), "gone at its first failed check");
+
+    let fake = FakeResolver::new();
+    fake.set("web.test", &[("127.0.0.1", 30)]);
+    let script = Arc::new(Script::default());
+    let up = checked(&fake, &script, "    ignore_health_on_host_removal: true\n");
+    routable(&up, 1).await;
+    let start = Instant::now();
+    fake.fail_all("web.test");
+    let gone = routable(&up, 0).await;
+    assert_eq!(
+        gone - start,
+        secs(7),
+        "deleted when dropped, checks ignored"
+    );
 }

@@ -116,6 +116,15 @@ pub struct Cluster {
     /// "IP:PORT"). Empty: the system's resolv.conf.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dns_resolvers: Vec<DnsResolverAddress>,
+    /// STRICT_DNS, LOGICAL_DNS and DNS SRV clusters: how long a name's last hosts are kept once
+    /// its lookups fail; then they are dropped as an empty answer drops them. Unset: kept until
+    /// a lookup succeeds (Envoy). Not an Envoy field, so CDS cannot set it.
+    #[serde(
+        default,
+        with = "duration::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub dns_stale_bound: Option<Duration>,
     /// Active health checks (at most one per cluster); see `proxy_core::health::HealthCheck`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub health_checks: Vec<HealthCheck>,
@@ -440,6 +449,7 @@ impl Cluster {
             dns_jitter: self.dns_jitter,
             dns_lookup_family: self.dns_lookup_family,
             dns_resolvers: self.dns_resolvers.clone(),
+            dns_stale_bound: self.dns_stale_bound,
         }
     }
 

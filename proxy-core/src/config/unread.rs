@@ -57,7 +57,13 @@ pub(super) fn refuse_unread(i: usize, cluster: &Cluster) -> Result<(), Invalid> 
             ClusterType::StrictDns | ClusterType::LogicalDns
         ),
     };
-    match dns_field_set(cluster) {
+    // Not in `dns_field_set`: `envoy.cluster.dns`'s typed_config has no such field, so it stays
+    // on the cluster beside it.
+    let stale = cluster
+        .dns_stale_bound
+        .is_some()
+        .then_some("dns_stale_bound");
+    match dns_field_set(cluster).or(stale) {
         Some(field) if !resolves => refuse(field, "it resolves no names"),
         _ => Ok(()),
     }
@@ -172,6 +178,16 @@ mod tests {
                 "resolves no names",
             ),
             (
+                format!("{{ name: a, {HOST}, dns_stale_bound: 30s }}"),
+                "dns_stale_bound",
+                "a STATIC cluster does not read dns_stale_bound (it resolves no names)",
+            ),
+            (
+                format!("{{ name: a, {consul}, dns_stale_bound: 30s }}"),
+                "dns_stale_bound",
+                "resolves no names",
+            ),
+            (
                 format!("{{ name: a, {eds}, dns_resolvers: [\"127.0.0.1:53\"] }}"),
                 "dns_resolvers",
                 "resolves no names",
@@ -197,6 +213,10 @@ mod tests {
             "{ name: a, type: EDS, eds_cluster_config: { eds_config: { ads: {} } } }".to_owned(),
             "{ name: a, cluster_type: { name: proxy.clusters.dns_srv, typed_config: { service_names: [_web._tcp.test] } }, dns_refresh_rate: 1s }".to_owned(),
             format!("{{ name: a, {HOST}, dns_refresh_rate: 5s }}"),
+            format!("{{ name: a, type: STRICT_DNS, {HOST}, dns_stale_bound: 30s }}"),
+            format!("{{ name: a, type: LOGICAL_DNS, {HOST}, dns_stale_bound: 0.5s }}"),
+            "{ name: a, cluster_type: { name: proxy.clusters.dns_srv, typed_config: { service_names: [_web._tcp.test] } }, dns_stale_bound: 30s }".to_owned(),
+            format!("{{ name: a, cluster_type: {{ name: envoy.cluster.dns, typed_config: {{ dns_refresh_rate: 1s }} }}, {HOST}, dns_stale_bound: 30s }}"),
         ] {
             let xds = "xds: { node: { id: n }, ads_config: { api_type: GRPC, server_uri: \"127.0.0.1:18000\" } }\n";
             let xds = if cluster.contains("EDS") { xds } else { "" };

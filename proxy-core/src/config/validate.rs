@@ -492,6 +492,7 @@ fn validate_dns(i: usize, cluster: &super::Cluster) -> Result<(), Invalid> {
             DnsConfigError::EmptyName { field } => field.clone(),
             DnsConfigError::MaxBelowBase { .. } => "dns_failure_refresh_rate".to_owned(),
             DnsConfigError::BadResolver { .. } => "dns_resolvers".to_owned(),
+            DnsConfigError::StaleBoundZero => "dns_stale_bound".to_owned(),
             DnsConfigError::LogicalNotSingleHost { .. } => "load_assignment".to_owned(),
         };
         return Err(Invalid::new(at(&field), err.to_string()));

@@ -50,6 +50,12 @@
 //!   unset;
 //! * initialized after the first resolution of any target, success or failure, or at once
 //!   when there are no targets.
+//!
+//! One addition of this daemon's, `dns_stale_bound` (unset: Envoy's behaviour above): a target
+//! whose lookups fail (for LOGICAL_DNS, empty answers too) keeps its hosts for at most that long
+//! after its first failure, then they are dropped and published as an empty answer's would be;
+//! the next success restores them. `dns_stale_names`, `dns_stale_served_ms` and
+//! `dns_stale_expired` count it.
 
 mod backoff;
 mod engine;

@@ -54,6 +54,16 @@ pub struct DnsSettings {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub dns_resolvers: Vec<DnsResolverAddress>,
+    /// How long a name's last hosts are kept once its lookups start failing (the first failed
+    /// lookup after its last success; for LOGICAL_DNS an empty answer is a failure); then they
+    /// are dropped as an empty answer drops them, until a lookup succeeds again. Must be > 0.
+    /// Unset: kept until a lookup succeeds (Envoy's behaviour). Not an Envoy field.
+    #[serde(
+        default,
+        with = "duration::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub dns_stale_bound: Option<Duration>,
 }
 
 fn default_dns_refresh_rate() -> Duration {
@@ -81,6 +91,7 @@ impl Default for DnsSettings {
             dns_jitter: None,
             dns_lookup_family: default_dns_lookup_family(),
             dns_resolvers: default_dns_resolvers(),
+            dns_stale_bound: None,
         }
     }
 }
@@ -100,6 +111,9 @@ impl DnsSettings {
                     max_interval: rate.effective_max_interval(),
                 });
             }
+        }
+        if self.dns_stale_bound.is_some_and(|bound| bound.is_zero()) {
+            return Err(DnsConfigError::StaleBoundZero);
         }
         Ok(())
     }
@@ -318,6 +332,12 @@ pub enum DnsConfigError {
         /// Configured (or defaulted) max interval.
         max_interval: Duration,
     },
+    /// `dns_stale_bound` is zero: stale hosts would be dropped at the first failure.
+    #[error(
+        "dns_stale_bound must be greater than 0; unset it to keep a failing name's hosts until \
+         a lookup succeeds"
+    )]
+    StaleBoundZero,
     /// A `dns_resolvers` entry is not an IP address (with optional port) over UDP.
     #[error("dns_resolvers entry {value:?} is not an IP address with an optional port over UDP")]
     BadResolver {

@@ -6,14 +6,20 @@
 //! resolve, on success diff this target's hosts and reset the (cluster-wide) failure backoff and
 //! pick the refresh from the TTL or `dns_refresh_rate` plus jitter, on failure keep the hosts and
 //! take the next backoff delay; then mark the cluster initialized and sleep.
+//!
+//! One addition, `dns_stale_bound`: a target whose lookups keep failing serves its last hosts for
+//! at most that long after its first failure, then its hosts are dropped and published as an
+//! empty answer's would be. The deadline is watched during the lookup and the sleep alike, so it
+//! holds whatever the refresh rate, the backoff or the query timeouts.
 
 use std::{
+    future::Future,
     net::SocketAddr,
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
 
-use tokio::sync::watch;
+use tokio::{sync::watch, time::Instant};
 use tracing::{debug, warn};
 
 use super::{
@@ -49,6 +55,8 @@ struct TargetState {
     hosts: Vec<Host>,
     /// LOGICAL_DNS: every address of the last accepted answer (a change rebuilds, like Envoy).
     addresses: Vec<SocketAddr>,
+    /// When the first failed lookup since the last success came back; `None` after a success.
+    failing_since: Option<Instant>,
 }
 
 /// The shared state of one cluster.
@@ -109,6 +117,7 @@ impl Engine {
         let (delay, published) = match result {
             Ok(answer) if self.mode == Mode::Strict || !answer.hosts.is_empty() => {
                 DnsClusterStats::inc(&self.stats.update_success);
+                self.recovered(&mut state, index);
                 let published = self.accept(&mut state, index, target, &answer);
                 state.backoff.reset();
                 (self.success_refresh(&mut state, &answer), published)
@@ -116,12 +125,14 @@ impl Engine {
             Ok(_) => {
                 DnsClusterStats::inc(&self.stats.update_failure);
                 debug!(cluster = %self.cluster, target, "empty answer, keeping the logical host");
-                (Self::failure_refresh(&mut state), false)
+                let dropped = self.failed(&mut state, index, target);
+                (Self::failure_refresh(&mut state), dropped)
             }
             Err(err) => {
                 DnsClusterStats::inc(&self.stats.update_failure);
                 warn!(cluster = %self.cluster, target, %err, "dns resolution failed, hosts kept");
-                (Self::failure_refresh(&mut state), false)
+                let dropped = self.failed(&mut state, index, target);
+                (Self::failure_refresh(&mut state), dropped)
             }
         };
         if first_resolution && !published {
@@ -129,6 +140,79 @@ impl Engine {
         }
         debug!(cluster = %self.cluster, target, ?delay, "next dns refresh");
         delay
+    }
+
+    /// A success of target `index`: it is no longer failing, its hosts no longer stale.
+    fn recovered(&self, state: &mut State, index: usize) {
+        if state.per_target[index].failing_since.take().is_some() {
+            self.stats.stale_end(index, Instant::now());
+        }
+    }
+
+    /// A failure of target `index`: from the first one on, its hosts (if any) are stale; once
+    /// stale for `dns_stale_bound` they are dropped. Returns true if that published.
+    fn failed(&self, state: &mut State, index: usize, target: &str) -> bool {
+        let now = Instant::now();
+        let slot = &mut state.per_target[index];
+        let since = *slot.failing_since.get_or_insert(now);
+        if slot.hosts.is_empty() {
+            return false;
+        }
+        self.stats.stale_begin(index, since);
+        if self.deadline(slot).is_some_and(|deadline| deadline <= now) {
+            self.drop_stale(state, index, target);
+            return true;
+        }
+        false
+    }
+
+    /// When `slot`'s stale hosts are to be dropped: never without a bound, without hosts, while
+    /// its lookups succeed, or past the clock's range.
+    fn deadline(&self, slot: &TargetState) -> Option<Instant> {
+        let bound = self.settings.dns_stale_bound?;
+        let since = slot.failing_since.filter(|_| !slot.hosts.is_empty())?;
+        since.checked_add(bound)
+    }
+
+    /// Drops target `index`'s hosts as an empty answer would: they were stale for the bound.
+    fn drop_stale(&self, state: &mut State, index: usize, target: &str) {
+        let slot = &mut state.per_target[index];
+        slot.hosts.clear();
+        slot.addresses.clear();
+        self.stats.stale_end(index, Instant::now());
+        DnsClusterStats::inc(&self.stats.stale_expired);
+        warn!(
+            cluster = %self.cluster,
+            target,
+            bound = ?self.settings.dns_stale_bound,
+            "dns lookups have failed for dns_stale_bound, the name's stale hosts are dropped"
+        );
+        self.publish(state, true);
+    }
+
+    /// Runs `work` (target `index`'s lookup, or its sleep after one); if the target's stale
+    /// hosts come due meanwhile, they are dropped then, not when `work` ends.
+    async fn bounded<F: Future>(&self, index: usize, target: &str, work: F) -> F::Output {
+        let deadline = self.deadline(&self.lock().per_target[index]);
+        let Some(deadline) = deadline else {
+            return work.await;
+        };
+        tokio::pin!(work);
+        tokio::select! {
+            output = &mut work => output,
+            () = tokio::time::sleep_until(deadline) => {
+                self.expire(index, target);
+                work.await
+            }
+        }
+    }
+
+    /// The deadline of target `index` has come: drops its hosts if they are still stale.
+    fn expire(&self, index: usize, target: &str) {
+        let mut state = self.lock();
+        if self.deadline(&state.per_target[index]).is_some() {
+            self.drop_stale(&mut state, index, target);
+        }
     }
 
     /// Stores a successful answer; publishes and returns true if the hosts changed.
@@ -213,8 +297,10 @@ pub(crate) async fn run_target(
     let family = engine.settings.dns_lookup_family;
     loop {
         DnsClusterStats::inc(&engine.stats.update_attempt);
-        let result = target.resolve(resolver.as_ref(), family).await;
+        let lookup = target.resolve(resolver.as_ref(), family);
+        let result = engine.bounded(index, target.name(), lookup).await;
         let delay = engine.apply(index, target.name(), result);
-        tokio::time::sleep(delay).await;
+        let sleep = tokio::time::sleep(delay);
+        engine.bounded(index, target.name(), sleep).await;
     }
 }

@@ -45,6 +45,7 @@ enum Answer {
 struct State {
     answers: HashMap<(String, QueryType), Answer>,
     log: Vec<(Instant, String, QueryType)>,
+    latency: Duration,
 }
 
 /// Scripted resolver. Unscripted queries get an empty (NXDOMAIN-like) answer. Cloning shares the
@@ -117,6 +118,11 @@ impl FakeResolver {
         }
     }
 
+    /// Makes every later answer (or failure) arrive this long after its query, in tokio time.
+    pub fn set_latency(&self, latency: Duration) {
+        self.state().latency = latency;
+    }
+
     /// Times at which `name` was queried with `query`.
     pub fn query_times(&self, name: &str, query: QueryType) -> Vec<Instant> {
         let state = self.state();
@@ -136,10 +142,11 @@ impl FakeResolver {
             .collect()
     }
 
-    fn answer(&self, name: &str, query: QueryType) -> Option<Answer> {
+    fn answer(&self, name: &str, query: QueryType) -> (Option<Answer>, Duration) {
         let mut state = self.state();
         state.log.push((Instant::now(), name.to_owned(), query));
-        state.answers.get(&(name.to_owned(), query)).cloned()
+        let answer = state.answers.get(&(name.to_owned(), query)).cloned();
+        (answer, state.latency)
     }
 
     fn failure(name: &str, query: QueryType) -> ResolveError {
@@ -163,8 +170,11 @@ impl DnsResolve for FakeResolver {
         family: AddressFamily,
     ) -> BoxFuture<'a, Result<Vec<AddressRecord>, ResolveError>> {
         let query = QueryType::from(family);
-        let answer = self.answer(name, query);
+        let (answer, latency) = self.answer(name, query);
         Box::pin(async move {
+            if !latency.is_zero() {
+                tokio::time::sleep(latency).await;
+            }
             match answer {
                 None => Ok(Vec::new()),
                 Some(Answer::Addresses(records)) => Ok(records),
@@ -178,8 +188,11 @@ impl DnsResolve for FakeResolver {
         &'a self,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Vec<SrvRecord>, ResolveError>> {
-        let answer = self.answer(name, QueryType::Srv);
+        let (answer, latency) = self.answer(name, QueryType::Srv);
         Box::pin(async move {
+            if !latency.is_zero() {
+                tokio::time::sleep(latency).await;
+            }
             match answer {
                 Some(Answer::Srv(records)) => Ok(records),
                 Some(Answer::Fail) => Err(Self::failure(name, QueryType::Srv)),

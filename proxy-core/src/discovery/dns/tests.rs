@@ -6,6 +6,7 @@ mod family;
 mod logical;
 mod sockets;
 mod srv;
+mod stale;
 mod strict;
 
 use std::{sync::Arc, time::Duration};

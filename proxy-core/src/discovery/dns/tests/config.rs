@@ -20,6 +20,7 @@ fn empty_config_has_envoy_defaults() {
     assert_eq!(settings.dns_jitter, None);
     assert_eq!(settings.dns_lookup_family, DnsLookupFamily::Auto);
     assert!(settings.dns_resolvers.is_empty());
+    assert_eq!(settings.dns_stale_bound, None, "Envoy's: stale hosts kept");
     settings.validate().unwrap();
 }
 
@@ -33,6 +34,7 @@ dns_resolvers:
   - socket_address: {address: 127.0.0.1, port_value: 5353}
   - "127.0.0.2:5354"
   - "::1"
+dns_stale_bound: 30s
 "#;
 
 #[test]
@@ -60,6 +62,8 @@ fn full_config_parses_and_round_trips() {
         5353
     );
     assert_eq!(json["dns_lookup_family"], "V4_PREFERRED");
+    assert_eq!(settings.dns_stale_bound, Some(Duration::from_secs(30)));
+    assert_eq!(json["dns_stale_bound"], "30s");
     let back: DnsSettings = serde_json::from_value(json).unwrap();
     assert_eq!(back, settings);
 }
@@ -139,6 +143,23 @@ fn max_interval_below_base_is_envoys_error() {
 }
 
 #[test]
+fn stale_bound_must_be_above_zero() {
+    let err = parse("dns_stale_bound: 0s")
+        .unwrap()
+        .validate()
+        .unwrap_err();
+    assert_eq!(err, DnsConfigError::StaleBoundZero);
+    assert!(
+        err.to_string()
+            .starts_with("dns_stale_bound must be greater than 0"),
+        "{err}"
+    );
+    assert!(parse("dns_stale_bound: -1s").is_err());
+    assert!(parse("dns_stale_bound: 5").is_err());
+    parse("dns_stale_bound: 1ms").unwrap().validate().unwrap();
+}
+
+#[test]
 fn max_interval_defaults_to_ten_times_base() {
     let settings = parse("dns_failure_refresh_rate: {base_interval: 0.5s}").unwrap();
     let rate = settings.dns_failure_refresh_rate.unwrap();
@@ -152,5 +173,20 @@ fn resolver_address_serializes_in_envoy_form() {
     assert_eq!(
         json,
         r#"{"socket_address":{"address":"127.0.0.1","port_value":5353}}"#
+    );
+}
+
+#[test]
+fn a_clusters_zero_stale_bound_is_refused_naming_the_field() {
+    let text = "clusters:\n  - { name: a, type: STRICT_DNS, dns_stale_bound: 0s, load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: web.test, port_value: 80 } } } } ] } ] } }\n";
+    let err = crate::config::Config::parse(text, std::path::Path::new("t.yaml")).unwrap_err();
+    let crate::config::ConfigError::Invalid { field, .. } = &err else {
+        panic!("{err}");
+    };
+    assert_eq!(field, "clusters[0].dns_stale_bound");
+    assert!(
+        err.to_string()
+            .contains("dns_stale_bound must be greater than 0"),
+        "{err}"
     );
 }

@@ -34,7 +34,7 @@ use tokio::{
     sync::{mpsc, watch},
     task::JoinHandle,
 };
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use self::{
     publish::{check_kernel_support, reap, sweep_after_first_publish},
@@ -53,6 +53,7 @@ pub use self::{
 use crate::{
     admin::{self, ReloadRequest},
     dataplane::{self, DataplaneOptions},
+    notify::{Notifier, Watchdog},
     privileges,
 };
 
@@ -81,6 +82,8 @@ pub fn run(
         .map_err(|refused| anyhow::anyhow!("{refused}"))?;
     let workers = workers.unwrap_or_else(default_workers);
     launch.concurrency = workers;
+    launch.notifier = Arc::new(notifier());
+    launch.notifier.status("attaching the data path");
     info!(instance = %config.instance, workers, "starting: attaching the data path");
     let fatal = Fatal::install();
     let templates = ServiceTemplate::all(&config);
@@ -140,6 +143,15 @@ pub fn run(
             _ => release(&dp),
         }
         result
+    })
+}
+
+/// The service manager's notifier: the one `NOTIFY_SOCKET` names (none when unset, or when it
+/// cannot be used: a WARN says why, and the daemon runs on).
+fn notifier() -> Notifier {
+    Notifier::from_env().unwrap_or_else(|err| {
+        warn!(%err, "not notifying the service manager");
+        Notifier::default()
     })
 }
 
@@ -212,13 +224,8 @@ async fn run_async(
     for (svc, spec) in running.config.services.clone().iter().zip(templates) {
         running.spawn_publisher(svc, spec, &ctx);
     }
-    // The first state of every dynamic source the configuration turns on, before the sweep of
-    // what the previous run published and before `/ready`.
-    let expected = proxy_core::desired::expected(&running.config);
-    let firsts = sources.first(&expected, INITIAL_FETCH_TIMEOUT).await;
-    for (source, overlay) in firsts {
-        let _ = apply(&mut running, Change::Overlay(source, overlay), None, &ctx).await;
-    }
+    let notifier = Arc::clone(&launch.notifier);
+    apply_first_states(&mut running, &mut sources, &ctx, &notifier).await;
     let (live_tx, live_rx) = watch::channel(running.live());
     let (reload_tx, mut reload_rx) = mpsc::channel::<ReloadRequest>(4);
     let state = admin_state(&running, &ctx, &fatal, launch)
@@ -229,25 +236,21 @@ async fn run_async(
     // `proxy run --takeover` cannot yet reach.
     let mut takeover = takeover::Server::start(&running.config, running.proxy.as_ref());
     let admin_address = running.config.admin.address.clone();
-    let server = match admin::serve(&admin_address, state).await {
-        Ok(server) => server,
-        Err(err) => {
-            if let Some(proxy) = running.proxy.take() {
-                proxy_path::stop(proxy, &dp).await;
-            }
-            return Err(err).context(format!("admin listener on {admin_address}"));
-        }
-    };
+    let server = serve_admin(&mut running, state, &dp).await?;
     // The sweep after the first publish keeps exactly the services in force, the sources'
     // first states included.
     let keys: Vec<ServiceKey> = running.config.services.iter().map(service_key).collect();
+    notifier.status(&format!("publishing {} services", keys.len()));
     sweep_after_first_publish(&keys, &dp, ctx.published.subscribe()).await;
     let passive = tokio::spawn(crate::passive::run(dp.clone(), live_rx));
     let reaper = tokio::spawn(reap(dp.clone()));
     let mut traffic = spawn_traffic(&running.config, &ctx);
     info!(admin = %admin_address, services = running.config.services.len(), "ready");
+    notifier.ready(&serving(&running));
+    let mut watchdog = Watchdog::new(&notifier);
     let committed = loop {
         let change = tokio::select! {
+            () = watchdog.tick() => continue,
             signal = signals.wait() => match signal {
                 Signal::Stop => break None,
                 Signal::Reload => Change::Reload(None),
@@ -265,7 +268,14 @@ async fn run_async(
                 return Err(Failed(what).into());
             }
         };
-        let (outcome, request) = apply(&mut running, change, config_path.as_deref(), &ctx).await;
+        let (outcome, request) = apply_watched(
+            &mut running,
+            change,
+            config_path.as_deref(),
+            &ctx,
+            &mut watchdog,
+        )
+        .await;
         if outcome.is_ok() {
             live_tx.send_replace(running.live());
             traffic.abort();
@@ -286,7 +296,7 @@ async fn run_async(
     if let Some(kernel_log) = kernel_log {
         kernel_log.abort();
     }
-    finish(committed, takeover, running, &dp).await
+    finish(committed, takeover, running, &dp, &notifier).await
 }
 
 /// The Consul config entry watch publishing on its feed, when `consul_config_entries` is set.
@@ -359,6 +369,67 @@ fn admin_state(
     state.with_fatal(fatal.clone()).with_launch(launch)
 }
 
+/// The first state of every dynamic source the configuration turns on, applied before the sweep
+/// of what the previous run published and before `/ready`.
+async fn apply_first_states(
+    running: &mut Running,
+    sources: &mut sources::Sources,
+    ctx: &Context,
+    notifier: &Notifier,
+) {
+    notifier.status("waiting for the dynamic sources' first state");
+    let expected = proxy_core::desired::expected(&running.config);
+    let firsts = sources.first(&expected, INITIAL_FETCH_TIMEOUT).await;
+    for (source, overlay) in firsts {
+        let _ = apply(running, Change::Overlay(source, overlay), None, ctx).await;
+    }
+}
+
+/// Serves the admin interface; when it cannot listen, the proxy path started for this run stops.
+async fn serve_admin(
+    running: &mut Running,
+    state: admin::State,
+    dp: &SharedDataplane,
+) -> anyhow::Result<admin::Server> {
+    let address = running.config.admin.address.clone();
+    match admin::serve(&address, state).await {
+        Ok(server) => Ok(server),
+        Err(err) => {
+            if let Some(proxy) = running.proxy.take() {
+                proxy_path::stop(proxy, dp).await;
+            }
+            Err(err).context(format!("admin listener on {address}"))
+        }
+    }
+}
+
+/// Applies one change while the watchdog keeps being fed; a reload is announced to the service
+/// manager (`RELOADING=1`, then `READY=1` whatever its outcome: the daemon serves either way).
+async fn apply_watched(
+    running: &mut Running,
+    change: Change,
+    config_path: Option<&std::path::Path>,
+    ctx: &Context,
+    watchdog: &mut Watchdog<'_>,
+) -> (Result<String, admin::ReloadRefused>, Option<ReloadRequest>) {
+    let reload = matches!(change, Change::Reload(_));
+    if reload {
+        watchdog.notifier().reloading();
+    }
+    let applied = watchdog
+        .during(apply(running, change, config_path, ctx))
+        .await;
+    if reload {
+        watchdog.notifier().ready(&serving(running));
+    }
+    applied
+}
+
+/// `STATUS=` while serving.
+fn serving(running: &Running) -> String {
+    format!("serving {} services", running.config.services.len())
+}
+
 /// The end of the run. After a takeover's commit: hand the instance over
 /// ([`takeover::hand_over`]), the clusters serving the drain. Otherwise the stop: drain the
 /// proxy path and leave the kernel serving the last published state for the next start.
@@ -367,7 +438,13 @@ async fn finish(
     takeover: takeover::Server,
     mut running: Running,
     dp: &SharedDataplane,
+    notifier: &Notifier,
 ) -> anyhow::Result<()> {
+    notifier.stopping(if committed.is_some() {
+        "handing the instance over to the new daemon"
+    } else {
+        "stopping: draining the proxy path"
+    });
     let proxy = running.proxy.take();
     if let Some(committed) = committed {
         // Nothing of this daemon publishes from here.

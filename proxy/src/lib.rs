@@ -12,6 +12,7 @@ pub mod daemon;
 pub mod dataplane;
 pub mod kernel_log;
 pub mod logging;
+pub mod notify;
 pub mod passive;
 pub mod privileges;
 pub mod probe;

@@ -439,6 +439,12 @@ impl Daemon {
         Self::launch(config, None, &[], &[])
     }
 
+    /// Like [`Daemon::spawn`], with the daemon's command line prefixed by `wrapper` (e.g. `env`
+    /// with variables of a service manager).
+    pub fn spawn_wrapped(wrapper: &[&str], config: &str) -> Self {
+        Self::launch(config, None, wrapper, &[])
+    }
+
     /// Waits (at most `within`) until the daemon's log, without colour codes, contains `what`;
     /// whether it did.
     pub fn wait_log(&self, what: &str, within: Duration) -> bool {

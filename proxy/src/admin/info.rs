@@ -25,6 +25,8 @@ pub struct Launch {
     pub takeover: bool,
     /// `--user` and `--no-seccomp`, which a reload applies over the file again.
     pub run_flags: crate::RunFlags,
+    /// The service manager's notification socket (sd_notify), connected at the start.
+    pub notifier: std::sync::Arc<crate::notify::Notifier>,
 }
 
 impl Default for Launch {
@@ -37,6 +39,7 @@ impl Default for Launch {
             logging: None,
             takeover: false,
             run_flags: crate::RunFlags::default(),
+            notifier: std::sync::Arc::default(),
         }
     }
 }

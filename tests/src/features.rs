@@ -52,8 +52,6 @@ pub enum Feature {
     RecvmsgHooks,
     /// `cgroup/getpeername4` and `cgroup/getpeername6`.
     GetpeernameHooks,
-    /// `cgroup/sock_release`.
-    SockReleaseHook,
     /// Attaching cgroup programs through bpf_link (`BPF_LINK_CREATE`), which can be pinned.
     CgroupLink,
     /// `bpf_get_netns_cookie` in cgroup sock_addr programs.
@@ -90,12 +88,11 @@ pub enum Feature {
 
 impl Feature {
     /// Every feature, for reports.
-    pub const ALL: [Self; 19] = [
+    pub const ALL: [Self; 18] = [
         Self::ConnectHooks,
         Self::SendmsgHooks,
         Self::RecvmsgHooks,
         Self::GetpeernameHooks,
-        Self::SockReleaseHook,
         Self::CgroupLink,
         Self::NetnsCookie,
         Self::SocketCookie,
@@ -120,7 +117,6 @@ impl Feature {
             Self::SendmsgHooks | Self::SockHash => (4, 18),
             Self::RecvmsgHooks => (5, 2),
             Self::GetpeernameHooks | Self::RingBuf => (5, 8),
-            Self::SockReleaseHook => (5, 9),
             Self::CgroupLink | Self::NetnsCookie | Self::CurrentCgroupId => (5, 7),
             // There by 5.10 at the latest (the oldest kernel of the matrix).
             Self::CurrentPidTgid => (5, 10),
@@ -216,7 +212,6 @@ pub fn skip_unless(test: &str, features: &[Feature]) -> bool {
 const BPF_MAP_CREATE: u32 = 0;
 const BPF_PROG_LOAD: u32 = 5;
 const BPF_LINK_CREATE: u32 = 28;
-const PROG_CGROUP_SOCK: u32 = 9;
 const PROG_SOCK_OPS: u32 = 13;
 const PROG_SK_SKB: u32 = 14;
 const PROG_SK_MSG: u32 = 16;
@@ -232,7 +227,6 @@ const ATTACH_UDP4_RECVMSG: u32 = 19;
 const ATTACH_UDP6_RECVMSG: u32 = 20;
 const ATTACH_INET4_GETPEERNAME: u32 = 29;
 const ATTACH_INET6_GETPEERNAME: u32 = 30;
-const ATTACH_INET_SOCK_RELEASE: u32 = 34;
 const MAP_SOCKHASH: u32 = 18;
 const MAP_RINGBUF: u32 = 27;
 const FUNC_GET_CURRENT_PID_TGID: i32 = 14;
@@ -262,9 +256,6 @@ fn probe(feature: Feature) -> Result<(), String> {
         }
         Feature::GetpeernameHooks => {
             sock_addr(ATTACH_INET4_GETPEERNAME).and_then(|()| sock_addr(ATTACH_INET6_GETPEERNAME))
-        }
-        Feature::SockReleaseHook => {
-            load(PROG_CGROUP_SOCK, ATTACH_INET_SOCK_RELEASE, None).map(drop)
         }
         Feature::NetnsCookie => load(
             PROG_CGROUP_SOCK_ADDR,

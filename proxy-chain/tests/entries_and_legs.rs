@@ -39,10 +39,10 @@ const YAML: &str = r"
 
 #[test]
 fn yaml_entries_compile_like_json() {
-    let parsed: Vec<ConfigEntry> = serde_yaml::from_str(YAML).expect("yaml parses");
+    let parsed: Vec<ConfigEntry> = serde_norway::from_str(YAML).expect("yaml parses");
     let from_yaml = Entries::from_entries(parsed).expect("valid");
     let json_text =
-        serde_json::to_string(&serde_yaml::from_str::<serde_json::Value>(YAML).unwrap()).unwrap();
+        serde_json::to_string(&serde_norway::from_str::<serde_json::Value>(YAML).unwrap()).unwrap();
     let from_json = Entries::from_json(&json_text).expect("valid");
     assert_eq!(from_yaml, from_json);
     let req = CompileRequest::new("web", "dc1", TRUST_DOMAIN);
@@ -216,7 +216,7 @@ fn host(version: &str, checks: Vec<HealthStatus>) -> Host {
 #[test]
 fn legs_of_a_split_chain_with_failover() {
     let set =
-        Entries::from_entries(serde_yaml::from_str::<Vec<ConfigEntry>>(YAML).unwrap()).unwrap();
+        Entries::from_entries(serde_norway::from_str::<Vec<ConfigEntry>>(YAML).unwrap()).unwrap();
     let chain = compile(&CompileRequest::new("web", "dc1", TRUST_DOMAIN), &set).unwrap();
     let legs = chain.legs().unwrap();
     assert_eq!(

@@ -270,7 +270,7 @@ impl Config {
 
     /// Parses and validates configuration text; `file` is only used in error messages.
     pub fn parse(text: &str, file: &Path) -> Result<Self, ConfigError> {
-        let deserializer = serde_yaml::Deserializer::from_str(text);
+        let deserializer = serde_norway::Deserializer::from_str(text);
         let mut config: Config = serde_path_to_error::deserialize(deserializer)
             .map_err(|err| ConfigError::from_serde(file, text, err))?;
         validate::validate(&mut config).map_err(|invalid| invalid.locate(file, text))?;

@@ -24,7 +24,7 @@ fn config(checker: &str) -> ClusterHealthConfig {
         "health_checks: [{{timeout: 0.5s, interval: 0.1s, unhealthy_threshold: 2, \
          healthy_threshold: 2, {checker}}}]\ncommon_lb_config: {{healthy_panic_threshold: {{value: 0}}}}"
     );
-    serde_yaml::from_str(&yaml).unwrap_or_else(|e| panic!("config {yaml}: {e}"))
+    serde_norway::from_str(&yaml).unwrap_or_else(|e| panic!("config {yaml}: {e}"))
 }
 
 async fn one_check(checker: &str, addr: SocketAddr) -> CheckOutcome {

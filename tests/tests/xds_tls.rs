@@ -102,11 +102,11 @@ fn planned(api_config_source: &str) -> XdsSource {
 
 /// As [`planned`], with `resolve` for `envoy_grpc` and REST `cluster_names`.
 fn planned_with(api_config_source: &str, resolve: &Resolve<'_>) -> XdsSource {
-    let xds: XdsConfig = serde_yaml::from_str("node: {id: ours}").expect("xds");
+    let xds: XdsConfig = serde_norway::from_str("node: {id: ours}").expect("xds");
     let yaml = format!(
         "eds_config: {{initial_fetch_timeout: 0s, api_config_source: {api_config_source}}}"
     );
-    let cluster: EdsClusterConfig = serde_yaml::from_str(&yaml).expect("cluster");
+    let cluster: EdsClusterConfig = serde_norway::from_str(&yaml).expect("cluster");
     let mut plan = plan(&xds, &[("web".into(), cluster)], resolve).expect("valid config");
     plan.remove(0).0
 }
@@ -297,7 +297,7 @@ async fn envoy_grpc_clusters_transport_socket_reaches_the_tls_server() {
     tokio::task::block_in_place(|| server.push("web", "1", endpoints(&[8001])));
     let ca = pki.write("ca.pem", &pki.ca_pem());
     let (client_cert, client_key) = pki.leaf("client", "ours", true, false);
-    let socket: TransportSocket = serde_yaml::from_str(&format!(
+    let socket: TransportSocket = serde_norway::from_str(&format!(
         "{{name: envoy.transport_sockets.tls, typed_config: {{'@type': type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext, sni: xds.test, common_tls_context: {{validation_context: {{trusted_ca: {{filename: {}}}}}, tls_certificates: [{{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}]}}}}}}",
         ca.display(),
         client_cert.display(),

@@ -150,7 +150,7 @@ impl Demo {
     }
 
     fn parse(text: &str) -> anyhow::Result<Self> {
-        let file: DemoFile = serde_yaml::from_str(text)?;
+        let file: DemoFile = serde_norway::from_str(text)?;
         let service = file.services.first().context("the file has no service")?;
         let cluster = file
             .clusters
@@ -496,7 +496,7 @@ mod tests {
     #[test]
     fn the_demo_reads_its_service_and_weighted_hosts_from_the_embedded_default() {
         let demo = Demo::embedded().unwrap();
-        let file: serde_yaml::Value = serde_yaml::from_str(Demo::FILE).unwrap();
+        let file: serde_norway::Value = serde_norway::from_str(Demo::FILE).unwrap();
         let service = &file["services"][0];
         assert_eq!(
             demo.vip.to_string(),

@@ -181,7 +181,7 @@ mod tests {
     use super::*;
 
     fn parse(yaml: &str) -> CircuitBreakers {
-        serde_yaml::from_str(yaml).expect("circuit_breakers parse")
+        serde_norway::from_str(yaml).expect("circuit_breakers parse")
     }
 
     #[test]
@@ -300,7 +300,7 @@ mod tests {
             "budget: 1",
         ] {
             assert!(
-                serde_yaml::from_str::<CircuitBreakers>(yaml).is_err(),
+                serde_norway::from_str::<CircuitBreakers>(yaml).is_err(),
                 "{yaml}"
             );
         }

@@ -43,7 +43,7 @@ pub(super) fn gather_entries(
             .map_err(|e| Invalid::new(&at, format!("{}: {e}", path.display())))?;
         // Checked for shape first, and that error names no content: the file may be any file
         // the config names, and its first line (a secret, say) must not end up in the message.
-        let value: serde_yaml::Value = serde_yaml::from_str(&text).map_err(|e| {
+        let value: serde_norway::Value = serde_norway::from_str(&text).map_err(|e| {
             let line = e.location().map_or(0, |l| l.line());
             Invalid::new(
                 &at,
@@ -59,13 +59,13 @@ pub(super) fn gather_entries(
                 ),
             ));
         }
-        let serde_yaml::Value::Sequence(list) = value else {
+        let serde_norway::Value::Sequence(list) = value else {
             unreachable!("checked to be a sequence above")
         };
         for (n, value) in list.into_iter().enumerate() {
             // serde's words quote the values it could not read (`invalid type: string "..."`):
             // from a file that is not a list of entries they would be its content.
-            let entry: proxy_chain::ConfigEntry = serde_yaml::from_value(value).map_err(|e| {
+            let entry: proxy_chain::ConfigEntry = serde_norway::from_value(value).map_err(|e| {
                 let why = without_quoted(&e.to_string());
                 Invalid::new(&at, format!("{}: entry {n}: {why}", path.display()))
             })?;

@@ -31,11 +31,11 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    /// Converts a parse error, keeping serde_yaml's position when it has one.
+    /// Converts a parse error, keeping serde_norway's position when it has one.
     pub(super) fn from_serde(
         file: &std::path::Path,
         text: &str,
-        err: serde_path_to_error::Error<serde_yaml::Error>,
+        err: serde_path_to_error::Error<serde_norway::Error>,
     ) -> Self {
         let field = err.path().to_string();
         let inner = err.into_inner();
@@ -47,7 +47,7 @@ impl ConfigError {
             })
             .or_else(|| Locator::new(text).find(&field))
             .unwrap_or_default();
-        // serde_yaml appends " at line L column C" to its messages; the position is ours to show.
+        // serde_norway appends " at line L column C" to its messages; the position is ours to show.
         let mut message = inner.to_string();
         if let Some(cut) = message.find(" at line ") {
             message.truncate(cut);

@@ -13,7 +13,7 @@
 //!     discovery::{consul::spawn_consul, source::DiscoverySource as _},
 //! };
 //!
-//! let config: ConsulConfig = serde_yaml::from_str("service: web\ndatacenter: dc1")?;
+//! let config: ConsulConfig = serde_norway::from_str("service: web\ndatacenter: dc1")?;
 //! let cluster = spawn_consul("web", config)?;
 //! let mut updates = cluster.updates();
 //! while updates.changed().await.is_ok() {

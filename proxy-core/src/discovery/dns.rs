@@ -16,7 +16,7 @@
 //!     discovery::dns::{HickoryResolver, spawn_strict_dns},
 //! };
 //!
-//! let settings: DnsSettings = serde_yaml::from_str("dns_refresh_rate: 1s\nrespect_dns_ttl: true")?;
+//! let settings: DnsSettings = serde_norway::from_str("dns_refresh_rate: 1s\nrespect_dns_ttl: true")?;
 //! settings.validate()?;
 //! let resolver = Arc::new(HickoryResolver::new(&settings)?);
 //! let endpoints = vec![DnsEndpoint::new("web.svc.test", 8080)];

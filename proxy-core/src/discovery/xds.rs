@@ -21,11 +21,11 @@
 //!     discovery::xds::spawn_eds,
 //! };
 //!
-//! let xds: XdsConfig = serde_yaml::from_str(
+//! let xds: XdsConfig = serde_norway::from_str(
 //!     "node: {id: proxy-1, cluster: edge}\n\
 //!      ads_config: {api_type: DELTA_GRPC, server_uri: '127.0.0.1:18000'}",
 //! )?;
-//! let web: EdsClusterConfig = serde_yaml::from_str("eds_config: {ads: {}}")?;
+//! let web: EdsClusterConfig = serde_norway::from_str("eds_config: {ads: {}}")?;
 //! let clusters = vec![("web".to_owned(), web)];
 //! let mut clients = Vec::new();
 //! for (source, watches) in plan(&xds, &clusters, &|_| None)? {

@@ -200,7 +200,7 @@ mod tests {
 
     #[test]
     fn envoys_bounds_and_texts() {
-        let ring = |yaml: &str| serde_yaml::from_str::<RingHashLbConfig>(yaml).unwrap();
+        let ring = |yaml: &str| serde_norway::from_str::<RingHashLbConfig>(yaml).unwrap();
         assert_eq!(ring("{}").sizes(), (1024, 8_388_608));
         assert!(ring("{}").validate().is_ok());
         assert_eq!(
@@ -214,7 +214,7 @@ mod tests {
             "ring hash: minimum_ring_size (100) > maximum_ring_size (10)"
         );
         assert!(ring("{hash_function: MURMUR_HASH_2}").validate().is_err());
-        let maglev = |yaml: &str| serde_yaml::from_str::<MaglevLbConfig>(yaml).unwrap();
+        let maglev = |yaml: &str| serde_norway::from_str::<MaglevLbConfig>(yaml).unwrap();
         assert_eq!(maglev("{}").size(), 65_537);
         assert_eq!(
             maglev("{table_size: 65536}").validate().unwrap_err(),

@@ -179,7 +179,7 @@ mod tests {
     use super::*;
 
     fn policy(yaml: &str) -> HashPolicy {
-        serde_yaml::from_str(yaml).unwrap()
+        serde_norway::from_str(yaml).unwrap()
     }
 
     #[test]
@@ -213,7 +213,7 @@ mod tests {
                 .input()
                 .is_err()
         );
-        assert!(serde_yaml::from_str::<HashPolicy>("filter_state: {key: k}").is_err());
+        assert!(serde_norway::from_str::<HashPolicy>("filter_state: {key: k}").is_err());
     }
 
     #[test]

@@ -169,7 +169,7 @@ fn a_key_file_content_never_appears_in_the_error() {
 
 #[test]
 fn settings_refuse_unknown_fields_and_bad_server_names() {
-    let parsed: Result<TlsSettings, _> = serde_yaml::from_str("ca_file: /x\nca_path: /y\n");
+    let parsed: Result<TlsSettings, _> = serde_norway::from_str("ca_file: /x\nca_path: /y\n");
     assert!(
         parsed
             .unwrap_err()

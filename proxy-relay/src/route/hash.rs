@@ -147,7 +147,7 @@ mod tests {
     use super::*;
 
     fn policies(yaml: &str) -> RequestHash {
-        RequestHash::new(serde_yaml::from_str(yaml).unwrap())
+        RequestHash::new(serde_norway::from_str(yaml).unwrap())
     }
 
     const PEERS: Peers = Peers {
@@ -262,7 +262,7 @@ mod tests {
         assert_eq!(h, Some(xxhash64(b"alice", 0)));
         // The service's own list does not replace the resolver's.
         let service: Vec<HashPolicy> =
-            serde_yaml::from_str("[{query_parameter: {name: u}}]").unwrap();
+            serde_norway::from_str("[{query_parameter: {name: u}}]").unwrap();
         let maglev = maglev.with_hash_policy(&service);
         let kept = hash(
             &maglev.routes[0].legs[0].hash,

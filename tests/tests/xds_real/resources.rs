@@ -42,7 +42,7 @@ impl Side {
         };
         let envoy =
             tokio::task::block_in_place(|| Envoy::start_dynamic(server, envoy_node, api_type));
-        let xds: XdsConfig = serde_yaml::from_str(&format!(
+        let xds: XdsConfig = serde_norway::from_str(&format!(
             "node: {{id: {ours_node}, cluster: edge}}\nads_config: {{api_type: {api_type}, server_uri: '{}'}}\ncds_config: {{ads: {{}}}}\nlds_config: {{ads: {{}}}}",
             server.grpc_uri()
         ))

@@ -23,15 +23,15 @@ fn file() -> Config {
 }
 
 fn cluster(yaml: &str) -> Cluster {
-    serde_yaml::from_str(yaml).unwrap()
+    serde_norway::from_str(yaml).unwrap()
 }
 
 fn service(yaml: &str) -> Service {
-    serde_yaml::from_str(yaml).unwrap()
+    serde_norway::from_str(yaml).unwrap()
 }
 
 fn entry(yaml: &str) -> proxy_chain::ConfigEntry {
-    serde_yaml::from_str(yaml).unwrap()
+    serde_norway::from_str(yaml).unwrap()
 }
 
 fn api() -> Overlay {

@@ -96,7 +96,7 @@ mod tests {
     use crate::config::sources::xds::NodeLocality;
 
     fn node() -> NodeConfig {
-        serde_yaml::from_str(
+        serde_norway::from_str(
             "id: n1\ncluster: edge\nmetadata: {team: payments, shard: 3, canary: true, \
              tags: [a, b], nested: {k: v}}\nlocality: {region: eu, zone: eu-1a}\n",
         )
@@ -167,7 +167,7 @@ mod tests {
 
     #[test]
     fn unknown_node_fields_are_refused() {
-        let err = serde_yaml::from_str::<NodeConfig>("id: n1\nzone: a\n").unwrap_err();
+        let err = serde_norway::from_str::<NodeConfig>("id: n1\nzone: a\n").unwrap_err();
         assert!(err.to_string().contains("unknown field `zone`"), "{err}");
     }
 }

@@ -36,7 +36,7 @@ common_lb_config:
     reason = "a parsed literal compared with the same literal"
 )]
 fn example_config_parses_with_defaults_applied() {
-    let cfg: ClusterHealthConfig = serde_yaml::from_str(EXAMPLE).unwrap();
+    let cfg: ClusterHealthConfig = serde_norway::from_str(EXAMPLE).unwrap();
     let spec = cfg.validate("web").unwrap().unwrap();
     assert_eq!(spec.timeout, Duration::from_secs(1));
     assert_eq!(spec.interval, Duration::from_millis(500));
@@ -76,15 +76,15 @@ fn example_config_parses_with_defaults_applied() {
     reason = "a parsed literal compared with the same literal"
 )]
 fn defaults_match_envoy() {
-    let cfg: ClusterHealthConfig = serde_yaml::from_str("{}").unwrap();
+    let cfg: ClusterHealthConfig = serde_norway::from_str("{}").unwrap();
     assert_eq!(cfg.common_lb_config.healthy_panic_threshold.value, 50.0);
     assert!(cfg.validate("c").unwrap().is_none());
-    let od: OutlierDetection = serde_yaml::from_str("{}").unwrap();
+    let od: OutlierDetection = serde_norway::from_str("{}").unwrap();
     assert_eq!(od, OutlierDetection::default());
     assert_eq!(od.consecutive_5xx, 5);
     assert_eq!(od.base_ejection_time, Duration::from_secs(30));
     assert_eq!(od.enforcing_consecutive_5xx, 100);
-    let hc: HealthCheck = serde_yaml::from_str(
+    let hc: HealthCheck = serde_norway::from_str(
         "{timeout: 1s, interval: 1s, unhealthy_threshold: 1, healthy_threshold: 1, http_health_check: {path: /}}",
     )
     .unwrap();
@@ -101,7 +101,7 @@ fn defaults_match_envoy() {
 }
 
 fn check(yaml: &str) -> Result<(), HealthConfigError> {
-    let hc: HealthCheck = serde_yaml::from_str(yaml).unwrap();
+    let hc: HealthCheck = serde_norway::from_str(yaml).unwrap();
     hc.validate("c").map(|_| ())
 }
 
@@ -192,7 +192,7 @@ fn every_timer_interval_has_a_one_millisecond_floor() {
         );
     }
     let od: ClusterHealthConfig =
-        serde_yaml::from_str("outlier_detection: {interval: 0.000000001s}").unwrap();
+        serde_norway::from_str("outlier_detection: {interval: 0.000000001s}").unwrap();
     let err = od.validate("c").unwrap_err();
     assert_eq!(
         err,
@@ -206,14 +206,14 @@ fn every_timer_interval_has_a_one_millisecond_floor() {
 
 #[test]
 fn unknown_fields_and_bad_durations_are_rejected() {
-    assert!(serde_yaml::from_str::<HealthCheck>("{timeout: 1s, colour: red}").is_err());
-    assert!(serde_yaml::from_str::<HealthCheck>("{timeout: 5}").is_err());
-    assert!(serde_yaml::from_str::<HealthCheck>("{timeout: 1.5ms}").is_err());
+    assert!(serde_norway::from_str::<HealthCheck>("{timeout: 1s, colour: red}").is_err());
+    assert!(serde_norway::from_str::<HealthCheck>("{timeout: 5}").is_err());
+    assert!(serde_norway::from_str::<HealthCheck>("{timeout: 1.5ms}").is_err());
 }
 
 #[test]
 fn tcp_payloads_decode_from_hex() {
-    let hc: HealthCheck = serde_yaml::from_str(
+    let hc: HealthCheck = serde_norway::from_str(
         "{timeout: 1s, interval: 1s, unhealthy_threshold: 1, healthy_threshold: 1, \
          tcp_health_check: {send: {text: 50494e47}, receive: [{text: 504f}, {text: 4E47}]}}",
     )
@@ -228,19 +228,20 @@ fn tcp_payloads_decode_from_hex() {
 #[test]
 fn cluster_level_validation() {
     let two: ClusterHealthConfig =
-        serde_yaml::from_str("health_checks: [{timeout: 1s}, {timeout: 1s}]").unwrap();
+        serde_norway::from_str("health_checks: [{timeout: 1s}, {timeout: 1s}]").unwrap();
     assert_eq!(
         two.validate("c"),
         Err(HealthConfigError::TooManyHealthChecks(2))
     );
     let pct: ClusterHealthConfig =
-        serde_yaml::from_str("outlier_detection: {max_ejection_percent: 101}").unwrap();
+        serde_norway::from_str("outlier_detection: {max_ejection_percent: 101}").unwrap();
     assert!(matches!(
         pct.validate("c"),
         Err(HealthConfigError::BadPercent { .. })
     ));
     let panic: ClusterHealthConfig =
-        serde_yaml::from_str("common_lb_config: {healthy_panic_threshold: {value: 150}}").unwrap();
+        serde_norway::from_str("common_lb_config: {healthy_panic_threshold: {value: 150}}")
+            .unwrap();
     assert!(matches!(
         panic.validate("c"),
         Err(HealthConfigError::BadPercent { .. })

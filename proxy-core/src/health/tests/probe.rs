@@ -58,7 +58,7 @@ impl std::ops::DerefMut for Subscribed {
 }
 
 fn cluster(name: &str, yaml: &str, mgr: &HealthCheckManager) -> Subscribed {
-    let cfg: ClusterHealthConfig = serde_yaml::from_str(yaml).unwrap();
+    let cfg: ClusterHealthConfig = serde_norway::from_str(yaml).unwrap();
     Subscribed {
         events: mgr.subscribe(),
         health: ClusterHealth::new(name, &cfg, mgr, Arc::new(SeededRandom::with_seed(1))).unwrap(),

@@ -145,7 +145,7 @@ fn schemes_and_bad_variables_are_refused_with_the_source_named() {
 #[test]
 fn the_token_never_shows_in_debug_serialization_or_parse_errors() {
     let yaml = "service: web\ntoken: s3cret-0001\n";
-    let config: ConsulConfig = serde_yaml::from_str(yaml).expect("parses");
+    let config: ConsulConfig = serde_norway::from_str(yaml).expect("parses");
     assert_eq!(
         config.token.as_ref().map(ConsulToken::expose),
         Some("s3cret-0001")
@@ -156,7 +156,7 @@ fn the_token_never_shows_in_debug_serialization_or_parse_errors() {
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("<redacted>"), "{shown}");
     }
-    let err = serde_yaml::from_str::<ConsulConfig>("service: web\ntoken: 's3cret 0002'")
+    let err = serde_norway::from_str::<ConsulConfig>("service: web\ntoken: 's3cret 0002'")
         .expect_err("a space cannot travel in a header");
     assert!(!err.to_string().contains("s3cret"), "{err}");
     let file_only = serde_json::to_value(ConsulConfig {

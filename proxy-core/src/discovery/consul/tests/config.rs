@@ -3,8 +3,8 @@
 use super::*;
 use crate::config::sources::consul::{ConsulConfigError, RetryBackoff};
 
-fn parse(yaml: &str) -> Result<ConsulConfig, serde_yaml::Error> {
-    serde_yaml::from_str(yaml)
+fn parse(yaml: &str) -> Result<ConsulConfig, serde_norway::Error> {
+    serde_norway::from_str(yaml)
 }
 
 #[test]

@@ -6,8 +6,8 @@ use crate::config::sources::dns::{
     DnsConfigError, DnsLookupFamily, DnsResolverAddress, DnsSettings, RefreshRate,
 };
 
-fn parse(yaml: &str) -> Result<DnsSettings, serde_yaml::Error> {
-    serde_yaml::from_str(yaml)
+fn parse(yaml: &str) -> Result<DnsSettings, serde_norway::Error> {
+    serde_norway::from_str(yaml)
 }
 
 #[test]

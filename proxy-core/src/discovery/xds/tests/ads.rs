@@ -239,7 +239,7 @@ async fn cds_config_takes_ads_only() {
 
 #[test]
 fn cds_without_ads_config_is_refused_by_name() {
-    let xds: XdsConfig = serde_yaml::from_str("node: {id: n1}\ncds_config: {ads: {}}\n")
+    let xds: XdsConfig = serde_norway::from_str("node: {id: n1}\ncds_config: {ads: {}}\n")
         .expect("parses: the check is at start");
     let error = xds.ads_source(&|_| None).expect_err("no ads_config");
     assert_eq!(

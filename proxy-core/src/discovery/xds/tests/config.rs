@@ -21,7 +21,7 @@ fn resolve(name: &str) -> Option<(SocketAddr, Option<TransportSocket>)> {
 }
 
 fn example() -> Example {
-    serde_yaml::from_str(include_str!("eds.example.yaml")).expect("example parses")
+    serde_norway::from_str(include_str!("eds.example.yaml")).expect("example parses")
 }
 
 fn clusters(example: &Example) -> Vec<(String, EdsClusterConfig)> {
@@ -106,17 +106,17 @@ fn example_plans_three_connections() {
 #[test]
 fn config_serializes_back_and_reparses() {
     let example = example();
-    let yaml = serde_yaml::to_string(&example.xds).unwrap();
+    let yaml = serde_norway::to_string(&example.xds).unwrap();
     assert_eq!(
-        serde_yaml::from_str::<XdsConfig>(&yaml).unwrap(),
+        serde_norway::from_str::<XdsConfig>(&yaml).unwrap(),
         example.xds
     );
     assert!(yaml.contains("api_type: DELTA_GRPC"), "{yaml}");
 }
 
 fn plan_one(xds: &str, cluster: &str) -> Result<(), XdsConfigError> {
-    let xds: XdsConfig = serde_yaml::from_str(xds).unwrap();
-    let cluster: EdsClusterConfig = serde_yaml::from_str(cluster).unwrap();
+    let xds: XdsConfig = serde_norway::from_str(xds).unwrap();
+    let cluster: EdsClusterConfig = serde_norway::from_str(cluster).unwrap();
     plan(&xds, &[("web".into(), cluster)], &resolve).map(|_| ())
 }
 
@@ -189,17 +189,18 @@ fn config_errors_name_the_problem() {
 
 #[test]
 fn unknown_fields_and_versions_are_rejected() {
-    let unknown = serde_yaml::from_str::<EdsClusterConfig>("eds_config: {ads: {}, bogus: 1}");
+    let unknown = serde_norway::from_str::<EdsClusterConfig>("eds_config: {ads: {}, bogus: 1}");
     assert!(
         unknown
             .unwrap_err()
             .to_string()
             .contains("unknown field `bogus`")
     );
-    let v2 =
-        serde_yaml::from_str::<EdsClusterConfig>("eds_config: {ads: {}, resource_api_version: V2}");
+    let v2 = serde_norway::from_str::<EdsClusterConfig>(
+        "eds_config: {ads: {}, resource_api_version: V2}",
+    );
     assert!(v2.is_err());
-    let rest: EdsClusterConfig = serde_yaml::from_str("eds_config: {api_config_source: {api_type: REST, server_uri: '127.0.0.1:1', refresh_delay: 1s}}").unwrap();
+    let rest: EdsClusterConfig = serde_norway::from_str("eds_config: {api_config_source: {api_type: REST, server_uri: '127.0.0.1:1', refresh_delay: 1s}}").unwrap();
     assert_eq!(
         rest.eds_config.api_config_source.unwrap().api_type,
         ApiType::Rest

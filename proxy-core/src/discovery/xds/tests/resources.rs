@@ -43,7 +43,7 @@ use crate::{
 };
 
 pub fn xds() -> XdsConfig {
-    serde_yaml::from_str(
+    serde_norway::from_str(
         "node: {id: n1, cluster: edge}\nads_config: {api_type: GRPC, server_uri: '127.0.0.1:18000'}\ncds_config: {ads: {}}\nlds_config: {ads: {}}",
     )
     .expect("a valid xds block")

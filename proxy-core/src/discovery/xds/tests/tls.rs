@@ -20,9 +20,9 @@ use crate::{
 };
 
 fn plan_tls(source: &str) -> Result<XdsSource, String> {
-    let xds: XdsConfig = serde_yaml::from_str("node: {id: n}").unwrap();
+    let xds: XdsConfig = serde_norway::from_str("node: {id: n}").unwrap();
     let yaml = format!("eds_config: {{api_config_source: {source}}}");
-    let cluster: EdsClusterConfig = serde_yaml::from_str(&yaml).map_err(|e| e.to_string())?;
+    let cluster: EdsClusterConfig = serde_norway::from_str(&yaml).map_err(|e| e.to_string())?;
     let planned = plan(&xds, &[("web".into(), cluster)], &|_| None).map_err(|e| e.to_string())?;
     Ok(planned.into_iter().next().expect("one connection").0)
 }

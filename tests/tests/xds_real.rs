@@ -685,4 +685,6 @@ mod resources;
 #[path = "xds_real/routes.rs"]
 mod routes;
 
+// The relay's in-process test support, which lives with the relay's own tests.
+#[path = "../../proxy-relay/tests/proxy_support/mod.rs"]
 mod proxy_support;

@@ -5,10 +5,7 @@
 //! [`body::RETRY_BUFFER_LIMIT`] are replayed, each retry on another host when there is one) and the
 //! route's request and idle timeouts, which cover the response body too.
 
-use std::{
-    convert::Infallible,
-    sync::{Arc, atomic::Ordering},
-};
+use std::{convert::Infallible, sync::Arc};
 
 use bytes::Bytes;
 use http::{
@@ -45,6 +42,7 @@ use crate::{
 
 mod attempts;
 mod body;
+mod drop_overload;
 mod exchange;
 mod pending;
 pub(crate) mod upgrade;
@@ -195,7 +193,7 @@ async fn routed(
     let Some((leg, cluster)) = pick_cluster(route, stats) else {
         return no_healthy_upstream();
     };
-    if let Some(reply) = drop_overload(cluster) {
+    if let Some(reply) = drop_overload::reply(cluster) {
         return reply;
     }
     // Only a hashing policy asks for the hash (and so generates a cookie), as in Envoy.
@@ -485,36 +483,6 @@ fn expired_reply(which: Expired, stats: &ProxyStats) -> Response<Body> {
     }
 }
 
-/// Envoy's router drop: with the host set's `drop_overloads`, a request is refused by chance
-/// at that share before a host is chosen: a local 503, `drop overload` with
-/// `x-envoy-drop-overload: true`, or at 100 % Envoy's unconditional drop (`unconditional drop
-/// overload`, `x-envoy-unconditional-drop-overload: true`); counted in
-/// `upstream_rq_drop_overload`.
-fn drop_overload(cluster: &ClusterHandle) -> Option<Response<Body>> {
-    let share = cluster.drop_overload();
-    if share.is_none() || !share.drops(fastrand::u32(..)) {
-        return None;
-    }
-    let traffic = cluster.traffic();
-    traffic.rq_drop_overload.fetch_add(1, Ordering::Relaxed);
-    debug!(
-        cluster = cluster.name(),
-        "request dropped by drop_overloads"
-    );
-    let (text, header) = if share.is_unconditional() {
-        (
-            "unconditional drop overload",
-            "x-envoy-unconditional-drop-overload",
-        )
-    } else {
-        ("drop overload", "x-envoy-drop-overload")
-    };
-    let mut resp = local_reply(StatusCode::SERVICE_UNAVAILABLE, text);
-    resp.headers_mut()
-        .insert(header, HeaderValue::from_static("true"));
-    Some(resp)
-}
-
 fn no_healthy_upstream() -> Response<Body> {
     local_reply(StatusCode::SERVICE_UNAVAILABLE, "no healthy upstream\n")
 }
@@ -588,53 +556,5 @@ mod tests {
         let h2 = upstream_request(req, Proto::Http2, host);
         assert_eq!(h2.uri(), "http://svc/p");
         assert!(h2.headers().get(HOST).is_none());
-    }
-
-    /// A cluster whose routing drops `numerator` percent: Envoy's two answers, none at 0 %.
-    #[test]
-    fn drop_overload_answers_as_envoys_router() {
-        use proxy_core::health::{
-            Routing,
-            drop_overload::{Denominator, DropOverload},
-        };
-        let handle = |numerator| {
-            let routing = Routing {
-                drop_overload: DropOverload::new(numerator, Denominator::Hundred).unwrap(),
-                ..Routing::default()
-            };
-            let (_tx, rx) = tokio::sync::watch::channel(routing);
-            ClusterHandle::new("c", rx, true, std::time::Duration::from_secs(1))
-        };
-        let all = handle(100);
-        let reply = drop_overload(&all).expect("100 % drops every request");
-        assert_eq!(reply.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert!(reply.headers().get("x-envoy-drop-overload").is_none());
-        assert_eq!(
-            reply.headers()["x-envoy-unconditional-drop-overload"],
-            "true"
-        );
-        assert_eq!(body_text(reply), "unconditional drop overload");
-        let count = || all.traffic().rq_drop_overload.load(Ordering::Relaxed);
-        assert_eq!(count(), 1);
-        let none = handle(0);
-        assert!((0..1000).all(|_| drop_overload(&none).is_none()));
-        // At 99 %, 100 requests all pass with odds 1e-200: one is dropped, with Envoy's words.
-        let most = handle(99);
-        let reply = (0..100)
-            .find_map(|_| drop_overload(&most))
-            .expect("a drop at 99 %");
-        assert_eq!(reply.headers()["x-envoy-drop-overload"], "true");
-        let body = body_text(reply);
-        assert_eq!(body, "drop overload");
-    }
-
-    fn body_text(reply: Response<Body>) -> String {
-        let bytes = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap()
-            .block_on(reply.into_body().collect())
-            .unwrap()
-            .to_bytes();
-        String::from_utf8_lossy(&bytes).into_owned()
     }
 }

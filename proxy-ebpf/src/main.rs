@@ -19,6 +19,7 @@
 
 mod active;
 mod connect;
+mod drop_overload;
 mod features;
 mod limit;
 mod log;

@@ -336,3 +336,63 @@ fn max_connections_refuses_the_connect_over_the_limit_until_one_closes() {
     wait_for_stat(&daemon, "service.web.cx_open", 0);
     assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
 }
+
+/// `drop_overloads` on the kernel path (issue #42): three direct-mode services, each of one
+/// cluster of the same banner backend, whose `load_assignment.policy.drop_overloads` drops
+/// 100 / `HUNDRED` (`all`), 0 (`none`) and 5,000 / `TEN_THOUSAND` (`half`) of the connects.
+/// From the cgroup every connect to `all` is refused (the errno of every kernel refusal), none
+/// to `none`, and of N = 400 connects to `half` each is refused independently with probability
+/// 1/2: Hoeffding's inequality gives P(|X - 200| >= 60) <= 2 exp(-2 x 60^2 / 400) = 2 e^-18 <
+/// 3.1e-8, so a correct kernel fails this bound less than once in 10^7 runs (below 1e-6). Each
+/// refusal is counted: `service.<name>.cx_drop_overload`, Envoy's
+/// `cluster.<name>.upstream_rq_drop_overload` and `bpf.connect_drop_overload`.
+#[test]
+fn drop_overloads_refuse_that_share_of_the_connects() {
+    use integration_tests::features::refused_errno;
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let host: SocketAddr = "127.0.0.85:8080".parse().unwrap();
+    let _servers = BannerServers::start(&netns, &[(host, "a", false)]);
+    let cluster = |name: &str, numerator: u32, denominator: &str| {
+        format!(
+            "  - name: {name}\n    load_assignment:\n      policy: {{ drop_overloads: [ {{ category: throttle, drop_percentage: {{ numerator: {numerator}, denominator: {denominator} }} }} ] }}\n      endpoints:\n        - lb_endpoints:\n            - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.85, port_value: 8080 }} }} }}\n"
+        )
+    };
+    let config = format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n{}{}{}services:\n  - {{ name: all, address: 127.77.0.11, port: 80, cluster: all }}\n  - {{ name: none, address: 127.77.0.12, port: 80, cluster: none }}\n  - {{ name: half, address: 127.77.0.13, port: 80, cluster: half }}\n",
+        unique("drop"),
+        cgroup.path().display(),
+        cluster("all", 100, "HUNDRED"),
+        cluster("none", 0, "HUNDRED"),
+        cluster("half", 5_000, "TEN_THOUSAND"),
+    );
+    let mut daemon = Daemon::start(&config);
+    let probe =
+        |vip: &str, n| Probe::run(&netns, Some(cgroup.path()), vip.parse().unwrap(), n, false);
+    let refused = |p: &Probe| p.errors.get(refused_errno()).copied().unwrap_or(0);
+    let all = probe("127.77.0.11:80", 50);
+    assert_eq!((all.count("a"), refused(&all)), (0, 50), "{all:?}");
+    let none = probe("127.77.0.12:80", 50);
+    assert_eq!((none.count("a"), none.errors.len()), (50, 0), "{none:?}");
+    let half = probe("127.77.0.13:80", 400);
+    let dropped = refused(&half);
+    assert_eq!(dropped + half.count("a"), 400, "{half:?}");
+    assert!(
+        dropped.abs_diff(200) < 60,
+        "{dropped} of 400 refused at 1/2"
+    );
+    for (name, want) in [("all", 50), ("none", 0), ("half", dropped)] {
+        let stat = format!("cluster.{name}.upstream_rq_drop_overload");
+        assert_eq!(daemon.stat(&stat), u64::from(want), "{stat}");
+    }
+    assert_eq!(daemon.stat("service.all.cx_drop_overload"), 50);
+    assert_eq!(
+        daemon.stat("service.half.cx_drop_overload"),
+        u64::from(dropped)
+    );
+    assert_eq!(
+        daemon.counter("connect_drop_overload"),
+        u64::from(50 + dropped)
+    );
+    assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
+}

@@ -3,7 +3,9 @@
 //! beside the live set is NACKed with the limit named while connects stay on the last hosts,
 //! and a start whose sizes differ from the instance's pinned maps is refused, leaving them
 //! serving. And a cluster's `max_connections` on the kernel path: the connect over the limit
-//! refused and counted, the count freed by a close and never leaked by a failed connect.
+//! refused and counted, the count freed by a close and never leaked by a failed connect. And
+//! an assignment's `drop_overloads` on the kernel path: that share of the connects refused and
+//! counted, from the file and from EDS.
 
 use std::{
     net::SocketAddr,
@@ -394,5 +396,67 @@ fn drop_overloads_refuse_that_share_of_the_connects() {
         daemon.counter("connect_drop_overload"),
         u64::from(50 + dropped)
     );
+    assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
+}
+
+/// `drop_overloads` from EDS (issue #42): an assignment's policy reaches the kernel with its
+/// host, and a change of the policy alone is published. With the share at 0 every connect
+/// reaches the host; once the same host comes with 100 %, every connect is refused and counted
+/// as a drop (the host is there, so no refusal can be a missing host's); a share above 1 is
+/// NACKed with Envoy's text and the last good policy stays; back at 0 every connect passes.
+#[test]
+fn an_eds_drop_overload_and_a_change_of_it_alone_reach_the_kernel() {
+    use integration_tests::features::refused_errno;
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let a = "127.0.0.86:8086";
+    let _servers = BannerServers::start(&netns, &[(a.parse().unwrap(), a, false)]);
+    let server = XdsServer::start();
+    let drop = |n: u32| json!({"drop_overloads": [{"category": "lb", "drop_percentage": {"numerator": n}}]});
+    let host = || endpoints(&[a.to_owned()]);
+    server.push_with_policy("web", "1", host(), drop(0));
+    let node = unique("node");
+    let mut daemon = Daemon::start(&config("", &unique("t"), &cgroup, &node, &server));
+    wait_for_backends(&netns, &cgroup, &[a]);
+
+    server.push_with_policy("web", "2", host(), drop(100));
+    let vip: SocketAddr = "127.77.0.1:80".parse().unwrap();
+    let refused = |n| {
+        let probe = Probe::run(&netns, Some(cgroup.path()), vip, n, false);
+        probe.errors.get(refused_errno()).copied().unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut seen = 0;
+    while seen == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "version 2 never dropped a connect"
+        );
+        seen += refused(1);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(refused(20), 20, "everything dropped at 100 %");
+    seen += 20;
+    let before = server.requests().len();
+    server.push_with_policy("web", "3", host(), drop(101));
+    let nack = server.wait_request("the daemon's NACK", before, |r| {
+        r["node"] == node.as_str() && !r["error_detail"].is_null()
+    });
+    let detail = nack["error_detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("Cluster drop_overloads config is invalid. drop_ratio=1.01(Numerator 101 / Denominator 100). The valid range is 0~1."),
+        "{nack}"
+    );
+    assert_eq!(refused(20), 20, "the last good policy stays");
+    seen += 20;
+    for stat in [
+        "service.web.cx_drop_overload",
+        "cluster.web.upstream_rq_drop_overload",
+        "bpf.connect_drop_overload",
+    ] {
+        assert_eq!(daemon.stat(stat), u64::from(seen), "{stat}");
+    }
+    server.push_with_policy("web", "4", host(), drop(0));
+    wait_for_backends(&netns, &cgroup, &[a]);
     assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
 }

@@ -83,6 +83,10 @@ pub mod maps {
     /// Open connections and refused connects of limited services, by service address
     /// (`limit`).
     pub const CX_OPEN: &str = "CX_OPEN_V1";
+    /// Drop-overload shares of services, by service address (`drop_overload`).
+    pub const DROP: &str = "DROP_V1";
+    /// Connects each service's drop overload refused, by service address (`drop_overload`).
+    pub const DROPPED: &str = "DROPPED_V1";
     /// Proxy-pair splicing: the sockhash the stream verdict program is attached to.
     pub const PAIR_SOCKS: &str = "PAIR_SOCKS_V1";
     /// Proxy-pair splicing: the socket to send out of, by the receiving socket's cookie. `_V2`:
@@ -99,10 +103,12 @@ pub mod maps {
     pub const LOGS: &str = "AYA_LOGS";
 
     /// Every map of the object except [`LOGS`]; all of them are pinned under their name.
-    pub const ALL: [&str; 21] = [
+    pub const ALL: [&str; 23] = [
         ACTIVE,
         CX_MAX,
         CX_OPEN,
+        DROP,
+        DROPPED,
         SERVICES,
         SLOTS,
         BACKENDS,

@@ -69,12 +69,15 @@ pub const PAIR_PASSED: u32 = 27;
 /// connect4/6: a service held to `max_connections` (`SERVICE_F_CX_LIMIT`) had that many open
 /// connections; the connect is refused (Envoy's `upstream_cx_overflow`).
 pub const CONNECT_CX_OVERFLOW: u32 = 28;
+/// connect4/6: a service with a drop overload (`SERVICE_F_DROP`) drew a drop; the connect is
+/// refused (Envoy's `upstream_rq_drop_overload`).
+pub const CONNECT_DROP_OVERLOAD: u32 = 29;
 
 /// Number of counters; the size of `COUNTERS_V2` (room to grow without a layout change).
 pub const COUNT: u32 = 64;
 
 /// Names used by the daemon when it exports the counters, indexed like the constants above.
-pub const NAMES: [&str; 29] = [
+pub const NAMES: [&str; 30] = [
     "connect_rewritten",
     "connect_not_service",
     "connect_no_host",
@@ -104,6 +107,7 @@ pub const NAMES: [&str; 29] = [
     "pair_redirect_failed",
     "pair_passed",
     "connect_cx_overflow",
+    "connect_drop_overload",
 ];
 const _: () = assert!(NAMES.len() as u32 <= COUNT);
 
@@ -133,7 +137,11 @@ mod tests {
         assert_eq!(NAMES[PAIR_REDIRECT_FAILED as usize], "pair_redirect_failed");
         assert_eq!(NAMES[PAIR_PASSED as usize], "pair_passed");
         assert_eq!(NAMES[CONNECT_CX_OVERFLOW as usize], "connect_cx_overflow");
-        assert_eq!(NAMES.len(), CONNECT_CX_OVERFLOW as usize + 1);
+        assert_eq!(
+            NAMES[CONNECT_DROP_OVERLOAD as usize],
+            "connect_drop_overload"
+        );
+        assert_eq!(NAMES.len(), CONNECT_DROP_OVERLOAD as usize + 1);
     }
 }
 

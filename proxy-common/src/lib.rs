@@ -9,6 +9,7 @@
 
 pub mod abi;
 pub mod counters;
+pub mod drop_overload;
 pub mod limit;
 pub mod service;
 pub mod socket;

@@ -84,6 +84,11 @@ pub const SERVICE_F_LEAST_REQUEST: u32 = 1 << 6;
 /// followed. Without an entry in `CX_MAX_V1` nothing is limited (fail-open).
 pub const SERVICE_F_CX_LIMIT: u32 = 1 << 7;
 
+/// `Service::flags` bit: the service's TCP connects are refused at random at the share in
+/// `DROP_V1` (its host set's `policy.drop_overloads`, see `crate::drop_overload`), counted in
+/// `DROPPED_V1`. Without an entry in `DROP_V1` nothing is dropped (fail-open).
+pub const SERVICE_F_DROP: u32 = 1 << 8;
+
 /// The bits of `Service::flags` that say what consistent hashing ([`SERVICE_F_MAGLEV`]) keys
 /// on: one of the `HASH_KEY_*` values, shifted left by [`SERVICE_HASH_KEY_SHIFT`]. Zero is the
 /// network namespace, what every service hashed on before the key was configurable, so an entry

@@ -79,6 +79,7 @@ const XDS_HONOURED: &[&str] = &[
     "Cluster.load_assignment.endpoints[].load_balancing_weight",
     "Cluster.load_assignment.policy.overprovisioning_factor",
     "Cluster.load_assignment.policy.weighted_priority_health",
+    "Cluster.load_assignment.policy.drop_overloads",
     "Cluster.common_lb_config.healthy_panic_threshold",
     "Cluster.common_lb_config.locality_weighted_lb_config",
     "Cluster.common_lb_config.zone_aware_lb_config",

@@ -11,6 +11,7 @@ pub mod checker;
 pub mod cluster;
 pub mod cluster_config;
 pub mod config;
+pub mod drop_overload;
 pub mod duration;
 pub mod grpc;
 pub mod http;
@@ -34,6 +35,7 @@ pub use cluster_config::{
     OutlierDetection, Percent,
 };
 pub use config::{HealthCheck, HealthConfigError, MIN_TIMER_INTERVAL};
+pub use drop_overload::DropOverload;
 pub use manager::{HealthCheckManager, HealthEvent, ProbeId};
 pub use matrix::{ClusterMembership, HostFlags, HostStatus, MembershipChange};
 pub use outlier::{FailureVerdict, OutlierDetector, PassiveResult};

@@ -12,8 +12,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use proxy_common::service::{
     FAMILY_V4, HASH_KEY_CGROUP, HASH_KEY_NETNS, HASH_KEY_PROCESS, HASH_KEY_SOCKET, HASH_KEY_USER,
-    PROTO_TCP, PROTO_UDP, SERVICE_F_CX_LIMIT, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV,
-    SERVICE_F_PANIC, SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN,
+    PROTO_TCP, PROTO_UDP, SERVICE_F_CX_LIMIT, SERVICE_F_DROP, SERVICE_F_LEAST_REQUEST,
+    SERVICE_F_MAGLEV, SERVICE_F_PANIC, SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN,
     SERVICE_HASH_KEY_SHIFT, ServiceKey, hash_key_of,
 };
 
@@ -41,6 +41,9 @@ pub struct ServiceSpec {
     /// The connections the cgroup may have open to the service at once (its cluster's explicit
     /// `max_connections`), with `SERVICE_F_CX_LIMIT` in `flags`; `None`: no limit.
     pub max_connections: Option<u32>,
+    /// The share of connects refused at random (its cluster's `policy.drop_overloads`), parts
+    /// per million, with `SERVICE_F_DROP` in `flags`; 0: none.
+    pub drop_overload: u32,
 }
 
 /// The kernel's key of a service.
@@ -65,6 +68,8 @@ pub struct ServiceTemplate {
     plan: Option<ChainPlan>,
     /// The kernel's connection limit ([`kernel_max_connections`]).
     max_connections: Option<u32>,
+    /// Whether the kernel applies its cluster's drop overload ([`kernel_drops`]).
+    drops: bool,
     /// Where a refused share of connections is sent: the unspecified address of the service's
     /// family, port 0, which the kernel's connect refuses (ECONNREFUSED).
     refuse: SocketAddr,
@@ -102,6 +107,7 @@ impl ServiceTemplate {
             flags: flags(svc, config, &policies(svc, config, plan.as_ref())) | limit,
             plan,
             max_connections,
+            drops: kernel_drops(svc, config),
             refuse: SocketAddr::new(unspecified, 0),
         }
     }
@@ -134,16 +140,24 @@ impl ServiceTemplate {
             keep_own_family(&mut priorities, self.refuse.is_ipv4());
         }
         let panic = clusters.iter().any(|(_, routing)| routing.in_panic());
+        let drop_overload = match clusters.first() {
+            Some((_, routing)) if self.drops => routing.drop_overload.per_million(),
+            _ => 0,
+        };
+        let mut flags = self.flags;
+        if panic {
+            flags |= SERVICE_F_PANIC;
+        }
+        if drop_overload > 0 {
+            flags |= SERVICE_F_DROP;
+        }
         ServiceSpec {
             name: self.name.clone(),
             key: self.key,
-            flags: if panic {
-                self.flags | SERVICE_F_PANIC
-            } else {
-                self.flags
-            },
+            flags,
             priorities,
             max_connections: self.max_connections,
+            drop_overload,
         }
     }
 
@@ -214,6 +228,15 @@ pub fn kernel_max_connections(svc: &Service, config: &Config) -> Option<u32> {
         .iter()
         .find(|t| t.priority == Priority::Default)?
         .max_connections
+}
+
+/// Whether the kernel applies the drop overload of `svc`'s cluster: a direct-mode TCP service
+/// of one cluster, as for `max_connections` (the kernel does not know which of a chain's
+/// clusters a host came from; a proxy-mode service's proxy drops its HTTP requests itself).
+pub fn kernel_drops(svc: &Service, config: &Config) -> bool {
+    svc.mode == ServiceMode::Direct
+        && svc.protocol == Protocol::Tcp
+        && config.service_clusters(svc).len() == 1
 }
 
 /// Leaves in `levels` only the hosts of the service's family (IPv4 when `v4`), and no level

@@ -10,7 +10,9 @@
 //!   errno a cgroup sock_addr program produces by rejecting), counted as `connect_no_host` /
 //!   `connect_proxy_no_listener`. Nothing leaves the host for a VIP that has nowhere to go. A
 //!   TCP service held to `max_connections` (`SERVICE_F_CX_LIMIT`) that has that many open
-//!   connections is refused the same way, counted as `connect_cx_overflow` ([`crate::limit`]).
+//!   connections is refused the same way, counted as `connect_cx_overflow` ([`crate::limit`]),
+//!   and so is a connect to one with a drop overload (`SERVICE_F_DROP`) that draws a drop,
+//!   counted as `connect_drop_overload` ([`crate::drop_overload`]).
 //! - ROUND_ROBIN services rotate only in the `_rr` variants, which use atomic fetch-and-add
 //!   (5.12); the loader attaches them where the kernel has it.
 //! - Proxy mode (`SERVICE_F_PROXY`, TCP only): the destination becomes the listener address in
@@ -22,8 +24,8 @@
 //!   and process hash keys; the loader probes both, see `crate::features`);
 //!   5.7 for attaching through bpf_link (the daemon refuses to attach without it); 5.3 for
 //!   `bpf_sock_addr.sk` and `bpf_sk_storage_get` in sock_addr programs (`SOCK_VIP_V2`).
-//! - Reads `SERVICES_V2`, `SLOTS_V2`, `BACKENDS_V2`, `SETTINGS_V1`, `CX_MAX_V1`; writes
-//!   `CX_OPEN_V1` (a refusal's count), the dialled service
+//! - Reads `SERVICES_V2`, `SLOTS_V2`, `BACKENDS_V2`, `SETTINGS_V1`, `CX_MAX_V1`, `DROP_V1`;
+//!   writes `CX_OPEN_V1` and `DROPPED_V1` (refusals' counts), the dialled service
 //!   to `SOCK_VIP_V2` (the socket's local storage) for a socket sockops follows (proxy mode, or
 //!   passive health), or else to `SOCK_PEER_V1` (a slot by cookie, for getpeername); `SOCK_ORIG_V1`
 //!   (proxy mode), `UDP_REV_V1` (connected UDP, for recvfrom), `COUNTERS_V2` and the service's

@@ -23,6 +23,7 @@
 
 mod active;
 mod connect;
+mod drop_overload;
 mod features;
 mod limit;
 mod log;

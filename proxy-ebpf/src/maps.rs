@@ -98,6 +98,17 @@ pub static ACTIVE_V1: HashMap<Backend, u64> = HashMap::pinned(65_536, BPF_F_NO_P
 #[map]
 pub static CX_MAX_V1: HashMap<ServiceKey, u64> = HashMap::pinned(65_536, BPF_F_NO_PREALLOC);
 
+/// The drop-overload share (parts per million) of each service with `SERVICE_F_DROP`, by its
+/// address; written by the daemon before the flag is published, removed after it is gone.
+#[map]
+pub static DROP_V1: HashMap<ServiceKey, u32> = HashMap::pinned(65_536, BPF_F_NO_PREALLOC);
+
+/// Connects each such service's drop overload refused, by its address. Only the programs write
+/// it (atomic adds; connect4/6 create an entry at a first drop); the daemon deletes a removed
+/// service's entry.
+#[map]
+pub static DROPPED_V1: HashMap<ServiceKey, u64> = HashMap::pinned(65_536, BPF_F_NO_PREALLOC);
+
 /// Open connections and refused connects of each limited service, by its address. Only the
 /// programs write it (atomic adds; sockops creates an entry at a first connect), so, as
 /// `ACTIVE_V1`, a plain hash: an evicted count could not be taken back.

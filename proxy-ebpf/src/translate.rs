@@ -7,13 +7,13 @@ use proxy_common::{
     abi, counters,
     service::{
         Backend, FAMILY_V4, HASH_KEY_CGROUP, HASH_KEY_PROCESS, HASH_KEY_SOCKET, HASH_KEY_USER,
-        SERVICE_F_CX_LIMIT, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_PANIC,
-        SERVICE_F_PASSIVE, SERVICE_F_PROXY, Service, ServiceKey, hash_key_of,
+        SERVICE_F_CX_LIMIT, SERVICE_F_DROP, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV,
+        SERVICE_F_PANIC, SERVICE_F_PASSIVE, SERVICE_F_PROXY, Service, ServiceKey, hash_key_of,
     },
 };
 
 use crate::{
-    features, limit, log,
+    drop_overload, features, limit, log,
     maps::{SERVICES_V2, ServiceOutcome, count, count_service, settings},
     select::{NoBackend, choose},
 };
@@ -69,6 +69,10 @@ pub fn target<const ROTATE: bool>(
     };
     if allow_proxy && svc.flags & SERVICE_F_PROXY != 0 {
         return to_proxy(svc, key).map(Some);
+    }
+    // Envoy drops before the circuit breakers are asked.
+    if allow_proxy && svc.flags & SERVICE_F_DROP != 0 && !drop_overload::admit(key) {
+        return Err(Refuse);
     }
     if allow_proxy && svc.flags & SERVICE_F_CX_LIMIT != 0 && !limit::admit(key) {
         return Err(Refuse);

@@ -13,7 +13,7 @@ use std::{
 };
 
 use proxy_core::{
-    health::{PassiveSignal, Routing},
+    health::{DropOverload, PassiveSignal, Routing},
     lb::{self, Balancer},
     upstream::{OpenConnection, Upstream, UpstreamTraffic},
 };
@@ -338,6 +338,11 @@ impl ClusterHandle {
             }
         });
         Some((host, lease))
+    }
+
+    /// The share of requests the host set's `drop_overloads` refuses now.
+    pub fn drop_overload(&self) -> DropOverload {
+        self.routing.borrow().drop_overload
     }
 
     /// Whether the cluster has a routable host now (without taking a turn of a rotation).

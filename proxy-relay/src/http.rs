@@ -42,6 +42,7 @@ use crate::{
 
 mod attempts;
 mod body;
+mod drop_overload;
 mod exchange;
 mod pending;
 pub(crate) mod upgrade;
@@ -192,6 +193,9 @@ async fn routed(
     let Some((leg, cluster)) = pick_cluster(route, stats) else {
         return no_healthy_upstream();
     };
+    if let Some(reply) = drop_overload::reply(cluster) {
+        return reply;
+    }
     // Only a hashing policy asks for the hash (and so generates a cookie), as in Envoy.
     let hashed = if cluster.balancer().is_hash_based() {
         leg.hash.compute(req.headers(), req.uri(), ctx.peers)

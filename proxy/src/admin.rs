@@ -250,6 +250,11 @@ impl State {
         self.per_service(crate::dataplane::Dataplane::cx_counts)
     }
 
+    /// The connects the kernel dropped for each service with a drop overload.
+    fn drop_counts(&self) -> Vec<(&str, u64)> {
+        self.per_service(crate::dataplane::Dataplane::drop_count)
+    }
+
     /// Each service's publish record: whether it runs on an older host set, and failures.
     fn publish_states(&self) -> Vec<(&str, crate::dataplane::PublishState)> {
         self.per_service(|dp, key| Some(dp.publish_state(key)))

@@ -12,7 +12,7 @@ use proxy_common::{
     counters::ServiceCounts,
     service::{
         Backend, HASH_KEY_CGROUP, HASH_KEY_NETNS, HASH_KEY_PROCESS, HASH_KEY_SOCKET, HASH_KEY_USER,
-        MAX_PRIORITIES, PROTO_TCP, PROTO_UDP, SERVICE_F_CX_LIMIT, SERVICE_F_MAGLEV,
+        MAX_PRIORITIES, PROTO_TCP, PROTO_UDP, SERVICE_F_CX_LIMIT, SERVICE_F_DROP, SERVICE_F_MAGLEV,
         SERVICE_F_PANIC, SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN,
         SERVICE_F_SINGLE, SLOTS, Service, ServiceKey, SlotTable, SlotTableKey, hash_key_of,
         legacy::{BACKENDS_V1, SERVICES_V1, SLOTS_V1, ServiceV1},
@@ -261,6 +261,7 @@ fn flag_names(flags: u32) -> Vec<&'static str> {
         (SERVICE_F_PASSIVE, "passive"),
         (SERVICE_F_PANIC, "panic"),
         (SERVICE_F_CX_LIMIT, "max_connections"),
+        (SERVICE_F_DROP, "drop_overloads"),
     ]
     .into_iter()
     .filter(|(bit, _)| flags & bit != 0)

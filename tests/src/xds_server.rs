@@ -187,6 +187,15 @@ impl XdsServer {
         http(self.control, "POST", "/push", &body.to_string());
     }
 
+    /// Publishes `endpoints` as `cluster`'s assignment at `version` with `policy` (proto3 JSON
+    /// of `ClusterLoadAssignment.Policy`).
+    #[expect(clippy::needless_pass_by_value, reason = "called with json! literals")]
+    pub fn push_with_policy(&self, cluster: &str, version: &str, endpoints: Value, policy: Value) {
+        let body = serde_json::json!({"cluster": cluster, "version": version,
+            "endpoints": endpoints, "policy": policy});
+        http(self.control, "POST", "/push", &body.to_string());
+    }
+
     /// Sends exactly `resources` (see `/push_raw` in xds_server.py: duplicates, other names,
     /// wrong types, raw bytes) at `version` on every stream, until the next [`Self::push`].
     #[expect(clippy::needless_pass_by_value, reason = "called with json! literals")]

@@ -3,7 +3,9 @@
 //! beside the live set is NACKed with the limit named while connects stay on the last hosts,
 //! and a start whose sizes differ from the instance's pinned maps is refused, leaving them
 //! serving. And a cluster's `max_connections` on the kernel path: the connect over the limit
-//! refused and counted, the count freed by a close and never leaked by a failed connect.
+//! refused and counted, the count freed by a close and never leaked by a failed connect. And
+//! an assignment's `drop_overloads` on the kernel path: that share of the connects refused and
+//! counted, from the file and from EDS.
 
 use std::{
     net::SocketAddr,
@@ -334,5 +336,127 @@ fn max_connections_refuses_the_connect_over_the_limit_until_one_closes() {
     );
     assert_eq!(daemon.stat("service.web.cx_overflow"), 1, "one refusal");
     wait_for_stat(&daemon, "service.web.cx_open", 0);
+    assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
+}
+
+/// `drop_overloads` on the kernel path (issue #42): three direct-mode services, each of one
+/// cluster of the same banner backend, whose `load_assignment.policy.drop_overloads` drops
+/// 100 / `HUNDRED` (`all`), 0 (`none`) and 5,000 / `TEN_THOUSAND` (`half`) of the connects.
+/// From the cgroup every connect to `all` is refused (the errno of every kernel refusal), none
+/// to `none`, and of N = 400 connects to `half` each is refused independently with probability
+/// 1/2: Hoeffding's inequality gives P(|X - 200| >= 60) <= 2 exp(-2 x 60^2 / 400) = 2 e^-18 <
+/// 3.1e-8, so a correct kernel fails this bound less than once in 10^7 runs (below 1e-6). Each
+/// refusal is counted: `service.<name>.cx_drop_overload`, Envoy's
+/// `cluster.<name>.upstream_rq_drop_overload` and `bpf.connect_drop_overload`.
+#[test]
+fn drop_overloads_refuse_that_share_of_the_connects() {
+    use integration_tests::features::refused_errno;
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let host: SocketAddr = "127.0.0.85:8080".parse().unwrap();
+    let _servers = BannerServers::start(&netns, &[(host, "a", false)]);
+    let cluster = |name: &str, numerator: u32, denominator: &str| {
+        format!(
+            "  - name: {name}\n    load_assignment:\n      policy: {{ drop_overloads: [ {{ category: throttle, drop_percentage: {{ numerator: {numerator}, denominator: {denominator} }} }} ] }}\n      endpoints:\n        - lb_endpoints:\n            - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.85, port_value: 8080 }} }} }}\n"
+        )
+    };
+    let config = format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n{}{}{}services:\n  - {{ name: all, address: 127.77.0.11, port: 80, cluster: all }}\n  - {{ name: none, address: 127.77.0.12, port: 80, cluster: none }}\n  - {{ name: half, address: 127.77.0.13, port: 80, cluster: half }}\n",
+        unique("drop"),
+        cgroup.path().display(),
+        cluster("all", 100, "HUNDRED"),
+        cluster("none", 0, "HUNDRED"),
+        cluster("half", 5_000, "TEN_THOUSAND"),
+    );
+    let mut daemon = Daemon::start(&config);
+    let probe =
+        |vip: &str, n| Probe::run(&netns, Some(cgroup.path()), vip.parse().unwrap(), n, false);
+    let refused = |p: &Probe| p.errors.get(refused_errno()).copied().unwrap_or(0);
+    let all = probe("127.77.0.11:80", 50);
+    assert_eq!((all.count("a"), refused(&all)), (0, 50), "{all:?}");
+    let none = probe("127.77.0.12:80", 50);
+    assert_eq!((none.count("a"), none.errors.len()), (50, 0), "{none:?}");
+    let half = probe("127.77.0.13:80", 400);
+    let dropped = refused(&half);
+    assert_eq!(dropped + half.count("a"), 400, "{half:?}");
+    assert!(
+        dropped.abs_diff(200) < 60,
+        "{dropped} of 400 refused at 1/2"
+    );
+    for (name, want) in [("all", 50), ("none", 0), ("half", dropped)] {
+        let stat = format!("cluster.{name}.upstream_rq_drop_overload");
+        assert_eq!(daemon.stat(&stat), u64::from(want), "{stat}");
+    }
+    assert_eq!(daemon.stat("service.all.cx_drop_overload"), 50);
+    assert_eq!(
+        daemon.stat("service.half.cx_drop_overload"),
+        u64::from(dropped)
+    );
+    assert_eq!(
+        daemon.counter("connect_drop_overload"),
+        u64::from(50 + dropped)
+    );
+    assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
+}
+
+/// `drop_overloads` from EDS (issue #42): an assignment's policy reaches the kernel with its
+/// host, and a change of the policy alone is published. With the share at 0 every connect
+/// reaches the host; once the same host comes with 100 %, every connect is refused and counted
+/// as a drop (the host is there, so no refusal can be a missing host's); a share above 1 is
+/// NACKed with Envoy's text and the last good policy stays; back at 0 every connect passes.
+#[test]
+fn an_eds_drop_overload_and_a_change_of_it_alone_reach_the_kernel() {
+    use integration_tests::features::refused_errno;
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let a = "127.0.0.86:8086";
+    let _servers = BannerServers::start(&netns, &[(a.parse().unwrap(), a, false)]);
+    let server = XdsServer::start();
+    let drop = |n: u32| json!({"drop_overloads": [{"category": "lb", "drop_percentage": {"numerator": n}}]});
+    let host = || endpoints(&[a.to_owned()]);
+    server.push_with_policy("web", "1", host(), drop(0));
+    let node = unique("node");
+    let mut daemon = Daemon::start(&config("", &unique("t"), &cgroup, &node, &server));
+    wait_for_backends(&netns, &cgroup, &[a]);
+
+    server.push_with_policy("web", "2", host(), drop(100));
+    let vip: SocketAddr = "127.77.0.1:80".parse().unwrap();
+    let refused = |n| {
+        let probe = Probe::run(&netns, Some(cgroup.path()), vip, n, false);
+        probe.errors.get(refused_errno()).copied().unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut seen = 0;
+    while seen == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "version 2 never dropped a connect"
+        );
+        seen += refused(1);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(refused(20), 20, "everything dropped at 100 %");
+    seen += 20;
+    let before = server.requests().len();
+    server.push_with_policy("web", "3", host(), drop(101));
+    let nack = server.wait_request("the daemon's NACK", before, |r| {
+        r["node"] == node.as_str() && !r["error_detail"].is_null()
+    });
+    let detail = nack["error_detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("Cluster drop_overloads config is invalid. drop_ratio=1.01(Numerator 101 / Denominator 100). The valid range is 0~1."),
+        "{nack}"
+    );
+    assert_eq!(refused(20), 20, "the last good policy stays");
+    seen += 20;
+    for stat in [
+        "service.web.cx_drop_overload",
+        "cluster.web.upstream_rq_drop_overload",
+        "bpf.connect_drop_overload",
+    ] {
+        assert_eq!(daemon.stat(stat), u64::from(seen), "{stat}");
+    }
+    server.push_with_policy("web", "4", host(), drop(0));
+    wait_for_backends(&netns, &cgroup, &[a]);
     assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
 }

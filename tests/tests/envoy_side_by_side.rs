@@ -17,8 +17,11 @@
 //! the same assignments: every EDS health status, weights, priorities, hosts leaving; both
 //! `/clusters` and the membership stats must agree after each version. The absent cells of the
 //! health matrix (hosts discovery stops sending) are compared in `removal`, locality-weighted
-//! round robin (kernel and proxy path) in `locality`, zone-aware routing in `zone`.
+//! round robin (kernel and proxy path) in `locality`, zone-aware routing in `zone`, the
+//! assignment policy's `drop_overloads` (HTTP and TCP on the proxy path) in `drop`.
 
+#[path = "envoy_side_by_side/drop.rs"]
+mod drop;
 #[path = "envoy_side_by_side/locality.rs"]
 mod locality;
 #[path = "envoy_side_by_side/removal.rs"]

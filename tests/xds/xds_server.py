@@ -13,7 +13,8 @@ port (HTTP/1.1, JSON):
                  ("port": a string is a named_port, null or absent leaves the port unset;
                  "health": a number is sent as is, even outside the enum)
                  Nothing is validated: an invalid endpoint (port 0, "not-an-ip", weight 0)
-                 goes out as is, for the client to NACK.
+                 goes out as is, for the client to NACK. An optional "policy" (proto3 JSON of
+                 ClusterLoadAssignment.Policy) goes out as the assignment's policy.
   POST /push_raw {"version": "2", "resources": [RAW, ...]}
                  RAW = {"name": "web", "endpoints": [ENDPOINT, ...]} with optional
                        "cluster_name" (the assignment's own name; default: name),
@@ -475,7 +476,10 @@ def control_handler(store):
                 return self.rest(body)
             args = json.loads(body or b"{}")
             if self.path == "/push":
-                store.push(args["cluster"], args["version"], build_cla(args["cluster"], args["endpoints"]))
+                cla = build_cla(args["cluster"], args["endpoints"])
+                if "policy" in args:
+                    json_format.ParseDict(args["policy"], cla.policy)
+                store.push(args["cluster"], args["version"], cla)
             elif self.path == "/push_raw":
                 store.push_raw(args["version"], [build_raw(spec) for spec in args["resources"]])
             elif self.path == "/remove":

@@ -19,6 +19,7 @@ use crate::{
     },
     health::{
         AssignmentPolicy, ClusterHealthConfig, CommonLbConfig, HealthCheck, OutlierDetection,
+        drop_overload::DropOverloadsConfig,
     },
     host::{EdsHealth, Host, HostSet, Locality},
 };
@@ -278,13 +279,13 @@ pub struct LoadAssignment {
     #[serde(default)]
     pub endpoints: Vec<LocalityLbEndpoints>,
     /// Envoy's `ClusterLoadAssignment.Policy` (`overprovisioning_factor`,
-    /// `weighted_priority_health`).
+    /// `weighted_priority_health`, `drop_overloads`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<AssignmentPolicyConfig>,
 }
 
 /// Envoy's `ClusterLoadAssignment.Policy`, the fields that shape routing.
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AssignmentPolicyConfig {
     /// Percent by which priorities and localities count as overprovisioned: one is whole while
@@ -294,6 +295,10 @@ pub struct AssignmentPolicyConfig {
     /// A priority's health counts host weights instead of hosts (default false).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub weighted_priority_health: bool,
+    /// Envoy's drop overload: at most one `{ category, drop_percentage }`, the share of
+    /// requests (proxy path) or connects (kernel path) refused (default none).
+    #[serde(default, skip_serializing_if = "DropOverloadsConfig::is_empty")]
+    pub drop_overloads: DropOverloadsConfig,
 }
 
 impl AssignmentPolicyConfig {
@@ -305,6 +310,7 @@ impl AssignmentPolicyConfig {
                 .overprovisioning_factor
                 .map_or(default.overprovisioning_factor, NonZeroU32::get),
             weighted_priority_health: self.weighted_priority_health,
+            drop_overload: self.drop_overloads.share(),
         }
     }
 }
@@ -463,9 +469,9 @@ impl Cluster {
             assignment_policy: self
                 .load_assignment
                 .as_ref()
-                .and_then(|a| a.policy)
-                .unwrap_or_default()
-                .resolved(),
+                .and_then(|a| a.policy.as_ref())
+                .map(AssignmentPolicyConfig::resolved)
+                .unwrap_or_default(),
         }
     }
 

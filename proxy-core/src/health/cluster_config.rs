@@ -291,6 +291,8 @@ pub struct AssignmentPolicy {
     pub overprovisioning_factor: u32,
     /// `weighted_priority_health` (default false).
     pub weighted_priority_health: bool,
+    /// `drop_overloads`: the share of traffic refused (default none).
+    pub drop_overload: super::DropOverload,
 }
 
 impl Default for AssignmentPolicy {
@@ -298,6 +300,7 @@ impl Default for AssignmentPolicy {
         Self {
             overprovisioning_factor: super::priority::OVERPROVISIONING_PERCENT,
             weighted_priority_health: false,
+            drop_overload: super::DropOverload::NONE,
         }
     }
 }
@@ -337,6 +340,7 @@ impl ClusterHealthConfig {
             overprovisioning_factor: self.assignment_policy.overprovisioning_factor,
             weighted_priority_health: self.assignment_policy.weighted_priority_health,
             locality_weighted: self.common_lb_config.locality_weighted_lb_config.is_some(),
+            drop_overload: self.assignment_policy.drop_overload,
         }
     }
 

@@ -177,11 +177,12 @@ impl ClusterMembership {
         self
     }
 
-    /// Replaces the assignment policy (overprovisioning factor, weighted priority health);
-    /// routing follows from the next [`Self::routing`].
+    /// Replaces the assignment policy (overprovisioning factor, weighted priority health, drop
+    /// overload); routing follows from the next [`Self::routing`].
     pub fn set_policy(&mut self, policy: AssignmentPolicy) {
         self.balance.overprovisioning_factor = policy.overprovisioning_factor;
         self.balance.weighted_priority_health = policy.weighted_priority_health;
+        self.balance.drop_overload = policy.drop_overload;
     }
 
     /// With `ignore`, a host discovery no longer returns is deleted at once, even while active

@@ -10,6 +10,7 @@
 
 use serde::Serialize;
 
+use super::DropOverload;
 use crate::host::Host;
 
 /// Overprovisioning factor, in percent (Envoy's default 140).
@@ -27,6 +28,8 @@ pub struct Balance {
     pub weighted_priority_health: bool,
     /// `locality_weighted_lb_config`: inside a priority, localities share by effective weight.
     pub locality_weighted: bool,
+    /// `policy.drop_overloads`: the share of traffic refused before a host is chosen.
+    pub drop_overload: DropOverload,
 }
 
 impl Balance {
@@ -37,6 +40,7 @@ impl Balance {
             overprovisioning_factor: OVERPROVISIONING_PERCENT,
             weighted_priority_health: false,
             locality_weighted: false,
+            drop_overload: DropOverload::NONE,
         }
     }
 }
@@ -108,6 +112,9 @@ pub struct Routing {
     /// Zone-aware routing's shares of priority 0, when the cluster routes by zone (set by the
     /// cluster's loop from the local cluster's routing).
     pub zone: Option<crate::lb::zone::ZoneShares>,
+    /// The host set's `policy.drop_overloads`: the share of requests (proxy path) or connects
+    /// (kernel path) refused before a host is chosen.
+    pub drop_overload: DropOverload,
 }
 
 impl Default for Routing {
@@ -117,6 +124,7 @@ impl Default for Routing {
             overprovisioning_factor: OVERPROVISIONING_PERCENT,
             locality_weighted: false,
             zone: None,
+            drop_overload: DropOverload::NONE,
         }
     }
 }
@@ -196,6 +204,7 @@ impl Routing {
             overprovisioning_factor: balance.overprovisioning_factor,
             locality_weighted: balance.locality_weighted,
             zone: None,
+            drop_overload: balance.drop_overload,
         }
     }
 }

@@ -88,6 +88,31 @@ fn max_connections_reaches_the_kernel_only_where_set_explicitly() {
     assert_eq!(spec.max_connections, Some(2), "the spec carries the limit");
 }
 
+/// The kernel drops a share of a service's connects where it serves the service's one cluster
+/// directly over TCP, from the routing's `drop_overloads`; the flag comes and goes with it.
+#[test]
+fn the_drop_overload_reaches_the_kernel_from_the_routing() {
+    use crate::health::drop_overload::{Denominator, DropOverload};
+    let yaml = format!(
+        "proxy: {{ listeners: [\"127.0.0.1:15001\"] }}\nclusters:\n  - name: web\n{ENDPOINT}services:\n  - {{ name: a, address: 127.77.0.1, port: 80, cluster: web }}\n  - {{ name: b, address: 127.77.0.2, port: 80, cluster: web, mode: proxy }}\n  - {{ name: c, address: 127.77.0.3, port: 80, cluster: web, protocol: UDP }}\n"
+    );
+    let config = Config::parse(&yaml, Path::new("t.yaml")).expect("valid config");
+    let templates = ServiceTemplate::all(&config);
+    let mut routing = Routing::compute(&[(host(1), HostClass::Healthy)], 50.0);
+    routing.drop_overload = DropOverload::new(25, Denominator::TenThousand).unwrap();
+    let specs: Vec<(u32, bool)> = templates
+        .iter()
+        .map(|t| t.spec(&[("web", &routing)]))
+        .map(|s| (s.drop_overload, s.flags & SERVICE_F_DROP != 0))
+        .collect();
+    assert_eq!(specs, [(2_500, true), (0, false), (0, false)]);
+    let none = templates[0].spec(&[(
+        "web",
+        &Routing::compute(&[(host(1), HostClass::Healthy)], 50.0),
+    )]);
+    assert_eq!((none.drop_overload, none.flags & SERVICE_F_DROP), (0, 0));
+}
+
 fn host(last: u8) -> Host {
     Host::new(SocketAddr::from(([127, 0, 0, last], 80)))
 }

@@ -30,6 +30,9 @@ pub struct UpstreamTraffic {
     pub cx_connect_attempts_exceeded: AtomicU64,
     /// Choices that found no routable host (`upstream_cx_none_healthy`).
     pub cx_none_healthy: AtomicU64,
+    /// HTTP requests refused by the host set's `drop_overloads` (`upstream_rq_drop_overload`,
+    /// which Envoy keeps for its load reports).
+    pub rq_drop_overload: AtomicU64,
     /// Choices made in panic mode (`lb_healthy_panic`).
     pub lb_healthy_panic: AtomicU64,
     /// Zone-aware routing recomputed (`lb_recalculate_zone_structures`).
@@ -169,6 +172,10 @@ impl UpstreamTraffic {
             (
                 "upstream_cx_none_healthy",
                 self.cx_none_healthy.load(Ordering::Relaxed),
+            ),
+            (
+                "upstream_rq_drop_overload",
+                self.rq_drop_overload.load(Ordering::Relaxed),
             ),
             (
                 "lb_healthy_panic",

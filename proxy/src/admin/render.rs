@@ -98,6 +98,15 @@ fn kernel_limits(state: &State, stats: &mut BTreeMap<String, u64>) {
                 .or_default() += counts.overflow;
         }
     }
+    // Envoy's name for a request its router dropped; here the kernel refused a connect.
+    for (service, dropped) in state.drop_counts() {
+        stats.insert(format!("service.{service}.cx_drop_overload"), dropped);
+        if let Some(cluster) = state.kernel_cluster(service) {
+            *stats
+                .entry(format!("cluster.{cluster}.upstream_rq_drop_overload"))
+                .or_default() += dropped;
+        }
+    }
 }
 
 /// `/stats?format=json` in Envoy's form: `{"stats": [{"name": ..., "value": ...}, ...]}`,

@@ -324,6 +324,11 @@ impl Dataplane {
         self.publisher.cx_counts(key)
     }
 
+    /// The connects the kernel dropped for the service at `key` ([`Publisher::drop_count`]).
+    pub fn drop_count(&self, key: &proxy_common::service::ServiceKey) -> Option<u64> {
+        self.publisher.drop_count(key)
+    }
+
     /// Whether the service at `key` runs on an older host set ([`Publisher::publish_state`]).
     pub fn publish_state(&self, key: &proxy_common::service::ServiceKey) -> super::PublishState {
         self.publisher.publish_state(key)

@@ -73,6 +73,10 @@ map_group! {
         cx_max: HashMap<MapData, ServiceKey, u64> = CX_MAX,
         /// Open connections and refused connects of limited services, by address.
         cx_open: HashMap<MapData, ServiceKey, CxOpen> = CX_OPEN,
+        /// Drop-overload shares of services, by address.
+        drop_share: HashMap<MapData, ServiceKey, u32> = DROP,
+        /// Connects each service's drop overload refused, by address.
+        dropped: HashMap<MapData, ServiceKey, u64> = DROPPED,
     }
 }
 

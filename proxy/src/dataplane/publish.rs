@@ -15,6 +15,7 @@
 //! first level empties).
 
 mod counts;
+mod drop;
 mod limit;
 mod stale;
 mod write;
@@ -30,15 +31,15 @@ use proxy_common::{
     abi::maps,
     counters::ServiceCounts,
     service::{
-        Backend, MAX_PRIORITIES, SERVICE_F_CX_LIMIT, SERVICE_F_LEAST_REQUEST, SERVICE_F_PASSIVE,
-        SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, Service, ServiceKey, SlotTable,
-        SlotTableKey,
+        Backend, MAX_PRIORITIES, SERVICE_F_CX_LIMIT, SERVICE_F_DROP, SERVICE_F_LEAST_REQUEST,
+        SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, Service,
+        ServiceKey, SlotTable, SlotTableKey,
     },
 };
 use tracing::{debug, info};
 
 pub use self::stale::PublishState;
-use self::{limit::Limits, stale::StaleSets};
+use self::{drop::Drops, limit::Limits, stale::StaleSets};
 use super::{DataplaneError, maps::ServiceMaps};
 
 /// Service flags whose connections sockops follows.
@@ -111,6 +112,8 @@ pub struct Publisher {
     svc_counters: PerCpuHashMap<MapData, u32, ServiceCounts>,
     /// `max_connections` of limited services, and the kernel's counts.
     limits: Limits,
+    /// The drop overloads' two maps.
+    drops: Drops,
     live: BTreeMap<ServiceKey, Live>,
     /// Backend address -> id, and id -> (address, number of live tables referencing it).
     backend_ids: StdHashMap<Backend, u32>,
@@ -173,6 +176,8 @@ impl Publisher {
             svc_counters,
             cx_max,
             cx_open,
+            drop_share,
+            dropped,
         } = maps;
         let mut live = BTreeMap::new();
         let mut next_service_id = 1;
@@ -211,6 +216,10 @@ impl Publisher {
             limits: Limits {
                 max: cx_max,
                 open: cx_open,
+            },
+            drops: Drops {
+                share: drop_share,
+                dropped,
             },
             live,
             backend_ids: StdHashMap::new(),
@@ -305,6 +314,10 @@ impl Publisher {
         if let Some(max) = spec.max_connections {
             (self.limits.write(spec.key, max)).map_err(|e| publish_err(spec, maps::CX_MAX, e))?;
         }
+        if spec.drop_overload > 0 {
+            let share = spec.drop_overload;
+            (self.drops.write(spec.key, share)).map_err(|e| publish_err(spec, maps::DROP, e))?;
+        }
         let Written {
             tables,
             referenced,
@@ -325,6 +338,9 @@ impl Publisher {
         if let Some(old) = self.live.insert(spec.key, now_live) {
             if old.service.flags & SERVICE_F_CX_LIMIT != 0 && spec.max_connections.is_none() {
                 self.limits.clear(&spec.key, false);
+            }
+            if old.service.flags & SERVICE_F_DROP != 0 && spec.drop_overload == 0 {
+                self.drops.clear(&spec.key, false);
             }
             self.retiring.push_back(Retiring {
                 since: Instant::now(),
@@ -350,6 +366,9 @@ impl Publisher {
             })?;
         if live.service.flags & SERVICE_F_CX_LIMIT != 0 {
             self.limits.clear(key, true);
+        }
+        if live.service.flags & SERVICE_F_DROP != 0 {
+            self.drops.clear(key, true);
         }
         self.retiring.push_back(Retiring {
             since: Instant::now(),

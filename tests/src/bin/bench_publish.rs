@@ -36,6 +36,7 @@ fn spec(name: String, vip: SocketAddr, hosts: Vec<SocketAddr>) -> ServiceSpec {
         flags: 0,
         priorities: vec![hosts.into_iter().map(|h| (h, 1)).collect()],
         max_connections: None,
+        drop_overload: 0,
     }
 }
 

@@ -130,5 +130,6 @@ pub fn spec(
         flags,
         priorities,
         max_connections: None,
+        drop_overload: 0,
     }
 }

@@ -99,7 +99,7 @@ fn until_envoy_listens(netns: &Netns, envoy: &Envoy) {
 }
 
 /// Waits until `n` listeners of Envoy are active.
-fn until_envoy_listens_n(netns: &Netns, envoy: &Envoy, n: u64) {
+pub(super) fn until_envoy_listens_n(netns: &Netns, envoy: &Envoy, n: u64) {
     let admin = envoy.admin();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {

@@ -9,7 +9,8 @@
 //!    rule in field-number order. The rules: a non-empty `cluster_name`;
 //!    `load_balancing_weight` at least 1 on a locality or an endpoint; `priority` at most 128;
 //!    an `Address` with one of its kinds set; a socket address with a non-empty `address`, a
-//!    port specifier, and `port_value` at most 65535; `policy.overprovisioning_factor` above 0.
+//!    port specifier, and `port_value` at most 65535; a `policy.drop_overloads` entry with a
+//!    non-empty `category` and a defined denominator; `policy.overprovisioning_factor` above 0.
 //! 2. [`hosts_from_cla`]: the host mapping, which Envoy's EDS cluster applies only to the
 //!    assignment it uses. Rejected, with Envoy's words where Envoy rejects too: an `LbEndpoint`
 //!    without an endpoint or an endpoint without an address ("Address must be set"), an address
@@ -18,10 +19,11 @@
 //!    a locality with both LEDS and endpoints ("... cannot include both LEDS ..."). Rejected by
 //!    us only: pipe and Envoy internal addresses (Envoy accepts them; we cannot connect to them)
 //!    and LEDS localities (Envoy subscribes to LEDS; this daemon does not implement it), and
-//!    what Envoy acts on and this daemon would ignore: a `policy`'s `drop_overloads` and
-//!    `endpoint_stale_after`, and an endpoint's `additional_addresses`. The policy's
-//!    `overprovisioning_factor` and `weighted_priority_health` are honoured
-//!    ([`assignment_policy`]): they travel with the hosts to the cluster's routing.
+//!    what Envoy acts on and this daemon would ignore: a `policy`'s `endpoint_stale_after`,
+//!    and an endpoint's `additional_addresses`. The policy's `overprovisioning_factor`,
+//!    `weighted_priority_health` and `drop_overloads` are honoured ([`assignment_policy`]):
+//!    they travel with the hosts to the cluster's routing; `drop_overloads` is refused as
+//!    Envoy refuses it (more than one category, a fraction above 1: Envoy's texts).
 //!
 //! Accepted as Envoy accepts them:
 //! * `port_value: 0`, and the unspecified, broadcast and multicast addresses: Envoy keeps such a
@@ -75,7 +77,10 @@ use envoy_types::pb::{
 use thiserror::Error;
 
 use crate::{
-    health::AssignmentPolicy,
+    health::{
+        AssignmentPolicy,
+        drop_overload::{self, Denominator, DropOverloadError},
+    },
     host::{EdsHealth, HealthCheckTarget, Host, HostSet},
 };
 
@@ -161,6 +166,9 @@ pub enum ClaError {
         /// Path of the element.
         at: String,
     },
+    /// `policy.drop_overloads` refused as Envoy refuses it.
+    #[error(transparent)]
+    DropOverload(#[from] DropOverloadError),
     /// A field Envoy honours and this daemon would ignore (ours: Envoy accepts it).
     #[error("{at}: field {field} is not supported by this daemon (it would be ignored)")]
     Unhonoured {
@@ -206,6 +214,11 @@ pub enum Rule {
     HealthCheckPort,
     /// `policy.overprovisioning_factor` is 0 (`gt: 0`).
     OverprovisioningFactor,
+    /// `policy.drop_overloads[i].category` is empty (`min_len: 1`).
+    DropCategory(usize),
+    /// `policy.drop_overloads[i].drop_percentage.denominator` is not a defined value
+    /// (`defined_only`).
+    DropDenominator(usize),
 }
 
 const EMBEDDED: &str = "embedded message failed validation | caused by ";
@@ -228,6 +241,9 @@ impl fmt::Display for Violation {
             "LbEndpointValidationError.Endpoint: {EMBEDDED}EndpointValidationError.Address: {EMBEDDED}"
         );
         let socket = format!("{address}AddressValidationError.SocketAddress: {EMBEDDED}");
+        let drop = format!(
+            "ClusterLoadAssignmentValidationError.Policy: {EMBEDDED}PolicyValidationError.DropOverloads"
+        );
         match self.rule {
             Rule::EmptyClusterName => f.write_str(
                 "ClusterLoadAssignmentValidationError.ClusterName: value length must be at least 1 characters",
@@ -257,6 +273,14 @@ impl fmt::Display for Violation {
             Rule::OverprovisioningFactor => write!(
                 f,
                 "ClusterLoadAssignmentValidationError.Policy: {EMBEDDED}ClusterLoadAssignment_PolicyValidationError.OverprovisioningFactor: value must be greater than 0"
+            ),
+            Rule::DropCategory(i) => write!(
+                f,
+                "{drop}[{i}]: {EMBEDDED}DropOverloadValidationError.Category: value length must be at least 1 characters"
+            ),
+            Rule::DropDenominator(i) => write!(
+                f,
+                "{drop}[{i}]: {EMBEDDED}DropOverloadValidationError.DropPercentage: {EMBEDDED}FractionalPercentValidationError.Denominator: value must be one of the defined enum values"
             ),
             Rule::HealthCheckPort => write!(
                 f,
@@ -314,6 +338,16 @@ pub fn check_constraints(cla: &ClusterLoadAssignment) -> Result<(), ClaError> {
             return Err(violation(Some(index), None, Rule::Priority));
         }
     }
+    let drops = cla.policy.iter().flat_map(|p| &p.drop_overloads);
+    for (index, drop) in drops.enumerate() {
+        if drop.category.is_empty() {
+            return Err(violation(None, None, Rule::DropCategory(index)));
+        }
+        let denominator = drop.drop_percentage.as_ref().map_or(0, |p| p.denominator);
+        if Denominator::from_proto(denominator).is_none() {
+            return Err(violation(None, None, Rule::DropDenominator(index)));
+        }
+    }
     let factor = cla.policy.as_ref().and_then(|p| p.overprovisioning_factor);
     if factor.is_some_and(|f| f.value == 0) {
         return Err(violation(None, None, Rule::OverprovisioningFactor));
@@ -321,18 +355,32 @@ pub fn check_constraints(cla: &ClusterLoadAssignment) -> Result<(), ClaError> {
     Ok(())
 }
 
-/// The routing part of `cla`'s `policy`, Envoy's defaults where unset (factor 140).
-pub fn assignment_policy(cla: &ClusterLoadAssignment) -> AssignmentPolicy {
+/// The routing part of `cla`'s `policy`, Envoy's defaults where unset (factor 140, no drop),
+/// or Envoy's refusal of its `drop_overloads` (constraints checked before).
+pub fn assignment_policy(cla: &ClusterLoadAssignment) -> Result<AssignmentPolicy, ClaError> {
     let default = AssignmentPolicy::default();
     let Some(policy) = &cla.policy else {
-        return default;
+        return Ok(default);
     };
-    AssignmentPolicy {
+    let entries: Vec<(&str, u32, Denominator)> = policy
+        .drop_overloads
+        .iter()
+        .map(|d| {
+            let (numerator, denominator) = d
+                .drop_percentage
+                .as_ref()
+                .map_or((0, 0), |p| (p.numerator, p.denominator));
+            let denominator = Denominator::from_proto(denominator).unwrap_or_default();
+            (d.category.as_str(), numerator, denominator)
+        })
+        .collect();
+    Ok(AssignmentPolicy {
         overprovisioning_factor: policy
             .overprovisioning_factor
             .map_or(default.overprovisioning_factor, |f| f.value),
         weighted_priority_health: policy.weighted_priority_health,
-    }
+        drop_overload: drop_overload::check(&entries)?,
+    })
 }
 
 fn check_address(address: &Address) -> Result<(), Rule> {
@@ -364,6 +412,7 @@ pub fn hosts_from_cla(cla: &ClusterLoadAssignment) -> Result<HostSet, ClaError> 
 /// The second stage alone: the host mapping of an assignment whose constraints were checked.
 pub(crate) fn map_hosts(cla: &ClusterLoadAssignment) -> Result<HostSet, ClaError> {
     refuse_unhonoured(cla)?;
+    assignment_policy(cla)?;
     for (index, locality) in cla.endpoints.iter().enumerate() {
         if let Some(LbConfig::LedsClusterLocalityConfig(leds)) = &locality.lb_config {
             if !locality.lb_endpoints.is_empty() {
@@ -392,21 +441,16 @@ pub(crate) fn map_hosts(cla: &ClusterLoadAssignment) -> Result<HostSet, ClaError
     Ok(hosts)
 }
 
-/// The overload and staleness `policy`, and an endpoint's extra addresses: Envoy acts on
-/// each, and this daemon would not.
+/// The staleness `policy` and an endpoint's extra addresses: Envoy acts on each, and this
+/// daemon would not.
 fn refuse_unhonoured(cla: &ClusterLoadAssignment) -> Result<(), ClaError> {
     let refuse = |at: String, field| Err(ClaError::Unhonoured { at, field });
-    if let Some(policy) = &cla.policy {
-        let set = [
-            (!policy.drop_overloads.is_empty(), "drop_overloads"),
-            (
-                policy.endpoint_stale_after.is_some(),
-                "endpoint_stale_after",
-            ),
-        ];
-        if let Some((_, field)) = set.into_iter().find(|(on, _)| *on) {
-            return refuse("policy".to_owned(), field);
-        }
+    if cla
+        .policy
+        .as_ref()
+        .is_some_and(|p| p.endpoint_stale_after.is_some())
+    {
+        return refuse("policy".to_owned(), "endpoint_stale_after");
     }
     for (index, locality) in cla.endpoints.iter().enumerate() {
         for (lb_index, lb_endpoint) in locality.lb_endpoints.iter().enumerate() {

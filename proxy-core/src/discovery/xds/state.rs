@@ -211,6 +211,7 @@ impl EdsState {
     /// The hosts of `cla`, or why it is NACKed: invalid, or too many for the kernel maps.
     fn hosts_of(&self, cla: &ClusterLoadAssignment) -> Result<Assigned, UpdateError> {
         let hosts = map_hosts(cla).map_err(|source| invalid(cla, source))?;
+        let policy = assignment_policy(cla).map_err(|source| invalid(cla, source))?;
         let refusal = self.maps.and_then(|m| {
             m.hosts_refusal(hosts.len()).or_else(|| {
                 let levels: std::collections::BTreeSet<u32> =
@@ -223,7 +224,7 @@ impl EdsState {
                 name: cla.cluster_name.clone(),
                 reason,
             }),
-            None => Ok((hosts, assignment_policy(cla))),
+            None => Ok((hosts, policy)),
         }
     }
 

@@ -6,7 +6,9 @@ use std::{path::Path, sync::Arc};
 
 use crate::{
     config::{Config, ConfigError},
-    health::{AssignmentPolicy, Balance, matrix::ClusterMembership, random::SeededRandom},
+    health::{
+        AssignmentPolicy, Balance, DropOverload, matrix::ClusterMembership, random::SeededRandom,
+    },
     host::{EdsHealth, Host},
     lb::kernel_levels,
 };
@@ -96,6 +98,7 @@ fn the_policy_and_locality_weighting_reach_routing() {
         overprovisioning_factor: 100,
         weighted_priority_health: true,
         locality_weighted: true,
+        drop_overload: DropOverload::NONE,
     };
     assert_eq!(config.balance(), want);
     // Factor 100: zone a is half available (effective weight 0.5), zone b whole (3).
@@ -119,6 +122,7 @@ fn the_policy_and_locality_weighting_reach_routing() {
     membership.set_policy(AssignmentPolicy {
         overprovisioning_factor: 140,
         weighted_priority_health: false,
+        drop_overload: DropOverload::NONE,
     });
     let level = kernel_levels(&membership.routing()).remove(0);
     let share = |port: u16| {
@@ -128,6 +132,30 @@ fn the_policy_and_locality_weighting_reach_routing() {
             .map(|(_, w)| *w)
     };
     assert_eq!((share(80), share(82)), (Some(189_189), Some(810_811)));
+}
+
+/// The file's `policy.drop_overloads` reaches the routing both paths read; a fraction above 1
+/// is refused with Envoy's text when the file is read.
+#[test]
+fn the_files_drop_overloads_reach_routing() {
+    let text = zoned("STATIC", "").replace(
+        "      endpoints:\n",
+        "      policy: { drop_overloads: [{ category: lb, drop_percentage: { numerator: 30 } }] }\n      endpoints:\n",
+    );
+    let cluster = &parse(&text).unwrap().clusters[0];
+    let balance = cluster.health_config().balance();
+    assert_eq!(balance.drop_overload.per_million(), 300_000);
+    let mut membership =
+        ClusterMembership::new(false, 50.0, None, Arc::new(SeededRandom::with_seed(1)))
+            .balanced(balance);
+    membership.update_hosts(cluster.static_hosts());
+    assert_eq!(membership.routing().drop_overload, balance.drop_overload);
+    let over = text.replace("numerator: 30", "numerator: 101");
+    let error = parse(&over).unwrap_err().to_string();
+    assert!(
+        error.contains("drop_ratio=1.01(Numerator 101 / Denominator 100)"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -142,15 +170,15 @@ fn zero_weights_and_factors_and_unknown_locality_fields_are_refused() {
         "STATIC",
         "    common_lb_config: { zone_aware_lb_config: { routing_enabled: { value: 100 } } }",
     );
-    let drop = zoned("STATIC", "").replace(
+    let drops = zoned("STATIC", "").replace(
         "      endpoints:\n",
-        "      policy: { drop_overloads: [] }\n      endpoints:\n",
+        "      policy: { drop_overloads: [{ category: a }, { category: b }] }\n      endpoints:\n",
     );
     for (text, says) in [
         (zero_weight, "nonzero"),
         (zero_factor, "nonzero"),
         (zone_aware, "zone_aware_lb_config"),
-        (drop, "drop_overloads"),
+        (drops, "has 2 categories. Envoy only support one."),
     ] {
         let error = parse(&text).expect_err(says).to_string();
         assert!(error.contains(says), "{error}");
@@ -212,6 +240,7 @@ async fn the_cluster_loop_takes_the_policy_that_comes_with_the_hosts() {
     first.policy = Some(AssignmentPolicy {
         overprovisioning_factor: 200,
         weighted_priority_health: false,
+        drop_overload: DropOverload::NONE,
     });
     let (tx, _) = tokio::sync::watch::channel(first);
     let upstream = Upstream::with_source(

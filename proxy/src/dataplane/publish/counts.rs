@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use proxy_common::{
     counters::ServiceCounts,
     limit::CxOpen,
-    service::{SERVICE_F_CX_LIMIT, ServiceKey},
+    service::{SERVICE_F_CX_LIMIT, SERVICE_F_DROP, ServiceKey},
 };
 
 use super::Publisher;
@@ -28,6 +28,13 @@ impl Publisher {
     pub fn cx_counts(&self, key: &ServiceKey) -> Option<CxOpen> {
         let live = self.live.get(key)?;
         (live.service.flags & SERVICE_F_CX_LIMIT != 0).then(|| self.limits.counts(key))
+    }
+
+    /// The connects the kernel dropped for the service at `key` (`drop_overloads`), `None`
+    /// unless it is live and dropping.
+    pub fn drop_count(&self, key: &ServiceKey) -> Option<u64> {
+        let live = self.live.get(key)?;
+        (live.service.flags & SERVICE_F_DROP != 0).then(|| self.drops.count(key))
     }
 
     /// Which of the services at `keys` carried traffic: a connect or datagram sent to a host or

@@ -22,6 +22,7 @@ fn spec_of(priorities: Vec<Vec<(SocketAddr, u32)>>) -> ServiceSpec {
         flags: SERVICE_F_MAGLEV,
         priorities,
         max_connections: None,
+        drop_overload: 0,
     }
 }
 

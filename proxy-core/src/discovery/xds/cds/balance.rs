@@ -10,6 +10,7 @@ use envoy_types::pb::envoy::config::{
 use serde_json::{Map, Value, json};
 
 use super::{ResourceError, refuse_residual};
+use crate::health::drop_overload::Denominator;
 
 /// Field numbers of `Cluster.CommonLbConfig` not honoured.
 const COMMON_LB_FIELDS: &[(u64, &str)] = &[
@@ -67,23 +68,20 @@ pub(super) fn common_lb_form(common: &ProtoCommonLbConfig) -> Result<Value, (Str
     Ok(Value::Object(out))
 }
 
-/// `ClusterLoadAssignment.policy` in the file's form: `overprovisioning_factor` and
-/// `weighted_priority_health`; the others are refused by name.
+/// `ClusterLoadAssignment.policy` in the file's form: `overprovisioning_factor`,
+/// `weighted_priority_health` and `drop_overloads` (checked by the file's rules);
+/// `endpoint_stale_after` is refused by name.
 pub(super) fn policy_form(policy: &ProtoPolicy) -> Result<Value, (String, String)> {
-    let refused = [
-        (!policy.drop_overloads.is_empty(), "drop_overloads"),
-        (
-            policy.endpoint_stale_after.is_some(),
-            "endpoint_stale_after",
-        ),
-    ];
-    if let Some((_, field)) = refused.into_iter().find(|(set, _)| *set) {
+    if policy.endpoint_stale_after.is_some() {
         return Err((
-            format!("load_assignment.policy.{field}"),
+            "load_assignment.policy.endpoint_stale_after".into(),
             "is not supported".into(),
         ));
     }
     let mut out = Map::new();
+    if !policy.drop_overloads.is_empty() {
+        out.insert("drop_overloads".into(), drop_overloads_form(policy)?);
+    }
     if let Some(factor) = policy.overprovisioning_factor {
         out.insert("overprovisioning_factor".into(), json!(factor.value));
     }
@@ -91,4 +89,27 @@ pub(super) fn policy_form(policy: &ProtoPolicy) -> Result<Value, (String, String
         out.insert("weighted_priority_health".into(), json!(true));
     }
     Ok(Value::Object(out))
+}
+
+/// `policy.drop_overloads` in the file's form; a denominator outside the enum is refused as
+/// the proto's `defined_only` rule refuses it.
+fn drop_overloads_form(policy: &ProtoPolicy) -> Result<Value, (String, String)> {
+    let mut entries = Vec::new();
+    for (index, drop) in policy.drop_overloads.iter().enumerate() {
+        let (numerator, number) = drop
+            .drop_percentage
+            .as_ref()
+            .map_or((0, 0), |p| (p.numerator, p.denominator));
+        let Some(denominator) = Denominator::from_proto(number) else {
+            return Err((
+                format!(
+                    "load_assignment.policy.drop_overloads[{index}].drop_percentage.denominator"
+                ),
+                format!("value must be one of the defined enum values, not {number}"),
+            ));
+        };
+        let percentage = json!({"numerator": numerator, "denominator": denominator});
+        entries.push(json!({"category": drop.category, "drop_percentage": percentage}));
+    }
+    Ok(Value::Array(entries))
 }

@@ -61,6 +61,40 @@ fn factor(value: u32) -> Policy {
     }
 }
 
+/// A policy with `drop_overloads` of `(category, numerator, denominator)`.
+fn drops(entries: &[(&str, u32, i32)]) -> Policy {
+    use envoy_types::pb::envoy::{
+        config::endpoint::v3::cluster_load_assignment::policy::DropOverload,
+        r#type::v3::FractionalPercent,
+    };
+    let drop_overloads = entries
+        .iter()
+        .map(|&(category, numerator, denominator)| DropOverload {
+            category: category.into(),
+            drop_percentage: Some(FractionalPercent {
+                numerator,
+                denominator,
+            }),
+        })
+        .collect();
+    Policy {
+        drop_overloads,
+        ..Default::default()
+    }
+}
+
+/// An inline assignment's `drop_overloads` reaches the cluster's balance, in the file's form.
+#[test]
+fn cds_drop_overloads_are_honoured() {
+    let (mut state, rx) = state(FileNames::default());
+    let mut web = static_cluster("web", 80);
+    // MILLION is 2.
+    web.load_assignment = Some(zoned("web", Some(drops(&[("lb", 125_000, 2)]))));
+    state.apply_sotw(&clusters("1", &[web])).expect("ACK");
+    let balance = rx.borrow().clusters[0].health_config().balance();
+    assert_eq!(balance.drop_overload.per_million(), 125_000);
+}
+
 #[test]
 fn cds_localities_weights_policy_and_locality_weighting_are_honoured() {
     let (mut state, rx) = state(FileNames::default());
@@ -133,6 +167,16 @@ fn cds_fields_not_honoured_are_refused_by_name() {
             None,
             Some(factor(0)),
             "load_assignment.policy.overprovisioning_factor: invalid value: integer `0`, expected a nonzero u32",
+        ),
+        (
+            None,
+            Some(drops(&[("a", 1, 0), ("b", 1, 0)])),
+            "has 2 categories. Envoy only support one.",
+        ),
+        (
+            None,
+            Some(drops(&[("a", 1, 5)])),
+            "load_assignment.policy.drop_overloads[0].drop_percentage.denominator: value must be one of the defined enum values, not 5",
         ),
     ];
     for (common, policy, says) in cases {

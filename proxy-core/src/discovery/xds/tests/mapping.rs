@@ -434,7 +434,8 @@ fn health_check_config_maps_to_the_check_target() {
 
 /// A policy's staleness was ACKed and ignored: it is refused by name (Envoy acts on it). The
 /// overprovisioning factor and weighted priority health are honoured: they come with the
-/// hosts; a factor of 0 breaks Envoy's proto rule. (An endpoint's `health_check_config` is
+/// hosts; a factor of 0 breaks Envoy's proto rule. (`drop_overloads`:
+/// `drop_overloads_are_honoured_or_refused_as_envoy_refuses_them`.) (An endpoint's `health_check_config` is
 /// honoured: `health_check_config_maps_to_the_check_target`.)
 #[test]
 fn the_policy_is_honoured_or_refused_by_name() {
@@ -451,7 +452,7 @@ fn the_policy_is_honoured_or_refused_by_name() {
     };
     assert_eq!(
         assignment_policy(&cla("web", &[80])),
-        AssignmentPolicy::default()
+        Ok(AssignmentPolicy::default())
     );
     let weighted = policy(Policy {
         weighted_priority_health: true,
@@ -461,8 +462,9 @@ fn the_policy_is_honoured_or_refused_by_name() {
     let want = AssignmentPolicy {
         overprovisioning_factor: 200,
         weighted_priority_health: true,
+        ..AssignmentPolicy::default()
     };
-    assert_eq!(assignment_policy(&weighted), want);
+    assert_eq!(assignment_policy(&weighted), Ok(want));
     let zero = hosts_from_cla(&policy(factor(0))).expect_err("factor 0");
     assert!(
         zero.to_string().contains(
@@ -482,5 +484,57 @@ fn the_policy_is_honoured_or_refused_by_name() {
             "policy: field endpoint_stale_after is not supported by this daemon (it would be ignored)"
         ),
         "{error}"
+    );
+}
+
+/// `drop_overloads` travels with the hosts in parts per million; Envoy's proto rules (a
+/// category, a defined denominator) and its own checks (one category, at most 1) refuse the
+/// assignment with Envoy's texts.
+#[test]
+fn drop_overloads_are_honoured_or_refused_as_envoy_refuses_them() {
+    use envoy_types::pb::envoy::{
+        config::endpoint::v3::cluster_load_assignment::{Policy, policy::DropOverload},
+        r#type::v3::FractionalPercent,
+    };
+
+    use crate::discovery::xds::cla::assignment_policy;
+    let drop = |category: &str, numerator, denominator| DropOverload {
+        category: category.into(),
+        drop_percentage: Some(FractionalPercent {
+            numerator,
+            denominator,
+        }),
+    };
+    let with = |drops: Vec<DropOverload>| ClusterLoadAssignment {
+        policy: Some(Policy {
+            drop_overloads: drops,
+            ..Policy::default()
+        }),
+        ..cla("web", &[80])
+    };
+    // TEN_THOUSAND is 1: 25 / 10,000 is 2,500 per million.
+    let quarter = with(vec![drop("throttle", 25, 1)]);
+    assert_eq!(hosts_from_cla(&quarter).map(|h| h.len()), Ok(1));
+    let share = assignment_policy(&quarter).unwrap().drop_overload;
+    assert_eq!(share.per_million(), 2_500);
+    let error = |drops| hosts_from_cla(&with(drops)).unwrap_err().to_string();
+    assert_eq!(
+        error(vec![drop("a", 1, 0), drop("b", 1, 0)]),
+        "Cluster drop_overloads config has 2 categories. Envoy only support one."
+    );
+    assert_eq!(
+        error(vec![drop("a", 101, 0)]),
+        "Cluster drop_overloads config is invalid. drop_ratio=1.01(Numerator 101 / Denominator 100). The valid range is 0~1."
+    );
+    let policy = "Proto constraint validation failed (ClusterLoadAssignmentValidationError.Policy: embedded message failed validation | caused by PolicyValidationError.DropOverloads[0]: embedded message failed validation | caused by DropOverloadValidationError.";
+    assert_eq!(
+        error(vec![drop("", 1, 0)]),
+        format!("{policy}Category: value length must be at least 1 characters)")
+    );
+    assert_eq!(
+        error(vec![drop("a", 1, 7)]),
+        format!(
+            "{policy}DropPercentage: embedded message failed validation | caused by FractionalPercentValidationError.Denominator: value must be one of the defined enum values)"
+        )
     );
 }

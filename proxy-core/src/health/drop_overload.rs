@@ -268,18 +268,19 @@ mod tests {
 
     #[test]
     fn the_files_form_is_checked_when_read_and_shows_as_given() {
-        let config: DropOverloadsConfig = serde_yaml::from_str(
+        let config: DropOverloadsConfig = serde_norway::from_str(
             "[{ category: throttle, drop_percentage: { numerator: 3, denominator: TEN_THOUSAND } }]",
         )
         .unwrap();
         assert_eq!(config.share().per_million(), 300);
         let shown = serde_json::to_value(&config).unwrap();
         assert_eq!(shown[0]["drop_percentage"]["denominator"], "TEN_THOUSAND");
-        let empty: DropOverloadsConfig = serde_yaml::from_str("[]").unwrap();
+        let empty: DropOverloadsConfig = serde_norway::from_str("[]").unwrap();
         assert!(empty.is_empty() && empty.share().is_none());
-        let two = serde_yaml::from_str::<DropOverloadsConfig>("[{ category: a }, { category: b }]")
-            .unwrap_err()
-            .to_string();
+        let two =
+            serde_norway::from_str::<DropOverloadsConfig>("[{ category: a }, { category: b }]")
+                .unwrap_err()
+                .to_string();
         assert!(two.contains("has 2 categories"), "{two}");
     }
 }

@@ -272,7 +272,7 @@ impl fmt::Display for Violation {
             ),
             Rule::OverprovisioningFactor => write!(
                 f,
-                "ClusterLoadAssignmentValidationError.Policy: {EMBEDDED}ClusterLoadAssignment_PolicyValidationError.OverprovisioningFactor: value must be greater than 0"
+                "ClusterLoadAssignmentValidationError.Policy: {EMBEDDED}PolicyValidationError.OverprovisioningFactor: value must be greater than 0"
             ),
             Rule::DropCategory(i) => write!(
                 f,

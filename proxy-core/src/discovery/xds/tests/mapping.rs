@@ -468,7 +468,7 @@ fn the_policy_is_honoured_or_refused_by_name() {
     let zero = hosts_from_cla(&policy(factor(0))).expect_err("factor 0");
     assert!(
         zero.to_string().contains(
-            "ClusterLoadAssignmentValidationError.Policy: embedded message failed validation | caused by ClusterLoadAssignment_PolicyValidationError.OverprovisioningFactor: value must be greater than 0"
+            "ClusterLoadAssignmentValidationError.Policy: embedded message failed validation | caused by PolicyValidationError.OverprovisioningFactor: value must be greater than 0"
         ),
         "{zero}"
     );

@@ -19,7 +19,7 @@ impl Drop for Netns {
     }
 }
 
-fn json_values(stdout: &str) -> anyhow::Result<BTreeMap<String, f64>> {
+pub fn json_values(stdout: &str) -> anyhow::Result<BTreeMap<String, f64>> {
     let v: serde_json::Value =
         serde_json::from_str(stdout.trim()).with_context(|| format!("parsing {stdout:?}"))?;
     Ok(v.as_object()

@@ -21,6 +21,7 @@ mod measure;
 mod peers;
 mod plan;
 mod report;
+mod scale;
 #[expect(
     unsafe_code,
     reason = "the libc calls of the harness, each with its SAFETY note"
@@ -370,7 +371,7 @@ fn select_rows(
             r.metrics.retain(|m| only.wants_metric(&m.key()));
         }
         rows.retain(|r| !r.metrics.is_empty());
-        if rows.is_empty() {
+        if rows.is_empty() && !scale::METRICS.iter().any(|m| only.wants_metric(m)) {
             let _ = fs::remove_dir_all(&env.dir);
             bail!("no row measures a metric whose key contains {key:?}");
         }
@@ -472,9 +473,14 @@ fn execute(
         if sys::interrupted() {
             bail!("interrupted; everything the benchmark started has been stopped and removed");
         }
-        // The publish and health measurements, unless --metric names neither.
-        if only.wants_metric("publish_10k") || only.wants_metric("health_10k") {
+        // The publish and health measurements, unless --only or --metric names neither.
+        if (only.wants_row("publish") || only.wants_row("health"))
+            && (only.wants_metric("publish_10k") || only.wants_metric("health_10k"))
+        {
             samples.extend(plan::extras(env, run, publish_bin, smoke));
+        }
+        if only.wants_row("scale") {
+            samples.extend(scale::samples(env, run, smoke, only));
         }
         fs::write(
             env.dir.join("samples.partial.json"),

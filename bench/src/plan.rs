@@ -561,7 +561,7 @@ pub fn paired_baseline(row: &str) -> String {
     format!("{row}{PAIRED_SUFFIX}")
 }
 
-fn summary(s: &Sample) -> String {
+pub fn summary(s: &Sample) -> String {
     let main = [
         "gbps",
         "tps",
@@ -719,7 +719,7 @@ pub fn extras(env: &Env, run: u32, publish_bin: &std::path::Path, smoke: bool) -
     out
 }
 
-fn extra_sample(
+pub fn extra_sample(
     run: u32,
     row: &str,
     metric: &str,

@@ -190,6 +190,7 @@ impl<'a> Table<'a> {
             if !out.contains(&s.row)
                 && s.row != "health"
                 && s.row != "publish"
+                && s.row != "scale"
                 && !s.row.ends_with(super::plan::PAIRED_SUFFIX)
             {
                 out.push(s.row.clone());
@@ -284,6 +285,7 @@ pub fn write(r: &Results, root: &Path, stamp: &str) -> anyhow::Result<()> {
     main_tables(&mut md, &t);
     steal_table(&mut md, &t, r);
     extras(&mut md, &t);
+    super::scale::report(&mut md, &t);
     not_measured(&mut md, r);
     super::targets::verdicts(&mut md, &t, r);
     if drew {

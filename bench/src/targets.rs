@@ -105,6 +105,7 @@ pub fn verdicts(md: &mut String, t: &Table<'_>, r: &Results) {
         "publish 10,000 hosts into the maps < 50 ms, no connect sees a half-written set",
         publish(t),
     ));
+    v.extend(scale(t));
     verdict_table(md, v);
 }
 
@@ -392,6 +393,44 @@ fn publish(t: &Table<'_>) -> Verdict {
     }
 }
 
+/// One node at scale: `key` of the scale row's `metric` under (or, for the RSS, at most) the
+/// bound, judged only when the row ran at the plan's size.
+fn scale(t: &Table<'_>) -> Vec<(&'static str, Verdict)> {
+    let judge_one = |metric: &str, services: f64, key: &str, bound: f64, unit: &str| {
+        let size = t.abs("scale", metric, "services");
+        match (size, t.abs("scale", metric, key)) {
+            (Some(n), Some(s)) if n.median >= services => judge(
+                s.median < bound,
+                format!(
+                    "{services:.0} services: {:.1} {unit} (highest of the runs {:.1})",
+                    s.median, s.max
+                ),
+                &[Some(s)],
+            ),
+            _ => Verdict::NotMeasured(format!("no {metric} samples at {services:.0} services")),
+        }
+    };
+    let growth = super::scale::LOOP_GROWTH_LIMIT_PCT;
+    vec![
+        (
+            "xDS 10,000 services / 100,000 endpoints to maps < 500 ms",
+            judge_one("scale_xds", 10_000.0, "to_maps_ms", 500.0, "ms"),
+        ),
+        (
+            "reload 10,000 services < 1 s",
+            judge_one("scale_reload", 10_000.0, "reload_ms", 1000.0, "ms"),
+        ),
+        (
+            "RSS 1,000 services / 10,000 hosts < 64 MiB",
+            judge_one("scale_rss", 1_000.0, "rss_mib", 64.0, "MiB"),
+        ),
+        (
+            "RSS over a connect loop at 10,000 services bounded (growth from its 2nd to its last third < 5 %)",
+            judge_one("scale_loop", 10_000.0, "growth_pct", growth, "%"),
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -443,5 +482,46 @@ mod tests {
             _ => panic!("faster but changing socket semantics must not win"),
         }
         assert!(matches!(s5_vs_s4(&t, true), Verdict::NotMet(_)));
+    }
+
+    /// The scale row at `services` services, with the reload at `reload_ms`.
+    fn scale_results(services: f64, reload_ms: f64) -> Results {
+        let facts = serde_json::json!({"kernel": "k", "nft_tables": [], "bpf_prog_ids": []});
+        let sample = serde_json::json!({
+            "run": 0, "pair": 0, "row": "scale", "scenario": "scale", "path": "lo",
+            "metric": "scale_reload", "values": {"services": services, "reload_ms": reload_ms},
+            "other_load": 0.0, "unaccounted": 0.0, "valid": true, "error": null,
+        });
+        serde_json::from_value(serde_json::json!({
+            "commit": "c", "date": "d", "runs": 1, "secs": 2.0, "wall_s": 1.0,
+            "perf_available": false, "not_measured": [],
+            "facts_before": facts, "facts_after": facts, "samples": [sample],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_scale_target_is_judged_only_at_the_plans_size() {
+        let verdict = |r: &Results| {
+            let t = Table::new(r);
+            scale(&t)
+                .into_iter()
+                .find(|(label, _)| label.starts_with("reload"))
+                .map(|(_, v)| v)
+                .unwrap()
+        };
+        assert!(matches!(
+            verdict(&scale_results(10_000.0, 420.0)),
+            Verdict::Met(_)
+        ));
+        assert!(matches!(
+            verdict(&scale_results(10_000.0, 1500.0)),
+            Verdict::NotMet(_)
+        ));
+        // The smoke run's 20 services say nothing about 10,000.
+        assert!(matches!(
+            verdict(&scale_results(20.0, 5.0)),
+            Verdict::NotMeasured(_)
+        ));
     }
 }

@@ -440,8 +440,8 @@ pub struct Daemon {
     pub cgroup: PathBuf,
     pub pins: PathBuf,
     pub publish_s: f64,
-    proxy: PathBuf,
-    config: PathBuf,
+    pub proxy: PathBuf,
+    pub config: PathBuf,
 }
 
 impl Daemon {

@@ -37,6 +37,8 @@ fn is_link_local(ip: IpAddr) -> bool {
 #[derive(Clone, Debug, Default)]
 pub struct HostGuard {
     own: Arc<[SocketAddr]>,
+    /// Sorted: every host of every cluster is looked up here, so a scan would cost hosts
+    /// times services.
     vips: Arc<[SocketAddr]>,
     /// The kernel maps' sizes a host set must fit; `None`: no limit.
     maps: Option<crate::config::MapSizes>,
@@ -60,14 +62,15 @@ impl HostGuard {
     pub fn for_config(config: &crate::config::Config) -> Self {
         let mut own: Vec<SocketAddr> = config.admin.address.tcp().into_iter().collect();
         own.extend(&config.proxy.listeners);
-        let vips = config
+        let mut vips: Vec<SocketAddr> = config
             .services
             .iter()
             .map(|s| SocketAddr::new(canonical_ip(s.address), s.port))
             .collect();
+        vips.sort_unstable();
         Self {
             own: own.into(),
-            vips,
+            vips: vips.into(),
             maps: Some(config.kernel_maps),
         }
     }
@@ -99,7 +102,11 @@ impl HostGuard {
         if is_link_local(ip) {
             return Some("a link-local address");
         }
-        if self.vips.contains(&SocketAddr::new(ip, addr.port())) {
+        if self
+            .vips
+            .binary_search(&SocketAddr::new(ip, addr.port()))
+            .is_ok()
+        {
             return Some("a service address (VIP) of this daemon");
         }
         let own = self.own.iter().any(|o| {
@@ -194,5 +201,40 @@ mod tests {
         );
         assert!(guard.refuses(a("127.0.0.1:15999")).is_some(), "admin");
         assert_eq!(guard.refuses(a("127.77.0.1:81")), None, "another port");
+    }
+
+    #[test]
+    fn every_one_of_many_services_is_refused_and_nothing_between_them() {
+        use std::fmt::Write as _;
+        let mut text = String::from(
+            "clusters:\n  - name: a\n    load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 8080 } } } } ] } ] }\nservices:\n",
+        );
+        // Out of address order, on two ports.
+        for i in (0..300_u32).rev() {
+            let port = 80 + i % 2;
+            let _ = writeln!(
+                text,
+                "  - {{ name: s{i}, address: 127.77.{}.{}, port: {port}, cluster: a }}",
+                i / 200,
+                i % 200 + 1
+            );
+        }
+        let config =
+            crate::config::Config::parse(&text, std::path::Path::new("t.yaml")).expect("valid");
+        let guard = HostGuard::for_config(&config);
+        for i in 0..300_u32 {
+            let port = 80 + i % 2;
+            let vip = format!("127.77.{}.{}", i / 200, i % 200 + 1);
+            assert!(
+                guard.refuses(a(&format!("{vip}:{port}"))).is_some(),
+                "{vip}:{port}"
+            );
+            assert_eq!(
+                guard.refuses(a(&format!("{vip}:{}", 161 - port))),
+                None,
+                "{vip}, other port"
+            );
+        }
+        assert_eq!(guard.refuses(a("127.77.1.101:80")), None, "past the last");
     }
 }

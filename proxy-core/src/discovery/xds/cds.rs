@@ -510,12 +510,29 @@ pub(crate) fn socket_address(address: Option<&Address>) -> Option<(String, u32)>
     }
 }
 
-/// Checks the file forms of clusters (`(name, form)`) with the file's rules, with the running
-/// `xds` block (EDS clusters need its ADS server); returns them typed, or the first refusal
-/// naming its cluster.
-pub fn validate(forms: &[(String, Value)], xds: &XdsConfig) -> Result<Vec<Cluster>, ResourceError> {
-    let clusters: Vec<&Value> = forms.iter().map(|(_, v)| v).collect();
-    let text = json!({"clusters": clusters, "xds": xds}).to_string();
+/// Checks the file forms of clusters (`(name, form)`, each form as JSON text) with the file's
+/// rules, with the running `xds` block (EDS clusters need its ADS server); returns them typed,
+/// or the first refusal naming its cluster.
+pub fn validate<T: AsRef<str>>(
+    forms: &[(String, T)],
+    xds: &XdsConfig,
+) -> Result<Vec<Cluster>, ResourceError> {
+    // `{"xds": ...}` with the clusters' texts put in front of it, as they are.
+    let tail = json!({ "xds": xds }).to_string();
+    let total = forms
+        .iter()
+        .map(|(_, f)| f.as_ref().len() + 1)
+        .sum::<usize>();
+    let mut text = String::with_capacity(total + tail.len() + 16);
+    text.push_str("{\"clusters\":[");
+    for (i, (_, form)) in forms.iter().enumerate() {
+        if i > 0 {
+            text.push(',');
+        }
+        text.push_str(form.as_ref());
+    }
+    text.push_str("],");
+    text.push_str(tail.strip_prefix('{').unwrap_or(&tail));
     match Config::parse(&text, Path::new("CDS")) {
         Ok(config) => Ok(config.clusters),
         Err(error) => Err(located(&error, forms, "clusters", "cluster")),
@@ -523,9 +540,9 @@ pub fn validate(forms: &[(String, Value)], xds: &XdsConfig) -> Result<Vec<Cluste
 }
 
 /// A [`ConfigError`] about `<list>[i].field` as a refusal of the `i`th resource of `names`.
-pub(crate) fn located(
+pub(crate) fn located<T>(
     error: &ConfigError,
-    names: &[(String, Value)],
+    names: &[(String, T)],
     list: &str,
     kind: &'static str,
 ) -> ResourceError {

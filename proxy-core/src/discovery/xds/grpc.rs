@@ -252,7 +252,7 @@ async fn run_sotw(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backof
     loop {
         let response = tokio::select! {
             message = inbound.message() => match message {
-                Ok(Some(response)) => response,
+                Ok(Some(response)) => response.received(),
                 Ok(None) => return StreamError::Closed,
                 Err(status) => return status.into(),
             },
@@ -354,7 +354,7 @@ async fn run_delta(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backo
     loop {
         let response = tokio::select! {
             message = inbound.message() => match message {
-                Ok(Some(response)) => response,
+                Ok(Some(response)) => response.received(),
                 Ok(None) => return StreamError::Closed,
                 Err(status) => return status.into(),
             },
@@ -411,6 +411,30 @@ async fn run_delta(sub: &GrpcSubscription, channel: Channel, backoff: &mut Backo
             return StreamError::Closed;
         }
     }
+}
+
+/// A response just decoded, before anything is done with it, logged at debug level: the
+/// receipt time the scale benchmark measures from (`cargo xtask bench`).
+trait Received: Sized {
+    fn received(self) -> Self;
+}
+
+impl Received for DiscoveryResponse {
+    fn received(self) -> Self {
+        log_received(&self.type_url, self.resources.len());
+        self
+    }
+}
+
+impl Received for DeltaDiscoveryResponse {
+    fn received(self) -> Self {
+        log_received(&self.type_url, self.resources.len());
+        self
+    }
+}
+
+fn log_received(type_url: &str, resources: usize) {
+    tracing::debug!(type_url, resources, "xDS response received");
 }
 
 fn sotw_request(

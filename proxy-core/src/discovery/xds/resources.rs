@@ -26,7 +26,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryResponse, DiscoveryResponse, Resource,
 };
-use serde_json::Value;
 
 use crate::{
     config::{ClusterType, Config, sources::xds::XdsConfig},
@@ -265,7 +264,7 @@ impl ResourceState {
                 field: "config_entries",
             });
         }
-        let forms: Vec<(String, Value)> = sets
+        let forms: Vec<(String, std::sync::Arc<str>)> = sets
             .clusters
             .iter()
             .map(|(n, h)| (n.clone(), h.form.clone()))

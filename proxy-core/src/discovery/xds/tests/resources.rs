@@ -472,3 +472,33 @@ fn the_route_names_asked_follow_the_listeners_sotw_and_delta() {
     let none = state.route_request_sotw(&node).expect("the names changed");
     assert!(none.resource_names.is_empty(), "nothing left to ask for");
 }
+
+/// The held forms are JSON texts put side by side into one document: each is checked as the
+/// file's cluster at its place, and a refusal names the cluster whose text it is.
+#[test]
+fn cluster_texts_are_checked_in_place_and_a_refusal_names_its_cluster() {
+    use crate::discovery::xds::cds::{ResourceError, validate};
+    let form = |name: &str, lb: &str| {
+        serde_json::json!({"name": name, "type": "STATIC", "lb_policy": lb,
+            "load_assignment": {"endpoints": [{"lb_endpoints": [{"endpoint": {"address":
+                {"socket_address": {"address": "127.0.0.1", "port_value": 80}}}}]}]}})
+        .to_string()
+    };
+    let good = [
+        ("a".to_owned(), form("a", "RANDOM")),
+        ("b".to_owned(), form("b", "MAGLEV")),
+    ];
+    let typed = validate(&good, &xds()).expect("both are valid clusters");
+    let names: Vec<&str> = typed.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["a", "b"]);
+    let bad = [
+        ("a".to_owned(), form("a", "RANDOM")),
+        ("b".to_owned(), form("b", "NOPE")),
+    ];
+    match validate(&bad, &xds()) {
+        Err(ResourceError::Invalid { name, field, .. }) => {
+            assert_eq!((name.as_str(), field.as_str()), ("b", "lb_policy"));
+        }
+        other => panic!("expected b's lb_policy refused, got {other:?}"),
+    }
+}

@@ -18,10 +18,13 @@
 //! `/clusters` and the membership stats must agree after each version. The absent cells of the
 //! health matrix (hosts discovery stops sending) are compared in `removal`, locality-weighted
 //! round robin (kernel and proxy path) in `locality`, zone-aware routing in `zone`, the
-//! assignment policy's `drop_overloads` (HTTP and TCP on the proxy path) in `drop`.
+//! assignment policy's `drop_overloads` (HTTP and TCP on the proxy path) in `drop`, and its
+//! `endpoint_stale_after` (the lease of an EDS assignment) in `lease`.
 
 #[path = "envoy_side_by_side/drop.rs"]
 mod drop;
+#[path = "envoy_side_by_side/lease.rs"]
+mod lease;
 #[path = "envoy_side_by_side/locality.rs"]
 mod locality;
 #[path = "envoy_side_by_side/removal.rs"]
@@ -184,9 +187,12 @@ fn hosts_of(clusters: &Value) -> Vec<HostView> {
         .iter()
         .find(|c| c["name"] == "c")
         .unwrap_or_else(|| panic!("no cluster c in {clusters:#}"));
-    let mut hosts: Vec<HostView> = cluster["host_statuses"]
-        .as_array()
-        .expect("host_statuses")
+    // proto3 JSON leaves an empty list out: a cluster without hosts has no `host_statuses`.
+    let statuses = match &cluster["host_statuses"] {
+        Value::Null => &Vec::new(),
+        list => list.as_array().expect("host_statuses is a list"),
+    };
+    let mut hosts: Vec<HostView> = statuses
         .iter()
         .map(|h| {
             let sa = &h["address"]["socket_address"];

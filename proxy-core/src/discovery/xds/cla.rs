@@ -10,7 +10,8 @@
 //!    `load_balancing_weight` at least 1 on a locality or an endpoint; `priority` at most 128;
 //!    an `Address` with one of its kinds set; a socket address with a non-empty `address`, a
 //!    port specifier, and `port_value` at most 65535; a `policy.drop_overloads` entry with a
-//!    non-empty `category` and a defined denominator; `policy.overprovisioning_factor` above 0.
+//!    non-empty `category` and a defined denominator; `policy.overprovisioning_factor` above 0;
+//!    `policy.endpoint_stale_after` above 0 ([`constraints`]).
 //! 2. [`hosts_from_cla`]: the host mapping, which Envoy's EDS cluster applies only to the
 //!    assignment it uses. Rejected, with Envoy's words where Envoy rejects too: an `LbEndpoint`
 //!    without an endpoint or an endpoint without an address ("Address must be set"), an address
@@ -19,11 +20,12 @@
 //!    a locality with both LEDS and endpoints ("... cannot include both LEDS ..."). Rejected by
 //!    us only: pipe and Envoy internal addresses (Envoy accepts them; we cannot connect to them)
 //!    and LEDS localities (Envoy subscribes to LEDS; this daemon does not implement it), and
-//!    what Envoy acts on and this daemon would ignore: a `policy`'s `endpoint_stale_after`,
-//!    and an endpoint's `additional_addresses`. The policy's `overprovisioning_factor`,
-//!    `weighted_priority_health` and `drop_overloads` are honoured ([`assignment_policy`]):
-//!    they travel with the hosts to the cluster's routing; `drop_overloads` is refused as
-//!    Envoy refuses it (more than one category, a fraction above 1: Envoy's texts).
+//!    what Envoy acts on and this daemon would ignore: an endpoint's `additional_addresses`.
+//!    The policy's `overprovisioning_factor`, `weighted_priority_health` and `drop_overloads`
+//!    are honoured ([`assignment_policy`]): they travel with the hosts to the cluster's
+//!    routing; `drop_overloads` is refused as Envoy refuses it (more than one category, a
+//!    fraction above 1: Envoy's texts). `endpoint_stale_after` ([`stale_after`]) is the
+//!    assignment's lease: `EdsState` removes its hosts when it runs out without a new one.
 //!
 //! Accepted as Envoy accepts them:
 //! * `port_value: 0`, and the unspecified, broadcast and multicast addresses: Envoy keeps such a
@@ -57,8 +59,8 @@
 
 use std::{
     collections::{BTreeMap, HashSet},
-    fmt,
     net::{IpAddr, SocketAddr},
+    time::Duration,
 };
 
 use envoy_types::pb::{
@@ -83,6 +85,11 @@ use crate::{
     },
     host::{EdsHealth, HealthCheckTarget, Host, HostSet},
 };
+
+mod constraints;
+
+use self::constraints::violation;
+pub use self::constraints::{Rule, Violation, check_constraints};
 
 /// Metadata key of the locality's region.
 pub const LOCALITY_REGION: &str = "locality.region";
@@ -179,180 +186,13 @@ pub enum ClaError {
     },
 }
 
-/// A broken proto validation rule and where: Displays as Envoy's chain of
-/// `<Type>ValidationError.<Field>` steps from the assignment down.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Violation {
-    /// Index in `endpoints`, when the rule is inside a locality.
-    pub locality: Option<usize>,
-    /// Index in that locality's `lb_endpoints`, when the rule is inside an endpoint.
-    pub lb_endpoint: Option<usize>,
-    /// The rule.
-    pub rule: Rule,
-}
-
-/// The proto validation rules a `ClusterLoadAssignment` can break.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rule {
-    /// `cluster_name` is empty (`min_len: 1`).
-    EmptyClusterName,
-    /// A locality's `load_balancing_weight` is 0 (`gte: 1`).
-    LocalityWeight,
-    /// A locality's `priority` is above [`MAX_PRIORITY`] (`lte: 128`).
-    Priority,
-    /// An endpoint's `load_balancing_weight` is 0 (`gte: 1`).
-    EndpointWeight,
-    /// An `Address` with none of its kinds set (oneof `required`).
-    AddressKind,
-    /// A socket address with an empty `address` (`min_len: 1`).
-    EmptyIp,
-    /// A socket address without `port_value` or `named_port` (oneof `required`).
-    PortSpecifier,
-    /// `port_value` above 65535 (`lte: 65535`).
-    PortRange,
-    /// `health_check_config.port_value` above 65535 (`lte: 65535`).
-    HealthCheckPort,
-    /// `policy.overprovisioning_factor` is 0 (`gt: 0`).
-    OverprovisioningFactor,
-    /// `policy.drop_overloads[i].category` is empty (`min_len: 1`).
-    DropCategory(usize),
-    /// `policy.drop_overloads[i].drop_percentage.denominator` is not a defined value
-    /// (`defined_only`).
-    DropDenominator(usize),
-}
-
-const EMBEDDED: &str = "embedded message failed validation | caused by ";
-
-impl fmt::Display for Violation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(index) = self.locality {
-            write!(
-                f,
-                "ClusterLoadAssignmentValidationError.Endpoints[{index}]: {EMBEDDED}"
-            )?;
-        }
-        if let Some(index) = self.lb_endpoint {
-            write!(
-                f,
-                "LocalityLbEndpointsValidationError.LbEndpoints[{index}]: {EMBEDDED}"
-            )?;
-        }
-        let address = format!(
-            "LbEndpointValidationError.Endpoint: {EMBEDDED}EndpointValidationError.Address: {EMBEDDED}"
-        );
-        let socket = format!("{address}AddressValidationError.SocketAddress: {EMBEDDED}");
-        let drop = format!(
-            "ClusterLoadAssignmentValidationError.Policy: {EMBEDDED}PolicyValidationError.DropOverloads"
-        );
-        match self.rule {
-            Rule::EmptyClusterName => f.write_str(
-                "ClusterLoadAssignmentValidationError.ClusterName: value length must be at least 1 characters",
-            ),
-            Rule::LocalityWeight => f.write_str(
-                "LocalityLbEndpointsValidationError.LoadBalancingWeight: value must be greater than or equal to 1",
-            ),
-            Rule::Priority => write!(
-                f,
-                "LocalityLbEndpointsValidationError.Priority: value must be less than or equal to {MAX_PRIORITY}"
-            ),
-            Rule::EndpointWeight => f.write_str(
-                "LbEndpointValidationError.LoadBalancingWeight: value must be greater than or equal to 1",
-            ),
-            Rule::AddressKind => write!(f, "{address}field: \"address\", reason: is required"),
-            Rule::EmptyIp => write!(
-                f,
-                "{socket}SocketAddressValidationError.Address: value length must be at least 1 characters"
-            ),
-            Rule::PortSpecifier => {
-                write!(f, "{socket}field: \"port_specifier\", reason: is required")
-            }
-            Rule::PortRange => write!(
-                f,
-                "{socket}SocketAddressValidationError.PortValue: value must be less than or equal to 65535"
-            ),
-            Rule::OverprovisioningFactor => write!(
-                f,
-                "ClusterLoadAssignmentValidationError.Policy: {EMBEDDED}PolicyValidationError.OverprovisioningFactor: value must be greater than 0"
-            ),
-            Rule::DropCategory(i) => write!(
-                f,
-                "{drop}[{i}]: {EMBEDDED}DropOverloadValidationError.Category: value length must be at least 1 characters"
-            ),
-            Rule::DropDenominator(i) => write!(
-                f,
-                "{drop}[{i}]: {EMBEDDED}DropOverloadValidationError.DropPercentage: {EMBEDDED}FractionalPercentValidationError.Denominator: value must be one of the defined enum values"
-            ),
-            Rule::HealthCheckPort => write!(
-                f,
-                "LbEndpointValidationError.Endpoint: {EMBEDDED}EndpointValidationError.HealthCheckConfig: {EMBEDDED}HealthCheckConfigValidationError.PortValue: value must be less than or equal to 65535"
-            ),
-        }
-    }
-}
-
-fn violation(locality: Option<usize>, lb_endpoint: Option<usize>, rule: Rule) -> ClaError {
-    ClaError::Constraint {
-        violation: Violation {
-            locality,
-            lb_endpoint,
-            rule,
-        },
-    }
-}
-
-/// Checks the proto validation rules, in field-number order (the first broken rule is
-/// reported, as Envoy does).
-pub fn check_constraints(cla: &ClusterLoadAssignment) -> Result<(), ClaError> {
-    if cla.cluster_name.is_empty() {
-        return Err(violation(None, None, Rule::EmptyClusterName));
-    }
-    for (index, locality) in cla.endpoints.iter().enumerate() {
-        for (lb_index, lb_endpoint) in locality.lb_endpoints.iter().enumerate() {
-            let broken = |rule| violation(Some(index), Some(lb_index), rule);
-            if let Some(HostIdentifier::Endpoint(endpoint)) = &lb_endpoint.host_identifier
-                && let Some(address) = &endpoint.address
-            {
-                check_address(address).map_err(broken)?;
-            }
-            if let Some(HostIdentifier::Endpoint(endpoint)) = &lb_endpoint.host_identifier
-                && let Some(check) = &endpoint.health_check_config
-            {
-                if check.port_value > u32::from(u16::MAX) {
-                    return Err(broken(Rule::HealthCheckPort));
-                }
-                if let Some(address) = &check.address {
-                    check_address(address).map_err(broken)?;
-                }
-            }
-            if lb_endpoint
-                .load_balancing_weight
-                .is_some_and(|w| w.value == 0)
-            {
-                return Err(broken(Rule::EndpointWeight));
-            }
-        }
-        if locality.load_balancing_weight.is_some_and(|w| w.value == 0) {
-            return Err(violation(Some(index), None, Rule::LocalityWeight));
-        }
-        if locality.priority > MAX_PRIORITY {
-            return Err(violation(Some(index), None, Rule::Priority));
-        }
-    }
-    let drops = cla.policy.iter().flat_map(|p| &p.drop_overloads);
-    for (index, drop) in drops.enumerate() {
-        if drop.category.is_empty() {
-            return Err(violation(None, None, Rule::DropCategory(index)));
-        }
-        let denominator = drop.drop_percentage.as_ref().map_or(0, |p| p.denominator);
-        if Denominator::from_proto(denominator).is_none() {
-            return Err(violation(None, None, Rule::DropDenominator(index)));
-        }
-    }
-    let factor = cla.policy.as_ref().and_then(|p| p.overprovisioning_factor);
-    if factor.is_some_and(|f| f.value == 0) {
-        return Err(violation(None, None, Rule::OverprovisioningFactor));
-    }
-    Ok(())
+/// `policy.endpoint_stale_after`: how long the assignment may be used without a new one
+/// (`None`: unset, for ever; the proto rules refuse 0 and below before this is read).
+pub fn stale_after(cla: &ClusterLoadAssignment) -> Option<Duration> {
+    let stale = cla.policy.as_ref()?.endpoint_stale_after.as_ref()?;
+    let seconds = u64::try_from(stale.seconds).ok()?;
+    let nanos = u32::try_from(stale.nanos).ok()?;
+    Some(Duration::new(seconds, nanos)).filter(|d| !d.is_zero())
 }
 
 /// The routing part of `cla`'s `policy`, Envoy's defaults where unset (factor 140, no drop),
@@ -381,25 +221,6 @@ pub fn assignment_policy(cla: &ClusterLoadAssignment) -> Result<AssignmentPolicy
         weighted_priority_health: policy.weighted_priority_health,
         drop_overload: drop_overload::check(&entries)?,
     })
-}
-
-fn check_address(address: &Address) -> Result<(), Rule> {
-    match &address.address {
-        None => Err(Rule::AddressKind),
-        Some(address::Address::SocketAddress(socket)) => {
-            if socket.address.is_empty() {
-                return Err(Rule::EmptyIp);
-            }
-            match socket.port_specifier {
-                None => Err(Rule::PortSpecifier),
-                Some(PortSpecifier::PortValue(port)) if port > u32::from(u16::MAX) => {
-                    Err(Rule::PortRange)
-                }
-                Some(_) => Ok(()),
-            }
-        }
-        Some(_) => Ok(()),
-    }
 }
 
 /// Validates `cla` (both stages) and maps it to hosts in assignment order (first occurrence of
@@ -441,17 +262,9 @@ pub(crate) fn map_hosts(cla: &ClusterLoadAssignment) -> Result<HostSet, ClaError
     Ok(hosts)
 }
 
-/// The staleness `policy` and an endpoint's extra addresses: Envoy acts on each, and this
-/// daemon would not.
+/// An endpoint's extra addresses: Envoy acts on them, and this daemon would not.
 fn refuse_unhonoured(cla: &ClusterLoadAssignment) -> Result<(), ClaError> {
     let refuse = |at: String, field| Err(ClaError::Unhonoured { at, field });
-    if cla
-        .policy
-        .as_ref()
-        .is_some_and(|p| p.endpoint_stale_after.is_some())
-    {
-        return refuse("policy".to_owned(), "endpoint_stale_after");
-    }
     for (index, locality) in cla.endpoints.iter().enumerate() {
         for (lb_index, lb_endpoint) in locality.lb_endpoints.iter().enumerate() {
             let Some(HostIdentifier::Endpoint(endpoint)) = &lb_endpoint.host_identifier else {

@@ -13,7 +13,7 @@ use super::{
     node,
     resources::ResourceState,
     rest::{self, RestSubscription},
-    state::{EdsState, Sink},
+    state::{self, EdsState, Sink},
 };
 use crate::{
     config::sources::xds::{EdsWatch, GrpcApi, Transport, XdsConfigError, XdsSource},
@@ -123,7 +123,9 @@ fn spawn(
             tokio::spawn(rest::run(sub, backoff))
         }
     };
-    let mut tasks = vec![main.abort_handle()];
+    let leases = grpc::lock(&state).leases();
+    let lease_watch = tokio::spawn(state::watch_leases(Arc::clone(&state), leases));
+    let mut tasks = vec![main.abort_handle(), lease_watch.abort_handle()];
     if !source.initial_fetch_timeout.is_zero() {
         let timeout = source.initial_fetch_timeout;
         let timed = Arc::clone(&state);

@@ -18,6 +18,7 @@
 use std::{
     collections::{BTreeMap, HashSet},
     sync::Arc,
+    time::Duration,
 };
 
 use envoy_types::pb::{
@@ -29,14 +30,17 @@ use envoy_types::pb::{
 };
 use prost::Message;
 use thiserror::Error;
-use tokio::sync::watch;
+use tokio::{
+    sync::{Notify, watch},
+    time::Instant,
+};
 
 use crate::{
     config::MapSizes,
     discovery::{
         SourceUpdate, diff_hosts,
         xds::{
-            cla::{ClaError, assignment_policy, check_constraints, map_hosts},
+            cla::{ClaError, assignment_policy, check_constraints, map_hosts, stale_after},
             stats::{ClusterStats, version_gauge},
         },
     },
@@ -146,6 +150,10 @@ enum Duplicates {
     Reject,
 }
 
+mod stale;
+
+pub(crate) use self::stale::watch_leases;
+
 /// One consumer of a resource: an EDS cluster (two clusters may share a `service_name`).
 pub(crate) struct Sink {
     /// The cluster's name.
@@ -154,8 +162,9 @@ pub(crate) struct Sink {
     pub(crate) stats: Arc<ClusterStats>,
 }
 
-/// An accepted assignment: its hosts and the `policy` that travels with them.
-type Assigned = (HostSet, AssignmentPolicy);
+/// An accepted assignment: its hosts, the `policy` that travels with them, and its lease
+/// (`policy.endpoint_stale_after`).
+type Assigned = (HostSet, AssignmentPolicy, Option<Duration>);
 
 struct Resource {
     sinks: Vec<Sink>,
@@ -164,6 +173,8 @@ struct Resource {
     policy: AssignmentPolicy,
     /// Delta: the version of the resource we hold, sent in `initial_resource_versions`.
     delta_version: Option<String>,
+    /// When the held assignment's lease (`endpoint_stale_after`) runs out.
+    stale_at: Option<Instant>,
 }
 
 /// Subscribed resources and what we hold for them.
@@ -178,6 +189,8 @@ pub(crate) struct EdsState {
     pending_unsubscribe: Vec<String>,
     /// The kernel maps' sizes an assignment's hosts must fit (`None`: no limit).
     maps: Option<MapSizes>,
+    /// Woken when a lease is set, so that [`stale::watch_leases`] sleeps until the right one.
+    leases: Arc<Notify>,
 }
 
 impl EdsState {
@@ -190,6 +203,7 @@ impl EdsState {
                 hosts: None,
                 policy: AssignmentPolicy::default(),
                 delta_version: None,
+                stale_at: None,
             });
             resource.sinks.push(sink);
         }
@@ -199,6 +213,7 @@ impl EdsState {
             pending_subscribe: Vec::new(),
             pending_unsubscribe: Vec::new(),
             maps: None,
+            leases: Arc::new(Notify::new()),
         }
     }
 
@@ -224,7 +239,7 @@ impl EdsState {
                 name: cla.cluster_name.clone(),
                 reason,
             }),
-            None => Ok((hosts, policy)),
+            None => Ok((hosts, policy, stale_after(cla))),
         }
     }
 
@@ -257,6 +272,7 @@ impl EdsState {
                 hosts: None,
                 policy: AssignmentPolicy::default(),
                 delta_version: None,
+                stale_at: None,
             },
         );
     }
@@ -338,6 +354,7 @@ impl EdsState {
             }
         }
         self.version_info.clone_from(&response.version_info);
+        self.leases.notify_one();
         Ok(())
     }
 
@@ -394,6 +411,7 @@ impl EdsState {
                 count_empty(resource);
             }
         }
+        self.leases.notify_one();
         Ok(())
     }
 
@@ -520,8 +538,16 @@ fn invalid(cla: &ClusterLoadAssignment, source: ClaError) -> UpdateError {
 }
 
 /// Publishes an accepted assignment to every sink of `resource`; a changed policy is a
-/// change as a changed host is (Envoy rebuilds the host set for either).
-fn publish(resource: &mut Resource, (hosts, policy): Assigned, version_info: &str) {
+/// change as a changed host is (Envoy rebuilds the host set for either). Every accepted
+/// assignment restarts the lease: none without `endpoint_stale_after`, else that long from now
+/// (counted in `assignment_timeout_received`, as Envoy counts it).
+fn publish(resource: &mut Resource, (hosts, policy, stale): Assigned, version_info: &str) {
+    resource.stale_at = stale.map(|lease| Instant::now() + lease);
+    if stale.is_some() {
+        for sink in &resource.sinks {
+            ClusterStats::inc(&sink.stats.assignment_timeout_received);
+        }
+    }
     let unchanged = resource.hosts.as_ref() == Some(&hosts) && resource.policy == policy;
     let (added, removed) = diff_hosts(resource.hosts.as_deref().unwrap_or_default(), &hosts);
     for sink in &resource.sinks {

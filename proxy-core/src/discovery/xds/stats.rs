@@ -10,6 +10,8 @@
 //!   subscribes to that one cluster, as Envoy's mux only calls a lone watch) or a delta removal
 //!   of it: `update_empty`, hosts kept;
 //! * an accepted assignment that leaves the hosts as they were: `update_no_rebuild`;
+//! * an accepted assignment with `policy.endpoint_stale_after`: `assignment_timeout_received`;
+//!   its lease running out before the next one (hosts removed): `assignment_stale`;
 //! * `version`: the accepted `version_info` as a number when it is one, else its 64-bit FNV-1a
 //!   hash (Envoy uses an xxHash64 of the string: same role, different values).
 
@@ -30,6 +32,8 @@ pub struct ClusterStats {
     pub(crate) update_empty: AtomicU64,
     pub(crate) update_no_rebuild: AtomicU64,
     pub(crate) init_fetch_timeout: AtomicU64,
+    pub(crate) assignment_timeout_received: AtomicU64,
+    pub(crate) assignment_stale: AtomicU64,
     pub(crate) version: AtomicU64,
     pub(crate) membership_change: AtomicU64,
     pub(crate) membership_total: AtomicU64,
@@ -54,6 +58,10 @@ pub struct ClusterStatValues {
     pub update_no_rebuild: u64,
     /// Times `initial_fetch_timeout` expired before the first update.
     pub init_fetch_timeout: u64,
+    /// Accepted assignments with a lease (`policy.endpoint_stale_after`).
+    pub assignment_timeout_received: u64,
+    /// Leases that ran out before the next assignment: the hosts were removed.
+    pub assignment_stale: u64,
     /// Accepted version (gauge): numeric `version_info`, else its FNV-1a hash.
     pub version: u64,
     /// Published host-set changes.
@@ -77,6 +85,8 @@ impl ClusterStats {
             update_empty: self.update_empty.load(Relaxed),
             update_no_rebuild: self.update_no_rebuild.load(Relaxed),
             init_fetch_timeout: self.init_fetch_timeout.load(Relaxed),
+            assignment_timeout_received: self.assignment_timeout_received.load(Relaxed),
+            assignment_stale: self.assignment_stale.load(Relaxed),
             version: self.version.load(Relaxed),
             membership_change: self.membership_change.load(Relaxed),
             membership_total: self.membership_total.load(Relaxed),
@@ -96,6 +106,8 @@ impl ClusterStats {
             ("update_empty", v.update_empty),
             ("update_no_rebuild", v.update_no_rebuild),
             ("init_fetch_timeout", v.init_fetch_timeout),
+            ("assignment_timeout_received", v.assignment_timeout_received),
+            ("assignment_stale", v.assignment_stale),
             ("version", v.version),
             ("membership_change", v.membership_change),
             ("membership_total", v.membership_total),

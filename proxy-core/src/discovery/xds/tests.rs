@@ -7,6 +7,7 @@ mod config;
 mod fixtures;
 mod hcm;
 mod json;
+mod lease;
 mod locality;
 mod mapping;
 mod protocol;

@@ -472,18 +472,36 @@ fn the_policy_is_honoured_or_refused_by_name() {
         ),
         "{zero}"
     );
-    let stale = Policy {
-        endpoint_stale_after: Some(envoy_types::pb::google::protobuf::Duration::default()),
-        ..Default::default()
+    // The lease: above 0 (Envoy's proto rule and text), read as a duration.
+    let lease = |seconds, nanos| {
+        policy(Policy {
+            endpoint_stale_after: Some(envoy_types::pb::google::protobuf::Duration {
+                seconds,
+                nanos,
+            }),
+            ..Default::default()
+        })
     };
-    let error = hosts_from_cla(&policy(stale))
-        .expect_err("stale")
-        .to_string();
-    assert!(
-        error.starts_with(
-            "policy: field endpoint_stale_after is not supported by this daemon (it would be ignored)"
-        ),
-        "{error}"
+    for (seconds, nanos) in [(0, 0), (-1, 0), (0, -5)] {
+        let error = hosts_from_cla(&lease(seconds, nanos))
+            .expect_err("not above 0")
+            .to_string();
+        assert!(
+            error.contains(
+                "ClusterLoadAssignmentValidationError.Policy: embedded message failed validation | caused by PolicyValidationError.EndpointStaleAfter: value must be greater than 0s"
+            ),
+            "{seconds}s {nanos}ns: {error}"
+        );
+    }
+    let leased = lease(2, 500_000_000);
+    assert!(hosts_from_cla(&leased).is_ok());
+    assert_eq!(
+        crate::discovery::xds::cla::stale_after(&leased),
+        Some(std::time::Duration::from_millis(2500))
+    );
+    assert_eq!(
+        crate::discovery::xds::cla::stale_after(&policy(factor(200))),
+        None
     );
 }
 

@@ -880,8 +880,8 @@ pub mod xlated;
 pub use self::{
     clients::{
         LoopReport, digest, errno_name, framed_exchange, in_netns, in_netns_at, pattern,
-        recv_framed, reset_on_accept, send_framed, tcp_loop, udp_sendto_loop,
-        udp_sendto_loop_within, widen_port_range,
+        recv_framed, reset_on_accept, send_framed, tcp_loop, tcp_loop_to_first_failure,
+        udp_sendto_loop, udp_sendto_loop_within, widen_port_range,
     },
     fork::InCgroup,
     in_process::{DATAPLANE_FEATURES, InProcess, skip_without_dataplane, spec},

@@ -75,6 +75,22 @@ pub fn tcp_loop(target: SocketAddr, count: u32, within: Duration) -> LoopReport 
     report
 }
 
+/// `count` connects to `target`, one after the other, stopping at the first that fails. Bounded
+/// without a clock: each connect ends within its own timeouts (2 s to connect, 10 s for the
+/// banner), so the loop ends after `count` of them or at a failure, however slow the machine.
+pub fn tcp_loop_to_first_failure(target: SocketAddr, count: u32) -> LoopReport {
+    let mut report = LoopReport::default();
+    for _ in 0..count {
+        let result = tcp_once(target);
+        let failed = result.is_err();
+        report.record(result);
+        if failed {
+            break;
+        }
+    }
+    report
+}
+
 fn tcp_once(target: SocketAddr) -> std::io::Result<(SocketAddr, String)> {
     let mut stream = TcpStream::connect_timeout(&target, Duration::from_secs(2))?;
     let connected = Instant::now();

@@ -24,6 +24,8 @@ pub mod spec;
 pub mod state;
 pub mod stats;
 pub mod tcp;
+pub mod udp;
+pub mod udp_config;
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -18,6 +18,7 @@ pub mod http_servers;
 pub mod kernel;
 pub mod pki;
 pub mod slow_dns;
+pub mod udp_echo;
 pub mod unbound;
 pub mod xds_server;
 

@@ -1,4 +1,5 @@
-//! Health checkers against real servers on 127.0.0.1: TCP, HTTP/1.1 and gRPC (tonic-health).
+//! Health checkers against real servers on 127.0.0.1: TCP, HTTP/1.1, gRPC (tonic-health) and UDP
+//! (a socat echo server, and unbound for DNS queries).
 //!
 //! No root needed. Each test starts its servers on random loopback ports, runs the checker,
 //! stops and restarts the server, and asserts the host goes unhealthy and then healthy again.
@@ -6,7 +7,11 @@
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
-use integration_tests::health_servers::{GrpcHealthServer, HttpServer, PingServer};
+use integration_tests::{
+    health_servers::{GrpcHealthServer, HttpServer, PingServer},
+    udp_echo::UdpEcho,
+    unbound::Unbound,
+};
 use proxy_core::{
     health::{
         CheckOutcome, Checker, ClusterHealth, ClusterHealthConfig, FailureKind, HealthCheckManager,
@@ -216,4 +221,87 @@ async fn two_clusters_share_one_real_probe() {
     drop(a);
     drop(b);
     assert_eq!(manager.probe_count(), 0);
+}
+
+/// `PING` out, `PING` back (socat echoes it).
+const UDP_ECHO: &str =
+    "udp_health_check: {send: {text: 50494E47}, receive: [{text: 5049}, {text: 4E47}]}";
+const UDP_DNS: &str = "udp_health_check: {dns: {name: health.svc.test.}}";
+
+#[tokio::test]
+async fn udp_checker_against_a_real_echo_server() {
+    let mut server = UdpEcho::start();
+    let addr = server.addr();
+    assert_eq!(one_check(UDP_ECHO, addr).await, CheckOutcome::Healthy);
+    let any_reply = "udp_health_check: {send: {text: 00}}";
+    assert_eq!(one_check(any_reply, addr).await, CheckOutcome::Healthy);
+    // A reply that never holds the blocks: the timeout decides.
+    let wrong = "udp_health_check: {send: {text: 50494E47}, receive: [{text: 5858}]}";
+    assert_eq!(
+        one_check(wrong, addr).await,
+        CheckOutcome::Failed(FailureKind::Timeout)
+    );
+
+    let manager = HealthCheckManager::default();
+    let mut c = cluster(UDP_ECHO, &manager, addr);
+    wait_routable(&mut c, addr, true).await;
+    server.stop();
+    // Nothing listens: the ICMP port unreachable fails the check at once, a network failure
+    // rather than a timeout.
+    assert_eq!(
+        one_check(UDP_ECHO, addr).await,
+        CheckOutcome::Failed(FailureKind::Network)
+    );
+    wait_routable(&mut c, addr, false).await;
+    server.restart();
+    wait_routable(&mut c, addr, true).await;
+    let stats = c.cluster.stats();
+    let get = |name: &str| stats.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v);
+    assert!(
+        get("cluster.svc.health_check.network_failure") >= 2,
+        "{stats:?}"
+    );
+}
+
+#[tokio::test]
+async fn udp_dns_checker_against_unbound() {
+    let mut server = Unbound::start(&["health.svc.test. 5 IN A 127.0.0.9"]);
+    let addr = server.addr();
+    assert_eq!(one_check(UDP_DNS, addr).await, CheckOutcome::Healthy);
+    let aaaa = "udp_health_check: {dns: {name: health.svc.test, query_type: AAAA}}";
+    assert_eq!(one_check(aaaa, addr).await, CheckOutcome::Healthy);
+    // A name the zone does not hold: NXDOMAIN, a failure counted towards the threshold unless
+    // NXDOMAIN is what the check expects.
+    let missing = "udp_health_check: {dns: {name: gone.svc.test}}";
+    assert_eq!(
+        one_check(missing, addr).await,
+        CheckOutcome::Failed(FailureKind::Retriable)
+    );
+    let expect_nx = "udp_health_check: {dns: {name: gone.svc.test, expected_rcode: NXDOMAIN}}";
+    assert_eq!(one_check(expect_nx, addr).await, CheckOutcome::Healthy);
+
+    let manager = HealthCheckManager::default();
+    let mut c = cluster(UDP_DNS, &manager, addr);
+    // Two clusters with the same check on the same address share one probe.
+    let mut other = Watched::new("other", UDP_DNS, &manager, 3);
+    other.cluster.update_hosts(vec![Host::new(addr)]);
+    assert_eq!(manager.probe_count(), 1);
+    wait_routable(&mut c, addr, true).await;
+    wait_routable(&mut other, addr, true).await;
+    server.stop();
+    assert_eq!(
+        one_check(UDP_DNS, addr).await,
+        CheckOutcome::Failed(FailureKind::Network)
+    );
+    wait_routable(&mut c, addr, false).await;
+    server.restart();
+    wait_routable(&mut c, addr, true).await;
+    // The name deleted at the server: answered NXDOMAIN, the host fails after the threshold.
+    server.remove("health.svc.test.");
+    wait_routable(&mut c, addr, false).await;
+    server.add("health.svc.test. 5 IN A 127.0.0.9");
+    wait_routable(&mut c, addr, true).await;
+    let stats = c.cluster.stats();
+    let get = |name: &str| stats.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v);
+    assert!(get("cluster.svc.health_check.failure") >= 4, "{stats:?}");
 }

@@ -31,6 +31,7 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("bind9-dnsutils", "/usr/bin/dig"),
     ("curl", "/usr/bin/curl"),
     ("nftables", "/usr/sbin/nft"),
+    ("socat", "/usr/bin/socat"),
 ];
 
 pub fn run() -> anyhow::Result<()> {

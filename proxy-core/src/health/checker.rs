@@ -1,7 +1,7 @@
 //! The checker abstraction: one async check against one address, bounded by the spec's timeout.
 //!
 //! The manager builds checkers through a [`CheckerFactory`], so unit tests can inject scripted
-//! outcomes while production uses [`NetworkCheckers`] (real TCP, HTTP/1.1 and gRPC I/O).
+//! outcomes while production uses [`NetworkCheckers`] (real TCP, HTTP/1.1, gRPC and UDP I/O).
 //! Each check opens a fresh connection: Envoy's `reuse_connection` is not implemented.
 
 use std::{future::Future, net::SocketAddr, pin::Pin, sync::Arc};
@@ -12,7 +12,7 @@ use super::{
     grpc, http,
     spec::{CheckKind, HealthCheckSpec},
     state::{CheckOutcome, FailureKind},
-    tcp,
+    tcp, udp,
 };
 
 /// A boxed check future.
@@ -63,6 +63,7 @@ impl Checker for ProtocolChecker {
                     CheckKind::Tcp(t) => tcp::check(addr, t).await,
                     CheckKind::Http(h) => http::check(addr, h).await,
                     CheckKind::Grpc(g) => grpc::check(addr, g).await,
+                    CheckKind::Udp(u) => udp::check(addr, u).await,
                 }
             };
             let outcome = tokio::time::timeout(self.spec.timeout, work)

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use super::udp_config::{DnsHealthCheck, UdpHealthCheck};
 use super::{
     duration,
     spec::{CheckKind, GrpcSpec, HealthCheckSpec, HttpSpec, StatusRange, StringMatch, TcpSpec},
@@ -34,11 +35,39 @@ pub enum HealthConfigError {
         /// The configured value.
         value: Duration,
     },
-    /// None or several of `tcp_health_check`, `http_health_check`, `grpc_health_check` are set.
+    /// None or several of the checkers are set.
     #[error(
-        "exactly one of `tcp_health_check`, `http_health_check`, `grpc_health_check` must be set, found {0}"
+        "exactly one of `tcp_health_check`, `http_health_check`, `grpc_health_check`, `udp_health_check` must be set, found {0}"
     )]
     CheckerCount(usize),
+    /// `udp_health_check` sets none or both of `send` and `dns`.
+    #[error(
+        "health check field `udp_health_check` must set exactly one of `send` (a payload) and `dns` (a query), found {0}"
+    )]
+    UdpForm(usize),
+    /// `udp_health_check.receive` beside `dns`: a DNS check judges the answer's RCODE.
+    #[error(
+        "health check field `udp_health_check.receive` goes with `send`; a `dns` check judges the answer by `expected_rcode`"
+    )]
+    UdpReceiveWithDns,
+    /// `udp_health_check.dns.name` is not a DNS name.
+    #[error("health check field `udp_health_check.dns.name` {name:?} is not a DNS name: {reason}")]
+    BadDnsName {
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A named value outside its list.
+    #[error("health check field `{field}` is {value:?}; expected one of {allowed}")]
+    NotOneOf {
+        /// The field.
+        field: &'static str,
+        /// The value given.
+        value: String,
+        /// The accepted values, comma-separated.
+        allowed: String,
+    },
     /// A hex payload does not decode.
     #[error("health check field `{field}` is not valid hex: {text:?}")]
     BadHex {
@@ -169,6 +198,9 @@ pub struct HealthCheck {
     /// gRPC `grpc.health.v1.Health/Check` checker over h2c.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grpc_health_check: Option<GrpcHealthCheck>,
+    /// UDP checker (this daemon's own; Envoy has none): a payload or a DNS query.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udp_health_check: Option<UdpHealthCheck>,
 }
 
 /// `HealthCheck.TcpHealthCheck`: connect, optionally send a payload and expect blocks back.
@@ -308,9 +340,13 @@ impl HealthCheck {
     fn kind(&self, cluster: &str) -> Result<CheckKind, HealthConfigError> {
         let count = usize::from(self.tcp_health_check.is_some())
             + usize::from(self.http_health_check.is_some())
-            + usize::from(self.grpc_health_check.is_some());
+            + usize::from(self.grpc_health_check.is_some())
+            + usize::from(self.udp_health_check.is_some());
         if count != 1 {
             return Err(HealthConfigError::CheckerCount(count));
+        }
+        if let Some(udp) = &self.udp_health_check {
+            return udp.validate().map(CheckKind::Udp);
         }
         if let Some(tcp) = &self.tcp_health_check {
             return tcp.validate().map(CheckKind::Tcp);

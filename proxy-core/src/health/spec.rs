@@ -45,6 +45,34 @@ pub enum CheckKind {
     Http(HttpSpec),
     /// gRPC health over h2c.
     Grpc(GrpcSpec),
+    /// One UDP datagram and its reply (this daemon's own; Envoy has no UDP checker).
+    Udp(UdpSpec),
+}
+
+/// UDP check: a datagram to the host on a connected socket, healthy on the expected reply.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum UdpSpec {
+    /// Sends `send`; a reply datagram holding every `receive` block in order is healthy (any
+    /// reply when `receive` is empty).
+    Payload {
+        /// The datagram.
+        send: Vec<u8>,
+        /// Blocks that must appear, in order, in one reply datagram.
+        receive: Vec<Vec<u8>>,
+    },
+    /// A DNS query; healthy when the answer carries `rcode`.
+    Dns(DnsProbe),
+}
+
+/// A validated DNS query for [`UdpSpec::Dns`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct DnsProbe {
+    /// The name in wire form (length-prefixed labels ending with the root's zero).
+    pub qname: Vec<u8>,
+    /// The query type (1 for `A`).
+    pub qtype: u16,
+    /// The RCODE a healthy server answers with (0, `NOERROR`, by default).
+    pub rcode: u8,
 }
 
 /// Raw TCP check: empty `send` means connect-only.
@@ -134,13 +162,13 @@ impl StringMatch {
 impl HealthCheckSpec {
     /// This check for a host whose `health_check_config.hostname` is `hostname`: an HTTP
     /// check's `Host` and a gRPC check's `:authority` become it (Envoy's order: the host's
-    /// name, then the check's own, then the cluster's name); a TCP check is unchanged.
+    /// name, then the check's own, then the cluster's name); a TCP or UDP check is unchanged.
     pub fn for_hostname(&self, hostname: &str) -> Self {
         let mut spec = self.clone();
         match &mut spec.kind {
             CheckKind::Http(http) => hostname.clone_into(&mut http.host),
             CheckKind::Grpc(grpc) => hostname.clone_into(&mut grpc.authority),
-            CheckKind::Tcp(_) => {}
+            CheckKind::Tcp(_) | CheckKind::Udp(_) => {}
         }
         spec
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::health::{
     cluster_config::{ClusterHealthConfig, OutlierDetection},
     config::{HealthCheck, HealthConfigError},
-    spec::{CheckKind, StatusRange},
+    spec::{CheckKind, DnsProbe, StatusRange, UdpSpec},
 };
 
 const EXAMPLE: &str = r"
@@ -157,6 +157,82 @@ fn validation_names_the_field() {
         )),
         Err(HealthConfigError::BadRange { .. })
     ));
+}
+
+fn udp(form: &str) -> Result<UdpSpec, HealthConfigError> {
+    let yaml = format!(
+        "{{timeout: 1s, interval: 1s, unhealthy_threshold: 1, healthy_threshold: 1, udp_health_check: {form}}}"
+    );
+    let hc: HealthCheck = serde_norway::from_str(&yaml).unwrap();
+    match hc.validate("c")?.kind {
+        CheckKind::Udp(spec) => Ok(spec),
+        other => panic!("not a UDP check: {other:?}"),
+    }
+}
+
+#[test]
+fn a_udp_check_is_a_payload_or_a_dns_query() {
+    assert_eq!(
+        udp("{send: {text: 50494e47}, receive: [{text: 504f}]}"),
+        Ok(UdpSpec::Payload {
+            send: b"PING".to_vec(),
+            receive: vec![b"PO".to_vec()],
+        })
+    );
+    assert_eq!(
+        udp("{dns: {name: db.example, query_type: aaaa, expected_rcode: NXDOMAIN}}"),
+        Ok(UdpSpec::Dns(DnsProbe {
+            qname: b"\x02db\x07example\x00".to_vec(),
+            qtype: 28,
+            rcode: 3,
+        }))
+    );
+    let Ok(UdpSpec::Dns(defaults)) = udp("{dns: {name: db.example.}}") else {
+        panic!("a DNS check");
+    };
+    assert_eq!((defaults.qtype, defaults.rcode), (1, 0), "A and NOERROR");
+    assert_eq!(udp("{}"), Err(HealthConfigError::UdpForm(0)));
+    assert_eq!(
+        udp("{send: {text: 00}, dns: {name: a}}"),
+        Err(HealthConfigError::UdpForm(2))
+    );
+    assert_eq!(
+        udp("{dns: {name: a}, receive: [{text: 00}]}"),
+        Err(HealthConfigError::UdpReceiveWithDns)
+    );
+    assert!(matches!(
+        udp("{send: {text: 0}}"),
+        Err(HealthConfigError::BadHex {
+            field: "udp_health_check.send.text",
+            ..
+        })
+    ));
+    assert!(matches!(
+        udp("{dns: {name: 'a..b'}}"),
+        Err(HealthConfigError::BadDnsName {
+            reason: "it has an empty label",
+            ..
+        })
+    ));
+    assert!(matches!(
+        udp("{dns: {}}"),
+        Err(HealthConfigError::BadDnsName { .. })
+    ));
+    let err = udp("{dns: {name: a, query_type: HINFO}}").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "health check field `udp_health_check.dns.query_type` is \"HINFO\"; expected one of A, NS, CNAME, SOA, PTR, MX, TXT, AAAA, SRV"
+    );
+    assert!(matches!(
+        udp("{dns: {name: a, expected_rcode: OK}}"),
+        Err(HealthConfigError::NotOneOf {
+            field: "udp_health_check.dns.expected_rcode",
+            ..
+        })
+    ));
+    let two = "{timeout: 1s, interval: 1s, unhealthy_threshold: 1, healthy_threshold: 1, \
+               tcp_health_check: {}, udp_health_check: {send: {text: 00}}}";
+    assert_eq!(check(two), Err(HealthConfigError::CheckerCount(2)));
 }
 
 /// A 1 ns interval passed and spun a CPU: every timer interval has a 1 ms floor, as DNS

@@ -35,7 +35,7 @@ pub fn json_values(stdout: &str) -> anyhow::Result<BTreeMap<String, f64>> {
         .collect())
 }
 
-pub fn health(env: &Env, endpoints: u32) -> anyhow::Result<BTreeMap<String, f64>> {
+pub fn health(env: &Env, endpoints: u32, udp: bool) -> anyhow::Result<BTreeMap<String, f64>> {
     let ns = Netns(format!("pbh-{}", std::process::id()));
     sys::sh(
         Command::new("ip").args(["netns", "add", &ns.0]),
@@ -68,7 +68,7 @@ pub fn health(env: &Env, endpoints: u32) -> anyhow::Result<BTreeMap<String, f64>
     } else {
         (env.secs * 2.0).max(5.0)
     };
-    let args = [
+    let mut args: Vec<String> = [
         "worker",
         "health",
         "--endpoints",
@@ -80,7 +80,11 @@ pub fn health(env: &Env, endpoints: u32) -> anyhow::Result<BTreeMap<String, f64>
         "--secs",
         &secs.to_string(),
     ]
-    .map(str::to_owned);
+    .map(str::to_owned)
+    .into();
+    if udp {
+        args.push("--udp".to_owned());
+    }
     let before = sys::cpu_ns(&[server.pid()]);
     let child = topo::Net::in_ns(Some(&ns.0), &env.worker, &args)
         .stdout(std::process::Stdio::piped())

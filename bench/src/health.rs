@@ -1,8 +1,10 @@
-//! Health-check cost: `proxy_core::health::HealthCheckManager` running TCP connect checks
-//! against N local endpoints at a fixed interval, and the CPU that costs this process.
+//! Health-check cost: `proxy_core::health::HealthCheckManager` running TCP connect checks (or
+//! UDP payload checks: `PING` out, `PING` back) against N local endpoints at a fixed interval,
+//! and the CPU that costs this process.
 //!
 //! Run in a network namespace of the benchmark: every endpoint is a distinct address
-//! 127.88.x.y on that namespace's loopback, all answered by one listener on 0.0.0.0:PORT.
+//! 127.88.x.y on that namespace's loopback, all answered by one listener (and one UDP echo) on
+//! 0.0.0.0:PORT.
 
 use std::{
     net::{Ipv4Addr, SocketAddr, SocketAddrV4},
@@ -19,17 +21,31 @@ fn self_cpu_ns() -> u64 {
     super::sys::schedstat_ns(std::process::id())
 }
 
-pub fn run(endpoints: u32, port: u16, interval_ms: u64, secs: f64) -> anyhow::Result<()> {
-    let check: HealthCheck = serde_json::from_value(json!({
+pub fn run(
+    udp: bool,
+    endpoints: u32,
+    port: u16,
+    interval_ms: u64,
+    secs: f64,
+) -> anyhow::Result<()> {
+    let checker = if udp {
+        (
+            "udp_health_check",
+            json!({"send": {"text": "50494E47"}, "receive": [{"text": "50494E47"}]}),
+        )
+    } else {
+        ("tcp_health_check", json!({}))
+    };
+    let mut check = json!({
         "timeout": "1s",
         "interval": format!("{interval_ms}ms"),
         "no_traffic_interval": format!("{interval_ms}ms"),
         "initial_jitter": format!("{interval_ms}ms"),
         "unhealthy_threshold": 3,
         "healthy_threshold": 1,
-        "tcp_health_check": {}
-    }))
-    .context("building the health check")?;
+    });
+    check[checker.0] = checker.1;
+    let check: HealthCheck = serde_json::from_value(check).context("building the health check")?;
     let spec = Arc::new(
         check
             .validate("bench")
@@ -62,7 +78,7 @@ pub fn run(endpoints: u32, port: u16, interval_ms: u64, secs: f64) -> anyhow::Re
         }
         println!(
             "{}",
-            json!({"endpoints": endpoints, "interval_ms": interval_ms, "checks_per_s": attempts as f64 / wall,
+            json!({"udp": udp, "endpoints": endpoints, "interval_ms": interval_ms, "checks_per_s": attempts as f64 / wall,
                    "success_ratio": if attempts > 0 { successes as f64 / attempts as f64 } else { 0.0 },
                    "cpu_cores": cpu / wall, "cpu_us_per_check": if attempts > 0 { cpu * 1e6 / attempts as f64 } else { 0.0 }})
         );

@@ -475,7 +475,9 @@ fn execute(
         }
         // The publish and health measurements, unless --only or --metric names neither.
         if (only.wants_row("publish") || only.wants_row("health"))
-            && (only.wants_metric("publish_10k") || only.wants_metric("health_10k"))
+            && (only.wants_metric("publish_10k")
+                || only.wants_metric("health_10k")
+                || only.wants_metric("health_udp_10k"))
         {
             samples.extend(plan::extras(env, run, publish_bin, smoke));
         }

@@ -701,16 +701,18 @@ pub fn features(
     (rows, missing)
 }
 
-/// Per run, outside the scenario rows: health-check CPU for 10,000 endpoints at 1 s, and the
-/// time to publish 10,000 hosts.
+/// Per run, outside the scenario rows: health-check CPU for 10,000 endpoints at 1 s (TCP
+/// checks, then UDP checks), and the time to publish 10,000 hosts.
 pub fn extras(env: &Env, run: u32, publish_bin: &std::path::Path, smoke: bool) -> Vec<Sample> {
     let mut out = Vec::new();
     let endpoints = if smoke { 100 } else { 10_000 };
-    let s = extra_sample(run, "health", "health_10k", || {
-        super::extras::health(env, endpoints)
-    });
-    crate::util::detail(summary(&s));
-    out.push(s);
+    for (metric, udp) in [("health_10k", false), ("health_udp_10k", true)] {
+        let s = extra_sample(run, "health", metric, || {
+            super::extras::health(env, endpoints, udp)
+        });
+        crate::util::detail(summary(&s));
+        out.push(s);
+    }
     let s = extra_sample(run, "publish", "publish_10k", || {
         super::extras::publish(publish_bin, if smoke { 100 } else { 10_000 })
     });

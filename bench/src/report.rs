@@ -591,40 +591,36 @@ fn extras(md: &mut String, t: &Table<'_>) {
             "publish_10k",
             "flip_connect_failures",
         ),
-        (
-            "health: endpoints (TCP, 1 s interval)",
-            "health",
-            "health_10k",
-            "endpoints",
-        ),
-        ("health: checks/s", "health", "health_10k", "checks_per_s"),
-        (
-            "health: success ratio",
-            "health",
-            "health_10k",
-            "success_ratio",
-        ),
-        (
-            "health: checker CPU (cores)",
-            "health",
-            "health_10k",
-            "cpu_cores",
-        ),
-        (
-            "health: CPU µs per check",
-            "health",
-            "health_10k",
-            "cpu_us_per_check",
-        ),
-        (
-            "health: listener CPU s over the window",
-            "health",
-            "health_10k",
-            "listener_cpu_s",
-        ),
     ];
     for (label, row, metric, key) in rows {
         let _ = writeln!(md, "| {label} | {} |", cell(t.abs(row, metric, key), ""));
+    }
+    for (name, checker, metric) in [
+        ("health", "TCP, 1 s interval", "health_10k"),
+        (
+            "health UDP",
+            "UDP payload and echo, 1 s interval",
+            "health_udp_10k",
+        ),
+    ] {
+        let rows = [
+            (format!("{name}: endpoints ({checker})"), "endpoints"),
+            (format!("{name}: checks/s"), "checks_per_s"),
+            (format!("{name}: success ratio"), "success_ratio"),
+            (format!("{name}: checker CPU (cores)"), "cpu_cores"),
+            (format!("{name}: CPU µs per check"), "cpu_us_per_check"),
+            (
+                format!("{name}: listener CPU s over the window"),
+                "listener_cpu_s",
+            ),
+        ];
+        for (label, key) in rows {
+            let _ = writeln!(
+                md,
+                "| {label} | {} |",
+                cell(t.abs("health", metric, key), "")
+            );
+        }
     }
 }
 

@@ -90,9 +90,12 @@ pub enum Worker {
         #[arg(long)]
         cgroup: Option<String>,
     },
-    /// proxy_core::health TCP checks against `endpoints` addresses 127.88.x.y:`port` (run in a
-    /// network namespace with a listener on 0.0.0.0:`port`); reports our CPU over `secs`.
+    /// proxy_core::health TCP checks (UDP payload checks with `--udp`) against `endpoints`
+    /// addresses 127.88.x.y:`port` (run in a network namespace with a listener and a UDP echo on
+    /// 0.0.0.0:`port`); reports our CPU over `secs`.
     Health {
+        #[arg(long)]
+        udp: bool,
         #[arg(long)]
         endpoints: u32,
         #[arg(long)]
@@ -153,11 +156,12 @@ pub fn run(w: Worker) -> anyhow::Result<()> {
             idle(target, conns, secs)
         }
         Worker::Health {
+            udp,
             endpoints,
             port,
             interval_ms,
             secs,
-        } => super::health::run(endpoints, port, interval_ms, secs),
+        } => super::health::run(udp, endpoints, port, interval_ms, secs),
     }
 }
 
@@ -459,6 +463,10 @@ fn serve(echo: SocketAddr, conn: SocketAddr, sink: SocketAddr) -> anyhow::Result
         let sink_l = tokio::net::TcpListener::bind(sink)
             .await
             .with_context(|| format!("binding {sink}"))?;
+        // UDP health checks' datagrams, echoed from the `conn` address.
+        let udp_echo = tokio::net::UdpSocket::bind(conn)
+            .await
+            .with_context(|| format!("binding UDP {conn}"))?;
         println!("ready");
         std::io::stdout().flush()?;
         let echo_task = tokio::spawn(async move {
@@ -506,7 +514,13 @@ fn serve(echo: SocketAddr, conn: SocketAddr, sink: SocketAddr) -> anyhow::Result
                 });
             }
         });
-        let _ = tokio::join!(echo_task, conn_task, sink_task);
+        let udp_task = tokio::spawn(async move {
+            let mut buf = [0_u8; 2048];
+            while let Ok((n, from)) = udp_echo.recv_from(&mut buf).await {
+                let _ = udp_echo.send_to(&buf[..n], from).await;
+            }
+        });
+        let _ = tokio::join!(echo_task, conn_task, sink_task, udp_task);
         anyhow::Ok(())
     })
 }

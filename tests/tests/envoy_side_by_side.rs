@@ -50,6 +50,21 @@ use serde_json::{Value, json};
 
 const BACKENDS: [&str; 3] = ["127.0.0.91:8091", "127.0.0.92:8092", "127.0.0.93:8093"];
 const VIP: &str = "127.77.9.1:80";
+
+/// The daemon's side of an EDS comparison: cluster `c` over ADS from `server`, service `web` at
+/// [`VIP`], its instance name from `prefix`.
+fn eds_daemon_config(prefix: &str, cgroup: &TestCgroup, server: &XdsServer) -> String {
+    let vip: SocketAddr = VIP.parse().unwrap();
+    format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nxds:\n  node: {{ id: {}, cluster: edge }}\n  ads_config: {{ api_type: GRPC, server_uri: \"{}\" }}\nclusters:\n  - name: c\n    type: EDS\n    eds_cluster_config: {{ eds_config: {{ ads: {{}} }} }}\nservices:\n  - {{ name: web, address: \"{}\", port: {}, cluster: c }}\n",
+        unique(prefix),
+        cgroup.path().display(),
+        unique("daemon"),
+        server.grpc_addr(),
+        vip.ip(),
+        vip.port()
+    )
+}
 /// Envoy's tcp_proxy listener (the daemon's proxy listener is 127.0.0.1:15001).
 const ENVOY_LISTENER: &str = "127.0.0.1:15002";
 /// Envoy's defaults but a short interval, and a short `no_traffic_interval` unless
@@ -768,17 +783,7 @@ fn eds_health_matrix_matches_envoy() {
         .collect();
     server.push("c", "1", Value::Array(first));
     let envoy = Envoy::start(&server, &unique("envoy"), &["c"]);
-    let vip: SocketAddr = VIP.parse().unwrap();
-    let config = format!(
-        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nxds:\n  node: {{ id: {}, cluster: edge }}\n  ads_config: {{ api_type: GRPC, server_uri: \"{}\" }}\nclusters:\n  - name: c\n    type: EDS\n    eds_cluster_config: {{ eds_config: {{ ads: {{}} }} }}\nservices:\n  - {{ name: web, address: \"{}\", port: {}, cluster: c }}\n",
-        unique("sbseds"),
-        cgroup.path().display(),
-        unique("daemon"),
-        server.grpc_addr(),
-        vip.ip(),
-        vip.port()
-    );
-    let daemon = Daemon::start(&config);
+    let daemon = Daemon::start(&eds_daemon_config("sbseds", &cgroup, &server));
     let sides = Sides {
         netns: None,
         envoy: envoy.admin(),

@@ -13,7 +13,7 @@ use integration_tests::{
 };
 use serde_json::{Value, json};
 
-use super::{Sides, VIP, endpoint, until_both};
+use super::{Sides, eds_daemon_config, endpoint, until_both};
 
 /// The lease of the pushed assignments.
 const LEASE: Duration = Duration::from_secs(3);
@@ -36,17 +36,7 @@ fn a_stale_assignment_loses_its_hosts_as_in_envoy() {
     let lease = json!({"endpoint_stale_after": format!("{}s", LEASE.as_secs())});
     server.push_with_policy("c", "1", hosts(), lease.clone());
     let envoy = Envoy::start(&server, &unique("envoy"), &["c"]);
-    let vip: std::net::SocketAddr = VIP.parse().unwrap();
-    let config = format!(
-        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nxds:\n  node: {{ id: {}, cluster: edge }}\n  ads_config: {{ api_type: GRPC, server_uri: \"{}\" }}\nclusters:\n  - name: c\n    type: EDS\n    eds_cluster_config: {{ eds_config: {{ ads: {{}} }} }}\nservices:\n  - {{ name: web, address: \"{}\", port: {}, cluster: c }}\n",
-        unique("sbslease"),
-        cgroup.path().display(),
-        unique("daemon"),
-        server.grpc_addr(),
-        vip.ip(),
-        vip.port()
-    );
-    let daemon = Daemon::start(&config);
+    let daemon = Daemon::start(&eds_daemon_config("sbslease", &cgroup, &server));
     let sides = Sides {
         netns: None,
         envoy: envoy.admin(),

@@ -51,6 +51,29 @@ fn strict(fake: &FakeResolver, settings: DnsSettings, names: &[&str]) -> DnsClus
 }
 
 /// Gaps between consecutive A queries of `name`.
+/// `source` as the cluster of the config file `yaml` (its first cluster), through the health
+/// matrix, its checks' outcomes scripted by `script`.
+fn through_health(
+    source: Box<dyn crate::discovery::DiscoverySource>,
+    script: &Arc<crate::health::tests::support::Script>,
+    yaml: &str,
+) -> crate::upstream::Upstream {
+    use crate::health::{ExtremeRandom, HealthCheckManager, tests::support::ScriptFactory};
+    let factory = Arc::new(ScriptFactory(Arc::clone(script)));
+    let manager = HealthCheckManager::new(factory, Arc::new(ExtremeRandom { max: false }));
+    let cluster = crate::config::Config::parse(yaml, std::path::Path::new("t.yaml"))
+        .expect("valid")
+        .clusters
+        .remove(0);
+    crate::upstream::Upstream::with_source(
+        &cluster,
+        &manager,
+        source,
+        &crate::config::host_guard::HostGuard::default(),
+    )
+    .unwrap()
+}
+
 fn gaps(fake: &FakeResolver, name: &str) -> Vec<Duration> {
     let times: Vec<Instant> = fake.query_times(name, QueryType::A);
     times.windows(2).map(|w| w[1] - w[0]).collect()

@@ -1,24 +1,19 @@
 //! `dns_stale_bound`: a failing name's hosts are kept for at most the bound after its first
 //! failure, per name, then dropped as an empty answer drops them; unset keeps them (Envoy).
 
-use std::{path::Path, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use tokio::time::Instant;
 
-use super::{addrs, advance, next_update, secs, strict, v4_settings};
+use super::{addrs, advance, next_update, secs, strict, through_health, v4_settings};
 use crate::{
-    config::{
-        Config,
-        host_guard::HostGuard,
-        sources::dns::{DnsEndpoint, DnsSettings},
-    },
+    config::sources::dns::{DnsEndpoint, DnsSettings},
     discovery::dns::{
         FakeResolver, SrvRecord, SrvService, StatValues, spawn_dns_srv, spawn_logical_dns,
     },
     health::{
-        ExtremeRandom, HealthCheckManager,
         state::{CheckOutcome, FailureKind},
-        tests::support::{Script, ScriptFactory},
+        tests::support::Script,
     },
     upstream::Upstream,
 };
@@ -217,17 +212,11 @@ async fn an_srv_name_whose_target_fails_goes_stale_as_a_whole() {
 /// 1 s, through the health matrix; `extra` is added to the cluster.
 fn checked(fake: &FakeResolver, script: &Arc<Script>, extra: &str) -> Upstream {
     let source = Box::new(strict(fake, bounded(secs(2)), &["web.test"]));
-    let factory = Arc::new(ScriptFactory(Arc::clone(script)));
-    let manager = HealthCheckManager::new(factory, Arc::new(ExtremeRandom { max: false }));
     let yaml = format!(
         "clusters:\n  - name: web\n{extra}    health_checks: [{{timeout: 1s, interval: 1s, \
          unhealthy_threshold: 1, healthy_threshold: 1, tcp_health_check: {{}}}}]\n"
     );
-    let cluster = Config::parse(&yaml, Path::new("t.yaml"))
-        .expect("valid")
-        .clusters
-        .remove(0);
-    Upstream::with_source(&cluster, &manager, source, &HostGuard::default()).unwrap()
+    through_health(source, script, &yaml)
 }
 
 /// Waits (paused time) until `routable` hosts of `up` are `want`; returns when.

@@ -1,25 +1,17 @@
 //! STRICT_DNS: hosts, diffs, stats, refresh timing, backoff, and one address from two names
 //! through health and load assignment.
 
-use std::{collections::BTreeMap, net::SocketAddr, path::Path, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 
 use tokio::time::Instant;
 
-use super::{addrs, advance, gaps, next_update, secs, strict, v4_settings};
+use super::{addrs, advance, gaps, next_update, secs, strict, through_health, v4_settings};
 use crate::{
-    config::{
-        Config,
-        host_guard::HostGuard,
-        sources::dns::{DnsEndpoint, DnsSettings, RefreshRate},
-    },
+    config::sources::dns::{DnsEndpoint, DnsSettings, RefreshRate},
     discovery::dns::{FakeResolver, QueryType, StatValues, spawn_strict_dns},
-    health::{
-        ExtremeRandom, HealthCheckManager,
-        tests::support::{Script, ScriptFactory},
-    },
+    health::tests::support::Script,
     host::EdsHealth,
     lb,
-    upstream::Upstream,
 };
 
 #[tokio::test(start_paused = true)]
@@ -367,15 +359,9 @@ async fn same_ip_from_two_names_is_two_hosts_downstream() {
     fake.set("b.test", &[("127.0.0.1", 30), ("127.0.0.2", 30)]);
     let source = Box::new(strict(&fake, v4_settings(), &["a.test", "b.test"]));
     let script = Arc::new(Script::default());
-    let factory = Arc::new(ScriptFactory(Arc::clone(&script)));
-    let manager = HealthCheckManager::new(factory, Arc::new(ExtremeRandom { max: false }));
     let yaml = "clusters:\n  - name: web\n    health_checks: [{timeout: 1s, interval: 5s, \
                 unhealthy_threshold: 1, healthy_threshold: 1, tcp_health_check: {}}]\n";
-    let cluster = Config::parse(yaml, Path::new("t.yaml"))
-        .expect("valid")
-        .clusters
-        .remove(0);
-    let up = Upstream::with_source(&cluster, &manager, source, &HostGuard::default()).unwrap();
+    let up = through_health(source, &script, yaml);
     let mut routing = up.routing();
     let three = routing.wait_for(|r| r.routable().len() == 3);
     tokio::time::timeout(secs(60), three)

@@ -46,25 +46,24 @@ pub fn run() -> anyhow::Result<()> {
         "cargo build --release -p proxy",
     )?;
     let binary = util::target_dir()?.join("release").join("proxy");
-    let built = build(&binary, &util::target_dir()?.join("dist"))?;
-    step("done");
-    detail(format!("package: {}", built.deb.display()));
-    detail(format!(
-        "image:   {} (OCI layout, tag {}; e.g. `skopeo copy oci:{}:{} docker-archive:proxy.tar`)",
-        built.image.layout.display(),
-        built.image.tag,
-        built.image.layout.display(),
-        built.image.tag,
-    ));
+    let built = build(&binary, &util::target_dir()?.join("dist"), BEST)?;
+    built.report();
     Ok(())
 }
 
-/// The suite's check (`cargo xtask test`): steps 1-4 on an already built `binary`, in
-/// `target/dist-check`.
+/// Compression levels (xz for the package, gzip for the image layer): the release's, both
+/// tools' default (xz above 6 wants hundreds of MiB), and the check's fastest (it packages a
+/// debug build four times the size, in the suite's time).
+const BEST: u8 = 6;
+const FAST: u8 = 1;
+
+/// The suite's check (`cargo xtask test`, or `cargo xtask dist --binary PATH`): steps 1-4 on an
+/// already built `binary`, in `target/dist-check`, compressed for speed.
 pub fn check(binary: &Path) -> anyhow::Result<()> {
     require_root()?;
     setup::ensure_debian_packages(DIST_PACKAGES)?;
-    build(binary, &util::target_dir()?.join("dist-check")).map(|_| ())
+    build(binary, &util::target_dir()?.join("dist-check"), FAST)?.report();
+    Ok(())
 }
 
 fn require_root() -> anyhow::Result<()> {
@@ -83,8 +82,20 @@ struct Built {
     image: oci::Image,
 }
 
-/// Packages `binary` into `out` (emptied first) and checks the results.
-fn build(binary: &Path, out: &Path) -> anyhow::Result<Built> {
+impl Built {
+    fn report(&self) {
+        step("packaged and checked");
+        detail(format!("package: {}", self.deb.display()));
+        let (layout, tag) = (self.image.layout.display(), &self.image.tag);
+        detail(format!(
+            "image:   {layout} (an OCI image layout, tag {tag}; e.g. `skopeo copy \
+             oci:{layout}:{tag} docker-archive:proxy.tar`)"
+        ));
+    }
+}
+
+/// Packages `binary` into `out` (emptied first), compressed at `level`, and checks the results.
+fn build(binary: &Path, out: &Path, level: u8) -> anyhow::Result<Built> {
     if out.exists() {
         fs::remove_dir_all(out).with_context(|| format!("emptying {}", out.display()))?;
     }
@@ -102,7 +113,7 @@ fn build(binary: &Path, out: &Path) -> anyhow::Result<Built> {
             .arg(binary),
         "strip",
     )?;
-    let deb = deb::build(&stripped, &facts, out)?;
+    let deb = deb::build(&stripped, &facts, out, level)?;
     step(format!("lintian {}", deb.display()));
     util::run(
         Command::new("lintian")
@@ -114,9 +125,10 @@ fn build(binary: &Path, out: &Path) -> anyhow::Result<Built> {
     step("installing it into a scratch root, running `proxy check` there, purging it");
     verify::install_and_purge(&deb, &facts, &out.join("scratch"))?;
     step("writing the OCI image layout");
-    let image = oci::build(&stripped, &facts, out)?;
+    let image = oci::build(&stripped, &facts, out, level)?;
     step("unpacking the image with umoci and running its binary");
     verify::image(&image, &stripped, &out.join("bundle"))?;
+    fs::remove_file(&stripped)?;
     Ok(Built { deb, image })
 }
 

@@ -73,7 +73,12 @@ enum Task {
     /// config) that lintian must accept and that is installed into a scratch root, run with
     /// `proxy check` and purged there, and an OCI image layout checked with umoci. Writes
     /// target/dist/.
-    Dist,
+    Dist {
+        /// Package this daemon binary instead of a release build, into target/dist-check/
+        /// (`cargo xtask test` does this with its debug build).
+        #[arg(long)]
+        binary: Option<std::path::PathBuf>,
+    },
     /// The style gates alone: nightly rustfmt --check with the repository's rustfmt.toml, and
     /// clippy with the workspace lint set on every crate (the kernel programs on their target).
     Lint,
@@ -114,7 +119,10 @@ fn main() -> anyhow::Result<()> {
         Task::Setup => setup::run(),
         Task::Demo { count } => demo::run(count),
         Task::Lint => setup::run().and_then(|()| lint::run()),
-        Task::Dist => dist::run(),
+        Task::Dist { binary: None } => dist::run(),
+        Task::Dist {
+            binary: Some(binary),
+        } => dist::check(&binary),
         Task::Fuzz {
             targets,
             seconds,

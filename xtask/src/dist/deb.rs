@@ -28,6 +28,11 @@ pub const EXAMPLE_SOURCE: &str = "examples/static.yaml";
 /// The path docs/deploy's files give the binary (an install by hand).
 const HAND_INSTALLED: &str = "/usr/local/bin/proxy";
 
+/// The packaged units point at the manual page the package installs (docs/deploy's cannot:
+/// `systemd-analyze verify` in the tests would look for it on the test machine).
+const UNIT_SECTION: &str = "[Unit]\n";
+const UNIT_SECTION_WITH_MANUAL: &str = "[Unit]\nDocumentation=man:proxy(8)\n";
+
 /// A file of the repository shipped with its leading comment replaced: (source, destination,
 /// the new leading comment, replacements each of which must apply).
 type Shipped = (
@@ -49,8 +54,9 @@ const SHIPPED: &[Shipped] = &[
             (HAND_INSTALLED, "/usr/sbin/proxy"),
             (
                 "docs/deploy/proxy.sysusers",
-                "/usr/lib/sysusers.d/proxy.conf, which the package applies",
+                "/usr/lib/sysusers.d/proxy.conf, as the package's postinst does",
             ),
+            (UNIT_SECTION, UNIT_SECTION_WITH_MANUAL),
         ],
     ),
     (
@@ -59,7 +65,10 @@ const SHIPPED: &[Shipped] = &[
         "systemd template for restarts and upgrades by takeover, from the proxy package\n\
          (docs/deploy/proxy@.service of the repository, where its comments explain it):\n\
          proxy@blue and proxy@green take turns (`proxy run --takeover`).",
-        &[(HAND_INSTALLED, "/usr/sbin/proxy")],
+        &[
+            (HAND_INSTALLED, "/usr/sbin/proxy"),
+            (UNIT_SECTION, UNIT_SECTION_WITH_MANUAL),
+        ],
     ),
     (
         "docs/deploy/proxy.sysusers",
@@ -80,8 +89,9 @@ const COMPLETIONS: &[(&str, &str)] = &[
 /// The maintainer scripts of `packaging/`.
 const SCRIPTS: &[&str] = &["postinst", "prerm", "postrm"];
 
-/// Builds `out/proxy_<version>_<arch>.deb` around `binary` (already stripped).
-pub fn build(binary: &Path, facts: &Facts, out: &Path) -> anyhow::Result<PathBuf> {
+/// Builds `out/proxy_<version>_<arch>.deb` around `binary` (already stripped), its data
+/// compressed with xz at `level`.
+pub fn build(binary: &Path, facts: &Facts, out: &Path, level: u8) -> anyhow::Result<PathBuf> {
     let repo = util::workspace_root();
     let root = out.join("deb-root");
     put(&root, BINARY, &fs::read(binary)?, 0o755)?;
@@ -116,6 +126,13 @@ pub fn build(binary: &Path, facts: &Facts, out: &Path) -> anyhow::Result<PathBuf
     let log = changelog(facts);
     put(&root, &doc("changelog.gz"), &gzip(log.as_bytes())?, 0o644)?;
     put(&root, EXAMPLE, &fs::read(repo.join(EXAMPLE_SOURCE))?, 0o644)?;
+    let overrides = fs::read(repo.join("packaging/lintian-overrides"))?;
+    put(
+        &root,
+        "usr/share/lintian/overrides/proxy",
+        &overrides,
+        0o644,
+    )?;
 
     // The control files, after the tree: md5sums and Installed-Size describe it.
     let entries = walk(&root)?;
@@ -161,12 +178,15 @@ pub fn build(binary: &Path, facts: &Facts, out: &Path) -> anyhow::Result<PathBuf
     ));
     util::run(
         Command::new("dpkg-deb")
-            .args(["--root-owner-group", "--build"])
+            .args(["--root-owner-group", "-Zxz"])
+            .arg(format!("-z{level}"))
+            .arg("--build")
             .arg(&root)
             .arg(&deb)
             .env("SOURCE_DATE_EPOCH", facts.epoch.to_string()),
         "dpkg-deb --build",
     )?;
+    fs::remove_dir_all(&root)?;
     Ok(deb)
 }
 
@@ -374,6 +394,11 @@ mod tests {
             let text = fs::read_to_string(repo.join(source)).unwrap();
             let shipped = packaged_text(&text, header, replace).unwrap();
             assert!(!shipped.contains("docs/deploy/proxy.sysusers"), "{source}");
+            assert_eq!(
+                shipped.contains("Documentation=man:proxy(8)"),
+                source.ends_with(".service"),
+                "{source}"
+            );
         }
         let template = fs::read_to_string(repo.join("packaging/control")).unwrap();
         let v = "x";

@@ -31,8 +31,9 @@ pub struct Image {
     pub tag: String,
 }
 
-/// Writes the layout to `out/oci` from the stripped `binary` (staging in `out/image-root`).
-pub fn build(binary: &Path, facts: &Facts, out: &Path) -> anyhow::Result<Image> {
+/// Writes the layout to `out/oci` from the stripped `binary` (staging in `out/image-root`), the
+/// layer compressed with gzip at `level`.
+pub fn build(binary: &Path, facts: &Facts, out: &Path, level: u8) -> anyhow::Result<Image> {
     let rootfs = out.join("image-root");
     copy(binary, &rootfs, BINARY, 0o755)?;
     let ldd = util::output(Command::new("ldd").arg(binary), "ldd")?;
@@ -67,7 +68,10 @@ pub fn build(binary: &Path, facts: &Facts, out: &Path) -> anyhow::Result<Image> 
     let tar = out.join("layer.tar");
     layer_tar(&rootfs, &tar, facts.epoch)?;
     let diff_id = sha256(&tar)?;
-    util::run(Command::new("gzip").arg("-9n").arg(&tar), "gzip the layer")?;
+    util::run(
+        Command::new("gzip").arg(format!("-{level}n")).arg(&tar),
+        "gzip the layer",
+    )?;
     let layer = blob(&blobs, &fs::read(tar.with_extension("tar.gz"))?)?;
     fs::remove_file(tar.with_extension("tar.gz"))?;
     let tag = image_tag(&facts.deb_version);

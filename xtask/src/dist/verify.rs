@@ -30,6 +30,10 @@ const LEFT_AFTER_PURGE: &[(&str, &str)] = &[
     ("etc/group", "the group `proxy`, kept on purge"),
     ("etc/shadow", "the user `proxy`, kept on purge"),
     ("etc/gshadow", "the group `proxy`, kept on purge"),
+    (
+        "etc/.pwd.lock",
+        "the lock file of the user database, as on any system",
+    ),
 ];
 
 /// Installs `deb` into a fresh root under `scratch`, runs the installed binary's `check` on the
@@ -41,6 +45,8 @@ pub fn install_and_purge(deb: &Path, facts: &Facts, scratch: &Path) -> anyhow::R
         fs::create_dir_all(admin.join(dir))?;
     }
     fs::write(admin.join("available"), "")?;
+    // Every root has an /etc (systemd-sysusers locks /etc/passwd there).
+    fs::create_dir(root.join("etc"))?;
     fs::write(admin.join("status"), host_status(deb, &admin)?)?;
     let dpkg = |args: &[&str]| {
         let mut cmd = Command::new("dpkg");

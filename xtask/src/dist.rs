@@ -2,8 +2,9 @@
 //!
 //! Builds the daemon in release mode, strips it, and from that one file:
 //! 1. a Debian package (`deb.rs`): the daemon as /usr/sbin/proxy, both systemd units, the
-//!    sysusers.d entry of its steady-state user, proxy(8), bash, zsh and fish completions and an
-//!    example configuration, with the control template and maintainer scripts of `packaging/`;
+//!    sysusers.d entry of its steady-state user, proxy(8), bash, zsh and fish completions, an
+//!    example configuration and the licences of the crates compiled in (`notices.rs`), with the
+//!    control template and maintainer scripts of `packaging/`;
 //! 2. lintian's verdict on it (an error or a warning fails);
 //! 3. an install into a scratch root with `dpkg --root`, `proxy check` run from there, and a
 //!    purge that must leave nothing of the package behind (`verify.rs`);
@@ -14,6 +15,7 @@
 //! that breaks the package or the image fails the suite without a release build.
 
 mod deb;
+mod notices;
 mod oci;
 mod verify;
 
@@ -113,7 +115,8 @@ fn build(binary: &Path, out: &Path, level: u8) -> anyhow::Result<Built> {
             .arg(binary),
         "strip",
     )?;
-    let deb = deb::build(&stripped, &facts, out, level)?;
+    let notices = deb::gzip(notices::text()?.as_bytes())?;
+    let deb = deb::build(&stripped, &facts, out, level, &notices)?;
     step(format!("lintian {}", deb.display()));
     util::run(
         Command::new("lintian")
@@ -125,7 +128,7 @@ fn build(binary: &Path, out: &Path, level: u8) -> anyhow::Result<Built> {
     step("installing it into a scratch root, running `proxy check` there, purging it");
     verify::install_and_purge(&deb, &facts, &out.join("scratch"))?;
     step("writing the OCI image layout");
-    let image = oci::build(&stripped, &facts, out, level)?;
+    let image = oci::build(&stripped, &facts, out, level, &notices)?;
     step("unpacking the image with umoci and running its binary");
     verify::image(&image, &stripped, &out.join("bundle"))?;
     fs::remove_file(&stripped)?;

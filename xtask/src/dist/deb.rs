@@ -90,8 +90,14 @@ const COMPLETIONS: &[(&str, &str)] = &[
 const SCRIPTS: &[&str] = &["postinst", "prerm", "postrm"];
 
 /// Builds `out/proxy_<version>_<arch>.deb` around `binary` (already stripped), its data
-/// compressed with xz at `level`.
-pub fn build(binary: &Path, facts: &Facts, out: &Path, level: u8) -> anyhow::Result<PathBuf> {
+/// compressed with xz at `level`; `notices` is the gzipped third-party licence text.
+pub fn build(
+    binary: &Path,
+    facts: &Facts,
+    out: &Path,
+    level: u8,
+    notices: &[u8],
+) -> anyhow::Result<PathBuf> {
     let repo = util::workspace_root();
     let root = out.join("deb-root");
     put(&root, BINARY, &fs::read(binary)?, 0o755)?;
@@ -123,6 +129,7 @@ pub fn build(binary: &Path, facts: &Facts, out: &Path, level: u8) -> anyhow::Res
         &fs::read(repo.join("packaging/copyright"))?,
         0o644,
     )?;
+    put(&root, super::notices::PATH, notices, 0o644)?;
     let log = changelog(facts);
     put(&root, &doc("changelog.gz"), &gzip(log.as_bytes())?, 0o644)?;
     put(&root, EXAMPLE, &fs::read(repo.join(EXAMPLE_SOURCE))?, 0o644)?;
@@ -209,7 +216,7 @@ fn put(root: &Path, rel: &str, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
 }
 
 /// `gzip -9n` of `bytes` (no name or time stamp in the header, as Debian asks).
-fn gzip(bytes: &[u8]) -> anyhow::Result<Vec<u8>> {
+pub fn gzip(bytes: &[u8]) -> anyhow::Result<Vec<u8>> {
     let mut child = Command::new("gzip")
         .arg("-9n")
         .stdin(Stdio::piped())

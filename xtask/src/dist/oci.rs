@@ -1,6 +1,7 @@
 //! An OCI image layout, written without a container tool or a registry: one layer (a tar of
-//! the binary, the shared libraries it loads and their Debian copyright files, the example
-//! configuration), its config, manifest and index as JSON, every blob named by its sha256.
+//! the binary, the shared libraries it loads and their Debian copyright files, the package's
+//! copyright and third-party licences, the example configuration), its config, manifest and
+//! index as JSON, every blob named by its sha256.
 //!
 //! The binary is the package's, byte for byte, at /usr/local/bin/proxy (where
 //! docs/deploy/daemonset.yaml runs it). Its libraries are the build machine's, found with `ldd`
@@ -33,7 +34,13 @@ pub struct Image {
 
 /// Writes the layout to `out/oci` from the stripped `binary` (staging in `out/image-root`), the
 /// layer compressed with gzip at `level`.
-pub fn build(binary: &Path, facts: &Facts, out: &Path, level: u8) -> anyhow::Result<Image> {
+pub fn build(
+    binary: &Path,
+    facts: &Facts,
+    out: &Path,
+    level: u8,
+    notices: &[u8],
+) -> anyhow::Result<Image> {
     let rootfs = out.join("image-root");
     copy(binary, &rootfs, BINARY, 0o755)?;
     let ldd = util::output(Command::new("ldd").arg(binary), "ldd")?;
@@ -50,12 +57,17 @@ pub fn build(binary: &Path, facts: &Facts, out: &Path, level: u8) -> anyhow::Res
             packages.push(package);
         }
     }
+    let repo = util::workspace_root();
+    copy(&repo.join(deb::EXAMPLE_SOURCE), &rootfs, EXAMPLE, 0o644)?;
     copy(
-        &util::workspace_root().join(deb::EXAMPLE_SOURCE),
+        &repo.join("packaging/copyright"),
         &rootfs,
-        EXAMPLE,
+        "/usr/share/doc/proxy/copyright",
         0o644,
     )?;
+    let notices_at = rootfs.join(super::notices::PATH);
+    fs::write(&notices_at, notices)?;
+    fs::set_permissions(&notices_at, fs::Permissions::from_mode(0o644))?;
     // Where the daemonset mounts its configuration, and what a process expects to find.
     for (dir, mode) in [("etc/proxy", 0o755), ("run", 0o755), ("tmp", 0o1777)] {
         fs::create_dir_all(rootfs.join(dir))?;

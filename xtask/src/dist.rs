@@ -98,11 +98,12 @@ impl Built {
 
 /// Packages `binary` into `out` (emptied first), compressed at `level`, and checks the results.
 fn build(binary: &Path, out: &Path, level: u8) -> anyhow::Result<Built> {
+    let facts = Facts::read(binary)
+        .with_context(|| format!("{} is not a daemon to package", binary.display()))?;
     if out.exists() {
         fs::remove_dir_all(out).with_context(|| format!("emptying {}", out.display()))?;
     }
     fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    let facts = Facts::read(binary)?;
     step(format!(
         "packaging proxy {} ({} build of commit {}) for {}",
         facts.deb_version, facts.profile, facts.commit, facts.architecture

@@ -131,7 +131,7 @@ fn metadata() -> anyhow::Result<Metadata> {
     serde_json::from_slice(&out.stdout).context("reading cargo metadata's answer")
 }
 
-fn host_triple() -> anyhow::Result<String> {
+pub fn host_triple() -> anyhow::Result<String> {
     let out = Command::new("rustc")
         .arg("-vV")
         .output()

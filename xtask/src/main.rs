@@ -1,7 +1,8 @@
 //! `cargo xtask`: what cargo alone cannot do. `setup` installs the toolchain pieces and packages
 //! the project needs, `demo` runs the embedded default end to end, `test` runs every test, `vm`
-//! runs the kernel tests in QEMU, and `bench` runs the benchmark harness (the `proxy-bench`
-//! crate). xtask links no crate of the product: it builds and runs the binaries.
+//! runs the kernel tests in QEMU, `bench` runs the benchmark harness (the `proxy-bench`
+//! crate) and `dist` builds the Debian package and the OCI image. xtask links no crate of the
+//! product: it builds and runs the binaries.
 
 mod apt;
 mod bench;
@@ -9,6 +10,7 @@ mod consul;
 #[allow(unsafe_code, reason = "kill(2) of the demo daemon by its PID")]
 mod demo;
 mod deps;
+mod dist;
 mod fuzz;
 mod integration;
 mod lint;
@@ -66,6 +68,17 @@ enum Task {
         #[arg(long)]
         grow: bool,
     },
+    /// The release package (root): builds the daemon in release mode and, from that one binary,
+    /// a Debian package (daemon, systemd units, sysusers entry, man page, completions, example
+    /// config) that lintian must accept and that is installed into a scratch root, run with
+    /// `proxy check` and purged there, and an OCI image layout checked with umoci. Writes
+    /// target/dist/.
+    Dist {
+        /// Package this daemon binary instead of a release build, into target/dist-check/
+        /// (`cargo xtask test` does this with its debug build).
+        #[arg(long)]
+        binary: Option<std::path::PathBuf>,
+    },
     /// The style gates alone: nightly rustfmt --check with the repository's rustfmt.toml, and
     /// clippy with the workspace lint set on every crate (the kernel programs on their target).
     Lint,
@@ -106,6 +119,10 @@ fn main() -> anyhow::Result<()> {
         Task::Setup => setup::run(),
         Task::Demo { count } => demo::run(count),
         Task::Lint => setup::run().and_then(|()| lint::run()),
+        Task::Dist { binary: None } => dist::run(),
+        Task::Dist {
+            binary: Some(binary),
+        } => dist::check(&binary),
         Task::Fuzz {
             targets,
             seconds,

@@ -43,7 +43,7 @@ pub fn run() -> anyhow::Result<()> {
     ensure_rust_src(&toolchain)?;
     ensure_bpf_linker(&toolchain)?;
     ensure_nightly_rustfmt()?;
-    ensure_debian_packages()?;
+    ensure_debian_packages(DEBIAN_PACKAGES)?;
     ensure_python_venv()?;
     crate::qemu::ensure_qemu()?;
     crate::consul::ensure_consul()?;
@@ -248,8 +248,10 @@ fn links_against(binary: &Path, soname: &str) -> anyhow::Result<bool> {
     }))
 }
 
-fn ensure_debian_packages() -> anyhow::Result<()> {
-    let missing: Vec<&str> = DEBIAN_PACKAGES
+/// Installs those of `packages` (name, a file it installs) whose file is missing; also used by
+/// `cargo xtask dist` for the tools only it needs.
+pub fn ensure_debian_packages(packages: &[(&str, &str)]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .filter(|(_, file)| !Path::new(file).exists())
         .map(|(pkg, _)| *pkg)
@@ -257,7 +259,11 @@ fn ensure_debian_packages() -> anyhow::Result<()> {
     if missing.is_empty() {
         detail(format!(
             "Debian packages: installed ({})",
-            DEBIAN_PACKAGES.len()
+            packages
+                .iter()
+                .map(|(name, _)| *name)
+                .collect::<Vec<_>>()
+                .join(", ")
         ));
         return Ok(());
     }

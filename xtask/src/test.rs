@@ -1,11 +1,12 @@
 //! `cargo xtask test`: every test. Setup, the style gates (`lint.rs`), unit tests of every crate
 //! (no root needed), a bounded run of every fuzz target, then the root-only integration tests against the real kernel, the real eBPF
-//! object and real servers, then the kernel tests on Linux 5.10 in QEMU.
+//! object and real servers, the package check of `cargo xtask dist` on the debug binary, then the
+//! kernel tests on Linux 5.10 in QEMU.
 
 use anyhow::Context as _;
 
 use crate::{
-    bench, fuzz, integration, lint, setup,
+    bench, dist, fuzz, integration, lint, setup,
     util::{self, step},
     vm,
 };
@@ -43,6 +44,11 @@ pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
     let python = util::workspace_root().join(".venv/bin/python");
     let integrated = integration::run(&suite.tests, &suite.proxy, &python, filter)
         .context("integration tests failed");
+    // The package and the image of `cargo xtask dist`, from the debug binary just built: they
+    // build, lintian accepts the package, it installs into a scratch root, runs `proxy check`
+    // and purges cleanly, and the image unpacks and runs (no release build: that is dist's).
+    step("package check (cargo xtask dist on the debug binary)");
+    let packaged = dist::check(&suite.proxy);
     // The kernel tests again on the oldest supported kernel, in QEMU (about a minute, plus the
     // kernel download on a fresh target directory), whatever the host's own kernel is.
     step("kernel tests on Linux 5.10 in QEMU (cargo xtask vm --kernel 5.10)");
@@ -55,6 +61,7 @@ pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
     style.context("the style gates failed (cargo xtask lint)")?;
     fuzzed.context("fuzzing failed (cargo xtask fuzz)")?;
     integrated?;
+    packaged.context("the package check (cargo xtask dist) failed")?;
     vm.context("the kernel tests failed on Linux 5.10 in QEMU")?;
     smoke.context("the benchmark harness smoke run (cargo xtask bench --smoke) failed")?;
     step("all tests passed");

@@ -73,7 +73,7 @@ const SHIPPED: &[Shipped] = &[
     (
         "docs/deploy/proxy.sysusers",
         "usr/lib/sysusers.d/proxy.conf",
-        "The daemon's steady-state user (`proxy run --user proxy` in proxy.service and\n\
+        "The daemon's steady-state user (`proxy run --user ebpf-proxy` in proxy.service and\n\
          proxy@.service), created by the proxy package's postinst with systemd-sysusers.",
         &[],
     ),

@@ -26,9 +26,9 @@ const LEFT_AFTER_PURGE: &[(&str, &str)] = &[
     ("var/lib", "the dpkg database's parents"),
     ("var/lib/dpkg", "the dpkg database"),
     ("etc", "the user database's directory"),
-    ("etc/passwd", "the user `proxy`, kept on purge"),
+    ("etc/passwd", "the user `ebpf-proxy`, kept on purge"),
     ("etc/group", "the group `proxy`, kept on purge"),
-    ("etc/shadow", "the user `proxy`, kept on purge"),
+    ("etc/shadow", "the user `ebpf-proxy`, kept on purge"),
     ("etc/gshadow", "the group `proxy`, kept on purge"),
     (
         "etc/.pwd.lock",
@@ -79,8 +79,8 @@ pub fn install_and_purge(deb: &Path, facts: &Facts, scratch: &Path) -> anyhow::R
     if Path::new("/usr/bin/systemd-sysusers").exists() {
         let passwd = fs::read_to_string(root.join("etc/passwd")).unwrap_or_default();
         ensure!(
-            passwd.lines().any(|l| l.starts_with("proxy:")),
-            "the postinst created no user `proxy` in the scratch root"
+            passwd.lines().any(|l| l.starts_with("ebpf-proxy:")),
+            "the postinst created no user `ebpf-proxy` in the scratch root"
         );
     } else {
         detail("no systemd-sysusers here: the postinst's user is not checked");
@@ -102,7 +102,7 @@ pub fn install_and_purge(deb: &Path, facts: &Facts, scratch: &Path) -> anyhow::R
     if !left.is_empty() {
         bail!("the purge left {}", left.join(", "));
     }
-    detail("purged: only the dpkg database and the user `proxy` remain");
+    detail("purged: only the dpkg database and the user `ebpf-proxy` remain");
     fs::remove_dir_all(scratch).with_context(|| format!("removing {}", scratch.display()))
 }
 

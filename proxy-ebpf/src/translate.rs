@@ -6,15 +6,16 @@ use aya_ebpf::{EbpfContext as _, programs::SockAddrContext};
 use proxy_common::{
     abi, counters,
     service::{
-        Backend, FAMILY_V4, HASH_KEY_CGROUP, HASH_KEY_PROCESS, HASH_KEY_SOCKET, HASH_KEY_USER,
+        Backend, HASH_KEY_CGROUP, HASH_KEY_PROCESS, HASH_KEY_SOCKET, HASH_KEY_USER,
         SERVICE_F_CX_LIMIT, SERVICE_F_DROP, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV,
-        SERVICE_F_PANIC, SERVICE_F_PASSIVE, SERVICE_F_PROXY, Service, ServiceKey, hash_key_of,
+        SERVICE_F_NO_PROXY_DIALLED, SERVICE_F_NO_PROXY_HOSTS, SERVICE_F_PANIC, SERVICE_F_PASSIVE,
+        SERVICE_F_PROXY, Service, ServiceKey, hash_key_of,
     },
 };
 
 use crate::{
-    drop_overload, features, limit, log,
-    maps::{SERVICES_V2, ServiceOutcome, count, count_service, settings},
+    drop_overload, features, limit, listener, log,
+    maps::{SERVICES_V2, ServiceOutcome, count, count_service},
     select::{NoBackend, choose},
 };
 
@@ -68,7 +69,9 @@ pub fn target<const ROTATE: bool>(
         return Ok(None);
     };
     if allow_proxy && svc.flags & SERVICE_F_PROXY != 0 {
-        return to_proxy(svc, key).map(Some);
+        if let Some(decided) = to_proxy(ctx, svc, key)? {
+            return Ok(decided);
+        }
     }
     // Envoy drops before the circuit breakers are asked.
     if allow_proxy && svc.flags & SERVICE_F_DROP != 0 && !drop_overload::admit(key) {
@@ -124,17 +127,40 @@ fn client_key(ctx: &SockAddrContext, flags: u32) -> u64 {
     }
 }
 
-/// A proxy-mode service: the proxy listener, counted for the service either way.
+/// A proxy-mode service: the proxy listener while one is there ([`listener::live`]); else the
+/// kernel path's answer where the daemon published one (`Ok(Some(None))`: the address dialled,
+/// `SERVICE_F_NO_PROXY_DIALLED`; `Ok(None)`: a host, chosen as for a direct service,
+/// `SERVICE_F_NO_PROXY_HOSTS`), and a refusal where it did not (an HTTP-routed service, which
+/// only the proxy can serve). Counted for the service.
 #[inline(always)]
-fn to_proxy(svc: &Service, key: &ServiceKey) -> Result<Target, Refuse> {
-    let redirect = proxy_listener(key);
-    let outcome = if redirect.is_ok() {
-        ServiceOutcome::ToProxy
-    } else {
-        ServiceOutcome::NoHost
-    };
-    count_service(svc.id, outcome);
-    redirect
+fn to_proxy(
+    ctx: &SockAddrContext,
+    svc: &Service,
+    key: &ServiceKey,
+) -> Result<Option<Option<Target>>, Refuse> {
+    if let Some(dest) = listener::live(ctx, key) {
+        count(counters::CONNECT_PROXY_REDIRECTED);
+        count_service(svc.id, ServiceOutcome::ToProxy);
+        return Ok(Some(Some(Target {
+            dest,
+            proxied: true,
+            passive: false,
+            least: false,
+            limited: false,
+        })));
+    }
+    if svc.flags & (SERVICE_F_NO_PROXY_HOSTS | SERVICE_F_NO_PROXY_DIALLED) == 0 {
+        count(counters::CONNECT_PROXY_NO_LISTENER);
+        count_service(svc.id, ServiceOutcome::NoHost);
+        log::service!(warn, WARN, key, "connect refused: no proxy listener");
+        return Err(Refuse);
+    }
+    count(counters::CONNECT_PROXY_ABSENT_DIRECT);
+    if svc.flags & SERVICE_F_NO_PROXY_HOSTS != 0 {
+        return Ok(None);
+    }
+    count_service(svc.id, ServiceOutcome::ToHost);
+    Ok(Some(None))
 }
 
 /// The chosen backend `dest` of service `id`, whose entry had `flags`, counted for the service.
@@ -199,29 +225,4 @@ fn backend<const ROTATE: bool>(
             None => return Ok(None),
         }
     }
-}
-
-/// The proxy listener for a client of `key`'s family; refused when the daemon has set none.
-#[inline(always)]
-fn proxy_listener(key: &ServiceKey) -> Result<Target, Refuse> {
-    let family = key.family;
-    let s = settings();
-    let dest = if family == FAMILY_V4 {
-        s.proxy_v4
-    } else {
-        s.proxy_v6
-    };
-    if dest.family != family {
-        count(counters::CONNECT_PROXY_NO_LISTENER);
-        log::service!(warn, WARN, key, "connect refused: no proxy listener");
-        return Err(Refuse);
-    }
-    count(counters::CONNECT_PROXY_REDIRECTED);
-    Ok(Target {
-        dest,
-        proxied: true,
-        passive: false,
-        least: false,
-        limited: false,
-    })
 }

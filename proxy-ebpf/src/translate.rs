@@ -69,8 +69,10 @@ pub fn target<const ROTATE: bool>(
         return Ok(None);
     };
     if allow_proxy && svc.flags & SERVICE_F_PROXY != 0 {
-        if let Some(decided) = to_proxy(ctx, svc, key)? {
-            return Ok(decided);
+        match to_proxy(ctx, svc, key)? {
+            Proxied::Listener(t) => return Ok(Some(t)),
+            Proxied::Dialled => return Ok(None),
+            Proxied::Hosts => {}
         }
     }
     // Envoy drops before the circuit breakers are asked.
@@ -80,12 +82,7 @@ pub fn target<const ROTATE: bool>(
     if allow_proxy && svc.flags & SERVICE_F_CX_LIMIT != 0 && !limit::admit(key) {
         return Err(Refuse);
     }
-    // Only consistent hashing reads a key of the client.
-    let client = if svc.flags & SERVICE_F_MAGLEV != 0 {
-        client_key(ctx, svc.flags)
-    } else {
-        0
-    };
+    let client = client_key(ctx, svc.flags);
     let Some((dest, flags)) = backend::<ROTATE>(key, svc, client, outcomes)? else {
         return Ok(None);
     };
@@ -98,11 +95,15 @@ pub fn target<const ROTATE: bool>(
     Ok(Some(to_host(svc.id, dest, flags)))
 }
 
-/// What consistent hashing keys on for a service with `flags` (`SERVICE_HASH_KEY_MASK`).
+/// What consistent hashing keys on for a service with `flags` (`SERVICE_HASH_KEY_MASK`); 0
+/// for a service that does not hash (only consistent hashing reads a key of the client).
 /// The daemon publishes a process or cgroup key only when the loader found its helper; on a
 /// kernel without it the branch is dead, and the verifier never sees the call.
 #[inline(always)]
 fn client_key(ctx: &SockAddrContext, flags: u32) -> u64 {
+    if flags & SERVICE_F_MAGLEV == 0 {
+        return 0;
+    }
     match hash_key_of(flags) {
         // Without the helper (never published so: the daemon refuses the service) every
         // client has key 0 rather than another key.
@@ -127,27 +128,31 @@ fn client_key(ctx: &SockAddrContext, flags: u32) -> u64 {
     }
 }
 
+/// Where a proxy-mode connect goes.
+enum Proxied {
+    /// To the proxy listener.
+    Listener(Target),
+    /// No proxy listens: to the address dialled (`SERVICE_F_NO_PROXY_DIALLED`).
+    Dialled,
+    /// No proxy listens: to a host, chosen as for a direct service (`SERVICE_F_NO_PROXY_HOSTS`).
+    Hosts,
+}
+
 /// A proxy-mode service: the proxy listener while one is there ([`listener::live`]); else the
-/// kernel path's answer where the daemon published one (`Ok(Some(None))`: the address dialled,
-/// `SERVICE_F_NO_PROXY_DIALLED`; `Ok(None)`: a host, chosen as for a direct service,
-/// `SERVICE_F_NO_PROXY_HOSTS`), and a refusal where it did not (an HTTP-routed service, which
-/// only the proxy can serve). Counted for the service.
+/// kernel path's answer where the daemon published one, and a refusal where it did not (an
+/// HTTP-routed service, which only the proxy can serve). Counted for the service.
 #[inline(always)]
-fn to_proxy(
-    ctx: &SockAddrContext,
-    svc: &Service,
-    key: &ServiceKey,
-) -> Result<Option<Option<Target>>, Refuse> {
+fn to_proxy(ctx: &SockAddrContext, svc: &Service, key: &ServiceKey) -> Result<Proxied, Refuse> {
     if let Some(dest) = listener::live(ctx, key) {
         count(counters::CONNECT_PROXY_REDIRECTED);
         count_service(svc.id, ServiceOutcome::ToProxy);
-        return Ok(Some(Some(Target {
+        return Ok(Proxied::Listener(Target {
             dest,
             proxied: true,
             passive: false,
             least: false,
             limited: false,
-        })));
+        }));
     }
     if svc.flags & (SERVICE_F_NO_PROXY_HOSTS | SERVICE_F_NO_PROXY_DIALLED) == 0 {
         count(counters::CONNECT_PROXY_NO_LISTENER);
@@ -157,10 +162,10 @@ fn to_proxy(
     }
     count(counters::CONNECT_PROXY_ABSENT_DIRECT);
     if svc.flags & SERVICE_F_NO_PROXY_HOSTS != 0 {
-        return Ok(None);
+        return Ok(Proxied::Hosts);
     }
     count_service(svc.id, ServiceOutcome::ToHost);
-    Ok(Some(None))
+    Ok(Proxied::Dialled)
 }
 
 /// The chosen backend `dest` of service `id`, whose entry had `flags`, counted for the service.

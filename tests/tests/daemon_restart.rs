@@ -23,18 +23,18 @@ const LOOP_FOR: Duration = Duration::from_secs(8);
 /// The proxy listener the kernel redirects the loop's (IPv4) connects to.
 const LISTENER: &str = "127.0.0.1:15001";
 
+/// One STATIC endpoint of the cluster, as YAML.
+fn endpoint(host: &str) -> String {
+    let a: SocketAddr = host.parse().expect("literal");
+    format!(
+        "            - endpoint: {{ address: {{ socket_address: {{ address: \"{}\", port_value: {} }} }} }}\n",
+        a.ip(),
+        a.port()
+    )
+}
+
 fn config(instance: &str, cgroup: &TestCgroup) -> String {
-    let endpoints: String = HOSTS
-        .iter()
-        .map(|h| {
-            let a: SocketAddr = h.parse().expect("literal");
-            format!(
-                "            - endpoint: {{ address: {{ socket_address: {{ address: \"{}\", port_value: {} }} }} }}\n",
-                a.ip(),
-                a.port()
-            )
-        })
-        .collect();
+    let endpoints: String = HOSTS.iter().map(|h| endpoint(h)).collect();
     format!(
         "instance: {instance}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nproxy:\n  listeners: [\"{LISTENER}\", \"[::1]:15001\"]\nclusters:\n  - name: web\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n{endpoints}services:\n  - {{ name: web, address: 127.77.0.1, port: 80, cluster: web, mode: proxy }}\n",
         cgroup.path().display(),

@@ -20,7 +20,9 @@ pub const CONNECT_BACKEND_MISSING: u32 = 3;
 pub const CONNECT_FAMILY_MISMATCH: u32 = 4;
 /// connect4/6: a proxy-mode service was redirected to the daemon's listener.
 pub const CONNECT_PROXY_REDIRECTED: u32 = 5;
-/// connect4/6: a proxy-mode service, but no listener of the socket's family is set; refused.
+/// connect4/6: a proxy-mode service, but no proxy listener of the socket's family is there
+/// (none set, or none listening at the address set) and the service has no kernel fallback
+/// (an HTTP-routed service); refused.
 pub const CONNECT_PROXY_NO_LISTENER: u32 = 6;
 /// connect4/6: recording the original destination under the socket cookie failed.
 pub const ORIG_DST_RECORD_FAILED: u32 = 7;
@@ -72,12 +74,17 @@ pub const CONNECT_CX_OVERFLOW: u32 = 28;
 /// connect4/6: a service with a drop overload (`SERVICE_F_DROP`) drew a drop; the connect is
 /// refused (Envoy's `upstream_rq_drop_overload`).
 pub const CONNECT_DROP_OVERLOAD: u32 = 29;
+/// connect4/6: a proxy-mode service while no proxy listener of the socket's family is there
+/// (the daemon stopped, was killed, or has not listened yet): the connect was served as the
+/// kernel path serves (`SERVICE_F_NO_PROXY_HOSTS`: a host of its levels; or
+/// `SERVICE_F_NO_PROXY_DIALLED`: the address dialled) instead of refused.
+pub const CONNECT_PROXY_ABSENT_DIRECT: u32 = 30;
 
 /// Number of counters; the size of `COUNTERS_V2` (room to grow without a layout change).
 pub const COUNT: u32 = 64;
 
 /// Names used by the daemon when it exports the counters, indexed like the constants above.
-pub const NAMES: [&str; 30] = [
+pub const NAMES: [&str; 31] = [
     "connect_rewritten",
     "connect_not_service",
     "connect_no_host",
@@ -108,6 +115,7 @@ pub const NAMES: [&str; 30] = [
     "pair_passed",
     "connect_cx_overflow",
     "connect_drop_overload",
+    "connect_proxy_absent_direct",
 ];
 const _: () = assert!(NAMES.len() as u32 <= COUNT);
 
@@ -141,7 +149,11 @@ mod tests {
             NAMES[CONNECT_DROP_OVERLOAD as usize],
             "connect_drop_overload"
         );
-        assert_eq!(NAMES.len(), CONNECT_DROP_OVERLOAD as usize + 1);
+        assert_eq!(
+            NAMES[CONNECT_PROXY_ABSENT_DIRECT as usize],
+            "connect_proxy_absent_direct"
+        );
+        assert_eq!(NAMES.len(), CONNECT_PROXY_ABSENT_DIRECT as usize + 1);
     }
 }
 

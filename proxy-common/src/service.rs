@@ -89,6 +89,18 @@ pub const SERVICE_F_CX_LIMIT: u32 = 1 << 7;
 /// `DROPPED_V1`. Without an entry in `DROP_V1` nothing is dropped (fail-open).
 pub const SERVICE_F_DROP: u32 = 1 << 8;
 
+/// `Service::flags` bit, with [`SERVICE_F_PROXY`]: while no proxy listener of the client's
+/// family is there (the daemon stopped or was killed, and the next one does not listen yet),
+/// connect straight to a host of the service's levels, as the kernel path does, instead of
+/// refusing the connect. The daemon publishes a TCP proxy-mode service's hosts with it: the
+/// proxy would only have copied bytes to one of them.
+pub const SERVICE_F_NO_PROXY_HOSTS: u32 = 1 << 9;
+
+/// `Service::flags` bit, with [`SERVICE_F_PROXY`]: while no proxy listener of the client's
+/// family is there, let the connect go to the address dialled (an ORIGINAL_DST service, whose
+/// proxy would have connected there too), instead of refusing it.
+pub const SERVICE_F_NO_PROXY_DIALLED: u32 = 1 << 10;
+
 /// The bits of `Service::flags` that say what consistent hashing ([`SERVICE_F_MAGLEV`]) keys
 /// on: one of the `HASH_KEY_*` values, shifted left by [`SERVICE_HASH_KEY_SHIFT`]. Zero is the
 /// network namespace, what every service hashed on before the key was configurable, so an entry

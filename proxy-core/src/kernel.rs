@@ -6,15 +6,17 @@
 //! [`ServiceTemplate::spec`] turns the clusters' current [`Routing`] into a [`ServiceSpec`]:
 //! a chain service's levels from its plan, a plain service's from its cluster, a refused share
 //! pointed at the address the kernel refuses, the panic flag when a cluster is in panic. A
-//! kernel-path service keeps only the hosts of its own address family.
+//! service keeps only the hosts of its own address family. A proxy-mode service carries hosts
+//! only for the time no proxy listens ([`no_proxy_fallback`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use proxy_common::service::{
     FAMILY_V4, HASH_KEY_CGROUP, HASH_KEY_NETNS, HASH_KEY_PROCESS, HASH_KEY_SOCKET, HASH_KEY_USER,
     PROTO_TCP, PROTO_UDP, SERVICE_F_CX_LIMIT, SERVICE_F_DROP, SERVICE_F_LEAST_REQUEST,
-    SERVICE_F_MAGLEV, SERVICE_F_PANIC, SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN,
-    SERVICE_HASH_KEY_SHIFT, ServiceKey, hash_key_of,
+    SERVICE_F_MAGLEV, SERVICE_F_NO_PROXY_DIALLED, SERVICE_F_NO_PROXY_HOSTS, SERVICE_F_PANIC,
+    SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_HASH_KEY_SHIFT, ServiceKey,
+    hash_key_of,
 };
 
 use crate::{
@@ -136,9 +138,10 @@ impl ServiceTemplate {
                 }
             }
         }
-        if self.flags & SERVICE_F_PROXY == 0 {
-            keep_own_family(&mut priorities, self.refuse.is_ipv4());
+        if !self.reads_hosts() {
+            priorities.clear();
         }
+        keep_own_family(&mut priorities, self.refuse.is_ipv4());
         let panic = clusters.iter().any(|(_, routing)| routing.in_panic());
         let drop_overload = match clusters.first() {
             Some((_, routing)) if self.drops => routing.drop_overload.per_million(),
@@ -167,6 +170,14 @@ impl ServiceTemplate {
         let followed =
             SERVICE_F_PROXY | SERVICE_F_PASSIVE | SERVICE_F_LEAST_REQUEST | SERVICE_F_CX_LIMIT;
         self.flags & followed != 0
+    }
+
+    /// Whether the kernel may connect to this service's hosts, so that its levels are
+    /// published: a direct-mode service, or a proxy-mode one whose connects go to a host while
+    /// no proxy listens (`SERVICE_F_NO_PROXY_HOSTS`). Otherwise the kernel entry carries no
+    /// host, and its clusters are not followed for it.
+    pub fn reads_hosts(&self) -> bool {
+        self.flags & SERVICE_F_PROXY == 0 || self.flags & SERVICE_F_NO_PROXY_HOSTS != 0
     }
 
     /// Whether the kernel rotates this service's hosts (ROUND_ROBIN, Linux 5.12 and later).
@@ -239,6 +250,31 @@ pub fn kernel_drops(svc: &Service, config: &Config) -> bool {
         && config.service_clusters(svc).len() == 1
 }
 
+/// What the kernel does with a connect to proxy-mode service `svc` while no proxy listens (a
+/// restart's gap, or a killed daemon): `SERVICE_F_NO_PROXY_HOSTS` for a service the proxy
+/// serves per connection from one cluster's hosts (it would only have copied bytes to one of
+/// them), `SERVICE_F_NO_PROXY_DIALLED` for one of a plain ORIGINAL_DST cluster (it would have
+/// connected to the address dialled), nothing for one the proxy routes per HTTP request (a
+/// chain, or ORIGINAL_DST choosing by `use_http_header`), which the kernel cannot route: that
+/// one is refused. 0 for a direct-mode service.
+pub fn no_proxy_fallback(svc: &Service, config: &Config) -> u32 {
+    if svc.mode != ServiceMode::Proxy || config.chains.contains_key(&svc.name) {
+        return 0;
+    }
+    if !config.is_original_dst(&svc.cluster) {
+        return SERVICE_F_NO_PROXY_HOSTS;
+    }
+    let by_header = config
+        .cluster(&svc.cluster)
+        .and_then(|c| c.original_dst_lb_config.as_ref())
+        .is_some_and(|o| o.use_http_header);
+    if by_header {
+        0
+    } else {
+        SERVICE_F_NO_PROXY_DIALLED
+    }
+}
+
 /// Leaves in `levels` only the hosts of the service's family (IPv4 when `v4`), and no level
 /// that this empties. connect4/6 cannot move a socket to the other family: a host of the other
 /// family in a dual-stack cluster is no host of this service (the kernel would count
@@ -289,7 +325,9 @@ fn flags(svc: &Service, config: &Config, policies: &[LbPolicy]) -> u32 {
     ]
     .into_iter()
     .filter(|(on, _)| *on)
-    .fold(key, |flags, (_, flag)| flags | flag)
+    .fold(key | no_proxy_fallback(svc, config), |flags, (_, flag)| {
+        flags | flag
+    })
 }
 
 #[cfg(test)]

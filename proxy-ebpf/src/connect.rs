@@ -5,10 +5,11 @@
 //! - **Fail-open** for anything that is not a service, and for internal errors (a dangling backend
 //!   id, a family mismatch): the connect proceeds to the address the application gave, counted.
 //! - **Fail-closed** when the destination is a service with no routable host in any priority, or
-//!   a proxy-mode service while no proxy listener of the socket's family is set: the connect is
-//!   refused with `ECONNREFUSED` (set with `bpf_set_retval`, Linux 5.18; before, `EPERM`, the
-//!   errno a cgroup sock_addr program produces by rejecting), counted as `connect_no_host` /
-//!   `connect_proxy_no_listener`. Nothing leaves the host for a VIP that has nowhere to go. A
+//!   an HTTP-routed proxy-mode service while no proxy listener of the socket's family is there:
+//!   the connect is refused with `ECONNREFUSED` (set with `bpf_set_retval`, Linux 5.18; before,
+//!   `EPERM`, the errno a cgroup sock_addr program produces by rejecting), counted as
+//!   `connect_no_host` / `connect_proxy_no_listener`. Nothing leaves the host for a VIP that has
+//!   nowhere to go. A
 //!   TCP service held to `max_connections` (`SERVICE_F_CX_LIMIT`) that has that many open
 //!   connections is refused the same way, counted as `connect_cx_overflow` ([`crate::limit`]),
 //!   and so is a connect to one with a drop overload (`SERVICE_F_DROP`) that draws a drop,
@@ -19,7 +20,17 @@
 //!   `SETTINGS_V1` (a map, so the daemon can move its listener without reloading programs), and
 //!   the dialled service is recorded under the socket cookie in `SOCK_ORIG_V1` for sockops.
 //!   UDP services ignore the flag and select a backend.
-//! - Minimum kernel: 4.17 for the hooks; 5.7 for `bpf_get_netns_cookie` (consistent hashing);
+//! - Proxy mode while no proxy listens (the daemon stopped and withdrew the listener, or was
+//!   killed and left it set; [`crate::listener`] looks the listening socket up): the connect is
+//!   served as the kernel path serves it instead of refused, counted as
+//!   `connect_proxy_absent_direct`: to a host of the service's levels (`SERVICE_F_NO_PROXY_HOSTS`,
+//!   a TCP service, then counted as any kernel-path connect), or to the address dialled
+//!   (`SERVICE_F_NO_PROXY_DIALLED`, ORIGINAL_DST). A service with neither flag (HTTP-routed:
+//!   only the proxy can route it) is refused. This is what lets a plain restart (SIGTERM or
+//!   `kill -9`, then a new daemon) refuse no connect of a proxy-mode TCP service. The lookup is
+//!   one per proxy-mode connect; a direct service pays nothing.
+//! - Minimum kernel: 4.17 for the hooks; 5.2 for `bpf_sk_lookup_tcp` (the proxy listener's
+//!   presence); 5.7 for `bpf_get_netns_cookie` (consistent hashing);
 //!   5.7 for `bpf_get_current_cgroup_id` and by 5.10 `bpf_get_current_pid_tgid` (the cgroup
 //!   and process hash keys; the loader probes both, see `crate::features`);
 //!   5.7 for attaching through bpf_link (the daemon refuses to attach without it); 5.3 for

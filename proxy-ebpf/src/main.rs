@@ -26,6 +26,7 @@ mod connect;
 mod drop_overload;
 mod features;
 mod limit;
+mod listener;
 mod log;
 mod maps;
 mod pair;

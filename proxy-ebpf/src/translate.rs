@@ -6,15 +6,16 @@ use aya_ebpf::{EbpfContext as _, programs::SockAddrContext};
 use proxy_common::{
     abi, counters,
     service::{
-        Backend, FAMILY_V4, HASH_KEY_CGROUP, HASH_KEY_PROCESS, HASH_KEY_SOCKET, HASH_KEY_USER,
+        Backend, HASH_KEY_CGROUP, HASH_KEY_PROCESS, HASH_KEY_SOCKET, HASH_KEY_USER,
         SERVICE_F_CX_LIMIT, SERVICE_F_DROP, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV,
-        SERVICE_F_PANIC, SERVICE_F_PASSIVE, SERVICE_F_PROXY, Service, ServiceKey, hash_key_of,
+        SERVICE_F_NO_PROXY_DIALLED, SERVICE_F_NO_PROXY_HOSTS, SERVICE_F_PANIC, SERVICE_F_PASSIVE,
+        SERVICE_F_PROXY, Service, ServiceKey, hash_key_of,
     },
 };
 
 use crate::{
-    drop_overload, features, limit, log,
-    maps::{SERVICES_V2, ServiceOutcome, count, count_service, settings},
+    drop_overload, features, limit, listener, log,
+    maps::{SERVICES_V2, ServiceOutcome, count, count_service},
     select::{NoBackend, choose},
 };
 
@@ -68,7 +69,11 @@ pub fn target<const ROTATE: bool>(
         return Ok(None);
     };
     if allow_proxy && svc.flags & SERVICE_F_PROXY != 0 {
-        return to_proxy(svc, key).map(Some);
+        match to_proxy(ctx, svc, key)? {
+            Proxied::Listener(t) => return Ok(Some(t)),
+            Proxied::Dialled => return Ok(None),
+            Proxied::Hosts => {}
+        }
     }
     // Envoy drops before the circuit breakers are asked.
     if allow_proxy && svc.flags & SERVICE_F_DROP != 0 && !drop_overload::admit(key) {
@@ -77,12 +82,7 @@ pub fn target<const ROTATE: bool>(
     if allow_proxy && svc.flags & SERVICE_F_CX_LIMIT != 0 && !limit::admit(key) {
         return Err(Refuse);
     }
-    // Only consistent hashing reads a key of the client.
-    let client = if svc.flags & SERVICE_F_MAGLEV != 0 {
-        client_key(ctx, svc.flags)
-    } else {
-        0
-    };
+    let client = client_key(ctx, svc.flags);
     let Some((dest, flags)) = backend::<ROTATE>(key, svc, client, outcomes)? else {
         return Ok(None);
     };
@@ -95,11 +95,15 @@ pub fn target<const ROTATE: bool>(
     Ok(Some(to_host(svc.id, dest, flags)))
 }
 
-/// What consistent hashing keys on for a service with `flags` (`SERVICE_HASH_KEY_MASK`).
+/// What consistent hashing keys on for a service with `flags` (`SERVICE_HASH_KEY_MASK`); 0
+/// for a service that does not hash (only consistent hashing reads a key of the client).
 /// The daemon publishes a process or cgroup key only when the loader found its helper; on a
 /// kernel without it the branch is dead, and the verifier never sees the call.
 #[inline(always)]
 fn client_key(ctx: &SockAddrContext, flags: u32) -> u64 {
+    if flags & SERVICE_F_MAGLEV == 0 {
+        return 0;
+    }
     match hash_key_of(flags) {
         // Without the helper (never published so: the daemon refuses the service) every
         // client has key 0 rather than another key.
@@ -124,17 +128,44 @@ fn client_key(ctx: &SockAddrContext, flags: u32) -> u64 {
     }
 }
 
-/// A proxy-mode service: the proxy listener, counted for the service either way.
+/// Where a proxy-mode connect goes.
+enum Proxied {
+    /// To the proxy listener.
+    Listener(Target),
+    /// No proxy listens: to the address dialled (`SERVICE_F_NO_PROXY_DIALLED`).
+    Dialled,
+    /// No proxy listens: to a host, chosen as for a direct service (`SERVICE_F_NO_PROXY_HOSTS`).
+    Hosts,
+}
+
+/// A proxy-mode service: the proxy listener while one is there ([`listener::live`]); else the
+/// kernel path's answer where the daemon published one, and a refusal where it did not (an
+/// HTTP-routed service, which only the proxy can serve). Counted for the service.
 #[inline(always)]
-fn to_proxy(svc: &Service, key: &ServiceKey) -> Result<Target, Refuse> {
-    let redirect = proxy_listener(key);
-    let outcome = if redirect.is_ok() {
-        ServiceOutcome::ToProxy
-    } else {
-        ServiceOutcome::NoHost
-    };
-    count_service(svc.id, outcome);
-    redirect
+fn to_proxy(ctx: &SockAddrContext, svc: &Service, key: &ServiceKey) -> Result<Proxied, Refuse> {
+    if let Some(dest) = listener::live(ctx, key) {
+        count(counters::CONNECT_PROXY_REDIRECTED);
+        count_service(svc.id, ServiceOutcome::ToProxy);
+        return Ok(Proxied::Listener(Target {
+            dest,
+            proxied: true,
+            passive: false,
+            least: false,
+            limited: false,
+        }));
+    }
+    if svc.flags & (SERVICE_F_NO_PROXY_HOSTS | SERVICE_F_NO_PROXY_DIALLED) == 0 {
+        count(counters::CONNECT_PROXY_NO_LISTENER);
+        count_service(svc.id, ServiceOutcome::NoHost);
+        log::service!(warn, WARN, key, "connect refused: no proxy listener");
+        return Err(Refuse);
+    }
+    count(counters::CONNECT_PROXY_ABSENT_DIRECT);
+    if svc.flags & SERVICE_F_NO_PROXY_HOSTS != 0 {
+        return Ok(Proxied::Hosts);
+    }
+    count_service(svc.id, ServiceOutcome::ToHost);
+    Ok(Proxied::Dialled)
 }
 
 /// The chosen backend `dest` of service `id`, whose entry had `flags`, counted for the service.
@@ -199,29 +230,4 @@ fn backend<const ROTATE: bool>(
             None => return Ok(None),
         }
     }
-}
-
-/// The proxy listener for a client of `key`'s family; refused when the daemon has set none.
-#[inline(always)]
-fn proxy_listener(key: &ServiceKey) -> Result<Target, Refuse> {
-    let family = key.family;
-    let s = settings();
-    let dest = if family == FAMILY_V4 {
-        s.proxy_v4
-    } else {
-        s.proxy_v6
-    };
-    if dest.family != family {
-        count(counters::CONNECT_PROXY_NO_LISTENER);
-        log::service!(warn, WARN, key, "connect refused: no proxy listener");
-        return Err(Refuse);
-    }
-    count(counters::CONNECT_PROXY_REDIRECTED);
-    Ok(Target {
-        dest,
-        proxied: true,
-        passive: false,
-        least: false,
-        limited: false,
-    })
 }

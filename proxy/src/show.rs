@@ -13,8 +13,9 @@ use proxy_common::{
     service::{
         Backend, HASH_KEY_CGROUP, HASH_KEY_NETNS, HASH_KEY_PROCESS, HASH_KEY_SOCKET, HASH_KEY_USER,
         MAX_PRIORITIES, PROTO_TCP, PROTO_UDP, SERVICE_F_CX_LIMIT, SERVICE_F_DROP, SERVICE_F_MAGLEV,
-        SERVICE_F_PANIC, SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN,
-        SERVICE_F_SINGLE, SLOTS, Service, ServiceKey, SlotTable, SlotTableKey, hash_key_of,
+        SERVICE_F_NO_PROXY_DIALLED, SERVICE_F_NO_PROXY_HOSTS, SERVICE_F_PANIC, SERVICE_F_PASSIVE,
+        SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, SLOTS, Service, ServiceKey,
+        SlotTable, SlotTableKey, hash_key_of,
         legacy::{BACKENDS_V1, SERVICES_V1, SLOTS_V1, ServiceV1},
     },
     socket::SETTINGS_F_SPLICE,
@@ -262,6 +263,8 @@ fn flag_names(flags: u32) -> Vec<&'static str> {
         (SERVICE_F_PANIC, "panic"),
         (SERVICE_F_CX_LIMIT, "max_connections"),
         (SERVICE_F_DROP, "drop_overloads"),
+        (SERVICE_F_NO_PROXY_HOSTS, "no_proxy:hosts"),
+        (SERVICE_F_NO_PROXY_DIALLED, "no_proxy:dialled"),
     ]
     .into_iter()
     .filter(|(bit, _)| flags & bit != 0)
@@ -409,6 +412,10 @@ mod tests {
         assert_eq!(
             flag_names(SERVICE_F_PROXY | SERVICE_F_PASSIVE),
             ["proxy", "passive"]
+        );
+        assert_eq!(
+            flag_names(SERVICE_F_PROXY | SERVICE_F_NO_PROXY_HOSTS),
+            ["proxy", "no_proxy:hosts"]
         );
         // A Maglev entry of an earlier daemon (no key bits) hashed on the namespace.
         assert_eq!(flag_names(SERVICE_F_MAGLEV), ["maglev", "key:netns"]);

@@ -15,11 +15,13 @@ use std::{
 };
 
 use integration_tests::kernel::{
-    InCgroup, InProcess, LoopReport, Netns, TestCgroup, in_netns, in_netns_at, require_root,
-    skip_without_dataplane, spec, tcp_loop, widen_port_range,
+    BannerServers, InCgroup, InProcess, LoopReport, Netns, TestCgroup, in_netns, in_netns_at,
+    require_root, skip_without_dataplane, spec, tcp_loop, widen_port_range,
 };
 use proxy::dataplane::OriginalDestinations;
-use proxy_common::service::SERVICE_F_PROXY;
+use proxy_common::service::{
+    SERVICE_F_NO_PROXY_DIALLED, SERVICE_F_NO_PROXY_HOSTS, SERVICE_F_PROXY,
+};
 use rstest::rstest;
 
 /// Connections in the growth test: 100,000 (about 12 s in a debug build), or
@@ -105,6 +107,11 @@ impl Drop for Listener {
 }
 
 fn setup(fam: &Family) -> (Netns, TestCgroup, InProcess, SocketAddr, SocketAddr) {
+    setup_with(fam, SERVICE_F_PROXY)
+}
+
+/// [`setup`] with the proxy-mode service published with `flags`.
+fn setup_with(fam: &Family, flags: u32) -> (Netns, TestCgroup, InProcess, SocketAddr, SocketAddr) {
     require_root();
     let netns = Netns::new();
     let cgroup = TestCgroup::new();
@@ -113,7 +120,7 @@ fn setup(fam: &Family) -> (Netns, TestCgroup, InProcess, SocketAddr, SocketAddr)
     let mut dp = InProcess::open(&cgroup);
     let host: SocketAddr = fam.host.parse().unwrap();
     dp.publisher()
-        .publish(&spec("proxied", vip, false, SERVICE_F_PROXY, &[host]))
+        .publish(&spec("proxied", vip, false, flags, &[host]))
         .expect("publishing");
     (netns, cgroup, dp, vip, listener)
 }
@@ -168,6 +175,8 @@ fn proxy_mode_redirects_to_the_listener_which_finds_the_original_destination(#[c
     );
 }
 
+/// A proxy-mode service the kernel cannot serve itself (no `SERVICE_F_NO_PROXY_*` flag: an
+/// HTTP-routed one) while no proxy listens, whether a listener is set or not, is refused.
 #[rstest]
 #[case::ipv4(V4)]
 #[case::ipv6(V6)]
@@ -176,21 +185,100 @@ fn proxy_mode_without_a_listener_refuses_connects(#[case] fam: Family) {
     if skip_without_dataplane("proxy_mode_without_a_listener_refuses_connects") {
         return;
     }
-    let (netns, cgroup, dp, vip, _) = setup(&fam);
-    let report = LoopReport::parse(
-        &InCgroup::spawn(Some(cgroup.path()), &netns, move || {
-            serde_json::to_string(&tcp_loop(vip, 5, Duration::from_secs(10))).unwrap()
+    let (netns, cgroup, mut dp, vip, listener) = setup(&fam);
+    for (set, refused) in [(false, 5), (true, 10)] {
+        if set {
+            dp.set_proxy_listener(listener)
+                .expect("setting the listener");
+        }
+        let report = connects(&netns, &cgroup, vip, 5);
+        assert_eq!(
+            report
+                .errors
+                .get(integration_tests::features::refused_errno()),
+            Some(&5),
+            "listener set: {set}: {report:?}"
+        );
+        assert_eq!(dp.counter("connect_proxy_no_listener"), refused);
+    }
+    assert_eq!(dp.counter("connect_proxy_absent_direct"), 0);
+}
+
+/// `count` connects from the cgroup to `vip`.
+fn connects(netns: &Netns, cgroup: &TestCgroup, vip: SocketAddr, count: u32) -> LoopReport {
+    LoopReport::parse(
+        &InCgroup::spawn(Some(cgroup.path()), netns, move || {
+            serde_json::to_string(&tcp_loop(vip, count, Duration::from_secs(20))).unwrap()
         })
-        .wait(Duration::from_secs(30)),
-    );
+        .wait(Duration::from_secs(60)),
+    )
+}
+
+/// A proxy-mode TCP service published with its hosts (`SERVICE_F_NO_PROXY_HOSTS`) while no
+/// proxy listens: with the listener withdrawn (a daemon's stop) and with it still set but its
+/// socket gone (`kill -9`), connects go straight to the host, shown as the service, and are
+/// counted `connect_proxy_absent_direct`; once the listener is there, to it again.
+#[rstest]
+#[case::ipv4(V4)]
+#[case::ipv6(V6)]
+fn without_a_listening_proxy_a_proxy_mode_service_goes_to_its_hosts(#[case] fam: Family) {
+    require_root();
+    if skip_without_dataplane("without_a_listening_proxy_a_proxy_mode_service_goes_to_its_hosts") {
+        return;
+    }
+    let flags = SERVICE_F_PROXY | SERVICE_F_NO_PROXY_HOSTS;
+    let (netns, cgroup, mut dp, vip, listener) = setup_with(&fam, flags);
+    let host: SocketAddr = fam.host.parse().unwrap();
+    let _host = BannerServers::start(&netns, &[(host, "host", false)]);
+    let direct = |dp: &InProcess, what: &str| {
+        let report = connects(&netns, &cgroup, vip, 20);
+        assert_eq!(report.banners.get("host"), Some(&20), "{what}: {report:?}");
+        assert_eq!(report.peers.iter().collect::<Vec<_>>(), [&vip.to_string()]);
+        println!("{what}: 20 of 20 connects reached the host");
+        dp.counter("connect_proxy_absent_direct")
+    };
+    assert_eq!(direct(&dp, "no listener set"), 20);
+    dp.set_proxy_listener(listener)
+        .expect("setting the listener");
+    assert_eq!(direct(&dp, "a listener set, nothing listening"), 40);
+    assert_eq!(dp.counter("connect_proxy_redirected"), 0);
+    assert_eq!(dp.counter("connect_proxy_no_listener"), 0);
+
+    let _listener = Listener::start(&netns, listener, dp.original_destinations());
+    let report = connects(&netns, &cgroup, vip, 20);
     assert_eq!(
-        report
-            .errors
-            .get(integration_tests::features::refused_errno()),
-        Some(&5),
+        report.banners.get(&format!("orig={vip}")),
+        Some(&20),
         "{report:?}"
     );
-    assert_eq!(dp.counter("connect_proxy_no_listener"), 5);
+    assert_eq!(dp.counter("connect_proxy_redirected"), 20);
+    assert_eq!(dp.counter("connect_proxy_absent_direct"), 40);
+}
+
+/// An ORIGINAL_DST proxy-mode service (`SERVICE_F_NO_PROXY_DIALLED`, no hosts) while no proxy
+/// listens: connects go to the address dialled, counted `connect_proxy_absent_direct`.
+#[test]
+fn without_a_listening_proxy_an_original_dst_service_goes_where_dialled() {
+    require_root();
+    if skip_without_dataplane(
+        "without_a_listening_proxy_an_original_dst_service_goes_where_dialled",
+    ) {
+        return;
+    }
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let vip: SocketAddr = "127.77.1.2:80".parse().unwrap();
+    let mut dp = InProcess::open(&cgroup);
+    let flags = SERVICE_F_PROXY | SERVICE_F_NO_PROXY_DIALLED;
+    dp.publisher()
+        .publish(&spec("dialled", vip, false, flags, &[]))
+        .expect("publishing");
+    dp.set_proxy_listener(V4.listener.parse().unwrap())
+        .expect("setting the listener");
+    let _dialled = BannerServers::start(&netns, &[(vip, "dialled", false)]);
+    let report = connects(&netns, &cgroup, vip, 20);
+    assert_eq!(report.banners.get("dialled"), Some(&20), "{report:?}");
+    assert_eq!(dp.counter("connect_proxy_absent_direct"), 20);
+    assert_eq!(dp.counter("connect_proxy_redirected"), 0);
 }
 
 #[test]

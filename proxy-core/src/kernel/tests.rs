@@ -24,10 +24,11 @@ fn kernel_flags_follow_the_clusters() {
             0,
             SERVICE_F_PASSIVE,
             SERVICE_F_MAGLEV | (HASH_KEY_PROCESS << SERVICE_HASH_KEY_SHIFT),
-            SERVICE_F_PASSIVE | SERVICE_F_PROXY,
+            // While no proxy listens, the kernel connects to its hosts.
+            SERVICE_F_PASSIVE | SERVICE_F_PROXY | SERVICE_F_NO_PROXY_HOSTS,
             SERVICE_F_ROUND_ROBIN,
             // The proxy rotates a proxy-mode service's hosts itself.
-            SERVICE_F_PROXY,
+            SERVICE_F_PROXY | SERVICE_F_NO_PROXY_HOSTS,
         ]
     );
     assert!(templates[4].rotates() && !templates[5].rotates());
@@ -160,11 +161,12 @@ fn the_spec_carries_the_routing_its_refusals_and_the_panic_flag() {
     assert!(templates[2].spec(&[]).priorities.is_empty());
 }
 
-/// A cluster with hosts of both families behind a v4 and a v6 service: each kernel-path service
-/// gets only its own family's hosts (a priority level left empty goes), a proxy-mode service
-/// all of them (the proxy connects across families).
+/// A cluster with hosts of both families behind a v4 and a v6 service: each service gets only
+/// its own family's hosts (a priority level left empty goes), a proxy-mode one too: the kernel
+/// connects to them only while no proxy listens (the proxy reads the cluster itself and
+/// connects across families).
 #[test]
-fn a_kernel_path_service_keeps_only_hosts_of_its_family() {
+fn a_service_keeps_only_hosts_of_its_family() {
     let yaml = format!(
         "proxy: {{ listeners: [\"127.0.0.1:15001\"] }}\nclusters:\n  - name: dual\n{ENDPOINT}services:\n  - {{ name: four, address: 127.77.0.1, port: 80, cluster: dual }}\n  - {{ name: six, address: 'fd77::1', port: 80, cluster: dual }}\n  - {{ name: proxied, address: 'fd77::2', port: 80, cluster: dual, mode: proxy }}\n"
     );
@@ -194,7 +196,7 @@ fn a_kernel_path_service_keeps_only_hosts_of_its_family() {
     let six = templates[1].spec(&[("dual", &dual)]);
     assert_eq!(addrs(&six), [vec![v6.addr], vec![v6_backup.addr]]);
     let proxied = templates[2].spec(&[("dual", &dual)]);
-    assert_eq!(proxied.priorities, lb::kernel_levels(&dual));
+    assert_eq!(addrs(&proxied), [vec![v6.addr], vec![v6_backup.addr]]);
 
     // Only hosts of the other family: no host at all (the kernel refuses the connect).
     let only_v4 = Routing::compute(&[(v4, HostClass::Healthy)], 50.0);
@@ -302,4 +304,42 @@ fn a_resolvers_load_balancer_chooses_over_the_clusters_lb_policy() {
             SERVICE_F_MAGLEV | process,
         ]
     );
+}
+
+/// While no proxy listens (a restart's gap), the kernel serves a proxy-mode service the proxy
+/// serves per connection: a cluster's service from its hosts (published for it), a plain
+/// ORIGINAL_DST one to the address dialled. One the proxy routes per HTTP request (a chain, or
+/// ORIGINAL_DST by `use_http_header`) gets neither flag and no hosts: the kernel refuses it.
+#[test]
+fn a_proxy_mode_service_says_what_the_kernel_does_while_no_proxy_listens() {
+    let yaml = format!(
+        "proxy: {{ listeners: [\"127.0.0.1:15001\"] }}\nclusters:\n  - name: web\n{ENDPOINT}  - name: api\n{ENDPOINT}  - {{ name: od, type: ORIGINAL_DST, lb_policy: CLUSTER_PROVIDED }}\nconfig_entries:\n  - {{ Kind: service-defaults, Name: web, Protocol: http }}\n  - {{ Kind: service-defaults, Name: api, Protocol: http }}\n  - {{ Kind: service-router, Name: web, Routes: [ {{ Match: {{ HTTP: {{ PathPrefix: /api }} }}, Destination: {{ Service: api }} }} ] }}\nservices:\n  - {{ name: direct, address: 127.77.0.1, port: 80, cluster: web }}\n  - {{ name: tcp, address: 127.77.0.2, port: 80, cluster: web, mode: proxy }}\n  - {{ name: od, address: 127.77.0.3, port: 80, cluster: od, mode: proxy }}\n  - {{ name: routed, address: 127.77.0.4, port: 80, chain: web, mode: proxy }}\n"
+    );
+    let config = Config::parse(&yaml, Path::new("t.yaml")).expect("valid config");
+    let templates = ServiceTemplate::all(&config);
+    let fallback = SERVICE_F_NO_PROXY_HOSTS | SERVICE_F_NO_PROXY_DIALLED;
+    let flags: Vec<u32> = templates.iter().map(|t| t.flags & fallback).collect();
+    assert_eq!(
+        flags,
+        [0, SERVICE_F_NO_PROXY_HOSTS, SERVICE_F_NO_PROXY_DIALLED, 0]
+    );
+    let reads: Vec<bool> = templates.iter().map(ServiceTemplate::reads_hosts).collect();
+    assert_eq!(reads, [true, true, false, false]);
+    let web = Routing::compute(&[(host(1), HostClass::Healthy)], 50.0);
+    assert_eq!(
+        templates[1].spec(&[("web", &web)]).priorities,
+        lb::kernel_levels(&web),
+        "the proxy-mode TCP service carries its hosts"
+    );
+    assert!(
+        templates[3].spec(&[("web", &web)]).priorities.is_empty(),
+        "the HTTP-routed one none"
+    );
+
+    let by_header = yaml.replace(
+        "lb_policy: CLUSTER_PROVIDED",
+        "lb_policy: CLUSTER_PROVIDED, original_dst_lb_config: { use_http_header: true }",
+    );
+    let config = Config::parse(&by_header, Path::new("t.yaml")).expect("valid config");
+    assert_eq!(ServiceTemplate::all(&config)[2].flags & fallback, 0);
 }

@@ -4,11 +4,14 @@
 //! data path's types (the kernel's original-destination map, proxy-pair splicing).
 //!
 //! Order matters for the kernel: the listener is bound and published (`abi::maps::SETTINGS`)
-//! before any service is published with `SERVICE_F_PROXY`, and on shutdown the listener is
-//! withdrawn first, so a connect is either redirected to a live listener or refused, never sent
-//! nowhere.
+//! once the clusters have their first hosts, and on shutdown the listener is withdrawn first,
+//! then the proxy accepts for [`WITHDRAW_GRACE`] more before it stops: a connect is redirected
+//! to a listener that takes it, or (no listener there) served by the kernel as its
+//! `SERVICE_F_NO_PROXY_*` flag says, or refused; never sent to a listener about to close.
+//! Between two daemons (a restart, or a `kill -9` and the next start) the kernel serves a
+//! proxy-mode TCP service straight to its hosts.
 
-use std::{collections::BTreeMap, net::SocketAddr, sync::Arc};
+use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use proxy_chain::TargetLeg;
@@ -32,9 +35,10 @@ use crate::dataplane::{OriginalDestinations, PairGuard, PairSplicer};
 
 /// Starts the proxy path when the configuration uses it or its file declares it (`declared`:
 /// a proxy-mode service waits for a dynamic source; `None` otherwise), and points the
-/// kernel's proxy-mode redirect at its listeners. After a takeover (`inherited`) it accepts on
-/// the sockets the previous daemon handed over, once the clusters have their first hosts (the
-/// previous daemon accepts on them meanwhile), and then tells that daemon to drain.
+/// kernel's proxy-mode redirect at its listeners, once the clusters have their first hosts
+/// (bounded by `FIRST_PUBLISH_WAIT`). After a takeover (`inherited`) it accepts on the sockets
+/// the previous daemon handed over (which accepts on them meanwhile), and then tells that
+/// daemon to drain.
 pub async fn start(
     config: &Config,
     declared: bool,
@@ -50,11 +54,13 @@ pub async fn start(
     }
     let proxy_config = config.effective_proxy();
     let deps = deps(config, upstreams, dp, &proxy_config)?;
+    // Accepting before the clusters have hosts would reset connections: after a takeover the
+    // previous daemon accepts meanwhile, after a restart or a first start the kernel serves
+    // the services' hosts itself (or nothing redirects yet). The kernel finds a listener as
+    // soon as it is bound (a killed daemon left its address in the settings).
+    clusters_initialized(upstreams).await;
     let handle = match inherited.as_mut().map(Inherited::take_listeners) {
-        Some(sockets) => {
-            clusters_initialized(upstreams).await;
-            proxy_path::serve_inherited(proxy_config, deps, sockets).await?
-        }
+        Some(sockets) => proxy_path::serve_inherited(proxy_config, deps, sockets).await?,
         None => proxy_path::serve(proxy_config, deps).await?,
     };
     let (v4, v6) = first_per_family(handle.local_addrs());
@@ -138,8 +144,14 @@ async fn clusters_initialized(upstreams: &BTreeMap<String, Arc<Upstream>>) {
     }
 }
 
-/// Withdraws the kernel's redirect target (new proxy-mode connects are refused from now on),
-/// then drains the proxy's connections until its shutdown deadline.
+/// How long the proxy accepts after its listener was withdrawn from the kernel. A connect that
+/// read the listener just before lands in its accept queue a moment later (one program run and
+/// a loopback handshake); closing the listener then would reset it.
+pub const WITHDRAW_GRACE: Duration = Duration::from_millis(50);
+
+/// Withdraws the kernel's redirect target (from now on the kernel serves proxy-mode connects
+/// itself where it can, see `SERVICE_F_NO_PROXY_HOSTS`, and refuses the others), accepts for
+/// [`WITHDRAW_GRACE`] more, then drains the proxy's connections until its shutdown deadline.
 pub async fn stop(handle: ProxyHandle, dp: &SharedDataplane) {
     {
         let mut guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -151,6 +163,7 @@ pub async fn stop(handle: ProxyHandle, dp: &SharedDataplane) {
             }
         }
     }
+    tokio::time::sleep(WITHDRAW_GRACE).await;
     let outcome = handle.shutdown().await;
     info!(?outcome, "proxy path drained");
 }

@@ -273,11 +273,14 @@ fn service_fingerprint(config: &Config, svc: &proxy_core::config::Service) -> St
         .iter()
         .map(|name| format!("{:?}", config.cluster(name).map(|c| c.lb_policy)))
         .collect();
+    // What the kernel does while no proxy listens depends on whether a chain routes the
+    // service (which the clusters alone do not show).
     format!(
-        "{svc:?} {:?} {:?} {clusters:?} {}",
+        "{svc:?} {:?} {:?} {clusters:?} {} {}",
         config.chain_plan(svc),
         config.service_clusters(svc),
-        config.datacenter
+        config.datacenter,
+        proxy_core::kernel::no_proxy_fallback(svc, config)
     )
 }
 

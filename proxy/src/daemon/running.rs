@@ -9,7 +9,7 @@ use std::{
 
 use proxy_common::service::ServiceKey;
 use proxy_core::{
-    config::{Config, Service, ServiceMode, host_guard::HostGuard},
+    config::{Config, Service, host_guard::HostGuard},
     desired::{Overlay, Source},
     discovery::xds::{XdsClients, resources::FileNames},
     health::HealthCheckManager,
@@ -90,10 +90,13 @@ impl Running {
             .iter()
             .filter_map(|name| Some(self.upstreams.get(name)?.initialized()))
             .collect();
-        // A proxy-mode service is only a redirect in the kernel: the proxy reads its clusters.
-        let kernel_clusters = match svc.mode {
-            ServiceMode::Direct => clusters,
-            ServiceMode::Proxy => Vec::new(),
+        // A proxy-mode service is a redirect in the kernel, and the proxy reads its clusters;
+        // its hosts are in the kernel entry too where the kernel connects to them while no
+        // proxy listens (a restart's gap). An HTTP-routed one has none.
+        let kernel_clusters = if spec.reads_hosts() {
+            clusters
+        } else {
+            Vec::new()
         };
         let inputs: Vec<ClusterInput> = kernel_clusters
             .into_iter()

@@ -150,8 +150,9 @@ impl RuntimeMaps {
         self.write_settings(s)
     }
 
-    /// Removes the proxy listener of one family: proxy-mode connects of that family are refused
-    /// (EPERM) until one is set again.
+    /// Removes the proxy listener of one family: until one is set again, proxy-mode connects of
+    /// that family go where the service's `SERVICE_F_NO_PROXY_*` flag says (its hosts, or the
+    /// address dialled), and are refused without one.
     pub fn clear_proxy_listener(&mut self, ipv6: bool) -> Result<(), DataplaneError> {
         let mut s = self.settings();
         if ipv6 {

@@ -130,8 +130,13 @@ impl Engine {
             }
             Err(err) => {
                 DnsClusterStats::inc(&self.stats.update_failure);
-                warn!(cluster = %self.cluster, target, %err, "dns resolution failed, hosts kept");
+                let had_hosts = !state.per_target[index].hosts.is_empty();
                 let dropped = self.failed(&mut state, index, target);
+                // A drop at the bound logs its own line; otherwise say what the name still has.
+                if !dropped {
+                    let hosts = if had_hosts { "last hosts kept" } else { "none" };
+                    warn!(cluster = %self.cluster, target, %err, hosts, "dns resolution failed");
+                }
                 (Self::failure_refresh(&mut state), dropped)
             }
         };

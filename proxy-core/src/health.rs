@@ -12,7 +12,9 @@ pub mod cluster;
 pub mod cluster_config;
 pub mod config;
 pub mod drop_overload;
-pub mod duration;
+/// Durations as the whole configuration reads and writes them (one grammar: Envoy's `"0.5s"`
+/// and the `"500ms"` shorthand).
+pub use crate::config::duration;
 pub mod grpc;
 pub mod http;
 pub mod manager;

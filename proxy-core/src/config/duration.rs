@@ -47,18 +47,21 @@ fn parse_decimal(number: &str, unit_nanos: u64) -> Option<Duration> {
     Some(Duration::new(secs, (nanos % 1_000_000_000) as u32))
 }
 
-/// Formats a duration the way Envoy's JSON does: "5s", "0.500s".
+/// Formats a duration the way protobuf's JSON mapping (and so Envoy) does: "5s", "0.500s",
+/// "0.000050s", "1.000000001s" (0, 3, 6 or 9 fractional digits, as the precision needs).
 pub fn format(duration: Duration) -> String {
     let nanos = duration.subsec_nanos();
+    let secs = duration.as_secs();
     if nanos == 0 {
-        format!("{}s", duration.as_secs())
+        format!("{secs}s")
     } else if nanos.is_multiple_of(1_000_000) {
-        format!("{}.{:03}s", duration.as_secs(), nanos / 1_000_000)
+        format!("{secs}.{:03}s", nanos / 1_000_000)
+    } else if nanos.is_multiple_of(1_000) {
+        format!("{secs}.{:06}s", nanos / 1_000)
     } else {
-        format!("{}.{:09}s", duration.as_secs(), nanos)
+        format!("{secs}.{nanos:09}s")
     }
 }
-
 /// `#[serde(with = "duration")]` support: serialize.
 pub fn serialize<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.serialize_str(&format(*duration))
@@ -136,5 +139,7 @@ mod tests {
         assert_eq!(format(Duration::from_secs(5)), "5s");
         assert_eq!(format(Duration::from_millis(500)), "0.500s");
         assert_eq!(format(Duration::new(1, 1)), "1.000000001s");
+        assert_eq!(format(Duration::from_micros(50)), "0.000050s");
+        assert_eq!(format(Duration::from_millis(1500)), "1.500s");
     }
 }

@@ -7,7 +7,7 @@ use std::{net::SocketAddr, num::NonZeroUsize, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
-use crate::health::duration;
+use crate::config::duration;
 
 /// Named defaults.
 pub mod defaults {
@@ -364,11 +364,12 @@ mod tests {
         assert_eq!(ms.yield_after_idle, Duration::from_millis(1));
         let us = serde_json::to_value(ProxyConfig::default()).unwrap();
         assert_eq!(
-            us["yield_after_idle"], "0.00005s",
+            us["yield_after_idle"], "0.000050s",
             "written back in Envoy's form"
         );
         let err = serde_json::from_str::<ProxyConfig>(r#"{"yield_after_idle": "50us"}"#);
-        assert!(err.unwrap_err().to_string().contains("invalid duration"));
+        let err = err.unwrap_err().to_string();
+        assert!(err.contains("expected a duration such as"), "{err}");
         assert_eq!(c.listeners, vec![SocketAddr::from(([127, 0, 0, 1], 1))]);
         let err = serde_json::from_str::<ProxyConfig>(r#"{"drain_timeoutt": "1s"}"#).unwrap_err();
         assert!(err.to_string().contains("unknown field"), "{err}");

@@ -284,7 +284,11 @@ fn every_timer_interval_has_a_one_millisecond_floor() {
 fn unknown_fields_and_bad_durations_are_rejected() {
     assert!(serde_norway::from_str::<HealthCheck>("{timeout: 1s, colour: red}").is_err());
     assert!(serde_norway::from_str::<HealthCheck>("{timeout: 5}").is_err());
-    assert!(serde_norway::from_str::<HealthCheck>("{timeout: 1.5ms}").is_err());
+    assert!(serde_norway::from_str::<HealthCheck>("{timeout: 1.5 ms}").is_err());
+    // The configuration's one duration grammar: what a cluster's `connect_timeout` takes, a
+    // health check's `timeout` takes too (they disagreed on `"1.5ms"`).
+    let hc: HealthCheck = serde_norway::from_str("{timeout: 1.5ms}").unwrap();
+    assert_eq!(hc.timeout, Some(std::time::Duration::from_micros(1500)));
 }
 
 #[test]

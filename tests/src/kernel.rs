@@ -780,9 +780,11 @@ pub fn recv_with_fds(
         while !cmsg.is_null() {
             if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
                 let bytes = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                let data = libc::CMSG_DATA(cmsg).cast::<i32>();
+                let data = libc::CMSG_DATA(cmsg);
                 for i in 0..bytes / size_of::<i32>() {
-                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                    let mut raw = [0u8; size_of::<i32>()];
+                    std::ptr::copy_nonoverlapping(data.add(i * raw.len()), raw.as_mut_ptr(), 4);
+                    fds.push(OwnedFd::from_raw_fd(i32::from_ne_bytes(raw)));
                 }
             }
             cmsg = libc::CMSG_NXTHDR(&raw const msg, cmsg);

@@ -425,12 +425,23 @@ impl Daemon {
         config: &str,
         passed: &[std::os::fd::OwnedFd],
     ) -> Self {
+        crate::start_retrying("the daemon", 4, || {
+            Self::try_start_in_passing(netns, wrapper, config, passed)
+        })
+    }
+
+    /// One start of [`Daemon::start_in_passing`], not retried: `Err` with the exit status and
+    /// the log if the daemon exited before it was ready.
+    pub fn try_start_in_passing(
+        netns: &Netns,
+        wrapper: &[&str],
+        config: &str,
+        passed: &[std::os::fd::OwnedFd],
+    ) -> Result<Self, String> {
         use std::os::fd::AsRawFd;
         let raw: Vec<i32> = passed.iter().map(AsRawFd::as_raw_fd).collect();
-        crate::start_retrying("the daemon", 4, || {
-            let mut daemon = Self::launch_passing(config, Some(netns.path()), wrapper, &[], &raw);
-            daemon.wait_ready().map(|()| daemon)
-        })
+        let mut daemon = Self::launch_passing(config, Some(netns.path()), wrapper, &[], &raw);
+        daemon.wait_ready().map(|()| daemon)
     }
 
     /// One start of [`Daemon::start_in_with`], not retried: `Err` with the exit status and the

@@ -37,7 +37,7 @@ const STORE_MAX: &str = "FDSTORE=64";
 /// The name the daemon stores its listener under.
 const FDNAME: &str = "proxy-listener";
 
-fn config(cgroup: &TestCgroup) -> String {
+fn config(instance: &str, cgroup: &TestCgroup) -> String {
     let endpoint = |addr: &str| {
         let a: SocketAddr = addr.parse().expect("literal");
         format!(
@@ -48,7 +48,7 @@ fn config(cgroup: &TestCgroup) -> String {
     };
     format!(
         "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nproxy:\n  listeners: [\"127.0.0.1:15001\"]\nclusters:\n  - name: web\n{}  - name: api\n{}config_entries:\n  - {{ Kind: service-defaults, Name: web, Protocol: http }}\n  - {{ Kind: service-defaults, Name: api, Protocol: http }}\n  - Kind: service-router\n    Name: web\n    Routes:\n      - Match: {{ HTTP: {{ PathPrefix: /api }} }}\n        Destination: {{ Service: api, PrefixRewrite: /v2 }}\nservices:\n  - {{ name: web, address: 127.77.0.1, port: 80, chain: web, mode: proxy }}\n",
-        unique("fds"),
+        instance,
         cgroup.path().display(),
         endpoint(WEB),
         endpoint(API),
@@ -110,6 +110,13 @@ impl Manager {
 
     /// The next daemon, started with the store as `LISTEN_FDS`.
     fn start_next(&self, netns: &Netns, config: &str) -> Daemon {
+        let wrapper = self.next_wrapper();
+        let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+        Daemon::start_in_passing(netns, &wrapper, config, &self.store)
+    }
+
+    /// The command line prefix of a daemon started with the store as `LISTEN_FDS`.
+    fn next_wrapper(&self) -> Vec<String> {
         let count = format!("LISTEN_FDS={}", self.store.len());
         let names = format!(
             "LISTEN_FDNAMES={}",
@@ -117,7 +124,7 @@ impl Manager {
         );
         let notify = self.variable();
         // `LISTEN_PID` must be the daemon's pid: the shell's, which `exec` keeps.
-        let wrapper = [
+        [
             "env",
             &notify,
             STORE_MAX,
@@ -127,8 +134,9 @@ impl Manager {
             "-c",
             "export LISTEN_PID=$$; exec \"$@\"",
             "sh",
-        ];
-        Daemon::start_in_passing(netns, &wrapper, config, &self.store)
+        ]
+        .map(str::to_owned)
+        .to_vec()
     }
 }
 
@@ -182,7 +190,7 @@ fn across(stop: Stop) -> (u32, u32, u32, LoopReport) {
     let (netns, cgroup) = (Netns::new(), TestCgroup::new());
     let hosts = [(WEB.parse().unwrap(), "web"), (API.parse().unwrap(), "api")];
     let _servers = Servers::start(&netns, &hosts, http_server);
-    let config = config(&cgroup);
+    let config = config(&unique("fds"), &cgroup);
     let mut manager = Manager::bind();
     let first_env = ["env", &manager.variable(), STORE_MAX];
     let mut first = Daemon::start_in_wrapped(&netns, &first_env, &config, &[]);
@@ -267,4 +275,64 @@ fn kill9_and_a_new_daemon_refuse_no_http_routed_connect_with_a_descriptor_store(
         lost <= 1,
         "only the request the killed daemon held: {report:?}"
     );
+}
+
+/// Whatever the store holds is checked before the daemon touches anything: a descriptor under
+/// the listener's name that is not a listening TCP socket (here a UDP socket) stops the start
+/// with an error naming it, before the data path is attached (no pin directory); a listening
+/// socket of an address the configuration no longer has is closed and the configured one bound.
+#[test]
+fn a_stored_descriptor_is_checked_before_anything_is_attached() {
+    require_root();
+    if skip_without_dataplane("a_stored_descriptor_is_checked_before_anything_is_attached") {
+        return;
+    }
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let instance = unique("fdbad");
+    let config = config(&instance, &cgroup);
+    let mut manager = Manager::bind();
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("a UDP socket");
+    manager.store = vec![OwnedFd::from(udp)];
+    let wrapper = manager.next_wrapper();
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let refused = Daemon::try_start_in_passing(&netns, &wrapper, &config, &manager.store)
+        .err()
+        .expect("the start is refused");
+    println!("refused: {refused}");
+    assert!(
+        refused.contains("descriptor 3 passed by the service manager as \"proxy-listener\" is not a listening TCP socket (a socket of type SOCK_DGRAM"),
+        "{refused}"
+    );
+    assert!(
+        !std::path::Path::new("/sys/fs/bpf").join(&instance).exists(),
+        "nothing attached"
+    );
+
+    // A listener of an address no longer configured: closed, and the configured one bound.
+    let stale = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener");
+    let stale_addr = stale.local_addr().expect("its address");
+    manager.store = vec![OwnedFd::from(stale)];
+    let hosts = [(WEB.parse().unwrap(), "web"), (API.parse().unwrap(), "api")];
+    let _servers = Servers::start(&netns, &hosts, http_server);
+    let mut daemon = Daemon::start_in_passing(&netns, &wrapper, &config, &manager.store);
+    assert!(
+        manager.until_ready() >= 1,
+        "the configured listener's sockets"
+    );
+    // The manager dropped the stale one with FDSTOREREMOVE=1: nothing listens there now.
+    assert_eq!(
+        std::net::TcpStream::connect(stale_addr)
+            .map_err(|e| e.kind())
+            .err(),
+        Some(std::io::ErrorKind::ConnectionRefused)
+    );
+    assert!(
+        daemon.wait_log(
+            "closing stored listening sockets of addresses no longer configured",
+            Duration::ZERO
+        ),
+        "{}",
+        daemon.log_text()
+    );
+    assert!(daemon.stop(), "clean stop:\n{}", daemon.log_text());
 }

@@ -61,9 +61,6 @@ pub enum NotifyError {
     /// `WATCHDOG_USEC` is not a positive number of microseconds.
     #[error("WATCHDOG_USEC {0:?} is not a positive number of microseconds")]
     Watchdog(String),
-    /// `FDSTORE` is not a number of descriptors.
-    #[error("FDSTORE {0:?} is not a number of descriptors")]
-    Store(String),
 }
 
 impl Notifier {
@@ -86,10 +83,17 @@ impl Notifier {
             None => None,
             Some(usec) => Some(watchdog(&usec)?),
         };
-        let store_max = match var("FDSTORE") {
-            None => None,
-            Some(max) => Some(max.parse().map_err(|_| NotifyError::Store(max))?),
-        };
+        // A store the daemon cannot size is not used; the notifications still go.
+        let store_max = var("FDSTORE").and_then(|max| {
+            let parsed = max.parse::<usize>().ok();
+            if parsed.is_none() {
+                warn!(
+                    FDSTORE = max,
+                    "FDSTORE is not a number of descriptors: the proxy listener is not stored"
+                );
+            }
+            parsed
+        });
         Ok(Self {
             socket: Some(socket),
             watchdog,

@@ -6,7 +6,8 @@
 //! Entry point: [`serve`] binds the listeners and returns a [`ProxyHandle`]; the caller keeps it
 //! and calls [`ProxyHandle::shutdown`] (two-phase drain) when the daemon stops. A daemon that
 //! takes over from another one starts on the listening sockets that one handed over instead
-//! ([`serve_inherited`]), and hands its own over with [`ProxyHandle::handover`].
+//! ([`serve_inherited`]), and hands its own over with [`ProxyHandle::handover`]; after a restart
+//! under a service manager that kept them, on its stored ones ([`serve_stored`]).
 //!
 //! The crate knows nothing of the kernel programs: the daemon passes in what it has of them
 //! behind three traits, [`OriginalDst`] (the kernel's original-destination map), [`Splicer`] and
@@ -61,7 +62,7 @@ pub use proxy_core::config::proxy::{
 use tokio::task::JoinHandle;
 use tracing::info;
 
-use self::{addr::canonical, shared::Shared};
+use self::{addr::canonical, listener::Sockets, shared::Shared};
 pub use self::{
     addr::{BackendAddr, ClientAddr, OrigDstAddr},
     cluster::{ActiveLease, ClusterHandle, DrainPolicy, HostClose, HostState, host_state},
@@ -214,7 +215,7 @@ fn engine_threads(config: &ProxyConfig) -> usize {
 
 /// Binds the configured listeners and starts serving. Must run inside a tokio runtime.
 pub async fn serve(config: ProxyConfig, deps: ProxyDeps) -> Result<ProxyHandle, ProxyError> {
-    start(config, deps, None).await
+    start(config, deps, Sockets::Bind).await
 }
 
 /// Starts serving on listening sockets another daemon handed over (a takeover) instead of
@@ -228,7 +229,20 @@ pub async fn serve_inherited(
     deps: ProxyDeps,
     sockets: Vec<std::net::TcpListener>,
 ) -> Result<ProxyHandle, ProxyError> {
-    start(config, deps, Some(sockets)).await
+    start(config, deps, Sockets::HandedOver(sockets)).await
+}
+
+/// Starts serving on the listening sockets the service manager kept across a restart (its
+/// file-descriptor store) where they are of configured listener addresses (port 0 takes the
+/// port they have); configured addresses without one are bound, and sockets of addresses no
+/// longer configured are closed. No connection queued on a taken one is lost. Must run inside
+/// a tokio runtime.
+pub async fn serve_stored(
+    config: ProxyConfig,
+    deps: ProxyDeps,
+    sockets: Vec<std::net::TcpListener>,
+) -> Result<ProxyHandle, ProxyError> {
+    start(config, deps, Sockets::Stored(sockets)).await
 }
 
 #[expect(
@@ -238,9 +252,9 @@ pub async fn serve_inherited(
 async fn start(
     config: ProxyConfig,
     deps: ProxyDeps,
-    inherited: Option<Vec<std::net::TcpListener>>,
+    sockets: Sockets,
 ) -> Result<ProxyHandle, ProxyError> {
-    start_with(config, deps, inherited, None)
+    start_with(config, deps, sockets, None)
 }
 
 /// What a successor takes over from the proxy it replaces ([`ProxyHandle::successor`]).
@@ -253,7 +267,7 @@ struct Continued {
 fn start_with(
     config: ProxyConfig,
     deps: ProxyDeps,
-    inherited: Option<Vec<std::net::TcpListener>>,
+    sockets: Sockets,
     continued: Option<Continued>,
 ) -> Result<ProxyHandle, ProxyError> {
     if config.splice == SpliceMode::Kernel && deps.splicer.is_none() {
@@ -273,7 +287,7 @@ fn start_with(
         engine: engine_sockets,
         local_addrs,
         handover,
-    } = listener::Bound::new(&config.listeners, engine_threads, inherited)?;
+    } = listener::Bound::new(&config.listeners, engine_threads, sockets)?;
     let (stats, orig_dst_cluster, handover) = match continued {
         Some(c) => {
             // The successor's sockets are what a takeover hands over from now on.
@@ -399,7 +413,7 @@ impl ProxyHandle {
         let mut next = start_with(
             self.shared.config.clone(),
             deps,
-            Some(sockets),
+            Sockets::HandedOver(sockets),
             Some(continued),
         )?;
         // Only now that it serves: this one's place for the handover (a takeover server holds
@@ -708,6 +722,50 @@ mod tests {
             refused(addr).await,
             "the listener closes once its last holder drains"
         );
+    }
+
+    /// A restart under a service manager that stores the listener: while no proxy accepts,
+    /// a connect waits in the stored socket's queue; the next proxy takes the stored socket of
+    /// its configured address (and the queued connection), binds a configured address that
+    /// has none, and closes a stored socket no longer configured.
+    #[tokio::test]
+    async fn stored_sockets_serve_where_configured_and_the_others_close() {
+        let first = serve(on(SocketAddr::from(([127, 0, 0, 1], 0)), 2), deps())
+            .await
+            .expect("serving");
+        let addr = first.local_addrs()[0];
+        // The manager's copies.
+        let mut stored = first.handover().sockets().expect("duplicates");
+        first.shutdown().await;
+        let queued = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("queued while no proxy accepts, not refused");
+        let gone = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let gone_addr = gone.local_addr().expect("its address");
+        stored.push(gone);
+        let mut config = on(addr, 2);
+        config.listeners.push(SocketAddr::from(([127, 0, 0, 3], 0)));
+        let second = serve_stored(config, deps(), stored)
+            .await
+            .expect("serving on the stored sockets");
+        assert_eq!(second.local_addrs().len(), 2);
+        assert_eq!(second.local_addrs()[0], addr);
+        assert!(refused(gone_addr).await, "not configured: closed");
+        assert!(!refused(second.local_addrs()[1]).await, "bound");
+        // The queued connection has no original destination: the second proxy took it.
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        let counted = || {
+            second
+                .stats()
+                .into_iter()
+                .find_map(|(n, v)| (n == "downstream_cx_no_original_dst").then_some(v))
+        };
+        while counted() < Some(2) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(counted(), Some(2), "the queued connect and the bound one");
+        drop(queued);
+        second.shutdown().await;
     }
 
     /// Whether a connect to `addr` is refused.

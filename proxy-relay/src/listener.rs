@@ -86,15 +86,32 @@ pub(crate) struct Bound {
     pub(crate) handover: Vec<std::net::TcpListener>,
 }
 
+/// Where a proxy's listening sockets come from.
+pub(crate) enum Sockets {
+    /// Bound here.
+    Bind,
+    /// Handed over by the daemon this one takes over from (or by the proxy a reload
+    /// replaces): every configured address must be among them, and each of them configured.
+    HandedOver(Vec<std::net::TcpListener>),
+    /// Kept by the service manager across a restart: those of configured addresses are taken,
+    /// configured addresses without one are bound, and the others are closed (the
+    /// configuration changed).
+    Stored(Vec<std::net::TcpListener>),
+}
+
 impl Bound {
     /// Binds `addrs` (`engine_threads`: `SO_REUSEPORT` sockets for that many engine threads,
-    /// `None`: one socket each for the tokio path), or takes them from `inherited`.
+    /// `None`: one socket each for the tokio path), or takes them from `given`.
     pub(crate) fn new(
         addrs: &[SocketAddr],
         engine_threads: Option<usize>,
-        inherited: Option<Vec<std::net::TcpListener>>,
+        given: Sockets,
     ) -> Result<Self, ProxyError> {
-        let mut inherited = inherited.map(by_address).transpose()?;
+        let (mut inherited, stored) = match given {
+            Sockets::Bind => (None, false),
+            Sockets::HandedOver(sockets) => (Some(by_address(sockets)?), false),
+            Sockets::Stored(sockets) => (Some(by_address(sockets)?), true),
+        };
         let mut bound = Self {
             tokio: Vec::new(),
             engine: std::iter::repeat_with(Vec::new)
@@ -105,12 +122,18 @@ impl Bound {
         };
         for &addr in addrs {
             let bind_error = |source| ProxyError::Bind { addr, source };
-            let sockets = match &mut inherited {
-                Some(handed) => take_handed_over(handed, addr, engine_threads)?,
-                None => match engine_threads {
-                    Some(n) => bind_reuseport(addr, n).map_err(bind_error)?,
-                    None => vec![bind_std(addr, false).map_err(bind_error)?],
+            let handed = match inherited.as_mut() {
+                Some(handed) => match take_handed_over(handed, addr, engine_threads) {
+                    Ok(sockets) => Some(sockets),
+                    Err(ProxyError::NotHandedOver { .. }) if stored => None,
+                    Err(err) => return Err(err),
                 },
+                None => None,
+            };
+            let sockets = match (handed, engine_threads) {
+                (Some(sockets), _) => sockets,
+                (None, Some(n)) => bind_reuseport(addr, n).map_err(bind_error)?,
+                (None, None) => vec![bind_std(addr, false).map_err(bind_error)?],
             };
             bound
                 .local_addrs
@@ -126,6 +149,14 @@ impl Bound {
             }
         }
         match inherited {
+            Some(left) if !left.is_empty() && stored => {
+                let addrs: Vec<SocketAddr> = left.into_keys().collect();
+                warn!(
+                    ?addrs,
+                    "closing stored listening sockets of addresses no longer configured"
+                );
+                Ok(bound)
+            }
             Some(left) if !left.is_empty() => Err(ProxyError::HandedOverUnused {
                 addrs: left.into_keys().collect(),
             }),

@@ -82,7 +82,8 @@ pub fn run(
         .map_err(|refused| anyhow::anyhow!("{refused}"))?;
     let workers = workers.unwrap_or_else(default_workers);
     launch.concurrency = workers;
-    launch.notifier = Arc::new(notifier());
+    let stored = crate::fd_store::take_passed().context("the service manager's descriptors")?;
+    launch.notifier = Arc::new(notifier().with_passed(stored));
     launch.notifier.status("attaching the data path");
     info!(instance = %config.instance, workers, "starting: attaching the data path");
     let fatal = Fatal::install();
@@ -208,7 +209,8 @@ async fn run_async(
     let upstreams = start_upstreams(&config, &ctx, &xds, &BTreeSet::new(), &BTreeMap::new())?;
     // The proxy listener is live and known to the kernel before a service is published in
     // proxy mode.
-    let proxy = proxy_path::start(&config, file.declares_proxy(), &upstreams, &dp, inherited)
+    let adopt = proxy_path::Adopt::new(inherited, &launch.notifier);
+    let proxy = proxy_path::start(&config, file.declares_proxy(), &upstreams, &dp, adopt)
         .await
         .context("starting the proxy path")?;
     let mut running = Running {
@@ -396,7 +398,7 @@ async fn serve_admin(
         Ok(server) => Ok(server),
         Err(err) => {
             if let Some(proxy) = running.proxy.take() {
-                proxy_path::stop(proxy, dp).await;
+                proxy_path::stop(proxy, dp, false).await;
             }
             Err(err).context(format!("admin listener on {address}"))
         }
@@ -455,7 +457,7 @@ async fn finish(
     }
     drop(takeover);
     if let Some(proxy) = proxy {
-        proxy_path::stop(proxy, dp).await;
+        proxy_path::stop(proxy, dp, notifier.keeps_listeners()).await;
     }
     running.stop().await;
     // The kernel keeps serving the last published state; the next start adopts it.

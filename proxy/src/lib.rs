@@ -10,6 +10,7 @@ pub mod check;
 pub mod cli;
 pub mod daemon;
 pub mod dataplane;
+pub mod fd_store;
 pub mod kernel_log;
 pub mod logging;
 pub mod notify;

@@ -8,10 +8,21 @@
 //! to the steady-state user and the seccomp filter, a send on the connected socket is all it
 //! takes. Without `NOTIFY_SOCKET` every call does nothing. A send that fails is logged once and
 //! otherwise ignored: a notification is advice to the service manager, never a reason to stop.
+//!
+//! The manager's file-descriptor store (`crate::fd_store`) goes through here too: the proxy
+//! listener's sockets passed back at the start ([`Notifier::take_passed`]) and stored again
+//! once the proxy listens ([`Notifier::store_listeners`]).
 
 use std::{
-    os::unix::net::{SocketAddr, UnixDatagram},
-    sync::atomic::{AtomicBool, Ordering},
+    net::TcpListener,
+    os::{
+        fd::AsFd as _,
+        unix::net::{SocketAddr, UnixDatagram},
+    },
+    sync::{
+        Mutex, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -24,6 +35,12 @@ pub struct Notifier {
     socket: Option<UnixDatagram>,
     watchdog: Option<Duration>,
     warned: AtomicBool,
+    /// How many descriptors the manager's store keeps (`FDSTORE`); `None`: it offers none.
+    store_max: Option<usize>,
+    /// The proxy listener's sockets the manager passed back at the start, until taken.
+    passed: Mutex<Vec<TcpListener>>,
+    /// Whether the proxy listener's sockets are in the manager's store now.
+    stored: AtomicBool,
 }
 
 /// Why `NOTIFY_SOCKET` or `WATCHDOG_USEC` cannot be used.
@@ -66,11 +83,82 @@ impl Notifier {
             None => None,
             Some(usec) => Some(watchdog(&usec)?),
         };
+        // A store the daemon cannot size is not used; the notifications still go.
+        let store_max = var("FDSTORE").and_then(|max| {
+            let parsed = max.parse::<usize>().ok();
+            if parsed.is_none() {
+                warn!(
+                    FDSTORE = max,
+                    "FDSTORE is not a number of descriptors: the proxy listener is not stored"
+                );
+            }
+            parsed
+        });
         Ok(Self {
             socket: Some(socket),
             watchdog,
-            warned: AtomicBool::new(false),
+            store_max: store_max.filter(|max| *max > 0),
+            ..Self::default()
         })
+    }
+
+    /// This notifier, holding `passed` (the proxy listener's sockets the manager passed back,
+    /// [`crate::fd_store::take_passed`]) until the proxy path takes them.
+    #[must_use]
+    pub fn with_passed(self, passed: Vec<TcpListener>) -> Self {
+        Self {
+            passed: Mutex::new(passed),
+            ..self
+        }
+    }
+
+    /// The proxy listener's sockets the manager passed back (taken once; empty without).
+    pub fn take_passed(&self) -> Vec<TcpListener> {
+        std::mem::take(&mut *self.passed.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Puts the proxy listener's `sockets` in the manager's file-descriptor store, in place of
+    /// what it held under that name (all of it, when `sockets` is empty), when it offers one
+    /// that is large enough. Whether they are there now: then the listener outlives this
+    /// daemon, and its stop leaves the kernel redirecting to it ([`Notifier::keeps_listeners`]).
+    pub fn store_listeners(&self, sockets: &[TcpListener]) -> bool {
+        let (Some(socket), Some(max)) = (&self.socket, self.store_max) else {
+            return false;
+        };
+        let name = crate::fd_store::LISTENER_FDNAME;
+        self.send(&format!("FDSTOREREMOVE=1\nFDNAME={name}"));
+        self.stored.store(false, Ordering::Relaxed);
+        if sockets.is_empty() {
+            return false;
+        }
+        if sockets.len() > max {
+            warn!(
+                sockets = sockets.len(),
+                max,
+                "the service manager's file-descriptor store (FileDescriptorStoreMax=) is too small for the proxy listener's sockets; a restart refuses HTTP-routed proxy-mode connects meanwhile"
+            );
+            return false;
+        }
+        let message = format!("FDSTORE=1\nFDNAME={name}");
+        for chunk in sockets.chunks(crate::sys::MAX_FDS_PER_MESSAGE) {
+            let fds: Vec<_> = chunk.iter().map(|s| s.as_fd()).collect();
+            if let Err(err) = crate::sys::send_with_fds(socket.as_fd(), message.as_bytes(), &fds) {
+                warn!(%err, "storing the proxy listener with the service manager failed; a restart refuses HTTP-routed proxy-mode connects meanwhile");
+                self.send(&format!("FDSTOREREMOVE=1\nFDNAME={name}"));
+                return false;
+            }
+        }
+        debug!(
+            sockets = sockets.len(),
+            "proxy listener stored with the service manager"
+        );
+        self.stored.store(true, Ordering::Relaxed);
+        true
+    }
+
+    /// Whether the manager keeps the proxy listener's sockets open beyond this daemon.
+    pub fn keeps_listeners(&self) -> bool {
+        self.stored.load(Ordering::Relaxed)
     }
 
     /// How often to send `WATCHDOG=1`: half of the manager's interval (sd_watchdog_enabled(3)'s
@@ -279,6 +367,64 @@ mod tests {
                 "STOPPING=1\nSTATUS=stopping: draining the proxy path",
             ]
         );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn the_listener_goes_into_the_store_only_when_it_fits() {
+        use std::os::fd::AsFd as _;
+        let dir = std::env::temp_dir().join(format!("proxy-fdstore-notify-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("scratch directory");
+        let path = dir.join("notify");
+        let manager = std::os::unix::net::UnixDatagram::bind(&path).expect("binds");
+        manager
+            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .expect("timeout");
+        let socket = std::os::unix::net::UnixDatagram::unbound().expect("socket");
+        socket.connect(&path).expect("connects");
+        let listeners: Vec<_> = (0..2)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
+            .collect();
+        let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+        let notifier = Notifier {
+            socket: Some(socket),
+            store_max: Some(2),
+            ..Notifier::default()
+        };
+        let receive = || {
+            let mut buf = [0u8; 512];
+            let (n, fds) = crate::sys::recv_with_fds(manager.as_fd(), &mut buf).expect("a message");
+            (String::from_utf8_lossy(&buf[..n]).into_owned(), fds)
+        };
+        assert!(notifier.store_listeners(&listeners));
+        assert!(notifier.keeps_listeners());
+        let (removed, none) = receive();
+        assert_eq!(removed, "FDSTOREREMOVE=1\nFDNAME=proxy-listener");
+        assert!(none.is_empty());
+        let (stored, fds) = receive();
+        assert_eq!(stored, "FDSTORE=1\nFDNAME=proxy-listener");
+        let got: Vec<_> = fds
+            .into_iter()
+            .map(|fd| std::net::TcpListener::from(fd).local_addr().unwrap())
+            .collect();
+        assert_eq!(got, addrs);
+        // Three sockets in a store of two: none is stored, and the store is emptied.
+        let three: Vec<_> = listeners
+            .iter()
+            .chain(&listeners[..1])
+            .map(|l| l.try_clone().unwrap())
+            .collect();
+        assert!(!notifier.store_listeners(&three));
+        assert!(!notifier.keeps_listeners());
+        assert_eq!(receive().0, "FDSTOREREMOVE=1\nFDNAME=proxy-listener");
+        // No store offered (no FDSTORE): nothing is sent.
+        let without = Notifier {
+            store_max: None,
+            ..notifier
+        };
+        assert!(!without.store_listeners(&listeners));
+        manager.set_nonblocking(true).expect("nonblocking");
+        assert!(manager.recv(&mut [0u8; 64]).is_err(), "nothing sent");
         let _ = std::fs::remove_dir_all(dir);
     }
 

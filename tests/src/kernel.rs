@@ -417,6 +417,33 @@ impl Daemon {
         })
     }
 
+    /// Like [`Daemon::start_in_wrapped`], with `passed` open in the daemon as descriptors 3,
+    /// 4, ... (a service manager's `LISTEN_FDS`; the variables are the wrapper's to set).
+    pub fn start_in_passing(
+        netns: &Netns,
+        wrapper: &[&str],
+        config: &str,
+        passed: &[std::os::fd::OwnedFd],
+    ) -> Self {
+        crate::start_retrying("the daemon", 4, || {
+            Self::try_start_in_passing(netns, wrapper, config, passed)
+        })
+    }
+
+    /// One start of [`Daemon::start_in_passing`], not retried: `Err` with the exit status and
+    /// the log if the daemon exited before it was ready.
+    pub fn try_start_in_passing(
+        netns: &Netns,
+        wrapper: &[&str],
+        config: &str,
+        passed: &[std::os::fd::OwnedFd],
+    ) -> Result<Self, String> {
+        use std::os::fd::AsRawFd;
+        let raw: Vec<i32> = passed.iter().map(AsRawFd::as_raw_fd).collect();
+        let mut daemon = Self::launch_passing(config, Some(netns.path()), wrapper, &[], &raw);
+        daemon.wait_ready().map(|()| daemon)
+    }
+
     /// One start of [`Daemon::start_in_with`], not retried: `Err` with the exit status and the
     /// log if the daemon exited before it was ready (a start expected to fail).
     pub fn try_start_in(netns: &Netns, config: &str, args: &[&str]) -> Result<Self, String> {
@@ -480,6 +507,17 @@ impl Daemon {
 
     /// Writes the configuration and spawns the daemon.
     fn launch(config: &str, netns: Option<PathBuf>, wrapper: &[&str], args: &[&str]) -> Self {
+        Self::launch_passing(config, netns, wrapper, args, &[])
+    }
+
+    /// [`Daemon::launch`], with the open descriptors `passed` as 3, 4, ... in the child.
+    fn launch_passing(
+        config: &str,
+        netns: Option<PathBuf>,
+        wrapper: &[&str],
+        args: &[&str],
+        passed: &[i32],
+    ) -> Self {
         let dir = TempDir::new();
         let admin = match &netns {
             Some(ns) => in_netns_path(ns, free_port),
@@ -511,6 +549,9 @@ impl Daemon {
             .stderr(file);
         if let Some(ns) = &netns {
             exec_in_netns(&mut cmd, ns);
+        }
+        if !passed.is_empty() {
+            pass_descriptors(&mut cmd, passed.to_vec());
         }
         let child = cmd.spawn().expect("starting the daemon");
         Self {
@@ -690,6 +731,77 @@ pub fn exec_in_netns(cmd: &mut Command, ns: &Path) {
             Ok(())
         });
     }
+}
+
+/// Makes `cmd`'s child have the test's open descriptors `fds` as 3, 4, ... (not close-on-exec).
+fn pass_descriptors(cmd: &mut Command, fds: Vec<i32>) {
+    use std::os::unix::process::CommandExt as _;
+    /// Out of the way of both the sources and 3, 4, ... while they are moved.
+    const PARK: i32 = 1000;
+    // SAFETY: between fork and exec the child only calls dup2 and close (async-signal-safe) on
+    // descriptors the test keeps open until the spawn returns; nothing allocates.
+    unsafe {
+        cmd.pre_exec(move || {
+            for (i, &fd) in (0..).zip(&fds) {
+                if libc::dup2(fd, PARK + i) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            for i in (0..).take(fds.len()) {
+                // dup2 leaves the copy without close-on-exec.
+                if libc::dup2(PARK + i, 3 + i) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(PARK + i);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// One datagram from `socket` within `within`, with the descriptors it carries (close-on-exec,
+/// at most 120): what a service manager reads from its notify socket.
+pub fn recv_with_fds(
+    socket: &std::os::unix::net::UnixDatagram,
+    within: Duration,
+) -> Option<(String, Vec<std::os::fd::OwnedFd>)> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+    socket.set_read_timeout(Some(within)).expect("timeout");
+    let mut buf = [0u8; 4096];
+    let mut control = [0u64; 64];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: an all-zero msghdr is a valid empty one; it then points at `iov` and `control`,
+    // both alive for the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = size_of_val(&control);
+    // SAFETY: `msg` describes buffers valid for the lengths it gives.
+    let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &raw mut msg, libc::MSG_CMSG_CLOEXEC) };
+    let n = usize::try_from(n).ok()?;
+    let mut fds = Vec::new();
+    // SAFETY: the kernel filled `control` with `msg_controllen` bytes of headers; each
+    // SCM_RIGHTS one holds whole descriptors, now this process's.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let bytes = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let data = libc::CMSG_DATA(cmsg);
+                for i in 0..bytes / size_of::<i32>() {
+                    let mut raw = [0u8; size_of::<i32>()];
+                    std::ptr::copy_nonoverlapping(data.add(i * raw.len()), raw.as_mut_ptr(), 4);
+                    fds.push(OwnedFd::from_raw_fd(i32::from_ne_bytes(raw)));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&raw const msg, cmsg);
+        }
+    }
+    Some((String::from_utf8_lossy(&buf[..n]).into_owned(), fds))
 }
 
 /// A loopback address with a port that was free a moment ago.

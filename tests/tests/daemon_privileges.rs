@@ -188,7 +188,8 @@ fn unit_file(name: &str) -> String {
 
 /// `systemd-analyze verify` accepts the units without an error or a warning (with their paths
 /// pointed at the built binary and an example configuration): `proxy.service`, and the
-/// takeover template `proxy@.service` as its instance `proxy@blue.service`.
+/// takeover template `proxy@.service` as its instance `proxy@blue.service`; both keep the
+/// proxy listener in a file-descriptor store.
 #[test]
 fn the_systemd_unit_verifies() {
     let Ok(found) = std::process::Command::new("systemd-analyze")
@@ -205,7 +206,17 @@ fn the_systemd_unit_verifies() {
         ("proxy.service", "proxy.service"),
         ("proxy@.service", "proxy@blue.service"),
     ] {
-        let text = unit_file(file)
+        let text = unit_file(file);
+        // The proxy listener outlives a restart in the store (docs/lifecycle.md).
+        let store = text
+            .lines()
+            .find_map(|l| l.strip_prefix("FileDescriptorStoreMax="))
+            .and_then(|n| n.parse::<u32>().ok());
+        assert!(
+            store.is_some_and(|n| n > 0),
+            "{file}: FileDescriptorStoreMax"
+        );
+        let text = text
             .replace("/usr/local/bin/proxy", &proxy_bin().display().to_string())
             .replace("/etc/proxy/proxy.yaml", &example.display().to_string());
         let path = tmp.0.join(as_unit);

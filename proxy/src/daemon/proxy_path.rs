@@ -9,7 +9,9 @@
 //! to a listener that takes it, or (no listener there) served by the kernel as its
 //! `SERVICE_F_NO_PROXY_*` flag says, or refused; never sent to a listener about to close.
 //! Between two daemons (a restart, or a `kill -9` and the next start) the kernel serves a
-//! proxy-mode TCP service straight to its hosts.
+//! proxy-mode TCP service straight to its hosts. Under a service manager that keeps the
+//! listener in its file-descriptor store (`crate::fd_store`) the listener never closes: the
+//! stop leaves it published, connects wait in its queue, and the next daemon accepts them.
 
 use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 
@@ -31,25 +33,50 @@ use tokio::net::TcpStream;
 use tracing::{info, warn};
 
 use super::{SharedDataplane, takeover::Inherited};
-use crate::dataplane::{OriginalDestinations, PairGuard, PairSplicer};
+use crate::{
+    dataplane::{OriginalDestinations, PairGuard, PairSplicer},
+    notify::Notifier,
+};
+
+/// Listening sockets the proxy path may start on instead of binding its own.
+pub struct Adopt<'a> {
+    /// The sockets a takeover handed over.
+    pub inherited: Option<Inherited>,
+    /// The service manager, with the sockets its file-descriptor store passed back.
+    pub manager: &'a Notifier,
+}
+
+impl<'a> Adopt<'a> {
+    /// What the proxy path may start on.
+    pub fn new(inherited: Option<Inherited>, manager: &'a Notifier) -> Self {
+        Self { inherited, manager }
+    }
+}
 
 /// Starts the proxy path when the configuration uses it or its file declares it (`declared`:
 /// a proxy-mode service waits for a dynamic source; `None` otherwise), and points the
 /// kernel's proxy-mode redirect at its listeners, once the clusters have their first hosts
 /// (bounded by `FIRST_PUBLISH_WAIT`). After a takeover (`inherited`) it accepts on the sockets
 /// the previous daemon handed over (which accepts on them meanwhile), and then tells that
-/// daemon to drain.
+/// daemon to drain; after a restart under a service manager, on the sockets its store kept.
+/// The listener then goes (back) into `manager`'s store when it has one.
 pub async fn start(
     config: &Config,
     declared: bool,
     upstreams: &BTreeMap<String, Arc<Upstream>>,
     dp: &SharedDataplane,
-    mut inherited: Option<Inherited>,
+    Adopt {
+        mut inherited,
+        manager,
+    }: Adopt<'_>,
 ) -> anyhow::Result<Option<ProxyHandle>> {
+    let stored = manager.take_passed();
     if !(config.uses_proxy() || declared) {
         if let Some(inherited) = inherited {
             inherited.serving();
         }
+        // Nothing listens: a stored listener of an earlier configuration leaves the store.
+        manager.store_listeners(&[]);
         return Ok(None);
     }
     let proxy_config = config.effective_proxy();
@@ -61,8 +88,16 @@ pub async fn start(
     clusters_initialized(upstreams).await;
     let handle = match inherited.as_mut().map(Inherited::take_listeners) {
         Some(sockets) => proxy_path::serve_inherited(proxy_config, deps, sockets).await?,
+        None if !stored.is_empty() => proxy_path::serve_stored(proxy_config, deps, stored).await?,
         None => proxy_path::serve(proxy_config, deps).await?,
     };
+    let sockets = handle.handover().sockets();
+    match sockets {
+        Ok(sockets) => {
+            manager.store_listeners(&sockets);
+        }
+        Err(err) => warn!(%err, "cannot store the proxy listener with the service manager"),
+    }
     let (v4, v6) = first_per_family(handle.local_addrs());
     let mut guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dp = guard.as_mut().context("the data path is not attached")?;
@@ -152,7 +187,18 @@ pub const WITHDRAW_GRACE: Duration = Duration::from_millis(50);
 /// Withdraws the kernel's redirect target (from now on the kernel serves proxy-mode connects
 /// itself where it can, see `SERVICE_F_NO_PROXY_HOSTS`, and refuses the others), accepts for
 /// [`WITHDRAW_GRACE`] more, then drains the proxy's connections until its shutdown deadline.
-pub async fn stop(handle: ProxyHandle, dp: &SharedDataplane) {
+///
+/// With `stored` (the service manager keeps the listening sockets open) the redirect target
+/// stays: the proxy stops accepting at once and drains, and connects from then on wait in the
+/// sockets' queues for the next daemon, which takes the sockets from the store. Closing this
+/// daemon's descriptors closes no socket, so nothing queued is reset.
+pub async fn stop(handle: ProxyHandle, dp: &SharedDataplane, stored: bool) {
+    if stored {
+        info!("the service manager keeps the proxy listener: connects wait for the next daemon");
+        let outcome = handle.shutdown().await;
+        info!(?outcome, "proxy path drained");
+        return;
+    }
     {
         let mut guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(dp) = guard.as_mut() {

@@ -39,21 +39,47 @@ impl ConfigError {
     ) -> Self {
         let field = err.path().to_string();
         let inner = err.into_inner();
-        let at = inner
-            .location()
-            .map(|l| Position {
-                line: l.line(),
-                column: l.column(),
-            })
+        let at = inner.location().map(|l| Position {
+            line: l.line(),
+            column: l.column(),
+        });
+        Self::from_parts(file, text, field, at, &inner.to_string())
+    }
+
+    /// Converts a JSON parse error ([`super::Config::parse_json`]) as [`Self::from_serde`] does.
+    pub(super) fn from_serde_json(
+        file: &std::path::Path,
+        text: &str,
+        err: serde_path_to_error::Error<serde_json::Error>,
+    ) -> Self {
+        let field = err.path().to_string();
+        let inner = err.into_inner();
+        let at = (inner.line() > 0).then(|| Position {
+            line: inner.line(),
+            column: inner.column(),
+        });
+        Self::from_parts(file, text, field, at, &inner.to_string())
+    }
+
+    /// An error at `field` (`.` for the whole document) with the parser's `message`.
+    pub(super) fn from_parts(
+        file: &std::path::Path,
+        text: &str,
+        field: String,
+        at: Option<Position>,
+        message: &str,
+    ) -> Self {
+        let at = at
             .or_else(|| Locator::new(text).find(&field))
             .unwrap_or_default();
-        // serde_norway appends " at line L column C" to its messages; the position is ours to show.
-        let mut message = inner.to_string();
+        // Both parsers append " at line L column C" to their messages; the position is ours to
+        // show.
+        let mut message = message.to_owned();
         if let Some(cut) = message.find(" at line ") {
             message.truncate(cut);
         }
-        // It also prefixes them with its own view of the path ("clusters[0]: ..."); ours is the
-        // precise one.
+        // serde_norway also prefixes them with its own view of the path ("clusters[0]: ...");
+        // ours is the precise one.
         if let Some((prefix, rest)) = message.split_once(": ")
             && !prefix.contains(char::is_whitespace)
         {

@@ -533,7 +533,7 @@ pub fn validate<T: AsRef<str>>(
     }
     text.push_str("],");
     text.push_str(tail.strip_prefix('{').unwrap_or(&tail));
-    match Config::parse(&text, Path::new("CDS")) {
+    match Config::parse_json(&text, Path::new("CDS")) {
         Ok(config) => Ok(config.clusters),
         Err(error) => Err(located(&error, forms, "clusters", "cluster")),
     }

@@ -284,7 +284,7 @@ pub fn validate(
         .iter()
         .map(|(n, _)| (n.clone(), Value::Null))
         .collect();
-    match Config::parse(&text, Path::new("LDS")) {
+    match Config::parse_json(&text, Path::new("LDS")) {
         Ok(config) => Ok((config.services, config.config_entries)),
         Err(error) => {
             let in_entries = matches!(&error, ConfigError::Invalid { field, .. } if field.starts_with("config_entries"));

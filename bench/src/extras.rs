@@ -57,9 +57,25 @@ pub fn health(env: &Env, endpoints: u32, udp: bool) -> anyhow::Result<BTreeMap<S
         "127.0.0.1:18002",
     ]
     .map(str::to_owned);
+    let udp_args = [
+        "worker",
+        "udp-echo",
+        "--base",
+        "127.88.0.1",
+        "--count",
+        &endpoints.to_string(),
+        "--port",
+        "18001",
+    ]
+    .map(str::to_owned);
+    let (args, what): (&[String], &str) = if udp {
+        (&udp_args, "health UDP echo")
+    } else {
+        (&serve_args, "health listener")
+    };
     let server = topo::start(
-        topo::Net::in_ns(Some(&ns.0), &env.worker, &serve_args),
-        "health listener",
+        topo::Net::in_ns(Some(&ns.0), &env.worker, args),
+        what,
         None,
         None,
     )?;

@@ -3,8 +3,9 @@
 //! and the CPU that costs this process.
 //!
 //! Run in a network namespace of the benchmark: every endpoint is a distinct address
-//! 127.88.x.y on that namespace's loopback, all answered by one listener (and one UDP echo) on
-//! 0.0.0.0:PORT.
+//! 127.88.x.y on that namespace's loopback, all answered by one listener on 0.0.0.0:PORT (TCP),
+//! or by one UDP socket per address at PORT (a checker connected to an address takes replies
+//! from that address only).
 
 use std::{
     net::{Ipv4Addr, SocketAddr, SocketAddrV4},

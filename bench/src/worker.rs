@@ -31,6 +31,17 @@ pub enum Worker {
         #[arg(long)]
         sink: SocketAddr,
     },
+    /// UDP echo on `count` addresses from `base` up, each at `port` (one socket per address,
+    /// so a reply leaves from the address the datagram was sent to, as a checker connected to
+    /// that address requires).
+    UdpEcho {
+        #[arg(long)]
+        base: Ipv4Addr,
+        #[arg(long)]
+        count: u32,
+        #[arg(long)]
+        port: u16,
+    },
     /// Closed-loop request/response: `conns` connections, each writes `size` bytes and reads
     /// them back, for `secs`.
     Rr {
@@ -110,6 +121,7 @@ pub enum Worker {
 pub fn run(w: Worker) -> anyhow::Result<()> {
     match w {
         Worker::Serve { echo, conn, sink } => serve(echo, conn, sink),
+        Worker::UdpEcho { base, count, port } => udp_echo(base, count, port),
         Worker::Rr {
             target,
             size,
@@ -447,6 +459,33 @@ fn idle(target: SocketAddr, conns: usize, secs: f64) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn udp_echo(base: Ipv4Addr, count: u32, port: u16) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let mut tasks = Vec::with_capacity(count as usize);
+        for i in 0..count {
+            let addr = SocketAddrV4::new(Ipv4Addr::from(u32::from(base) + i), port);
+            let socket = tokio::net::UdpSocket::bind(addr)
+                .await
+                .with_context(|| format!("binding UDP {addr}"))?;
+            tasks.push(tokio::spawn(async move {
+                let mut buf = [0_u8; 2048];
+                while let Ok((n, from)) = socket.recv_from(&mut buf).await {
+                    let _ = socket.send_to(&buf[..n], from).await;
+                }
+            }));
+        }
+        println!("ready");
+        std::io::stdout().flush()?;
+        for task in tasks {
+            let _ = task.await;
+        }
+        anyhow::Ok(())
+    })
+}
+
 fn serve(echo: SocketAddr, conn: SocketAddr, sink: SocketAddr) -> anyhow::Result<()> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -463,10 +502,6 @@ fn serve(echo: SocketAddr, conn: SocketAddr, sink: SocketAddr) -> anyhow::Result
         let sink_l = tokio::net::TcpListener::bind(sink)
             .await
             .with_context(|| format!("binding {sink}"))?;
-        // UDP health checks' datagrams, echoed from the `conn` address.
-        let udp_echo = tokio::net::UdpSocket::bind(conn)
-            .await
-            .with_context(|| format!("binding UDP {conn}"))?;
         println!("ready");
         std::io::stdout().flush()?;
         let echo_task = tokio::spawn(async move {
@@ -514,13 +549,7 @@ fn serve(echo: SocketAddr, conn: SocketAddr, sink: SocketAddr) -> anyhow::Result
                 });
             }
         });
-        let udp_task = tokio::spawn(async move {
-            let mut buf = [0_u8; 2048];
-            while let Ok((n, from)) = udp_echo.recv_from(&mut buf).await {
-                let _ = udp_echo.send_to(&buf[..n], from).await;
-            }
-        });
-        let _ = tokio::join!(echo_task, conn_task, sink_task, udp_task);
+        let _ = tokio::join!(echo_task, conn_task, sink_task);
         anyhow::Ok(())
     })
 }

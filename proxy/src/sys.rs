@@ -222,6 +222,7 @@ pub mod map_batch {
 }
 
 pub mod caps;
+pub mod iter;
 pub mod seccomp;
 
 /// CLOCK_MONOTONIC now, as a duration since the clock's origin (sd_notify's `MONOTONIC_USEC`).

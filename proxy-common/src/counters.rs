@@ -157,7 +157,11 @@ mod tests {
             NAMES[CONNECT_PROXY_ABSENT_DIRECT as usize],
             "connect_proxy_absent_direct"
         );
-        assert_eq!(NAMES.len(), CONNECT_PROXY_ABSENT_DIRECT as usize + 1);
+        assert_eq!(
+            NAMES[SOCK_HOST_RECORD_FAILED as usize],
+            "sock_host_record_failed"
+        );
+        assert_eq!(NAMES.len(), SOCK_HOST_RECORD_FAILED as usize + 1);
     }
 }
 

@@ -110,3 +110,58 @@ impl Ender {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        path::Path,
+        sync::{Arc, Mutex},
+    };
+
+    use proxy_core::{
+        config::Config,
+        health::{HostClass, Routing},
+        host::Host,
+    };
+
+    use super::*;
+
+    fn host(last: u8) -> Host {
+        Host::new(SocketAddr::from(([127, 0, 0, last], 80)))
+    }
+
+    /// A removed host waits for the drain deadline (a failed one does not: it is ended at the
+    /// publish, which finds no data path here); one routable again before it is not ended.
+    #[tokio::test(start_paused = true)]
+    async fn a_removed_host_waits_for_the_drain_unless_it_returns() {
+        let yaml = "clusters:\n  - name: on\n    close_connections_on_host_health_failure: true\n    load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 1 } } } } ] } ] }\nservices:\n  - { name: a, address: 127.77.0.1, port: 80, cluster: on }\n";
+        let config = Config::parse(yaml, Path::new("t.yaml")).expect("valid config");
+        let t = &ServiceTemplate::all(&config)[0];
+        let dp: SharedDataplane = Arc::new(Mutex::new(None));
+        let drain = Duration::from_secs(30);
+        let mut ender = Ender::new(t, drain).expect("the option is on");
+        let publish = |ender: &mut Ender, hosts: &[(Host, HostClass)]| {
+            let routing = Routing::compute(hosts, 50.0);
+            let spec = t.spec(&[("on", &routing)]);
+            ender.published(t, &spec, vec![("on".to_owned(), routing)], &dp);
+        };
+        let healthy = |h: u8| (host(h), HostClass::Healthy);
+        publish(&mut ender, &[healthy(1), healthy(2), healthy(3)]);
+        assert!(ender.pending.is_empty(), "the first publish ends nothing");
+        // 2 fails (ended now), 3 is removed (pending).
+        publish(&mut ender, &[healthy(1), (host(2), HostClass::Unhealthy)]);
+        let pending: Vec<_> = ender.pending.iter().map(|(_, a)| *a).collect();
+        assert_eq!(pending, [host(3).addr]);
+        let start = Instant::now();
+        ender.due().await;
+        assert_eq!(start.elapsed(), drain, "due at the deadline");
+        ender.fire("a", &dp);
+        assert!(ender.pending.is_empty(), "fired");
+        // Removed again, then back before its deadline: never ended.
+        publish(&mut ender, &[healthy(1), healthy(3)]);
+        publish(&mut ender, &[healthy(1)]);
+        assert_eq!(ender.pending.len(), 1);
+        publish(&mut ender, &[healthy(1), healthy(3)]);
+        assert!(ender.pending.is_empty(), "routable again: dropped");
+    }
+}

@@ -4,7 +4,7 @@
 //! connection to B ended (the client's next read or write fails with `ECONNABORTED`) and
 //! reconnects land on A; its connection to A, the other service's connection to B (option
 //! off) and a connection from outside the cgroup straight to B stay open. Connected UDP
-//! sockets likewise.
+//! sockets likewise. A host that DNS discovery removes is ended only after `proxy.drain_timeout`.
 
 use std::{
     io::{Read as _, Write as _},
@@ -19,9 +19,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration_tests::kernel::{
-    Daemon, InCgroup, Netns, PinDir, TestCgroup, errno_name, in_netns, require_root,
-    skip_without_dataplane, unique,
+use integration_tests::{
+    kernel::{
+        Daemon, InCgroup, Netns, PinDir, TestCgroup, errno_name, in_netns, require_root,
+        skip_without_dataplane, unique,
+    },
+    unbound::Unbound,
 };
 
 const VIP_ON: &str = "127.77.12.1:80";
@@ -338,4 +341,87 @@ fn a_failed_hosts_kernel_path_connections_are_ended_and_no_others() {
     assert_eq!(echo(&mut outside), Ok(()), "outside the cgroup: open");
     let log = daemon.log_text();
     assert!(log.contains("ended kernel-path sockets"), "{log}");
+}
+
+/// The DNS name of the removal test's hosts, and the hosts (one port for both).
+const NAME: &str = "web.svc.test.";
+const DNS_A: &str = "127.0.0.123:8123";
+const DNS_B: &str = "127.0.0.124:8123";
+const DNS_VIP: &str = "127.77.12.4:80";
+/// Long enough that the check right after the removal is far from it.
+const DRAIN: Duration = Duration::from_secs(3);
+
+/// STRICT_DNS removes B: B's connection through the service stays open until the drain
+/// deadline, then is ended; the connection to A stays open.
+#[test]
+fn a_removed_hosts_connections_are_ended_after_the_drain_deadline() {
+    require_root();
+    let test = "a_removed_hosts_connections_are_ended_after_the_drain_deadline";
+    if skip_without_dataplane(test) || skip_without_sock_destroy(test) {
+        return;
+    }
+    let netns = Netns::new();
+    let cgroup = TestCgroup::new();
+    let (a, b): (SocketAddr, SocketAddr) = (DNS_A.parse().unwrap(), DNS_B.parse().unwrap());
+    // Health listeners nobody checks (no health_checks): the same fixture.
+    let _a = Servers::start(&netns, b'A', a, SocketAddr::new(a.ip(), 9123));
+    let _b = Servers::start(&netns, b'B', b, SocketAddr::new(b.ip(), 9124));
+    let record = |addr: SocketAddr| format!("{NAME} 5 IN A {}", addr.ip());
+    let dns = Unbound::start_in(&netns.path(), &[record(a).as_str(), record(b).as_str()]);
+    let instance = unique("endd");
+    let _pins = PinDir(PathBuf::from("/sys/fs/bpf").join(&instance));
+    let vip: SocketAddr = DNS_VIP.parse().unwrap();
+    let config = format!(
+        "instance: {instance}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nproxy: {{ drain_timeout: {}s }}\nclusters:\n  - name: web\n    type: STRICT_DNS\n    dns_refresh_rate: 0.2s\n    dns_lookup_family: V4_ONLY\n    dns_resolvers: [\"{}\"]\n    close_connections_on_host_health_failure: true\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n            - endpoint: {{ address: {{ socket_address: {{ address: web.svc.test, port_value: {} }} }} }}\nservices:\n  - {{ name: web, address: \"{}\", port: {}, cluster: web }}\n",
+        cgroup.path().display(),
+        DRAIN.as_secs(),
+        dns.addr(),
+        a.port(),
+        vip.ip(),
+        vip.port(),
+    );
+    let daemon = Daemon::start_in(&netns, &config);
+    let (mut ours, theirs) = UnixStream::pair().unwrap();
+    let keep = theirs.as_raw_fd();
+    let child = InCgroup::spawn_keeping(Some(cgroup.path()), &netns, keep, move || {
+        let mut sync = theirs;
+        let (mut to_a, mut to_b) = one_to_each(vip);
+        sync.write_all(b"r").expect("ready");
+        sync.read_exact(&mut [0u8]).expect("B removed");
+        let right_after = echo(&mut to_b).map_or_else(|e| e, |()| "open".to_owned());
+        let deadline = Instant::now() + WAIT;
+        let ended = loop {
+            if let Err(errno) = echo(&mut to_b) {
+                break errno;
+            }
+            if Instant::now() > deadline {
+                break "never ended".to_owned();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let a_state = echo(&mut to_a).map_or_else(|e| e, |()| "open".to_owned());
+        format!("{right_after} {ended} {a_state}")
+    });
+    ours.set_read_timeout(Some(WAIT * 2)).unwrap();
+    ours.read_exact(&mut [0u8])
+        .expect("the client's connections are up");
+    dns.replace(NAME, &[record(a).as_str()]);
+    let gone = format!("web::{b}::");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (_, body) = daemon.get("/clusters").expect("admin /clusters");
+        if !body.contains(&gone) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "B never left /clusters:\n{body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ours.write_all(b"g").unwrap();
+    let report = child.wait(WAIT * 3);
+    assert_eq!(
+        report, "open ECONNABORTED open",
+        "B right after its removal, B later, A"
+    );
+    let log = daemon.log_text();
+    assert!(log.contains("removed, drain deadline passed"), "{log}");
 }

@@ -339,8 +339,13 @@ fn a_failed_hosts_kernel_path_connections_are_ended_and_no_others() {
         "B's connection through the service with the option (then A's, the other service's to A and to B, the UDP socket to B, to A, and ten reconnects)"
     );
     assert_eq!(echo(&mut outside), Ok(()), "outside the cgroup: open");
-    let log = daemon.log_text();
-    assert!(log.contains("ended kernel-path sockets"), "{log}");
+    // The log file is read while the daemon writes it: wait for the line (bounded) rather than
+    // read once (a read can land mid-write and find nothing usable).
+    assert!(
+        daemon.wait_log("ended kernel-path sockets", WAIT),
+        "{}",
+        daemon.log_text()
+    );
 }
 
 /// The DNS name of the removal test's hosts, and the hosts (one port for both).
@@ -422,6 +427,9 @@ fn a_removed_hosts_connections_are_ended_after_the_drain_deadline() {
         report, "open ECONNABORTED open",
         "B right after its removal, B later, A"
     );
-    let log = daemon.log_text();
-    assert!(log.contains("removed, drain deadline passed"), "{log}");
+    assert!(
+        daemon.wait_log("removed, drain deadline passed", WAIT),
+        "{}",
+        daemon.log_text()
+    );
 }

@@ -96,6 +96,9 @@ pub mod maps {
     pub const PAIR_FLOW: &str = "PAIR_FLOW_V1";
     /// Proxy-pair splicing: the daemon's credit for each spliced socket.
     pub const PAIR_GRANT: &str = "PAIR_GRANT_V1";
+    /// Host ending: the backend a socket of a `SERVICE_F_END` service was connected to, by
+    /// socket cookie (LRU).
+    pub const SOCK_HOST: &str = "SOCK_HOST_V1";
 
     /// aya-log's ring buffer of kernel log records (the name is aya-log-ebpf's). Not pinned and
     /// not in [`ALL`]: each daemon creates its own and reads it only when `kernel_log` is not
@@ -103,7 +106,7 @@ pub mod maps {
     pub const LOGS: &str = "AYA_LOGS";
 
     /// Every map of the object except [`LOGS`]; all of them are pinned under their name.
-    pub const ALL: [&str; 23] = [
+    pub const ALL: [&str; 24] = [
         ACTIVE,
         CX_MAX,
         CX_OPEN,
@@ -127,6 +130,7 @@ pub mod maps {
         PAIR_PEER,
         PAIR_FLOW,
         PAIR_GRANT,
+        SOCK_HOST,
     ];
 }
 

@@ -79,12 +79,15 @@ pub const CONNECT_DROP_OVERLOAD: u32 = 29;
 /// kernel path serves (`SERVICE_F_NO_PROXY_HOSTS`: a host of its levels; or
 /// `SERVICE_F_NO_PROXY_DIALLED`: the address dialled) instead of refused.
 pub const CONNECT_PROXY_ABSENT_DIRECT: u32 = 30;
+/// connect4/6: the backend of a socket of a `SERVICE_F_END` service could not be recorded in
+/// `SOCK_HOST_V1`; that socket is not ended when its host leaves.
+pub const SOCK_HOST_RECORD_FAILED: u32 = 31;
 
 /// Number of counters; the size of `COUNTERS_V2` (room to grow without a layout change).
 pub const COUNT: u32 = 64;
 
 /// Names used by the daemon when it exports the counters, indexed like the constants above.
-pub const NAMES: [&str; 31] = [
+pub const NAMES: [&str; 32] = [
     "connect_rewritten",
     "connect_not_service",
     "connect_no_host",
@@ -116,6 +119,7 @@ pub const NAMES: [&str; 31] = [
     "connect_cx_overflow",
     "connect_drop_overload",
     "connect_proxy_absent_direct",
+    "sock_host_record_failed",
 ];
 const _: () = assert!(NAMES.len() as u32 <= COUNT);
 
@@ -153,7 +157,11 @@ mod tests {
             NAMES[CONNECT_PROXY_ABSENT_DIRECT as usize],
             "connect_proxy_absent_direct"
         );
-        assert_eq!(NAMES.len(), CONNECT_PROXY_ABSENT_DIRECT as usize + 1);
+        assert_eq!(
+            NAMES[SOCK_HOST_RECORD_FAILED as usize],
+            "sock_host_record_failed"
+        );
+        assert_eq!(NAMES.len(), SOCK_HOST_RECORD_FAILED as usize + 1);
     }
 }
 

@@ -101,6 +101,13 @@ pub const SERVICE_F_NO_PROXY_HOSTS: u32 = 1 << 9;
 /// proxy would have connected there too), instead of refusing it.
 pub const SERVICE_F_NO_PROXY_DIALLED: u32 = 1 << 10;
 
+/// `Service::flags` bit: a cluster behind the service ends its connections to a host that
+/// leaves the routable set (`close_connections_on_host_health_failure`): connect4/6 record the
+/// chosen backend under the socket cookie in `SOCK_HOST_V1` (TCP and connected UDP), which the
+/// daemon's socket iterators read to end the sockets of that host with `bpf_sock_destroy`
+/// (Linux 6.5). Without it nothing is recorded.
+pub const SERVICE_F_END: u32 = 1 << 11;
+
 /// The bits of `Service::flags` that say what consistent hashing ([`SERVICE_F_MAGLEV`]) keys
 /// on: one of the `HASH_KEY_*` values, shifted left by [`SERVICE_HASH_KEY_SHIFT`]. Zero is the
 /// network namespace, what every service hashed on before the key was configurable, so an entry

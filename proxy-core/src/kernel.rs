@@ -13,11 +13,13 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use proxy_common::service::{
     FAMILY_V4, HASH_KEY_CGROUP, HASH_KEY_NETNS, HASH_KEY_PROCESS, HASH_KEY_SOCKET, HASH_KEY_USER,
-    PROTO_TCP, PROTO_UDP, SERVICE_F_CX_LIMIT, SERVICE_F_DROP, SERVICE_F_LEAST_REQUEST,
-    SERVICE_F_MAGLEV, SERVICE_F_NO_PROXY_DIALLED, SERVICE_F_NO_PROXY_HOSTS, SERVICE_F_PANIC,
-    SERVICE_F_PASSIVE, SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_HASH_KEY_SHIFT, ServiceKey,
-    hash_key_of,
+    PROTO_TCP, PROTO_UDP, SERVICE_F_CX_LIMIT, SERVICE_F_DROP, SERVICE_F_END,
+    SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_NO_PROXY_DIALLED,
+    SERVICE_F_NO_PROXY_HOSTS, SERVICE_F_PANIC, SERVICE_F_PASSIVE, SERVICE_F_PROXY,
+    SERVICE_F_ROUND_ROBIN, SERVICE_HASH_KEY_SHIFT, ServiceKey, hash_key_of,
 };
+
+pub mod ending;
 
 use crate::{
     chain::{self, ChainPlan},
@@ -72,6 +74,9 @@ pub struct ServiceTemplate {
     max_connections: Option<u32>,
     /// Whether the kernel applies its cluster's drop overload ([`kernel_drops`]).
     drops: bool,
+    /// The clusters it reads that end their hosts' connections on the kernel path
+    /// (`close_connections_on_host_health_failure`, [`ending`]); empty for a proxy-mode service.
+    end_clusters: Vec<String>,
     /// Where a refused share of connections is sent: the unspecified address of the service's
     /// family, port 0, which the kernel's connect refuses (ECONNREFUSED).
     refuse: SocketAddr,
@@ -103,10 +108,17 @@ impl ServiceTemplate {
         } else {
             0
         };
+        let end_clusters = end_clusters(svc, config);
+        let end = if end_clusters.is_empty() {
+            0
+        } else {
+            SERVICE_F_END
+        };
         Self {
             name: svc.name.clone(),
             key,
-            flags: flags(svc, config, &policies(svc, config, plan.as_ref())) | limit,
+            flags: flags(svc, config, &policies(svc, config, plan.as_ref())) | limit | end,
+            end_clusters,
             plan,
             max_connections,
             drops: kernel_drops(svc, config),
@@ -328,6 +340,25 @@ fn flags(svc: &Service, config: &Config, policies: &[LbPolicy]) -> u32 {
     .fold(key | no_proxy_fallback(svc, config), |flags, (_, flag)| {
         flags | flag
     })
+}
+
+/// The clusters of a direct-mode `svc` whose `close_connections_on_host_health_failure`
+/// (unset: `proxy.close_connections_on_host_health_failure`) is on.
+fn end_clusters(svc: &Service, config: &Config) -> Vec<String> {
+    if svc.mode != ServiceMode::Direct {
+        return Vec::new();
+    }
+    let default = config.proxy.close_connections_on_host_health_failure;
+    config
+        .service_clusters(svc)
+        .into_iter()
+        .filter(|name| {
+            config.cluster(name).is_some_and(|c| {
+                c.close_connections_on_host_health_failure
+                    .unwrap_or(default)
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

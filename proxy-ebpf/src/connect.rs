@@ -20,6 +20,10 @@
 //!   `SETTINGS_V1` (a map, so the daemon can move its listener without reloading programs), and
 //!   the dialled service is recorded under the socket cookie in `SOCK_ORIG_V1` for sockops.
 //!   UDP services ignore the flag and select a backend.
+//! - Host ending (`SERVICE_F_END`, TCP and connected UDP, kernel path only): the chosen backend
+//!   is recorded under the socket cookie in `SOCK_HOST_V1` (LRU, never removed on close), for
+//!   the daemon's socket iterators that end a host's sockets when it leaves the routable set.
+//!   A failed record is counted as `sock_host_record_failed`; the connect proceeds.
 //! - Proxy mode while no proxy listens (the daemon stopped and withdrew the listener, or was
 //!   killed and left it set; [`crate::listener`] looks the listening socket up): the connect is
 //!   served as the kernel path serves it instead of refused, counted as
@@ -38,7 +42,8 @@
 //! - Reads `SERVICES_V2`, `SLOTS_V2`, `BACKENDS_V2`, `SETTINGS_V1`, `CX_MAX_V1`, `DROP_V1`;
 //!   writes `CX_OPEN_V1` and `DROPPED_V1` (refusals' counts), the dialled service
 //!   to `SOCK_VIP_V2` (the socket's local storage) for a socket sockops follows (proxy mode, or
-//!   passive health), or else to `SOCK_PEER_V1` (a slot by cookie, for getpeername); `SOCK_ORIG_V1`
+//!   passive health), or else to `SOCK_PEER_V1` (a slot by cookie, for getpeername); `SOCK_HOST_V1`
+//!   (host ending); `SOCK_ORIG_V1`
 //!   (proxy mode), `UDP_REV_V1` (connected UDP, for recvfrom), `COUNTERS_V2` and the service's
 //!   `SVC_COUNTERS_V3` entry.
 
@@ -58,7 +63,7 @@ use proxy_common::{
 
 use crate::{
     features, log,
-    maps::{SOCK_ORIG_V1, SOCK_VIP_V2, count},
+    maps::{SOCK_HOST_V1, SOCK_ORIG_V1, SOCK_VIP_V2, count},
     peer,
     sendmsg::remember_reply,
     sock_addr::{MAPPED, key4, key6, write4, write6},
@@ -165,6 +170,31 @@ fn sock_flags(t: &Target, tcp: bool) -> u32 {
 #[inline(always)]
 fn remember(ctx: &SockAddrContext, key: &ServiceKey, t: &Target, family: u8, seen: [u32; 4]) {
     let flags = sock_flags(t, key.proto == PROTO_TCP);
+    follow(ctx, key, flags);
+    // SAFETY: the helper only reads the context, which is valid.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    if t.proxied {
+        if SOCK_ORIG_V1.insert(&cookie, key, 0).is_err() {
+            count(counters::ORIG_DST_RECORD_FAILED);
+            log::service!(warn, WARN, key, "original destination lost; proxy refuses");
+        }
+        return;
+    }
+    if flags == 0 {
+        peer::record(cookie, key);
+    }
+    if t.end && SOCK_HOST_V1.insert(&cookie, &t.dest, 0).is_err() {
+        count(counters::SOCK_HOST_RECORD_FAILED);
+    }
+    if key.proto == PROTO_UDP {
+        remember_reply(cookie, family, seen, t.dest.port, key);
+    }
+}
+
+/// Writes the dialled service and `flags` to the socket's `SOCK_VIP_V2` entry: created for a
+/// followed socket (`flags` not 0), overwritten where one exists.
+#[inline(always)]
+fn follow(ctx: &SockAddrContext, key: &ServiceKey, flags: u32) {
     // SAFETY: `ctx.sock_addr.sk` is the (full) socket being connected, valid for the program.
     // A followed socket's entry is created zeroed when it has none; NULL (no memory) only costs
     // the getpeername translation and the socket's passive health signal. For any other socket
@@ -181,20 +211,5 @@ fn remember(ctx: &SockAddrContext, key: &ServiceKey, t: &Target, family: u8, see
         // A socket that connects again (UDP, or TCP after a failed connect) and was followed
         // before keeps its entry with the flags cleared: getpeername and sockops ignore it.
         *vip = SockVip { key: *key, flags };
-    }
-    // SAFETY: the helper only reads the context, which is valid.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    if t.proxied {
-        if SOCK_ORIG_V1.insert(&cookie, key, 0).is_err() {
-            count(counters::ORIG_DST_RECORD_FAILED);
-            log::service!(warn, WARN, key, "original destination lost; proxy refuses");
-        }
-        return;
-    }
-    if flags == 0 {
-        peer::record(cookie, key);
-    }
-    if key.proto == PROTO_UDP {
-        remember_reply(cookie, family, seen, t.dest.port, key);
     }
 }

@@ -72,6 +72,12 @@ pub static SETTINGS_V1: HashMap<u32, Settings> = HashMap::pinned(1, BPF_F_NO_PRE
 #[map]
 pub static SOCK_ORIG_V1: LruHashMap<u64, ServiceKey> = LruHashMap::pinned(65_536, 0);
 
+/// Host ending (`SERVICE_F_END`): the backend a socket connected to, by socket cookie, for the
+/// daemon's socket iterators. Nothing removes an entry when its socket closes: LRU, so a
+/// socket evicted under churn is simply not ended.
+#[map]
+pub static SOCK_HOST_V1: LruHashMap<u64, Backend> = LruHashMap::pinned(262_144, 0);
+
 /// Proxy mode: the service a redirected connection dialled, by the client's 4-tuple, for the
 /// proxy's accept(). Removed by sockops when the client socket closes; LRU as a backstop.
 #[map]

@@ -7,9 +7,9 @@ use proxy_common::{
     abi, counters,
     service::{
         Backend, HASH_KEY_CGROUP, HASH_KEY_PROCESS, HASH_KEY_SOCKET, HASH_KEY_USER,
-        SERVICE_F_CX_LIMIT, SERVICE_F_DROP, SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV,
-        SERVICE_F_NO_PROXY_DIALLED, SERVICE_F_NO_PROXY_HOSTS, SERVICE_F_PANIC, SERVICE_F_PASSIVE,
-        SERVICE_F_PROXY, Service, ServiceKey, hash_key_of,
+        SERVICE_F_CX_LIMIT, SERVICE_F_DROP, SERVICE_F_END, SERVICE_F_LEAST_REQUEST,
+        SERVICE_F_MAGLEV, SERVICE_F_NO_PROXY_DIALLED, SERVICE_F_NO_PROXY_HOSTS, SERVICE_F_PANIC,
+        SERVICE_F_PASSIVE, SERVICE_F_PROXY, Service, ServiceKey, hash_key_of,
     },
 };
 
@@ -47,6 +47,8 @@ pub struct Target {
     pub least: bool,
     /// The connection counts in its service's open connections (`SERVICE_F_CX_LIMIT`).
     pub limited: bool,
+    /// The socket is recorded for host ending (`SERVICE_F_END`, kernel path only).
+    pub end: bool,
 }
 
 /// Re-reads of a service whose generation moved on while a program was choosing (see
@@ -152,6 +154,7 @@ fn to_proxy(ctx: &SockAddrContext, svc: &Service, key: &ServiceKey) -> Result<Pr
             passive: false,
             least: false,
             limited: false,
+            end: false,
         }));
     }
     if svc.flags & (SERVICE_F_NO_PROXY_HOSTS | SERVICE_F_NO_PROXY_DIALLED) == 0 {
@@ -183,6 +186,7 @@ fn to_host(id: u32, dest: Backend, flags: u32) -> Target {
         passive: flags & SERVICE_F_PASSIVE != 0,
         least: flags & SERVICE_F_LEAST_REQUEST != 0,
         limited: flags & SERVICE_F_CX_LIMIT != 0,
+        end: flags & SERVICE_F_END != 0,
     }
 }
 

@@ -2,6 +2,7 @@
 //! the proxy path started when services use it, services published on every change of their
 //! routable hosts, admin served, clean stop.
 
+mod ending;
 mod proxy_path;
 mod publish;
 mod reload;

@@ -8,6 +8,7 @@
 //! `proxy_common::abi`.
 
 mod attach;
+mod btf;
 mod error;
 mod features;
 mod loader;
@@ -17,6 +18,7 @@ mod mounts;
 mod pair;
 mod pins;
 mod publish;
+mod reaper;
 mod runtime;
 mod sizes;
 mod uninstall;

@@ -343,3 +343,61 @@ fn a_proxy_mode_service_says_what_the_kernel_does_while_no_proxy_listens() {
     let config = Config::parse(&by_header, Path::new("t.yaml")).expect("valid config");
     assert_eq!(ServiceTemplate::all(&config)[2].flags & fallback, 0);
 }
+
+/// `close_connections_on_host_health_failure` (the cluster's, else `proxy.`'s) flags a
+/// direct-mode service for host ending; off by default, and never for a proxy-mode one (the
+/// proxy closes its own connections).
+#[test]
+fn host_ending_follows_the_clusters_option() {
+    let yaml = |proxy: &str| {
+        format!(
+            "proxy: {{ listeners: [\"127.0.0.1:15001\"]{proxy} }}\nclusters:\n  - name: plain\n{ENDPOINT}  - name: on\n    close_connections_on_host_health_failure: true\n{ENDPOINT}  - name: off\n    close_connections_on_host_health_failure: false\n{ENDPOINT}services:\n  - {{ name: a, address: 127.77.0.1, port: 80, cluster: plain }}\n  - {{ name: b, address: 127.77.0.2, port: 80, cluster: on }}\n  - {{ name: c, address: 127.77.0.3, port: 80, cluster: on, mode: proxy }}\n  - {{ name: d, address: 127.77.0.4, port: 80, cluster: off }}\n  - {{ name: e, address: 127.77.0.5, port: 80, cluster: on, protocol: UDP }}\n"
+        )
+    };
+    let ends = |proxy: &str| {
+        let config = Config::parse(&yaml(proxy), Path::new("t.yaml")).expect("valid config");
+        ServiceTemplate::all(&config)
+            .iter()
+            .map(|t| {
+                assert_eq!(t.ends_hosts(), t.flags & SERVICE_F_END != 0, "{}", t.name);
+                t.ends_hosts()
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ends(""), [false, true, false, false, true]);
+    let default_on = ", close_connections_on_host_health_failure: true";
+    assert_eq!(ends(default_on), [true, true, false, false, true]);
+}
+
+/// A host that leaves the routable set while its cluster still has it (failed) is ended now;
+/// one discovery removed, later; one still routable, a host of a cluster without the option
+/// and the refusal address never.
+#[test]
+fn leavers_split_failed_from_removed() {
+    let yaml = format!(
+        "clusters:\n  - name: on\n    close_connections_on_host_health_failure: true\n{ENDPOINT}services:\n  - {{ name: a, address: 127.77.0.1, port: 80, cluster: on }}\n"
+    );
+    let config = Config::parse(&yaml, Path::new("t.yaml")).expect("valid config");
+    let t = &ServiceTemplate::all(&config)[0];
+    let healthy = |h: u8| (host(h), HostClass::Healthy);
+    let before = Routing::compute(&[healthy(1), healthy(2), healthy(3), healthy(4)], 50.0);
+    // 2 failed (still discovered), 3 removed, 1 and 4 stay.
+    let after = Routing::compute(
+        &[healthy(1), (host(2), HostClass::Unhealthy), healthy(4)],
+        50.0,
+    );
+    let (b, a) = ([("on", &before)], [("on", &after)]);
+    let leavers = t.leavers(&t.spec(&b), &t.spec(&a), &b, &a);
+    assert_eq!(leavers.now, [host(2).addr]);
+    assert_eq!(leavers.later, [host(3).addr]);
+    // The same change in a cluster the service reads without the option: nothing.
+    let (b, a) = ([("other", &before)], [("other", &after)]);
+    let none = t.leavers(&t.spec(&b), &t.spec(&a), &b, &a);
+    assert_eq!(none, ending::Leavers::default());
+    // Nothing left: nothing ended.
+    let (b, a) = ([("on", &before)], [("on", &before)]);
+    assert_eq!(
+        t.leavers(&t.spec(&b), &t.spec(&a), &b, &a),
+        ending::Leavers::default()
+    );
+}

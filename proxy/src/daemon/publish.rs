@@ -9,7 +9,10 @@ use proxy_core::{health::Routing, kernel::ServiceTemplate};
 use tokio::sync::watch;
 use tracing::warn;
 
-use super::state::{PublishedTx, SharedDataplane};
+use super::{
+    ending::Ender,
+    state::{PublishedTx, SharedDataplane},
+};
 use crate::dataplane;
 
 /// How long start-up waits for every service's first publish before it removes what a previous
@@ -59,12 +62,14 @@ pub(super) struct ClusterInput {
 /// Until `warm` (the service's clusters' `initialized`) all hold, an adopted previous state (or
 /// nothing) is better than an empty host set; after `FIRST_PUBLISH_WAIT`, it publishes what
 /// there is.
+/// A service that ends its hosts' kernel-path sockets (`close_connections_on_host_health_failure`)
+/// does so after each publish, and a `drain` after a host's removal ([`Ender`]).
 pub(super) async fn publish_loop(
     template: ServiceTemplate,
     mut inputs: Vec<ClusterInput>,
     mut warm: Vec<watch::Receiver<bool>>,
-    dp: SharedDataplane,
-    published: PublishedTx,
+    (dp, published): (SharedDataplane, PublishedTx),
+    drain: Duration,
 ) {
     let all_initialized = async {
         for initialized in &mut warm {
@@ -78,9 +83,10 @@ pub(super) async fn publish_loop(
         warn!(service = %template.name, "clusters not initialized within {FIRST_PUBLISH_WAIT:?}; publishing what they have");
     }
     let mut first = true;
+    let mut ender = Ender::new(&template, drain);
     loop {
+        let routings: Vec<_> = inputs.iter().map(|i| i.routing.borrow().clone()).collect();
         let spec = {
-            let routings: Vec<_> = inputs.iter().map(|i| i.routing.borrow().clone()).collect();
             let clusters: Vec<(&str, &Routing)> = inputs
                 .iter()
                 .zip(&routings)
@@ -96,19 +102,42 @@ pub(super) async fn publish_loop(
             }
         };
         match result {
-            Ok(_) if first => {
-                first = false;
-                published.send_modify(|set| {
-                    set.insert(spec.key);
-                });
+            Ok(_) => {
+                if let Some(ender) = &mut ender {
+                    let names = inputs.iter().map(|i| i.name.clone());
+                    ender.published(&template, &spec, names.zip(routings).collect(), &dp);
+                }
+                if first {
+                    first = false;
+                    published.send_modify(|set| {
+                        set.insert(spec.key);
+                    });
+                }
             }
-            Ok(_) => {}
             Err(err) => {
                 warn!(service = %spec.name, %err, "publish failed; the previous host set stays live");
             }
         }
-        if !any_changed(&mut inputs).await {
-            return;
+        loop {
+            let due = async {
+                match &ender {
+                    Some(ender) => ender.due().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                changed = any_changed(&mut inputs) => {
+                    if !changed {
+                        return;
+                    }
+                    break;
+                }
+                () = due => {
+                    if let Some(ender) = &mut ender {
+                        ender.fire(&template.name, &dp);
+                    }
+                }
+            }
         }
         // Coalesce a burst of changes into one publish: what changed meanwhile is read now.
         for input in &mut inputs {
@@ -147,6 +176,8 @@ async fn any_changed(inputs: &mut [ClusterInput]) -> bool {
 /// Refuses to start (or reload) when a direct-mode service asks for what the kernel's programs
 /// cannot do: ROUND_ROBIN where the kernel refused the programs that rotate (before 5.12), or a
 /// hash key whose helper the kernel lacks. Said at start, not at the service's first publish.
+/// Host ending that the kernel cannot do (before 6.5) is only warned about: the option also
+/// configures the proxy path.
 pub(super) fn check_kernel_support(
     templates: &[ServiceTemplate],
     dp: &SharedDataplane,
@@ -157,6 +188,11 @@ pub(super) fn check_kernel_support(
     };
     for t in templates {
         dp.publisher().check_hash_key(&t.name, t.flags)?;
+    }
+    if let Some(t) = templates.iter().find(|t| t.ends_hosts())
+        && let Some(why) = dp.host_ending_unavailable()
+    {
+        warn!(service = %t.name, why, "close_connections_on_host_health_failure: this kernel cannot end kernel-path sockets; they stay open when their host leaves");
     }
     if dp.round_robin() {
         return Ok(());

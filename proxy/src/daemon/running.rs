@@ -110,8 +110,8 @@ impl Running {
             spec,
             inputs,
             warm,
-            ctx.dp.clone(),
-            ctx.published.clone(),
+            (ctx.dp.clone(), ctx.published.clone()),
+            self.config.proxy.drain_timeout,
         ));
         self.publishers.insert(key, task);
     }

@@ -5,6 +5,9 @@ use std::path::PathBuf;
 /// What went wrong while loading, attaching, publishing or cleaning up.
 #[derive(Debug, thiserror::Error)]
 pub enum DataplaneError {
+    /// Host ending failed or is unavailable (`reaper`).
+    #[error("ending sockets of hosts that left: {why}")]
+    NoHostEnding { why: String },
     /// No cgroup v2 hierarchy is mounted.
     #[error(
         "no cgroup v2 filesystem in /proc/mounts; mount one (mount -t cgroup2 none /sys/fs/cgroup) or give an absolute cgroup path"

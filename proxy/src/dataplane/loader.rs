@@ -82,6 +82,8 @@ pub struct Dataplane {
     kernel_log: Option<crate::kernel_log::KernelLog>,
     /// This run created the pin directory: there was no previous state to keep.
     fresh: bool,
+    /// Host ending's iterators, or why this kernel cannot end sockets (`super::reaper`).
+    pub(super) reaper: Result<super::reaper::Reaper, String>,
     /// The instance's lock (`flock` on the pin directory), held while this daemon runs.
     _lock: fs::File,
 }
@@ -253,7 +255,6 @@ impl Dataplane {
         } = KernelMaps::take(&mut ebpf)?;
         let mut publisher = Publisher::new(service, opts.follow_sockets, round_robin)?;
         publisher.set_kernel_features(features);
-        let runtime = RuntimeMaps::new(runtime);
         let pair = match (pair_attached, pair_maps) {
             (Ok(()), Ok(maps)) => Ok(PairSplicer::new(maps)),
             (Ok(()), Err(err)) => return Err(err),
@@ -261,6 +262,8 @@ impl Dataplane {
         };
         info!(cgroup = %opts.cgroup.display(), pins = %pin_dir.display(), adopted = publisher.adopted(), sockops = opts.follow_sockets, round_robin, econnrefused = features & abi::features::SET_RETVAL != 0, kernel_log = ?opts.kernel_log, "data path attached");
         Ok(Self {
+            // Before `ebpf` moves: the iterators read its SOCK_HOST_V1.
+            reaper: super::reaper::load_from(&ebpf),
             ebpf,
             pin_dir: pin_dir.to_owned(),
             cgroup: opts.cgroup.clone(),
@@ -268,7 +271,7 @@ impl Dataplane {
             links,
             follow_sockets: opts.follow_sockets,
             publisher,
-            runtime,
+            runtime: RuntimeMaps::new(runtime),
             pair,
             kernel_log,
             fresh: false,
@@ -467,6 +470,7 @@ impl Dataplane {
             pair,
             kernel_log,
             fresh: _,
+            reaper,
             _lock,
         } = self;
         for (name, link) in links.into_iter().rev() {
@@ -476,7 +480,7 @@ impl Dataplane {
             }
         }
         // Dropping the object detaches sk_msg from the sockhash; removing the pins frees the maps.
-        drop((publisher, runtime, pair, kernel_log, ebpf));
+        drop((publisher, runtime, pair, kernel_log, reaper, ebpf));
         pin_files::remove_ours(&pin_dir);
         if created_cgroup && let Err(err) = fs::remove_dir(&cgroup) {
             warn!(cgroup = %cgroup.display(), %err, "cgroup not removed (processes still in it?)");

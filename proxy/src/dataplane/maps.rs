@@ -112,7 +112,7 @@ map_group! {
 
 /// Maps only the programs read and write; the daemon takes no handle to them. The loader
 /// borrows the fd of [`maps::SPLICE`] to attach sk_msg to it ([`sockhash_fd`]).
-pub const KERNEL_ONLY: [&str; 6] = [
+pub const KERNEL_ONLY: [&str; 7] = [
     // LEAST_REQUEST's open connections: sockops keeps them, connect4/6 read them.
     maps::ACTIVE,
     maps::SOCK_VIP,
@@ -120,6 +120,8 @@ pub const KERNEL_ONLY: [&str; 6] = [
     maps::SOCK_ORIG,
     maps::SPLICE,
     maps::UDP_REV,
+    // Host ending: connect4/6 write it; the reaper's iterator programs read it by their own fd.
+    maps::SOCK_HOST,
 ];
 
 /// Every map the daemon uses, typed.

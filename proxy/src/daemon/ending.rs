@@ -130,15 +130,19 @@ mod tests {
         Host::new(SocketAddr::from(([127, 0, 0, last], 80)))
     }
 
-    /// A removed host waits for the drain deadline (a failed one does not: it is ended at the
-    /// publish, which finds no data path here); one routable again before it is not ended.
+    /// A removed host waits for the default drain deadline (a failed one does not: it is ended
+    /// at the publish, which finds no data path here); one routable again before it is not
+    /// ended.
     #[tokio::test(start_paused = true)]
     async fn a_removed_host_waits_for_the_drain_unless_it_returns() {
         let yaml = "clusters:\n  - name: on\n    close_connections_on_host_health_failure: true\n    load_assignment: { endpoints: [ { lb_endpoints: [ { endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 1 } } } } ] } ] }\nservices:\n  - { name: a, address: 127.77.0.1, port: 80, cluster: on }\n";
         let config = Config::parse(yaml, Path::new("t.yaml")).expect("valid config");
         let t = &ServiceTemplate::all(&config)[0];
         let dp: SharedDataplane = Arc::new(Mutex::new(None));
-        let drain = Duration::from_secs(30);
+        // The default drain (the file sets no `proxy.drain_timeout`): tests/daemon_end.rs
+        // shortens it to 3 s, this shows the deadline users get.
+        let drain = config.proxy.drain_timeout;
+        assert_eq!(drain, Duration::from_secs(30), "the default drain");
         let mut ender = Ender::new(t, drain).expect("the option is on");
         let publish = |ender: &mut Ender, hosts: &[(Host, HostClass)]| {
             let routing = Routing::compute(hosts, 50.0);

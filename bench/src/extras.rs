@@ -1,7 +1,8 @@
 //! Measurements outside the scenario rows: health-check CPU for N endpoints (in a network
 //! namespace of ours, so one listener on 0.0.0.0 answers every 127.88.x.y address) and the
-//! time to publish 10,000 hosts (the `bench_publish` binary of the integration-tests crate,
-//! which drives `proxy::dataplane` in-process).
+//! time to publish 10,000 hosts and the cost of ending kernel-path sockets (the `bench_publish`
+//! and `bench_end` binaries of the integration-tests crate, which drive `proxy::dataplane`
+//! in-process).
 
 use std::{collections::BTreeMap, path::Path, process::Command, time::Duration};
 
@@ -135,4 +136,40 @@ pub fn publish(bin: &Path, hosts: u32) -> anyhow::Result<BTreeMap<String, f64>> 
         "bench_publish",
     )?;
     json_values(out.lines().last().unwrap_or(""))
+}
+
+/// The exit status of `bench_end` when the kernel cannot end sockets (`bpf_sock_destroy`,
+/// Linux 6.5+): the row reads `unavailable` and the reason is printed, as the daemon runs on.
+const END_UNAVAILABLE: i32 = 3;
+
+/// Ends `sockets` kernel-path connections of one host with the reaper (`bench_end`, next to
+/// `bench_publish`).
+pub fn ending(publish_bin: &Path, sockets: u32) -> anyhow::Result<BTreeMap<String, f64>> {
+    let bin = publish_bin.with_file_name("bench_end");
+    if !bin.exists() {
+        bail!(
+            "{} is missing (cargo build -p integration-tests --bin bench_end)",
+            bin.display()
+        );
+    }
+    let out = Command::new(&bin)
+        .arg("--sockets")
+        .arg(sockets.to_string())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .context("starting bench_end")?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(END_UNAVAILABLE) {
+        crate::util::detail(format!("ending not measured: {}", stderr.trim()));
+        return Ok([("unavailable".to_owned(), 1.0)].into());
+    }
+    if !out.status.success() {
+        bail!("bench_end failed ({}): {}", out.status, stderr.trim());
+    }
+    json_values(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or(""),
+    )
 }

@@ -198,8 +198,10 @@ fn run(args: Args) -> anyhow::Result<()> {
                 "integration-tests",
                 "--bin",
                 "bench_publish",
+                "--bin",
+                "bench_end",
             ]),
-            "cargo build --release --bin bench_publish",
+            "cargo build --release --bin bench_publish --bin bench_end",
         )?;
     }
     let release = util::target_dir()?.join("release");
@@ -253,10 +255,18 @@ fn smoke() -> anyhow::Result<()> {
     // the same profile); built when missing.
     let exe = std::env::current_exe().context("locating the proxy-bench binary")?;
     let publish = exe.with_file_name("bench_publish");
-    if !publish.exists() {
+    if !publish.exists() || !publish.with_file_name("bench_end").exists() {
         util::run(
-            util::cargo().args(["build", "-p", "integration-tests", "--bin", "bench_publish"]),
-            "cargo build --bin bench_publish",
+            util::cargo().args([
+                "build",
+                "-p",
+                "integration-tests",
+                "--bin",
+                "bench_publish",
+                "--bin",
+                "bench_end",
+            ]),
+            "cargo build --bin bench_publish --bin bench_end",
         )?;
     }
     let stamp = format!("smoke-{}", timestamp());
@@ -305,14 +315,14 @@ pub struct Filter<'a> {
 impl Filter<'_> {
     /// Whether row `id` is measured: no `--only`, or one of its comma-separated parts is in
     /// `id`.
-    fn wants_row(&self, id: &str) -> bool {
+    pub fn wants_row(&self, id: &str) -> bool {
         self.row
             .is_none_or(|parts| parts.split(',').any(|p| id.contains(p)))
     }
 
     /// Whether metric `key` is measured: no `--metric`, or one of its comma-separated parts is
     /// in `key`.
-    fn wants_metric(&self, key: &str) -> bool {
+    pub fn wants_metric(&self, key: &str) -> bool {
         self.metric
             .is_none_or(|keys| keys.split(',').any(|k| key.contains(k)))
     }
@@ -371,7 +381,12 @@ fn select_rows(
             r.metrics.retain(|m| only.wants_metric(&m.key()));
         }
         rows.retain(|r| !r.metrics.is_empty());
-        if rows.is_empty() && !scale::METRICS.iter().any(|m| only.wants_metric(m)) {
+        if rows.is_empty()
+            && !scale::METRICS
+                .iter()
+                .chain(plan::EXTRA_METRICS)
+                .any(|m| only.wants_metric(m))
+        {
             let _ = fs::remove_dir_all(&env.dir);
             bail!("no row measures a metric whose key contains {key:?}");
         }
@@ -473,14 +488,8 @@ fn execute(
         if sys::interrupted() {
             bail!("interrupted; everything the benchmark started has been stopped and removed");
         }
-        // The publish and health measurements, unless --only or --metric names neither.
-        if (only.wants_row("publish") || only.wants_row("health"))
-            && (only.wants_metric("publish_10k")
-                || only.wants_metric("health_10k")
-                || only.wants_metric("health_udp_10k"))
-        {
-            samples.extend(plan::extras(env, run, publish_bin, smoke));
-        }
+        // The health, publish and ending measurements that --only and --metric ask for.
+        samples.extend(plan::extras(env, run, publish_bin, smoke, &only));
         if only.wants_row("scale") {
             samples.extend(scale::samples(env, run, smoke, only));
         }

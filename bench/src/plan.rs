@@ -571,6 +571,8 @@ pub fn summary(s: &Sample) -> String {
         "rss_mib",
         "cpu_cores",
         "services_x1_ms",
+        "sockets_per_s",
+        "unavailable",
     ]
     .iter()
     .find_map(|k| s.values.get(*k).map(|v| format!("{k}={v:.3}")))
@@ -701,23 +703,53 @@ pub fn features(
     (rows, missing)
 }
 
-/// Per run, outside the scenario rows: health-check CPU for 10,000 endpoints at 1 s (TCP
-/// checks, then UDP checks), and the time to publish 10,000 hosts.
-pub fn extras(env: &Env, run: u32, publish_bin: &std::path::Path, smoke: bool) -> Vec<Sample> {
-    let mut out = Vec::new();
+/// One measurement of [`extras`]: its values by key.
+type Measure<'a> = dyn Fn() -> anyhow::Result<std::collections::BTreeMap<String, f64>> + 'a;
+
+/// The metrics of [`extras`].
+pub const EXTRA_METRICS: &[&str] = &["health_10k", "health_udp_10k", "publish_10k", "end_5k"];
+
+/// Per run, outside the scenario rows, those that `only` asks for: health-check CPU for
+/// 10,000 endpoints at 1 s (TCP checks, then UDP checks), the time to publish 10,000 hosts, and
+/// ending 5,000 kernel-path sockets of a host.
+pub fn extras(
+    env: &Env,
+    run: u32,
+    publish_bin: &std::path::Path,
+    smoke: bool,
+    only: &crate::Filter<'_>,
+) -> Vec<Sample> {
     let endpoints = if smoke { 100 } else { 10_000 };
-    for (metric, udp) in [("health_10k", false), ("health_udp_10k", true)] {
-        let s = extra_sample(run, "health", metric, || {
-            super::extras::health(env, endpoints, udp)
-        });
-        crate::util::detail(summary(&s));
-        out.push(s);
+    let measurements: [(&str, &str, Box<Measure<'_>>); 4] = [
+        (
+            "health",
+            "health_10k",
+            Box::new(|| super::extras::health(env, endpoints, false)),
+        ),
+        (
+            "health",
+            "health_udp_10k",
+            Box::new(|| super::extras::health(env, endpoints, true)),
+        ),
+        (
+            "publish",
+            "publish_10k",
+            Box::new(|| super::extras::publish(publish_bin, if smoke { 100 } else { 10_000 })),
+        ),
+        (
+            "ending",
+            "end_5k",
+            Box::new(|| super::extras::ending(publish_bin, if smoke { 100 } else { 5_000 })),
+        ),
+    ];
+    let mut out = Vec::new();
+    for (row, metric, measure) in measurements {
+        if only.wants_row(row) && only.wants_metric(metric) {
+            let s = extra_sample(run, row, metric, measure);
+            crate::util::detail(summary(&s));
+            out.push(s);
+        }
     }
-    let s = extra_sample(run, "publish", "publish_10k", || {
-        super::extras::publish(publish_bin, if smoke { 100 } else { 10_000 })
-    });
-    crate::util::detail(summary(&s));
-    out.push(s);
     out
 }
 

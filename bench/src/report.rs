@@ -190,6 +190,7 @@ impl<'a> Table<'a> {
             if !out.contains(&s.row)
                 && s.row != "health"
                 && s.row != "publish"
+                && s.row != "ending"
                 && s.row != "scale"
                 && !s.row.ends_with(super::plan::PAIRED_SUFFIX)
             {
@@ -594,6 +595,23 @@ fn extras(md: &mut String, t: &Table<'_>) {
     ];
     for (label, row, metric, key) in rows {
         let _ = writeln!(md, "| {label} | {} |", cell(t.abs(row, metric, key), ""));
+    }
+    for (label, key) in [
+        ("ending: kernel-path sockets to the host ended", "ended"),
+        ("ending: sockets ended per second (reaper)", "sockets_per_s"),
+        ("ending: reaper call (ms)", "end_ms"),
+        (
+            "ending: call to the application's last socket ended (ms)",
+            "last_ended_ms",
+        ),
+        ("ending: sockets of the namespace walked", "walked"),
+        ("ending: sockets to the other host still open", "kept_open"),
+    ] {
+        let _ = writeln!(
+            md,
+            "| {label} | {} |",
+            cell(t.abs("ending", "end_5k", key), "")
+        );
     }
     for (name, checker, metric) in [
         ("health", "TCP, 1 s interval", "health_10k"),

@@ -77,10 +77,27 @@ impl Drop for Backend {
     }
 }
 
-/// A loopback port nothing listens on.
-fn refusing_port() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().unwrap()
+/// A loopback port nothing listens on, held for the test's life: a socket bound there without
+/// `SO_REUSEADDR` and never listening. Connects to it are reset, and no other socket of the
+/// machine can bind it meanwhile. (A port bound and released at once could be taken by any
+/// listener that the suite's other lanes start, which turns the dead host live: Envoy then
+/// counts no failure and detects nothing.)
+struct RefusingPort {
+    addr: SocketAddr,
+    _socket: tokio::net::TcpSocket,
+}
+
+impl RefusingPort {
+    fn hold() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.1:0".parse().unwrap())
+            .expect("binding the refusing port");
+        Self {
+            addr: socket.local_addr().expect("its address"),
+            _socket: socket,
+        }
+    }
 }
 
 fn endpoint(addr: SocketAddr) -> Value {
@@ -198,7 +215,13 @@ fn drive_envoy(envoy: &Envoy) {
         }
         assert!(
             Instant::now() < deadline,
-            "Envoy did not count the connections"
+            "Envoy did not count the connections and detect: per host (address, attempts, \
+             failures) {:?}, counters {:?}",
+            envoy_host_results(envoy),
+            COUNTERS
+                .iter()
+                .map(|c| (c, envoy_stat(envoy, &format!("outlier_detection.{c}"))))
+                .collect::<Vec<_>>()
         );
         thread::sleep(Duration::from_millis(50));
     }
@@ -258,8 +281,8 @@ async fn ours(hosts: &[SocketAddr], outlier: &str, results: &[(SocketAddr, u64, 
 
 async fn compare(outlier_json: Value, outlier_yaml: &str) -> Vec<u64> {
     let (a, b) = (Backend::start(), Backend::start());
-    let dead = refusing_port();
-    let hosts = [a.addr, b.addr, dead];
+    let dead = RefusingPort::hold();
+    let hosts = [a.addr, b.addr, dead.addr];
     let envoy = Envoy::with_bootstrap(&envoy_bootstrap(&hosts, &outlier_json), None);
     drive_envoy(&envoy);
     let results = envoy_host_results(&envoy);

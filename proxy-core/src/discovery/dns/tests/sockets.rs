@@ -105,10 +105,24 @@ fn reply(query: &[u8], behaviour: Behaviour) -> Option<Vec<u8>> {
     response.to_vec().ok()
 }
 
-/// An address on 127.0.0.1 where nothing listens: a port that was free a moment ago.
-fn closed_port() -> SocketAddr {
+/// A UDP port on 127.0.0.1 that answers every datagram with ICMP port unreachable, held until
+/// dropped: a socket bound there and connected to port 9, so the kernel matches no datagram from
+/// anyone else to it, and no other socket can bind the port meanwhile. (A port bound and released
+/// at once could be taken by a DNS server that a test running beside this one starts.)
+struct ClosedPort {
+    addr: SocketAddr,
+    _socket: std::net::UdpSocket,
+}
+
+fn closed_port() -> ClosedPort {
     let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind an ephemeral UDP port");
-    socket.local_addr().expect("its address")
+    socket
+        .connect("127.0.0.1:9")
+        .expect("connecting the closed port elsewhere");
+    ClosedPort {
+        addr: socket.local_addr().expect("its address"),
+        _socket: socket,
+    }
 }
 
 fn settings(server: SocketAddr) -> DnsSettings {
@@ -146,7 +160,8 @@ fn query_limits_default_to_envoys_c_ares_settings() {
 /// c-ares reports it, instead of waiting for the try timeout.
 #[tokio::test]
 async fn a_refused_server_fails_the_lookup_at_once() {
-    let resolver = HickoryResolver::new(&settings(closed_port())).expect("resolver");
+    let closed = closed_port();
+    let resolver = HickoryResolver::new(&settings(closed.addr)).expect("resolver");
     let start = Instant::now();
     let result = tokio::time::timeout(
         WAIT,
@@ -164,7 +179,8 @@ async fn a_refused_server_fails_the_lookup_at_once() {
 /// the server is back.
 #[tokio::test]
 async fn a_refused_server_is_a_failure_with_backoff_until_it_returns() {
-    let server = closed_port();
+    let closed = closed_port();
+    let server = closed.addr;
     let settings = DnsSettings {
         dns_failure_refresh_rate: Some(RefreshRate {
             base_interval: Duration::from_millis(100),
@@ -192,6 +208,7 @@ async fn a_refused_server_is_a_failure_with_backoff_until_it_returns() {
     );
     assert_eq!(stats().update_success, 0);
 
+    drop(closed);
     let _back = TestServer::start(server, Behaviour::Answer(Ipv4Addr::new(127, 0, 0, 9))).await;
     let back = wait_stats(stats, |s| s.update_success >= 1).await;
     assert!(

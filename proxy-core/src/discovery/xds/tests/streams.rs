@@ -320,9 +320,11 @@ async fn delta_eds_ack_nack_reconnect() {
 
 #[tokio::test]
 async fn unreachable_server_counts_failures_and_initializes() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
+    // Bound, never listening, without SO_REUSEADDR: connects are refused and no listener of a
+    // test beside this one can take the port while this test runs.
+    let closed = tokio::net::TcpSocket::new_v4().unwrap();
+    closed.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = closed.local_addr().unwrap();
     let source = XdsSource {
         transport: Transport::Grpc {
             uri: format!("http://{addr}"),

@@ -235,7 +235,7 @@ fn resolvers(
                     ));
                 }
                 // Listed resolvers are asked for names as written, never expanded by
-                // resolv.conf's search list: that is `true`, and the README lists `false` with
+                // resolv.conf's search list: that is `true`, and docs/differences.md lists `false` with
                 // listed resolvers as a difference. Without listed resolvers the system's
                 // search list applies, which `true` would forbid.
                 if options.no_default_search_domain && cares.resolvers.is_empty() {
@@ -311,7 +311,7 @@ fn path_suffix(path: &serde_path_to_error::Path) -> String {
 }
 
 /// The field paths of the `typed_config`s read here, under `custom` (a cluster's
-/// `cluster_type`), for the README's table of accepted fields (`field_table`).
+/// `cluster_type`), for the table of accepted fields in docs/fields.md (`field_table`).
 #[cfg(test)]
 pub(crate) fn typed_field_paths(custom: &str) -> std::collections::BTreeSet<String> {
     use crate::field_table::tracer::field_paths;

@@ -6,6 +6,7 @@
 //! from the field lists they refuse by name, read from their sources, and from
 //! [`XDS_HONOURED`], the fields their `clear` functions accept.
 
+mod reference;
 pub(crate) mod tracer;
 
 use std::collections::BTreeSet;
@@ -203,23 +204,28 @@ fn missing(rows: &[Row], input: &str, paths: &BTreeSet<String>) -> Vec<String> {
 
 /// Every field path the configuration file accepts, `typed_config`s included.
 fn file_paths() -> BTreeSet<String> {
+    file_trace().fields
+}
+
+/// Every path the configuration file accepts with its kind, `typed_config`s included.
+fn file_trace() -> tracer::Trace {
     use crate::config::{
         Config, DnsSrvConfig,
         sources::{consul::ConsulConfig, xds::transport_socket::UpstreamTlsContext},
     };
     let custom = "clusters[].cluster_type";
-    let mut paths = tracer::field_paths::<Config>("");
-    paths.extend(tracer::field_paths::<ConsulConfig>(&format!(
+    let mut trace = tracer::trace::<Config>("");
+    trace.extend(tracer::trace::<ConsulConfig>(&format!(
         "{custom}(proxy.clusters.consul).typed_config"
     )));
-    paths.extend(tracer::field_paths::<DnsSrvConfig>(&format!(
+    trace.extend(tracer::trace::<DnsSrvConfig>(&format!(
         "{custom}(proxy.clusters.dns_srv).typed_config"
     )));
-    paths.extend(tracer::field_paths::<UpstreamTlsContext>(
+    trace.extend(tracer::trace::<UpstreamTlsContext>(
         "clusters[].transport_socket.typed_config",
     ));
-    paths.extend(crate::config::envoy::typed_field_paths(custom));
-    paths
+    trace.extend(crate::config::envoy::typed_trace(custom));
+    trace
 }
 
 /// Every field path of the Consul config entries, under their `Kind`, and of the catalog's

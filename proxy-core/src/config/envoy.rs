@@ -310,22 +310,23 @@ fn path_suffix(path: &serde_path_to_error::Path) -> String {
     }
 }
 
-/// The field paths of the `typed_config`s read here, under `custom` (a cluster's
-/// `cluster_type`), for the table of accepted fields in docs/fields.md (`field_table`).
+/// The paths of the `typed_config`s read here, under `custom` (a cluster's `cluster_type`),
+/// for the table of accepted fields in docs/fields.md and the configuration reference
+/// (`field_table`).
 #[cfg(test)]
-pub(crate) fn typed_field_paths(custom: &str) -> std::collections::BTreeSet<String> {
-    use crate::field_table::tracer::field_paths;
+pub(crate) fn typed_trace(custom: &str) -> crate::field_table::tracer::Trace {
+    use crate::field_table::tracer::trace;
     let resolver = "typed_dns_resolver_config";
-    let mut paths = field_paths::<DnsCluster>(&format!("{custom}({DNS_CLUSTER}).typed_config"));
+    let mut paths = trace::<DnsCluster>(&format!("{custom}({DNS_CLUSTER}).typed_config"));
     for at in [
         "clusters[]",
         &format!("{custom}({DNS_CLUSTER}).typed_config"),
     ] {
-        paths.extend(field_paths::<Cares>(&format!(
+        paths.extend(trace::<Cares>(&format!(
             "{at}.{resolver}({CARES}).typed_config"
         )));
         let gai = format!("{at}.{resolver}({GETADDRINFO}).typed_config");
-        paths.extend(field_paths::<GetAddrInfo>(&gai));
+        paths.extend(trace::<GetAddrInfo>(&gai));
     }
     paths
 }

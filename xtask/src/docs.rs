@@ -9,9 +9,15 @@
 //!
 //! The check runs `jsonschema` in the Python venv (`tests/xds/requirements.txt`, installed by
 //! setup): the schema must be valid, accept every configuration in `examples/` and the README's
-//! example, and refuse a file with an unknown field (`docs/check_schema.py`).
+//! example, and refuse a file with an unknown field (`docs/check_schema.py`). [`check_pages`]
+//! holds the README and ARCHITECTURE.md to their sizes and every relative link of the
+//! repository's pages to a file that exists and, with `#anchor`, to one of its headings.
 
-use std::{fs, path::PathBuf, process::Command};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use anyhow::{Context as _, bail};
 
@@ -105,4 +111,167 @@ fn configurations(root: &std::path::Path) -> anyhow::Result<Vec<(String, String)
         .context("README.md has no yaml block under \"One example\"")?;
     out.push(("README.md".to_owned(), example.to_owned()));
     Ok(out)
+}
+
+/// The pages with a bound on their length: a newcomer reads the README in five minutes, and
+/// ARCHITECTURE.md stays a map of the structure.
+const SIZES: &[(&str, usize)] = &[("README.md", 250), ("ARCHITECTURE.md", 400)];
+
+/// The pages' sizes and relative links.
+pub fn check_pages() -> anyhow::Result<()> {
+    step("docs: README.md and ARCHITECTURE.md within their sizes; every relative link resolves");
+    let root = util::workspace_root();
+    let mut problems = Vec::new();
+    for (page, most) in SIZES {
+        let lines = read(&root.join(page))?.lines().count();
+        if lines > *most {
+            problems.push(format!("{page}: {lines} lines, at most {most}"));
+        }
+    }
+    let mut pages: Vec<PathBuf> = [
+        "README.md",
+        "ARCHITECTURE.md",
+        "SECURITY.md",
+        "BENCHMARKS.md",
+    ]
+    .iter()
+    .map(|p| root.join(p))
+    .collect();
+    for dir in ["docs", "docs/deploy"] {
+        for entry in fs::read_dir(root.join(dir)).with_context(|| format!("reading {dir}"))? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "md") {
+                pages.push(path);
+            }
+        }
+    }
+    pages.sort();
+    for page in &pages {
+        let text = read(page)?;
+        let name = page
+            .strip_prefix(&root)
+            .unwrap_or(page)
+            .display()
+            .to_string();
+        for target in links(&text) {
+            if let Err(why) = resolve(page, &target) {
+                problems.push(format!("{name}: ({target}): {why}"));
+            }
+        }
+    }
+    if !problems.is_empty() {
+        bail!(
+            "{} problem(s) in the pages:\n  {}",
+            problems.len(),
+            problems.join("\n  ")
+        );
+    }
+    detail(format!("{} pages", pages.len()));
+    Ok(())
+}
+
+fn read(path: &Path) -> anyhow::Result<String> {
+    fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// The targets of the markdown links of `text` outside code blocks and spans that point into
+/// the repository (not `http:`, `https:` or `mailto:`).
+fn links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        // Outside code spans: the even pieces between backquotes.
+        for piece in line.split('`').step_by(2) {
+            let mut rest = piece;
+            while let Some(at) = rest.find("](") {
+                let after = &rest[at + 2..];
+                let Some(end) = after.find(')') else { break };
+                let target = &after[..end];
+                if !target.contains("://") && !target.starts_with("mailto:") && !target.is_empty() {
+                    out.push(target.to_owned());
+                }
+                rest = &after[end..];
+            }
+        }
+    }
+    out
+}
+
+/// Checks that `target`, a link of `page`, names a file or directory that exists and, after a
+/// `#`, a heading of that file.
+fn resolve(page: &Path, target: &str) -> Result<(), String> {
+    let (path, anchor) = target.split_once('#').unwrap_or((target, ""));
+    let file = if path.is_empty() {
+        page.to_path_buf()
+    } else {
+        page.parent().unwrap_or(page).join(path)
+    };
+    if !file.exists() {
+        return Err("no such file".to_owned());
+    }
+    if anchor.is_empty() {
+        return Ok(());
+    }
+    let text = fs::read_to_string(&file).map_err(|e| e.to_string())?;
+    let found = text
+        .lines()
+        .filter_map(|l| l.strip_prefix('#'))
+        .map(|l| l.trim_start_matches('#'))
+        .filter(|l| l.starts_with(' '))
+        .any(|heading| slug(heading) == anchor);
+    if found {
+        Ok(())
+    } else {
+        Err(format!("no heading #{anchor}"))
+    }
+}
+
+/// The anchor a heading gets: lowercase, spaces as `-`, and only letters, digits, `-` and `_`.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slugs_and_links_read_as_github_makes_them() {
+        assert_eq!(slug(" Proxy path (`mode: proxy`)"), "proxy-path-mode-proxy");
+        assert_eq!(
+            slug(" Consul catalog (`proxy.clusters.consul`)"),
+            "consul-catalog-proxyclustersconsul"
+        );
+        let text = "see [a](docs/a.md#x) and `[b](no)`, [c](https://e.org)\n```\n[d](no)\n```\n";
+        assert_eq!(links(text), ["docs/a.md#x"]);
+    }
+
+    #[test]
+    fn a_missing_file_or_heading_is_reported() {
+        let dir = std::env::temp_dir().join(format!("xtask-docs-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let page = dir.join("page.md");
+        fs::write(&page, "# Page\n\n## A section (`x.y`)\n").unwrap();
+        assert_eq!(resolve(&page, "#a-section-xy"), Ok(()));
+        assert_eq!(resolve(&page, "page.md"), Ok(()));
+        assert_eq!(resolve(&page, "#gone"), Err("no heading #gone".to_owned()));
+        assert_eq!(resolve(&page, "other.md"), Err("no such file".to_owned()));
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -258,7 +258,8 @@ fn file_rows() -> Vec<(Vec<String>, String)> {
             let text = if proxy == "the same" {
                 kernel
             } else {
-                format!("{kernel}. Proxy path: {proxy}")
+                let kernel = kernel.trim_end_matches('.');
+                format!("Kernel path: {kernel}. Proxy path: {proxy}")
             };
             Some((quoted(cells[1]), text))
         })

@@ -10,8 +10,9 @@
 //! The check runs `jsonschema` in the Python venv (`tests/xds/requirements.txt`, installed by
 //! setup): the schema must be valid, accept every configuration in `examples/` and the README's
 //! example, and refuse a file with an unknown field (`docs/check_schema.py`). [`check_pages`]
-//! holds the README and ARCHITECTURE.md to their sizes and every relative link of the
-//! repository's pages to a file that exists and, with `#anchor`, to one of its headings.
+//! holds the README and ARCHITECTURE.md to their sizes, the README's two commands to `.ci/run`,
+//! and every relative link of the repository's pages to a file that exists and, with
+//! `#anchor`, to one of its headings.
 
 use std::{
     fs,
@@ -128,6 +129,10 @@ pub fn check_pages() -> anyhow::Result<()> {
             problems.push(format!("{page}: {lines} lines, at most {most}"));
         }
     }
+    let ci = read(&root.join(".ci/run"))?;
+    if let Err(why) = two_commands(&read(&root.join("README.md"))?, &ci) {
+        problems.push(why);
+    }
     let mut pages: Vec<PathBuf> = [
         "README.md",
         "ARCHITECTURE.md",
@@ -167,6 +172,34 @@ pub fn check_pages() -> anyhow::Result<()> {
         );
     }
     detail(format!("{} pages", pages.len()));
+    Ok(())
+}
+
+/// The README's "Two commands" are `cargo xtask demo` and `cargo xtask test`, and `.ci/run`
+/// runs exactly the second.
+fn two_commands(readme: &str, ci: &str) -> Result<(), String> {
+    let block = readme
+        .split("\n## Two commands\n")
+        .nth(1)
+        .and_then(|s| s.split("```sh\n").nth(1))
+        .and_then(|s| s.split("\n```").next())
+        .ok_or("README.md: no sh block under \"Two commands\"")?;
+    let commands: Vec<&str> = block
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or_default().trim())
+        .collect();
+    if commands != ["cargo xtask demo", "cargo xtask test"] {
+        return Err(format!("README.md, \"Two commands\": {commands:?}"));
+    }
+    let last = ci
+        .lines()
+        .map(str::trim)
+        .rfind(|l| !l.is_empty() && !l.starts_with('#'));
+    if last != Some("exec cargo xtask test") {
+        return Err(format!(
+            ".ci/run ends with {last:?}, not `exec cargo xtask test`"
+        ));
+    }
     Ok(())
 }
 
@@ -260,6 +293,16 @@ mod tests {
         );
         let text = "see [a](docs/a.md#x) and `[b](no)`, [c](https://e.org)\n```\n[d](no)\n```\n";
         assert_eq!(links(text), ["docs/a.md#x"]);
+    }
+
+    #[test]
+    fn the_two_commands_and_ci_are_checked() {
+        let readme =
+            "x\n## Two commands\n\n```sh\ncargo xtask demo    # a\ncargo xtask test    # b\n```\n";
+        let ci = "#!/bin/sh\nset -e\nexec cargo xtask test\n";
+        assert_eq!(two_commands(readme, ci), Ok(()));
+        assert!(two_commands(&readme.replace("xtask test", "test"), ci).is_err());
+        assert!(two_commands(readme, "exec cargo test\n").is_err());
     }
 
     #[test]

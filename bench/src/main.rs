@@ -103,6 +103,10 @@ pub struct Args {
     /// `results-<timestamp>.json`), e.g. after a change of the report.
     #[arg(long, value_name = "RESULTS_JSON")]
     pub report_from: Option<PathBuf>,
+    /// Measure nothing: draw the charts (docs/bench/*.svg) again from docs/bench/summary.json,
+    /// the latest run's medians as the report wrote them; BENCHMARKS.md stays as it is.
+    #[arg(long, conflicts_with = "report_from")]
+    pub charts_only: bool,
     #[command(subcommand)]
     pub worker: Option<Worker>,
 }
@@ -147,6 +151,11 @@ fn main() -> anyhow::Result<()> {
 fn run(args: Args) -> anyhow::Result<()> {
     if let Some(Worker::Worker(w)) = args.worker {
         return worker::run(w);
+    }
+    if args.charts_only {
+        chart::redraw(&util::workspace_root())?;
+        step("drew docs/bench/*.svg from docs/bench/summary.json");
+        return Ok(());
     }
     if let Some(path) = &args.report_from {
         let text =
@@ -573,10 +582,6 @@ const TOOLS: &[(&str, &str)] = &[
     ),
     ("/usr/bin/sockperf", "sockperf"),
     ("/usr/bin/wrk", "wrk"),
-    (
-        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-        "fonts-dejavu-core",
-    ),
 ];
 
 /// Installs what is missing (the smoke run needs only iperf3 and nft); packaged services are

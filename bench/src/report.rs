@@ -197,19 +197,23 @@ impl<'a> Table<'a> {
                 out.push(s.row.clone());
             }
         }
-        out.sort_by_key(|r| {
-            (
-                r.split_whitespace().next().unwrap_or("").to_owned(),
-                r.contains("veth"),
-                r.clone(),
-            )
-        });
+        out.sort_by_key(|r| row_order(r));
         out
     }
 
     fn has(&self, row: &str, metric: &str) -> bool {
         !self.runs_of(row, metric).is_empty()
     }
+}
+
+/// The order of rows in the report and the charts: by scenario, loopback before veth, then by
+/// name.
+pub fn row_order(row: &str) -> (String, bool, String) {
+    (
+        row.split_whitespace().next().unwrap_or("").to_owned(),
+        row.contains("veth"),
+        row.to_owned(),
+    )
 }
 
 fn fmt_num(x: f64) -> String {
@@ -280,7 +284,9 @@ pub fn write(r: &Results, root: &Path, stamp: &str) -> anyhow::Result<()> {
     let t = Table::new(r);
     let charts = root.join("docs/bench");
     fs::create_dir_all(&charts)?;
-    let drew = super::chart::draw(&t, &charts);
+    let summary = summary_json(&t);
+    let drew =
+        super::chart::Summary::from_json(&summary).is_ok_and(|s| super::chart::draw(&s, &charts));
     let mut md = String::new();
     header(&mut md, r, stamp);
     main_tables(&mut md, &t);
@@ -290,11 +296,11 @@ pub fn write(r: &Results, root: &Path, stamp: &str) -> anyhow::Result<()> {
     not_measured(&mut md, r);
     super::targets::verdicts(&mut md, &t, r);
     if drew {
-        md += "\n### Charts\n\n![ratios to S0](docs/bench/ratios.png)\n\n![connection rate by number of services](docs/bench/scaling.png)\n\n![open-loop latency at 1k msg/s](docs/bench/latency.png)\n";
+        md += "\n### Charts\n\n![ratios to S0](docs/bench/ratios.svg)\n\n![connection rate by number of services](docs/bench/scaling.svg)\n\n![open-loop latency at 1k msg/s](docs/bench/latency.svg)\n";
     }
     fs::write(
         charts.join("summary.json"),
-        serde_json::to_vec_pretty(&summary_json(&t))?,
+        serde_json::to_vec_pretty(&summary)?,
     )?;
     let file = root.join("BENCHMARKS.md");
     let old = fs::read_to_string(&file).unwrap_or_default();

@@ -1,4 +1,4 @@
-//! The README's table "Every accepted field" checked against what the inputs accept: every field
+//! The table of docs/fields.md, "Every accepted field", checked against what the inputs accept: every field
 //! path of the configuration file's types, of the Consul config entries and catalog entries, and
 //! every field the xDS decoders name, must have a row (or a group row ending in `.*`).
 //!
@@ -6,14 +6,16 @@
 //! from the field lists they refuse by name, read from their sources, and from
 //! [`XDS_HONOURED`], the fields their `clear` functions accept.
 
+mod reference;
 pub(crate) mod tracer;
 
 use std::collections::BTreeSet;
 
-const README: &str = include_str!("../../README.md");
+/// The page that holds the table.
+const FIELDS: &str = include_str!("../../docs/fields.md");
 
 /// The heading of the table's section.
-const SECTION: &str = "### Every accepted field";
+const SECTION: &str = "# Every accepted field";
 
 /// The xDS decoders' sources, each with its refusal lists and the message each list is of.
 const XDS_LISTS: &[(&str, &[(&str, &str)])] = &[
@@ -143,7 +145,7 @@ struct Row {
 fn section(text: &str) -> &str {
     let start = text
         .find(SECTION)
-        .unwrap_or_else(|| panic!("README.md has no section {SECTION:?}"));
+        .unwrap_or_else(|| panic!("docs/fields.md has no section {SECTION:?}"));
     let section = &text[start + SECTION.len()..];
     &section[..section.find("\n#").unwrap_or(section.len())]
 }
@@ -202,23 +204,28 @@ fn missing(rows: &[Row], input: &str, paths: &BTreeSet<String>) -> Vec<String> {
 
 /// Every field path the configuration file accepts, `typed_config`s included.
 fn file_paths() -> BTreeSet<String> {
+    file_trace().fields
+}
+
+/// Every path the configuration file accepts with its kind, `typed_config`s included.
+fn file_trace() -> tracer::Trace {
     use crate::config::{
         Config, DnsSrvConfig,
         sources::{consul::ConsulConfig, xds::transport_socket::UpstreamTlsContext},
     };
     let custom = "clusters[].cluster_type";
-    let mut paths = tracer::field_paths::<Config>("");
-    paths.extend(tracer::field_paths::<ConsulConfig>(&format!(
+    let mut trace = tracer::trace::<Config>("");
+    trace.extend(tracer::trace::<ConsulConfig>(&format!(
         "{custom}(proxy.clusters.consul).typed_config"
     )));
-    paths.extend(tracer::field_paths::<DnsSrvConfig>(&format!(
+    trace.extend(tracer::trace::<DnsSrvConfig>(&format!(
         "{custom}(proxy.clusters.dns_srv).typed_config"
     )));
-    paths.extend(tracer::field_paths::<UpstreamTlsContext>(
+    trace.extend(tracer::trace::<UpstreamTlsContext>(
         "clusters[].transport_socket.typed_config",
     ));
-    paths.extend(crate::config::envoy::typed_field_paths(custom));
-    paths
+    trace.extend(crate::config::envoy::typed_trace(custom));
+    trace
 }
 
 /// Every field path of the Consul config entries, under their `Kind`, and of the catalog's
@@ -294,35 +301,35 @@ fn assert_rows(rows: &[Row], inputs: &[(&str, &BTreeSet<String>)]) {
         .collect();
     assert!(
         report.is_empty(),
-        "README.md, {SECTION:?}: fields accepted without a row:{}",
+        "docs/fields.md, {SECTION:?}: fields accepted without a row:{}",
         report.concat()
     );
 }
 
 #[test]
 fn every_field_of_the_configuration_file_has_a_row() {
-    assert_rows(&rows(README), &[("file", &file_paths())]);
+    assert_rows(&rows(FIELDS), &[("file", &file_paths())]);
 }
 
 #[test]
 fn every_field_of_the_consul_entries_and_catalog_has_a_row() {
     let (entries, catalog) = consul_paths();
     assert_rows(
-        &rows(README),
+        &rows(FIELDS),
         &[("Consul entry", &entries), ("Consul catalog", &catalog)],
     );
 }
 
 #[test]
 fn every_field_the_xds_decoders_name_has_a_row() {
-    assert_rows(&rows(README), &[("xDS", &xds_paths())]);
+    assert_rows(&rows(FIELDS), &[("xDS", &xds_paths())]);
 }
 
 #[test]
 fn every_row_names_a_field_and_a_test() {
-    let rows = rows(README);
+    let rows = rows(FIELDS);
     assert!(rows.len() > 50, "the table has {} rows", rows.len());
-    for line in lines(README) {
+    for line in lines(FIELDS) {
         let cells: Vec<&str> = line.split(" | ").collect();
         assert_eq!(cells.len(), 5, "a row of five cells: {line}");
         assert!(!quoted(cells[1]).is_empty(), "a row names no field: {line}");
@@ -332,9 +339,9 @@ fn every_row_names_a_field_and_a_test() {
 
 #[test]
 fn a_field_without_its_row_is_reported_by_name() {
-    let readme = README.replace("| file | `splice` |", "| file | `splice_removed` |");
+    let fields = FIELDS.replace("| file | `splice` |", "| file | `splice_removed` |");
     let result = std::panic::catch_unwind(|| {
-        assert_rows(&rows(&readme), &[("file", &file_paths())]);
+        assert_rows(&rows(&fields), &[("file", &file_paths())]);
     });
     let message = result.expect_err("a missing row fails the check");
     let text = message

@@ -53,11 +53,11 @@ pub enum Command {
         concurrency: Option<u16>,
         /// Take over from the daemon running this instance, for a restart or an upgrade without
         /// a refused connect on the proxy path: it hands over its listening sockets through
-        /// /run/proxy/<instance>.takeover, stops accepting once this daemon accepts, drains its
-        /// open connections (proxy.shutdown_timeout) and exits 0; this daemon adopts the data
-        /// path as a normal start does. The configuration must keep proxy.listeners and bpffs
-        /// (else the takeover is refused, this daemon exits 64 and the running one serves on).
-        /// Without a running daemon, starts normally.
+        /// /run/proxy/<instance>-<hash of the pin directory>.takeover, stops accepting once this
+        /// daemon accepts, drains its open connections (proxy.shutdown_timeout) and exits 0;
+        /// this daemon adopts the data path as a normal start does. The configuration must keep
+        /// proxy.listeners and bpffs (else the takeover is refused, this daemon exits 64 and the
+        /// running one serves on). Without a running daemon, starts normally.
         #[arg(long)]
         takeover: bool,
         /// The user to run as once the data path is attached (the configuration's `user`,

@@ -27,7 +27,7 @@
 //! to it).
 //!
 //! Add a feature by adding a variant (and to [`Feature::ALL`]), its minimum kernel in
-//! [`Feature::min_kernel`] and its probe in `probe`; keep the README's "Kernel support" table in
+//! [`Feature::min_kernel`] and its probe in `probe`; keep the table of docs/kernel-support.md in
 //! step. `tests/kernel_features.rs` checks every probe against the running kernel's version.
 
 use std::{

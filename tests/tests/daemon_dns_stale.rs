@@ -2,7 +2,7 @@
 //! test's namespace: a name whose lookups fail keeps its hosts for at most the bound, then they
 //! leave `/clusters` and the kernel's maps, and come back with the next successful lookup; unset,
 //! the hosts stay (Envoy's behaviour). A name deleted at the server (NXDOMAIN) follows the
-//! README's table: STRICT_DNS drops its hosts at once, LOGICAL_DNS at the bound.
+//! table in docs/configuration.md: STRICT_DNS drops its hosts at once, LOGICAL_DNS at the bound.
 
 use std::{
     net::SocketAddr,

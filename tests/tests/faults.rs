@@ -13,7 +13,7 @@
 //!   serving (0 failed connects), `/ready` stays 200, and the catalog as registered after the
 //!   restart reaches the kernel.
 //!
-//! Other faults have their cases beside the feature they test (README, "When something fails"):
+//! Other faults have their cases beside the feature they test (docs/failure-behaviour.md):
 //! a killed backend (daemon_health.rs, envoy_side_by_side.rs), a DNS server down and back
 //! (envoy_side_by_side.rs), the daemon killed under a connect loop (kernel_restart.rs), Consul
 //! answers it must skip (daemon_consul.rs).

@@ -1,7 +1,7 @@
 //! The feature probes of `integration_tests::features` against the running kernel (root): a
 //! feature that mainline has had since a release at or below this kernel's must probe as
 //! present, so a kernel test never skips on a kernel that has what it needs. Prints what the
-//! kernel offers (the README's "Kernel support" table is filled from these lines in the VM).
+//! kernel offers (the table of docs/kernel-support.md is filled from these lines in the VM).
 
 use integration_tests::{
     features::{self, Feature},

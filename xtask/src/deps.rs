@@ -46,10 +46,6 @@ const DUPLICATES: &[(&str, &str)] = &[
         "tonic 0.14 uses 0.22; rcgen's pem (dev-dependency of proxy-core) uses 0.23",
     ),
     (
-        "bitflags",
-        "plotters' png (bench charts) still uses 1.x; clap, rustix and aya use 2.x",
-    ),
-    (
         "foldhash",
         "hashbrown 0.15 (yaml-rust2's hashlink) and hashbrown 0.17 (indexmap) each pin theirs",
     ),
@@ -60,10 +56,6 @@ const DUPLICATES: &[(&str, &str)] = &[
     (
         "hashbrown",
         "yaml-rust2's hashlink uses 0.15; indexmap uses 0.17",
-    ),
-    (
-        "miniz_oxide",
-        "plotters' png (bench charts) uses 0.8; flate2 uses 0.9",
     ),
     (
         "syn",

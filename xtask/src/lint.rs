@@ -1,7 +1,9 @@
 //! Style gates of `cargo xtask test` (and `cargo xtask lint` alone): formatting with the
 //! repository's `rustfmt.toml`, clippy with the workspace lint set (`[workspace.lints]` in
 //! the root Cargo.toml) on every crate, the kernel programs included (their functions at most 30
-//! lines through `proxy-ebpf/clippy.toml`, their files at most 250 here), and the dependency
+//! lines through `proxy-ebpf/clippy.toml`, their files at most 250 here), the configuration
+//! schema and the pages (`docs.rs`: the schema valid and accepting every example; the README
+//! and ARCHITECTURE.md within their sizes, every relative link resolving) and the dependency
 //! policy (`deps.rs`).
 //!
 //! Formatting needs nightly rustfmt: `group_imports` and `imports_granularity` are unstable
@@ -56,6 +58,14 @@ pub fn run() -> anyhow::Result<()> {
     if let Err(err) = ebpf_file_sizes() {
         eprintln!("{err:#}");
         failed.push("the kernel programs' file sizes".to_owned());
+    }
+    if let Err(err) = crate::docs::check() {
+        eprintln!("{err:#}");
+        failed.push("the configuration schema (docs/config.schema.json)".to_owned());
+    }
+    if let Err(err) = crate::docs::check_pages() {
+        eprintln!("{err:#}");
+        failed.push("the pages' sizes and links".to_owned());
     }
     step("dependencies: one registry, allowed licences, duplicates explained (xtask/src/deps.rs)");
     if let Err(err) = crate::deps::check() {

@@ -1,6 +1,6 @@
 //! `cargo xtask`: what cargo alone cannot do. `setup` installs the toolchain pieces and packages
 //! the project needs, `demo` runs the embedded default end to end, `test` runs every test, `vm`
-//! runs the kernel tests in QEMU, `bench` runs the benchmark harness (the `proxy-bench`
+//! runs the kernel tests in QEMU, `docs` writes the configuration reference, `bench` runs the benchmark harness (the `proxy-bench`
 //! crate) and `dist` builds the Debian package and the OCI image. xtask links no crate of the
 //! product: it builds and runs the binaries.
 
@@ -11,6 +11,7 @@ mod consul;
 mod demo;
 mod deps;
 mod dist;
+mod docs;
 mod fuzz;
 mod integration;
 mod lint;
@@ -82,6 +83,10 @@ enum Task {
     /// The style gates alone: nightly rustfmt --check with the repository's rustfmt.toml, and
     /// clippy with the workspace lint set on every crate (the kernel programs on their target).
     Lint,
+    /// The configuration reference from the code: writes docs/config-reference.md and the JSON
+    /// Schema docs/config.schema.json (a unit test of proxy-core fails while they differ from
+    /// what the code generates), then checks that the schema is valid and accepts every example.
+    Docs,
     /// Every test: setup, the style gates, unit tests of all crates, then the root-only
     /// integration tests (real kernel, real eBPF object, real servers). Fails if any test fails.
     Test {
@@ -119,6 +124,7 @@ fn main() -> anyhow::Result<()> {
         Task::Setup => setup::run(),
         Task::Demo { count } => demo::run(count),
         Task::Lint => setup::run().and_then(|()| lint::run()),
+        Task::Docs => docs::write(),
         Task::Dist { binary: None } => dist::run(),
         Task::Dist {
             binary: Some(binary),

@@ -235,7 +235,7 @@ fn resolvers(
                     ));
                 }
                 // Listed resolvers are asked for names as written, never expanded by
-                // resolv.conf's search list: that is `true`, and the README lists `false` with
+                // resolv.conf's search list: that is `true`, and docs/differences.md lists `false` with
                 // listed resolvers as a difference. Without listed resolvers the system's
                 // search list applies, which `true` would forbid.
                 if options.no_default_search_domain && cares.resolvers.is_empty() {
@@ -310,22 +310,23 @@ fn path_suffix(path: &serde_path_to_error::Path) -> String {
     }
 }
 
-/// The field paths of the `typed_config`s read here, under `custom` (a cluster's
-/// `cluster_type`), for the README's table of accepted fields (`field_table`).
+/// The paths of the `typed_config`s read here, under `custom` (a cluster's `cluster_type`),
+/// for the table of accepted fields in docs/fields.md and the configuration reference
+/// (`field_table`).
 #[cfg(test)]
-pub(crate) fn typed_field_paths(custom: &str) -> std::collections::BTreeSet<String> {
-    use crate::field_table::tracer::field_paths;
+pub(crate) fn typed_trace(custom: &str) -> crate::field_table::tracer::Trace {
+    use crate::field_table::tracer::trace;
     let resolver = "typed_dns_resolver_config";
-    let mut paths = field_paths::<DnsCluster>(&format!("{custom}({DNS_CLUSTER}).typed_config"));
+    let mut paths = trace::<DnsCluster>(&format!("{custom}({DNS_CLUSTER}).typed_config"));
     for at in [
         "clusters[]",
         &format!("{custom}({DNS_CLUSTER}).typed_config"),
     ] {
-        paths.extend(field_paths::<Cares>(&format!(
+        paths.extend(trace::<Cares>(&format!(
             "{at}.{resolver}({CARES}).typed_config"
         )));
         let gai = format!("{at}.{resolver}({GETADDRINFO}).typed_config");
-        paths.extend(field_paths::<GetAddrInfo>(&gai));
+        paths.extend(trace::<GetAddrInfo>(&gai));
     }
     paths
 }

@@ -61,6 +61,25 @@ fn examples_parse() {
     }
 }
 
+/// The README's "One example": its YAML block, as written there, passes what `proxy check`
+/// passes.
+#[test]
+fn the_readme_example_parses() {
+    let readme = include_str!("../../../README.md");
+    let section = readme
+        .split("\n## One example\n")
+        .nth(1)
+        .expect("README.md has a section \"One example\"");
+    let block = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n```").next())
+        .expect("the section has a yaml block");
+    let config = parse(block).unwrap_or_else(|e| panic!("README.md, \"One example\": {e}"));
+    assert_eq!(config.services.len(), 1);
+    assert_eq!(config.cluster("api").unwrap().static_hosts().len(), 3);
+}
+
 #[test]
 fn embedded_default_is_the_demo() {
     let config = Config::embedded_default();

@@ -7,8 +7,17 @@
 //! next pass (the type's default applies), and when it is a required field its struct is left
 //! out instead. The field names of every struct reached are recorded before its values are
 //! tried, so a path left out loses only what lies below it.
+//!
+//! Each path's [`Kind`] (what its type asked the deserializer for) is recorded too, and whether
+//! it is optional: the configuration reference and its JSON Schema are built from them
+//! (`reference`).
 
-use std::{cell::RefCell, collections::BTreeSet, fmt, rc::Rc};
+use std::{
+    cell::RefCell,
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    rc::Rc,
+};
 
 use serde::de::{
     self, DeserializeOwned, DeserializeSeed, EnumAccess, IntoDeserializer, MapAccess, SeqAccess,
@@ -18,11 +27,65 @@ use serde::de::{
 /// Passes one type may take before the tracer gives up (each pass leaves out one more path).
 const MAX_PASSES: usize = 200;
 
+/// What a path's type asked the deserializer for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Bool,
+    /// An integer type, with its bounds.
+    Int {
+        min: i128,
+        max: i128,
+    },
+    Float,
+    Str,
+    Seq,
+    Map,
+    /// A struct, with its fields in declaration order.
+    Struct(&'static [&'static str]),
+    /// An enum whose first variant is a unit variant, written as one of these names.
+    Enum(&'static [&'static str]),
+    /// Whatever the value is (`deserialize_any`, an enum with data): the type decides.
+    Any,
+}
+
+/// What tracing one or more types found.
+#[derive(Clone, Debug, Default)]
+pub struct Trace {
+    /// Field paths.
+    pub fields: BTreeSet<String>,
+    /// The kind of each path reached (fields, `[]` elements, `.*` map values).
+    pub kinds: BTreeMap<String, Kind>,
+    /// Paths whose type is an `Option`.
+    pub optional: BTreeSet<String>,
+}
+
+impl Trace {
+    /// Adds `other`'s paths; a specific kind replaces [`Kind::Any`], never the reverse (a
+    /// `typed_config` is `Any` in its cluster and a struct in its own trace).
+    pub fn extend(&mut self, other: Trace) {
+        self.fields.extend(other.fields);
+        self.optional.extend(other.optional);
+        for (path, kind) in other.kinds {
+            record(&mut self.kinds, path, kind);
+        }
+    }
+}
+
+/// Records `kind` at `path` unless it is [`Kind::Any`] and the path has a kind already.
+fn record(kinds: &mut BTreeMap<String, Kind>, path: String, kind: Kind) {
+    if kind != Kind::Any || !kinds.contains_key(&path) {
+        kinds.insert(path, kind);
+    }
+}
+
 /// What the passes share.
 #[derive(Default)]
 struct State {
     /// Field paths seen so far.
     fields: BTreeSet<String>,
+    /// Kinds and optional paths seen so far.
+    kinds: BTreeMap<String, Kind>,
+    optional: BTreeSet<String>,
     /// Paths no pass feeds any more.
     skip: BTreeSet<String>,
     /// The path of the value asked for last.
@@ -67,6 +130,11 @@ impl de::Error for TraceError {
 
 /// Every field path `T` accepts, each prefixed with `root` (`""` for none).
 pub fn field_paths<T: DeserializeOwned>(root: &str) -> BTreeSet<String> {
+    trace::<T>(root).fields
+}
+
+/// Every path `T` accepts with its kind, each prefixed with `root` (`""` for none).
+pub fn trace<T: DeserializeOwned>(root: &str) -> Trace {
     let state = Shared::default();
     for _ in 0..MAX_PASSES {
         state.borrow_mut().structs.clear();
@@ -75,7 +143,12 @@ pub fn field_paths<T: DeserializeOwned>(root: &str) -> BTreeSet<String> {
             path: root.to_owned(),
         };
         let Err(err) = T::deserialize(tracer) else {
-            return state.take().fields;
+            let s = state.take();
+            return Trace {
+                fields: s.fields,
+                kinds: s.kinds,
+                optional: s.optional,
+            };
         };
         let mut s = state.borrow_mut();
         let culprit = if err.missing {
@@ -109,12 +182,42 @@ impl Tracer {
     fn touch(&self) {
         self.state.borrow_mut().last.clone_from(&self.path);
     }
+
+    /// The deserializer of this same path, recording nothing.
+    fn twin(&self) -> Self {
+        Self {
+            state: self.state.clone(),
+            path: self.path.clone(),
+        }
+    }
+
+    /// Records this path's kind.
+    fn kind(&self, kind: Kind) {
+        record(&mut self.state.borrow_mut().kinds, self.path.clone(), kind);
+    }
+
+    /// Records this path's kind, replacing what the value inside recorded there.
+    fn kind_over(&self, kind: Kind) {
+        self.state
+            .borrow_mut()
+            .kinds
+            .insert(self.path.clone(), kind);
+    }
+}
+
+/// The kind of the integer type `T`.
+fn int<T: Into<i128> + Copy>(min: T, max: T) -> Kind {
+    Kind::Int {
+        min: min.into(),
+        max: max.into(),
+    }
 }
 
 macro_rules! scalars {
-    ($($method:ident => $visit:ident($($value:expr)?)),* $(,)?) => {
+    ($($method:ident => $visit:ident($($value:expr)?) as $kind:expr),* $(,)?) => {
         $(fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
             self.touch();
+            self.kind($kind);
             visitor.$visit($($value)?)
         })*
     };
@@ -124,30 +227,31 @@ impl<'de> de::Deserializer<'de> for Tracer {
     type Error = TraceError;
 
     scalars! {
-        deserialize_any => visit_unit(),
-        deserialize_bool => visit_bool(false),
-        deserialize_i8 => visit_i8(0),
-        deserialize_i16 => visit_i16(0),
-        deserialize_i32 => visit_i32(0),
-        deserialize_i64 => visit_i64(0),
-        deserialize_u8 => visit_u8(0),
-        deserialize_u16 => visit_u16(0),
-        deserialize_u32 => visit_u32(0),
-        deserialize_u64 => visit_u64(0),
-        deserialize_f32 => visit_f32(0.0),
-        deserialize_f64 => visit_f64(0.0),
-        deserialize_char => visit_char('a'),
-        deserialize_str => visit_str(""),
-        deserialize_string => visit_string(String::new()),
-        deserialize_bytes => visit_bytes(&[]),
-        deserialize_byte_buf => visit_byte_buf(Vec::new()),
-        deserialize_unit => visit_unit(),
-        deserialize_ignored_any => visit_unit(),
-        deserialize_identifier => visit_str(""),
+        deserialize_any => visit_unit() as Kind::Any,
+        deserialize_bool => visit_bool(false) as Kind::Bool,
+        deserialize_i8 => visit_i8(0) as int(i8::MIN, i8::MAX),
+        deserialize_i16 => visit_i16(0) as int(i16::MIN, i16::MAX),
+        deserialize_i32 => visit_i32(0) as int(i32::MIN, i32::MAX),
+        deserialize_i64 => visit_i64(0) as int(i64::MIN, i64::MAX),
+        deserialize_u8 => visit_u8(0) as int(u8::MIN, u8::MAX),
+        deserialize_u16 => visit_u16(0) as int(u16::MIN, u16::MAX),
+        deserialize_u32 => visit_u32(0) as int(u32::MIN, u32::MAX),
+        deserialize_u64 => visit_u64(0) as int(u64::MIN, u64::MAX),
+        deserialize_f32 => visit_f32(0.0) as Kind::Float,
+        deserialize_f64 => visit_f64(0.0) as Kind::Float,
+        deserialize_char => visit_char('a') as Kind::Str,
+        deserialize_str => visit_str("") as Kind::Str,
+        deserialize_string => visit_string(String::new()) as Kind::Str,
+        deserialize_bytes => visit_bytes(&[]) as Kind::Any,
+        deserialize_byte_buf => visit_byte_buf(Vec::new()) as Kind::Any,
+        deserialize_unit => visit_unit() as Kind::Any,
+        deserialize_ignored_any => visit_unit() as Kind::Any,
+        deserialize_identifier => visit_str("") as Kind::Str,
     }
 
     fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
         self.touch();
+        self.state.borrow_mut().optional.insert(self.path.clone());
         visitor.visit_some(self)
     }
 
@@ -170,6 +274,7 @@ impl<'de> de::Deserializer<'de> for Tracer {
 
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
         self.touch();
+        self.kind(Kind::Seq);
         let element = format!("{}[]", self.path);
         let done = self.at(self.path.clone());
         // An element its type refuses is left out by an empty sequence.
@@ -189,6 +294,7 @@ impl<'de> de::Deserializer<'de> for Tracer {
         visitor: V,
     ) -> Result<V::Value, TraceError> {
         self.touch();
+        self.kind(Kind::Seq);
         let element = format!("{}[]", self.path);
         visitor.visit_seq(Elements {
             tracer: self,
@@ -208,6 +314,7 @@ impl<'de> de::Deserializer<'de> for Tracer {
 
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
         self.touch();
+        self.kind(Kind::Map);
         let entry = join(&self.path, "*");
         let mut keys = vec![("k", entry)];
         // An entry its type refuses is left out by an empty map.
@@ -222,6 +329,7 @@ impl<'de> de::Deserializer<'de> for Tracer {
         visitor: V,
     ) -> Result<V::Value, TraceError> {
         self.touch();
+        self.kind(Kind::Struct(fields));
         let keys = self.enter(name, fields)?;
         let value = visitor.visit_map(Fields {
             tracer: self.at(self.path.clone()),
@@ -240,6 +348,7 @@ impl<'de> de::Deserializer<'de> for Tracer {
         visitor: V,
     ) -> Result<V::Value, TraceError> {
         self.touch();
+        self.kind(Kind::Enum(variants));
         let variant = variants.first().copied().unwrap_or_default();
         visitor.visit_enum(Variant {
             tracer: self,
@@ -361,7 +470,10 @@ impl<'de> VariantAccess<'de> for Variant {
         self,
         seed: T,
     ) -> Result<T::Value, TraceError> {
-        seed.deserialize(self.tracer)
+        let at = self.tracer.twin();
+        let value = seed.deserialize(self.tracer);
+        at.kind_over(Kind::Any);
+        value
     }
 
     fn tuple_variant<V: Visitor<'de>>(
@@ -369,7 +481,10 @@ impl<'de> VariantAccess<'de> for Variant {
         len: usize,
         visitor: V,
     ) -> Result<V::Value, TraceError> {
-        de::Deserializer::deserialize_tuple(self.tracer, len, visitor)
+        let at = self.tracer.twin();
+        let value = de::Deserializer::deserialize_tuple(self.tracer, len, visitor);
+        at.kind_over(Kind::Any);
+        value
     }
 
     fn struct_variant<V: Visitor<'de>>(
@@ -377,6 +492,10 @@ impl<'de> VariantAccess<'de> for Variant {
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, TraceError> {
-        de::Deserializer::deserialize_struct(self.tracer, self.variant, fields, visitor)
+        let at = self.tracer.twin();
+        let value =
+            de::Deserializer::deserialize_struct(self.tracer, self.variant, fields, visitor);
+        at.kind_over(Kind::Any);
+        value
     }
 }

@@ -82,8 +82,8 @@ fn write_rank(entry: &Value) -> usize {
 }
 
 /// This daemon's one deliberate difference in what compiles: splitters leading one into the
-/// next stop at 64 (each is a stack frame here; Consul has no bound). README, "Differences
-/// from Envoy and Consul".
+/// next stop at 64 (each is a stack frame here; Consul has no bound). docs/differences.md,
+/// "Differences from Envoy and Consul".
 const SPLITTER_BOUND: &str = "more than 64 service-splitters leading one into the next";
 
 /// How one set compared.

@@ -282,7 +282,7 @@ async fn envoy_and_we_agree_on_cds_and_lds() {
     )
     .await;
     // One name twice: over SotW both NACK ("duplicate cluster a found"; Envoy has applied the
-    // first of the two by then, we keep v1 whole: README). The server's delta sends a name once,
+    // first of the two by then, we keep v1 whole: docs/xds.md). The server's delta sends a name once,
     // so there both ACK the first.
     let twice = json!([
         static_cluster("a", "127.0.0.1", 9002),
@@ -450,7 +450,7 @@ fn route_configuration(name: &str, routes: &Value) -> Value {
 /// HTTP connection managers with routes by RDS: both ask for the route configuration by name
 /// (we hold the listener until it arrives), ACK a good one, both NACK a table naming a cluster that is not there
 /// with `validate_clusters: true`, both take a weighted split; a route configuration removed
-/// is ACKed by both, Envoy keeps the listener active where we withdraw it (README).
+/// is ACKed by both, Envoy keeps the listener active where we withdraw it (docs/xds.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_and_we_agree_on_rds_http_listeners() {
     let server = tokio::task::block_in_place(XdsServer::start);

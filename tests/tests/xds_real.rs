@@ -164,7 +164,9 @@ async fn grpc_sequence(api: GrpcApi, delta: bool) {
     );
     let stats = client.cluster_stats("web").unwrap().values();
     assert!(
-        stats.update_rejected >= 1 && stats.update_failure >= 1 && stats.update_success >= 2,
+        stats.source.update_rejected >= 1
+            && stats.source.update_failure >= 1
+            && stats.source.update_success >= 2,
         "{stats:?}"
     );
 }

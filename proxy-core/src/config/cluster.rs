@@ -14,7 +14,9 @@ use crate::{
     config::{
         duration,
         fields::splice,
-        sources::dns::{DnsEndpoint, DnsSettings, QueryLimits, dns_fields},
+        sources::dns::{
+            DnsEndpoint, DnsSettings, QueryLimits, dns_cluster_fields, dns_file_fields,
+        },
     },
     health::{
         AssignmentPolicy, ClusterHealthConfig, cluster_config::health_fields,
@@ -25,9 +27,9 @@ use crate::{
 
 splice! {
 {
-/// An upstream cluster: its own fields, then the DNS fields (`dns_fields`) and the health
-/// fields (`health_fields`), declared once with the types the DNS source and health checking
-/// take (`config::fields`).
+/// An upstream cluster: its own fields, then the DNS fields (`dns_cluster_fields`,
+/// `dns_file_fields`) and the health fields (`health_fields`), declared once with the types the
+/// DNS source and health checking take (`config::fields`).
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cluster {
@@ -117,7 +119,7 @@ pub struct Cluster {
     pub original_dst_lb_config: Option<OriginalDstLbConfig>,
 }
 }
-[dns_fields, health_fields]
+[dns_cluster_fields, dns_file_fields, health_fields]
 }
 
 /// Envoy's `Cluster.OriginalDstLbConfig`.
@@ -405,7 +407,10 @@ pub enum SocketProtocol {
 impl Cluster {
     /// The DNS settings of a STRICT_DNS, LOGICAL_DNS or DNS SRV cluster.
     pub fn dns_settings(&self) -> DnsSettings {
-        dns_fields!(@copy self)
+        let mut settings = DnsSettings::default();
+        dns_cluster_fields!(@assign settings, self);
+        dns_file_fields!(@assign settings, self);
+        settings
     }
 
     /// The health-related fields, as the health module takes them.

@@ -11,14 +11,15 @@
 //! ```text
 //! splice! {
 //!     { #[derive(Deserialize)] #[serde(deny_unknown_fields)] pub struct Cluster { pub name: String, } }
-//!     [dns_fields, health_fields]
+//!     [dns_cluster_fields, dns_file_fields, health_fields]
 //! }
 //! ```
 //!
 //! declares `Cluster` with `name` and then every DNS and health field, each with its own doc
 //! and serde attributes: one derived `Deserialize`, so unknown fields, error texts and locations
-//! are serde's as for any field. The copy into the group's own struct comes from the same list:
-//! `dns_fields!(@copy self)` is a `DnsSettings` of `self`'s DNS fields.
+//! are serde's as for any field. The copies between the structs come from the same list
+//! (`health_fields!(@copy self, ...)` is a `ClusterHealthConfig` of `self`'s health fields), and
+//! so does the list of the fields set (`@changed`); see [`group!`].
 //!
 //! A group macro is `macro_rules! name { ($($args:tt)*) => { group! { Type [$($args)*] fields } } }`
 //! ([`group!`]); serde paths in its attributes (`default = "..."`, `with = "..."`) are
@@ -51,8 +52,10 @@ macro_rules! splice {
 
 /// The body of a group macro: `group! { Type [args] fields }`. With `args` of
 /// `@copy source` (and `, extra: value` pairs for `Type`'s fields outside the group) it is the
-/// `Type` literal of `source`'s group fields; any other `args` are [`splice!`]'s, and the fields
-/// are handed back to it.
+/// `Type` literal of `source`'s group fields; `@assign target, source` sets `target`'s group
+/// fields to `source`'s; `@changed value, reference` is an array of `(bool, &str)`, each group
+/// field's name with whether it differs between the two. Any other `args` are [`splice!`]'s,
+/// and the fields are handed back to it.
 macro_rules! group {
     (
         $group:path [@copy $source:expr $(, $extra:ident : $value:expr)* $(,)?]
@@ -66,6 +69,20 @@ macro_rules! group {
                 $( $extra: $value, )*
             }
         }
+    };
+    // `@assign target, source`: every group field of `target` set to `source`'s.
+    (
+        $group:path [@assign $target:expr, $source:expr]
+        $( $(#[$field_meta:meta])* $field:ident : $ty:ty ),* $(,)?
+    ) => {
+        $( $target.$field = ::core::clone::Clone::clone(&$source.$field); )*
+    };
+    // `@changed value, reference`: `(differs, field name)` for every group field.
+    (
+        $group:path [@changed $value:expr, $reference:expr]
+        $( $(#[$field_meta:meta])* $field:ident : $ty:ty ),* $(,)?
+    ) => {
+        [ $( ($value.$field != $reference.$field, stringify!($field)) ),* ]
     };
     ($group:path [$($args:tt)*] $($fields:tt)*) => {
         $crate::config::fields::splice! { $($args)* [$($fields)*] }

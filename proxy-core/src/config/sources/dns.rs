@@ -20,10 +20,11 @@ const MIN_INTERVAL: Duration = Duration::from_millis(1);
 /// Port used for a `dns_resolvers` entry that names no port.
 const DEFAULT_DNS_PORT: u16 = 53;
 
-/// The DNS fields of a STRICT_DNS, LOGICAL_DNS or DNS SRV cluster, declared once for
-/// [`DnsSettings`] and for the file's `Cluster` (see `config::fields`); `dns_fields!(@copy c)`
-/// is the [`DnsSettings`] of `c`'s.
-macro_rules! dns_fields {
+/// The DNS fields of a STRICT_DNS, LOGICAL_DNS or DNS SRV cluster that Envoy's `DnsCluster`
+/// (the `envoy.cluster.dns` extension's typed_config) has too, declared once for
+/// [`DnsSettings`], the file's `Cluster` and `config::envoy`'s `DnsCluster` (see
+/// `config::fields`).
+macro_rules! dns_cluster_fields {
     ($($args:tt)*) => {
         $crate::config::fields::group! { $crate::config::sources::dns::DnsSettings [$($args)*]
             /// DNS clusters: interval between resolutions of a name after a successful one.
@@ -55,6 +56,17 @@ macro_rules! dns_fields {
             /// V4_PREFERRED or ALL.
             #[serde(default)]
             dns_lookup_family: $crate::config::sources::dns::DnsLookupFamily,
+        }
+    };
+}
+pub(crate) use dns_cluster_fields;
+
+/// The DNS fields of a cluster that Envoy's `DnsCluster` does not have (it names its resolvers
+/// in `typed_dns_resolver_config`; the stale bound is this daemon's), declared once for
+/// [`DnsSettings`] and the file's `Cluster` (see `config::fields`).
+macro_rules! dns_file_fields {
+    ($($args:tt)*) => {
+        $crate::config::fields::group! { $crate::config::sources::dns::DnsSettings [$($args)*]
             /// DNS clusters: name servers to query over UDP, each Envoy's `{socket_address:
             /// {address, port_value}}` or `"IP:PORT"` / `"IP"` (port 53). Empty: the system's
             /// (`/etc/resolv.conf`).
@@ -74,7 +86,7 @@ macro_rules! dns_fields {
         }
     };
 }
-pub(crate) use dns_fields;
+pub(crate) use dns_file_fields;
 
 crate::config::fields::splice! {
     {
@@ -84,7 +96,7 @@ crate::config::fields::splice! {
         #[serde(deny_unknown_fields)]
         pub struct DnsSettings {}
     }
-    [dns_fields]
+    [dns_cluster_fields, dns_file_fields]
 }
 
 impl Default for DnsSettings {

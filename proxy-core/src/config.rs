@@ -15,6 +15,7 @@ mod entries;
 pub use self::compose::ComposeError;
 pub mod envoy;
 mod error;
+pub(crate) mod fields;
 mod file;
 pub mod host_guard;
 pub use self::file::{MAX_FILE, read_config_file};

@@ -11,11 +11,15 @@ pub mod consul;
 pub mod dns;
 pub mod fixed;
 pub mod source;
+pub mod source_stats;
 pub mod xds;
 
 use std::{collections::BTreeSet, net::SocketAddr};
 
-pub use self::source::{DiscoverySource, SourceError, SourceUpdate, start};
+pub use self::{
+    source::{DiscoverySource, SourceError, SourceUpdate, start},
+    source_stats::{SourceStatValues, SourceStats},
+};
 use crate::host::Host;
 
 /// Hosts of `new` whose address is not in `old`, and hosts of `old` whose address is not in

@@ -207,16 +207,16 @@ async fn unknown_datacenter_and_a_dead_agent_are_failures_that_keep_hosts() {
     )
     .await;
     assert!(
-        lost.stats().values().update_failure >= 1,
+        lost.stats().values().source.update_failure >= 1,
         "{:?}",
         lost.named_stats()
     );
-    assert_eq!(lost.stats().values().update_success, 0);
+    assert_eq!(lost.stats().values().source.update_success, 0);
 
     consul.kill();
-    let failures_before = cluster.stats().values().update_failure;
+    let failures_before = cluster.stats().values().source.update_failure;
     let deadline = tokio::time::Instant::now() + FOLLOW;
-    while cluster.stats().values().update_failure < failures_before + 2 {
+    while cluster.stats().values().source.update_failure < failures_before + 2 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "no failed queries after the agent died: {:?}",

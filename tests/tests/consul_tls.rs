@@ -30,7 +30,7 @@ async fn wait_stats(
     let deadline = tokio::time::Instant::now() + WITHIN;
     loop {
         let v = cluster.stats().values();
-        if wanted(v.update_success, v.update_failure) {
+        if wanted(v.source.update_success, v.source.update_failure) {
             return;
         }
         assert!(
@@ -121,7 +121,7 @@ async fn mutual_tls_gives_the_hosts_and_bad_files_keep_them() {
     );
 
     std::fs::copy(other.ca_file(), &ca_file).expect("swap in the wrong CA");
-    let failures = cluster.stats().values().update_failure;
+    let failures = cluster.stats().values().source.update_failure;
     wait_stats(&cluster, &consul, "wrong CA", |_, f| f >= failures + 2).await;
     consul.deregister("web-1").await;
     assert_eq!(

@@ -93,7 +93,7 @@ async fn strict_dns_follows_records_added_and_removed_live() {
     tokio::time::sleep(Duration::from_millis(500)).await; // unchanged NXDOMAIN answers
     let stats = cluster.stats().values();
     assert!(
-        stats.update_success >= 4 && stats.update_no_rebuild >= 1,
+        stats.source.update_success >= 4 && stats.source.update_no_rebuild >= 1,
         "{stats:?}"
     );
 }
@@ -107,7 +107,7 @@ async fn respect_dns_ttl_follows_ttl_changes() {
     };
     let cluster = strict(&server, "ttl.svc.test", settings);
     cluster.initialized().await;
-    let attempts = || cluster.stats().values().update_attempt;
+    let attempts = || cluster.stats().values().source.update_attempt;
 
     // TTL 1 s: about one resolution per second, although dns_refresh_rate is 60 s.
     let before = attempts();
@@ -157,9 +157,9 @@ async fn logical_dns_uses_only_the_first_address() {
 
     // An empty answer keeps the host and counts as a failure.
     server.remove("one.svc.test.");
-    let failures = cluster.stats().values().update_failure;
+    let failures = cluster.stats().values().source.update_failure;
     tokio::time::timeout(WAIT, async {
-        while cluster.stats().values().update_failure == failures {
+        while cluster.stats().values().source.update_failure == failures {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })
@@ -237,7 +237,10 @@ async fn nxdomain_is_zero_hosts_and_no_server_is_a_failure() {
     cluster.initialized().await;
     let stats = cluster.stats().values();
     assert!(cluster.current().hosts.is_empty());
-    assert_eq!((stats.update_success, stats.update_failure), (1, 0));
+    assert_eq!(
+        (stats.source.update_success, stats.source.update_failure),
+        (1, 0)
+    );
 
     // A closed port on 127.0.0.1: ICMP port unreachable fails the resolution at once (as c-ares
     // reports it, not after the try timeouts) and the cluster still initializes.
@@ -260,7 +263,7 @@ async fn nxdomain_is_zero_hosts_and_no_server_is_a_failure() {
         "{:?}",
         started.elapsed()
     );
-    assert!(cluster.stats().values().update_failure >= 1);
+    assert!(cluster.stats().values().source.update_failure >= 1);
     assert!(cluster.current().hosts.is_empty());
 }
 

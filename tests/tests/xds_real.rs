@@ -162,7 +162,7 @@ async fn grpc_sequence(api: GrpcApi, delta: bool) {
         [8003],
         "hosts kept across the reconnect"
     );
-    let stats = client.cluster_stats("web").unwrap().values();
+    let stats = client.cluster_stats("web").unwrap().values().source;
     assert!(
         stats.update_rejected >= 1 && stats.update_failure >= 1 && stats.update_success >= 2,
         "{stats:?}"

@@ -13,18 +13,23 @@ use super::defaults;
 use crate::{
     config::{
         duration,
+        fields::splice,
         sources::dns::{
-            DnsEndpoint, DnsLookupFamily, DnsResolverAddress, DnsSettings, QueryLimits, RefreshRate,
+            DnsEndpoint, DnsSettings, QueryLimits, dns_cluster_fields, dns_file_fields,
         },
     },
     health::{
-        AssignmentPolicy, ClusterHealthConfig, CommonLbConfig, HealthCheck, OutlierDetection,
+        AssignmentPolicy, ClusterHealthConfig, cluster_config::health_fields,
         drop_overload::DropOverloadsConfig,
     },
     host::{EdsHealth, Host, HostSet, Locality},
 };
 
-/// An upstream cluster.
+splice! {
+{
+/// An upstream cluster: its own fields, then the DNS fields (`dns_cluster_fields`,
+/// `dns_file_fields`) and the health fields (`health_fields`), declared once with the types the
+/// DNS source and health checking take (`config::fields`).
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cluster {
@@ -71,25 +76,6 @@ pub struct Cluster {
     /// or an `api_config_source`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eds_cluster_config: Option<crate::config::sources::xds::EdsClusterConfig>,
-    /// DNS clusters: interval between resolutions after a success. Default 5000 ms; > 1 ms.
-    #[serde(default = "defaults::dns_refresh_rate", with = "duration")]
-    pub dns_refresh_rate: Duration,
-    /// DNS clusters: refresh after the answer's TTL (strict: minimum of all records; logical:
-    /// the first record's) instead of `dns_refresh_rate`. Default false.
-    #[serde(default)]
-    pub respect_dns_ttl: bool,
-    /// DNS clusters: jittered exponential backoff after failed resolutions
-    /// (`base_interval`, `max_interval` default 10x base). Unset: retry after
-    /// `dns_refresh_rate`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dns_failure_refresh_rate: Option<RefreshRate>,
-    /// DNS clusters: a random delay in [0, dns_jitter) added to each refresh after a success.
-    #[serde(
-        default,
-        with = "duration::option",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub dns_jitter: Option<Duration>,
     /// DNS clusters: Envoy's resolver extension (`envoy.network.dns_resolver.cares` with
     /// `resolvers`, or `envoy.network.dns_resolver.getaddrinfo` for the system's); turned into
     /// `dns_resolvers` when the file is validated (`config::envoy`).
@@ -109,36 +95,6 @@ pub struct Cluster {
         skip_serializing_if = "Option::is_none"
     )]
     pub connect_timeout: Option<Duration>,
-    /// DNS clusters: AUTO (default: IPv6, falling back to IPv4), V4_ONLY, V6_ONLY,
-    /// V4_PREFERRED or ALL.
-    #[serde(default)]
-    pub dns_lookup_family: DnsLookupFamily,
-    /// DNS clusters: name servers (Envoy's `{socket_address: {address, port_value}}`, or
-    /// "IP:PORT"). Empty: the system's resolv.conf.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub dns_resolvers: Vec<DnsResolverAddress>,
-    /// STRICT_DNS, LOGICAL_DNS and DNS SRV clusters: how long a name's last hosts are kept once
-    /// its lookups fail; then they are dropped as an empty answer drops them. Unset: kept until
-    /// a lookup succeeds (Envoy). Not an Envoy field, so CDS cannot set it.
-    #[serde(
-        default,
-        with = "duration::option",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub dns_stale_bound: Option<Duration>,
-    /// Active health checks (at most one per cluster); see `proxy_core::health::HealthCheck`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub health_checks: Vec<HealthCheck>,
-    /// Passive health checking from the kernel's connect-failure signal; absent disables it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outlier_detection: Option<OutlierDetection>,
-    /// `healthy_panic_threshold` (default 50 %; 0 disables panic mode).
-    #[serde(default)]
-    pub common_lb_config: CommonLbConfig,
-    /// With active health checking: delete a host discovery no longer returns at once instead
-    /// of keeping it until it fails a check. Default false (Envoy's).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub ignore_health_on_host_removal: bool,
     /// Proxy path: reset the connections to a host as soon as it fails health checking.
     /// Unset: `proxy.close_connections_on_host_health_failure` (false). The kernel path never
     /// closes an application's connection.
@@ -161,6 +117,9 @@ pub struct Cluster {
     /// ORIGINAL_DST clusters: Envoy's `original_dst_lb_config`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub original_dst_lb_config: Option<OriginalDstLbConfig>,
+}
+}
+[dns_cluster_fields, dns_file_fields, health_fields]
 }
 
 /// Envoy's `Cluster.OriginalDstLbConfig`.
@@ -446,33 +405,23 @@ pub enum SocketProtocol {
 }
 
 impl Cluster {
-    /// The DNS settings of a STRICT_DNS or LOGICAL_DNS cluster.
+    /// The DNS settings of a STRICT_DNS, LOGICAL_DNS or DNS SRV cluster.
     pub fn dns_settings(&self) -> DnsSettings {
-        DnsSettings {
-            dns_refresh_rate: self.dns_refresh_rate,
-            respect_dns_ttl: self.respect_dns_ttl,
-            dns_failure_refresh_rate: self.dns_failure_refresh_rate.clone(),
-            dns_jitter: self.dns_jitter,
-            dns_lookup_family: self.dns_lookup_family,
-            dns_resolvers: self.dns_resolvers.clone(),
-            dns_stale_bound: self.dns_stale_bound,
-        }
+        let mut settings = DnsSettings::default();
+        dns_cluster_fields!(@assign settings, self);
+        dns_file_fields!(@assign settings, self);
+        settings
     }
 
     /// The health-related fields, as the health module takes them.
     pub fn health_config(&self) -> ClusterHealthConfig {
-        ClusterHealthConfig {
-            health_checks: self.health_checks.clone(),
-            outlier_detection: self.outlier_detection.clone(),
-            common_lb_config: self.common_lb_config,
-            ignore_health_on_host_removal: self.ignore_health_on_host_removal,
-            assignment_policy: self
-                .load_assignment
-                .as_ref()
-                .and_then(|a| a.policy.as_ref())
-                .map(AssignmentPolicyConfig::resolved)
-                .unwrap_or_default(),
-        }
+        let assignment_policy = self
+            .load_assignment
+            .as_ref()
+            .and_then(|a| a.policy.as_ref())
+            .map(AssignmentPolicyConfig::resolved)
+            .unwrap_or_default();
+        health_fields!(@copy self, assignment_policy: assignment_policy)
     }
 
     /// The names (or IPs) to resolve for a DNS cluster, with each endpoint's attributes.

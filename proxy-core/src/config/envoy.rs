@@ -18,8 +18,8 @@ use serde::Deserialize;
 
 use super::{Cluster, ClusterType, error::Invalid};
 use crate::config::{
-    duration,
-    sources::dns::{DnsLookupFamily, DnsResolverAddress, QueryLimits, RefreshRate},
+    fields::splice,
+    sources::dns::{DnsResolverAddress, QueryLimits, dns_cluster_fields},
 };
 
 /// `cluster_type.name` of Envoy's DNS cluster extension.
@@ -42,51 +42,23 @@ pub struct TypedDnsResolverConfig {
     pub typed_config: serde_json::Value,
 }
 
-/// `envoy.extensions.clusters.dns.v3.DnsCluster`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DnsCluster {
-    #[serde(rename = "@type", default)]
-    type_url: Option<String>,
-    #[serde(default, with = "duration::option")]
-    dns_refresh_rate: Option<Duration>,
-    #[serde(default)]
-    dns_failure_refresh_rate: Option<RefreshRate>,
-    #[serde(default)]
-    respect_dns_ttl: bool,
-    #[serde(default, with = "duration::option")]
-    dns_jitter: Option<Duration>,
-    #[serde(default)]
-    typed_dns_resolver_config: Option<TypedDnsResolverConfig>,
-    /// `UNSPECIFIED` (the proto's zero) means AUTO, as in Envoy.
-    #[serde(default)]
-    dns_lookup_family: Option<LookupFamily>,
-    #[serde(default)]
-    all_addresses_in_single_endpoint: bool,
-}
-
-/// `envoy.extensions.clusters.common.dns.v3.DnsLookupFamily`.
-#[derive(Clone, Copy, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-enum LookupFamily {
-    Unspecified,
-    Auto,
-    V4Only,
-    V6Only,
-    V4Preferred,
-    All,
-}
-
-impl From<LookupFamily> for DnsLookupFamily {
-    fn from(family: LookupFamily) -> Self {
-        match family {
-            LookupFamily::Unspecified | LookupFamily::Auto => DnsLookupFamily::Auto,
-            LookupFamily::V4Only => DnsLookupFamily::V4Only,
-            LookupFamily::V6Only => DnsLookupFamily::V6Only,
-            LookupFamily::V4Preferred => DnsLookupFamily::V4Preferred,
-            LookupFamily::All => DnsLookupFamily::All,
+splice! {
+    {
+        /// `envoy.extensions.clusters.dns.v3.DnsCluster`: its own fields, then the DNS fields
+        /// it shares with the file's `Cluster` (`dns_cluster_fields`). `dns_lookup_family:
+        /// UNSPECIFIED` (the proto's zero) means AUTO, as in Envoy.
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct DnsCluster {
+            #[serde(rename = "@type", default)]
+            type_url: Option<String>,
+            #[serde(default)]
+            typed_dns_resolver_config: Option<TypedDnsResolverConfig>,
+            #[serde(default)]
+            all_addresses_in_single_endpoint: bool,
         }
     }
+    [dns_cluster_fields]
 }
 
 /// `envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig`, the fields the
@@ -156,13 +128,7 @@ pub(super) fn normalize(i: usize, cluster: &mut Cluster) -> Result<(), Invalid> 
         } else {
             ClusterType::StrictDns
         };
-        if let Some(rate) = dns.dns_refresh_rate {
-            cluster.dns_refresh_rate = rate;
-        }
-        cluster.dns_failure_refresh_rate = dns.dns_failure_refresh_rate;
-        cluster.respect_dns_ttl = dns.respect_dns_ttl;
-        cluster.dns_jitter = dns.dns_jitter;
-        cluster.dns_lookup_family = dns.dns_lookup_family.map(Into::into).unwrap_or_default();
+        dns_cluster_fields!(@assign cluster, dns);
         (cluster.dns_resolvers, cluster.dns_query_limits) = match dns.typed_dns_resolver_config {
             Some(resolver) => resolvers(&resolver, &field(".typed_dns_resolver_config"))?,
             None => (Vec::new(), QueryLimits::default()),

@@ -1,7 +1,11 @@
 //! Cluster fields that the cluster's discovery type never reads: refused by name, so that
 //! nothing in a cluster is ignored silently (Envoy accepts most of them and ignores them).
 
-use super::{Cluster, ClusterType, error::Invalid, sources::dns::QueryLimits};
+use super::{
+    Cluster, ClusterType,
+    error::Invalid,
+    sources::dns::{DnsSettings, QueryLimits, dns_cluster_fields},
+};
 
 /// Refuses a field of cluster `i` that its type does not read. Runs after
 /// [`super::envoy::normalize`], so `envoy.cluster.dns` clusters are STRICT_DNS or LOGICAL_DNS
@@ -78,30 +82,20 @@ fn article(word: &str) -> &'static str {
     }
 }
 
-/// The first DNS field of `cluster` that differs from its default.
+/// The first DNS field of `cluster` that differs from its default, of those an
+/// `envoy.cluster.dns` typed_config would hold (`dns_resolvers` as its resolver's).
 pub(super) fn dns_field_set(cluster: &Cluster) -> Option<&'static str> {
-    let set = [
-        (
-            cluster.dns_refresh_rate != super::defaults::dns_refresh_rate(),
-            "dns_refresh_rate",
-        ),
-        (cluster.respect_dns_ttl, "respect_dns_ttl"),
-        (
-            cluster.dns_failure_refresh_rate.is_some(),
-            "dns_failure_refresh_rate",
-        ),
-        (cluster.dns_jitter.is_some(), "dns_jitter"),
-        (
-            cluster.dns_lookup_family != super::sources::dns::DnsLookupFamily::default(),
-            "dns_lookup_family",
-        ),
-        (!cluster.dns_resolvers.is_empty(), "dns_resolvers"),
-        (
-            cluster.dns_query_limits != QueryLimits::default(),
-            "typed_dns_resolver_config",
-        ),
-    ];
-    set.into_iter().find_map(|(on, field)| on.then_some(field))
+    let defaults = DnsSettings::default();
+    dns_cluster_fields!(@changed cluster, defaults)
+        .into_iter()
+        .chain([
+            (!cluster.dns_resolvers.is_empty(), "dns_resolvers"),
+            (
+                cluster.dns_query_limits != QueryLimits::default(),
+                "typed_dns_resolver_config",
+            ),
+        ])
+        .find_map(|(on, field)| on.then_some(field))
 }
 
 #[cfg(test)]

@@ -4,12 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    config::{HealthCheck, HealthConfigError},
-    duration,
-    priority::Balance,
-    spec::HealthCheckSpec,
-};
+use super::{config::HealthConfigError, duration, priority::Balance, spec::HealthCheckSpec};
 
 /// `config.cluster.v3.OutlierDetection`: the consecutive-5xx, consecutive-gateway-failure,
 /// success-rate and failure-percentage detectors, with Envoy's defaults.
@@ -309,27 +304,45 @@ fn default_panic_threshold() -> Percent {
     Percent { value: 50.0 }
 }
 
-/// The health-related fields of a cluster, as they appear in the cluster config.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClusterHealthConfig {
-    /// Active health checkers; at most one is supported.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub health_checks: Vec<HealthCheck>,
-    /// Passive health checking; absent disables it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outlier_detection: Option<OutlierDetection>,
-    /// Panic threshold.
-    #[serde(default)]
-    pub common_lb_config: CommonLbConfig,
-    /// A host that discovery no longer returns is deleted at once, even when active health
-    /// checking still finds it healthy (Envoy's `ignore_health_on_host_removal`). Default false:
-    /// it stays until it fails a check.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub ignore_health_on_host_removal: bool,
-    /// The host set's assignment policy (from `load_assignment.policy`, not a field here).
-    #[serde(skip)]
-    pub assignment_policy: AssignmentPolicy,
+/// The health fields of a cluster, declared once for [`ClusterHealthConfig`] and for the file's
+/// `Cluster` (see `config::fields`); `health_fields!(@copy c, assignment_policy: p)` is the
+/// [`ClusterHealthConfig`] of `c`'s.
+macro_rules! health_fields {
+    ($($args:tt)*) => {
+        $crate::config::fields::group! { $crate::health::ClusterHealthConfig [$($args)*]
+            /// Active health checks (at most one per cluster); see
+            /// `proxy_core::health::HealthCheck`.
+            #[serde(default, skip_serializing_if = "Vec::is_empty")]
+            health_checks: Vec<$crate::health::HealthCheck>,
+            /// Passive health checking from the connections' results (Envoy's
+            /// `outlier_detection`); absent disables it.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            outlier_detection: Option<$crate::health::OutlierDetection>,
+            /// `healthy_panic_threshold` (default 50 %; 0 disables panic mode) and the locality
+            /// choices (`locality_weighted_lb_config`, `zone_aware_lb_config`).
+            #[serde(default)]
+            common_lb_config: $crate::health::CommonLbConfig,
+            /// With active health checking: delete a host discovery no longer returns at once
+            /// instead of keeping it until it fails a check. Default false (Envoy's).
+            #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+            ignore_health_on_host_removal: bool,
+        }
+    };
+}
+pub(crate) use health_fields;
+
+crate::config::fields::splice! {
+    {
+        /// The health-related fields of a cluster, as they appear in the cluster config.
+        #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct ClusterHealthConfig {
+            /// The host set's assignment policy (from `load_assignment.policy`, not a field here).
+            #[serde(skip)]
+            pub assignment_policy: AssignmentPolicy,
+        }
+    }
+    [health_fields]
 }
 
 impl ClusterHealthConfig {

@@ -20,77 +20,94 @@ const MIN_INTERVAL: Duration = Duration::from_millis(1);
 /// Port used for a `dns_resolvers` entry that names no port.
 const DEFAULT_DNS_PORT: u16 = 53;
 
-/// DNS settings of one STRICT_DNS, LOGICAL_DNS or DNS SRV cluster.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct DnsSettings {
-    /// Interval between two resolutions of a target after a successful one. Must be > 1 ms.
-    #[serde(default = "default_dns_refresh_rate", with = "duration")]
-    pub dns_refresh_rate: Duration,
-    /// When true, a non-empty successful answer whose TTL is not 0 sets the next refresh to that
-    /// TTL (minimum of all records for STRICT_DNS and SRV, first record for LOGICAL_DNS).
-    #[serde(default = "default_respect_dns_ttl")]
-    pub respect_dns_ttl: bool,
-    /// Jittered exponential backoff after failed resolutions. When unset, a failure is retried
-    /// after `dns_refresh_rate`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dns_failure_refresh_rate: Option<RefreshRate>,
-    /// Upper bound (exclusive) of a random delay added to the refresh after each successful
-    /// resolution. No jitter when unset.
-    #[serde(
-        default,
-        with = "duration::option",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub dns_jitter: Option<Duration>,
-    /// Which address families to ask for and in which order.
-    #[serde(default = "default_dns_lookup_family")]
-    pub dns_lookup_family: DnsLookupFamily,
-    /// Name servers to query over UDP. Empty: the system's (`/etc/resolv.conf`). Each entry is
-    /// Envoy's `{socket_address: {address, port_value}}` or a plain `"IP:PORT"` / `"IP"` string;
-    /// the port defaults to 53.
-    #[serde(
-        default = "default_dns_resolvers",
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub dns_resolvers: Vec<DnsResolverAddress>,
-    /// How long a name's last hosts are kept once its lookups start failing (the first failed
-    /// lookup after its last success; for LOGICAL_DNS an empty answer is a failure); then they
-    /// are dropped as an empty answer drops them, until a lookup succeeds again. Must be > 0.
-    /// Unset: kept until a lookup succeeds (Envoy's behaviour). Not an Envoy field.
-    #[serde(
-        default,
-        with = "duration::option",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub dns_stale_bound: Option<Duration>,
+/// The DNS fields of a STRICT_DNS, LOGICAL_DNS or DNS SRV cluster that Envoy's `DnsCluster`
+/// (the `envoy.cluster.dns` extension's typed_config) has too, declared once for
+/// [`DnsSettings`], the file's `Cluster` and `config::envoy`'s `DnsCluster` (see
+/// `config::fields`).
+macro_rules! dns_cluster_fields {
+    ($($args:tt)*) => {
+        $crate::config::fields::group! { $crate::config::sources::dns::DnsSettings [$($args)*]
+            /// DNS clusters: interval between resolutions of a name after a successful one.
+            /// Default 5000 ms; must be > 1 ms.
+            #[serde(
+                default = "crate::config::defaults::dns_refresh_rate",
+                with = "crate::config::duration"
+            )]
+            dns_refresh_rate: ::std::time::Duration,
+            /// DNS clusters: refresh after the answer's TTL instead of `dns_refresh_rate` when a
+            /// non-empty successful answer's TTL is not 0 (strict and SRV: minimum of all records;
+            /// logical: the first record's). Default false.
+            #[serde(default)]
+            respect_dns_ttl: bool,
+            /// DNS clusters: jittered exponential backoff after failed resolutions
+            /// (`base_interval`, `max_interval` default 10x base). Unset: retry after
+            /// `dns_refresh_rate`.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            dns_failure_refresh_rate: Option<$crate::config::sources::dns::RefreshRate>,
+            /// DNS clusters: a random delay in [0, dns_jitter) added to each refresh after a
+            /// success. Unset: none.
+            #[serde(
+                default,
+                with = "crate::config::duration::option",
+                skip_serializing_if = "Option::is_none"
+            )]
+            dns_jitter: Option<::std::time::Duration>,
+            /// DNS clusters: AUTO (default: IPv6, falling back to IPv4), V4_ONLY, V6_ONLY,
+            /// V4_PREFERRED or ALL.
+            #[serde(default)]
+            dns_lookup_family: $crate::config::sources::dns::DnsLookupFamily,
+        }
+    };
 }
+pub(crate) use dns_cluster_fields;
 
-fn default_dns_refresh_rate() -> Duration {
-    Duration::from_millis(5000)
+/// The DNS fields of a cluster that Envoy's `DnsCluster` does not have (it names its resolvers
+/// in `typed_dns_resolver_config`; the stale bound is this daemon's), declared once for
+/// [`DnsSettings`] and the file's `Cluster` (see `config::fields`).
+macro_rules! dns_file_fields {
+    ($($args:tt)*) => {
+        $crate::config::fields::group! { $crate::config::sources::dns::DnsSettings [$($args)*]
+            /// DNS clusters: name servers to query over UDP, each Envoy's `{socket_address:
+            /// {address, port_value}}` or `"IP:PORT"` / `"IP"` (port 53). Empty: the system's
+            /// (`/etc/resolv.conf`).
+            #[serde(default, skip_serializing_if = "Vec::is_empty")]
+            dns_resolvers: Vec<$crate::config::sources::dns::DnsResolverAddress>,
+            /// STRICT_DNS, LOGICAL_DNS and DNS SRV clusters: how long a name's last hosts are kept
+            /// once its lookups fail (from the first failed lookup after its last success; for
+            /// LOGICAL_DNS an empty answer is a failure); then they are dropped as an empty answer
+            /// drops them, until a lookup succeeds again. Must be > 0. Unset: kept until a lookup
+            /// succeeds (Envoy's behaviour). Not an Envoy field, so CDS cannot set it.
+            #[serde(
+                default,
+                with = "crate::config::duration::option",
+                skip_serializing_if = "Option::is_none"
+            )]
+            dns_stale_bound: Option<::std::time::Duration>,
+        }
+    };
 }
+pub(crate) use dns_file_fields;
 
-fn default_respect_dns_ttl() -> bool {
-    false
-}
-
-fn default_dns_lookup_family() -> DnsLookupFamily {
-    DnsLookupFamily::Auto
-}
-
-fn default_dns_resolvers() -> Vec<DnsResolverAddress> {
-    Vec::new()
+crate::config::fields::splice! {
+    {
+        /// DNS settings of one STRICT_DNS, LOGICAL_DNS or DNS SRV cluster. Every field has
+        /// Envoy's default, so `{}` is valid.
+        #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct DnsSettings {}
+    }
+    [dns_cluster_fields, dns_file_fields]
 }
 
 impl Default for DnsSettings {
     fn default() -> Self {
         Self {
-            dns_refresh_rate: default_dns_refresh_rate(),
-            respect_dns_ttl: default_respect_dns_ttl(),
+            dns_refresh_rate: crate::config::defaults::dns_refresh_rate(),
+            respect_dns_ttl: false,
             dns_failure_refresh_rate: None,
             dns_jitter: None,
-            dns_lookup_family: default_dns_lookup_family(),
-            dns_resolvers: default_dns_resolvers(),
+            dns_lookup_family: DnsLookupFamily::default(),
+            dns_resolvers: Vec::new(),
             dns_stale_bound: None,
         }
     }

@@ -1,17 +1,20 @@
-//! Counters and gauges of one Consul cluster: Envoy's `cluster.<name>.*` discovery stats plus
-//! `cluster.<name>.consul.*` for what only a Consul watch has.
+//! Counters and gauges of one Consul cluster: the discovery counters every source keeps
+//! (`cluster.<name>.update_*`, `membership_*`) plus `cluster.<name>.consul.*` for what only a
+//! Consul watch has.
+//!
+//! A query started is an `update_attempt`; one answered with 200 and a valid body an
+//! `update_success`, and an `update_no_rebuild` when its host set equalled the previous one (a
+//! blocking query that timed out, or a change elsewhere in the catalog); one that failed
+//! (connection, timeout, status, body) an `update_failure`, the hosts kept.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::discovery::source_stats::{SourceStatValues, SourceStats};
 
 /// Shared between the watch task and readers.
 #[derive(Debug, Default)]
 pub struct ConsulStats {
-    pub(crate) update_attempt: AtomicU64,
-    pub(crate) update_success: AtomicU64,
-    pub(crate) update_failure: AtomicU64,
-    pub(crate) update_no_rebuild: AtomicU64,
-    pub(crate) membership_change: AtomicU64,
-    pub(crate) membership_total: AtomicU64,
+    pub(crate) source: SourceStats,
     pub(crate) index: AtomicU64,
     pub(crate) index_reset: AtomicU64,
     pub(crate) instances_skipped: AtomicU64,
@@ -21,19 +24,8 @@ pub struct ConsulStats {
 /// A point-in-time copy of [`ConsulStats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ConsulStatValues {
-    /// Queries started.
-    pub update_attempt: u64,
-    /// Queries answered with 200 and a valid body.
-    pub update_success: u64,
-    /// Queries that failed (connection, timeout, status, body); hosts were kept.
-    pub update_failure: u64,
-    /// Successful queries whose host set equalled the previous one (a blocking query that timed
-    /// out, or a change elsewhere in the catalog); nothing was published.
-    pub update_no_rebuild: u64,
-    /// Published host-set changes.
-    pub membership_change: u64,
-    /// Hosts now (gauge).
-    pub membership_total: u64,
+    /// `update_*` and `membership_change`/`membership_total`, as every source has them.
+    pub source: SourceStatValues,
     /// The index the next blocking query waits on (gauge; 0 = the next query does not block).
     pub index: u64,
     /// Times the returned `X-Consul-Index` went backwards and the watch restarted from 0.
@@ -50,12 +42,7 @@ impl ConsulStats {
     /// Current values.
     pub fn values(&self) -> ConsulStatValues {
         ConsulStatValues {
-            update_attempt: self.update_attempt.load(Relaxed),
-            update_success: self.update_success.load(Relaxed),
-            update_failure: self.update_failure.load(Relaxed),
-            update_no_rebuild: self.update_no_rebuild.load(Relaxed),
-            membership_change: self.membership_change.load(Relaxed),
-            membership_total: self.membership_total.load(Relaxed),
+            source: self.source.values(),
             index: self.index.load(Relaxed),
             index_reset: self.index_reset.load(Relaxed),
             instances_skipped: self.instances_skipped.load(Relaxed),
@@ -66,28 +53,14 @@ impl ConsulStats {
     /// `(cluster.<name>.<stat>, value)` pairs for `/stats`.
     pub fn named(&self, cluster: &str) -> Vec<(String, u64)> {
         let v = self.values();
-        [
-            ("update_attempt", v.update_attempt),
-            ("update_success", v.update_success),
-            ("update_failure", v.update_failure),
-            ("update_no_rebuild", v.update_no_rebuild),
-            ("membership_change", v.membership_change),
-            ("membership_total", v.membership_total),
-            ("consul.index", v.index),
-            ("consul.index_reset", v.index_reset),
-            ("consul.instances_skipped", v.instances_skipped),
-            ("consul.acl_denied", v.acl_denied),
-        ]
-        .into_iter()
-        .map(|(stat, value)| (format!("cluster.{cluster}.{stat}"), value))
-        .collect()
-    }
-
-    pub(crate) fn inc(counter: &AtomicU64) {
-        counter.fetch_add(1, Relaxed);
-    }
-
-    pub(crate) fn set(gauge: &AtomicU64, value: u64) {
-        gauge.store(value, Relaxed);
+        v.source.named(
+            cluster,
+            [
+                ("consul.index", v.index),
+                ("consul.index_reset", v.index_reset),
+                ("consul.instances_skipped", v.instances_skipped),
+                ("consul.acl_denied", v.acl_denied),
+            ],
+        )
     }
 }

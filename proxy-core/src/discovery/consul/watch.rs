@@ -34,7 +34,7 @@ use crate::{
         ConsulConfig,
         access::{ConsulToken, SentToken, TokenError, TokenSource},
     },
-    discovery::{dns::FailureBackoff, source::SourceUpdate},
+    discovery::{SourceStats, dns::FailureBackoff, source::SourceUpdate},
     host::HostSet,
     tls::TlsSettings,
 };
@@ -304,7 +304,7 @@ impl Watch {
                 tokio::time::sleep_until(start + MIN_QUERY_INTERVAL).await;
             }
             last_start = Some(Instant::now());
-            ConsulStats::inc(&self.stats.update_attempt);
+            SourceStats::inc(&self.stats.source.update_attempt);
             match self.query_once(index, timeout).await {
                 Ok((returned, entries, invalid)) => {
                     index = self.succeeded(index, returned);
@@ -335,23 +335,23 @@ impl Watch {
     fn succeeded(&mut self, index: u64, returned: u64) -> u64 {
         let (next, reset) = next_index(index, returned);
         if reset {
-            ConsulStats::inc(&self.stats.index_reset);
+            SourceStats::inc(&self.stats.index_reset);
             warn!(cluster = %self.name, sent = index, returned,
                 "consul index went backwards; restarting the watch from 0");
         }
         if self.denied.take().is_some() {
             info!(cluster = %self.name, "consul's ACLs accept the token again; answers apply");
         }
-        ConsulStats::set(&self.stats.index, next);
-        ConsulStats::inc(&self.stats.update_success);
+        SourceStats::set(&self.stats.index, next);
+        SourceStats::inc(&self.stats.source.update_success);
         next
     }
 
     /// Books a failed query (hosts kept); an ACL denial is logged once until it changes.
     fn failed(&mut self, error: QueryError, delay: Duration) {
-        ConsulStats::inc(&self.stats.update_failure);
+        SourceStats::inc(&self.stats.source.update_failure);
         if let QueryError::AclDenied(denial) = error {
-            ConsulStats::inc(&self.stats.acl_denied);
+            SourceStats::inc(&self.stats.acl_denied);
             if self.denied.as_ref() == Some(&denial) {
                 debug!(cluster = %self.name, reason = %denial, retry_in = ?delay,
                     "consul ACLs still deny; keeping the current hosts");
@@ -389,20 +389,20 @@ impl Watch {
                     "consul instance skipped; the others are used");
             }
         }
-        ConsulStats::set(&self.stats.instances_skipped, skipped.len() as u64);
+        SourceStats::set(&self.stats.instances_skipped, skipped.len() as u64);
         let total = hosts.len() as u64;
         let mut membership_changed = false;
         let published = self
             .updates
             .send_if_modified(|state| publish(state, hosts, &mut membership_changed));
         if membership_changed {
-            ConsulStats::inc(&self.stats.membership_change);
+            SourceStats::inc(&self.stats.source.membership_change);
         }
-        ConsulStats::set(&self.stats.membership_total, total);
+        SourceStats::set(&self.stats.source.membership_total, total);
         if published {
             debug!(cluster = %self.name, hosts = total, "consul host set published");
         } else {
-            ConsulStats::inc(&self.stats.update_no_rebuild);
+            SourceStats::inc(&self.stats.source.update_no_rebuild);
         }
     }
 }

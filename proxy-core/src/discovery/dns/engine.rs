@@ -30,7 +30,7 @@ use super::{
 };
 use crate::{
     config::sources::dns::DnsSettings,
-    discovery::SourceUpdate,
+    discovery::{SourceStats, SourceUpdate},
     host::{Host, HostSet},
 };
 
@@ -116,20 +116,20 @@ impl Engine {
         state.initialized = true;
         let (delay, published) = match result {
             Ok(answer) if self.mode == Mode::Strict || !answer.hosts.is_empty() => {
-                DnsClusterStats::inc(&self.stats.update_success);
+                SourceStats::inc(&self.stats.source.update_success);
                 self.recovered(&mut state, index);
                 let published = self.accept(&mut state, index, target, &answer);
                 state.backoff.reset();
                 (self.success_refresh(&mut state, &answer), published)
             }
             Ok(_) => {
-                DnsClusterStats::inc(&self.stats.update_failure);
+                SourceStats::inc(&self.stats.source.update_failure);
                 debug!(cluster = %self.cluster, target, "empty answer, keeping the logical host");
                 let dropped = self.failed(&mut state, index, target);
                 (Self::failure_refresh(&mut state), dropped)
             }
             Err(err) => {
-                DnsClusterStats::inc(&self.stats.update_failure);
+                SourceStats::inc(&self.stats.source.update_failure);
                 let had_hosts = !state.per_target[index].hosts.is_empty();
                 let dropped = self.failed(&mut state, index, target);
                 // A drop at the bound logs its own line; otherwise say what the name still has.
@@ -185,7 +185,7 @@ impl Engine {
         slot.hosts.clear();
         slot.addresses.clear();
         self.stats.stale_end(index, Instant::now());
-        DnsClusterStats::inc(&self.stats.stale_expired);
+        SourceStats::inc(&self.stats.stale_expired);
         warn!(
             cluster = %self.cluster,
             target,
@@ -238,7 +238,7 @@ impl Engine {
             }
         };
         if !changed {
-            DnsClusterStats::inc(&self.stats.update_no_rebuild);
+            SourceStats::inc(&self.stats.source.update_no_rebuild);
             return false;
         }
         debug!(cluster = %self.cluster, target, hosts = answer.hosts.len(), "dns hosts changed");
@@ -275,11 +275,9 @@ impl Engine {
             .iter()
             .flat_map(|t| t.hosts.iter().cloned())
             .collect();
-        self.stats
-            .membership_total
-            .store(hosts.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        SourceStats::set(&self.stats.source.membership_total, hosts.len() as u64);
         if membership_changed {
-            DnsClusterStats::inc(&self.stats.membership_change);
+            SourceStats::inc(&self.stats.source.membership_change);
         }
         // Only called once the cluster is initialized (a first resolution, or no targets).
         debug_assert!(state.initialized);
@@ -301,7 +299,7 @@ pub(crate) async fn run_target(
 ) {
     let family = engine.settings.dns_lookup_family;
     loop {
-        DnsClusterStats::inc(&engine.stats.update_attempt);
+        SourceStats::inc(&engine.stats.source.update_attempt);
         let lookup = target.resolve(resolver.as_ref(), family);
         let result = engine.bounded(index, target.name(), lookup).await;
         let delay = engine.apply(index, target.name(), result);

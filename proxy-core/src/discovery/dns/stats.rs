@@ -1,5 +1,11 @@
-//! Per-cluster discovery counters, named as Envoy's `cluster.<name>.*` stats, plus the
-//! serve-stale ones of `dns_stale_bound` (`dns_stale_*`, not Envoy's).
+//! Per-cluster discovery counters: the ones every source keeps, named as Envoy's
+//! `cluster.<name>.*` stats, plus the serve-stale ones of `dns_stale_bound` (`dns_stale_*`, not
+//! Envoy's).
+//!
+//! A resolution started is an `update_attempt`; one that succeeded an `update_success` (an empty
+//! answer is a success, except for LOGICAL_DNS), and an `update_no_rebuild` when it changed
+//! nothing; one that failed an `update_failure`, the hosts left unchanged. DNS clusters never
+//! count `update_empty` or `update_rejected` (Envoy's neither).
 
 use std::{
     collections::BTreeMap,
@@ -12,16 +18,12 @@ use std::{
 
 use tokio::time::Instant;
 
+use crate::discovery::source_stats::{SourceStatValues, SourceStats};
+
 /// Counters and gauges of one DNS cluster; shared between its tasks and readers.
 #[derive(Debug, Default)]
 pub struct DnsClusterStats {
-    pub(crate) update_attempt: AtomicU64,
-    pub(crate) update_success: AtomicU64,
-    pub(crate) update_failure: AtomicU64,
-    pub(crate) update_empty: AtomicU64,
-    pub(crate) update_no_rebuild: AtomicU64,
-    pub(crate) membership_change: AtomicU64,
-    pub(crate) membership_total: AtomicU64,
+    pub(crate) source: SourceStats,
     pub(crate) stale_expired: AtomicU64,
     stale: Mutex<StaleClock>,
 }
@@ -36,20 +38,8 @@ struct StaleClock {
 /// A point-in-time copy of [`DnsClusterStats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StatValues {
-    /// Resolutions started.
-    pub update_attempt: u64,
-    /// Resolutions that succeeded (an empty answer is a success, except for LOGICAL_DNS).
-    pub update_success: u64,
-    /// Resolutions that failed; hosts were left unchanged.
-    pub update_failure: u64,
-    /// Envoy counts empty EDS assignments here; DNS clusters never increment it (Envoy neither).
-    pub update_empty: u64,
-    /// Successful resolutions that changed nothing.
-    pub update_no_rebuild: u64,
-    /// Published host-set changes.
-    pub membership_change: u64,
-    /// Hosts in the cluster now (gauge).
-    pub membership_total: u64,
+    /// `update_*` and `membership_change`/`membership_total`, as every source has them.
+    pub source: SourceStatValues,
     /// Names whose lookups fail while their last hosts are still served (gauge).
     pub dns_stale_names: u64,
     /// Milliseconds names served stale hosts, summed over names, the current periods included.
@@ -63,13 +53,7 @@ impl DnsClusterStats {
     pub fn values(&self) -> StatValues {
         let (stale_names, stale_served) = self.stale_now();
         StatValues {
-            update_attempt: self.update_attempt.load(Relaxed),
-            update_success: self.update_success.load(Relaxed),
-            update_failure: self.update_failure.load(Relaxed),
-            update_empty: self.update_empty.load(Relaxed),
-            update_no_rebuild: self.update_no_rebuild.load(Relaxed),
-            membership_change: self.membership_change.load(Relaxed),
-            membership_total: self.membership_total.load(Relaxed),
+            source: self.source.values(),
             dns_stale_names: stale_names,
             dns_stale_served_ms: u64::try_from(stale_served.as_millis()).unwrap_or(u64::MAX),
             dns_stale_expired: self.stale_expired.load(Relaxed),
@@ -79,25 +63,14 @@ impl DnsClusterStats {
     /// `(cluster.<name>.<stat>, value)` pairs for an admin or metrics endpoint.
     pub fn named(&self, cluster: &str) -> Vec<(String, u64)> {
         let v = self.values();
-        [
-            ("update_attempt", v.update_attempt),
-            ("update_success", v.update_success),
-            ("update_failure", v.update_failure),
-            ("update_empty", v.update_empty),
-            ("update_no_rebuild", v.update_no_rebuild),
-            ("membership_change", v.membership_change),
-            ("membership_total", v.membership_total),
-            ("dns_stale_names", v.dns_stale_names),
-            ("dns_stale_served_ms", v.dns_stale_served_ms),
-            ("dns_stale_expired", v.dns_stale_expired),
-        ]
-        .into_iter()
-        .map(|(stat, value)| (format!("cluster.{cluster}.{stat}"), value))
-        .collect()
-    }
-
-    pub(crate) fn inc(counter: &AtomicU64) {
-        counter.fetch_add(1, Relaxed);
+        v.source.named(
+            cluster,
+            [
+                ("dns_stale_names", v.dns_stale_names),
+                ("dns_stale_served_ms", v.dns_stale_served_ms),
+                ("dns_stale_expired", v.dns_stale_expired),
+            ],
+        )
     }
 
     /// Target `index` starts serving stale hosts at `now` (no-op if it already does).

@@ -38,7 +38,7 @@ use tokio::{
 use crate::{
     config::MapSizes,
     discovery::{
-        SourceUpdate, diff_hosts,
+        SourceStats, SourceUpdate, diff_hosts,
         xds::{
             cla::{ClaError, assignment_policy, check_constraints, map_hosts, stale_after},
             stats::{ClusterStats, version_gauge},
@@ -477,8 +477,8 @@ impl EdsState {
     /// A stream or poll failure: `update_attempt` and `update_failure` everywhere; hosts kept.
     pub(crate) fn on_failure(&self) {
         for sink in self.sinks() {
-            ClusterStats::inc(&sink.stats.update_attempt);
-            ClusterStats::inc(&sink.stats.update_failure);
+            SourceStats::inc(&sink.stats.source.update_attempt);
+            SourceStats::inc(&sink.stats.source.update_failure);
             mark_initialized(sink);
         }
     }
@@ -487,7 +487,7 @@ impl EdsState {
     pub(crate) fn on_init_timeout(&self) {
         for sink in self.sinks() {
             if !sink.tx.borrow().initialized {
-                ClusterStats::inc(&sink.stats.init_fetch_timeout);
+                SourceStats::inc(&sink.stats.init_fetch_timeout);
                 mark_initialized(sink);
             }
         }
@@ -505,8 +505,8 @@ impl EdsState {
     fn reject_on_error<T>(&self, result: Result<T, UpdateError>) -> Result<T, UpdateError> {
         if result.is_err() {
             for sink in self.sinks() {
-                ClusterStats::inc(&sink.stats.update_attempt);
-                ClusterStats::inc(&sink.stats.update_rejected);
+                SourceStats::inc(&sink.stats.source.update_attempt);
+                SourceStats::inc(&sink.stats.source.update_rejected);
                 mark_initialized(sink);
             }
         }
@@ -545,21 +545,21 @@ fn publish(resource: &mut Resource, (hosts, policy, stale): Assigned, version_in
     resource.stale_at = stale.map(|lease| Instant::now() + lease);
     if stale.is_some() {
         for sink in &resource.sinks {
-            ClusterStats::inc(&sink.stats.assignment_timeout_received);
+            SourceStats::inc(&sink.stats.assignment_timeout_received);
         }
     }
     let unchanged = resource.hosts.as_ref() == Some(&hosts) && resource.policy == policy;
     let (added, removed) = diff_hosts(resource.hosts.as_deref().unwrap_or_default(), &hosts);
     for sink in &resource.sinks {
         let stats = &sink.stats;
-        ClusterStats::inc(&stats.update_attempt);
-        ClusterStats::inc(&stats.update_success);
+        SourceStats::inc(&stats.source.update_attempt);
+        SourceStats::inc(&stats.source.update_success);
         stats.version.store(
             version_gauge(version_info),
             std::sync::atomic::Ordering::Relaxed,
         );
         if unchanged {
-            ClusterStats::inc(&stats.update_no_rebuild);
+            SourceStats::inc(&stats.source.update_no_rebuild);
             sink.tx.send_if_modified(|update| {
                 let was = (update.initialized, update.version_info.clone());
                 update.initialized = true;
@@ -568,7 +568,7 @@ fn publish(resource: &mut Resource, (hosts, policy, stale): Assigned, version_in
             });
             continue;
         }
-        ClusterStats::inc(&stats.membership_change);
+        SourceStats::inc(&stats.source.membership_change);
         stats.set_membership(&hosts);
         sink.tx.send_modify(|update| {
             update.version += 1;
@@ -586,9 +586,9 @@ fn publish(resource: &mut Resource, (hosts, policy, stale): Assigned, version_in
 
 fn count_empty(resource: &Resource) {
     for sink in &resource.sinks {
-        ClusterStats::inc(&sink.stats.update_attempt);
-        ClusterStats::inc(&sink.stats.update_success);
-        ClusterStats::inc(&sink.stats.update_empty);
+        SourceStats::inc(&sink.stats.source.update_attempt);
+        SourceStats::inc(&sink.stats.source.update_success);
+        SourceStats::inc(&sink.stats.source.update_empty);
         mark_initialized(sink);
     }
 }

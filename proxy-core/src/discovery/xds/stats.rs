@@ -18,25 +18,20 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::{
+    discovery::source_stats::{SourceStatValues, SourceStats},
     host::{EdsHealth, HostSet},
     tls::TlsFailure,
 };
 
-/// Counters and gauges of one EDS cluster.
+/// Counters and gauges of one EDS cluster: the discovery counters every source keeps, and the
+/// EDS ones.
 #[derive(Debug, Default)]
 pub struct ClusterStats {
-    pub(crate) update_attempt: AtomicU64,
-    pub(crate) update_success: AtomicU64,
-    pub(crate) update_failure: AtomicU64,
-    pub(crate) update_rejected: AtomicU64,
-    pub(crate) update_empty: AtomicU64,
-    pub(crate) update_no_rebuild: AtomicU64,
+    pub(crate) source: SourceStats,
     pub(crate) init_fetch_timeout: AtomicU64,
     pub(crate) assignment_timeout_received: AtomicU64,
     pub(crate) assignment_stale: AtomicU64,
     pub(crate) version: AtomicU64,
-    pub(crate) membership_change: AtomicU64,
-    pub(crate) membership_total: AtomicU64,
     pub(crate) membership_healthy: AtomicU64,
     pub(crate) membership_degraded: AtomicU64,
 }
@@ -44,18 +39,8 @@ pub struct ClusterStats {
 /// A point-in-time copy of [`ClusterStats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClusterStatValues {
-    /// Responses or failures that concerned the cluster.
-    pub update_attempt: u64,
-    /// Accepted updates (including empty ones).
-    pub update_success: u64,
-    /// Stream or poll failures (network, server error, timeout).
-    pub update_failure: u64,
-    /// NACKed updates; the hosts were kept.
-    pub update_rejected: u64,
-    /// Accepted updates without an assignment for the cluster; the hosts were kept.
-    pub update_empty: u64,
-    /// Accepted assignments that changed nothing.
-    pub update_no_rebuild: u64,
+    /// `update_*` and `membership_change`/`membership_total`, as every source has them.
+    pub source: SourceStatValues,
     /// Times `initial_fetch_timeout` expired before the first update.
     pub init_fetch_timeout: u64,
     /// Accepted assignments with a lease (`policy.endpoint_stale_after`).
@@ -64,10 +49,6 @@ pub struct ClusterStatValues {
     pub assignment_stale: u64,
     /// Accepted version (gauge): numeric `version_info`, else its FNV-1a hash.
     pub version: u64,
-    /// Published host-set changes.
-    pub membership_change: u64,
-    /// Hosts now (gauge).
-    pub membership_total: u64,
     /// Hosts whose EDS health is UNKNOWN or HEALTHY (gauge).
     pub membership_healthy: u64,
     /// Hosts whose EDS health is DEGRADED (gauge).
@@ -78,18 +59,11 @@ impl ClusterStats {
     /// Current values.
     pub fn values(&self) -> ClusterStatValues {
         ClusterStatValues {
-            update_attempt: self.update_attempt.load(Relaxed),
-            update_success: self.update_success.load(Relaxed),
-            update_failure: self.update_failure.load(Relaxed),
-            update_rejected: self.update_rejected.load(Relaxed),
-            update_empty: self.update_empty.load(Relaxed),
-            update_no_rebuild: self.update_no_rebuild.load(Relaxed),
+            source: self.source.values(),
             init_fetch_timeout: self.init_fetch_timeout.load(Relaxed),
             assignment_timeout_received: self.assignment_timeout_received.load(Relaxed),
             assignment_stale: self.assignment_stale.load(Relaxed),
             version: self.version.load(Relaxed),
-            membership_change: self.membership_change.load(Relaxed),
-            membership_total: self.membership_total.load(Relaxed),
             membership_healthy: self.membership_healthy.load(Relaxed),
             membership_degraded: self.membership_degraded.load(Relaxed),
         }
@@ -98,29 +72,17 @@ impl ClusterStats {
     /// `(cluster.<cluster>.<stat>, value)` pairs with Envoy's names.
     pub fn named(&self, cluster: &str) -> Vec<(String, u64)> {
         let v = self.values();
-        [
-            ("update_attempt", v.update_attempt),
-            ("update_success", v.update_success),
-            ("update_failure", v.update_failure),
-            ("update_rejected", v.update_rejected),
-            ("update_empty", v.update_empty),
-            ("update_no_rebuild", v.update_no_rebuild),
-            ("init_fetch_timeout", v.init_fetch_timeout),
-            ("assignment_timeout_received", v.assignment_timeout_received),
-            ("assignment_stale", v.assignment_stale),
-            ("version", v.version),
-            ("membership_change", v.membership_change),
-            ("membership_total", v.membership_total),
-            ("membership_healthy", v.membership_healthy),
-            ("membership_degraded", v.membership_degraded),
-        ]
-        .into_iter()
-        .map(|(name, value)| (format!("cluster.{cluster}.{name}"), value))
-        .collect()
-    }
-
-    pub(crate) fn inc(counter: &AtomicU64) {
-        counter.fetch_add(1, Relaxed);
+        v.source.named(
+            cluster,
+            [
+                ("init_fetch_timeout", v.init_fetch_timeout),
+                ("assignment_timeout_received", v.assignment_timeout_received),
+                ("assignment_stale", v.assignment_stale),
+                ("version", v.version),
+                ("membership_healthy", v.membership_healthy),
+                ("membership_degraded", v.membership_degraded),
+            ],
+        )
     }
 
     /// Sets the membership gauges from `hosts`.
@@ -128,7 +90,7 @@ impl ClusterStats {
         let count = |f: fn(EdsHealth) -> bool| hosts.iter().filter(|h| f(h.eds_health)).count();
         let healthy = count(|h| matches!(h, EdsHealth::Unknown | EdsHealth::Healthy));
         let degraded = count(|h| h == EdsHealth::Degraded);
-        self.membership_total.store(hosts.len() as u64, Relaxed);
+        SourceStats::set(&self.source.membership_total, hosts.len() as u64);
         self.membership_healthy.store(healthy as u64, Relaxed);
         self.membership_degraded.store(degraded as u64, Relaxed);
     }

@@ -54,8 +54,8 @@ async fn without_a_token_an_empty_answer_keeps_the_hosts() {
         "a denied answer's index is not used"
     );
     let stats = cluster.stats().values();
-    assert_eq!((stats.acl_denied, stats.update_failure), (2, 2));
-    assert_eq!((stats.update_success, stats.index), (1, 5));
+    assert_eq!((stats.acl_denied, stats.source.update_failure), (2, 2));
+    assert_eq!((stats.source.update_success, stats.index), (1, 5));
     let named: std::collections::BTreeMap<String, u64> =
         cluster.named_stats().into_iter().collect();
     assert_eq!(named.get("cluster.web.consul.acl_denied"), Some(&2));
@@ -102,7 +102,7 @@ async fn a_known_token_that_may_not_read_the_service_keeps_the_hosts() {
     script.wait_requests(4).await;
     assert_eq!(cluster.current().hosts.len(), 2, "never drained");
     let stats = cluster.stats().values();
-    assert_eq!((stats.acl_denied, stats.update_success), (2, 1));
+    assert_eq!((stats.acl_denied, stats.source.update_success), (2, 1));
     let asked = script.authorizations();
     assert_eq!(asked.len(), 2, "each empty answer is checked");
     let (target, token, body) = &asked[0];
@@ -161,7 +161,7 @@ async fn a_refused_token_or_a_failed_check_keeps_the_hosts() {
         stats.acl_denied, 2,
         "the two 403s; the failed check is a plain failure"
     );
-    assert_eq!(stats.update_failure, 3);
+    assert_eq!(stats.source.update_failure, 3);
 }
 
 /// The token file is read before every query: a token rotated in the file is sent from the
@@ -191,7 +191,7 @@ async fn a_rotated_token_file_applies_from_the_next_query() {
         [Some("good"), Some("wrong"), Some("wrong"), Some("good")]
     );
     let stats = cluster.stats().values();
-    assert_eq!((stats.acl_denied, stats.update_success), (2, 2));
+    assert_eq!((stats.acl_denied, stats.source.update_success), (2, 2));
     let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
 }
 
@@ -205,6 +205,6 @@ async fn a_missing_token_file_is_a_failure_that_sends_nothing() {
     let update = wait_state(&cluster, |u| u.initialized).await;
     assert!(update.hosts.is_empty());
     assert!(script.targets().is_empty(), "no query without the token");
-    assert!(cluster.stats().values().update_failure >= 1);
+    assert!(cluster.stats().values().source.update_failure >= 1);
     let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
 }

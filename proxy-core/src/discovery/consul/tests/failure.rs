@@ -38,14 +38,14 @@ async fn a_failure_keeps_the_hosts_and_is_retried_after_a_backoff() {
     let stats = cluster.stats().values();
     assert_eq!(
         (
-            stats.update_attempt,
-            stats.update_success,
-            stats.update_failure
+            stats.source.update_attempt,
+            stats.source.update_success,
+            stats.source.update_failure
         ),
         (4, 2, 2)
     );
-    assert_eq!(stats.membership_change, 2);
-    assert_eq!(stats.membership_total, 1);
+    assert_eq!(stats.source.membership_change, 2);
+    assert_eq!(stats.source.membership_total, 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -121,7 +121,10 @@ async fn bad_answers_are_failures() {
     let cluster = start(ConsulConfig::new("web"), &script);
     script.wait_requests(7).await;
     let stats = cluster.stats().values();
-    assert_eq!((stats.update_success, stats.update_failure), (1, 5));
+    assert_eq!(
+        (stats.source.update_success, stats.source.update_failure),
+        (1, 5)
+    );
     assert_eq!(
         cluster.current().hosts.len(),
         2,
@@ -142,9 +145,15 @@ async fn an_unchanged_answer_publishes_nothing_and_counts_no_rebuild() {
     let update = wait_state(&cluster, |u| u.hosts.is_empty() && u.version == 2).await;
     assert!(update.initialized);
     let stats = cluster.stats().values();
-    assert_eq!((stats.update_no_rebuild, stats.membership_change), (1, 2));
     assert_eq!(
-        stats.membership_total, 0,
+        (
+            stats.source.update_no_rebuild,
+            stats.source.membership_change
+        ),
+        (1, 2)
+    );
+    assert_eq!(
+        stats.source.membership_total, 0,
         "a deregistered service leaves no hosts"
     );
 }
@@ -200,7 +209,7 @@ async fn one_bad_entry_is_skipped_and_never_freezes_the_rest() {
     assert_eq!(addrs(&later), ["127.0.0.2:80", "127.0.0.3:80"]);
     let stats = cluster.stats().values();
     assert_eq!(
-        stats.update_failure, 0,
+        stats.source.update_failure, 0,
         "a bad entry is not a failed answer"
     );
     assert_eq!(stats.instances_skipped, 1);

@@ -99,7 +99,7 @@ async fn index_going_backwards_restarts_the_watch_from_zero() {
     );
     let stats = cluster.stats().values();
     assert_eq!((stats.index, stats.index_reset), (5, 1));
-    assert_eq!(stats.update_success, 3);
+    assert_eq!(stats.source.update_success, 3);
 }
 
 #[tokio::test(start_paused = true)]

@@ -147,7 +147,7 @@ async fn published_hosts_carry_weight_health_and_metadata() {
     assert_eq!((h[0].weight, h[0].eds_health), (2, EdsHealth::Healthy));
     assert_eq!(h[0].metadata.get("version").map(String::as_str), Some("v1"));
     assert_eq!((h[1].weight, h[1].eds_health), (1, EdsHealth::Unhealthy));
-    assert_eq!(cluster.stats().values().membership_total, 2);
+    assert_eq!(cluster.stats().values().source.membership_total, 2);
 }
 
 #[tokio::test(start_paused = true)]

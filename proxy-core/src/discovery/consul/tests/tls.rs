@@ -114,16 +114,16 @@ async fn a_wrong_ca_keeps_the_hosts_and_the_fixed_file_recovers() {
     let matched = first.is_ok_and(|r| r.is_ok());
     assert!(matched, "last: {:?}", cluster.current());
     std::fs::write(&ca, other.ca_pem()).expect("wrong CA");
-    let failures = cluster.stats().values().update_failure;
+    let failures = cluster.stats().values().source.update_failure;
     let deadline = tokio::time::Instant::now() + REAL_WAIT;
-    while cluster.stats().values().update_failure < failures + 2 {
+    while cluster.stats().values().source.update_failure < failures + 2 {
         assert!(tokio::time::Instant::now() < deadline, "no failure counted");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(cluster.current().hosts.len(), 1, "hosts kept");
     std::fs::write(&ca, pki.ca_pem()).expect("right CA");
-    let successes = cluster.stats().values().update_success;
-    while cluster.stats().values().update_success <= successes {
+    let successes = cluster.stats().values().source.update_success;
+    while cluster.stats().values().source.update_success <= successes {
         assert!(tokio::time::Instant::now() < deadline, "never recovered");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -55,9 +55,9 @@ async fn empty_answer_keeps_the_host_and_counts_a_failure() {
     let stats = cluster.stats().values();
     assert_eq!(
         (
-            stats.update_success,
-            stats.update_failure,
-            stats.membership_total
+            stats.source.update_success,
+            stats.source.update_failure,
+            stats.source.membership_total
         ),
         (1, 2, 1)
     );
@@ -71,12 +71,12 @@ async fn same_answer_is_no_rebuild_but_a_changed_tail_republishes() {
     let mut updates = cluster.updates();
     next_update(&mut updates).await;
     advance(secs(6)).await;
-    assert_eq!(cluster.stats().values().update_no_rebuild, 1);
+    assert_eq!(cluster.stats().values().source.update_no_rebuild, 1);
     fake.set("web.test", &[("10.0.0.1", 30), ("10.0.0.3", 30)]);
     let update = next_update(&mut updates).await;
     assert_eq!(addrs(&update.hosts), ["10.0.0.1:443"]);
     assert!(update.added.is_empty() && update.removed.is_empty());
-    assert_eq!(cluster.stats().values().update_no_rebuild, 1);
+    assert_eq!(cluster.stats().values().source.update_no_rebuild, 1);
 }
 
 #[tokio::test(start_paused = true)]

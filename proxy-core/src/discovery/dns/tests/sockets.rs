@@ -193,7 +193,7 @@ async fn a_refused_server_is_a_failure_with_backoff_until_it_returns() {
     let cluster = spawn_strict_dns("web", settings, vec![endpoint], resolver).expect("valid");
     let stats = || cluster.stats().values();
 
-    let first = wait_stats(stats, |s| s.update_failure >= 1).await;
+    let first = wait_stats(stats, |s| s.source.update_failure >= 1).await;
     assert!(
         first < Duration::from_millis(500),
         "first failure after {first:?}"
@@ -201,16 +201,16 @@ async fn a_refused_server_is_a_failure_with_backoff_until_it_returns() {
     assert!(cluster.current().initialized && cluster.current().hosts.is_empty());
     // Backoff bounds 100, 200, 200 ms: three more failures well within a second, where the
     // refresh rate would allow none.
-    let more = wait_stats(stats, |s| s.update_failure >= 4).await;
+    let more = wait_stats(stats, |s| s.source.update_failure >= 4).await;
     assert!(
         more < Duration::from_secs(1),
         "three more failures took {more:?}"
     );
-    assert_eq!(stats().update_success, 0);
+    assert_eq!(stats().source.update_success, 0);
 
     drop(closed);
     let _back = TestServer::start(server, Behaviour::Answer(Ipv4Addr::new(127, 0, 0, 9))).await;
-    let back = wait_stats(stats, |s| s.update_success >= 1).await;
+    let back = wait_stats(stats, |s| s.source.update_success >= 1).await;
     assert!(
         back < Duration::from_millis(500),
         "records arrived after {back:?}"

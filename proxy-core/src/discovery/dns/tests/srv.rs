@@ -103,7 +103,7 @@ async fn a_failed_target_lookup_fails_the_resolution_and_keeps_hosts() {
     fake.fail("b.test", QueryType::A);
     advance(secs(6)).await;
     assert_eq!(cluster.current(), first);
-    assert_eq!(cluster.stats().values().update_failure, 1);
+    assert_eq!(cluster.stats().values().source.update_failure, 1);
 }
 
 #[tokio::test(start_paused = true)]

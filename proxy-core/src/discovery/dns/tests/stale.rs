@@ -31,7 +31,7 @@ fn stale(values: StatValues) -> (u64, u64, u64, u64) {
         values.dns_stale_names,
         values.dns_stale_served_ms,
         values.dns_stale_expired,
-        values.membership_total,
+        values.source.membership_total,
     )
 }
 

@@ -56,9 +56,9 @@ async fn every_distinct_address_is_a_host_carrying_endpoint_attributes() {
     let stats = cluster.stats().values();
     assert_eq!(
         (
-            stats.update_attempt,
-            stats.update_success,
-            stats.membership_total
+            stats.source.update_attempt,
+            stats.source.update_success,
+            stats.source.membership_total
         ),
         (1, 1, 2)
     );
@@ -96,13 +96,13 @@ async fn successful_empty_answer_means_zero_hosts_and_drains_them() {
     let stats = cluster.stats().values();
     assert_eq!(
         (
-            stats.update_success,
-            stats.update_failure,
-            stats.update_empty
+            stats.source.update_success,
+            stats.source.update_failure,
+            stats.source.update_empty
         ),
         (2, 0, 0)
     );
-    assert_eq!(stats.membership_total, 0);
+    assert_eq!(stats.source.membership_total, 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -120,8 +120,11 @@ async fn failure_keeps_hosts_and_publishes_nothing() {
     );
     assert_eq!(cluster.current(), first);
     let stats = cluster.stats().values();
-    assert_eq!((stats.update_attempt, stats.update_failure), (5, 4));
-    assert_eq!(stats.membership_total, 1);
+    assert_eq!(
+        (stats.source.update_attempt, stats.source.update_failure),
+        (5, 4)
+    );
+    assert_eq!(stats.source.membership_total, 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -137,9 +140,9 @@ async fn unchanged_answer_counts_no_rebuild_even_reordered() {
     let stats = cluster.stats().values();
     assert_eq!(
         (
-            stats.update_success,
-            stats.update_no_rebuild,
-            stats.membership_change
+            stats.source.update_success,
+            stats.source.update_no_rebuild,
+            stats.source.membership_change
         ),
         (3, 2, 1)
     );
@@ -189,7 +192,7 @@ async fn initialized_after_first_resolution_even_a_failure() {
     let cluster = strict(&fake, v4_settings(), &["web.test"]);
     let update = next_update(&mut cluster.updates()).await;
     assert!(update.initialized && update.hosts.is_empty());
-    assert_eq!(cluster.stats().values().update_failure, 1);
+    assert_eq!(cluster.stats().values().source.update_failure, 1);
 }
 
 #[tokio::test(start_paused = true)]

@@ -11,7 +11,7 @@ use tokio::{sync::Notify, time::Instant};
 
 use super::{EdsState, Resource};
 use crate::{
-    discovery::{diff_hosts, xds::stats::ClusterStats},
+    discovery::{SourceStats, diff_hosts},
     health::AssignmentPolicy,
     host::HostSet,
 };
@@ -48,11 +48,11 @@ fn expire(resource: &mut Resource) {
     let (added, removed) = diff_hosts(held, &empty);
     for sink in &resource.sinks {
         let stats = &sink.stats;
-        ClusterStats::inc(&stats.assignment_stale);
+        SourceStats::inc(&stats.assignment_stale);
         if !changed {
             continue;
         }
-        ClusterStats::inc(&stats.membership_change);
+        SourceStats::inc(&stats.source.membership_change);
         stats.set_membership(&empty);
         sink.tx.send_modify(|update| {
             update.version += 1;

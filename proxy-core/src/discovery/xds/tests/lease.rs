@@ -113,7 +113,7 @@ async fn hosts_are_removed_when_the_lease_runs_out_and_come_back_with_the_next_a
         "both hosts removed as discovery drops them"
     );
     assert_eq!(web.counters(), (1, 1));
-    assert_eq!(web.stats.values().membership_total, 0);
+    assert_eq!(web.stats.values().source.membership_total, 0);
     // Nothing more while nothing comes.
     tokio::time::sleep(Duration::from_secs(60)).await;
     settle().await;

@@ -63,11 +63,15 @@ fn accepted_then_rejected_keeps_last_good() {
     );
     let v = values(&clusters[0]);
     assert_eq!(
-        (v.update_attempt, v.update_success, v.update_rejected),
+        (
+            v.source.update_attempt,
+            v.source.update_success,
+            v.source.update_rejected
+        ),
         (2, 1, 1)
     );
     assert_eq!(
-        (v.version, v.membership_total, v.membership_healthy),
+        (v.version, v.source.membership_total, v.membership_healthy),
         (1, 2, 2)
     );
 }
@@ -97,7 +101,7 @@ fn wrong_type_and_undecodable_resources_are_rejected() {
             ),
         "{error}"
     );
-    assert_eq!(values(&clusters[0]).update_rejected, 2);
+    assert_eq!(values(&clusters[0]).source.update_rejected, 2);
     assert!(
         clusters[0].rx.borrow().initialized,
         "a rejection completes initialization"
@@ -122,7 +126,7 @@ fn sotw_duplicates_first_wins_without_a_nack() {
     state.apply_sotw(&duplicate).unwrap();
     assert_eq!(ports(&clusters[0].rx.borrow()), [80]);
     let v = values(&clusters[0]);
-    assert_eq!((v.update_success, v.update_rejected), (1, 0));
+    assert_eq!((v.source.update_success, v.source.update_rejected), (1, 0));
     // The ignored one is still held to the proto rules, not to the host mapping.
     let mut unusable = cla("web", &[83]);
     unusable.endpoints[0].lb_endpoints[0] = endpoint("web.local", 83);
@@ -156,7 +160,7 @@ fn rest_duplicates_are_rejected() {
         error.to_string(),
         "Unexpected EDS resource length: 2 (cluster web)"
     );
-    assert_eq!(values(&clusters[0]).update_rejected, 1);
+    assert_eq!(values(&clusters[0]).source.update_rejected, 1);
     state
         .apply_rest(&sotw("2", "b", &[cla("web", &[80])]))
         .unwrap();
@@ -169,7 +173,7 @@ fn port_zero_is_accepted_and_published() {
         .apply_sotw(&sotw("1", "a", &[cla("web", &[0, 80])]))
         .unwrap();
     assert_eq!(ports(&clusters[0].rx.borrow()), [0, 80]);
-    assert_eq!(values(&clusters[0]).membership_total, 2);
+    assert_eq!(values(&clusters[0]).source.membership_total, 2);
 }
 
 #[test]
@@ -207,13 +211,13 @@ fn missing_assignment_is_update_empty_only_for_a_lone_subscription() {
         .unwrap();
     lone.apply_sotw(&sotw("2", "b", &[])).unwrap();
     assert_eq!(ports(&lone_clusters[0].rx.borrow()), [80]);
-    assert_eq!(values(&lone_clusters[0]).update_empty, 1);
+    assert_eq!(values(&lone_clusters[0]).source.update_empty, 1);
 
     let (mut pair, pair_clusters) = state(&["api", "web"]);
     pair.apply_sotw(&sotw("1", "a", &[cla("web", &[80])]))
         .unwrap();
     assert_eq!(values(&pair_clusters[0]), ClusterStatValues::default());
-    assert_eq!(values(&pair_clusters[1]).update_success, 1);
+    assert_eq!(values(&pair_clusters[1]).source.update_success, 1);
 }
 
 #[test]
@@ -229,7 +233,11 @@ fn unchanged_assignment_counts_no_rebuild_and_publishes_no_new_hosts() {
     assert_eq!((current.version, current.version_info.as_str()), (1, "2"));
     let v = values(&clusters[0]);
     assert_eq!(
-        (v.update_no_rebuild, v.membership_change, v.version),
+        (
+            v.source.update_no_rebuild,
+            v.source.membership_change,
+            v.version
+        ),
         (1, 1, 2)
     );
     state
@@ -258,8 +266,8 @@ fn empty_assignment_clears_hosts() {
     assert!(clusters[0].rx.borrow().hosts.is_empty());
     assert_eq!(
         (
-            values(&clusters[0]).update_empty,
-            values(&clusters[0]).membership_total
+            values(&clusters[0]).source.update_empty,
+            values(&clusters[0]).source.membership_total
         ),
         (0, 0)
     );
@@ -305,7 +313,10 @@ fn delta_versions_removal_and_name_checks() {
         "removal keeps the hosts (Envoy's EDS)"
     );
     let v = values(&clusters[1]);
-    assert_eq!((v.update_empty, v.update_rejected, v.version), (1, 2, 7));
+    assert_eq!(
+        (v.source.update_empty, v.source.update_rejected, v.version),
+        (1, 2, 7)
+    );
 }
 
 #[test]
@@ -345,7 +356,7 @@ fn delta_rejections_use_envoys_words() {
             .to_string()
             .contains("Proto constraint validation failed (ClusterLoadAssignmentValidationError.ClusterName: value length must be at least 1 characters)")
     );
-    assert_eq!(values(&clusters[0]).update_rejected, 4);
+    assert_eq!(values(&clusters[0]).source.update_rejected, 4);
     assert!(clusters[0].rx.borrow().hosts.is_empty());
     // A resource without a name matches no subscription: ignored, as by Envoy.
     let mut nameless = delta("n5", &[("1", cla("web", &[80]))], &[]);
@@ -369,8 +380,8 @@ fn failure_and_init_timeout_mark_initialized() {
     state.on_failure();
     assert_eq!(
         (
-            values(&clusters[1]).update_failure,
-            values(&clusters[1]).update_attempt
+            values(&clusters[1]).source.update_failure,
+            values(&clusters[1]).source.update_attempt
         ),
         (1, 1)
     );
@@ -446,7 +457,7 @@ fn subscriptions_change_without_touching_the_others() {
     // The untouched cluster: one membership change (version 1 only), hosts kept.
     let web = clusters[0].rx.borrow().clone();
     assert_eq!((web.version, ports(&web)), (1, vec![80]));
-    assert_eq!(values(&clusters[0]).update_success, 2);
+    assert_eq!(values(&clusters[0]).source.update_success, 2);
 }
 
 /// An assignment with more hosts than the kernel maps take is NACKed with the numbers (state
@@ -479,7 +490,7 @@ fn a_host_set_larger_than_the_kernel_maps_is_nacked_with_the_limit() {
         .unwrap_err();
     assert!(matches!(error, UpdateError::TooManyHosts { .. }), "{error}");
     let v = values(&clusters[0]);
-    assert_eq!((v.update_success, v.update_rejected), (1, 2));
+    assert_eq!((v.source.update_success, v.source.update_rejected), (1, 2));
     state
         .apply_delta(&delta("n4", &[("4", cla("web", &[90]))], &[]))
         .unwrap();

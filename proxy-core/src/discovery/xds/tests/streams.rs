@@ -191,17 +191,21 @@ async fn sotw_sequence(api: GrpcApi) {
     let stats = client.cluster_stats("web").unwrap().values();
     assert_eq!(
         (
-            stats.update_success,
-            stats.update_rejected,
-            stats.update_failure
+            stats.source.update_success,
+            stats.source.update_rejected,
+            stats.source.update_failure
         ),
         (3, 1, 1)
     );
     assert_eq!(
-        (stats.update_attempt, stats.update_no_rebuild, stats.version),
+        (
+            stats.source.update_attempt,
+            stats.source.update_no_rebuild,
+            stats.version
+        ),
         (5, 1, 3)
     );
-    assert_eq!(stats.membership_total, 2);
+    assert_eq!(stats.source.membership_total, 2);
 }
 
 #[tokio::test]
@@ -298,10 +302,10 @@ async fn delta_sequence(api: GrpcApi) {
     let stats = client.cluster_stats("web").unwrap().values();
     assert_eq!(
         (
-            stats.update_success,
-            stats.update_rejected,
-            stats.update_failure,
-            stats.update_empty
+            stats.source.update_success,
+            stats.source.update_rejected,
+            stats.source.update_failure,
+            stats.source.update_empty
         ),
         (3, 1, 1, 1)
     );
@@ -351,7 +355,14 @@ async fn unreachable_server_counts_failures_and_initializes() {
         .await
         .expect("initialized after a failure");
     let deadline = tokio::time::Instant::now() + super::fixtures::WAIT;
-    while client.cluster_stats("web").unwrap().values().update_failure < 2 {
+    while client
+        .cluster_stats("web")
+        .unwrap()
+        .values()
+        .source
+        .update_failure
+        < 2
+    {
         assert!(
             tokio::time::Instant::now() < deadline,
             "no retry after a failed connect"

@@ -220,8 +220,16 @@ pub(crate) fn connect_failed(
     }
 }
 
-/// An upstream connect succeeded: reported to the cluster's outlier detection.
-pub(crate) fn connected(host: BackendAddr, cluster: Option<&ClusterHandle>) {
+/// An upstream connect succeeded: its time since `open` was taken goes to the cluster's
+/// `upstream_cx_connect_ms`, and it is reported to the cluster's outlier detection.
+pub(crate) fn connected(
+    host: BackendAddr,
+    cluster: Option<&ClusterHandle>,
+    open: Option<&OpenConnection>,
+) {
+    if let Some(open) = open {
+        open.connected();
+    }
     if let Some(cluster) = cluster {
         cluster.report_connect(host, true);
     }

@@ -14,8 +14,25 @@ use std::{
 
 /// Envoy's default bucket bounds, in milliseconds (`le` labels): 0.5 ms to one hour.
 pub const BUCKETS_MS: [f64; 19] = [
-    0.5, 1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
-    30000.0, 60000.0, 300000.0, 600000.0, 1_800_000.0, 3_600_000.0,
+    0.5,
+    1.0,
+    5.0,
+    10.0,
+    25.0,
+    50.0,
+    100.0,
+    250.0,
+    500.0,
+    1000.0,
+    2500.0,
+    5000.0,
+    10000.0,
+    30000.0,
+    60000.0,
+    300_000.0,
+    600_000.0,
+    1_800_000.0,
+    3_600_000.0,
 ];
 
 /// A histogram of durations over [`BUCKETS_MS`].
@@ -95,10 +112,13 @@ impl HistogramSnapshot {
     }
 }
 
-/// HTTP responses by class (`upstream_rq_1xx` to `upstream_rq_5xx`) and completed requests
-/// (`upstream_rq_completed`), with the request time histogram.
+/// HTTP requests sent (`upstream_rq_total`), responses by class (`upstream_rq_1xx` to
+/// `upstream_rq_5xx`) and completed requests (`upstream_rq_completed`), with the request time
+/// histogram.
 #[derive(Debug, Default)]
 pub struct Responses {
+    /// Requests sent to the cluster's hosts, retries included (`upstream_rq_total`).
+    total: AtomicU64,
     classes: [AtomicU64; 5],
     completed: AtomicU64,
     /// From the request's start to the response's end (`upstream_rq_time`).
@@ -106,6 +126,11 @@ pub struct Responses {
 }
 
 impl Responses {
+    /// A request goes to one of the cluster's hosts (a retry too).
+    pub fn sent(&self) {
+        self.total.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A response with `status` came back (or the proxy answered for the host: a reset as 503,
     /// a request timeout as 504, as Envoy's router counts them). A status outside 100..=599 is
     /// counted as completed only. Its time goes to [`Responses::time`] separately.
@@ -116,10 +141,12 @@ impl Responses {
         self.completed.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Envoy's names without the cluster prefix: `upstream_rq_<n>xx` and `upstream_rq_completed`.
-    pub fn named(&self) -> [(&'static str, u64); 6] {
+    /// Envoy's names without the cluster prefix: `upstream_rq_total`, `upstream_rq_<n>xx` and
+    /// `upstream_rq_completed`.
+    pub fn named(&self) -> [(&'static str, u64); 7] {
         let class = |i: usize| self.classes[i].load(Ordering::Relaxed);
         [
+            ("upstream_rq_total", self.total.load(Ordering::Relaxed)),
             ("upstream_rq_1xx", class(0)),
             ("upstream_rq_2xx", class(1)),
             ("upstream_rq_3xx", class(2)),
@@ -145,9 +172,10 @@ mod tests {
         }
         let s = h.snapshot();
         assert_eq!(s.count, 5);
-        let at = |bound: f64| s.buckets.iter().find(|b| b.0 == bound).unwrap().1;
-        assert_eq!((at(0.5), at(1.0), at(5.0), at(10.0)), (2, 3, 3, 4));
-        assert_eq!(at(3_600_000.0), 4, "the hour-plus sample is only in +Inf");
+        // Bounds 0.5, 1, 5 and 10 ms are the first four; one hour is the last.
+        let at = |i: usize| s.buckets[i].1;
+        assert_eq!((at(0), at(1), at(2), at(3)), (2, 3, 3, 4));
+        assert_eq!(at(18), 4, "the hour-plus sample is only in +Inf");
         assert!((s.sum_ms - 4_000_008.401).abs() < 1e-6, "{}", s.sum_ms);
     }
 
@@ -176,5 +204,7 @@ mod tests {
         assert_eq!(named["upstream_rq_4xx"], 1);
         assert_eq!(named["upstream_rq_5xx"], 1);
         assert_eq!(named["upstream_rq_completed"], 8);
+        r.sent();
+        assert_eq!(r.named()[0], ("upstream_rq_total", 1));
     }
 }

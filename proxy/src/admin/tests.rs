@@ -120,22 +120,48 @@ async fn pages_render_what_they_rendered_before() {
     let (server, addr) = serving(state.clone()).await;
     let text = "text/plain; charset=utf-8";
     let json = "application/json";
+    let exposition = "text/plain; version=0.0.4; charset=utf-8";
+    let all = render::StatsQuery::all();
     let pretty = |v: &dyn erased::Value| v.pretty() + "\n";
     for (target, content_type, want) in [
-        ("/stats", text, render::stats_text(&state)),
+        ("/stats", text, render::stats_text(&state, &all)),
         (
             "/stats?format=json",
             json,
-            pretty(&render::stats_map(&state)),
+            pretty(&render::stats_map(&state, &all)),
         ),
-        ("/stats/prometheus", text, render::prometheus(&state)),
+        (
+            "/stats/prometheus",
+            exposition,
+            render::prometheus(&state, &all),
+        ),
+        (
+            "/stats?format=prometheus",
+            exposition,
+            render::prometheus(&state, &all),
+        ),
+        (
+            "/stats?filter=services&format=json",
+            json,
+            pretty(&render::stats_map(
+                &state,
+                &render::StatsQuery::parse("filter=services").unwrap(),
+            )),
+        ),
+        ("/listeners", text, render::listeners_text(&state)),
+        (
+            "/listeners?format=json",
+            json,
+            pretty(&render::listeners_json(&state)),
+        ),
         ("/clusters", text, render::clusters_text(&state)),
         (
             "/clusters?format=json",
             json,
             pretty(&render::clusters_json(&state)),
         ),
-        ("/config_dump", json, pretty(&*state.config)),
+        ("/config_dump", json, pretty(&render::config_dump(&state))),
+        ("/config_dump?format=proxy", json, pretty(&*state.config)),
     ] {
         let (status, head, body) = call(&addr, "GET", target).await;
         assert_eq!(status, 200, "{target}");
@@ -149,7 +175,7 @@ async fn pages_render_what_they_rendered_before() {
         );
         assert_eq!(body, want, "{target}");
     }
-    assert!(render::stats_text(&state).contains("server.services: 0"));
+    assert!(render::stats_text(&state, &all).contains("server.services: 0"));
     let (status, body) = get(&addr, "/chain/web").await;
     assert_eq!(
         (status, body.as_str()),
@@ -182,9 +208,11 @@ async fn the_index_lists_every_endpoint_and_unknown_paths_get_it_with_a_404() {
         "/healthcheck/fail (POST)",
         "/healthcheck/ok (POST)",
         "/help",
+        "/listeners",
         "/logging",
         "/ready",
         "/reload (POST)",
+        "/reset_counters (POST)",
         "/server_info",
         "/stats",
         "/stats/prometheus",

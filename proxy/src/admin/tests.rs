@@ -27,6 +27,7 @@ fn state() -> State {
 mod authority;
 mod bounds;
 mod chain;
+mod pages;
 
 /// A free loopback address (bound a moment ago).
 async fn free_addr() -> AdminAddress {
@@ -111,89 +112,6 @@ async fn call(addr: &AdminAddress, method: &str, target: &str) -> (u16, String, 
 async fn get(addr: &AdminAddress, target: &str) -> (u16, String) {
     let (status, _, body) = call(addr, "GET", target).await;
     (status, body)
-}
-
-/// Every page answers with the renderer's output, byte for byte, under the same content type.
-#[tokio::test]
-async fn pages_render_what_they_rendered_before() {
-    let state = state();
-    let (server, addr) = serving(state.clone()).await;
-    let text = "text/plain; charset=utf-8";
-    let json = "application/json";
-    let exposition = "text/plain; version=0.0.4; charset=utf-8";
-    let all = render::StatsQuery::all();
-    let pretty = |v: &dyn erased::Value| v.pretty() + "\n";
-    for (target, content_type, want) in [
-        ("/stats", text, render::stats_text(&state, &all)),
-        (
-            "/stats?format=json",
-            json,
-            pretty(&render::stats_map(&state, &all)),
-        ),
-        (
-            "/stats/prometheus",
-            exposition,
-            render::prometheus(&state, &all),
-        ),
-        (
-            "/stats?format=prometheus",
-            exposition,
-            render::prometheus(&state, &all),
-        ),
-        (
-            "/stats?filter=services&format=json",
-            json,
-            pretty(&render::stats_map(
-                &state,
-                &render::StatsQuery::parse("filter=services").unwrap(),
-            )),
-        ),
-        ("/listeners", text, render::listeners_text(&state)),
-        (
-            "/listeners?format=json",
-            json,
-            pretty(&render::listeners_json(&state)),
-        ),
-        ("/clusters", text, render::clusters_text(&state)),
-        (
-            "/clusters?format=json",
-            json,
-            pretty(&render::clusters_json(&state)),
-        ),
-        ("/config_dump", json, pretty(&render::config_dump(&state))),
-        ("/config_dump?format=proxy", json, pretty(&*state.config)),
-    ] {
-        let (status, head, body) = call(&addr, "GET", target).await;
-        assert_eq!(status, 200, "{target}");
-        assert!(
-            head.contains(&format!("content-type: {content_type}")),
-            "{target}: {head}"
-        );
-        assert!(
-            head.contains(&format!("content-length: {}", want.len())),
-            "{target}: {head}"
-        );
-        assert_eq!(body, want, "{target}");
-    }
-    assert!(render::stats_text(&state, &all).contains("server.services: 0"));
-    let (status, body) = get(&addr, "/chain/web").await;
-    assert_eq!(
-        (status, body.as_str()),
-        (404, "no discovery chain for service \"web\"\n")
-    );
-    server.stop().await;
-}
-
-/// serde_json's pretty form of anything `Serialize`, behind one object-safe trait.
-mod erased {
-    pub trait Value {
-        fn pretty(&self) -> String;
-    }
-    impl<T: serde::Serialize> Value for T {
-        fn pretty(&self) -> String {
-            serde_json::to_string_pretty(self).expect("serializable")
-        }
-    }
 }
 
 #[tokio::test]

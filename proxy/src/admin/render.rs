@@ -17,7 +17,7 @@ mod tests;
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
-    sync::{Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError, Weak},
 };
 
 use proxy_core::upstream::HistogramSnapshot;
@@ -137,33 +137,65 @@ fn kernel_limits(state: &State, stats: &mut BTreeMap<String, u64>) {
 /// path and discovery, so the admin keeps the baseline instead). Gauges and histograms are not
 /// reset, as in Envoy.
 #[derive(Debug, Default)]
-pub(crate) struct CounterBaseline(Mutex<BTreeMap<String, u64>>);
+pub(crate) struct CounterBaseline(Mutex<Baseline>);
 
-impl CounterBaseline {
+/// What [`CounterBaseline`] holds: the values, and the clusters they were read from.
+#[derive(Debug, Default, Clone)]
+struct Baseline {
+    values: BTreeMap<String, u64>,
+    /// The running cluster each `cluster.<name>.*` value came from: a cluster a reload
+    /// replaced since counts afresh, so its baseline no longer applies.
+    clusters: BTreeMap<String, Weak<proxy_core::upstream::Upstream>>,
+}
+
+impl Baseline {
     /// `value` of counter `name` as shown, and whether it was ever non-zero (Envoy's `used`).
-    /// A counter below its baseline was restarted since (its cluster was replaced by a
-    /// reload): shown as it is.
-    fn apply(baseline: &BTreeMap<String, u64>, name: &str, value: u64) -> (u64, bool) {
-        match baseline.get(name) {
-            Some(&base) if value >= base => (value - base, value > 0),
-            _ => (value, value > 0),
+    /// A counter of a cluster replaced since, or below its baseline (its source restarted), is
+    /// shown as it is.
+    fn apply(&self, state: &State, name: &str, value: u64) -> (u64, bool) {
+        let Some(&base) = self.values.get(name) else {
+            return (value, value > 0);
+        };
+        let replaced = cluster_of(state, name).is_some_and(|c| {
+            self.clusters
+                .get(c)
+                .is_none_or(|was| !Weak::ptr_eq(was, &Arc::downgrade(&state.upstreams[c])))
+        });
+        if replaced || value < base {
+            (value, value > 0)
+        } else {
+            (value - base, value > 0)
         }
     }
+}
+
+/// The cluster of a `cluster.<name>.<stat>` stat: the longest running cluster's name the stat
+/// starts with (a name may hold dots), found with one lookup per dot.
+fn cluster_of<'n>(state: &State, name: &'n str) -> Option<&'n str> {
+    let rest = name.strip_prefix("cluster.")?;
+    rest.rmatch_indices('.')
+        .map(|(dot, _)| &rest[..dot])
+        .find(|c| state.upstreams.contains_key(*c))
 }
 
 /// `POST /reset_counters`: every counter shows zero from now on (gauges and histograms go on).
 /// Returns how many counters were reset.
 pub(super) fn reset_counters(state: &State) -> usize {
-    let counters: BTreeMap<String, u64> = all_stats(state)
+    let values: BTreeMap<String, u64> = all_stats(state)
         .into_iter()
         .filter(|(name, _)| !is_gauge(name))
         .collect();
-    let n = counters.len();
+    let n = values.len();
+    let clusters = state
+        .upstreams
+        .iter()
+        .map(|(name, up)| (name.clone(), Arc::downgrade(up)))
+        .collect();
     *state
         .counter_baseline
         .0
         .lock()
-        .unwrap_or_else(PoisonError::into_inner) = counters;
+        .unwrap_or_else(PoisonError::into_inner) = Baseline { values, clusters };
     n
 }
 
@@ -196,7 +228,7 @@ impl Shown {
                 let (value, used) = if gauge {
                     (raw, raw > 0)
                 } else {
-                    CounterBaseline::apply(&baseline, &name, raw)
+                    baseline.apply(state, &name, raw)
                 };
                 query
                     .keeps(&name, used)

@@ -132,13 +132,7 @@ fn encode_value(mut sample: MetricEncoder, kind: Kind, value: &Value) -> std::fm
 /// The family and labels of the stat `name`.
 fn family_of(state: &State, name: &str) -> (String, Labels) {
     if let Some(rest) = name.strip_prefix("cluster.") {
-        // The longest cluster name that the stat name starts with (a name may hold dots): one
-        // lookup per dot, not a scan of every cluster per stat.
-        let cluster = rest
-            .rmatch_indices('.')
-            .map(|(dot, _)| &rest[..dot])
-            .find(|c| state.upstreams.contains_key(*c));
-        let Some(cluster) = cluster else {
+        let Some(cluster) = super::cluster_of(state, name) else {
             return (format!("envoy_cluster_{}", sanitize(rest)), Vec::new());
         };
         let stat = &rest[cluster.len() + 1..];

@@ -181,3 +181,22 @@ async fn reset_counters_zeroes_counters_and_usedonly_keeps_the_used() {
     traffic.connect_result(host, true);
     assert!(shown(q).contains("cluster.c.upstream_cx_total: 1\n"));
 }
+
+/// A cluster that a reload replaced after `/reset_counters` counts afresh: the baseline taken
+/// from the cluster it replaced does not apply to it.
+#[tokio::test]
+async fn a_cluster_replaced_after_a_reset_counts_afresh() {
+    let yaml = format!("clusters:\n{}", static_cluster("c", 81));
+    let mut state = running(&yaml).await;
+    let host = "127.0.0.1:81".parse().unwrap();
+    for _ in 0..3 {
+        state.upstreams["c"].traffic().connect_result(host, true);
+    }
+    reset_counters(&state);
+    state.upstreams = running(&yaml).await.upstreams;
+    for _ in 0..5 {
+        state.upstreams["c"].traffic().connect_result(host, true);
+    }
+    let q = StatsQuery::parse("filter=c%5C.upstream_cx_total$").unwrap();
+    assert_eq!(stats_text(&state, &q), "cluster.c.upstream_cx_total: 5\n");
+}

@@ -284,6 +284,9 @@ impl Upstream {
         for (name, value) in self.traffic.named() {
             stats.insert(format!("cluster.{}.{name}", self.name), value);
         }
+        for (code, value) in self.traffic.responses.codes() {
+            stats.insert(format!("cluster.{}.upstream_rq_{code}", self.name), value);
+        }
         stats.into_iter().collect()
     }
 

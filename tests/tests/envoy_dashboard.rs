@@ -4,7 +4,7 @@
 //! by the kernel's redirect): three answered 200, one 404, one 503. Then:
 //! - the selectors an Envoy cluster dashboard runs (metric names and labels of
 //!   `/stats/prometheus`: connections, connect-time and request-time histograms, requests,
-//!   response classes, membership) find samples on both sides, with the same response-class
+//!   response classes and codes, membership) find samples on both sides, with the same response-class
 //!   and request counts;
 //! - `/stats?filter=<regex>&usedonly` shows the same lines on both, before and after
 //!   `POST /reset_counters` (counters back to zero, still "used");
@@ -181,6 +181,18 @@ const DASHBOARD: &[(&str, &[(&str, &str)])] = &[
     ),
     ("envoy_cluster_upstream_cx_connect_ms_sum", &[WEB]),
     ("envoy_cluster_upstream_cx_connect_ms_count", &[WEB]),
+    (
+        "envoy_cluster_upstream_rq",
+        &[WEB, ("envoy_response_code", "200")],
+    ),
+    (
+        "envoy_cluster_upstream_rq",
+        &[WEB, ("envoy_response_code", "404")],
+    ),
+    (
+        "envoy_cluster_upstream_rq",
+        &[WEB, ("envoy_response_code", "503")],
+    ),
     ("envoy_cluster_upstream_rq_total", &[WEB]),
     ("envoy_cluster_upstream_rq_completed", &[WEB]),
     (
@@ -220,6 +232,18 @@ const AGREED: &[(&str, &[(&str, &str)])] = &[
     (
         "envoy_cluster_upstream_rq_xx",
         &[WEB, ("envoy_response_code_class", "5")],
+    ),
+    (
+        "envoy_cluster_upstream_rq",
+        &[WEB, ("envoy_response_code", "200")],
+    ),
+    (
+        "envoy_cluster_upstream_rq",
+        &[WEB, ("envoy_response_code", "404")],
+    ),
+    (
+        "envoy_cluster_upstream_rq",
+        &[WEB, ("envoy_response_code", "503")],
     ),
     ("envoy_cluster_upstream_rq_total", &[WEB]),
     ("envoy_cluster_upstream_rq_completed", &[WEB]),
@@ -336,11 +360,11 @@ fn an_envoy_cluster_dashboard_reads_the_daemon_as_it_reads_envoy() {
     compare_dashboards(&envoy_text, &daemon_text);
 
     // The same lines for the same filter, before and after resetting the counters.
-    let filter = "/stats?usedonly&filter=%5Ecluster%5C.web%5C.upstream_rq_(%5B0-9%5Dxx%7Ctotal%7Ccompleted)%24";
+    let filter = "/stats?usedonly&filter=%5Ecluster%5C.web%5C.upstream_rq_(%5B0-9%5D(xx%7C%5B0-9%5D%5B0-9%5D)%7Ctotal%7Ccompleted)%24";
     let lines = envoy_get(filter);
     assert_eq!(
         lines,
-        "cluster.web.upstream_rq_2xx: 3\ncluster.web.upstream_rq_4xx: 1\ncluster.web.upstream_rq_5xx: 1\ncluster.web.upstream_rq_completed: 5\ncluster.web.upstream_rq_total: 5\n"
+        "cluster.web.upstream_rq_200: 3\ncluster.web.upstream_rq_2xx: 3\ncluster.web.upstream_rq_404: 1\ncluster.web.upstream_rq_4xx: 1\ncluster.web.upstream_rq_503: 1\ncluster.web.upstream_rq_5xx: 1\ncluster.web.upstream_rq_completed: 5\ncluster.web.upstream_rq_total: 5\n"
     );
     assert_eq!(daemon_get(filter), lines);
     let (code, _) = in_netns_at(netns.path(), move || {

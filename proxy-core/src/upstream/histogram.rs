@@ -1,6 +1,7 @@
 //! Envoy's per-cluster timing histograms (`upstream_cx_connect_ms`, `upstream_rq_time`) and
-//! response classes (`upstream_rq_2xx` ...) for the proxy path. Lock-free: a recording is a
-//! few relaxed atomic adds, made by the connection's own task.
+//! response classes (`upstream_rq_2xx` ...) and codes (`upstream_rq_200` ...) for the proxy
+//! path. A recording is a few relaxed atomic adds, made by the connection's own task; a
+//! response's code also takes a short lock on its cluster's table of codes.
 //!
 //! The buckets are Envoy's default histogram buckets, in milliseconds, so a dashboard's
 //! `histogram_quantile` over `_bucket{le=...}` reads the same bounds from the daemon as from
@@ -8,7 +9,11 @@
 //! milliseconds.
 
 use std::{
-    sync::atomic::{AtomicU64, Ordering},
+    collections::BTreeMap,
+    sync::{
+        Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -120,6 +125,8 @@ pub struct Responses {
     /// Requests sent to the cluster's hosts, retries included (`upstream_rq_total`).
     total: AtomicU64,
     classes: [AtomicU64; 5],
+    /// Per status code (`upstream_rq_200` ...): at most the 500 codes of 100..=599.
+    codes: Mutex<BTreeMap<u16, u64>>,
     completed: AtomicU64,
     /// From the request's start to the response's end (`upstream_rq_time`).
     pub time: Histogram,
@@ -137,8 +144,20 @@ impl Responses {
     pub fn count(&self, status: u16) {
         if let Some(class) = (100..600).contains(&status).then(|| status / 100 - 1) {
             self.classes[usize::from(class)].fetch_add(1, Ordering::Relaxed);
+            *self
+                .codes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(status)
+                .or_default() += 1;
         }
         self.completed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Responses per status code seen (Envoy's `upstream_rq_<code>`).
+    pub fn codes(&self) -> Vec<(u16, u64)> {
+        let codes = self.codes.lock().unwrap_or_else(PoisonError::into_inner);
+        codes.iter().map(|(&code, &n)| (code, n)).collect()
     }
 
     /// Envoy's names without the cluster prefix: `upstream_rq_total`, `upstream_rq_<n>xx` and
@@ -204,6 +223,10 @@ mod tests {
         assert_eq!(named["upstream_rq_4xx"], 1);
         assert_eq!(named["upstream_rq_5xx"], 1);
         assert_eq!(named["upstream_rq_completed"], 8);
+        assert_eq!(
+            r.codes(),
+            [(101, 1), (200, 1), (204, 1), (302, 1), (404, 1), (503, 1)]
+        );
         r.sent();
         assert_eq!(r.named()[0], ("upstream_rq_total", 1));
     }

@@ -41,6 +41,10 @@ const CLUSTER: &[(&str, &str)] = &[
         "Proxy path HTTP responses from the cluster's hosts by status class (a reset before the response counts as 503, a request timeout as 504).",
     ),
     (
+        "upstream_rq",
+        "Proxy path HTTP responses from the cluster's hosts by status code (a reset before the response counts as 503, a request timeout as 504).",
+    ),
+    (
         "upstream_rq_completed",
         "Proxy path HTTP requests to the cluster's hosts that completed (a response, a reset or a timeout).",
     ),

@@ -2,7 +2,8 @@
 //! `prometheus-client` library, with Envoy's family names and labels so that a dashboard made
 //! for Envoy reads the daemon: `cluster.<name>.<stat>` becomes
 //! `envoy_cluster_<stat>{envoy_cluster_name="<name>"}`, `cluster.<name>.upstream_rq_<n>xx`
-//! becomes `envoy_cluster_upstream_rq_xx{envoy_response_code_class="<n>",...}`, the
+//! becomes `envoy_cluster_upstream_rq_xx{envoy_response_code_class="<n>",...}`,
+//! `upstream_rq_<code>` `envoy_cluster_upstream_rq{envoy_response_code="<code>",...}`, the
 //! histograms have Envoy's buckets (`_bucket{le=...}`, `_sum`, `_count`, in milliseconds);
 //! kernel counters become `proxy_bpf_<name>`, per-service ones
 //! `proxy_service_<stat>{service="<name>"}`, the rest `envoy_<name>`.
@@ -40,6 +41,8 @@ enum Value {
 /// samples.
 #[derive(Debug)]
 struct Family {
+    /// The name the library is given: a counter's without the `_total` it adds.
+    stem: String,
     help: String,
     kind: Kind,
     samples: Vec<(Labels, Value)>,
@@ -72,21 +75,17 @@ impl Exposition {
     /// Adds a sample of the stat `name` (dotted, as `/stats` names it).
     fn add(&mut self, state: &State, name: &str, kind: Kind, value: Value) {
         let (family, labels) = family_of(state, name);
-        let (family, kind) = match (kind, family.strip_suffix("_total")) {
+        let (stem, kind) = match (kind, family.strip_suffix("_total")) {
             (Kind::Counter, Some(stem)) => (stem.to_owned(), Kind::Counter),
-            (Kind::Counter, None) => (family, Kind::Untyped),
-            (other, _) => (family, other),
+            (Kind::Counter, None) => (family.clone(), Kind::Untyped),
+            (other, _) => (family.clone(), other),
         };
-        let entry = self.0.entry(family).or_insert_with_key(|family| {
-            let shown = match kind {
-                Kind::Counter => format!("{family}_total"),
-                _ => family.clone(),
-            };
-            Family {
-                help: help(name, &shown, proxy_relay::ProxyStatsHandle::help),
-                kind,
-                samples: Vec::new(),
-            }
+        // Keyed by the name shown: `upstream_rq_total` and `upstream_rq{code}` are two.
+        let entry = self.0.entry(family).or_insert_with_key(|shown| Family {
+            help: help(name, shown, proxy_relay::ProxyStatsHandle::help),
+            stem,
+            kind,
+            samples: Vec::new(),
         });
         entry.samples.push((labels, value));
     }
@@ -94,9 +93,13 @@ impl Exposition {
 
 impl Collector for Exposition {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        for (name, family) in &self.0 {
-            let mut metric =
-                encoder.encode_descriptor(name, &family.help, None, family.kind.metric_type())?;
+        for family in self.0.values() {
+            let mut metric = encoder.encode_descriptor(
+                &family.stem,
+                &family.help,
+                None,
+                family.kind.metric_type(),
+            )?;
             for (labels, value) in &family.samples {
                 let sample = metric.encode_family(labels)?;
                 encode_value(sample, family.kind, value)?;
@@ -145,6 +148,14 @@ fn family_of(state: &State, name: &str) -> (String, Labels) {
         {
             labels.insert(0, ("envoy_response_code_class", class.to_owned()));
             return ("envoy_cluster_upstream_rq_xx".to_owned(), labels);
+        }
+        // And of `upstream_rq_<code>`: the code.
+        if let Some(code) = stat
+            .strip_prefix("upstream_rq_")
+            .filter(|c| c.len() == 3 && c.bytes().all(|b| b.is_ascii_digit()))
+        {
+            labels.insert(0, ("envoy_response_code", code.to_owned()));
+            return ("envoy_cluster_upstream_rq".to_owned(), labels);
         }
         return (format!("envoy_cluster_{}", sanitize(stat)), labels);
     }
@@ -208,6 +219,7 @@ pub(super) fn one_service_gauge(service: &str) -> String {
     exposition.0.insert(
         "t".to_owned(),
         Family {
+            stem: "t".to_owned(),
             help: "h".to_owned(),
             kind: Kind::Gauge,
             samples: vec![(vec![("service", service.to_owned())], Value::Plain(3))],

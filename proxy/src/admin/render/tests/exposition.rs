@@ -227,6 +227,10 @@ async fn an_envoy_cluster_dashboard_finds_its_series() {
         ("envoy_cluster_upstream_cx_connect_ms_count", &[web]),
         ("envoy_cluster_upstream_cx_connect_ms_sum", &[web]),
         ("envoy_cluster_upstream_rq_total", &[web]),
+        (
+            "envoy_cluster_upstream_rq",
+            &[web, ("envoy_response_code", "404")],
+        ),
         ("envoy_cluster_upstream_rq_completed", &[web]),
         (
             "envoy_cluster_upstream_rq_xx",

@@ -157,5 +157,5 @@ async fn acl_tokens_never_drain_and_never_show() {
             "a token shows in the {what}:\n{text}"
         );
     }
-    assert!(dump.contains("<redacted>"), "{dump}");
+    assert!(own.contains("<redacted>"), "{own}");
 }

@@ -4,7 +4,9 @@
 //! `envoy_cluster_<stat>{envoy_cluster_name="<name>"}`, `cluster.<name>.upstream_rq_<n>xx`
 //! becomes `envoy_cluster_upstream_rq_xx{envoy_response_code_class="<n>",...}`,
 //! `upstream_rq_<code>` `envoy_cluster_upstream_rq{envoy_response_code="<code>",...}`, the
-//! histograms have Envoy's buckets (`_bucket{le=...}`, `_sum`, `_count`, in milliseconds);
+//! histograms have Envoy's buckets (`_bucket{le=...}`, `_sum`, `_count`, in milliseconds), from
+//! their first sample on (Envoy prints them empty; here most clusters are the kernel's, which
+//! has no histograms);
 //! kernel counters become `proxy_bpf_<name>`, per-service ones
 //! `proxy_service_<stat>{service="<name>"}`, the rest `envoy_<name>`.
 //!
@@ -193,7 +195,9 @@ pub(crate) fn prometheus(state: &State, query: &StatsQuery) -> String {
         };
         exposition.add(state, &stat.name, kind, Value::Plain(stat.value));
     }
-    for (name, h) in shown.histograms {
+    // A histogram shows from its first sample on: a cluster the proxy path never carried
+    // (every kernel-path cluster) would print 22 empty lines per histogram.
+    for (name, h) in shown.histograms.into_iter().filter(|(_, h)| h.count > 0) {
         exposition.add(state, &name, Kind::Histogram, Value::Histogram(h));
     }
     encode(exposition)

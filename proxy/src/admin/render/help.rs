@@ -45,6 +45,10 @@ const CLUSTER: &[(&str, &str)] = &[
         "Proxy path HTTP responses from the cluster's hosts by status code (a reset before the response counts as 503, a request timeout as 504).",
     ),
     (
+        "upstream_rq_total",
+        "Proxy path HTTP requests sent to the cluster's hosts, retries included.",
+    ),
+    (
         "upstream_rq_completed",
         "Proxy path HTTP requests to the cluster's hosts that completed (a response, a reset or a timeout).",
     ),
@@ -176,6 +180,16 @@ const SERVICE: &[(&str, &str)] = &[
     ),
 ];
 
+/// Server stats (`server.<leaf>`), by leaf.
+const SERVER: &[(&str, &str)] = &[
+    ("services", "Services in the configuration in force."),
+    ("clusters", "Clusters in the configuration in force."),
+    (
+        "chain_failures",
+        "Discovery chains that Consul's config entries left uncompiled (each service keeps its previous chain or is left out).",
+    ),
+];
+
 /// The HELP text of the stat named `name` (dotted, as `/stats` shows it) whose family is
 /// `family`; `proxy` looks up the proxy path's own descriptions.
 pub(super) fn help(
@@ -191,6 +205,8 @@ pub(super) fn help(
     } else if name.starts_with("cluster.") {
         let leaf = family.strip_prefix("envoy_cluster_").unwrap_or(family);
         lookup_dotted(CLUSTER, leaf)
+    } else if let Some(leaf) = name.strip_prefix("server.") {
+        lookup(SERVER, leaf)
     } else {
         None
     };
@@ -200,6 +216,13 @@ pub(super) fn help(
             "Kernel program counter {}, summed over CPUs.",
             &name["bpf.".len()..]
         ),
+        None if name.contains(".circuit_breakers.") => {
+            let rest = name.split(".circuit_breakers.").nth(1).unwrap_or_default();
+            let (priority, what) = rest.split_once('.').unwrap_or(("default", rest));
+            format!(
+                "Circuit breaker gauge {what} of the {priority} priority (`_open`: 1 while at the limit; `remaining_`: what is left below it)."
+            )
+        }
         None if name.starts_with("cluster.") => {
             format!("Envoy's cluster stat {family}, per cluster.")
         }

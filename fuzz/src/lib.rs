@@ -41,7 +41,7 @@ pub const TARGETS: [(&str, Target); 6] = [
 
 /// The daemon's configuration file: parse and validate (chains compiled, files named by
 /// `config_entry_files` are not read: there are none in a fuzzed text that exist), then dump as
-/// `/config_dump` does.
+/// `/config_dump?format=proxy` does.
 pub fn config(data: &[u8]) -> bool {
     let Ok(text) = std::str::from_utf8(data) else {
         return false;

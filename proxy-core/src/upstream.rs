@@ -13,6 +13,7 @@
 //! any time.
 
 pub mod breakers;
+mod histogram;
 mod traffic;
 
 use std::{
@@ -28,7 +29,10 @@ use tokio::{
     task::JoinHandle,
 };
 
-pub use self::traffic::{HostTraffic, OpenConnection, UpstreamTraffic};
+pub use self::{
+    histogram::{BUCKETS_MS, Histogram, HistogramSnapshot, Responses},
+    traffic::{HostTraffic, OpenConnection, UpstreamTraffic},
+};
 use crate::{
     config::{Cluster, host_guard::HostGuard},
     discovery::{self, DiscoverySource, SourceError, SourceUpdate, xds::XdsClients},
@@ -280,7 +284,20 @@ impl Upstream {
         for (name, value) in self.traffic.named() {
             stats.insert(format!("cluster.{}.{name}", self.name), value);
         }
+        for (code, value) in self.traffic.responses.codes() {
+            stats.insert(format!("cluster.{}.upstream_rq_{code}", self.name), value);
+        }
         stats.into_iter().collect()
+    }
+
+    /// Envoy-named histograms of the proxy path's traffic (`cluster.<name>.upstream_cx_connect_ms`,
+    /// `cluster.<name>.upstream_rq_time`).
+    pub fn histograms(&self) -> Vec<(String, HistogramSnapshot)> {
+        self.traffic
+            .histograms()
+            .into_iter()
+            .map(|(name, h)| (format!("cluster.{}.{name}", self.name), h))
+            .collect()
     }
 
     fn lock(&self) -> MutexGuard<'_, ClusterHealth> {

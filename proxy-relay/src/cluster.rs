@@ -421,9 +421,11 @@ impl ClusterHandle {
         }
     }
 
-    /// Reports how an HTTP exchange with `host` ended (a reset before the response as 503) to
-    /// outlier detection (never blocks).
+    /// Reports how an HTTP exchange with `host` ended (a reset before the response as 503, a
+    /// request timeout as 504): counted in the cluster's `upstream_rq_<n>xx` and sent to outlier
+    /// detection (never blocks).
     pub fn report_response(&self, host: BackendAddr, status: u16) {
+        self.traffic.responses.count(status);
         if let Some(tx) = &self.passive {
             let _ = tx.try_send(PassiveSignal::Response(host.0, status));
         }

@@ -3,8 +3,7 @@
 //! destination asks for ([`Actions::lookup`]), the accounting of an admitted connection as an
 //! owned guard ([`Admitted`]), the host it goes to ([`choose`]), the outcome of an upstream
 //! connect ([`connect_failed`], [`connected`]), and why the proxy ends one ([`ProxyClose`]).
-//! The connect itself, with the client's first bytes, and its attempts on other hosts are
-//! `connect_attempts.rs`; how its bytes move and how it ends, `flow.rs`.
+//! The connect (first bytes too) and its retries: `connect_attempts.rs`; bytes and end: `flow.rs`.
 
 use std::{
     collections::HashMap, io, net::SocketAddr, ops::Deref, os::fd::AsFd, sync::atomic::AtomicU64,
@@ -220,8 +219,15 @@ pub(crate) fn connect_failed(
     }
 }
 
-/// An upstream connect succeeded: reported to the cluster's outlier detection.
-pub(crate) fn connected(host: BackendAddr, cluster: Option<&ClusterHandle>) {
+/// A connect succeeded: timed from `open` into `upstream_cx_connect_ms`, told to outlier detection.
+pub(crate) fn connected(
+    host: BackendAddr,
+    cluster: Option<&ClusterHandle>,
+    open: Option<&OpenConnection>,
+) {
+    if let Some(open) = open {
+        open.connected();
+    }
     if let Some(cluster) = cluster {
         cluster.report_connect(host, true);
     }

@@ -273,7 +273,7 @@ struct Conn {
     /// LEAST_REQUEST: the connection's place in its host's open count.
     _active: Option<ActiveLease>,
     /// A cluster's host: the connection's place in `upstream_cx_active`.
-    _open: Option<OpenConnection>,
+    open: Option<OpenConnection>,
     /// Counts the connection until its slot is freed.
     _admitted: Admitted<Arc<ProxyStats>>,
     /// Set while the connect is on: its deadline.
@@ -586,7 +586,7 @@ impl Worker {
             (chosen.host, up.socket, up.unsent, up.connecting);
         let handle = cluster.map(|ci| &routes.clusters[ci]);
         if !connecting {
-            conn::connected(host, handle);
+            conn::connected(host, handle, chosen.open.as_ref());
         }
         self.serial += 1;
         let serial = self.serial;
@@ -618,7 +618,7 @@ impl Worker {
             cluster,
             _lease: chosen.lease,
             _active: chosen.active,
-            _open: chosen.open,
+            open: chosen.open,
             _admitted: admitted,
             connecting,
             attempts,
@@ -665,7 +665,7 @@ impl Worker {
                 self.connect_failed(index, &ConnectFailure::Error(err));
                 return;
             }
-            conn::connected(conn.host, cluster);
+            conn::connected(conn.host, cluster, conn.open.as_ref());
             conn.connecting = None;
         }
         self.pump(index);
@@ -711,7 +711,7 @@ impl Worker {
         };
         let cluster = old.cluster.map(|ci| &self.routes.clusters[ci]);
         if !up.connecting {
-            conn::connected(chosen.host, cluster);
+            conn::connected(chosen.host, cluster, chosen.open.as_ref());
         }
         let timeout = self.shared.connect_timeout(cluster);
         let connecting = up.connecting.then(|| after(Instant::now(), timeout));
@@ -723,7 +723,7 @@ impl Worker {
             host: chosen.host,
             _lease: chosen.lease,
             _active: chosen.active,
-            _open: chosen.open,
+            open: chosen.open,
             connecting,
             drain_deadline: None,
             ..old

@@ -180,6 +180,7 @@ pub struct ProxyHandle {
 pub struct ProxyStatsHandle {
     stats: Arc<ProxyStats>,
     orig_dst_cluster: Arc<OriginalDstCluster>,
+    listeners: Vec<SocketAddr>,
 }
 
 impl ProxyStatsHandle {
@@ -190,6 +191,20 @@ impl ProxyStatsHandle {
             .into_iter()
             .map(|h| h.0)
             .collect()
+    }
+
+    /// The addresses the proxy listens on.
+    pub fn listeners(&self) -> &[SocketAddr] {
+        &self.listeners
+    }
+
+    /// The description of the stat `name` (as [`stats`](Self::stats) names it), for a
+    /// `# HELP` line.
+    pub fn help(name: &str) -> Option<&'static str> {
+        match name {
+            "original_dst_hosts" => Some("Hosts of the ORIGINAL_DST cluster now."),
+            _ => ProxyStats::help(name),
+        }
     }
 
     /// Every stat as (Envoy-style name, value); `original_dst_hosts` is the ORIGINAL_DST
@@ -369,6 +384,7 @@ impl ProxyHandle {
         ProxyStatsHandle {
             stats: self.shared.stats.clone(),
             orig_dst_cluster: self.shared.orig_dst_cluster.clone(),
+            listeners: self.local_addrs.clone(),
         }
     }
 

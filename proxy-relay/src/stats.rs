@@ -4,17 +4,25 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 macro_rules! stats {
-    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+    ($($(#[doc = $doc:literal])* $name:ident),* $(,)?) => {
         /// The proxy's counters and gauges.
         #[derive(Debug, Default)]
         pub struct ProxyStats {
-            $($(#[$doc])* pub $name: AtomicU64,)*
+            $($(#[doc = $doc])* pub $name: AtomicU64,)*
         }
 
         impl ProxyStats {
             /// Every stat as (Envoy name, value), in declaration order.
             pub fn snapshot(&self) -> Vec<(String, u64)> {
                 vec![$((stringify!($name).to_owned(), self.$name.load(Ordering::Relaxed)),)*]
+            }
+
+            /// The description of the stat `name` (its doc comment), for a `# HELP` line.
+            pub fn help(name: &str) -> Option<&'static str> {
+                match name {
+                    $(stringify!($name) => Some(concat!($($doc),*).trim_ascii_start()),)*
+                    _ => None,
+                }
             }
         }
     };
@@ -137,5 +145,11 @@ mod tests {
             (2, 0, 2)
         );
         assert!(snap.iter().any(|(k, _)| k == "upstream_cx_rx_bytes_total"));
+        assert_eq!(
+            ProxyStats::help("downstream_cx_total"),
+            Some("Connections accepted.")
+        );
+        assert!(ProxyStats::help("upstream_rq_timeout").is_some_and(|h| h.contains("504; during")));
+        assert_eq!(ProxyStats::help("nope"), None);
     }
 }

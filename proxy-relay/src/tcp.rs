@@ -35,7 +35,7 @@ pub(crate) async fn forward(
             host,
             lease: _lease,
             active: _active,
-            open: _open,
+            open,
         },
         upstream,
         unsent,
@@ -44,7 +44,7 @@ pub(crate) async fn forward(
     else {
         return;
     };
-    conn::connected(host, cluster);
+    conn::connected(host, cluster, open.as_ref());
     let client = match client.register() {
         Ok(c) => c,
         Err(err) => {

@@ -1,7 +1,7 @@
 //! The admin HTTP interface, where Envoy users look for it: `/ready`, `/stats`,
-//! `/stats/prometheus`, `/clusters`, `/routing`, `/config_dump`, `/chain/<service>`,
-//! `/server_info`, `/logging`, `/healthcheck/fail`, `/healthcheck/ok` and `/reload`, listed at
-//! `/` (the table is in `routes`).
+//! `/stats/prometheus`, `/reset_counters`, `/clusters`, `/listeners`, `/routing`,
+//! `/config_dump`, `/chain/<service>`, `/server_info`, `/logging`, `/healthcheck/fail`,
+//! `/healthcheck/ok` and `/reload`, listed at `/` (the table is in `routes`).
 //!
 //! Two listeners. `admin.address` (loopback TCP by default) serves what shows; anyone on the
 //! host can connect to it, so it answers only requests whose `Host` names it, and refuses
@@ -113,6 +113,8 @@ pub struct State {
     health_failed: Arc<AtomicBool>,
     /// How the daemon was started (`/server_info`, `/logging`).
     launch: Launch,
+    /// The counters at the last `/reset_counters`.
+    counter_baseline: Arc<render::CounterBaseline>,
     /// Unit tests have no data path; this stands in for an attached one.
     #[cfg(test)]
     assume_attached: bool,
@@ -140,6 +142,7 @@ impl State {
             rendering: Arc::new(Semaphore::new(RENDERING)),
             health_failed: Arc::new(AtomicBool::new(false)),
             launch: Launch::default(),
+            counter_baseline: Arc::default(),
             #[cfg(test)]
             assume_attached: false,
         }
@@ -442,6 +445,16 @@ impl Response {
             status,
             content_type: "text/plain; charset=utf-8",
             body: body.into(),
+            allow: None,
+        }
+    }
+
+    /// Prometheus' text exposition, under its content type.
+    fn prometheus(body: String) -> Self {
+        Self {
+            status: StatusCode::OK,
+            content_type: prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+            body,
             allow: None,
         }
     }

@@ -10,7 +10,7 @@
 //! The demo links no crate of the product. What it needs before the daemon runs (the admin
 //! address, the VIP, the hosts and their weights) it reads from the file the daemon embeds as
 //! its default, `examples/demo.yaml`; where the daemon attaches and pins (its effective config,
-//! defaults included) it asks the running daemon (`/config_dump`).
+//! defaults included) it asks the running daemon (`/config_dump?format=proxy`).
 
 use std::{
     io::{Read as _, Write as _},
@@ -184,7 +184,8 @@ impl Demo {
     }
 }
 
-/// Where the running daemon attaches and pins, from its effective config (`/config_dump`).
+/// Where the running daemon attaches and pins, from its effective config
+/// (`/config_dump?format=proxy`).
 struct Placement {
     /// The cgroup as configured: absolute, or relative to the cgroup v2 mount.
     cgroup: String,
@@ -194,12 +195,13 @@ struct Placement {
 
 impl Placement {
     fn of(admin: SocketAddr) -> anyhow::Result<Self> {
-        let dump: serde_json::Value = serde_json::from_str(&http_get(admin, "/config_dump")?)
-            .context("parsing the daemon's /config_dump")?;
+        let dump: serde_json::Value =
+            serde_json::from_str(&http_get(admin, "/config_dump?format=proxy")?)
+                .context("parsing the daemon's /config_dump?format=proxy")?;
         let field = |key: &str| {
             dump[key]
                 .as_str()
-                .with_context(|| format!("/config_dump has no string {key:?}"))
+                .with_context(|| format!("/config_dump?format=proxy has no string {key:?}"))
         };
         Ok(Self {
             cgroup: field("cgroup")?.to_owned(),

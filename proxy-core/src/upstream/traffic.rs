@@ -13,9 +13,13 @@ use std::{
         Arc, Mutex, MutexGuard, PoisonError,
         atomic::{AtomicU64, Ordering},
     },
+    time::Instant,
 };
 
-use super::breakers::Breakers;
+use super::{
+    breakers::Breakers,
+    histogram::{Histogram, HistogramSnapshot, Responses},
+};
 use crate::config::circuit_breakers::Limits;
 
 /// A cluster's upstream counters (cluster-wide and per host).
@@ -42,6 +46,10 @@ pub struct UpstreamTraffic {
     /// Recomputations that found the local cluster unusable: no host in this node's locality,
     /// or in panic (`lb_local_cluster_not_ok`).
     pub lb_local_cluster_not_ok: AtomicU64,
+    /// Time from a connect's start to its success (`upstream_cx_connect_ms`).
+    pub cx_connect_ms: Histogram,
+    /// HTTP responses by class, and the request time (`upstream_rq_<n>xx`, `upstream_rq_time`).
+    pub responses: Responses,
     /// Upstream connections open now (`upstream_cx_active`); moved only by [`OpenConnection`].
     cx_active: AtomicU64,
     /// Per host, by address (Envoy's `host_statuses[].stats`).
@@ -67,6 +75,16 @@ pub struct HostTraffic {
 pub struct OpenConnection {
     traffic: Arc<UpstreamTraffic>,
     host: SocketAddr,
+    /// When the connect started.
+    opened: Instant,
+}
+
+impl OpenConnection {
+    /// The connect succeeded: its time since the guard was taken goes to
+    /// `upstream_cx_connect_ms`. Call once, when the connect completes.
+    pub fn connected(&self) {
+        self.traffic.cx_connect_ms.record(self.opened.elapsed());
+    }
 }
 
 impl Drop for OpenConnection {
@@ -135,6 +153,7 @@ impl UpstreamTraffic {
         OpenConnection {
             traffic: self.clone(),
             host,
+            opened: Instant::now(),
         }
     }
 
@@ -194,8 +213,17 @@ impl UpstreamTraffic {
                 self.lb_local_cluster_not_ok.load(Ordering::Relaxed),
             ),
         ];
+        named.extend(self.responses.named());
         named.extend(self.breakers.named(self.cx_active()));
         named
+    }
+
+    /// The histograms with Envoy's names, without the `cluster.<name>.` prefix.
+    pub fn histograms(&self) -> [(&'static str, HistogramSnapshot); 2] {
+        [
+            ("upstream_cx_connect_ms", self.cx_connect_ms.snapshot()),
+            ("upstream_rq_time", self.responses.time.snapshot()),
+        ]
     }
 
     fn lock_hosts(&self) -> MutexGuard<'_, HashMap<SocketAddr, HostTraffic>> {

@@ -115,6 +115,7 @@ impl Attempts<'_> {
             reply: failure_reply(failure),
         };
         self.set_in_flight(Some(host));
+        let started = std::time::Instant::now();
         let connecting = pending::connection(
             self.cluster,
             host,
@@ -157,6 +158,11 @@ impl Attempts<'_> {
             .as_ref()
             .map_or(503, |(resp, _)| resp.status().as_u16());
         self.cluster.report_response(host, status);
+        if exchanged.is_ok() {
+            // Envoy's `upstream_rq_time`, here to the response's headers.
+            let responses = &self.cluster.traffic().responses;
+            responses.time.record(started.elapsed());
+        }
         self.set_in_flight(None);
         let (resp, sender) = exchanged.map_err(failed)?;
         Ok(Answer {

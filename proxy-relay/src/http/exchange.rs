@@ -38,6 +38,9 @@ pub(super) async fn exchange(
 ) -> Result<(Response<Incoming>, Sender), AttemptFailure> {
     let req = upstream_request(req, proto, host);
     ProxyStats::inc(&stats.upstream_rq_total);
+    if let Some(cluster) = reconnect.cluster {
+        cluster.traffic().responses.sent();
+    }
     let result = match sender.try_send(req).await {
         Err((err, Some(req))) => {
             debug!(%err, "pooled connection unusable; reconnecting");

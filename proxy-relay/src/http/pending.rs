@@ -135,9 +135,11 @@ async fn connect(
     stats: &Arc<ProxyStats>,
     open: OpenConnection,
 ) -> Result<Sender, Refused> {
+    let started = std::time::Instant::now();
     let result = pool::connect(host, proto, timeout, stats, cluster.pool(), Some(open)).await;
-    if let Err(err) = &result {
-        debug!(%err, "upstream connect failed");
+    match &result {
+        Ok(_) => cluster.traffic().cx_connect_ms.record(started.elapsed()),
+        Err(err) => debug!(%err, "upstream connect failed"),
     }
     cluster.report_http_connect(host, result.is_ok());
     result.map_err(Refused::Connect)

@@ -50,7 +50,8 @@ const ENDPOINTS: &[Endpoint] = &[
     Endpoint {
         path: "/config_dump",
         kind: Kind::Read,
-        help: "the effective configuration, as JSON",
+        help: "clusters, endpoints and listeners in Envoy's envoy.admin.v3.ConfigDump JSON; \
+               ?format=proxy for the daemon's effective configuration",
     },
     Endpoint {
         path: "/healthcheck/fail",
@@ -66,6 +67,12 @@ const ENDPOINTS: &[Endpoint] = &[
         path: "/help",
         kind: Kind::Read,
         help: "this list of endpoints",
+    },
+    Endpoint {
+        path: "/listeners",
+        kind: Kind::Read,
+        help: "each service's address and the proxy's listening sockets, `name::address` \
+               lines; ?format=json for Envoy's JSON (envoy.admin.v3.Listeners)",
     },
     Endpoint {
         path: "/logging",
@@ -85,6 +92,11 @@ const ENDPOINTS: &[Endpoint] = &[
         help: "200 LIVE once every service is published, else 503",
     },
     Endpoint {
+        path: "/reset_counters",
+        kind: Kind::Change,
+        help: "every counter shows zero from now on (gauges and histograms go on)",
+    },
+    Endpoint {
         path: "/routing",
         kind: Kind::Read,
         help: "the daemon's own view, as JSON: per cluster the services using it and which \
@@ -98,12 +110,15 @@ const ENDPOINTS: &[Endpoint] = &[
     Endpoint {
         path: "/stats",
         kind: Kind::Read,
-        help: "every counter and gauge, `name: value` lines; ?format=json for JSON",
+        help: "every counter and gauge, `name: value` lines, then the histograms; \
+               ?format=json|prometheus, ?filter=<regex> keeps the names it matches, \
+               ?usedonly the stats ever non-zero",
     },
     Endpoint {
         path: "/stats/prometheus",
         kind: Kind::Read,
-        help: "every counter and gauge in Prometheus' text format",
+        help: "every counter, gauge and histogram in Prometheus' text format (Envoy's names); \
+               ?filter= and ?usedonly as for /stats",
     },
 ];
 
@@ -111,7 +126,13 @@ const ENDPOINTS: &[Endpoint] = &[
 pub(super) fn is_page(path: &str) -> bool {
     matches!(
         path,
-        "/stats" | "/stats/prometheus" | "/clusters" | "/routing" | "/config_dump"
+        "/stats"
+            | "/stats/prometheus"
+            | "/reset_counters"
+            | "/clusters"
+            | "/listeners"
+            | "/routing"
+            | "/config_dump"
     ) || path.starts_with("/chain/")
 }
 
@@ -228,13 +249,21 @@ fn logging_set(query: &str, state: &State) -> Response {
 pub(super) fn page(path: &str, query: &str, state: &State) -> Response {
     let json = query.split('&').any(|kv| kv == "format=json");
     match path {
-        "/stats" if json => Response::json(&render::stats_map(state)),
-        "/stats" => Response::text(StatusCode::OK, render::stats_text(state)),
-        "/stats/prometheus" => Response::text(StatusCode::OK, render::prometheus(state)),
+        "/stats" | "/stats/prometheus" => stats(path, query, state),
+        "/reset_counters" => {
+            let n = render::reset_counters(state);
+            info!(counters = n, "admin: counters reset");
+            Response::text(StatusCode::OK, "OK\n")
+        }
         "/clusters" if json => Response::json(&render::clusters_json(state)),
         "/clusters" => Response::text(StatusCode::OK, render::clusters_text(state)),
+        "/listeners" if json => Response::json(&render::listeners_json(state)),
+        "/listeners" => Response::text(StatusCode::OK, render::listeners_text(state)),
         "/routing" => Response::json(&render::routing(state)),
-        "/config_dump" => Response::json(&*state.config),
+        "/config_dump" if query.split('&').any(|kv| kv == "format=proxy") => {
+            Response::json(&*state.config)
+        }
+        "/config_dump" => Response::json(&render::config_dump(state)),
         _ => {
             let service = path.strip_prefix("/chain/").unwrap_or(path);
             let failure = state
@@ -258,5 +287,22 @@ pub(super) fn page(path: &str, query: &str, state: &State) -> Response {
                 ),
             }
         }
+    }
+}
+
+/// `/stats` and `/stats/prometheus` with their query (400 for one that does not parse).
+fn stats(path: &str, query: &str, state: &State) -> Response {
+    let query = match render::StatsQuery::parse(query) {
+        Ok(q) => q,
+        Err(why) => return Response::text(StatusCode::BAD_REQUEST, format!("error: {why}\n")),
+    };
+    let format = match (path, query.format) {
+        ("/stats/prometheus", _) => render::Format::Prometheus,
+        (_, format) => format.unwrap_or(render::Format::Text),
+    };
+    match format {
+        render::Format::Json => Response::json(&render::stats_map(state, &query)),
+        render::Format::Text => Response::text(StatusCode::OK, render::stats_text(state, &query)),
+        render::Format::Prometheus => Response::prometheus(render::prometheus(state, &query)),
     }
 }

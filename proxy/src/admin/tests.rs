@@ -27,6 +27,7 @@ fn state() -> State {
 mod authority;
 mod bounds;
 mod chain;
+mod pages;
 
 /// A free loopback address (bound a moment ago).
 async fn free_addr() -> AdminAddress {
@@ -113,63 +114,6 @@ async fn get(addr: &AdminAddress, target: &str) -> (u16, String) {
     (status, body)
 }
 
-/// Every page answers with the renderer's output, byte for byte, under the same content type.
-#[tokio::test]
-async fn pages_render_what_they_rendered_before() {
-    let state = state();
-    let (server, addr) = serving(state.clone()).await;
-    let text = "text/plain; charset=utf-8";
-    let json = "application/json";
-    let pretty = |v: &dyn erased::Value| v.pretty() + "\n";
-    for (target, content_type, want) in [
-        ("/stats", text, render::stats_text(&state)),
-        (
-            "/stats?format=json",
-            json,
-            pretty(&render::stats_map(&state)),
-        ),
-        ("/stats/prometheus", text, render::prometheus(&state)),
-        ("/clusters", text, render::clusters_text(&state)),
-        (
-            "/clusters?format=json",
-            json,
-            pretty(&render::clusters_json(&state)),
-        ),
-        ("/config_dump", json, pretty(&*state.config)),
-    ] {
-        let (status, head, body) = call(&addr, "GET", target).await;
-        assert_eq!(status, 200, "{target}");
-        assert!(
-            head.contains(&format!("content-type: {content_type}")),
-            "{target}: {head}"
-        );
-        assert!(
-            head.contains(&format!("content-length: {}", want.len())),
-            "{target}: {head}"
-        );
-        assert_eq!(body, want, "{target}");
-    }
-    assert!(render::stats_text(&state).contains("server.services: 0"));
-    let (status, body) = get(&addr, "/chain/web").await;
-    assert_eq!(
-        (status, body.as_str()),
-        (404, "no discovery chain for service \"web\"\n")
-    );
-    server.stop().await;
-}
-
-/// serde_json's pretty form of anything `Serialize`, behind one object-safe trait.
-mod erased {
-    pub trait Value {
-        fn pretty(&self) -> String;
-    }
-    impl<T: serde::Serialize> Value for T {
-        fn pretty(&self) -> String {
-            serde_json::to_string_pretty(self).expect("serializable")
-        }
-    }
-}
-
 #[tokio::test]
 async fn the_index_lists_every_endpoint_and_unknown_paths_get_it_with_a_404() {
     let (server, addr) = serving(state()).await;
@@ -182,9 +126,11 @@ async fn the_index_lists_every_endpoint_and_unknown_paths_get_it_with_a_404() {
         "/healthcheck/fail (POST)",
         "/healthcheck/ok (POST)",
         "/help",
+        "/listeners",
         "/logging",
         "/ready",
         "/reload (POST)",
+        "/reset_counters (POST)",
         "/server_info",
         "/stats",
         "/stats/prometheus",

@@ -13,7 +13,12 @@ async fn tcp_refuses_state_changes_that_the_control_socket_serves() {
         unreachable!()
     };
     assert_eq!(mode(path), 0o600);
-    for target in ["/healthcheck/fail", "/reload", "/logging?level=debug"] {
+    for target in [
+        "/healthcheck/fail",
+        "/reload",
+        "/logging?level=debug",
+        "/reset_counters",
+    ] {
         let (status, _, body) = call(&tcp, "POST", target).await;
         assert_eq!(status, 403, "{target}: {body}");
         assert!(

@@ -81,7 +81,8 @@ nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin
 const GROUP: &str = "root:x:0:\nebpf-proxy:x:999:\nnogroup:x:65534:\n";
 /// journald copies every record to the serial console, so the harness's log has the daemon's
 /// lines as systemd saw them.
-const JOURNALD: &str = "[Journal]\nForwardToConsole=yes\nTTYPath=/dev/console\nMaxLevelConsole=info\n";
+const JOURNALD: &str =
+    "[Journal]\nForwardToConsole=yes\nTTYPath=/dev/console\nMaxLevelConsole=info\n";
 const NSSWITCH: &str = "passwd: files\ngroup: files\nshadow: files\nhosts: files\n";
 
 /// Options of `cargo xtask vm --systemd`.
@@ -94,8 +95,8 @@ pub struct Options {
 }
 
 impl Options {
-    /// 6.12 (the newest line), automatic accelerator, 1 GiB, 10 minutes per boot (about a
-    /// minute and a half with KVM: the check waits 40 s for the watchdog).
+    /// Automatic accelerator, 1 GiB, 10 minutes per boot (about two and a half under TCG,
+    /// most of it the check's watchdog waits).
     pub fn new(kernels: Vec<KernelLine>) -> Self {
         Self {
             kernels,

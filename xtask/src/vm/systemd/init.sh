@@ -16,6 +16,7 @@ for d in dev proc sys run tmp root var/tmp; do
     $bb mkdir -p "/newroot/$d"
 done
 $bb chmod 1777 /newroot/tmp /newroot/var/tmp
+$bb ln -s /run /newroot/var/run
 $bb cp -a /dev/console /newroot/dev/
 # The shell tools the check and backend units use (sh, wget, httpd, kill, ...), as links to
 # busybox; not its init or power applets, which would talk to a busybox init.

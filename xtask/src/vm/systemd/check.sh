@@ -164,6 +164,30 @@ check "systemctl restart under a connect loop to both services: $summary" \
 echo "PROXY-VM: bpf.connect_proxy_absent_direct $absent -> $(counter bpf.connect_proxy_absent_direct)"
 check "the new daemon is another process" test "$(prop MainPID)" != "$pid"
 
+# 5b. Before 254, what systemd does with the store once the daemon is told of it: a drop-in
+# sets $FDSTORE as 254 and later do. The next daemon stores its listener, and a restart under
+# the connect loop hands it back (LISTEN_FDS).
+if [ "$version" -lt 254 ]; then
+    mkdir -p /run/systemd/system/$UNIT.d
+    printf '[Service]\nEnvironment=FDSTORE=256\n' > /run/systemd/system/$UNIT.d/fdstore.conf
+    systemctl daemon-reload
+    systemctl restart "$UNIT"
+    stored() { [ "$(prop NFileDescriptorStore)" -gt 0 ]; }
+    check "with \$FDSTORE from a drop-in, systemd $version holds the stored listener" \
+        wait_for 10 stored
+    loop_start
+    sleep 2
+    systemctl restart "$UNIT"
+    sleep 2
+    summary=$(loop_stop)
+    check "with \$FDSTORE from a drop-in, systemctl restart under a connect loop: $summary" \
+        test "$(cat /run/loop.failed 2> /dev/null)" = 0 -a "$(cat /run/loop.rounds 2> /dev/null || echo 0)" -gt 0
+    check "with \$FDSTORE from a drop-in, the restarted daemon took the listener back from the store" \
+        journal_has "$UNIT" "passed the proxy listener's sockets back"
+    rm -r /run/systemd/system/$UNIT.d
+    systemctl daemon-reload
+fi
+
 # 6. proxy@.service: a takeover between two instances under a connect loop.
 systemctl stop "$UNIT"
 systemctl start proxy@blue.service

@@ -142,11 +142,17 @@ fn main() -> anyhow::Result<()> {
         Task::Vm {
             kernel,
             systemd: true,
+            filter,
             accel,
             timeout,
             memory,
             ..
         } => {
+            if let Some(filter) = filter {
+                anyhow::bail!(
+                    "--systemd runs the units' check, not the test binaries: drop the filter {filter:?}"
+                );
+            }
             let mut opts = vm::systemd::Options::new(
                 kernel.map_or_else(vm::systemd::default_kernels, vm::KernelChoice::lines),
             );

@@ -10,7 +10,7 @@ mod running;
 mod signals;
 pub mod sources;
 pub mod state;
-mod takeover;
+pub(crate) mod takeover;
 mod zones;
 
 use std::{

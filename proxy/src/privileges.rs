@@ -9,6 +9,7 @@
 //! run while the process has one thread: the daemon attaches and drops on its main thread
 //! before it starts the runtime, and every thread started afterwards inherits the result.
 
+mod dirs;
 mod seccomp;
 mod syscalls;
 mod user;
@@ -210,6 +211,10 @@ pub struct SteadyState {
     /// The instance's pin directory: the steady-state user unpins what an earlier version left
     /// there (after the first publish) and what a failed start created.
     pub pin_dir: Option<std::path::PathBuf>,
+    /// The instance's admin control socket and takeover socket: one an earlier daemon of the
+    /// instance left (killed, or under a unit whose `RuntimeDirectory=` systemd handed back to
+    /// root at this start) becomes the steady-state user's, which probes and replaces it.
+    pub own_sockets: Vec<std::path::PathBuf>,
 }
 
 impl SteadyState {
@@ -229,8 +234,22 @@ impl SteadyState {
                 .filter(|d| *d != Path::new(RUNTIME_DIR))
                 .map(Path::to_path_buf),
             pin_dir: Some(Path::new(&config.bpffs).join(&config.instance)),
+            own_sockets: vec![
+                config.admin.control_path(&config.instance),
+                crate::daemon::takeover::socket_path(Path::new(&config.bpffs), &config.instance),
+            ],
         })
     }
+}
+
+/// The uid `config.user` names, the user a daemon of this configuration runs as once attached;
+/// `None` without one, or when it does not resolve (the start reports that by name).
+pub fn configured_uid(config: &Config) -> Option<u32> {
+    config
+        .user
+        .as_deref()
+        .and_then(|spec| user::resolve(spec).ok())
+        .map(|u| u.uid)
 }
 
 /// Makes the calling thread (the only one) what `state` says. The bounding set loses every
@@ -283,11 +302,16 @@ fn prepare_dirs(state: &SteadyState) -> Result<(), PrivilegeError> {
     if crate::sys::effective_uid() != 0 {
         return Ok(());
     }
+    // The sockets first: once their directory is the user's (mode 0700), root without
+    // cap_dac_override (the units' bounding set) can no longer look inside it.
+    for socket in &state.own_sockets {
+        dirs::own_socket(socket, uid, gid)?;
+    }
     for dir in [&state.runtime_dir, &state.pin_dir].into_iter().flatten() {
-        own_dir(dir, uid, gid, true)?;
+        dirs::own_dir(dir, uid, gid, true)?;
     }
     if let Some(dir) = &state.control_dir {
-        own_dir(dir, uid, gid, false)?;
+        dirs::own_dir(dir, uid, gid, false)?;
     }
     Ok(())
 }
@@ -325,46 +349,6 @@ fn become_user(user: &RunAs) -> Result<(), PrivilegeError> {
         "switching to the steady-state user (setgroups, setresgid, setresuid; does the daemon have cap_setuid and cap_setgid?)",
     ))?;
     caps::set_keep_caps(false).map_err(call("clearing PR_SET_KEEPCAPS"))
-}
-
-/// Makes `dir` belong to the steady-state user `uid`:`gid`: a missing one is created (one
-/// level, mode 0700, as the daemon would create it after the drop) and handed over; an
-/// existing one is handed over only when it is the daemon's own (`ours`: `/run/proxy` or the
-/// pin directory, which a daemon of another user may have left), if it is a directory and not
-/// a link; group and others lose write access to it. Any other existing directory stays as it
-/// is: the admin then refuses it by name.
-fn own_dir(dir: &Path, uid: u32, gid: u32, ours: bool) -> Result<(), PrivilegeError> {
-    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
-    let fail = |source| PrivilegeError::RuntimeDir {
-        path: dir.to_owned(),
-        source,
-    };
-    let created = match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => true,
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
-        // Its parent is missing or not writable: the admin reports that by name.
-        Err(_) if !ours => return Ok(()),
-        Err(e) => return Err(fail(e)),
-    };
-    if !created && !ours {
-        return Ok(());
-    }
-    let meta = std::fs::symlink_metadata(dir).map_err(fail)?;
-    if !meta.is_dir() {
-        return Err(fail(std::io::Error::new(
-            std::io::ErrorKind::AlreadyExists,
-            "not a directory (a link?); remove it",
-        )));
-    }
-    if (meta.uid(), meta.gid()) != (uid, gid) {
-        std::os::unix::fs::lchown(dir, Some(uid), Some(gid)).map_err(fail)?;
-    }
-    // Only its owner writes it.
-    if meta.mode() & 0o022 != 0 {
-        let mode = std::fs::Permissions::from_mode(meta.mode() & 0o7755);
-        std::fs::set_permissions(dir, mode).map_err(fail)?;
-    }
-    Ok(())
 }
 
 /// Checks the calling thread's sets and user ids after the drop.

@@ -249,6 +249,12 @@ pub fn effective_uid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
+/// The effective group id of the process.
+pub fn effective_gid() -> u32 {
+    // SAFETY: getegid has no preconditions and cannot fail.
+    unsafe { libc::getegid() }
+}
+
 /// `getsockopt(SO_PEERCRED)`: the user id of the process at the other end of a unix socket (as
 /// it was when it connected or listened).
 pub fn peer_uid(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u32> {

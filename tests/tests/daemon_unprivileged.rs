@@ -227,6 +227,7 @@ fn steady_state_of(creds: &BTreeMap<String, String>) -> SteadyState {
         runtime_dir: None,
         control_dir: None,
         pin_dir: None,
+        own_sockets: Vec::new(),
     }
 }
 

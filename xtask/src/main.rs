@@ -97,24 +97,29 @@ enum Task {
     /// QEMU: downloads the kernel packages (cached under target/vm), builds an initramfs, boots
     /// it without network and fails if any test failed. Setup installs QEMU.
     Vm {
-        /// Kernel line to boot, or `all`.
-        #[arg(long, value_enum, default_value = "5.10")]
-        kernel: vm::KernelChoice,
+        /// Kernel line to boot, or `all` (default: 5.10; 6.12 with --systemd).
+        #[arg(long, value_enum)]
+        kernel: Option<vm::KernelChoice>,
+        /// Boot systemd as PID 1 instead and check the shipped units (docs/deploy/*.service)
+        /// under it: readiness, status, watchdog, restart, takeover, stop.
+        #[arg(long)]
+        systemd: bool,
         /// Only run tests whose name contains this.
         filter: Option<String>,
         /// Accelerator: `auto` uses KVM only if a probe boot with it finishes.
         #[arg(long, value_enum, default_value = "auto")]
         accel: vm::Accel,
-        /// Wall-clock limit per kernel in seconds, boot to power-off; QEMU is killed after it.
-        #[arg(long, default_value_t = 1800)]
-        timeout: u64,
+        /// Wall-clock limit per kernel in seconds, boot to power-off; QEMU is killed after it
+        /// (default: 1800; 600 with --systemd).
+        #[arg(long)]
+        timeout: Option<u64>,
         /// Limit per test binary in the VM, in seconds; a binary still running is killed and
         /// counted as a failure.
         #[arg(long, default_value_t = 600)]
         binary_timeout: u64,
-        /// Guest memory in MiB.
-        #[arg(long, default_value_t = 1536)]
-        memory: u32,
+        /// Guest memory in MiB (default: 1536; 1024 with --systemd).
+        #[arg(long)]
+        memory: Option<u32>,
     },
 }
 
@@ -142,18 +147,42 @@ fn main() -> anyhow::Result<()> {
         Task::Bench { args } => bench::run(&args),
         Task::Vm {
             kernel,
+            systemd: true,
+            filter,
+            accel,
+            timeout,
+            memory,
+            ..
+        } => {
+            if let Some(filter) = filter {
+                anyhow::bail!(
+                    "--systemd runs the units' check, not the test binaries: drop the filter {filter:?}"
+                );
+            }
+            let mut opts = vm::systemd::Options::new(
+                kernel.map_or_else(vm::systemd::default_kernels, vm::KernelChoice::lines),
+            );
+            opts.accel = accel;
+            opts.timeout = timeout.map_or(opts.timeout, std::time::Duration::from_secs);
+            opts.memory_mib = memory.unwrap_or(opts.memory_mib);
+            vm::systemd::run(&opts, None)
+        }
+        Task::Vm {
+            kernel,
+            systemd: false,
             filter,
             accel,
             timeout,
             binary_timeout,
             memory,
-        } => vm::run(&vm::Options {
-            filter: filter.as_deref(),
-            accel,
-            timeout: std::time::Duration::from_secs(timeout),
-            binary_timeout: std::time::Duration::from_secs(binary_timeout),
-            memory_mib: memory,
-            ..vm::Options::new(kernel)
-        }),
+        } => {
+            let mut opts = vm::Options::new(kernel.unwrap_or(vm::KernelChoice::V5_10));
+            opts.filter = filter.as_deref();
+            opts.accel = accel;
+            opts.timeout = timeout.map_or(opts.timeout, std::time::Duration::from_secs);
+            opts.binary_timeout = std::time::Duration::from_secs(binary_timeout);
+            opts.memory_mib = memory.unwrap_or(opts.memory_mib);
+            vm::run(&opts)
+        }
     }
 }

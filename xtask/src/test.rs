@@ -1,7 +1,7 @@
 //! `cargo xtask test`: every test. Setup, the style gates (`lint.rs`), unit tests of every crate
 //! (no root needed), a bounded run of every fuzz target, then the root-only integration tests against the real kernel, the real eBPF
 //! object and real servers, the package check of `cargo xtask dist` on the debug binary, then the
-//! kernel tests on Linux 5.10 in QEMU.
+//! kernel tests on Linux 5.10 in QEMU, and the shipped systemd units under systemd there.
 
 use anyhow::Context as _;
 
@@ -56,6 +56,15 @@ pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
         filter,
         ..vm::Options::new(vm::KernelChoice::V5_10)
     });
+    // The shipped systemd units under a real systemd on the same kernel (fetched above): about
+    // three minutes under TCG, most of it the check's watchdog waits.
+    step(
+        "the systemd units under systemd on Linux 5.10 in QEMU (cargo xtask vm --systemd --kernel 5.10)",
+    );
+    let units = vm::systemd::run(
+        &vm::systemd::Options::new(vec![vm::KernelLine::V5_10]),
+        Some(&suite.proxy),
+    );
     // The benchmark harness, once with tiny counts, so it cannot rot; numbers are not judged.
     let smoke = bench::smoke(&suite.bench, &suite.proxy);
     style.context("the style gates failed (cargo xtask lint)")?;
@@ -63,6 +72,7 @@ pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
     integrated?;
     packaged.context("the package check (cargo xtask dist) failed")?;
     vm.context("the kernel tests failed on Linux 5.10 in QEMU")?;
+    units.context("the systemd units failed their checks in QEMU (cargo xtask vm --systemd)")?;
     smoke.context("the benchmark harness smoke run (cargo xtask bench --smoke) failed")?;
     step("all tests passed");
     Ok(())

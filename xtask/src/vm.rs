@@ -9,10 +9,14 @@
 //!
 //! Only the `kernel_*` binaries run in the VM: the DNS, health and xDS tests need unbound and
 //! Python, which the initramfs does not carry; they run on the host in `cargo xtask test`.
+//!
+//! `--systemd` boots systemd instead, with the shipped units and a check of them
+//! ([`systemd`]).
 
 mod boot;
 mod initramfs;
 mod kernel;
+pub mod systemd;
 
 use std::time::{Duration, Instant};
 
@@ -36,7 +40,7 @@ pub enum KernelChoice {
 }
 
 impl KernelChoice {
-    fn lines(self) -> Vec<KernelLine> {
+    pub fn lines(self) -> Vec<KernelLine> {
         match self {
             Self::V5_10 => vec![KernelLine::V5_10],
             Self::V6_1 => vec![KernelLine::V6_1],

@@ -227,7 +227,16 @@ fn remove_stale(path: &Path) -> bool {
     refused && std::fs::remove_file(path).is_ok()
 }
 
-fn check_peer(fd: std::os::fd::BorrowedFd<'_>, path: &Path) -> Result<(), TakeoverError> {
+/// Accepts the peer at the other end of `path` if it runs as this daemon's uid, root, the
+/// owner of the runtime directory, or `user` (the uid this daemon's configuration runs as once
+/// attached: a new daemon, still root, takes over from the old one running as that user, even
+/// where the service manager handed the runtime directory back to root at this start, as
+/// systemd's `RuntimeDirectory=` does).
+fn check_peer(
+    fd: std::os::fd::BorrowedFd<'_>,
+    path: &Path,
+    user: Option<u32>,
+) -> Result<(), TakeoverError> {
     let uid = sys::peer_uid(fd).map_err(|source| TakeoverError::Io {
         what: "reading the peer's credentials on",
         path: path.to_owned(),
@@ -240,7 +249,7 @@ fn check_peer(fd: std::os::fd::BorrowedFd<'_>, path: &Path) -> Result<(), Takeov
         .parent()
         .and_then(|d| std::fs::symlink_metadata(d).ok())
         .map(|m| std::os::unix::fs::MetadataExt::uid(&m));
-    if uid == sys::effective_uid() || uid == 0 || Some(uid) == dir_owner {
+    if uid == sys::effective_uid() || uid == 0 || Some(uid) == dir_owner || Some(uid) == user {
         Ok(())
     } else {
         Err(TakeoverError::Peer {

@@ -141,13 +141,28 @@ fn names(dir: &Path) -> Vec<String> {
 /// releases when the process ends however it ends. A second daemon on the same instance would
 /// adopt the first one's pins and links, and the first's stop would then delete them under it.
 /// The directory is also made 0700: its pins are the data path's maps and links.
+///
+/// A previous daemon handed the directory to its steady-state user (`--user`); it is taken
+/// back first (cap_chown), since a daemon started as root within the unit's bounding set has
+/// neither cap_fowner (for the chmod) nor cap_dac_override (for opening another user's 0700
+/// directory). The attach hands it to the user again.
 pub(super) fn lock_instance(pin_dir: &Path, instance: &str) -> Result<fs::File, DataplaneError> {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt};
     let io = |what, source| DataplaneError::Io {
         what,
         path: pin_dir.to_owned(),
         source,
     };
+    let meta = fs::symlink_metadata(pin_dir).map_err(|e| io("reading the pin directory", e))?;
+    let me = (crate::sys::effective_uid(), crate::sys::effective_gid());
+    if (meta.uid(), meta.gid()) != me {
+        std::os::unix::fs::lchown(pin_dir, Some(me.0), Some(me.1)).map_err(|e| {
+            io(
+                "taking the pin directory back from the user a previous daemon ran as (needs cap_chown)",
+                e,
+            )
+        })?;
+    }
     fs::set_permissions(pin_dir, fs::Permissions::from_mode(0o700))
         .map_err(|e| io("making the pin directory private (0700)", e))?;
     let dir = fs::File::open(pin_dir).map_err(|e| io("opening the pin directory", e))?;

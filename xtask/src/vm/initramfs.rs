@@ -127,7 +127,7 @@ pub fn probe_image(dir: &Path, marker: &str) -> anyhow::Result<PathBuf> {
 }
 
 /// Debian's statically linked busybox (bookworm `busybox-static`), fetched and extracted once.
-fn busybox() -> anyhow::Result<PathBuf> {
+pub(super) fn busybox() -> anyhow::Result<PathBuf> {
     let dir = util::target_dir()?.join("vm/busybox");
     let bin = dir.join("bin/busybox");
     if !bin.is_file() {
@@ -153,7 +153,7 @@ fn kernel_tests(all: Vec<(String, PathBuf)>) -> anyhow::Result<Vec<PathBuf>> {
 
 /// The binary's bytes without debug info (a debug test binary shrinks by about 80 %; symbols
 /// stay, so panics still show function names). Falls back to the file as it is.
-fn stripped(path: &Path) -> anyhow::Result<Vec<u8>> {
+pub(super) fn stripped(path: &Path) -> anyhow::Result<Vec<u8>> {
     let out = std::env::temp_dir().join(format!("proxy-vm-strip-{}", std::process::id()));
     let ok = Command::new("strip")
         .arg("--strip-debug")
@@ -168,7 +168,7 @@ fn stripped(path: &Path) -> anyhow::Result<Vec<u8>> {
 }
 
 /// The shared libraries (and the dynamic loader) `binaries` load, as ldd resolves them here.
-fn libraries(binaries: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+pub(super) fn libraries(binaries: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     let mut libs = Vec::new();
     for binary in binaries {
         let text = util::output(Command::new("ldd").arg(binary), "ldd")?;
@@ -196,7 +196,10 @@ fn find_on_path(name: &str) -> Option<PathBuf> {
 
 /// Writes `files` (and their parent directories, and `/dev/console`) as cpio newc through
 /// `gzip -1`.
-fn write_image(files: &BTreeMap<String, (u32, Vec<u8>)>, path: &Path) -> anyhow::Result<()> {
+pub(super) fn write_image(
+    files: &BTreeMap<String, (u32, Vec<u8>)>,
+    path: &Path,
+) -> anyhow::Result<()> {
     let mut cpio = Cpio::default();
     let mut dirs = std::collections::BTreeSet::new();
     for base in ["dev", "proc", "sys", "tmp", "run", "root", "etc"] {

@@ -70,7 +70,11 @@ pub fn request(config: &Config, takeover: bool) -> Result<Option<Inherited>, Tak
         let path = path.clone();
         move |source| TakeoverError::Io { what, path, source }
     };
-    check_peer(conn.as_fd(), &path)?;
+    check_peer(
+        conn.as_fd(),
+        &path,
+        crate::privileges::configured_uid(config),
+    )?;
     conn.set_write_timeout(Some(STEP_TIMEOUT))
         .map_err(io("setting a timeout on"))?;
     conn.set_read_timeout(Some(STEP_TIMEOUT))

@@ -186,7 +186,7 @@ async fn handshake(
     path: &Path,
     offer: &Offer,
 ) -> Result<(), TakeoverError> {
-    check_peer(conn.get_ref().as_fd(), path)?;
+    check_peer(conn.get_ref().as_fd(), path, None)?;
     let step = |expected| async move {
         tokio::time::timeout(STEP_TIMEOUT, recv(conn, expected))
             .await

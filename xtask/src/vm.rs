@@ -85,6 +85,8 @@ struct Outcome {
     package: String,
     accel: Accel,
     boot: boot::Boot,
+    /// The boot's lines that name a failure.
+    failures: Vec<String>,
 }
 
 impl Outcome {
@@ -139,11 +141,15 @@ pub fn run(opts: &Options<'_>) -> anyhow::Result<()> {
             timeout: opts.timeout,
             echo: Some(&prefix),
         };
-        let (boot, _) = machine.run(boot::RESULT_MARKER)?;
+        let (boot, lines) = machine.run(boot::RESULT_MARKER)?;
         let outcome = Outcome {
             label: line.label(),
             package: kernel.package,
             accel,
+            failures: boot::failures(&lines)
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
             boot,
         };
         step(format!("kernel {}: {}", line.label(), outcome.summary()));
@@ -155,16 +161,26 @@ pub fn run(opts: &Options<'_>) -> anyhow::Result<()> {
     ));
     for outcome in &outcomes {
         eprintln!("    {}", outcome.summary());
+        for failure in &outcome.failures {
+            eprintln!("        {failure}");
+        }
     }
     let (pass, fail, skip) = outcomes.iter().fold((0, 0, 0), |(p, f, s), o| {
         let (op, of, os) = o.boot.result.unwrap_or((0, 1, 0));
         (p + op, f + of, s + os)
     });
     eprintln!("vm: {pass} passed, {fail} failed, {skip} skipped");
-    let failed: Vec<&str> = outcomes
+    let failed: Vec<String> = outcomes
         .iter()
         .filter(|o| !o.passed())
-        .map(|o| o.label)
+        .map(|o| {
+            let mut what = o.label.to_owned();
+            for failure in &o.failures {
+                what.push_str("\n    ");
+                what.push_str(failure);
+            }
+            what
+        })
         .collect();
     if !failed.is_empty() {
         bail!("the VM suite failed on kernel {}", failed.join(", "));

@@ -187,6 +187,22 @@ fn printable(line: &str) -> String {
     out.trim_end().to_owned()
 }
 
+/// The lines of a boot that name a failure: a failed check of the systemd VM, a failed test
+/// of libtest, a panic, or the init's own notes of a test binary that died. Printed again after
+/// the run, so the end of a long log (all a CI summary may show) says what failed.
+pub fn failures(lines: &[String]) -> Vec<&str> {
+    lines
+        .iter()
+        .map(String::as_str)
+        .filter(|line| {
+            line.contains("PROXY-VM-CHECK FAILED")
+                || line.ends_with("... FAILED")
+                || line.contains("panicked at")
+                || line.contains("no failed test: counted as one failure")
+        })
+        .collect()
+}
+
 /// Waits for QEMU after its output ended; kills it by PID if it lingers.
 fn wait_bounded(child: &mut std::process::Child) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -289,4 +305,28 @@ pub fn require_qemu() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::failures;
+
+    #[test]
+    fn the_lines_naming_a_failure_are_picked_out() {
+        let lines: Vec<String> = [
+            "PROXY-VM-CHECK ok: Type (notify)",
+            "PROXY-VM-CHECK FAILED: restarts: expected '1', got '2'",
+            "test kernel_end::ends ... ok",
+            "test kernel_end::ends_all ... FAILED",
+            "thread 'x' panicked at tests/tests/kernel_end.rs:10:5:",
+            "PROXY-VM: kernel_end exited with status 101 and no failed test: counted as one failure",
+            "test result: FAILED. 3 passed; 1 failed",
+        ]
+        .map(str::to_owned)
+        .into();
+        assert_eq!(
+            failures(&lines),
+            [lines[1].as_str(), &lines[3], &lines[4], &lines[5]]
+        );
+    }
 }

@@ -141,7 +141,7 @@ pub fn run(opts: &Options, proxy: Option<&Path>) -> anyhow::Result<()> {
             timeout: opts.timeout,
             echo: Some(&prefix),
         };
-        let (boot, _) = machine.run(boot::RESULT_MARKER)?;
+        let (boot, lines) = machine.run(boot::RESULT_MARKER)?;
         let secs = boot.elapsed.as_secs_f64();
         let what = match (boot.result, &boot.problem) {
             (Some((p, f, _)), _) => format!("{p} checks passed, {f} failed"),
@@ -153,7 +153,12 @@ pub fn run(opts: &Options, proxy: Option<&Path>) -> anyhow::Result<()> {
             line.label()
         ));
         if !matches!(boot.result, Some((_, 0, _))) {
-            failed.push(line.label());
+            let mut what = line.label().to_owned();
+            for failure in boot::failures(&lines) {
+                what.push_str("\n    ");
+                what.push_str(failure);
+            }
+            failed.push(what);
         }
     }
     detail(format!(

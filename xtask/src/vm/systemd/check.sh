@@ -41,6 +41,16 @@ refused() { ! get "$1/" > /dev/null; }
 admin() { get "127.0.0.1:15000$1"; }
 counter() { admin /stats | sed -n "s/^$1: //p"; }
 journal_has() { journalctl -q --no-pager -u "$1" | grep -q "$2"; }
+# now: seconds since boot, as the journal's monotonic stamps count them.
+now() { cut -d' ' -f1 /proc/uptime; }
+# timed WHAT COMMAND...: runs COMMAND and notes when it began and ended.
+timed() {
+    label=$1
+    shift
+    began=$(now)
+    "$@"
+    echo "PROXY-VM: $label from $began s to $(now) s"
+}
 # wait_for SECONDS COMMAND...: polls COMMAND every 0.2 s until it succeeds or time is up.
 wait_for() {
     tries=$(($1 * 5))
@@ -53,14 +63,19 @@ wait_for() {
     return 1
 }
 # A connect loop to both services, in the background, until /run/loop.stop exists (at most
-# 3000 rounds): counts rounds and failed requests in /run/loop.rounds and /run/loop.failed.
+# 3000 rounds): counts rounds and failed requests in /run/loop.rounds and /run/loop.failed, and
+# notes each failure (which path, and when) in /run/loop.log.
 loop_start() {
-    rm -f /run/loop.stop /run/loop.done
+    rm -f /run/loop.stop /run/loop.done /run/loop.log
     (
         rounds=0 failed=0
         while [ ! -e /run/loop.stop ] && [ "$rounds" -lt 3000 ]; do
-            served "$PROXIED" || failed=$((failed + 1))
-            served "$DIRECT" || failed=$((failed + 1))
+            for addr in "$PROXIED" "$DIRECT"; do
+                if ! served "$addr"; then
+                    failed=$((failed + 1))
+                    echo "round $rounds: $addr failed at $(now) s" >> /run/loop.log
+                fi
+            done
             rounds=$((rounds + 1))
         done
         echo "$rounds" > /run/loop.rounds
@@ -71,6 +86,7 @@ loop_start() {
 loop_stop() {
     touch /run/loop.stop
     wait_for 20 test -e /run/loop.done
+    sed 's/^/PROXY-VM: connect loop: /' /run/loop.log 2> /dev/null >&2
     echo "$(cat /run/loop.rounds 2> /dev/null || echo 0) rounds, $(cat /run/loop.failed 2> /dev/null || echo '?') failed"
 }
 
@@ -156,7 +172,7 @@ fi
 absent=$(counter bpf.connect_proxy_absent_direct)
 loop_start
 sleep 2
-systemctl restart "$UNIT"
+timed "systemctl restart" systemctl restart "$UNIT"
 sleep 2
 summary=$(loop_stop)
 check "systemctl restart under a connect loop to both services: $summary" \
@@ -177,7 +193,7 @@ if [ "$version" -lt 254 ]; then
         wait_for 10 stored
     loop_start
     sleep 2
-    systemctl restart "$UNIT"
+    timed "systemctl restart" systemctl restart "$UNIT"
     sleep 2
     summary=$(loop_stop)
     check "with \$FDSTORE from a drop-in, systemctl restart under a connect loop: $summary" \
@@ -195,7 +211,7 @@ expect "proxy@blue active" active "$(prop ActiveState proxy@blue.service)"
 check "proxy@blue serves the proxy path" served "$PROXIED"
 loop_start
 sleep 2
-systemctl start proxy@green.service
+timed "systemctl start proxy@green.service" systemctl start proxy@green.service
 expect "proxy@green active after the takeover" active "$(prop ActiveState proxy@green.service)"
 blue_gone() { [ "$(prop ActiveState proxy@blue.service)" = inactive ]; }
 check "proxy@blue drained and ended within 20 s" wait_for 20 blue_gone

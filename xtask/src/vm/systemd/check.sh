@@ -89,6 +89,19 @@ loop_stop() {
     sed 's/^/PROXY-VM: connect loop: /' /run/loop.log 2> /dev/null >&2
     echo "$(cat /run/loop.rounds 2> /dev/null || echo 0) rounds, $(cat /run/loop.failed 2> /dev/null || echo '?') failed"
 }
+# under_loop DESCRIPTION COMMAND...: runs COMMAND 2 s into a connect loop that goes on 2 s
+# after it; one check, passed when the loop made rounds and no request failed.
+under_loop() {
+    description=$1
+    shift
+    loop_start
+    sleep 2
+    timed "$*" "$@"
+    sleep 2
+    summary=$(loop_stop)
+    check "$description under a connect loop to both services: $summary" \
+        test "$(cat /run/loop.failed 2> /dev/null)" = 0 -a "$(cat /run/loop.rounds 2> /dev/null || echo 0)" -gt 0
+}
 
 echo "PROXY-VM: $(systemctl --version | head -1), kernel $(uname -r)"
 echo "PROXY-VM: $(ip -o addr show dev lo | tr -s ' ' | cut -d' ' -f2-4 | tr '\n' ' ')"
@@ -170,13 +183,7 @@ else
     expect "nothing in the unit's store" 0 "$(prop NFileDescriptorStore)"
 fi
 absent=$(counter bpf.connect_proxy_absent_direct)
-loop_start
-sleep 2
-timed "systemctl restart" systemctl restart "$UNIT"
-sleep 2
-summary=$(loop_stop)
-check "systemctl restart under a connect loop to both services: $summary" \
-    test "$(cat /run/loop.failed 2> /dev/null)" = 0 -a "$(cat /run/loop.rounds 2> /dev/null || echo 0)" -gt 0
+under_loop "systemctl restart" systemctl restart "$UNIT"
 echo "PROXY-VM: bpf.connect_proxy_absent_direct $absent -> $(counter bpf.connect_proxy_absent_direct)"
 check "the new daemon is another process" test "$(prop MainPID)" != "$pid"
 
@@ -191,13 +198,7 @@ if [ "$version" -lt 254 ]; then
     stored() { [ "$(prop NFileDescriptorStore)" -gt 0 ]; }
     check "with \$FDSTORE from a drop-in, systemd $version holds the stored listener" \
         wait_for 10 stored
-    loop_start
-    sleep 2
-    timed "systemctl restart" systemctl restart "$UNIT"
-    sleep 2
-    summary=$(loop_stop)
-    check "with \$FDSTORE from a drop-in, systemctl restart under a connect loop: $summary" \
-        test "$(cat /run/loop.failed 2> /dev/null)" = 0 -a "$(cat /run/loop.rounds 2> /dev/null || echo 0)" -gt 0
+    under_loop "with \$FDSTORE from a drop-in, systemctl restart" systemctl restart "$UNIT"
     check "with \$FDSTORE from a drop-in, the restarted daemon took the listener back from the store" \
         journal_has "$UNIT" "passed the proxy listener's sockets back"
     rm -r /run/systemd/system/$UNIT.d

@@ -207,7 +207,7 @@ async fn run_async(
     let file_names = proxy_core::discovery::xds::resources::FileNames::of(&config);
     let xds = XdsClients::start_with(&config, Some(feeds.xds.clone()), file_names)
         .context("starting the xDS clients")?;
-    let upstreams = start_upstreams(&config, &ctx, &xds, &BTreeSet::new(), &BTreeMap::new())?;
+    let upstreams = start_upstreams(&config, &ctx, &xds, None, &BTreeMap::new())?;
     // The proxy listener is live and known to the kernel before a service is published in
     // proxy mode.
     let adopt = proxy_path::Adopt::new(inherited, &launch.notifier);

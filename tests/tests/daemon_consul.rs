@@ -1,12 +1,18 @@
 //! The Consul catalog backend through the daemon and the kernel (root): a real Consul 1.8.7
 //! agent; registrations and check states changed live move connects from a fresh cgroup and
-//! namespace; and ACL tokens against an agent whose ACLs deny by default.
+//! namespace, also after a change of Consul's entries that starts no cluster; and ACL tokens
+//! against an agent whose ACLs deny by default.
 
-use std::{net::SocketAddr, time::Duration};
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
 
 use integration_tests::{
     consul::{Consul, service},
-    kernel::{BannerServers, Daemon, Netns, TempDir, TestCgroup, require_root, unique},
+    kernel::{
+        BannerServers, Daemon, Netns, TempDir, TestCgroup, require_root, unique, wait_for_backends,
+    },
 };
 
 /// Bound of every wait for connects to follow a change.
@@ -158,4 +164,84 @@ async fn acl_tokens_never_drain_and_never_show() {
         );
     }
     assert!(own.contains("<redacted>"), "{own}");
+}
+
+/// A change that starts no cluster leaves every running cluster as it runs: here a Consul
+/// entry that moves a chain service (`c` split to `leg`, a cluster the file already runs),
+/// after which a catalog change of another service (`a`, a Consul catalog cluster) still
+/// reaches the kernel. (Such a change once started every cluster again, and the services it
+/// did not touch kept the hosts they had.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_change_keeps_the_other_clusters_following_the_catalog() {
+    require_root();
+    let (netns, cgroup) = (Netns::new(), TestCgroup::new());
+    let (a1, a2, c, leg) = (
+        "127.0.0.55:8080",
+        "127.0.0.56:8080",
+        "127.0.0.57:8080",
+        "127.0.0.58:8080",
+    );
+    let _servers = BannerServers::start(
+        &netns,
+        &[a1, a2, c, leg].map(|addr| (addr.parse().unwrap(), addr, false)),
+    );
+    let consul = Consul::start("dc1").await;
+    consul
+        .register(service("a-1", "a", "127.0.0.55", 8080))
+        .await;
+    consul
+        .register(service("a-2", "a", "127.0.0.56", 8080))
+        .await;
+    for name in ["c", "leg"] {
+        let entry =
+            serde_json::json!({"Kind": "service-defaults", "Name": name, "Protocol": "http"});
+        let (status, body) = consul.write_config(&entry).await;
+        assert_eq!(status, 200, "{entry}: {body}");
+    }
+    let statics = |name: &str, addr: &str| {
+        let (ip, port) = addr.split_once(':').unwrap();
+        format!(
+            "  - name: {name}\n    load_assignment:\n      endpoints:\n        - lb_endpoints:\n            - endpoint: {{ address: {{ socket_address: {{ address: \"{ip}\", port_value: {port} }} }} }}\n"
+        )
+    };
+    let config = format!(
+        "instance: {}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n  - name: a\n    cluster_type:\n      name: proxy.clusters.consul\n      typed_config: {{ address: \"{addr}\", service: a, datacenter: dc1, wait: 1s }}\n{}{}consul_config_entries: {{ address: \"{addr}\", datacenter: dc1 }}\nservices:\n  - {{ name: a, address: 127.77.0.1, port: 80, cluster: a }}\n  - {{ name: c, address: 127.77.0.3, port: 80, chain: c }}\n",
+        unique("t"),
+        cgroup.path().display(),
+        statics("c", c),
+        statics("leg", leg),
+        addr = consul.http_addr(),
+    );
+    let daemon = tokio::task::block_in_place(|| Daemon::start(&config));
+    let chain_vip: SocketAddr = "127.77.0.3:80".parse().unwrap();
+    tokio::task::block_in_place(|| {
+        wait(&netns, &cgroup, &[a1, a2]);
+        wait_for_backends(&netns, &cgroup, chain_vip, &[c], WITHIN);
+    });
+    // A running Consul cluster counts its blocking queries (one a `wait`); a cluster started
+    // again would count from 0.
+    let attempts = || daemon.stat("cluster.a.update_attempt");
+    let before = tokio::task::block_in_place(|| {
+        let deadline = Instant::now() + WITHIN;
+        while attempts() < 4 {
+            assert!(Instant::now() < deadline, "cluster a made no 4 queries");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        attempts()
+    });
+    let split = serde_json::json!({"Kind": "service-splitter", "Name": "c",
+        "Splits": [{"Weight": 100, "Service": "leg"}]});
+    let (status, body) = consul.write_config(&split).await;
+    assert_eq!(status, 200, "{split}: {body}");
+    let after = tokio::task::block_in_place(|| {
+        wait_for_backends(&netns, &cgroup, chain_vip, &[leg], WITHIN);
+        attempts()
+    });
+    assert!(
+        after >= before,
+        "cluster a was started again by the entry change ({before} queries, then {after}):\n{}",
+        daemon.log_text()
+    );
+    consul.deregister("a-2").await;
+    tokio::task::block_in_place(|| wait(&netns, &cgroup, &[a1]));
 }

@@ -7,7 +7,7 @@ use std::{collections::BTreeSet, time::Duration};
 use proxy_common::service::ServiceKey;
 use proxy_core::{health::Routing, kernel::ServiceTemplate};
 use tokio::sync::watch;
-use tracing::warn;
+use tracing::{error, warn};
 
 use super::{
     ending::Ender,
@@ -126,7 +126,7 @@ pub(super) async fn publish_loop(
                 }
             };
             tokio::select! {
-                changed = any_changed(&mut inputs) => {
+                changed = any_changed(&template.name, &mut inputs) => {
                     if !changed {
                         return;
                     }
@@ -148,19 +148,28 @@ pub(super) async fn publish_loop(
 
 /// Waits on every input's own routing receiver until one changes; false once every input's
 /// cluster is gone (at once when there is none).
-async fn any_changed(inputs: &mut [ClusterInput]) -> bool {
+///
+/// A cluster stops only after the publishers that read it (a change that stops a cluster
+/// republishes or removes every service reading it first), so a cluster that stops under a
+/// running publisher of `service` is a fault: logged as an error, as the service's kernel entry
+/// then keeps that cluster's last hosts while the others are followed.
+async fn any_changed(service: &str, inputs: &mut [ClusterInput]) -> bool {
+    let names: Vec<String> = inputs.iter().map(|input| input.name.clone()).collect();
     let mut waits: Vec<_> = inputs
         .iter_mut()
         .map(|input| Some(Box::pin(input.routing.changed())))
         .collect();
     std::future::poll_fn(|cx| {
         let mut open = false;
-        for slot in &mut waits {
+        for (slot, cluster) in waits.iter_mut().zip(&names) {
             let Some(wait) = slot else { continue };
             match wait.as_mut().poll(cx) {
                 std::task::Poll::Ready(Ok(())) => return std::task::Poll::Ready(true),
                 // That cluster stopped; a finished future must not be polled again.
-                std::task::Poll::Ready(Err(_)) => *slot = None,
+                std::task::Poll::Ready(Err(_)) => {
+                    error!(service, cluster, "a cluster stopped under the service's running publisher; the kernel keeps its last hosts for it");
+                    *slot = None;
+                }
                 std::task::Poll::Pending => open = true,
             }
         }
@@ -232,21 +241,27 @@ mod tests {
             let name = name.to_owned();
             (tx, ClusterInput { name, routing })
         };
-        assert!(!any_changed(&mut []).await, "no input: nothing to wait for");
+        assert!(
+            !any_changed("s", &mut []).await,
+            "no input: nothing to wait for"
+        );
         let (a_tx, a) = input("a");
         let (b_tx, b) = input("b");
         let mut inputs = vec![a, b];
         b_tx.send_replace(Routing::default());
-        assert!(any_changed(&mut inputs).await, "b changed");
+        assert!(any_changed("s", &mut inputs).await, "b changed");
         inputs[1].routing.borrow_and_update();
         drop(a_tx);
         b_tx.send_replace(Routing::default());
         assert!(
-            any_changed(&mut inputs).await,
+            any_changed("s", &mut inputs).await,
             "b still runs after a stopped"
         );
         inputs[1].routing.borrow_and_update();
         drop(b_tx);
-        assert!(!any_changed(&mut inputs).await, "every cluster stopped");
+        assert!(
+            !any_changed("s", &mut inputs).await,
+            "every cluster stopped"
+        );
     }
 }

@@ -213,7 +213,7 @@ impl Running {
             &new,
             ctx,
             fresh_xds.as_ref().unwrap_or(&self.xds),
-            &plan.start,
+            Some(&plan.start),
             &self.upstreams,
         )
         .map_err(|err| ReloadRefused::Failed(format!("{err:#}")))?;
@@ -329,13 +329,15 @@ pub(super) fn host_guard(config: &Config) -> HostGuard {
     HostGuard::for_config(config)
 }
 
-/// Starts discovery and health for the clusters of `config` named in `only` (all when it is
-/// empty); EDS clusters subscribe over their xDS connection.
+/// Starts discovery and health for the clusters of `config` named in `only`, or for all of
+/// them (`None`, the start of a run); EDS clusters subscribe over their xDS connection. A
+/// change that starts no cluster passes an empty set and starts nothing: every running cluster
+/// keeps its discovery, health state and the publishers that read it.
 pub(super) fn start_upstreams(
     config: &Config,
     ctx: &Context,
     xds: &XdsClients,
-    only: &BTreeSet<String>,
+    only: Option<&BTreeSet<String>>,
     running: &BTreeMap<String, Arc<Upstream>>,
 ) -> anyhow::Result<BTreeMap<String, Arc<Upstream>>> {
     let mut upstreams: BTreeMap<String, Arc<Upstream>> = BTreeMap::new();
@@ -349,7 +351,7 @@ pub(super) fn start_upstreams(
     for cluster in order {
         // ORIGINAL_DST hosts are the proxied connections' destinations, kept by the proxy path.
         if config.is_original_dst(&cluster.name)
-            || (!only.is_empty() && !only.contains(&cluster.name))
+            || only.is_some_and(|only| !only.contains(&cluster.name))
         {
             continue;
         }

@@ -99,6 +99,8 @@ pub mod maps {
     /// Host ending: the backend a socket of a `SERVICE_F_END` service was connected to, by
     /// socket cookie (LRU).
     pub const SOCK_HOST: &str = "SOCK_HOST_V1";
+    /// Kernel-path connects per chosen backend (per CPU, LRU), for `/clusters`' `cx_total`.
+    pub const HOST_CX: &str = "HOST_CX_V1";
 
     /// aya-log's ring buffer of kernel log records (the name is aya-log-ebpf's). Not pinned and
     /// not in [`ALL`]: each daemon creates its own and reads it only when `kernel_log` is not
@@ -106,7 +108,7 @@ pub mod maps {
     pub const LOGS: &str = "AYA_LOGS";
 
     /// Every map of the object except [`LOGS`]; all of them are pinned under their name.
-    pub const ALL: [&str; 24] = [
+    pub const ALL: [&str; 25] = [
         ACTIVE,
         CX_MAX,
         CX_OPEN,
@@ -131,6 +133,7 @@ pub mod maps {
         PAIR_FLOW,
         PAIR_GRANT,
         SOCK_HOST,
+        HOST_CX,
     ];
 }
 

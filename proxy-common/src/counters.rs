@@ -82,12 +82,15 @@ pub const CONNECT_PROXY_ABSENT_DIRECT: u32 = 30;
 /// connect4/6: the backend of a socket of a `SERVICE_F_END` service could not be recorded in
 /// `SOCK_HOST_V1`; that socket is not ended when its host leaves.
 pub const SOCK_HOST_RECORD_FAILED: u32 = 31;
+/// connect4/6: a kernel-path connect could not be counted for its host in `HOST_CX_V1` (no
+/// memory for a new entry); the connect proceeds, and that host's `cx_total` misses it.
+pub const HOST_CX_RECORD_FAILED: u32 = 32;
 
 /// Number of counters; the size of `COUNTERS_V2` (room to grow without a layout change).
 pub const COUNT: u32 = 64;
 
 /// Names used by the daemon when it exports the counters, indexed like the constants above.
-pub const NAMES: [&str; 32] = [
+pub const NAMES: [&str; 33] = [
     "connect_rewritten",
     "connect_not_service",
     "connect_no_host",
@@ -120,6 +123,7 @@ pub const NAMES: [&str; 32] = [
     "connect_drop_overload",
     "connect_proxy_absent_direct",
     "sock_host_record_failed",
+    "host_cx_record_failed",
 ];
 const _: () = assert!(NAMES.len() as u32 <= COUNT);
 
@@ -161,7 +165,11 @@ mod tests {
             NAMES[SOCK_HOST_RECORD_FAILED as usize],
             "sock_host_record_failed"
         );
-        assert_eq!(NAMES.len(), SOCK_HOST_RECORD_FAILED as usize + 1);
+        assert_eq!(
+            NAMES[HOST_CX_RECORD_FAILED as usize],
+            "host_cx_record_failed"
+        );
+        assert_eq!(NAMES.len(), HOST_CX_RECORD_FAILED as usize + 1);
     }
 }
 

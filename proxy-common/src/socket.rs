@@ -20,6 +20,8 @@
 //! UDP_REV_V1     UdpReverseKey  -> ServiceKey     (sendmsg4/6 and connect4/6 -> recvmsg4/6)
 //! PASSIVE_V1     Backend        -> PassiveCounts  (per CPU: sockops -> the daemon's health)
 //! ACTIVE_V1      Backend        -> u64            (sockops -> connect4/6: LEAST_REQUEST)
+//! HOST_CX_V1     Backend        -> u64            (per CPU, LRU: kernel-path connects per host,
+//!                                                   connect4/6 -> the daemon's `/clusters`)
 //! ```
 //!
 //! Open connections per service for `max_connections` are in the `limit` domain.
@@ -59,6 +61,10 @@ pub struct SockVip {
     pub flags: u32,
 }
 const _: () = assert!(size_of::<SockVip>() == 24);
+
+/// Entries of `HOST_CX_V1` (per CPU, 8 bytes per CPU each: 128 KiB per CPU): the hosts whose
+/// kernel-path connects are counted at once; the least recently connected go first.
+pub const HOST_CX_ENTRIES: u32 = 16_384;
 
 /// Slots of `SOCK_PEER_V1`. A power of two: a socket's slot is the low bits of its cookie.
 pub const PEER_SLOTS: u32 = 1 << 18;

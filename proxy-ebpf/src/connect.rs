@@ -24,6 +24,8 @@
 //!   is recorded under the socket cookie in `SOCK_HOST_V1` (LRU, never removed on close), for
 //!   the daemon's socket iterators that end a host's sockets when it leaves the routable set.
 //!   A failed record is counted as `sock_host_record_failed`; the connect proceeds.
+//! - Every kernel-path connect (not a redirect to the proxy) counts one for its chosen host in
+//!   `HOST_CX_V1` ([`crate::host_cx`]), the host's `cx_total` in `/clusters`.
 //! - Proxy mode while no proxy listens (the daemon stopped and withdrew the listener, or was
 //!   killed and left it set; [`crate::listener`] looks the listening socket up): the connect is
 //!   served as the kernel path serves it instead of refused, counted as
@@ -43,7 +45,7 @@
 //!   writes `CX_OPEN_V1` and `DROPPED_V1` (refusals' counts), the dialled service
 //!   to `SOCK_VIP_V2` (the socket's local storage) for a socket sockops follows (proxy mode, or
 //!   passive health), or else to `SOCK_PEER_V1` (a slot by cookie, for getpeername); `SOCK_HOST_V1`
-//!   (host ending); `SOCK_ORIG_V1`
+//!   (host ending); `HOST_CX_V1`; `SOCK_ORIG_V1`
 //!   (proxy mode), `UDP_REV_V1` (connected UDP, for recvfrom), `COUNTERS_V2` and the service's
 //!   `SVC_COUNTERS_V3` entry.
 
@@ -62,7 +64,7 @@ use proxy_common::{
 };
 
 use crate::{
-    features, log,
+    features, host_cx, log,
     maps::{SOCK_HOST_V1, SOCK_ORIG_V1, SOCK_VIP_V2, count},
     peer,
     sendmsg::remember_reply,
@@ -180,6 +182,7 @@ fn remember(ctx: &SockAddrContext, key: &ServiceKey, t: &Target, family: u8, see
         }
         return;
     }
+    host_cx::connected(&t.dest);
     if flags == 0 {
         peer::record(cookie, key);
     }

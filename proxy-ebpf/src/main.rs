@@ -25,6 +25,7 @@ mod active;
 mod connect;
 mod drop_overload;
 mod features;
+mod host_cx;
 mod limit;
 mod listener;
 mod log;

@@ -18,8 +18,8 @@ use proxy_common::{
     limit::CxOpen,
     service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey},
     socket::{
-        PEER_SLOTS, PairFlow, PairGrant, PassiveCounts, PeerSlot, Settings, SockTuple, SockVip,
-        UdpReverseKey,
+        HOST_CX_ENTRIES, PEER_SLOTS, PairFlow, PairGrant, PassiveCounts, PeerSlot, Settings,
+        SockTuple, SockVip, UdpReverseKey,
     },
 };
 
@@ -77,6 +77,14 @@ pub static SOCK_ORIG_V1: LruHashMap<u64, ServiceKey> = LruHashMap::pinned(65_536
 /// socket evicted under churn is simply not ended.
 #[map]
 pub static SOCK_HOST_V1: LruHashMap<u64, Backend> = LruHashMap::pinned(262_144, 0);
+
+/// Kernel-path connects per chosen backend (`crate::host_cx`), which the daemon adds to each
+/// host's `cx_total` in `/clusters`. Per CPU, so a connect adds without atomics; LRU, so hosts
+/// that come and go never fill it (a cold host's count is evicted first). Never removed by the
+/// daemon: a count belongs to an address, whatever cluster lists it.
+#[map]
+pub static HOST_CX_V1: LruPerCpuHashMap<Backend, u64> =
+    LruPerCpuHashMap::pinned(HOST_CX_ENTRIES, 0);
 
 /// Proxy mode: the service a redirected connection dialled, by the client's 4-tuple, for the
 /// proxy's accept(). Removed by sockops when the client socket closes; LRU as a backstop.

@@ -120,6 +120,16 @@ mod tests {
         }
     }
 
+    /// The reader of `HOST_CX_V1` bounds its pass by the size the kernel programs declare, and
+    /// the map is per CPU and LRU (the reader sums CPUs; hosts that come and go never fill it).
+    #[test]
+    fn the_host_connects_map_is_a_bounded_lru_per_cpu_hash() {
+        let map = &object().maps[abi::maps::HOST_CX];
+        assert_eq!(map.max_entries(), proxy_common::socket::HOST_CX_ENTRIES);
+        let lru_per_cpu = aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_LRU_PERCPU_HASH as u32;
+        assert_eq!(map.map_type(), lru_per_cpu);
+    }
+
     /// aya-log's ring buffer is not pinned: each daemon reads only its own programs' records,
     /// and a stopped daemon's buffer goes with its programs.
     #[test]

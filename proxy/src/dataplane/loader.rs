@@ -392,6 +392,13 @@ impl Dataplane {
         self.runtime.original_destinations().clone()
     }
 
+    /// The kernel path's connects per host address ([`RuntimeMaps::host_connects`]).
+    pub fn host_connects(
+        &self,
+    ) -> Result<std::collections::HashMap<SocketAddr, u64>, DataplaneError> {
+        self.runtime.host_connects()
+    }
+
     /// The kernel's passive health signal: per backend, cumulative connect failures and resets.
     pub fn passive_counters(&self) -> Result<Vec<PassiveReport>, DataplaneError> {
         self.runtime.passive_counters()

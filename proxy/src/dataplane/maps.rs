@@ -27,31 +27,37 @@ use super::DataplaneError;
 
 /// Declares a group of maps: a struct with one public field per map, `NAMES`, and the two
 /// constructors (take from an [`Ebpf`], open from a pin directory), in declaration order.
+/// Maps after `@newer` are ones an earlier version did not pin: an `Option`, always there in a
+/// loaded object, and `None` among the pins of an instance that version ran.
 macro_rules! map_group {
     (
         $(#[$meta:meta])*
         pub struct $group:ident {
             $( $(#[$field_meta:meta])* $field:ident: $ty:ty = $name:ident, )+
+            $( @newer $( $(#[$new_meta:meta])* $new:ident: $new_ty:ty = $new_name:ident, )+ )?
         }
     ) => {
         $(#[$meta])*
         pub struct $group {
             $( $(#[$field_meta])* pub $field: $ty, )+
+            $( $( $(#[$new_meta])* pub $new: Option<$new_ty>, )+ )?
         }
 
         impl $group {
             /// The names of the group's maps, in the order the constructors take them.
-            pub const NAMES: &'static [&'static str] = &[$(maps::$name),+];
+            pub const NAMES: &'static [&'static str] = &[$(maps::$name,)+ $($(maps::$new_name,)+)?];
 
             fn take(ebpf: &mut Ebpf) -> Result<Self, DataplaneError> {
                 Ok(Self {
                     $( $field: take(ebpf, maps::$name)?, )+
+                    $( $( $new: Some(take(ebpf, maps::$new_name)?), )+ )?
                 })
             }
 
             fn open_pinned(pin_dir: &Path) -> Result<Self, DataplaneError> {
                 Ok(Self {
                     $( $field: open_pinned(pin_dir, maps::$name)?, )+
+                    $( $( $new: open_newer(pin_dir, maps::$new_name)?, )+ )?
                 })
             }
         }
@@ -93,6 +99,9 @@ map_group! {
         passive: PerCpuHashMap<MapData, Backend, PassiveCounts> = PASSIVE,
         /// Passive health: the current run of failures per backend.
         passive_run: HashMap<MapData, Backend, u64> = PASSIVE_RUN,
+        @newer
+        /// Kernel-path connects per host (summed over CPUs by the reader).
+        host_cx: PerCpuHashMap<MapData, Backend, u64> = HOST_CX,
     }
 }
 
@@ -199,6 +208,19 @@ where
         .and_then(Map::from_map_data)
         .map_err(|source| DataplaneError::Map { name, source })?;
     T::try_from(map).map_err(|source| DataplaneError::Map { name, source })
+}
+
+/// [`open_pinned`] for a map an earlier version did not pin: `None` when `pin_dir` has no pin
+/// of it (that version's instance, opened by a tool; a daemon's load creates the map).
+fn open_newer<T>(pin_dir: &Path, name: &'static str) -> Result<Option<T>, DataplaneError>
+where
+    T: TryFrom<Map, Error = MapError>,
+{
+    if pin_dir.join(name).exists() {
+        open_pinned(pin_dir, name).map(Some)
+    } else {
+        Ok(None)
+    }
 }
 
 /// The error for a map the object does not have.

@@ -1,12 +1,13 @@
 //! The maps the daemon reads and writes while it runs, besides the publisher's: settings (the
 //! splice switch and the proxy listener addresses), counters, original destinations of proxied
-//! connections, and the kernel's passive health signal.
+//! connections, the kernel's passive health signal, and the kernel path's connects per host.
 //!
 //! [`RuntimeMaps`] works on the maps of a loaded [`Dataplane`](super::Dataplane), or on the pins
 //! of an instance whose daemon is gone ([`RuntimeMaps::open_pinned`]): counters and settings stay
 //! reachable after a crash. The maps come from the typed handle [`KernelMaps`].
 
 use std::{
+    collections::HashMap as StdHashMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::Path,
     sync::Arc,
@@ -14,10 +15,12 @@ use std::{
 
 use aya::maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap};
 use proxy_common::{
-    abi::maps::{PASSIVE, SETTINGS},
+    abi::maps::{HOST_CX, PASSIVE, SETTINGS},
     counters,
     service::{Backend, FAMILY_V4, FAMILY_V6, ServiceKey},
-    socket::{PassiveCounts, SETTINGS_F_SPLICE, SETTINGS_KEY, Settings, SockTuple},
+    socket::{
+        HOST_CX_ENTRIES, PassiveCounts, SETTINGS_F_SPLICE, SETTINGS_KEY, Settings, SockTuple,
+    },
 };
 
 use super::{
@@ -80,6 +83,7 @@ pub struct RuntimeMaps {
     orig_dst: OriginalDestinations,
     passive: PerCpuHashMap<MapData, Backend, PassiveCounts>,
     passive_run: HashMap<MapData, Backend, u64>,
+    host_cx: Option<PerCpuHashMap<MapData, Backend, u64>>,
 }
 
 impl RuntimeMaps {
@@ -91,6 +95,7 @@ impl RuntimeMaps {
             orig_dst,
             passive,
             passive_run,
+            host_cx,
         } = maps;
         Self {
             settings,
@@ -98,6 +103,7 @@ impl RuntimeMaps {
             orig_dst: OriginalDestinations::new(orig_dst),
             passive,
             passive_run,
+            host_cx,
         }
     }
 
@@ -198,6 +204,29 @@ impl RuntimeMaps {
             out.push(report);
         }
         out.sort_by_key(|r| r.backend);
+        Ok(out)
+    }
+
+    /// The kernel path's connects per host address, summed over CPUs, cumulative since the map
+    /// was created (`HOST_CX_V1`; empty without it). One pass over the map, at most
+    /// `HOST_CX_ENTRIES` entries (twice that read, should a key evicted mid-pass restart the
+    /// walk; a host read twice keeps its later count).
+    pub fn host_connects(&self) -> Result<StdHashMap<SocketAddr, u64>, DataplaneError> {
+        let mut out = StdHashMap::new();
+        let Some(map) = &self.host_cx else {
+            return Ok(out);
+        };
+        for entry in map.iter().take(2 * HOST_CX_ENTRIES as usize) {
+            let (backend, per_cpu) = entry.map_err(|source| DataplaneError::Map {
+                name: HOST_CX,
+                source,
+            })?;
+            let total = per_cpu.iter().fold(0u64, |sum, n| sum.wrapping_add(*n));
+            out.insert(
+                socket_addr(backend.addr, backend.port, backend.family),
+                total,
+            );
+        }
         Ok(out)
     }
 

@@ -8,8 +8,17 @@
 //! Envoy's defaults filled in, `DEFAULT` (left out, proto3's zero) first. Not printed, because
 //! the daemon has no such thing: `added_via_api` (always false here: clusters come from the
 //! file), `success_rate` and the outlier success-rate thresholds.
+//!
+//! A host's `cx_total` is its proxy-path connects plus its kernel-path ones (`HOST_CX_V1`, read
+//! once per page into a map by address); `cx_connect_fail` and `cx_active` are the proxy
+//! path's only: the kernel sees neither a connect's outcome nor a close there.
 
-use std::{collections::BTreeMap, fmt::Write as _, net::SocketAddr};
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt::Write as _,
+    net::SocketAddr,
+    sync::PoisonError,
+};
 
 use proxy_core::{
     config::circuit_breakers::{Limits, Priority},
@@ -199,8 +208,37 @@ fn address(addr: SocketAddr) -> Address {
     }
 }
 
-/// The host stats the daemon has, in Envoy's order (counters, then gauges). Only the proxy
-/// path's connections are in them; Envoy's `rq_*` are not kept per host.
+/// The kernel path's connects per host address: empty before the data path is attached, and
+/// when the map cannot be read (logged; the page shows the proxy path's counts).
+fn kernel_connects(state: &State) -> HashMap<SocketAddr, u64> {
+    let guard = state
+        .dataplane
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let Some(dp) = guard.as_ref() else {
+        return HashMap::new();
+    };
+    dp.host_connects().unwrap_or_else(|err| {
+        tracing::warn!(%err, "reading the kernel path's connects per host; /clusters shows the proxy path's");
+        HashMap::new()
+    })
+}
+
+/// `traffic` of the host at `addr` (the proxy path's) with its kernel-path connects added to
+/// `cx_total`.
+fn with_kernel(
+    mut traffic: HostTraffic,
+    kernel: &HashMap<SocketAddr, u64>,
+    addr: SocketAddr,
+) -> HostTraffic {
+    let connects = kernel.get(&addr).copied().unwrap_or(0);
+    traffic.cx_total = traffic.cx_total.saturating_add(connects);
+    traffic
+}
+
+/// The host stats the daemon has, in Envoy's order (counters, then gauges): `cx_total` of both
+/// paths, `cx_connect_fail` and `cx_active` of the proxy path; Envoy's `rq_*` are not kept per
+/// host.
 fn host_stats(traffic: HostTraffic) -> Vec<SimpleMetric> {
     vec![
         SimpleMetric::new("cx_connect_fail", false, traffic.cx_connect_fail),
@@ -225,6 +263,11 @@ fn envoy_host(status: &HostStatus, traffic: HostTraffic) -> EnvoyHost {
 /// `/clusters?format=json`: every cluster in Envoy's schema, ORIGINAL_DST clusters with the
 /// proxy path's current original-destination hosts.
 pub(crate) fn clusters_json(state: &State) -> Clusters {
+    json_with(state, &kernel_connects(state))
+}
+
+/// [`clusters_json`] with the kernel path's connects per host `kernel`.
+fn json_with(state: &State, kernel: &HashMap<SocketAddr, u64>) -> Clusters {
     let mut cluster_statuses: Vec<ClusterStatus> = state
         .upstreams
         .iter()
@@ -233,7 +276,10 @@ pub(crate) fn clusters_json(state: &State) -> Clusters {
             let host_statuses = upstream
                 .host_statuses()
                 .iter()
-                .map(|s| envoy_host(s, traffic.host(s.host.addr)))
+                .map(|s| {
+                    let addr = s.host.addr;
+                    envoy_host(s, with_kernel(traffic.host(addr), kernel, addr))
+                })
                 .collect();
             ClusterStatus {
                 name: name.clone(),
@@ -273,6 +319,8 @@ pub(crate) fn clusters_json(state: &State) -> Clusters {
 /// One host in `/routing`.
 #[derive(Serialize)]
 struct RoutingHost {
+    #[serde(skip)]
+    addr: SocketAddr,
     address: String,
     health_flags: String,
     weight: u32,
@@ -337,6 +385,7 @@ pub(crate) fn routing(state: &State) -> Vec<RoutingCluster> {
                 .host_statuses()
                 .into_iter()
                 .map(|s| RoutingHost {
+                    addr: s.host.addr,
                     address: s.host.addr.to_string(),
                     health_flags: s.flags.render(),
                     weight: s.host.weight,
@@ -359,6 +408,7 @@ pub(crate) fn routing(state: &State) -> Vec<RoutingCluster> {
             hosts: original
                 .iter()
                 .map(|h| RoutingHost {
+                    addr: *h,
                     address: h.to_string(),
                     health_flags: "healthy".to_owned(),
                     weight: 1,
@@ -390,12 +440,25 @@ fn original_dst_hosts(state: &State) -> Vec<SocketAddr> {
         .unwrap_or_default()
 }
 
-/// Envoy's `/clusters` text: `cluster::host::field::value`.
+/// Envoy's `/clusters` text: `cluster::host::field::value`, a host's stats first, sorted by
+/// name as Envoy sorts them (none for an ORIGINAL_DST cluster's hosts, as in the JSON).
 pub(crate) fn clusters_text(state: &State) -> String {
+    text_with(state, &kernel_connects(state))
+}
+
+/// [`clusters_text`] with the kernel path's connects per host `kernel`.
+fn text_with(state: &State, kernel: &HashMap<SocketAddr, u64>) -> String {
     let mut out = String::new();
     for cluster in routing(state) {
+        let traffic = state.upstreams.get(&cluster.name).map(|u| u.traffic());
         for host in &cluster.hosts {
             let prefix = format!("{}::{}", cluster.name, host.address);
+            if let Some(traffic) = &traffic {
+                let t = with_kernel(traffic.host(host.addr), kernel, host.addr);
+                let _ = writeln!(out, "{prefix}::cx_active::{}", t.cx_active);
+                let _ = writeln!(out, "{prefix}::cx_connect_fail::{}", t.cx_connect_fail);
+                let _ = writeln!(out, "{prefix}::cx_total::{}", t.cx_total);
+            }
             let _ = writeln!(out, "{prefix}::health_flags::{}", host.health_flags);
             let _ = writeln!(out, "{prefix}::weight::{}", host.weight);
             let _ = writeln!(out, "{prefix}::priority::{}", host.priority);

@@ -127,7 +127,57 @@ fn health_flags_map_to_envoys_and_false_ones_are_left_out() {
     );
 }
 
-/// `/routing` keeps what `proxy status` shows, and the text `/clusters` is unchanged.
+/// A host's kernel-path connects add to its `cx_total` in both forms, and only there:
+/// `cx_connect_fail` and `cx_active` stay the proxy path's; a host with kernel-path connects
+/// only shows them alone.
+#[tokio::test]
+async fn kernel_connects_add_to_cx_total_only() {
+    let (state, traffic) = state().await;
+    let (v4, v6): (SocketAddr, SocketAddr) =
+        ("127.0.0.1:81".parse().unwrap(), "[::1]:82".parse().unwrap());
+    traffic.connect_result(v4, true);
+    traffic.connect_result(v4, false);
+    let _open = traffic.open(v4);
+    // Another address with the same IP, and a host of no cluster: counted for nobody here.
+    let kernel = HashMap::from([
+        (v4, 5),
+        (v6, 7),
+        ("127.0.0.1:82".parse().unwrap(), 100),
+        ("127.0.0.9:81".parse().unwrap(), 100),
+    ]);
+    let json = serde_json::to_value(json_with(&state, &kernel)).unwrap();
+    let hosts = &json["cluster_statuses"][0]["host_statuses"];
+    assert_eq!(
+        hosts[0]["stats"],
+        json!([
+            {"name": "cx_connect_fail", "value": "1"},
+            {"name": "cx_total", "value": "7"},
+            {"type": "GAUGE", "name": "cx_active", "value": "1"}
+        ])
+    );
+    assert_eq!(
+        hosts[1]["stats"],
+        json!([
+            {"name": "cx_connect_fail"},
+            {"name": "cx_total", "value": "7"},
+            {"type": "GAUGE", "name": "cx_active"}
+        ])
+    );
+    let text = text_with(&state, &kernel);
+    for line in [
+        "c::127.0.0.1:81::cx_active::1\nc::127.0.0.1:81::cx_connect_fail::1\nc::127.0.0.1:81::cx_total::7\nc::127.0.0.1:81::health_flags::healthy\n",
+        "c::[::1]:82::cx_active::0\nc::[::1]:82::cx_connect_fail::0\nc::[::1]:82::cx_total::7\n",
+    ] {
+        assert!(text.contains(line), "{line} in {text}");
+    }
+    // Without kernel counts, the proxy path's alone.
+    let text = text_with(&state, &HashMap::new());
+    assert!(text.contains("c::127.0.0.1:81::cx_total::2\n"), "{text}");
+    assert!(text.contains("c::[::1]:82::cx_total::0\n"), "{text}");
+}
+
+/// `/routing` keeps what `proxy status` shows; the text `/clusters` has Envoy's host stats
+/// first, then the daemon's lines as before.
 #[tokio::test]
 async fn routing_and_text_keep_the_daemons_view() {
     let (state, _traffic) = state().await;
@@ -141,7 +191,11 @@ async fn routing_and_text_keep_the_daemons_view() {
     assert_eq!(json[0]["hosts"][1]["routable"], json!(false));
     let text = clusters_text(&state);
     assert!(
-        text.starts_with("c::127.0.0.1:81::health_flags::healthy\nc::127.0.0.1:81::weight::3\n"),
+        text.starts_with(
+            "c::127.0.0.1:81::cx_active::0\nc::127.0.0.1:81::cx_connect_fail::0\n\
+             c::127.0.0.1:81::cx_total::0\nc::127.0.0.1:81::health_flags::healthy\n\
+             c::127.0.0.1:81::weight::3\n"
+        ),
         "{text}"
     );
 }

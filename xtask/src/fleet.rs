@@ -1,0 +1,503 @@
+//! `cargo xtask fleet`: many nodes on this machine, each a network namespace with its own
+//! cgroup, daemon and probe, following one control plane; measures how long a control-plane
+//! change takes to reach every node's kernel (observed by connects from inside each node,
+//! never from the daemon's log), then tears everything down. See docs/fleet.md.
+
+mod consul;
+mod net;
+mod node;
+mod probe;
+mod report;
+#[allow(
+    unsafe_code,
+    reason = "setns(2), clock_gettime(2), signals, kill(2), setrlimit(2)"
+)]
+mod sys;
+
+use std::{
+    fs,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+pub use self::probe::serve as probe_main;
+use self::{
+    consul::Cluster,
+    net::Net,
+    node::Node,
+    probe::{Backends, Expect},
+    report::Kind,
+};
+use crate::util::{self, detail, step};
+
+/// The control plane the fleet follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ControlPlane {
+    /// A three-server Consul 1.8.7 cluster, a client agent per node.
+    Consul,
+    /// One xDS server (ADS): listeners, clusters and endpoints.
+    Xds,
+}
+
+/// `cargo xtask fleet` options.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Options {
+    /// Nodes (network namespace, cgroup, daemon, probe each).
+    #[arg(long, default_value_t = 10)]
+    pub nodes: u32,
+    /// Services every node follows.
+    #[arg(long, default_value_t = 1000)]
+    pub services: u32,
+    /// Changes measured per kind (registration, deregistration, check turning critical).
+    #[arg(long, default_value_t = 100)]
+    pub changes: u32,
+    /// The control plane.
+    #[arg(long, value_enum, default_value = "consul")]
+    pub control_plane: ControlPlane,
+    /// Backend servers the services' instances are spread over.
+    #[arg(long, default_value_t = 16)]
+    pub backends: u32,
+    /// How often a probe connects while it waits, in milliseconds (the resolution).
+    #[arg(long, default_value_t = 5)]
+    pub poll_ms: u64,
+    /// Longest wait for one change at one node, in seconds.
+    #[arg(long, default_value_t = 30)]
+    pub bound_s: u64,
+    /// The daemon binary (default: a debug build of this workspace).
+    #[arg(long)]
+    pub proxy: Option<PathBuf>,
+}
+
+impl Options {
+    /// Refuses what the run cannot do, with the reason.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if !(1..=net::MAX_NODES).contains(&self.nodes) {
+            bail!(
+                "--nodes must be 1 to {}, got {}",
+                net::MAX_NODES,
+                self.nodes
+            );
+        }
+        if !(1..=net::MAX_BACKENDS).contains(&self.backends) {
+            bail!(
+                "--backends must be 1 to {}, got {}",
+                net::MAX_BACKENDS,
+                self.backends
+            );
+        }
+        if self.changes == 0 {
+            bail!("--changes must be at least 1");
+        }
+        if self.services < 2 * self.changes || self.services > 60_000 {
+            bail!(
+                "--services must be at least twice --changes (the first {c} are registered and \
+                 deregistered, the next {c} have a check turned critical) and at most 60000, got {}",
+                self.services,
+                c = self.changes
+            );
+        }
+        if self.poll_ms == 0 || self.poll_ms > 1000 || self.bound_s == 0 || self.bound_s > 600 {
+            bail!("--poll-ms must be 1 to 1000 and --bound-s 1 to 600");
+        }
+        if self.control_plane == ControlPlane::Xds {
+            bail!("--control-plane xds is not built yet: only consul runs in this version");
+        }
+        Ok(())
+    }
+}
+
+/// Everything the run started, torn down in field order: nodes (probes, daemons, uninstall),
+/// Consul, backends, namespaces and cgroups, the work directory.
+#[derive(Default)]
+struct Fleet {
+    nodes: Vec<Node>,
+    cluster: Option<Cluster>,
+    backends: Option<Backends>,
+    net: Option<Net>,
+    workdir: Option<WorkDir>,
+}
+
+/// The agents' data and the logs; removed on drop, the logs kept under target/fleet/logs when
+/// the run failed.
+struct WorkDir {
+    path: PathBuf,
+    keep_logs: Option<PathBuf>,
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if let Some(dest) = &self.keep_logs {
+            let _ = fs::create_dir_all(dest);
+            for e in fs::read_dir(&self.path).into_iter().flatten().flatten() {
+                if e.path()
+                    .extension()
+                    .is_some_and(|x| x == "log" || x == "json")
+                {
+                    let _ = fs::copy(e.path(), dest.join(e.file_name()));
+                }
+            }
+            eprintln!("the logs of the failed run are in {}", dest.display());
+        }
+        let _ = fs::remove_dir_all(&self.path);
+    }
+}
+
+/// `cargo xtask fleet`.
+pub fn run(opts: &Options) -> anyhow::Result<()> {
+    opts.validate()?;
+    util::require_root("cargo xtask fleet")?;
+    let consul_bin = consul::binary()?;
+    let proxy = match &opts.proxy {
+        Some(p) => p.clone(),
+        None => util::build_proxy()?,
+    };
+    let out_dir = util::target_dir()?.join("fleet");
+    fs::create_dir_all(&out_dir)?;
+    sys::catch_signals();
+    detail(format!("open files allowed: {}", sys::raise_nofile()));
+    let pid = std::process::id();
+    let mut fleet = Fleet::default();
+    let path = std::env::temp_dir().join(format!("proxy-fleet-{pid}"));
+    fs::create_dir_all(&path)?;
+    fleet.workdir = Some(WorkDir {
+        path: path.clone(),
+        keep_logs: None,
+    });
+    let outcome = bring_up_and_measure(&mut fleet, opts, &consul_bin, &proxy, &path);
+    if outcome.is_err()
+        && let Some(w) = fleet.workdir.as_mut()
+    {
+        w.keep_logs = Some(out_dir.join(format!("logs-{pid}")));
+    }
+    step("tearing the fleet down");
+    let t = Instant::now();
+    for node in &mut fleet.nodes {
+        node.terminate();
+    }
+    drop(fleet);
+    let teardown_s = t.elapsed().as_secs_f64();
+    detail(format!("torn down in {teardown_s:.1} s"));
+    let left = leftovers(pid);
+    if !left.is_empty() {
+        eprintln!("WARNING: left behind: {}", left.join(", "));
+    }
+    let mut report = outcome?;
+    report.teardown_s = teardown_s;
+    let file = out_dir.join(format!(
+        "fleet-{}-{}.json",
+        report.inner.control_plane,
+        timestamp()
+    ));
+    fs::write(&file, serde_json::to_vec_pretty(&report)?)?;
+    println!("{}", report::table(&report.inner));
+    step(format!("results in {}", file.display()));
+    if !left.is_empty() {
+        bail!("the teardown left things behind (see above)");
+    }
+    Ok(())
+}
+
+/// The report with the teardown time, known only after it.
+#[derive(serde::Serialize)]
+struct Written {
+    #[serde(flatten)]
+    inner: report::Report,
+    teardown_s: f64,
+}
+
+fn bring_up_and_measure(
+    fleet: &mut Fleet,
+    opts: &Options,
+    consul_bin: &Path,
+    proxy: &Path,
+    dir: &Path,
+) -> anyhow::Result<Written> {
+    let up = Instant::now();
+    step(format!(
+        "bringing up {} nodes, {} services, Consul",
+        opts.nodes, opts.services
+    ));
+    let net = fleet.net.insert(Net::create(opts.nodes, opts.backends)?);
+    fleet.backends = Some(Backends::start(net, opts.backends)?);
+    let cluster = fleet.cluster.insert(Cluster::start(consul_bin, net, dir)?);
+    // Services 0..changes are the ones registration adds: they start with no instance.
+    let calls: Vec<_> = (opts.changes..opts.services)
+        .map(|j| {
+            (
+                register_path(),
+                Some(consul::registration(&svc(j), backend_of(opts, j))),
+            )
+        })
+        .collect();
+    let t = Instant::now();
+    cluster.put_all(&calls, 8)?;
+    detail(format!(
+        "registered {} services in {:.1} s",
+        calls.len(),
+        t.elapsed().as_secs_f64()
+    ));
+    for i in 1..=opts.nodes {
+        sys::check_interrupted()?;
+        let poll = Duration::from_millis(opts.poll_ms);
+        fleet
+            .nodes
+            .push(Node::start(proxy, net, dir, (i, opts.services), poll)?);
+    }
+    wait_ready(fleet, opts)?;
+    let bring_up_s = up.elapsed().as_secs_f64();
+    detail(format!("bring-up took {bring_up_s:.1} s"));
+    let measuring = Instant::now();
+    let kinds = measure_consul(fleet, opts)?;
+    Ok(Written {
+        inner: report::Report {
+            control_plane: "consul".to_owned(),
+            nodes: opts.nodes,
+            services: opts.services,
+            backends: opts.backends,
+            changes_per_kind: opts.changes,
+            poll_interval_ms: opts.poll_ms,
+            bring_up_s,
+            measure_s: measuring.elapsed().as_secs_f64(),
+            kinds,
+        },
+        teardown_s: 0.0,
+    })
+}
+
+/// Every daemon answers /ready, then every node's kernel serves every registered service (one
+/// connect each, through the node's probe) and refuses the ones not registered yet.
+fn wait_ready(fleet: &mut Fleet, opts: &Options) -> anyhow::Result<()> {
+    step("waiting until every node is ready");
+    let t = Instant::now();
+    let deadline = t + Duration::from_secs(300);
+    for node in &mut fleet.nodes {
+        loop {
+            sys::check_interrupted()?;
+            node.check_alive()?;
+            let admin = node.admin;
+            let ready =
+                net::with_netns(&node.netns, || consul::call(admin, "GET", "/ready", None))?;
+            if ready.is_ok_and(|(status, _)| status == 200) {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("node {} was not ready within 300 s", node.index);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    detail(format!(
+        "every daemon ready after {:.1} s",
+        t.elapsed().as_secs_f64()
+    ));
+    for j in 0..opts.services {
+        let expect = if j < opts.changes {
+            Expect::Down
+        } else {
+            Expect::Up(backend_of(opts, j))
+        };
+        let addr = SocketAddr::from((net::vip(j), net::VIP_PORT));
+        for node in &mut fleet.nodes {
+            if node.arm(addr, &expect, Duration::from_secs(120))? && node.seen()?.is_none() {
+                bail!(
+                    "node {} does not serve {} ({}) within 120 s",
+                    node.index,
+                    svc(j),
+                    expect.word()
+                );
+            }
+        }
+    }
+    detail(format!(
+        "every node's kernel serves all {} services as registered, after {:.1} s",
+        opts.services,
+        t.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}
+
+/// Registration, deregistration and a check turning critical, `changes` each.
+fn measure_consul(fleet: &mut Fleet, opts: &Options) -> anyhow::Result<Vec<Kind>> {
+    let mut kinds = Vec::new();
+    let cluster = fleet.cluster.take().context("no consul")?;
+    let result = (|| {
+        let k = opts.changes;
+        let reg = measure(
+            fleet,
+            opts,
+            "register",
+            0..k,
+            |j| Expect::Up(backend_of(opts, j)),
+            |j| {
+                cluster.put(
+                    &register_path(),
+                    Some(&consul::registration(&svc(j), backend_of(opts, j))),
+                )
+            },
+        )?;
+        kinds.push(reg);
+        let dereg = measure(
+            fleet,
+            opts,
+            "deregister",
+            0..k,
+            |_| Expect::Down,
+            |j| cluster.put(&format!("/v1/agent/service/deregister/{}", svc(j)), None),
+        )?;
+        kinds.push(dereg);
+        let crit = measure(
+            fleet,
+            opts,
+            "critical",
+            k..2 * k,
+            |_| Expect::Down,
+            |j| cluster.put(&format!("/v1/agent/check/fail/{}-ttl", svc(j)), None),
+        )?;
+        kinds.push(crit);
+        anyhow::Ok(())
+    })();
+    fleet.cluster = Some(cluster);
+    result.map(|()| kinds)
+}
+
+/// One kind: for each service in `range`, arm every node's probe, make the change, collect
+/// each node's time.
+fn measure(
+    fleet: &mut Fleet,
+    opts: &Options,
+    kind: &str,
+    range: std::ops::Range<u32>,
+    expect: impl Fn(u32) -> Expect,
+    change: impl Fn(u32) -> anyhow::Result<u64>,
+) -> anyhow::Result<Kind> {
+    step(format!("measuring {kind}: {} changes", range.len()));
+    let bound = Duration::from_secs(opts.bound_s);
+    let mut observed = Vec::new();
+    for j in range {
+        sys::check_interrupted()?;
+        let addr = SocketAddr::from((net::vip(j), net::VIP_PORT));
+        let want = expect(j);
+        for node in &mut fleet.nodes {
+            node.check_alive()?;
+            if !node.arm(addr, &want, bound)? {
+                bail!(
+                    "{kind} of {}: node {} already saw {} before the change",
+                    svc(j),
+                    node.index,
+                    want.word()
+                );
+            }
+        }
+        let t0 = change(j)?;
+        let times: Vec<Option<f64>> = fleet
+            .nodes
+            .iter_mut()
+            .map(|n| Ok(n.seen()?.map(|t| t.saturating_sub(t0) as f64 / 1e6)))
+            .collect::<anyhow::Result<_>>()?;
+        if times.iter().all(Option::is_none) {
+            bail!("{kind} of {}: no node saw it within {bound:?}", svc(j));
+        }
+        observed.push(times);
+    }
+    let k = Kind::new(kind, observed);
+    detail(format!(
+        "{kind}: every node p50 {:?} ms, p99 {:?} ms, max {:?} ms; {} timeouts",
+        k.every_node.p50_ms, k.every_node.p99_ms, k.every_node.max_ms, k.timeouts
+    ));
+    Ok(k)
+}
+
+fn svc(j: u32) -> String {
+    format!("svc-{j}")
+}
+
+fn register_path() -> String {
+    "/v1/agent/service/register".to_owned()
+}
+
+/// The backend of service `j`'s instance.
+fn backend_of(opts: &Options, j: u32) -> std::net::Ipv4Addr {
+    net::backend(j % opts.backends)
+}
+
+/// What of run `pid` is still there: namespaces, cgroups, pins.
+fn leftovers(pid: u32) -> Vec<String> {
+    let mut left = Vec::new();
+    let ns_prefix = format!("pf{pid}-");
+    for e in fs::read_dir("/run/netns").into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&ns_prefix) {
+            left.push(format!("netns {name}"));
+        }
+    }
+    if let Ok(cg) = net::cgroup2_mount() {
+        let parent = cg.join(format!("proxy-fleet-{pid}"));
+        if parent.exists() {
+            left.push(format!("cgroup {}", parent.display()));
+        }
+    }
+    let pin_prefix = format!("fleet_{pid}_");
+    for e in fs::read_dir("/sys/fs/bpf").into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&pin_prefix) {
+            left.push(format!("pins /sys/fs/bpf/{name}"));
+        }
+    }
+    left
+}
+
+fn timestamp() -> String {
+    util::output(Command::new("date").args(["-u", "+%Y%m%dT%H%M%SZ"]), "date")
+        .map_or_else(|_| "now".into(), |s| s.trim().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        opts: Options,
+    }
+
+    fn parse(args: &[&str]) -> anyhow::Result<Options> {
+        let cli = Cli::try_parse_from(std::iter::once("fleet").chain(args.iter().copied()))?;
+        cli.opts.validate()?;
+        Ok(cli.opts)
+    }
+
+    #[test]
+    fn the_defaults_are_the_issues_ten_nodes_thousand_services_hundred_changes() {
+        let o = parse(&[]).unwrap();
+        assert_eq!((o.nodes, o.services, o.changes), (10, 1000, 100));
+        assert_eq!(o.control_plane, ControlPlane::Consul);
+        assert_eq!((o.poll_ms, o.backends), (5, 16));
+    }
+
+    #[test]
+    fn impossible_runs_are_refused_with_the_reason() {
+        for (args, why) in [
+            (&["--nodes", "0"][..], "--nodes"),
+            (&["--nodes", "151"], "--nodes"),
+            (&["--services", "150", "--changes", "100"], "twice"),
+            (&["--changes", "0"], "--changes"),
+            (&["--backends", "0"], "--backends"),
+            (&["--poll-ms", "0"], "--poll-ms"),
+            (&["--control-plane", "xds"], "not built yet"),
+        ] {
+            let err = parse(args).unwrap_err().to_string();
+            assert!(err.contains(why), "{args:?}: {err}");
+        }
+        assert!(parse(&["--control-plane", "etcd"]).is_err());
+        assert!(parse(&["--nodes", "-3"]).is_err());
+        let o = parse(&["--nodes", "3", "--services", "20", "--changes", "10"]).unwrap();
+        assert_eq!((o.nodes, o.services, o.changes), (3, 20, 10));
+    }
+}

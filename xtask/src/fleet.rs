@@ -4,6 +4,8 @@
 //! never from the daemon's log), then tears everything down. See docs/fleet.md.
 
 mod consul;
+mod http;
+mod measure;
 mod net;
 mod node;
 mod probe;
@@ -13,25 +15,19 @@ mod report;
     reason = "setns(2), clock_gettime(2), signals, kill(2), setrlimit(2)"
 )]
 mod sys;
+mod xds;
 
 use std::{
     fs,
-    net::SocketAddr,
     path::{Path, PathBuf},
     process::Command,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 
 pub use self::probe::serve as probe_main;
-use self::{
-    consul::Cluster,
-    net::Net,
-    node::Node,
-    probe::{Backends, Expect},
-    report::Kind,
-};
+use self::{consul::Cluster, net::Net, node::Node, probe::Backends, xds::XdsServer};
 use crate::util::{self, detail, step};
 
 /// The control plane the fleet follows.
@@ -103,19 +99,17 @@ impl Options {
         if self.poll_ms == 0 || self.poll_ms > 1000 || self.bound_s == 0 || self.bound_s > 600 {
             bail!("--poll-ms must be 1 to 1000 and --bound-s 1 to 600");
         }
-        if self.control_plane == ControlPlane::Xds {
-            bail!("--control-plane xds is not built yet: only consul runs in this version");
-        }
         Ok(())
     }
 }
 
 /// Everything the run started, torn down in field order: nodes (probes, daemons, uninstall),
-/// Consul, backends, namespaces and cgroups, the work directory.
+/// Consul or the xDS server, backends, namespaces and cgroups, the work directory.
 #[derive(Default)]
 struct Fleet {
     nodes: Vec<Node>,
     cluster: Option<Cluster>,
+    xds: Option<XdsServer>,
     backends: Option<Backends>,
     net: Option<Net>,
     workdir: Option<WorkDir>,
@@ -150,7 +144,6 @@ impl Drop for WorkDir {
 pub fn run(opts: &Options) -> anyhow::Result<()> {
     opts.validate()?;
     util::require_root("cargo xtask fleet")?;
-    let consul_bin = consul::binary()?;
     let proxy = match &opts.proxy {
         Some(p) => p.clone(),
         None => util::build_proxy()?,
@@ -167,7 +160,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         path: path.clone(),
         keep_logs: None,
     });
-    let outcome = bring_up_and_measure(&mut fleet, opts, &consul_bin, &proxy, &path);
+    let outcome = bring_up_and_measure(&mut fleet, opts, &proxy, &path);
     if outcome.is_err()
         && let Some(w) = fleet.workdir.as_mut()
     {
@@ -212,49 +205,88 @@ struct Written {
 fn bring_up_and_measure(
     fleet: &mut Fleet,
     opts: &Options,
-    consul_bin: &Path,
     proxy: &Path,
     dir: &Path,
 ) -> anyhow::Result<Written> {
     let up = Instant::now();
+    let plane = match opts.control_plane {
+        ControlPlane::Consul => "consul",
+        ControlPlane::Xds => "xds",
+    };
     step(format!(
-        "bringing up {} nodes, {} services, Consul",
+        "bringing up {} nodes, {} services, {plane}",
         opts.nodes, opts.services
     ));
     let net = fleet.net.insert(Net::create(opts.nodes, opts.backends)?);
     fleet.backends = Some(Backends::start(net, opts.backends)?);
-    let cluster = fleet.cluster.insert(Cluster::start(consul_bin, net, dir)?);
-    // Services 0..changes are the ones registration adds: they start with no instance.
-    let calls: Vec<_> = (opts.changes..opts.services)
-        .map(|j| {
-            (
-                register_path(),
-                Some(consul::registration(&svc(j), backend_of(opts, j))),
-            )
-        })
-        .collect();
-    let t = Instant::now();
-    cluster.put_all(&calls, 8)?;
-    detail(format!(
-        "registered {} services in {:.1} s",
-        calls.len(),
-        t.elapsed().as_secs_f64()
-    ));
-    for i in 1..=opts.nodes {
+    let mut configs = Vec::new();
+    match opts.control_plane {
+        ControlPlane::Consul => {
+            let cluster = fleet
+                .cluster
+                .insert(Cluster::start(&consul::binary()?, net, dir)?);
+            // Services 0..changes are the ones registration adds: they start with no instance.
+            let calls: Vec<_> = (opts.changes..opts.services)
+                .map(|j| {
+                    (
+                        register_path(),
+                        Some(consul::registration(&svc(j), backend_of(opts, j))),
+                    )
+                })
+                .collect();
+            let t = Instant::now();
+            cluster.put_all(&calls, 8)?;
+            detail(format!(
+                "registered {} services in {:.1} s",
+                calls.len(),
+                t.elapsed().as_secs_f64()
+            ));
+            for i in 1..=opts.nodes {
+                let config =
+                    node::daemon_config(&node::instance(i), &net.cgroup(i), i, opts.services);
+                configs.push(config);
+            }
+        }
+        ControlPlane::Xds => {
+            let server = fleet
+                .xds
+                .insert(XdsServer::start(&xds::python()?, net, dir)?);
+            let t = Instant::now();
+            // Services 0..changes start with no endpoint: the pushes measured add one.
+            for j in 0..opts.services {
+                sys::check_interrupted()?;
+                let backend = (j >= opts.changes).then(|| backend_of(opts, j));
+                server.push_endpoints(j, backend)?;
+            }
+            server.push_services(opts.services)?;
+            detail(format!(
+                "pushed {} clusters, listeners and endpoints in {:.1} s",
+                opts.services,
+                t.elapsed().as_secs_f64()
+            ));
+            for i in 1..=opts.nodes {
+                configs.push(xds::daemon_config(&node::instance(i), &net.cgroup(i), i));
+            }
+        }
+    }
+    let poll = Duration::from_millis(opts.poll_ms);
+    for (i, config) in (1..).zip(&configs) {
         sys::check_interrupted()?;
-        let poll = Duration::from_millis(opts.poll_ms);
         fleet
             .nodes
-            .push(Node::start(proxy, net, dir, (i, opts.services), poll)?);
+            .push(Node::start(proxy, net, dir, (i, config), poll)?);
     }
-    wait_ready(fleet, opts)?;
+    measure::wait_ready(&mut fleet.nodes, opts)?;
     let bring_up_s = up.elapsed().as_secs_f64();
     detail(format!("bring-up took {bring_up_s:.1} s"));
     let measuring = Instant::now();
-    let kinds = measure_consul(fleet, opts)?;
+    let kinds = match opts.control_plane {
+        ControlPlane::Consul => measure::consul(fleet, opts)?,
+        ControlPlane::Xds => measure::xds(fleet, opts)?,
+    };
     Ok(Written {
         inner: report::Report {
-            control_plane: "consul".to_owned(),
+            control_plane: plane.to_owned(),
             nodes: opts.nodes,
             services: opts.services,
             backends: opts.backends,
@@ -268,159 +300,16 @@ fn bring_up_and_measure(
     })
 }
 
-/// Every daemon answers /ready, then every node's kernel serves every registered service (one
-/// connect each, through the node's probe) and refuses the ones not registered yet.
-fn wait_ready(fleet: &mut Fleet, opts: &Options) -> anyhow::Result<()> {
-    step("waiting until every node is ready");
-    let t = Instant::now();
-    let deadline = t + Duration::from_secs(300);
-    for node in &mut fleet.nodes {
-        loop {
-            sys::check_interrupted()?;
-            node.check_alive()?;
-            let admin = node.admin;
-            let ready =
-                net::with_netns(&node.netns, || consul::call(admin, "GET", "/ready", None))?;
-            if ready.is_ok_and(|(status, _)| status == 200) {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("node {} was not ready within 300 s", node.index);
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-    detail(format!(
-        "every daemon ready after {:.1} s",
-        t.elapsed().as_secs_f64()
-    ));
-    for j in 0..opts.services {
-        let expect = if j < opts.changes {
-            Expect::Down
-        } else {
-            Expect::Up(backend_of(opts, j))
-        };
-        let addr = SocketAddr::from((net::vip(j), net::VIP_PORT));
-        for node in &mut fleet.nodes {
-            if node.arm(addr, &expect, Duration::from_secs(120))? && node.seen()?.is_none() {
-                bail!(
-                    "node {} does not serve {} ({}) within 120 s",
-                    node.index,
-                    svc(j),
-                    expect.word()
-                );
-            }
-        }
-    }
-    detail(format!(
-        "every node's kernel serves all {} services as registered, after {:.1} s",
-        opts.services,
-        t.elapsed().as_secs_f64()
-    ));
-    Ok(())
-}
-
-/// Registration, deregistration and a check turning critical, `changes` each.
-fn measure_consul(fleet: &mut Fleet, opts: &Options) -> anyhow::Result<Vec<Kind>> {
-    let mut kinds = Vec::new();
-    let cluster = fleet.cluster.take().context("no consul")?;
-    let result = (|| {
-        let k = opts.changes;
-        let reg = measure(
-            fleet,
-            opts,
-            "register",
-            0..k,
-            |j| Expect::Up(backend_of(opts, j)),
-            |j| {
-                cluster.put(
-                    &register_path(),
-                    Some(&consul::registration(&svc(j), backend_of(opts, j))),
-                )
-            },
-        )?;
-        kinds.push(reg);
-        let dereg = measure(
-            fleet,
-            opts,
-            "deregister",
-            0..k,
-            |_| Expect::Down,
-            |j| cluster.put(&format!("/v1/agent/service/deregister/{}", svc(j)), None),
-        )?;
-        kinds.push(dereg);
-        let crit = measure(
-            fleet,
-            opts,
-            "critical",
-            k..2 * k,
-            |_| Expect::Down,
-            |j| cluster.put(&format!("/v1/agent/check/fail/{}-ttl", svc(j)), None),
-        )?;
-        kinds.push(crit);
-        anyhow::Ok(())
-    })();
-    fleet.cluster = Some(cluster);
-    result.map(|()| kinds)
-}
-
-/// One kind: for each service in `range`, arm every node's probe, make the change, collect
-/// each node's time.
-fn measure(
-    fleet: &mut Fleet,
-    opts: &Options,
-    kind: &str,
-    range: std::ops::Range<u32>,
-    expect: impl Fn(u32) -> Expect,
-    change: impl Fn(u32) -> anyhow::Result<u64>,
-) -> anyhow::Result<Kind> {
-    step(format!("measuring {kind}: {} changes", range.len()));
-    let bound = Duration::from_secs(opts.bound_s);
-    let mut observed = Vec::new();
-    for j in range {
-        sys::check_interrupted()?;
-        let addr = SocketAddr::from((net::vip(j), net::VIP_PORT));
-        let want = expect(j);
-        for node in &mut fleet.nodes {
-            node.check_alive()?;
-            if !node.arm(addr, &want, bound)? {
-                bail!(
-                    "{kind} of {}: node {} already saw {} before the change",
-                    svc(j),
-                    node.index,
-                    want.word()
-                );
-            }
-        }
-        let t0 = change(j)?;
-        let times: Vec<Option<f64>> = fleet
-            .nodes
-            .iter_mut()
-            .map(|n| Ok(n.seen()?.map(|t| t.saturating_sub(t0) as f64 / 1e6)))
-            .collect::<anyhow::Result<_>>()?;
-        if times.iter().all(Option::is_none) {
-            bail!("{kind} of {}: no node saw it within {bound:?}", svc(j));
-        }
-        observed.push(times);
-    }
-    let k = Kind::new(kind, observed);
-    detail(format!(
-        "{kind}: every node p50 {:?} ms, p99 {:?} ms, max {:?} ms; {} timeouts",
-        k.every_node.p50_ms, k.every_node.p99_ms, k.every_node.max_ms, k.timeouts
-    ));
-    Ok(k)
-}
-
-fn svc(j: u32) -> String {
+pub(crate) fn svc(j: u32) -> String {
     format!("svc-{j}")
 }
 
-fn register_path() -> String {
+pub(crate) fn register_path() -> String {
     "/v1/agent/service/register".to_owned()
 }
 
 /// The backend of service `j`'s instance.
-fn backend_of(opts: &Options, j: u32) -> std::net::Ipv4Addr {
+pub(crate) fn backend_of(opts: &Options, j: u32) -> std::net::Ipv4Addr {
     net::backend(j % opts.backends)
 }
 
@@ -490,7 +379,6 @@ mod tests {
             (&["--changes", "0"], "--changes"),
             (&["--backends", "0"], "--backends"),
             (&["--poll-ms", "0"], "--poll-ms"),
-            (&["--control-plane", "xds"], "not built yet"),
         ] {
             let err = parse(args).unwrap_err().to_string();
             assert!(err.contains(why), "{args:?}: {err}");

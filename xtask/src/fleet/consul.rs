@@ -1,21 +1,21 @@
 //! The fleet's Consul 1.8.7: three servers on the hub's loopback, a client agent per node (its
 //! HTTP API on the hub's end of the node's veth, where that node's daemon asks), and one client
 //! agent for the node that runs the backends, where services register as real deployments do.
-//! A small HTTP/1.0 client for the API calls, made from inside the hub.
+//! The API calls are made from inside the hub.
 
 use std::{
     fs,
-    io::{Read as _, Write as _},
-    net::{Ipv4Addr, SocketAddr, TcpStream},
+    net::{Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
     process::Stdio,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use serde_json::json;
 
 use super::{
+    http::call,
     net::{self, Net},
     sys::{self, Proc},
 };
@@ -23,8 +23,6 @@ use crate::util::detail;
 
 /// Consul's default HTTP port, on every agent's own address.
 pub const HTTP_PORT: u16 = 8500;
-/// Bound of one API call.
-const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound of the cluster's start (leader elected, every agent joined).
 const START_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -262,34 +260,6 @@ fn put_ok(addr: SocketAddr, path: &str, body: Option<&str>) -> anyhow::Result<()
         bail!("PUT {path} on consul {addr}: {status} {}", text.trim());
     }
     Ok(())
-}
-
-/// One HTTP/1.0 call (no chunked answers); `(status, body)`.
-pub fn call(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-) -> anyhow::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, CALL_TIMEOUT)
-        .with_context(|| format!("connecting to consul {addr}"))?;
-    s.set_read_timeout(Some(CALL_TIMEOUT))?;
-    let body = body.unwrap_or("");
-    write!(
-        s,
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut answer = String::new();
-    s.read_to_string(&mut answer)
-        .with_context(|| format!("{method} {path} on consul {addr}"))?;
-    let status = answer
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .with_context(|| format!("{method} {path} on consul {addr}: no HTTP status"))?;
-    let text = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    Ok((status, text.to_owned()))
 }
 
 /// The consul binary `cargo xtask setup` installs.

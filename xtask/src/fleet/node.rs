@@ -22,6 +22,11 @@ use super::{
     sys::Proc,
 };
 
+/// Node `i`'s instance name (its pin directory under /sys/fs/bpf).
+pub fn instance(i: u32) -> String {
+    format!("fleet_{}_{i}", std::process::id())
+}
+
 /// The daemon config of node `i` (from 1) for services `svc-0` .. `svc-{services-1}`, each a
 /// Consul catalog cluster read from the node's agent, with panic routing off so that an
 /// instance whose check turns critical stops taking connections even when it is the only one.
@@ -78,13 +83,11 @@ impl Node {
         proxy: &Path,
         net: &Net,
         dir: &Path,
-        (i, services): (u32, u32),
+        (i, config): (u32, &Value),
         poll: Duration,
     ) -> anyhow::Result<Self> {
-        let instance = format!("fleet_{}_{i}", std::process::id());
+        let text = serde_json::to_vec_pretty(config)?;
         let config = dir.join(format!("node-{i}.json"));
-        let text =
-            serde_json::to_vec_pretty(&daemon_config(&instance, &net.cgroup(i), i, services))?;
         fs::write(&config, text)?;
         let mut node = Self {
             index: i,

@@ -17,10 +17,13 @@ use serde_json::json;
 use super::{
     http::call,
     net::{self, Net},
+    node::LEGS,
     sys::{self, Proc},
 };
 use crate::util::detail;
 
+/// Where an agent registers a service.
+pub const REGISTER: &str = "/v1/agent/service/register";
 /// Consul's default HTTP port, on every agent's own address.
 pub const HTTP_PORT: u16 = 8500;
 /// Bound of the cluster's start (leader elected, every agent joined).
@@ -139,6 +142,62 @@ impl Cluster {
         Ok(())
     }
 
+    /// The catalog and config entries the run starts from: services `svc-<changes>` ..
+    /// `svc-<services-1>` with one instance each (the first `changes` are what registration
+    /// adds later); with `splits`, the two legs and `splits` split services, HTTP (Consul's
+    /// rule for splitters), each split all to leg-a.
+    pub fn populate(
+        &self,
+        services: u32,
+        changes: u32,
+        backends: u32,
+        splits: u32,
+    ) -> anyhow::Result<()> {
+        let t = Instant::now();
+        let calls: Vec<_> = (changes..services)
+            .map(|j| {
+                let body = registration(&format!("svc-{j}"), net::backend(j % backends));
+                (REGISTER.to_owned(), Some(body))
+            })
+            .collect();
+        self.put_all(&calls, 8)?;
+        if splits == 0 {
+            detail(format!(
+                "registered {} services in {:.1} s",
+                calls.len(),
+                t.elapsed().as_secs_f64()
+            ));
+            return Ok(());
+        }
+        let mut setup: Vec<_> = LEGS
+            .iter()
+            .zip([net::backend(0), net::backend(1)])
+            .map(|(leg, b)| (REGISTER.to_owned(), Some(registration(leg, b))))
+            .collect();
+        let splits: Vec<String> = (0..splits).map(|m| format!("split-{m}")).collect();
+        for name in LEGS
+            .iter()
+            .copied()
+            .chain(splits.iter().map(String::as_str))
+        {
+            setup.push(("/v1/config".to_owned(), Some(http_defaults(name))));
+        }
+        self.put_all(&setup, 8)?;
+        // After the defaults: Consul checks a splitter against its service's protocol.
+        let splitters: Vec<_> = splits
+            .iter()
+            .map(|name| ("/v1/config".to_owned(), Some(splitter(name, LEGS[0]))))
+            .collect();
+        self.put_all(&splitters, 8)?;
+        detail(format!(
+            "registered {} services and wrote {} config entries in {:.1} s",
+            calls.len() + 2,
+            setup.len() - 2 + splitters.len(),
+            t.elapsed().as_secs_f64()
+        ));
+        Ok(())
+    }
+
     /// PUTs `(path, body)` calls to the backends agent, on `threads` threads in the hub; fails
     /// on the first answer that is not 200.
     pub fn put_all(
@@ -249,6 +308,18 @@ pub fn registration(service: &str, backend: Ipv4Addr) -> String {
     .to_string()
 }
 
+/// `service-defaults` making `service` HTTP: Consul 1.8.7 refuses a splitter on a TCP service.
+pub fn http_defaults(service: &str) -> String {
+    json!({"Kind": "service-defaults", "Name": service, "Protocol": "http"}).to_string()
+}
+
+/// A `service-splitter` sending all of `service` to `leg` (what `consul config write` sends
+/// to `PUT /v1/config`).
+pub fn splitter(service: &str, leg: &str) -> String {
+    json!({"Kind": "service-splitter", "Name": service, "Splits": [{"Weight": 100, "Service": leg}]})
+        .to_string()
+}
+
 fn knows_leader(addr: SocketAddr) -> bool {
     call(addr, "GET", "/v1/status/leader", None)
         .is_ok_and(|(status, body)| status == 200 && body.trim().len() > 2)
@@ -304,5 +375,17 @@ mod tests {
         assert_eq!(r["Port"], 9000);
         assert_eq!(r["Check"]["CheckID"], "svc-7-ttl");
         assert_eq!(r["Check"]["Status"], "passing");
+    }
+
+    #[test]
+    fn a_split_moves_all_of_a_service_to_one_leg() {
+        let s: serde_json::Value = serde_json::from_str(&splitter("split-3", "leg-b")).unwrap();
+        assert_eq!(
+            (s["Kind"].as_str(), s["Name"].as_str()),
+            (Some("service-splitter"), Some("split-3"))
+        );
+        assert_eq!(s["Splits"], json!([{"Weight": 100, "Service": "leg-b"}]));
+        let d: serde_json::Value = serde_json::from_str(&http_defaults("leg-a")).unwrap();
+        assert_eq!(d["Protocol"], "http");
     }
 }

@@ -10,8 +10,11 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use super::{
-    Fleet, Options, backend_of, consul, http, net, node::Node, probe::Expect, register_path,
-    report::Kind, svc, sys,
+    Fleet, Options, backend_of, consul, http, net,
+    node::{LEGS, Node},
+    probe::Expect,
+    report::Kind,
+    split, svc, sys,
 };
 use crate::util::{detail, step};
 
@@ -40,11 +43,13 @@ pub fn wait_ready(nodes: &mut [Node], opts: &Options) -> anyhow::Result<()> {
         "every daemon ready after {:.1} s",
         t.elapsed().as_secs_f64()
     ));
-    for j in 0..opts.services {
-        let expect = if j < opts.changes {
-            Expect::Down
-        } else {
-            Expect::Up(backend_of(opts, j))
+    let splits = opts.splits();
+    for j in 0..opts.services + splits {
+        // Split services (after the others) start on leg-a, on backend 0.
+        let expect = match j {
+            j if j < opts.changes => Expect::Down,
+            j if j < opts.services => Expect::Up(backend_of(opts, j)),
+            _ => Expect::Up(net::backend(0)),
         };
         let addr = SocketAddr::from((net::vip(j), net::VIP_PORT));
         for node in nodes.iter_mut() {
@@ -52,7 +57,7 @@ pub fn wait_ready(nodes: &mut [Node], opts: &Options) -> anyhow::Result<()> {
                 bail!(
                     "node {} does not serve {} ({}) within 120 s",
                     node.index,
-                    svc(j),
+                    name_of(opts, j),
                     expect.word()
                 );
             }
@@ -60,7 +65,7 @@ pub fn wait_ready(nodes: &mut [Node], opts: &Options) -> anyhow::Result<()> {
     }
     detail(format!(
         "every node's kernel serves all {} services as registered, after {:.1} s",
-        opts.services,
+        opts.services + splits,
         t.elapsed().as_secs_f64()
     ));
     Ok(())
@@ -74,7 +79,7 @@ pub fn consul(fleet: &mut Fleet, opts: &Options) -> anyhow::Result<Vec<Kind>> {
     let up = |j| Expect::Up(backend_of(opts, j));
     let register = |j| {
         let body = consul::registration(&svc(j), backend_of(opts, j));
-        cluster.put(&register_path(), Some(&body))
+        cluster.put(consul::REGISTER, Some(&body))
     };
     let reg = measure(nodes, opts, "register", 0..k, up, register)?;
     let deregister = |j| cluster.put(&format!("/v1/agent/service/deregister/{}", svc(j)), None);
@@ -88,7 +93,20 @@ pub fn consul(fleet: &mut Fleet, opts: &Options) -> anyhow::Result<Vec<Kind>> {
     )?;
     let fail = |j| cluster.put(&format!("/v1/agent/check/fail/{}-ttl", svc(j)), None);
     let crit = measure(nodes, opts, "critical", k..2 * k, |_| Expect::Down, fail)?;
-    Ok(vec![reg, dereg, crit])
+    // The split services' VIPs follow the others': service `services + m` is split-m.
+    let s = opts.services;
+    let to_b = |_| Expect::Up(net::backend(1));
+    let write = |j: u32| {
+        cluster.put(
+            "/v1/config",
+            Some(&consul::splitter(&split(j - s), LEGS[1])),
+        )
+    };
+    let mut kinds = vec![reg, dereg, crit];
+    if opts.splits() > 0 {
+        kinds.push(measure(nodes, opts, "split-move", s..s + k, to_b, write)?);
+    }
+    Ok(kinds)
 }
 
 /// One kind: for each service in `range`, arm every node's probe, make the change, collect
@@ -113,7 +131,7 @@ fn measure(
             if !node.arm(addr, &want, bound)? {
                 bail!(
                     "{kind} of {}: node {} already saw {} before the change",
-                    svc(j),
+                    name_of(opts, j),
                     node.index,
                     want.word()
                 );
@@ -125,7 +143,10 @@ fn measure(
             .map(|n| Ok(n.seen()?.map(|t| t.saturating_sub(t0) as f64 / 1e6)))
             .collect::<anyhow::Result<_>>()?;
         if times.iter().all(Option::is_none) {
-            bail!("{kind} of {}: no node saw it within {bound:?}", svc(j));
+            bail!(
+                "{kind} of {}: no node saw it within {bound:?}",
+                name_of(opts, j)
+            );
         }
         observed.push(times);
     }
@@ -158,4 +179,13 @@ pub fn xds(fleet: &mut Fleet, opts: &Options) -> anyhow::Result<Vec<Kind>> {
         |j| server.push_endpoints(j, None),
     )?;
     Ok(vec![add, remove])
+}
+
+/// The name of the service on VIP `j`: `svc-<j>`, or a split service after them.
+fn name_of(opts: &Options, j: u32) -> String {
+    if j < opts.services {
+        svc(j)
+    } else {
+        split(j - opts.services)
+    }
 }

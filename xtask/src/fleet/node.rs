@@ -27,34 +27,58 @@ pub fn instance(i: u32) -> String {
     format!("fleet_{}_{i}", std::process::id())
 }
 
-/// The daemon config of node `i` (from 1) for services `svc-0` .. `svc-{services-1}`, each a
-/// Consul catalog cluster read from the node's agent, with panic routing off so that an
-/// instance whose check turns critical stops taking connections even when it is the only one.
-pub fn daemon_config(instance: &str, cgroup: &Path, i: u32, services: u32) -> Value {
+/// The two services every split chain's leg is (on backends 0 and 1).
+pub const LEGS: [&str; 2] = ["leg-a", "leg-b"];
+
+/// The daemon config of node `i` (from 1) on the Consul fleet: services `svc-0` ..
+/// `svc-{services-1}`, each a Consul catalog cluster read from the node's agent, with panic
+/// routing off so that an instance whose check turns critical stops taking connections even
+/// when it is the only one; and `splits` services `split-<m>` whose discovery chains (a
+/// service-splitter to one of [`LEGS`]) come live from the agent's config entries.
+pub fn daemon_config(
+    instance: &str,
+    cgroup: &Path,
+    i: u32,
+    (services, splits): (u32, u32),
+) -> Value {
     let agent = SocketAddr::from((net::hub_side(i), HTTP_PORT)).to_string();
-    let clusters: Vec<Value> = (0..services)
-        .map(|j| {
-            json!({
-                "name": format!("svc-{j}"),
-                "cluster_type": {"name": "proxy.clusters.consul",
-                    "typed_config": {"address": agent, "service": format!("svc-{j}")}},
-                "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
-            })
+    let cluster = |name: &str| {
+        json!({
+            "name": name,
+            "cluster_type": {"name": "proxy.clusters.consul",
+                "typed_config": {"address": agent, "service": name}},
+            "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
         })
+    };
+    let names: Vec<String> = (0..services).map(|j| format!("svc-{j}")).collect();
+    let legs = if splits > 0 { &LEGS[..] } else { &[] };
+    let clusters: Vec<Value> = names
+        .iter()
+        .map(String::as_str)
+        .chain(legs.iter().copied())
+        .map(cluster)
         .collect();
-    let services: Vec<Value> = (0..services)
+    let mut list: Vec<Value> = (0..services)
         .map(|j| {
             json!({"name": format!("svc-{j}"), "address": net::vip(j).to_string(),
                 "port": net::VIP_PORT, "cluster": format!("svc-{j}")})
         })
         .collect();
-    json!({
+    list.extend((0..splits).map(|m| {
+        json!({"name": format!("split-{m}"), "address": net::vip(services + m).to_string(),
+            "port": net::VIP_PORT, "chain": format!("split-{m}")})
+    }));
+    let mut config = json!({
         "instance": instance,
         "cgroup": cgroup.display().to_string(),
         "admin": {"address": SocketAddr::from(([127, 0, 0, 1], net::ADMIN_PORT)).to_string()},
         "clusters": clusters,
-        "services": services,
-    })
+        "services": list,
+    });
+    if splits > 0 {
+        config["consul_config_entries"] = json!({"address": agent});
+    }
+    config
 }
 
 /// A node's daemon and probe.
@@ -251,11 +275,22 @@ mod tests {
 
     #[test]
     fn each_service_follows_the_nodes_own_agent_without_panic_routing() {
-        let c = daemon_config("fleet_1_3", Path::new("/cg/node-3"), 3, 2);
+        let c = daemon_config("fleet_1_3", Path::new("/cg/node-3"), 3, (2, 1));
         assert_eq!(c["instance"], "fleet_1_3");
         assert_eq!(c["cgroup"], "/cg/node-3");
         assert_eq!(c["admin"]["address"], "127.0.0.1:9901");
-        assert_eq!(c["clusters"].as_array().unwrap().len(), 2);
+        assert_eq!(c["clusters"].as_array().unwrap().len(), 4);
+        assert_eq!(c["clusters"][3]["name"], "leg-b");
+        assert_eq!(c["consul_config_entries"]["address"], "10.210.3.1:8500");
+        let split = &c["services"][2];
+        let plain = daemon_config("fleet_1_3", Path::new("/cg/node-3"), 3, (2, 0));
+        assert_eq!(plain["clusters"].as_array().unwrap().len(), 2);
+        assert!(plain.get("consul_config_entries").is_none());
+        assert_eq!(
+            (split["name"].as_str(), split["chain"].as_str()),
+            (Some("split-0"), Some("split-0"))
+        );
+        assert_eq!(split["address"], "10.96.0.3");
         let cl = &c["clusters"][1];
         assert_eq!(cl["name"], "svc-1");
         assert_eq!(cl["cluster_type"]["name"], "proxy.clusters.consul");

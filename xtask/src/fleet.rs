@@ -289,6 +289,7 @@ fn bring_up_and_measure(
     let bring_up_s = up.elapsed().as_secs_f64();
     detail(format!("bring-up took {bring_up_s:.1} s"));
     let measuring = Instant::now();
+    let load_before = report::load_average();
     let kinds = match opts.control_plane {
         ControlPlane::Consul => measure::consul(fleet, opts)?,
         ControlPlane::Xds => measure::xds(fleet, opts)?,
@@ -303,6 +304,8 @@ fn bring_up_and_measure(
             poll_interval_ms: opts.poll_ms,
             bring_up_s,
             measure_s: measuring.elapsed().as_secs_f64(),
+            load_before,
+            load_after: report::load_average(),
             kinds,
         },
         teardown_s: 0.0,

@@ -97,7 +97,17 @@ pub struct Report {
     pub poll_interval_ms: u64,
     pub bring_up_s: f64,
     pub measure_s: f64,
+    /// The machine's 1-minute load average when the measurement began and ended (everything
+    /// runs on this machine, so other work on it shows in the figures).
+    pub load_before: Option<f64>,
+    pub load_after: Option<f64>,
     pub kinds: Vec<Kind>,
+}
+
+/// The 1-minute load average (`/proc/loadavg`).
+pub fn load_average() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    text.split_whitespace().next()?.parse().ok()
 }
 
 fn ms(v: Option<f64>) -> String {
@@ -184,6 +194,8 @@ mod tests {
                 poll_interval_ms: 5,
                 bring_up_s: 1.0,
                 measure_s: 1.0,
+                load_before: None,
+                load_after: None,
                 kinds: vec![k],
             })
             .contains("4.0 / 6.0 / 6.0")

@@ -40,7 +40,8 @@ port (HTTP/1.1, JSON):
   GET  /requests                      every request received, oldest first (see record()); each
                                       names its stream (numbered from 1 as they open)
 
-Prints "READY grpc=<port> control=<port>" on stdout once both listen. Stops on SIGTERM/SIGKILL
+Prints "READY grpc=<port> control=<port>" on stdout once both listen (on 127.0.0.1, or on
+--host). Stops on SIGTERM/SIGKILL
 or when stdin closes.
 
 TLS (tests/tests/xds_tls.rs): with --tls-cert and --tls-key (PEM files) the gRPC port serves
@@ -513,7 +514,7 @@ def read(path):
 
 def grpc_port(server, args):
     """Binds the gRPC port: plaintext, or TLS with the --tls-* files."""
-    address = f"127.0.0.1:{args.grpc_port}"
+    address = f"{args.host}:{args.grpc_port}"
     if not args.tls_cert:
         return server.add_insecure_port(address)
     client_ca = read(args.tls_client_ca) if args.tls_client_ca else None
@@ -541,6 +542,7 @@ def rest_tls_server(store, args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1", help="address of the gRPC and control ports (the fleet harness, in a namespace of its own, listens on 0.0.0.0)")
     parser.add_argument("--grpc-port", type=int, default=0)
     parser.add_argument("--control-port", type=int, default=0)
     parser.add_argument("--tls-cert", help="server certificate chain (PEM): serve TLS")
@@ -554,7 +556,7 @@ def main():
     eds_pb2_grpc.add_EndpointDiscoveryServiceServicer_to_server(servicer, server)
     port = grpc_port(server, args)
     server.start()
-    control = ThreadingHTTPServer(("127.0.0.1", args.control_port), control_handler(store))
+    control = ThreadingHTTPServer((args.host, args.control_port), control_handler(store))
     threading.Thread(target=control.serve_forever, daemon=True).start()
     ready = f"READY grpc={port} control={control.server_address[1]}"
     rest = rest_tls_server(store, args) if args.tls_cert else None

@@ -1,8 +1,9 @@
 //! `cargo xtask`: what cargo alone cannot do. `setup` installs the toolchain pieces and packages
 //! the project needs, `demo` runs the embedded default end to end, `test` runs every test, `vm`
-//! runs the kernel tests in QEMU, `docs` writes the configuration reference, `bench` runs the benchmark harness (the `proxy-bench`
-//! crate) and `dist` builds the Debian package and the OCI image. xtask links no crate of the
-//! product: it builds and runs the binaries.
+//! runs the kernel tests in QEMU, `docs` writes the configuration reference, `bench` runs the
+//! benchmark harness (the `proxy-bench` crate), `fleet` measures convergence over many nodes on
+//! this machine and `dist` builds the Debian package and the OCI image. xtask links no crate of
+//! the product: it builds and runs the binaries.
 
 mod apt;
 mod bench;
@@ -12,6 +13,7 @@ mod demo;
 mod deps;
 mod dist;
 mod docs;
+mod fleet;
 mod fuzz;
 mod integration;
 mod lint;
@@ -55,6 +57,19 @@ enum Task {
         /// The harness's options (`cargo xtask bench --help`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
+    },
+    /// A fleet on this machine (root): N nodes, each a network namespace with its own cgroup,
+    /// daemon and probe, following a three-server Consul 1.8.7 cluster through a client agent
+    /// each; measures how long a registration, a deregistration and a check turning critical
+    /// take to reach every node's kernel (p50, p99, max), writes target/fleet/ and tears
+    /// everything down. See docs/fleet.md.
+    Fleet(fleet::Options),
+    /// The fleet's probe, run by `fleet` inside each node (not for direct use).
+    #[command(hide = true)]
+    FleetProbe {
+        /// Milliseconds between tries while waiting.
+        #[arg(long, default_value_t = 5)]
+        interval_ms: u64,
     },
     /// The fuzz targets of `fuzz/` (config, chain entries, EDS assignments, DNS answers, PROXY
     /// headers, HTTP routing) under libFuzzer, each for a bounded time from its corpus; fails if
@@ -145,6 +160,10 @@ fn main() -> anyhow::Result<()> {
         }),
         Task::Test { filter } => test::run(filter.as_deref()),
         Task::Bench { args } => bench::run(&args),
+        Task::Fleet(opts) => fleet::run(&opts),
+        Task::FleetProbe { interval_ms } => {
+            fleet::probe_main(std::time::Duration::from_millis(interval_ms))
+        }
         Task::Vm {
             kernel,
             systemd: true,

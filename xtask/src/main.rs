@@ -60,9 +60,10 @@ enum Task {
     },
     /// A fleet on this machine (root): N nodes, each a network namespace with its own cgroup,
     /// daemon and probe, following a three-server Consul 1.8.7 cluster through a client agent
-    /// each; measures how long a registration, a deregistration and a check turning critical
-    /// take to reach every node's kernel (p50, p99, max), writes target/fleet/ and tears
-    /// everything down. See docs/fleet.md.
+    /// each (or one xDS server); measures how long a registration, a deregistration, a check
+    /// turning critical and a split moved by a config write (xDS: an endpoint added and
+    /// removed) take to reach every node's kernel (p50, p99, max), writes target/fleet/ and
+    /// tears everything down. See docs/fleet.md.
     Fleet(fleet::Options),
     /// The fleet's probe, run by `fleet` inside each node (not for direct use).
     #[command(hide = true)]

@@ -151,9 +151,13 @@ fn measure(
         observed.push(times);
     }
     let k = Kind::new(kind, observed);
+    let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
     detail(format!(
-        "{kind}: every node p50 {:?} ms, p99 {:?} ms, max {:?} ms; {} timeouts",
-        k.every_node.p50_ms, k.every_node.p99_ms, k.every_node.max_ms, k.timeouts
+        "{kind}: every node p50 {} ms, p99 {} ms, max {} ms; {} timeouts",
+        ms(k.every_node.p50_ms),
+        ms(k.every_node.p99_ms),
+        ms(k.every_node.max_ms),
+        k.timeouts
     ));
     Ok(k)
 }

@@ -3,6 +3,7 @@
 //! change takes to reach every node's kernel (observed by connects from inside each node,
 //! never from the daemon's log), then tears everything down. See docs/fleet.md.
 
+mod chart;
 mod consul;
 mod http;
 mod measure;
@@ -72,6 +73,13 @@ pub struct Options {
     /// The daemon binary (default: a debug build of this workspace).
     #[arg(long)]
     pub proxy: Option<PathBuf>,
+    /// Measure nothing: draw the results files given after the options (target/fleet/*.json)
+    /// as one SVG chart at this path.
+    #[arg(long, value_name = "OUT.svg")]
+    pub chart: Option<PathBuf>,
+    /// The results files `--chart` draws.
+    #[arg(requires = "chart", value_name = "RESULTS.json")]
+    pub results: Vec<PathBuf>,
 }
 
 impl Options {
@@ -158,6 +166,9 @@ impl Drop for WorkDir {
 
 /// `cargo xtask fleet`.
 pub fn run(opts: &Options) -> anyhow::Result<()> {
+    if let Some(out) = &opts.chart {
+        return chart::write(out, &opts.results);
+    }
     opts.validate()?;
     util::require_root("cargo xtask fleet")?;
     let proxy = match &opts.proxy {

@@ -784,9 +784,15 @@ mod tests {
         second.shutdown().await;
     }
 
-    /// Whether a connect to `addr` is refused.
+    /// Whether a connect to `addr` is refused (ECONNREFUSED: nothing listens there). Any other
+    /// outcome means a listener took it: a proxy resets a connection without an original
+    /// destination at once, and the client may see that reset (ECONNRESET) before its connect
+    /// completes.
     async fn refused(addr: SocketAddr) -> bool {
-        tokio::net::TcpStream::connect(addr).await.is_err()
+        matches!(
+            tokio::net::TcpStream::connect(addr).await,
+            Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused
+        )
     }
 }
 

@@ -23,11 +23,14 @@ pub fn call(
         .with_context(|| format!("connecting to {addr}"))?;
     s.set_read_timeout(Some(CALL_TIMEOUT))?;
     let body = body.unwrap_or("");
-    write!(
-        s,
+    // One buffer, one write: `write!` on the socket itself would send each formatted piece as
+    // its own segment.
+    let request = format!(
         "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
-    )?;
+    );
+    s.write_all(request.as_bytes())
+        .with_context(|| format!("sending {method} {path} to {addr}"))?;
     let mut answer = String::new();
     s.read_to_string(&mut answer)
         .with_context(|| format!("{method} {path} on {addr}"))?;
@@ -52,11 +55,19 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let server = std::thread::spawn(move || {
             let (mut c, _) = l.accept().unwrap();
+            c.set_read_timeout(Some(CALL_TIMEOUT)).unwrap();
+            // Read the whole request before answering: closing with unread bytes would reset
+            // the connection under the client's read.
+            let mut request = Vec::new();
             let mut buf = [0u8; 1024];
-            let n = c.read(&mut buf).unwrap();
+            while !request.ends_with(b"\r\n\r\nabc") {
+                let n = c.read(&mut buf).unwrap();
+                assert!(n > 0, "EOF after {:?}", String::from_utf8_lossy(&request));
+                request.extend_from_slice(&buf[..n]);
+            }
             c.write_all(b"HTTP/1.0 201 Created\r\nX: y\r\n\r\n{\"ok\":1}")
                 .unwrap();
-            String::from_utf8_lossy(&buf[..n]).into_owned()
+            String::from_utf8_lossy(&request).into_owned()
         });
         let (status, body) = call(addr, "PUT", "/v1/x", Some("abc")).unwrap();
         assert_eq!((status, body.as_str()), (201, "{\"ok\":1}"));

@@ -96,9 +96,9 @@ pub mod maps {
     pub const PAIR_FLOW: &str = "PAIR_FLOW_V1";
     /// Proxy-pair splicing: the daemon's credit for each spliced socket.
     pub const PAIR_GRANT: &str = "PAIR_GRANT_V1";
-    /// Host ending: the backend a socket of a `SERVICE_F_END` service was connected to, by
-    /// socket cookie (LRU).
-    pub const SOCK_HOST: &str = "SOCK_HOST_V1";
+    /// Host ending: the service and backend a socket of a `SERVICE_F_END` service was connected
+    /// to, by socket cookie (LRU). `_V2`: the service joined the backend.
+    pub const SOCK_HOST: &str = "SOCK_HOST_V2";
     /// Kernel-path connects per chosen backend (per CPU, LRU), for `/clusters`' `cx_total`.
     pub const HOST_CX: &str = "HOST_CX_V1";
 
@@ -297,7 +297,7 @@ pub mod pins {
 /// Pin names of earlier versions: maps whose layout moved to a new suffix, and pins of programs
 /// that were renamed or removed. A daemon removes them from its instance directory once its own
 /// programs are attached and every service was published once (see the version policy above).
-pub const RETIRED: [&str; 8] = [
+pub const RETIRED: [&str; 9] = [
     // `Service` gained `backend`: the three service maps moved to `_V2` together.
     "SERVICES_V1",
     "SLOTS_V1",
@@ -311,6 +311,8 @@ pub const RETIRED: [&str; 8] = [
     // `ServiceCounts` gained `panic`, then `passive_failures`.
     "SVC_COUNTERS_V1",
     "SVC_COUNTERS_V2",
+    // The backend alone, so one service's failed host ended every service's sockets to it.
+    "SOCK_HOST_V1",
 ];
 
 /// What a file under `<bpffs>/<instance>/` is to this version of the daemon.

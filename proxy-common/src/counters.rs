@@ -80,7 +80,7 @@ pub const CONNECT_DROP_OVERLOAD: u32 = 29;
 /// `SERVICE_F_NO_PROXY_DIALLED`: the address dialled) instead of refused.
 pub const CONNECT_PROXY_ABSENT_DIRECT: u32 = 30;
 /// connect4/6: the backend of a socket of a `SERVICE_F_END` service could not be recorded in
-/// `SOCK_HOST_V1`; that socket is not ended when its host leaves.
+/// `SOCK_HOST_V2`; that socket is not ended when its host leaves.
 pub const SOCK_HOST_RECORD_FAILED: u32 = 31;
 /// connect4/6: a kernel-path connect could not be counted for its host in `HOST_CX_V1` (no
 /// memory for a new entry); the connect proceeds, and that host's `cx_total` misses it.

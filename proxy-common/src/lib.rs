@@ -24,7 +24,9 @@ mod pod {
     use crate::{
         counters::ServiceCounts,
         limit::CxOpen,
-        service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey, legacy::ServiceV1},
+        service::{
+            Backend, Service, ServiceKey, SlotTable, SlotTableKey, SockHost, legacy::ServiceV1,
+        },
         socket::{
             PairFlow, PairGrant, PassiveCounts, PeerSlot, Settings, SockTuple, UdpReverseKey,
         },
@@ -41,6 +43,8 @@ mod pod {
     unsafe impl aya::Pod for SlotTable {}
     // SAFETY: as above.
     unsafe impl aya::Pod for Backend {}
+    // SAFETY: as above (two such types, 20 bytes each, so no padding between them).
+    unsafe impl aya::Pod for SockHost {}
     // SAFETY: as above.
     unsafe impl aya::Pod for Settings {}
     // SAFETY: as above.

@@ -103,9 +103,9 @@ pub const SERVICE_F_NO_PROXY_DIALLED: u32 = 1 << 10;
 
 /// `Service::flags` bit: a cluster behind the service ends its connections to a host that
 /// leaves the routable set (`close_connections_on_host_health_failure`): connect4/6 record the
-/// chosen backend under the socket cookie in `SOCK_HOST_V1` (TCP and connected UDP), which the
-/// daemon's socket iterators read to end the sockets of that host with `bpf_sock_destroy`
-/// (Linux 6.5). Without it nothing is recorded.
+/// service and the chosen backend ([`SockHost`]) under the socket cookie in `SOCK_HOST_V2` (TCP
+/// and connected UDP), which the daemon's socket iterators read to end that service's sockets
+/// to that host with `bpf_sock_destroy` (Linux 6.5). Without it nothing is recorded.
 pub const SERVICE_F_END: u32 = 1 << 11;
 
 /// The bits of `Service::flags` that say what consistent hashing ([`SERVICE_F_MAGLEV`]) keys
@@ -255,6 +255,21 @@ pub struct Backend {
     pub _pad: u8,
 }
 const _: () = assert!(size_of::<Backend>() == 20);
+
+/// Value of `SOCK_HOST_V2`, and key of the daemon's map of what to end: which service a socket
+/// dialled and the host it was sent to. Keyed by the service too because a host that fails in
+/// one service's cluster may be healthy in another's (checked on another port, say): ending
+/// one service's connections must leave the other's alone, as each Envoy cluster closes only
+/// its own.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SockHost {
+    /// The service dialled, as its `SERVICES_V2` key.
+    pub service: ServiceKey,
+    /// The chosen host.
+    pub backend: Backend,
+}
+const _: () = assert!(size_of::<SockHost>() == 40);
 
 /// Layouts of earlier versions that a new daemon still reads, to carry their state over
 /// (`abi::RETIRED` names their maps).

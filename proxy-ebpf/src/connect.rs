@@ -20,9 +20,10 @@
 //!   `SETTINGS_V1` (a map, so the daemon can move its listener without reloading programs), and
 //!   the dialled service is recorded under the socket cookie in `SOCK_ORIG_V1` for sockops.
 //!   UDP services ignore the flag and select a backend.
-//! - Host ending (`SERVICE_F_END`, TCP and connected UDP, kernel path only): the chosen backend
-//!   is recorded under the socket cookie in `SOCK_HOST_V1` (LRU, never removed on close), for
-//!   the daemon's socket iterators that end a host's sockets when it leaves the routable set.
+//! - Host ending (`SERVICE_F_END`, TCP and connected UDP, kernel path only): the service and
+//!   the chosen backend are recorded under the socket cookie in `SOCK_HOST_V2` (LRU, never
+//!   removed on close), for the daemon's socket iterators that end a service's sockets to a
+//!   host when it leaves that service's routable set.
 //!   A failed record is counted as `sock_host_record_failed`; the connect proceeds.
 //! - Every kernel-path connect (not a redirect to the proxy) counts one for its chosen host in
 //!   `HOST_CX_V1` ([`crate::host_cx`]), the host's `cx_total` in `/clusters`.
@@ -44,7 +45,7 @@
 //! - Reads `SERVICES_V2`, `SLOTS_V2`, `BACKENDS_V2`, `SETTINGS_V1`, `CX_MAX_V1`, `DROP_V1`;
 //!   writes `CX_OPEN_V1` and `DROPPED_V1` (refusals' counts), the dialled service
 //!   to `SOCK_VIP_V2` (the socket's local storage) for a socket sockops follows (proxy mode, or
-//!   passive health), or else to `SOCK_PEER_V1` (a slot by cookie, for getpeername); `SOCK_HOST_V1`
+//!   passive health), or else to `SOCK_PEER_V1` (a slot by cookie, for getpeername); `SOCK_HOST_V2`
 //!   (host ending); `HOST_CX_V1`; `SOCK_ORIG_V1`
 //!   (proxy mode), `UDP_REV_V1` (connected UDP, for recvfrom), `COUNTERS_V2` and the service's
 //!   `SVC_COUNTERS_V3` entry.
@@ -57,7 +58,7 @@ use aya_ebpf::{
 };
 use proxy_common::{
     abi, counters,
-    service::{FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP, ServiceKey},
+    service::{FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP, ServiceKey, SockHost},
     socket::{
         SOCK_VIP_F_CX_LIMIT, SOCK_VIP_F_LEAST, SOCK_VIP_F_PASSIVE, SOCK_VIP_F_PROXIED, SockVip,
     },
@@ -65,7 +66,7 @@ use proxy_common::{
 
 use crate::{
     features, host_cx, log,
-    maps::{SOCK_HOST_V1, SOCK_ORIG_V1, SOCK_VIP_V2, count},
+    maps::{SOCK_HOST_V2, SOCK_ORIG_V1, SOCK_VIP_V2, count},
     peer,
     sendmsg::remember_reply,
     sock_addr::{MAPPED, key4, key6, write4, write6},
@@ -186,8 +187,14 @@ fn remember(ctx: &SockAddrContext, key: &ServiceKey, t: &Target, family: u8, see
     if flags == 0 {
         peer::record(cookie, key);
     }
-    if t.end && SOCK_HOST_V1.insert(&cookie, &t.dest, 0).is_err() {
-        count(counters::SOCK_HOST_RECORD_FAILED);
+    if t.end {
+        let host = SockHost {
+            service: *key,
+            backend: t.dest,
+        };
+        if SOCK_HOST_V2.insert(&cookie, &host, 0).is_err() {
+            count(counters::SOCK_HOST_RECORD_FAILED);
+        }
     }
     if key.proto == PROTO_UDP {
         remember_reply(cookie, family, seen, t.dest.port, key);

@@ -16,7 +16,7 @@ use aya_ebpf::{
 use proxy_common::{
     counters::{self, ServiceCounts},
     limit::CxOpen,
-    service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey},
+    service::{Backend, Service, ServiceKey, SlotTable, SlotTableKey, SockHost},
     socket::{
         HOST_CX_ENTRIES, PEER_SLOTS, PairFlow, PairGrant, PassiveCounts, PeerSlot, Settings,
         SockTuple, SockVip, UdpReverseKey,
@@ -72,11 +72,11 @@ pub static SETTINGS_V1: HashMap<u32, Settings> = HashMap::pinned(1, BPF_F_NO_PRE
 #[map]
 pub static SOCK_ORIG_V1: LruHashMap<u64, ServiceKey> = LruHashMap::pinned(65_536, 0);
 
-/// Host ending (`SERVICE_F_END`): the backend a socket connected to, by socket cookie, for the
-/// daemon's socket iterators. Nothing removes an entry when its socket closes: LRU, so a
-/// socket evicted under churn is simply not ended.
+/// Host ending (`SERVICE_F_END`): the service and backend a socket connected to, by socket
+/// cookie, for the daemon's socket iterators. Nothing removes an entry when its socket closes:
+/// LRU, so a socket evicted under churn is simply not ended.
 #[map]
-pub static SOCK_HOST_V1: LruHashMap<u64, Backend> = LruHashMap::pinned(262_144, 0);
+pub static SOCK_HOST_V2: LruHashMap<u64, SockHost> = LruHashMap::pinned(262_144, 0);
 
 /// Kernel-path connects per chosen backend (`crate::host_cx`), which the daemon adds to each
 /// host's `cx_total` in `/clusters`. Per CPU, so a connect adds without atomics; LRU, so hosts

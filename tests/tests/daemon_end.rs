@@ -3,8 +3,10 @@
 //! check. The service whose cluster sets `close_connections_on_host_health_failure` has its
 //! connection to B ended (the client's next read or write fails with `ECONNABORTED`) and
 //! reconnects land on A; its connection to A, the other service's connection to B (option
-//! off) and a connection from outside the cgroup straight to B stay open. Connected UDP
-//! sockets likewise. A host that DNS discovery removes is ended only after `proxy.drain_timeout`.
+//! off) and a connection from outside the cgroup straight to B stay open, and so does the
+//! connection to B through a third service, whose cluster (option on) checks B on another port
+//! and still finds it healthy: a cluster ends only its own connections, as Envoy's do. Connected
+//! UDP sockets likewise. A host that DNS discovery removes is ended only after `proxy.drain_timeout`.
 
 use std::{
     io::{Read as _, Write as _},
@@ -30,6 +32,9 @@ use integration_tests::{
 const VIP_ON: &str = "127.77.12.1:80";
 const VIP_OFF: &str = "127.77.12.2:80";
 const UDP_VIP: &str = "127.77.12.3:53";
+/// The service whose cluster checks the hosts on their health port + [`OWN_CHECK`].
+const VIP_OWN: &str = "127.77.12.5:80";
+const OWN_CHECK: u16 = 100;
 /// Hosts: (traffic address, health-check port).
 const A: (&str, u16) = ("127.0.0.121:8121", 9121);
 const B: (&str, u16) = ("127.0.0.122:8122", 9122);
@@ -66,24 +71,22 @@ impl Servers {
             });
             stop.push((flag, thread));
         }
-        // Binding happens on the threads: wait until the health listener takes connections.
-        let deadline = Instant::now() + WAIT;
-        while in_netns(netns, move || TcpStream::connect(health).is_err())
-            .join()
-            .unwrap()
-        {
-            assert!(
-                Instant::now() < deadline,
-                "health listener {health} never came up"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_listening(netns, health);
         Self { stop }
     }
 
-    /// Closes the health listener: the host fails its next check.
+    /// One more health listener, on `health`, up until the servers are dropped.
+    fn also_health(&mut self, netns: &Netns, health: SocketAddr) {
+        let flag = Arc::new(AtomicBool::new(false));
+        let f = flag.clone();
+        let thread = in_netns(netns, move || accept_and_drop(health, &f));
+        self.stop.push((flag, thread));
+        wait_listening(netns, health);
+    }
+
+    /// Closes the first health listener: the host fails its next check there.
     fn fail_health(&mut self) {
-        let (flag, thread) = self.stop.pop().expect("health listener running");
+        let (flag, thread) = self.stop.remove(2);
         flag.store(true, Ordering::Relaxed);
         thread.join().expect("health listener thread");
     }
@@ -95,6 +98,21 @@ impl Drop for Servers {
             flag.store(true, Ordering::Relaxed);
             let _ = thread.join();
         }
+    }
+}
+
+/// Binding happens on the server's thread: waits until `health` takes connections (bounded).
+fn wait_listening(netns: &Netns, health: SocketAddr) {
+    let deadline = Instant::now() + WAIT;
+    while in_netns(netns, move || TcpStream::connect(health).is_err())
+        .join()
+        .unwrap()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "health listener {health} never came up"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -146,8 +164,10 @@ fn accept_and_drop(addr: SocketAddr, stop: &AtomicBool) {
     }
 }
 
-fn cluster(name: &str, close: bool) -> String {
+/// A cluster of A and B that checks them on their health port + `check_offset`.
+fn cluster(name: &str, close: bool, check_offset: u16) -> String {
     let endpoint = |(addr, health): (&str, u16)| {
+        let health = health + check_offset;
         let addr: SocketAddr = addr.parse().unwrap();
         format!(
             "            - endpoint: {{ address: {{ socket_address: {{ address: \"{}\", port_value: {} }} }}, health_check_config: {{ port_value: {health} }} }}\n",
@@ -232,6 +252,7 @@ fn client(ready: &mut UnixStream) -> String {
     let (vip_on, vip_off) = (VIP_ON.parse().unwrap(), VIP_OFF.parse().unwrap());
     let (mut on_a, mut on_b) = one_to_each(vip_on);
     let (mut off_a, mut off_b) = one_to_each(vip_off);
+    let (_, mut own_b) = one_to_each(VIP_OWN.parse().unwrap());
     let (udp_a, udp_b) = udp_one_to_each(UDP_VIP.parse().unwrap());
     ready.write_all(b"r").expect("telling the test");
     let deadline = Instant::now() + WAIT;
@@ -268,10 +289,11 @@ fn client(ready: &mut UnixStream) -> String {
     }
     let kept = |r: Result<(), String>| r.map_or_else(|e| e, |()| "open".to_owned());
     format!(
-        "{ended} {} {} {} {udp_ended} {} {reconnects}",
+        "{ended} {} {} {} {} {udp_ended} {} {reconnects}",
         kept(echo(&mut on_a)),
         kept(echo(&mut off_a)),
         kept(echo(&mut off_b)),
+        kept(echo(&mut own_b)),
         udp_ask(&udp_a).unwrap_or_else(|e| e),
     )
 }
@@ -288,8 +310,12 @@ fn a_failed_hosts_kernel_path_connections_are_ended_and_no_others() {
         let addr: SocketAddr = addr.parse().unwrap();
         Servers::start(&netns, name, addr, SocketAddr::new(addr.ip(), port))
     };
-    let _a = start(b'A', A);
+    let mut a = start(b'A', A);
     let mut b = start(b'B', B);
+    for (servers, (addr, port)) in [(&mut a, A), (&mut b, B)] {
+        let ip = addr.parse::<SocketAddr>().unwrap().ip();
+        servers.also_health(&netns, SocketAddr::new(ip, port + OWN_CHECK));
+    }
     let instance = unique("end");
     let _pins = PinDir(PathBuf::from("/sys/fs/bpf").join(&instance));
     let service = |name: &str, vip: &str, cluster: &str, proto: &str| {
@@ -301,14 +327,16 @@ fn a_failed_hosts_kernel_path_connections_are_ended_and_no_others() {
         )
     };
     let config = format!(
-        "instance: {instance}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n{}{}{}services:\n{}{}{}",
+        "instance: {instance}\ncgroup: {}\nadmin:\n  address: \"{{admin}}\"\nclusters:\n{}{}{}{}services:\n{}{}{}{}",
         cgroup.path().display(),
-        cluster("on", true),
-        cluster("off", false),
-        cluster("udp", true),
+        cluster("on", true, 0),
+        cluster("off", false, 0),
+        cluster("udp", true, 0),
+        cluster("own", true, OWN_CHECK),
         service("on", VIP_ON, "on", "TCP"),
         service("off", VIP_OFF, "off", "TCP"),
         service("udp", UDP_VIP, "udp", "UDP"),
+        service("own", VIP_OWN, "own", "TCP"),
     );
     let daemon = Daemon::start_in(&netns, &config);
     // From outside the cgroup, straight to B: never recorded, never ended.
@@ -329,14 +357,21 @@ fn a_failed_hosts_kernel_path_connections_are_ended_and_no_others() {
     });
     ours.set_read_timeout(Some(WAIT * 2)).unwrap();
     let mut byte = [0u8];
-    ours.read_exact(&mut byte)
-        .expect("the client's connections are up");
+    if let Err(err) = ours.read_exact(&mut byte) {
+        panic!(
+            "the client's connections never came up ({err}): {:?}; the daemon's log:\n{}",
+            child.result(WAIT),
+            daemon.log_text()
+        );
+    }
     b.fail_health();
     let report = child.wait(WAIT * 3);
     println!("client: {report}");
     assert_eq!(
-        report, "ECONNABORTED open open open ECONNABORTED A AAAAAAAAAA",
-        "B's connection through the service with the option (then A's, the other service's to A and to B, the UDP socket to B, to A, and ten reconnects)"
+        report,
+        "ECONNABORTED open open open open ECONNABORTED A AAAAAAAAAA",
+        "B's connection through the service with the option (then A's, the other service's to A and to B, the third service's to B, the UDP socket to B, to A, and ten reconnects); the daemon's log:\n{}",
+        daemon.log_text()
     );
     assert_eq!(echo(&mut outside), Ok(()), "outside the cgroup: open");
     // The log file is read while the daemon writes it: wait for the line (bounded) rather than

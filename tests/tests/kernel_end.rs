@@ -139,14 +139,15 @@ fn ending_a_host_ends_only_its_recorded_sockets(#[case] fam: Family) {
         return;
     }
     let vips: Vec<SocketAddr> = fam.vips.iter().map(|v| v.parse().unwrap()).collect();
+    let mut keys = Vec::new();
     for (name, vip, udp, flags) in [
         ("on", vips[0], false, SERVICE_F_END),
         ("off", vips[1], false, 0),
         ("udp", vips[2], true, SERVICE_F_END),
     ] {
-        dp.publisher()
-            .publish(&spec(name, vip, udp, flags, &[a, b]))
-            .expect("publishing");
+        let spec = spec(name, vip, udp, flags, &[a, b]);
+        dp.publisher().publish(&spec).expect("publishing");
+        keys.push(spec.key);
     }
     // From outside the cgroup, straight to B.
     let outside = in_netns(&netns, move || TcpStream::connect(b))
@@ -185,21 +186,28 @@ fn ending_a_host_ends_only_its_recorded_sockets(#[case] fam: Family) {
         .expect("the client's sockets are up");
     // The iterators see the sockets of the namespace of the thread that runs them.
     let path = netns.path();
+    // B through each flagged service in turn: a call ends only its own service's sockets.
     let ended = std::thread::scope(|s| {
         s.spawn(|| {
             proxy::enter_netns(&path).expect("entering the test namespace");
-            dp.end_hosts(&[proxy::dataplane::backend_of(b)])
+            [keys[0], keys[2]].map(|service| {
+                dp.end_hosts(service, &[proxy::dataplane::backend_of(b)])
+                    .expect("ending B")
+            })
         })
         .join()
         .unwrap()
-    })
-    .expect("ending B");
+    });
     ours.write_all(b"g").unwrap();
     let report = child.wait(WAIT);
     assert_eq!(
         report, "ECONNABORTED open open open ECONNABORTED open",
         "TCP on->B, on->A, off->B, off->A; UDP ->B, ->A"
     );
-    assert_eq!(ended, 2, "the flagged service's TCP and UDP sockets to B");
+    assert_eq!(
+        ended,
+        [1, 1],
+        "B's TCP socket through the flagged TCP service, then its UDP socket through the UDP one"
+    );
     assert_eq!(tcp_state(&outside), "open", "outside the cgroup");
 }

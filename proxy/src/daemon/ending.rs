@@ -1,10 +1,12 @@
 //! Host ending for one service's publisher (`SERVICE_F_END`, see
 //! `proxy_core::kernel::ending`): after each publish, the hosts that left the routable set
 //! have their kernel-path sockets ended, failed and ejected ones at once, removed ones after
-//! `proxy.drain_timeout` unless they are routable again by then.
+//! `proxy.drain_timeout` unless they are routable again by then. Only the sockets that dialled
+//! this service: the same host may still be healthy behind another.
 
 use std::{net::SocketAddr, time::Duration};
 
+use proxy_common::service::ServiceKey;
 use proxy_core::{
     health::Routing,
     kernel::{
@@ -20,6 +22,8 @@ use crate::dataplane::backend_of;
 
 /// What one service's host ending remembers between publishes.
 pub(super) struct Ender {
+    /// The service's kernel key: only sockets that dialled it are ended.
+    key: ServiceKey,
     /// How long a removed host's sockets live on.
     drain: Duration,
     /// The last published spec and the routing it was made from.
@@ -34,6 +38,7 @@ impl Ender {
     /// The ender of `template`'s service, `None` when it does not end hosts.
     pub(super) fn new(template: &ServiceTemplate, drain: Duration) -> Option<Self> {
         template.ends_hosts().then_some(Self {
+            key: template.key,
             drain,
             last: None,
             pending: Vec::new(),
@@ -96,7 +101,7 @@ impl Ender {
         let result = {
             let mut guard = dp.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             match guard.as_mut() {
-                Some(dp) => dp.end_hosts(&backends),
+                Some(dp) => dp.end_hosts(self.key, &backends),
                 None => return,
             }
         };

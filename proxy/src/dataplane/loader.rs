@@ -262,7 +262,7 @@ impl Dataplane {
         };
         info!(cgroup = %opts.cgroup.display(), pins = %pin_dir.display(), adopted = publisher.adopted(), sockops = opts.follow_sockets, round_robin, econnrefused = features & abi::features::SET_RETVAL != 0, kernel_log = ?opts.kernel_log, "data path attached");
         Ok(Self {
-            // Before `ebpf` moves: the iterators read its SOCK_HOST_V1.
+            // Before `ebpf` moves: the iterators read its SOCK_HOST_V2.
             reaper: super::reaper::load_from(&ebpf),
             ebpf,
             pin_dir: pin_dir.to_owned(),

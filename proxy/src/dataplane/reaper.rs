@@ -2,12 +2,13 @@
 //! with `bpf_sock_destroy` (Linux 6.5), from a TCP and a UDP socket iterator the daemon loads at
 //! start (while it still has `CAP_BPF` and `CAP_PERFMON`).
 //!
-//! connect4/6 record, for services with `SERVICE_F_END`, the backend of each socket under its
-//! cookie in `SOCK_HOST_V1`. [`Reaper::end`] writes the hosts to end into its own map, runs both
-//! iterators once over every socket of the daemon's network namespace (the iterators see no
-//! other), and each socket whose recorded backend is one of them is ended: the application
-//! gets `ECONNABORTED` on its next call, a TCP peer a reset. Sockets outside the cgroup, of
-//! other services and to other hosts were never recorded or do not match.
+//! connect4/6 record, for services with `SERVICE_F_END`, the service and backend of each socket
+//! under its cookie in `SOCK_HOST_V2` ([`SockHost`]). [`Reaper::end`] writes the (service, host)
+//! pairs to end into its own map, runs both iterators once over every socket of the daemon's
+//! network namespace (the iterators see no other), and each socket whose record is one of them
+//! is ended: the application gets `ECONNABORTED` on its next call, a TCP peer a reset. Sockets
+//! outside the cgroup, of other services (the same host through another service included) and
+//! to other hosts were never recorded or do not match.
 //!
 //! aya 0.14 cannot relocate a kfunc call, so the two programs (about thirty instructions) are
 //! assembled here and loaded with raw bpf(2) (`crate::sys::iter`).
@@ -18,7 +19,7 @@ use std::{
 };
 
 use aya::maps::{Array, HashMap, Map, MapData, MapError};
-use proxy_common::service::Backend;
+use proxy_common::service::{Backend, ServiceKey, SockHost};
 
 use super::btf::{self, BtfError};
 use crate::sys::iter as sys;
@@ -29,6 +30,8 @@ const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 const DESTROY: &str = "bpf_sock_destroy";
 const ITER_TCP: &str = "bpf_iter_tcp";
 const ITER_UDP: &str = "bpf_iter_udp";
+/// Key size of the reaper's host map: a `SOCK_HOST_V2` value, which the iterators look up as is.
+const SOCK_HOST_SIZE: u32 = size_of::<SockHost>() as u32;
 /// Hosts ended in one call, at most: the size of the reaper's host map.
 pub const MAX_HOSTS: u32 = 1024;
 
@@ -65,8 +68,8 @@ pub enum ReaperError {
 
 /// The loaded iterators and their maps.
 pub struct Reaper {
-    /// The hosts being ended (value unused), empty between calls.
-    ending: HashMap<MapData, Backend, u8>,
+    /// The (service, host) pairs being ended (value unused), empty between calls.
+    ending: HashMap<MapData, SockHost, u8>,
     /// Sockets ended by the current call (one entry).
     ended: Array<MapData, u64>,
     /// The TCP and UDP iterator links.
@@ -74,14 +77,14 @@ pub struct Reaper {
 }
 
 impl Reaper {
-    /// Loads the two iterators, which read `sock_host` (the fd of `SOCK_HOST_V1`).
+    /// Loads the two iterators, which read `sock_host` (the fd of `SOCK_HOST_V2`).
     pub fn load(sock_host: BorrowedFd<'_>) -> Result<Self, ReaperError> {
         let btf = std::fs::read(VMLINUX_BTF).map_err(ReaperError::NoBtf)?;
         let ids = btf::func_ids(&btf, &[DESTROY, ITER_TCP, ITER_UDP])?;
         let id = |name: &'static str| ids.get(name).copied().ok_or(ReaperError::Missing(name));
         let (destroy, tcp, udp) = (id(DESTROY)?, id(ITER_TCP)?, id(ITER_UDP)?);
         let sys_err = |what| move |source| ReaperError::Sys { what, source };
-        let ending_fd = sys::create_map(sys::MAP_HASH, 20, 1, MAX_HOSTS, c"END_HOSTS")
+        let ending_fd = sys::create_map(sys::MAP_HASH, SOCK_HOST_SIZE, 1, MAX_HOSTS, c"END_HOSTS")
             .map_err(sys_err("creating the host map"))?;
         let ended_fd = sys::create_map(sys::MAP_ARRAY, 4, 8, 1, c"END_COUNT")
             .map_err(sys_err("creating the count map"))?;
@@ -120,9 +123,9 @@ impl Reaper {
         })
     }
 
-    /// Ends every recorded socket connected to one of `hosts`; how many were ended. The host
-    /// map is emptied again whatever happens.
-    pub fn end(&mut self, hosts: &[Backend]) -> Result<u64, ReaperError> {
+    /// Ends every recorded socket that dialled the service of one of `hosts` and went to its
+    /// host; how many were ended. The host map is emptied again whatever happens.
+    pub fn end(&mut self, hosts: &[SockHost]) -> Result<u64, ReaperError> {
         if hosts.len() > MAX_HOSTS as usize {
             return Err(ReaperError::TooMany(hosts.len()));
         }
@@ -158,11 +161,11 @@ impl Reaper {
     }
 }
 
-/// Loads the reaper over the `SOCK_HOST_V1` of `ebpf`, or says why not (logged: the daemon
+/// Loads the reaper over the `SOCK_HOST_V2` of `ebpf`, or says why not (logged: the daemon
 /// runs on without host ending).
 pub(super) fn load_from(ebpf: &aya::Ebpf) -> Result<Reaper, String> {
     let Some(Map::LruHashMap(map)) = ebpf.map(proxy_common::abi::maps::SOCK_HOST) else {
-        return Err("the object has no SOCK_HOST_V1 map".to_owned());
+        return Err("the object has no SOCK_HOST_V2 map".to_owned());
     };
     Reaper::load(map.fd().as_fd()).map_err(|err| {
         tracing::info!(%err, "host ending unavailable: kernel-path sockets are not ended when their host leaves");
@@ -171,14 +174,23 @@ pub(super) fn load_from(ebpf: &aya::Ebpf) -> Result<Reaper, String> {
 }
 
 impl super::Dataplane {
-    /// Ends the kernel-path sockets recorded as connected to `hosts` ([`Reaper::end`]).
-    pub fn end_hosts(&mut self, hosts: &[Backend]) -> Result<u64, super::DataplaneError> {
+    /// Ends the kernel-path sockets recorded as connected to `hosts` through `service`
+    /// ([`Reaper::end`]).
+    pub fn end_hosts(
+        &mut self,
+        service: ServiceKey,
+        hosts: &[Backend],
+    ) -> Result<u64, super::DataplaneError> {
         let reaper = self
             .reaper
             .as_mut()
             .map_err(|why| super::DataplaneError::NoHostEnding { why: why.clone() })?;
+        let hosts: Vec<_> = hosts
+            .iter()
+            .map(|&backend| SockHost { service, backend })
+            .collect();
         reaper
-            .end(hosts)
+            .end(&hosts)
             .map_err(|err| super::DataplaneError::NoHostEnding {
                 why: err.to_string(),
             })
@@ -217,8 +229,8 @@ fn load_map(fd: i32) -> [u64; 2] {
 }
 
 /// The iterator program, the same for TCP and UDP (the socket is the pointer at ctx + 8 in
-/// both): cookie = bpf_get_socket_cookie(sk); backend = SOCK_HOST[cookie] else skip;
-/// ENDING[backend] else skip; bpf_sock_destroy(sk) == 0 else skip; ENDED[0] += 1.
+/// both): cookie = bpf_get_socket_cookie(sk); record = SOCK_HOST[cookie] else skip;
+/// ENDING[record] else skip; bpf_sock_destroy(sk) == 0 else skip; ENDED[0] += 1.
 fn assemble(fds: &Fds, destroy_btf_id: u32) -> Vec<u64> {
     const EXIT: i16 = i16::MAX; // patched below
     let mut p = vec![
@@ -234,7 +246,7 @@ fn assemble(fds: &Fds, destroy_btf_id: u32) -> Vec<u64> {
         insn(0x07, 2, 0, 0, -8),   // r2 += -8
         insn(0x85, 0, 0, 0, 1),    // call bpf_map_lookup_elem
         insn(0x15, 0, 0, EXIT, 0), // if r0 == 0 goto exit
-        insn(0xbf, 2, 0, 0, 0),    // r2 = r0: the backend is the key
+        insn(0xbf, 2, 0, 0, 0),    // r2 = r0: the (service, backend) record is the key
     ]);
     p.extend(load_map(fds.ending));
     p.extend([
@@ -303,7 +315,7 @@ mod tests {
     /// loopback socket recorded with the host asked for (its peer sees a reset); an unrecorded
     /// socket to the same host stays open.
     #[test]
-    fn ends_only_the_recorded_socket_of_the_host() {
+    fn ends_only_the_recorded_socket_of_the_host_and_service() {
         use std::{
             io::{Read as _, Write as _},
             net::{TcpListener, TcpStream},
@@ -312,7 +324,7 @@ mod tests {
             eprintln!("skipped: needs root");
             return;
         }
-        let fd = sys::create_map(9, 8, 20, 16, c"TEST_SOCK_HOST").unwrap(); // LRU hash
+        let fd = sys::create_map(9, 8, SOCK_HOST_SIZE, 16, c"TEST_SOCK_HOST").unwrap(); // LRU hash
         let mut reaper = match Reaper::load(fd.as_fd()) {
             Err(ReaperError::Missing(name)) => {
                 eprintln!("skipped: this kernel has no {name}");
@@ -321,21 +333,41 @@ mod tests {
             other => other.unwrap(),
         };
         let data = MapData::from_fd(fd).unwrap();
-        let mut sock_host: HashMap<_, u64, Backend> =
+        let mut sock_host: HashMap<_, u64, SockHost> =
             HashMap::try_from(Map::LruHashMap(data)).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let host = crate::dataplane::backend_of(listener.local_addr().unwrap());
+        let service = |last| {
+            let addr = std::net::IpAddr::from([127, 77, 0, last]);
+            ServiceKey::new(addr, 80, proxy_common::service::PROTO_TCP)
+        };
+        let backend = crate::dataplane::backend_of(listener.local_addr().unwrap());
+        let host = SockHost {
+            service: service(1),
+            backend,
+        };
         let recorded = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (mut recorded_peer, _) = listener.accept().unwrap();
         let mut other = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (mut other_peer, _) = listener.accept().unwrap();
         let cookie = crate::sys::socket_cookie(recorded.as_fd()).unwrap();
         sock_host.insert(cookie, host, 0).unwrap();
-        let elsewhere = crate::dataplane::backend_of("127.0.0.1:1".parse().unwrap());
+        let elsewhere = SockHost {
+            backend: crate::dataplane::backend_of("127.0.0.1:1".parse().unwrap()),
+            ..host
+        };
         assert_eq!(
             reaper.end(&[elsewhere]).unwrap(),
             0,
             "another host: nothing ended"
+        );
+        let other_service = SockHost {
+            service: service(2),
+            ..host
+        };
+        assert_eq!(
+            reaper.end(&[other_service]).unwrap(),
+            0,
+            "the host through another service: nothing ended"
         );
         assert_eq!(reaper.end(&[host]).unwrap(), 1);
         let mut buf = [0u8; 4];

@@ -156,16 +156,11 @@ fn main() {
         eprintln!("host ending is unavailable on this kernel: {why}");
         std::process::exit(3);
     }
+    let mut keys = Vec::new();
     for (name, vip, host) in [("end-a", VIP_A, a), ("end-b", VIP_B, b)] {
-        dp.publisher()
-            .publish(&spec(
-                name,
-                vip.parse().unwrap(),
-                false,
-                SERVICE_F_END,
-                &[host],
-            ))
-            .expect("publishing");
+        let spec = spec(name, vip.parse().unwrap(), false, SERVICE_F_END, &[host]);
+        dp.publisher().publish(&spec).expect("publishing");
+        keys.push(spec.key);
     }
 
     let (mut ours, theirs) = UnixStream::pair().expect("socket pair");
@@ -196,7 +191,7 @@ fn main() {
         s.spawn(|| {
             proxy::enter_netns(&path).expect("entering the namespace");
             let start = monotonic_ns();
-            let ended = dp.end_hosts(&[proxy::dataplane::backend_of(a)]);
+            let ended = dp.end_hosts(keys[0], &[proxy::dataplane::backend_of(a)]);
             (start, ended, monotonic_ns() - start)
         })
         .join()

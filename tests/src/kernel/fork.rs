@@ -127,7 +127,14 @@ impl InCgroup {
     }
 
     /// Waits (at most `timeout`) for the child's result; panics on a timeout or a panic.
-    pub fn wait(mut self, timeout: Duration) -> String {
+    pub fn wait(self, timeout: Duration) -> String {
+        self.result(timeout)
+            .unwrap_or_else(|text| panic!("child failed: {text}"))
+    }
+
+    /// Waits (at most `timeout`) for the child's result; `Err` with its panic's text when it
+    /// panicked. Panics on a timeout.
+    pub fn result(mut self, timeout: Duration) -> Result<String, String> {
         let mut out = self.out.take().expect("not waited yet");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -139,8 +146,11 @@ impl InCgroup {
             .recv_timeout(timeout)
             .unwrap_or_else(|_| panic!("child {} gave no result in {timeout:?}", self.pid));
         self.reap();
-        assert!(!text.starts_with("PANIC"), "child failed: {text}");
-        text
+        if text.starts_with("PANIC") {
+            Err(text)
+        } else {
+            Ok(text)
+        }
     }
 
     fn reap(&mut self) {

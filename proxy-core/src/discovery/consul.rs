@@ -31,7 +31,9 @@
 //!   [`EdsHealth`](crate::host::EdsHealth) and weight come from its checks and `Weights`
 //!   exactly as Consul computes them for Envoy (see [`catalog`]);
 //! * a failure (connection, timeout, non-200, bad body) keeps the hosts and retries after a
-//!   jittered exponential backoff (`retry_backoff`), reset by the next success;
+//!   jittered exponential backoff (`retry_backoff`), reset by the next success; when another
+//!   watch on the same agent succeeds after failing (the agent is back), a watch still waiting
+//!   retries within `base_interval` instead (see [`recovery`]);
 //! * the blocking-query index rules are Consul's documented ones (see [`next_index`]);
 //! * the agent's address and ACL token come from the config, else the `CONSUL_HTTP_*`
 //!   variables, as Consul's CLI reads them (see [`access`]); the token is sent as
@@ -45,6 +47,7 @@ pub mod acl;
 pub mod catalog;
 pub mod entries;
 pub mod http;
+mod recovery;
 mod stats;
 #[cfg(test)]
 mod tests;
@@ -127,10 +130,7 @@ pub fn spawn_consul(
 ) -> Result<ConsulCluster, ConsulConfigError> {
     config.validate_fields()?;
     let access = access::resolve(&config, &|name| std::env::var(name).ok())?;
-    let fetch = Arc::new(HttpFetch {
-        address: access.authority.clone(),
-        tls: access.tls.clone(),
-    });
+    let fetch = Arc::new(HttpFetch::new(access.authority.clone(), access.tls.clone()));
     spawn_with(name.into(), config, access, fetch, fastrand::Rng::new())
 }
 

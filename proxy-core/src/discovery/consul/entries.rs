@@ -47,6 +47,7 @@ pub use self::{
 use super::{
     acl::{self, AclDenial},
     http,
+    recovery::Recovery,
     watch::{
         CatalogFetch, HttpFetch, MIN_QUERY_INTERVAL, QueryError, RESPONSE_GRACE, go_duration,
         millis, next_index, send,
@@ -126,10 +127,8 @@ pub fn spawn_consul_entries(
     let connection = config.connection();
     connection.validate_fields()?;
     let access = access::resolve(&connection, &|name| std::env::var(name).ok())?;
-    let fetch: Arc<dyn CatalogFetch> = Arc::new(HttpFetch {
-        address: access.authority.clone(),
-        tls: access.tls.clone(),
-    });
+    let fetch: Arc<dyn CatalogFetch> =
+        Arc::new(HttpFetch::new(access.authority.clone(), access.tls.clone()));
     Ok(spawn_with(
         &connection,
         &access.token,
@@ -341,22 +340,26 @@ impl KindWatch {
         let timeout = wait + wait / 16 + RESPONSE_GRACE;
         let mut index = 0;
         let mut last_start: Option<Instant> = None;
+        let mut recovery = Recovery::new(self.fetch.agent());
         loop {
             if let Some(start) = last_start {
                 tokio::time::sleep_until(start + MIN_QUERY_INTERVAL).await;
             }
             last_start = Some(Instant::now());
             EntriesStats::inc(&self.shared.stats.update_attempt);
+            recovery.query_started();
             match self.query(index, timeout).await {
                 Ok((returned, entries, skipped)) => {
                     index = self.succeeded(index, returned);
                     backoff.reset();
+                    recovery.succeeded();
                     self.shared.apply(self.kind, entries, skipped);
                 }
                 Err(error) => {
                     let delay = backoff.next_delay(&mut self.rng);
                     self.failed(error, delay);
-                    tokio::time::sleep(delay).await;
+                    let base = self.connection.retry_backoff.base_interval;
+                    recovery.wait(delay, base, &mut self.rng).await;
                 }
             }
         }

@@ -26,6 +26,7 @@ use super::{
     ConsulCluster,
     acl::TOKEN_SELF,
     http::{HttpError, HttpResponse},
+    recovery::AgentSignal,
     spawn_with,
     watch::{BoxFuture, CatalogFetch},
 };
@@ -86,6 +87,8 @@ struct ScriptState {
 pub(super) struct Script {
     state: Arc<Mutex<ScriptState>>,
     requests: Arc<watch::Sender<usize>>,
+    /// The agent's recovery signal, when the test shares one between scripts.
+    agent: Option<AgentSignal>,
 }
 
 impl Script {
@@ -96,7 +99,14 @@ impl Script {
                 ..ScriptState::default()
             })),
             requests: Arc::new(watch::channel(0).0),
+            agent: None,
         }
+    }
+
+    /// The script as one of the watches of an agent whose recovery signal is `agent`.
+    pub(super) fn on_agent(mut self, agent: &AgentSignal) -> Self {
+        self.agent = Some(agent.clone());
+        self
     }
 
     /// Sets how `/v1/acl/token/self` is answered from now on.
@@ -152,6 +162,10 @@ impl Script {
 }
 
 impl CatalogFetch for Script {
+    fn agent(&self) -> AgentSignal {
+        self.agent.clone().unwrap_or_else(super::recovery::alone)
+    }
+
     fn post<'a>(
         &'a self,
         target: &'a str,

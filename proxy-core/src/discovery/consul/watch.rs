@@ -27,6 +27,7 @@ use super::{
     acl::{self, AclDenial},
     catalog::{ServiceEntry, Skipped, decode_entries, to_hosts},
     http::{self, HttpError, HttpResponse},
+    recovery::{self, AgentSignal, Recovery},
     stats::ConsulStats,
 };
 use crate::{
@@ -67,15 +68,38 @@ pub(crate) trait CatalogFetch: Send + Sync {
         body: Vec<u8>,
         timeout: Duration,
     ) -> BoxFuture<'a, Result<HttpResponse, HttpError>>;
+
+    /// The recovery signal of the agent it asks ([`recovery`]): one per agent address in
+    /// production; a fetch that is the only one on its agent keeps the default.
+    fn agent(&self) -> AgentSignal {
+        recovery::alone()
+    }
 }
 
 /// [`CatalogFetch`] over [`http::request_with`].
 pub(crate) struct HttpFetch {
-    pub(crate) address: String,
-    pub(crate) tls: Option<TlsSettings>,
+    address: String,
+    tls: Option<TlsSettings>,
+    agent: AgentSignal,
+}
+
+impl HttpFetch {
+    /// The client of the agent at `address` (`host:port`).
+    pub(crate) fn new(address: String, tls: Option<TlsSettings>) -> Self {
+        let agent = recovery::agent(&address);
+        Self {
+            address,
+            tls,
+            agent,
+        }
+    }
 }
 
 impl CatalogFetch for HttpFetch {
+    fn agent(&self) -> AgentSignal {
+        self.agent.clone()
+    }
+
     fn get<'a>(
         &'a self,
         target: &'a str,
@@ -299,22 +323,28 @@ impl Watch {
         let timeout = wait + wait / 16 + RESPONSE_GRACE;
         let mut index = 0;
         let mut last_start: Option<Instant> = None;
+        let mut recovery = Recovery::new(self.fetch.agent());
         loop {
             if let Some(start) = last_start {
                 tokio::time::sleep_until(start + MIN_QUERY_INTERVAL).await;
             }
             last_start = Some(Instant::now());
             SourceStats::inc(&self.stats.source.update_attempt);
+            recovery.query_started();
             match self.query_once(index, timeout).await {
                 Ok((returned, entries, invalid)) => {
                     index = self.succeeded(index, returned);
                     backoff.reset();
+                    recovery.succeeded();
                     self.apply(&entries, invalid);
                 }
                 Err(error) => {
                     let delay = backoff.next_delay(&mut self.rng);
                     self.failed(error, delay);
-                    tokio::time::sleep(delay).await;
+                    let base = self.config.retry_backoff.base_interval;
+                    if recovery.wait(delay, base, &mut self.rng).await {
+                        debug!(cluster = %self.name, "the consul agent is back; retrying early");
+                    }
                 }
             }
         }

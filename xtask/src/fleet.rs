@@ -6,6 +6,7 @@
 mod chart;
 mod consul;
 mod http;
+mod load;
 mod measure;
 mod net;
 mod node;
@@ -77,6 +78,14 @@ pub struct Options {
     /// as one SVG chart at this path.
     #[arg(long, value_name = "OUT.svg")]
     pub chart: Option<PathBuf>,
+    /// Consul: also count the requests each node's daemon makes to its agent and the RPCs the
+    /// agents and servers handle, idle and under change, from Consul's own metrics; fail when a
+    /// node makes more than the daemon's design allows.
+    #[arg(long)]
+    pub load: bool,
+    /// With `--load`: seconds of the idle window after bring-up.
+    #[arg(long, default_value_t = 60)]
+    pub load_idle_s: u64,
     /// The results files `--chart` draws.
     #[arg(requires = "chart", value_name = "RESULTS.json")]
     pub results: Vec<PathBuf>,
@@ -122,6 +131,12 @@ impl Options {
         }
         if self.poll_ms == 0 || self.poll_ms > 1000 || self.bound_s == 0 || self.bound_s > 600 {
             bail!("--poll-ms must be 1 to 1000 and --bound-s 1 to 600");
+        }
+        if self.load && self.control_plane != ControlPlane::Consul {
+            bail!("--load counts requests to Consul: it needs --control-plane consul");
+        }
+        if self.load_idle_s == 0 || self.load_idle_s > 600 {
+            bail!("--load-idle-s must be 1 to 600, got {}", self.load_idle_s);
         }
         Ok(())
     }
@@ -214,9 +229,18 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     ));
     fs::write(&file, serde_json::to_vec_pretty(&report)?)?;
     println!("{}", report::table(&report.inner));
+    if let Some(load) = &report.load {
+        println!("{}", load::table(load));
+    }
     step(format!("results in {}", file.display()));
     if !left.is_empty() {
         bail!("the teardown left things behind (see above)");
+    }
+    if let Some(load) = report.load.as_ref().filter(|l| !l.exceeded.is_empty()) {
+        bail!(
+            "the fleet's load on consul is above the bound:\n{}",
+            load.exceeded.join("\n")
+        );
     }
     Ok(())
 }
@@ -227,6 +251,9 @@ struct Written {
     #[serde(flatten)]
     inner: report::Report,
     teardown_s: f64,
+    /// With `--load`: the requests and RPCs counted by Consul.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    load: Option<load::Load>,
 }
 
 fn bring_up_and_measure(
@@ -295,12 +322,15 @@ fn bring_up_and_measure(
     measure::wait_ready(&mut fleet.nodes, opts)?;
     let bring_up_s = up.elapsed().as_secs_f64();
     detail(format!("bring-up took {bring_up_s:.1} s"));
+    let idle = load::idle(fleet, opts)?;
+    let counted = load::begin(fleet, opts)?;
     let measuring = Instant::now();
     let load_before = report::load_average();
     let kinds = match opts.control_plane {
         ControlPlane::Consul => measure::consul(fleet, opts)?,
         ControlPlane::Xds => measure::xds(fleet, opts)?,
     };
+    let load = load::end(fleet, opts, idle, counted)?;
     Ok(Written {
         inner: report::Report {
             control_plane: plane.to_owned(),
@@ -316,6 +346,7 @@ fn bring_up_and_measure(
             kinds,
         },
         teardown_s: 0.0,
+        load,
     })
 }
 
@@ -406,6 +437,8 @@ mod tests {
             (&["--changes", "0"], "--changes"),
             (&["--backends", "1"], "--backends"),
             (&["--poll-ms", "0"], "--poll-ms"),
+            (&["--load", "--control-plane", "xds"], "--load"),
+            (&["--load", "--load-idle-s", "0"], "--load-idle-s"),
         ] {
             let err = parse(args).unwrap_err().to_string();
             assert!(err.contains(why), "{args:?}: {err}");

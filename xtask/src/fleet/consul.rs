@@ -256,8 +256,10 @@ impl Drop for Cluster {
 
 /// The agent's command line: one address for serf and RPC (`bind`), one for the HTTP API
 /// (`client`), default ports, no DNS, gRPC or WAN listener, no update check, joins retried
-/// every second (not Consul's 30 s: the servers start at the same moment), and room for the
-/// blocking queries of a daemon with a thousand clusters.
+/// every second (not Consul's 30 s: the servers start at the same moment), room for the
+/// blocking queries of a daemon with a thousand clusters, and cumulative counters on
+/// `/v1/agent/metrics?format=prometheus` (what `--load` reads; the default in-memory metrics
+/// count per ten-second interval).
 pub fn agent_args(name: &str, bind: Ipv4Addr, client: Ipv4Addr, data: &Path) -> Vec<String> {
     let mut args: Vec<String> = [
         "agent",
@@ -289,6 +291,8 @@ pub fn agent_args(name: &str, bind: Ipv4Addr, client: Ipv4Addr, data: &Path) -> 
         "performance { raft_multiplier = 1 }",
         "-hcl",
         "limits { http_max_conns_per_client = 4096 }",
+        "-hcl",
+        "telemetry { prometheus_retention_time = \"24h\" disable_hostname = true }",
     ]
     .map(str::to_owned)
     .to_vec();
@@ -365,6 +369,10 @@ mod tests {
         assert_eq!(at("-bind"), Some("127.0.0.83"));
         assert_eq!(at("-client"), Some("10.210.3.1"));
         assert_eq!(at("-dns-port"), Some("-1"));
+        assert!(
+            args.iter().any(|a| a.contains("prometheus_retention_time")),
+            "--load reads cumulative counters: {args:?}"
+        );
     }
 
     #[test]

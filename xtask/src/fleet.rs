@@ -4,7 +4,9 @@
 //! never from the daemon's log), then tears everything down. See docs/fleet.md.
 
 mod chart;
+mod connect_loop;
 mod consul;
+mod fault;
 mod http;
 mod measure;
 mod net;
@@ -77,6 +79,11 @@ pub struct Options {
     /// as one SVG chart at this path.
     #[arg(long, value_name = "OUT.svg")]
     pub chart: Option<PathBuf>,
+    /// Measure nothing: make this control-plane fault (or `all` of the control plane's) with
+    /// connect loops on every node; fails if one connect failed or the change made after
+    /// recovery did not converge (see docs/fleet.md).
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub fault: Option<fault::FaultKind>,
     /// The results files `--chart` draws.
     #[arg(requires = "chart", value_name = "RESULTS.json")]
     pub results: Vec<PathBuf>,
@@ -122,6 +129,9 @@ impl Options {
         }
         if self.poll_ms == 0 || self.poll_ms > 1000 || self.bound_s == 0 || self.bound_s > 600 {
             bail!("--poll-ms must be 1 to 1000 and --bound-s 1 to 600");
+        }
+        if let Some(kind) = self.fault {
+            fault::validate(self, kind)?;
         }
         Ok(())
     }
@@ -187,7 +197,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         path: path.clone(),
         keep_logs: None,
     });
-    let outcome = bring_up_and_measure(&mut fleet, opts, &proxy, &path);
+    let outcome = bring_up_and_measure(&mut fleet, opts, &proxy, (&path, &out_dir));
     if outcome.is_err()
         && let Some(w) = fleet.workdir.as_mut()
     {
@@ -205,7 +215,12 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     if !left.is_empty() {
         eprintln!("WARNING: left behind: {}", left.join(", "));
     }
-    let mut report = outcome?;
+    let Some(mut report) = outcome? else {
+        if !left.is_empty() {
+            bail!("the teardown left things behind (see above)");
+        }
+        return Ok(());
+    };
     report.teardown_s = teardown_s;
     let file = out_dir.join(format!(
         "fleet-{}-{}.json",
@@ -229,12 +244,13 @@ struct Written {
     teardown_s: f64,
 }
 
+/// The measurement's report, or None after a fault run (which writes its own results).
 fn bring_up_and_measure(
     fleet: &mut Fleet,
     opts: &Options,
     proxy: &Path,
-    dir: &Path,
-) -> anyhow::Result<Written> {
+    (dir, out_dir): (&Path, &Path),
+) -> anyhow::Result<Option<Written>> {
     let up = Instant::now();
     let plane = match opts.control_plane {
         ControlPlane::Consul => "consul",
@@ -295,13 +311,17 @@ fn bring_up_and_measure(
     measure::wait_ready(&mut fleet.nodes, opts)?;
     let bring_up_s = up.elapsed().as_secs_f64();
     detail(format!("bring-up took {bring_up_s:.1} s"));
+    if let Some(kind) = opts.fault {
+        fault::run(fleet, opts, kind, (dir, out_dir), bring_up_s)?;
+        return Ok(None);
+    }
     let measuring = Instant::now();
     let load_before = report::load_average();
     let kinds = match opts.control_plane {
         ControlPlane::Consul => measure::consul(fleet, opts)?,
         ControlPlane::Xds => measure::xds(fleet, opts)?,
     };
-    Ok(Written {
+    Ok(Some(Written {
         inner: report::Report {
             control_plane: plane.to_owned(),
             nodes: opts.nodes,
@@ -316,7 +336,7 @@ fn bring_up_and_measure(
             kinds,
         },
         teardown_s: 0.0,
-    })
+    }))
 }
 
 pub(crate) fn svc(j: u32) -> String {
@@ -368,7 +388,7 @@ fn timestamp() -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use clap::Parser as _;
 
     use super::*;
@@ -379,7 +399,7 @@ mod tests {
         opts: Options,
     }
 
-    fn parse(args: &[&str]) -> anyhow::Result<Options> {
+    pub(crate) fn parse(args: &[&str]) -> anyhow::Result<Options> {
         let cli = Cli::try_parse_from(std::iter::once("fleet").chain(args.iter().copied()))?;
         cli.opts.validate()?;
         Ok(cli.opts)

@@ -172,6 +172,15 @@ impl Cluster {
         Ok(())
     }
 
+    /// Whether the catalog, read from server-1 (the leader answers), has an instance of
+    /// `service`.
+    pub fn catalog_has(&self, service: &str) -> anyhow::Result<bool> {
+        let server = SocketAddr::from((net::SERVERS[0], HTTP_PORT));
+        let path = format!("/v1/catalog/service/{service}");
+        let answer = net::with_netns(&self.hub, || call(server, "GET", &path, None))?;
+        Ok(answer.is_ok_and(|(status, body)| status == 200 && body.trim() != "[]"))
+    }
+
     /// The leader's address (`IP:8300`) as the HTTP API at `addr` says it, or None when that
     /// agent knows none (or does not answer).
     pub fn leader_seen_by(&self, addr: SocketAddr) -> anyhow::Result<Option<String>> {

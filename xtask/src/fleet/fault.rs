@@ -129,6 +129,9 @@ pub struct Outcome {
     /// The change made after recovery: per node, its convergence time (None: not within the
     /// bound).
     pub change_ms: Vec<Option<f64>>,
+    /// Consul: when the change was in the servers' catalog (read by the harness, polling every
+    /// 10 ms while the nodes' probes wait): Consul's own share of `change_ms`.
+    pub catalog_ms: Option<f64>,
     /// Per node, the connect loop's counts.
     pub loops: Vec<Counts>,
     pub duration_s: f64,
@@ -269,7 +272,7 @@ fn one(
         FaultKind::All => unreachable!("expanded"),
     };
     outcome.fault = fault.name().to_owned();
-    outcome.change_ms = closing_change(fleet, opts, f)?;
+    (outcome.change_ms, outcome.catalog_ms) = closing_change(fleet, opts, f)?;
     std::thread::sleep(SETTLE);
     for node in &mut fleet.nodes {
         outcome.loops.push(node.stop_loop()?);
@@ -279,20 +282,34 @@ fn one(
 
 /// Service `svc-f` gets its instance (registered, or its endpoint pushed); every node must
 /// serve it within the bound.
-fn closing_change(fleet: &mut Fleet, opts: &Options, f: u32) -> anyhow::Result<Vec<Option<f64>>> {
+fn closing_change(
+    fleet: &mut Fleet,
+    opts: &Options,
+    f: u32,
+) -> anyhow::Result<(Vec<Option<f64>>, Option<f64>)> {
     let backend = backend_of(opts, f);
     let want = Expect::Up(backend);
     let bound = Duration::from_secs(opts.bound_s);
     arm_all(&mut fleet.nodes, vip_addr(f), &want, bound, true)?;
+    let mut catalog_ms = None;
     let t0 = match (&fleet.cluster, fleet.xds.as_mut()) {
-        (Some(c), _) => c.put(
-            super::consul::REGISTER,
-            Some(&super::consul::registration(&svc(f), backend)),
-        )?,
+        (Some(c), _) => {
+            let body = super::consul::registration(&svc(f), backend);
+            let t0 = c.put(super::consul::REGISTER, Some(&body))?;
+            let deadline = Instant::now() + bound;
+            while Instant::now() < deadline {
+                if c.catalog_has(&svc(f))? {
+                    catalog_ms = Some(ms_since(t0, sys::monotonic_ns()));
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            t0
+        }
         (None, Some(x)) => x.push_endpoints(f, Some(backend))?,
         (None, None) => bail!("no control plane"),
     };
-    seen_all(&mut fleet.nodes, t0)
+    Ok((seen_all(&mut fleet.nodes, t0)?, catalog_ms))
 }
 
 /// Arms every node's probe; with `fresh`, a node that already sees `want` is an error (the
@@ -341,9 +358,10 @@ fn print_outcome(o: &Outcome) {
     let list = |v: &[Option<f64>]| v.iter().map(|t| ms(*t)).collect::<Vec<_>>().join(" ");
     detail(format!("{}: {}", o.fault, o.what));
     detail(format!(
-        "recovery {} ms; change after recovery per node (ms): {}",
+        "recovery {} ms; change after recovery per node (ms): {}; in Consul's catalog after {} ms",
         ms(o.recovery_ms),
-        list(&o.change_ms)
+        list(&o.change_ms),
+        ms(o.catalog_ms)
     ));
     for (n, c) in (1..).zip(&o.loops) {
         detail(format!(

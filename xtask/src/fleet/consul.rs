@@ -172,13 +172,19 @@ impl Cluster {
         Ok(())
     }
 
-    /// Whether the catalog, read from server-1 (the leader answers), has an instance of
-    /// `service`.
+    /// Whether the catalog, read from the leader's own HTTP API (a server that names itself
+    /// the leader; none: false), has an instance of `service`.
     pub fn catalog_has(&self, service: &str) -> anyhow::Result<bool> {
-        let server = SocketAddr::from((net::SERVERS[0], HTTP_PORT));
-        let path = format!("/v1/catalog/service/{service}");
-        let answer = net::with_netns(&self.hub, || call(server, "GET", &path, None))?;
-        Ok(answer.is_ok_and(|(status, body)| status == 200 && body.trim() != "[]"))
+        for ip in net::SERVERS {
+            let server = SocketAddr::from((ip, HTTP_PORT));
+            if self.leader_seen_by(server)? != Some(format!("{ip}:8300")) {
+                continue;
+            }
+            let path = format!("/v1/catalog/service/{service}");
+            let answer = net::with_netns(&self.hub, || call(server, "GET", &path, None))?;
+            return Ok(answer.is_ok_and(|(status, body)| status == 200 && body.trim() != "[]"));
+        }
+        Ok(false)
     }
 
     /// The leader's address (`IP:8300`) as the HTTP API at `addr` says it, or None when that

@@ -129,7 +129,7 @@ pub struct Outcome {
     /// The change made after recovery: per node, its convergence time (None: not within the
     /// bound).
     pub change_ms: Vec<Option<f64>>,
-    /// Consul: when the change was in the servers' catalog (read by the harness, polling every
+    /// Consul: when the change was in the leader's catalog (read by the harness, polling every
     /// 10 ms while the nodes' probes wait): Consul's own share of `change_ms`.
     pub catalog_ms: Option<f64>,
     /// Per node, the connect loop's counts.

@@ -50,6 +50,10 @@ pub const BURST: u32 = 20;
 /// The loops' pace and their bound (longer than any fault with its recovery).
 const LOOP_INTERVAL: Duration = Duration::from_millis(20);
 const LOOP_BOUND: Duration = Duration::from_secs(900);
+/// The daemons' default cap of their retry backoff (Consul's `retry_backoff.max_interval` and
+/// the xDS `retry_back_off`): a watch or stream that failed during a fault may sleep up to this
+/// long before it asks again, so changes after recovery get `--bound-s` plus this.
+pub const RETRY_CAP: Duration = Duration::from_secs(30);
 /// Loops run this long before the fault and after the change, as a baseline.
 const SETTLE: Duration = Duration::from_secs(1);
 
@@ -289,7 +293,7 @@ fn closing_change(
 ) -> anyhow::Result<(Vec<Option<f64>>, Option<f64>)> {
     let backend = backend_of(opts, f);
     let want = Expect::Up(backend);
-    let bound = Duration::from_secs(opts.bound_s);
+    let bound = after_fault_bound(opts);
     arm_all(&mut fleet.nodes, vip_addr(f), &want, bound, true)?;
     let mut catalog_ms = None;
     let t0 = match (&fleet.cluster, fleet.xds.as_mut()) {
@@ -343,6 +347,12 @@ fn seen_all(nodes: &mut [Node], t0: u64) -> anyhow::Result<Vec<Option<f64>>> {
         .iter_mut()
         .map(|n| Ok(n.seen()?.map(|t| ms_since(t0, t))))
         .collect()
+}
+
+/// How long a change made after a fault may take to reach a node: `--bound-s` plus
+/// [`RETRY_CAP`].
+fn after_fault_bound(opts: &Options) -> Duration {
+    Duration::from_secs(opts.bound_s) + RETRY_CAP
 }
 
 fn ms_since(t0: u64, t: u64) -> f64 {

@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use super::{BURST, LOOP_SERVICES, Outcome, arm_all, ms_since, vip_addr};
+use super::{BURST, LOOP_SERVICES, Outcome, after_fault_bound, arm_all, ms_since, vip_addr};
 use crate::{
     fleet::{
         Fleet, Options,
@@ -332,7 +332,7 @@ pub fn daemon_restart(fleet: &mut Fleet, opts: &Options, dir: &Path) -> anyhow::
         })?;
         ready_ms = ready.map(|_| at.elapsed().as_secs_f64() * 1e3);
     }
-    let bound = Duration::from_secs(opts.bound_s);
+    let bound = after_fault_bound(opts);
     // Per node: the latest time a moved service was first seen at its new backend (0 when
     // every one already was when checked), and how many waited.
     let mut burst_ms: Vec<Option<f64>> = vec![Some(0.0); fleet.nodes.len()];

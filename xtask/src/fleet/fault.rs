@@ -368,10 +368,12 @@ fn print_outcome(o: &Outcome) {
     let list = |v: &[Option<f64>]| v.iter().map(|t| ms(*t)).collect::<Vec<_>>().join(" ");
     detail(format!("{}: {}", o.fault, o.what));
     detail(format!(
-        "recovery {} ms; change after recovery per node (ms): {}; in Consul's catalog after {} ms",
+        "recovery {} ms; change after recovery per node (ms): {}{}",
         ms(o.recovery_ms),
         list(&o.change_ms),
-        ms(o.catalog_ms)
+        o.catalog_ms.map_or_else(String::new, |c| format!(
+            "; in Consul's catalog after {c:.0} ms"
+        ))
     ));
     for (n, c) in (1..).zip(&o.loops) {
         detail(format!(

@@ -38,7 +38,12 @@ port (HTTP/1.1, JSON):
                  the names the stream asks for (SotW: the request's resource_names, answered
                  again whenever they change; delta: resource_names_subscribe / _unsubscribe).
   GET  /requests                      every request received, oldest first (see record()); each
-                                      names its stream (numbered from 1 as they open)
+                                      names its stream (numbered from 1 as they open) and its
+                                      time ("t", CLOCK_MONOTONIC seconds)
+
+--replay FILE (the fleet harness's server restart): a JSON list of {"path": "/push" ...,
+"body": {...}} control calls applied in order before the gRPC port listens, so a restarted
+server serves the same resources at the same versions from its first stream on.
 
 Prints "READY grpc=<port> control=<port>" on stdout once both listen (on 127.0.0.1, or on
 --host). Stops on SIGTERM/SIGKILL
@@ -56,6 +61,7 @@ import queue
 import ssl
 import sys
 import threading
+import time
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -115,6 +121,7 @@ class Store:
             "type_url": request.type_url,
             "response_nonce": request.response_nonce,
             "error_detail": detail,
+            "t": time.monotonic(),
         }
         if kind == "delta":
             entry["subscribe"] = list(request.resource_names_subscribe)
@@ -451,6 +458,26 @@ class Servicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer, eds_pb2_grpc.End
         return response
 
 
+def apply(store, path, args):
+    """One control call (POST `path` with JSON `args`); False when the path is unknown."""
+    if path == "/push":
+        cla = build_cla(args["cluster"], args["endpoints"])
+        if "policy" in args:
+            json_format.ParseDict(args["policy"], cla.policy)
+        store.push(args["cluster"], args["version"], cla)
+    elif path == "/push_raw":
+        store.push_raw(args["version"], [build_raw(spec) for spec in args["resources"]])
+    elif path == "/remove":
+        store.remove(args["cluster"])
+    elif path == "/push_resources":
+        store.push_typed(args["type"], args["version"], args["resources"])
+    elif path == "/drop":
+        store.drop()
+    else:
+        return False
+    return True
+
+
 def control_handler(store):
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -476,20 +503,7 @@ def control_handler(store):
             if self.path == "/v3/discovery:endpoints":
                 return self.rest(body)
             args = json.loads(body or b"{}")
-            if self.path == "/push":
-                cla = build_cla(args["cluster"], args["endpoints"])
-                if "policy" in args:
-                    json_format.ParseDict(args["policy"], cla.policy)
-                store.push(args["cluster"], args["version"], cla)
-            elif self.path == "/push_raw":
-                store.push_raw(args["version"], [build_raw(spec) for spec in args["resources"]])
-            elif self.path == "/remove":
-                store.remove(args["cluster"])
-            elif self.path == "/push_resources":
-                store.push_typed(args["type"], args["version"], args["resources"])
-            elif self.path == "/drop":
-                store.drop()
-            else:
+            if not apply(store, self.path, args):
                 return self.reply(404, "{}")
             self.reply(200, "{}")
 
@@ -548,8 +562,14 @@ def main():
     parser.add_argument("--tls-cert", help="server certificate chain (PEM): serve TLS")
     parser.add_argument("--tls-key", help="server private key (PEM)")
     parser.add_argument("--tls-client-ca", help="require client certificates signed by this CA")
+    parser.add_argument("--replay", help="JSON list of control calls applied before listening")
     args = parser.parse_args()
     store = Store()
+    if args.replay:
+        with open(args.replay) as f:
+            for call in json.load(f):
+                if not apply(store, call["path"], call["body"]):
+                    sys.exit(f"--replay: unknown path {call['path']!r}")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
     servicer = Servicer(store)
     ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(servicer, server)

@@ -4,7 +4,9 @@
 //! never from the daemon's log), then tears everything down. See docs/fleet.md.
 
 mod chart;
+mod connect_loop;
 mod consul;
+mod fault;
 mod http;
 mod load;
 mod measure;
@@ -86,6 +88,11 @@ pub struct Options {
     /// With `--load`: seconds of the idle window after bring-up.
     #[arg(long, default_value_t = 60)]
     pub load_idle_s: u64,
+    /// Measure nothing: make this control-plane fault (or `all` of the control plane's) with
+    /// connect loops on every node; fails if one connect failed or the change made after
+    /// recovery did not converge (see docs/fleet.md).
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub fault: Option<fault::FaultKind>,
     /// The results files `--chart` draws.
     #[arg(requires = "chart", value_name = "RESULTS.json")]
     pub results: Vec<PathBuf>,
@@ -137,6 +144,12 @@ impl Options {
         }
         if self.load_idle_s == 0 || self.load_idle_s > 600 {
             bail!("--load-idle-s must be 1 to 600, got {}", self.load_idle_s);
+        }
+        if self.load && self.fault.is_some() {
+            bail!("--load measures a run of changes and --fault makes a fault: choose one");
+        }
+        if let Some(kind) = self.fault {
+            fault::validate(self, kind)?;
         }
         Ok(())
     }
@@ -202,7 +215,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         path: path.clone(),
         keep_logs: None,
     });
-    let outcome = bring_up_and_measure(&mut fleet, opts, &proxy, &path);
+    let outcome = bring_up_and_measure(&mut fleet, opts, &proxy, (&path, &out_dir));
     if outcome.is_err()
         && let Some(w) = fleet.workdir.as_mut()
     {
@@ -220,7 +233,12 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     if !left.is_empty() {
         eprintln!("WARNING: left behind: {}", left.join(", "));
     }
-    let mut report = outcome?;
+    let Some(mut report) = outcome? else {
+        if !left.is_empty() {
+            bail!("the teardown left things behind (see above)");
+        }
+        return Ok(());
+    };
     report.teardown_s = teardown_s;
     let file = out_dir.join(format!(
         "fleet-{}-{}.json",
@@ -256,12 +274,13 @@ struct Written {
     load: Option<load::Load>,
 }
 
+/// The measurement's report, or None after a fault run (which writes its own results).
 fn bring_up_and_measure(
     fleet: &mut Fleet,
     opts: &Options,
     proxy: &Path,
-    dir: &Path,
-) -> anyhow::Result<Written> {
+    (dir, out_dir): (&Path, &Path),
+) -> anyhow::Result<Option<Written>> {
     let up = Instant::now();
     let plane = match opts.control_plane {
         ControlPlane::Consul => "consul",
@@ -322,6 +341,10 @@ fn bring_up_and_measure(
     measure::wait_ready(&mut fleet.nodes, opts)?;
     let bring_up_s = up.elapsed().as_secs_f64();
     detail(format!("bring-up took {bring_up_s:.1} s"));
+    if let Some(kind) = opts.fault {
+        fault::run(fleet, opts, kind, (dir, out_dir), bring_up_s)?;
+        return Ok(None);
+    }
     let idle = load::idle(fleet, opts)?;
     let counted = load::begin(fleet, opts)?;
     let measuring = Instant::now();
@@ -331,7 +354,7 @@ fn bring_up_and_measure(
         ControlPlane::Xds => measure::xds(fleet, opts)?,
     };
     let load = load::end(fleet, opts, idle, counted)?;
-    Ok(Written {
+    Ok(Some(Written {
         inner: report::Report {
             control_plane: plane.to_owned(),
             nodes: opts.nodes,
@@ -347,7 +370,7 @@ fn bring_up_and_measure(
         },
         teardown_s: 0.0,
         load,
-    })
+    }))
 }
 
 pub(crate) fn svc(j: u32) -> String {
@@ -399,7 +422,7 @@ fn timestamp() -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use clap::Parser as _;
 
     use super::*;
@@ -410,7 +433,7 @@ mod tests {
         opts: Options,
     }
 
-    fn parse(args: &[&str]) -> anyhow::Result<Options> {
+    pub(crate) fn parse(args: &[&str]) -> anyhow::Result<Options> {
         let cli = Cli::try_parse_from(std::iter::once("fleet").chain(args.iter().copied()))?;
         cli.opts.validate()?;
         Ok(cli.opts)

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::bail;
+use anyhow::{Context as _, bail};
 use serde_json::json;
 
 use super::{
@@ -32,7 +32,12 @@ const START_TIMEOUT: Duration = Duration::from_secs(90);
 /// The running agents, stopped by PID on drop.
 pub struct Cluster {
     hub: String,
-    agents: Vec<Proc>,
+    /// Servers 0 to 2, the backends agent 3, node `i`'s agent `3 + i`; None while stopped.
+    agents: Vec<Option<Proc>>,
+    /// How each agent was started, to start it again.
+    specs: Vec<Spec>,
+    consul: PathBuf,
+    dir: PathBuf,
     /// The backends node's agent, where services register.
     pub backends: SocketAddr,
 }
@@ -44,33 +49,20 @@ impl Cluster {
         let mut cluster = Self {
             hub: net.hub.clone(),
             agents: Vec::new(),
+            specs: Vec::new(),
+            consul: consul.to_owned(),
+            dir: dir.to_owned(),
             backends: SocketAddr::from((net::BACKENDS_AGENT, HTTP_PORT)),
         };
         for (k, ip) in net::SERVERS.iter().enumerate() {
             let args = vec!["-server".into(), "-bootstrap-expect".into(), "3".into()];
-            cluster.spawn(
-                consul,
-                net,
-                dir,
-                &format!("server-{}", k + 1),
-                *ip,
-                *ip,
-                args,
-            )?;
+            cluster.spawn(&format!("server-{}", k + 1), *ip, *ip, args)?;
         }
         let b = net::BACKENDS_AGENT;
-        cluster.spawn(consul, net, dir, "backends", b, b, Vec::new())?;
+        cluster.spawn("backends", b, b, Vec::new())?;
         for i in 1..=net.nodes.len() as u32 {
             let (bind, client) = (net::node_agent(i), net::hub_side(i));
-            cluster.spawn(
-                consul,
-                net,
-                dir,
-                &format!("node-{i}"),
-                bind,
-                client,
-                Vec::new(),
-            )?;
+            cluster.spawn(&format!("node-{i}"), bind, client, Vec::new())?;
         }
         let started = Instant::now();
         let mut waiting: Vec<SocketAddr> = net::SERVERS
@@ -84,7 +76,7 @@ impl Cluster {
             .collect();
         while !waiting.is_empty() {
             sys::check_interrupted()?;
-            for agent in &mut cluster.agents {
+            for agent in cluster.agents.iter_mut().flatten() {
                 agent.check_alive()?;
             }
             let hub = cluster.hub.clone();
@@ -114,32 +106,95 @@ impl Cluster {
         Ok(cluster)
     }
 
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one agent's place in the cluster"
-    )]
     fn spawn(
         &mut self,
-        consul: &Path,
-        net: &Net,
-        dir: &Path,
         name: &str,
         bind: Ipv4Addr,
         client: Ipv4Addr,
         extra: Vec<String>,
     ) -> anyhow::Result<()> {
-        let data = dir.join(format!("consul-{name}"));
+        let spec = Spec {
+            name: name.to_owned(),
+            bind,
+            client,
+            extra,
+        };
+        let agent = self.start_agent(&spec)?;
+        self.agents.push(Some(agent));
+        self.specs.push(spec);
+        Ok(())
+    }
+
+    /// Starts one agent in the hub, its output appended to its log (a restart keeps the data
+    /// directory: the agent comes back as itself).
+    fn start_agent(&self, spec: &Spec) -> anyhow::Result<Proc> {
+        let data = self.dir.join(format!("consul-{}", spec.name));
         fs::create_dir_all(&data)?;
-        let log = fs::File::create(dir.join(format!("consul-{name}.log")))?;
-        let mut args = agent_args(name, bind, client, &data);
-        args.extend(extra);
-        let mut cmd = net::in_netns(&net.hub, consul, &args);
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("consul-{}.log", spec.name)))?;
+        let mut args = agent_args(&spec.name, spec.bind, spec.client, &data);
+        args.extend(spec.extra.iter().cloned());
+        let mut cmd = net::in_netns(&self.hub, &self.consul, &args);
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        let agent = Proc::spawn(cmd, &format!("consul agent {name}"), Duration::from_secs(5))?;
-        self.agents.push(agent);
+        Proc::spawn(
+            cmd,
+            &format!("consul agent {}", spec.name),
+            Duration::from_secs(5),
+        )
+    }
+
+    /// Stops agent `index` (see [`Cluster::agents`]): SIGKILL when `crash`, else SIGTERM
+    /// (a client agent then leaves the cluster, as Consul's default on SIGTERM).
+    pub fn stop_agent(&mut self, index: usize, crash: bool) -> anyhow::Result<()> {
+        let mut agent = self.agents[index]
+            .take()
+            .context("that agent is not running")?;
+        if crash {
+            let _ = agent.child.kill();
+            let _ = agent.child.wait();
+        } else {
+            agent.stop();
+        }
         Ok(())
+    }
+
+    /// Starts agent `index` again, as it was started.
+    pub fn restart_agent(&mut self, index: usize) -> anyhow::Result<()> {
+        if self.agents[index].is_some() {
+            bail!("consul agent {} is running", self.specs[index].name);
+        }
+        let agent = self.start_agent(&self.specs[index])?;
+        self.agents[index] = Some(agent);
+        Ok(())
+    }
+
+    /// Whether the catalog, read from the leader's own HTTP API (a server that names itself
+    /// the leader; none: false), has an instance of `service`.
+    pub fn catalog_has(&self, service: &str) -> anyhow::Result<bool> {
+        for ip in net::SERVERS {
+            let server = SocketAddr::from((ip, HTTP_PORT));
+            if self.leader_seen_by(server)? != Some(format!("{ip}:8300")) {
+                continue;
+            }
+            let path = format!("/v1/catalog/service/{service}");
+            let answer = net::with_netns(&self.hub, || call(server, "GET", &path, None))?;
+            return Ok(answer.is_ok_and(|(status, body)| status == 200 && body.trim() != "[]"));
+        }
+        Ok(false)
+    }
+
+    /// The leader's address (`IP:8300`) as the HTTP API at `addr` says it, or None when that
+    /// agent knows none (or does not answer).
+    pub fn leader_seen_by(&self, addr: SocketAddr) -> anyhow::Result<Option<String>> {
+        let answer = net::with_netns(&self.hub, || call(addr, "GET", "/v1/status/leader", None))?;
+        Ok(answer.ok().and_then(|(status, body)| {
+            let leader = body.trim().trim_matches('"').to_owned();
+            (status == 200 && !leader.is_empty()).then_some(leader)
+        }))
     }
 
     /// The catalog and config entries the run starts from: services `svc-<changes>` ..
@@ -245,13 +300,21 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         // All at once (clients leave the cluster on SIGTERM), then each waited for.
-        for agent in &mut self.agents {
+        for agent in self.agents.iter_mut().flatten() {
             agent.terminate();
         }
-        for agent in &mut self.agents {
+        for agent in self.agents.iter_mut().flatten() {
             agent.stop();
         }
     }
+}
+
+/// How an agent was started.
+struct Spec {
+    name: String,
+    bind: Ipv4Addr,
+    client: Ipv4Addr,
+    extra: Vec<String>,
 }
 
 /// The agent's command line: one address for serf and RPC (`bind`), one for the HTTP API

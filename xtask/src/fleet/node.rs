@@ -16,6 +16,7 @@ use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
 use super::{
+    connect_loop::{Counts, Plan},
     consul::HTTP_PORT,
     net::{self, Net},
     probe::Expect,
@@ -89,6 +90,7 @@ pub struct Node {
     /// The node's namespace.
     pub netns: String,
     probe: Option<Probe>,
+    looper: Option<Probe>,
     daemon: Option<Proc>,
     proxy: PathBuf,
     config: PathBuf,
@@ -118,6 +120,7 @@ impl Node {
             admin: SocketAddr::from(([127, 0, 0, 1], net::ADMIN_PORT)),
             netns: net.node(i).to_owned(),
             probe: None,
+            looper: None,
             daemon: None,
             proxy: proxy.to_owned(),
             config: config.clone(),
@@ -134,23 +137,70 @@ impl Node {
                 String::from_utf8_lossy(&check.stderr).trim()
             );
         }
-        let log = fs::File::create(dir.join(format!("node-{i}.log")))?;
+        node.spawn_daemon(net, dir)?;
+        node.probe = Some(Probe::start(net, i, poll)?);
+        Ok(node)
+    }
+
+    /// Starts the daemon (again: it adopts its pins, as `proxy run` does on a restart), its
+    /// output appended to the node's log.
+    fn spawn_daemon(&mut self, net: &Net, dir: &Path) -> anyhow::Result<()> {
+        let i = self.index;
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("node-{i}.log")))?;
         let args = [
             "run".to_owned(),
             "--config".to_owned(),
-            config.display().to_string(),
+            self.config.display().to_string(),
         ];
-        let mut cmd = net::in_netns(net.node(i), proxy, &args);
+        let mut cmd = net::in_netns(net.node(i), &self.proxy, &args);
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        node.daemon = Some(Proc::spawn(
+        self.daemon = Some(Proc::spawn(
             cmd,
             &format!("the daemon of node {i}"),
             Duration::from_secs(10),
         )?);
-        node.probe = Some(Probe::start(net, i, poll)?);
-        Ok(node)
+        Ok(())
+    }
+
+    /// Stops the daemon (SIGTERM, waited for; pins and programs stay) without uninstalling.
+    pub fn stop_daemon(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            d.stop();
+        }
+    }
+
+    /// Starts the daemon again after [`Node::stop_daemon`].
+    pub fn restart_daemon(&mut self, net: &Net, dir: &Path) -> anyhow::Result<()> {
+        if self.daemon.is_some() {
+            bail!("the daemon of node {} is running", self.index);
+        }
+        self.spawn_daemon(net, dir)
+    }
+
+    /// Starts a connect loop in a second probe of the node (waits keep the first).
+    pub fn start_loop(&mut self, net: &Net, plan: &Plan) -> anyhow::Result<()> {
+        let mut probe = Probe::start(net, self.index, plan.interval)?;
+        writeln!(probe.stdin, "{}", plan.line())?;
+        let answer = probe.read_line()?;
+        if answer != "looping" {
+            bail!("the loop probe of node {} said {answer:?}", self.index);
+        }
+        self.looper = Some(probe);
+        Ok(())
+    }
+
+    /// Stops the connect loop and returns its counts.
+    pub fn stop_loop(&mut self) -> anyhow::Result<Counts> {
+        let i = self.index;
+        let mut probe = self.looper.take().context("no connect loop")?;
+        writeln!(probe.stdin, "stop")
+            .with_context(|| format!("the loop probe of node {i} is gone"))?;
+        Counts::parse(&probe.read_line()?)
     }
 
     /// Fails if the daemon exited.
@@ -242,6 +292,7 @@ impl Node {
     /// Stops the probe and sends the daemon SIGTERM; the drop waits for it and uninstalls.
     pub fn terminate(&mut self) {
         drop(self.probe.take());
+        drop(self.looper.take());
         if let Some(d) = self.daemon.as_mut() {
             d.terminate();
         }

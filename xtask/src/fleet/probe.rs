@@ -7,6 +7,8 @@
 //! `up=BACKEND_IP` or `down` (the connect fails): the probe tries once; if that already
 //! matches it answers `already`, else `armed` and then polls every interval until it matches
 //! (`seen NS`, CLOCK_MONOTONIC of the first matching try) or the time is up (`timeout`).
+//! `loop ...` starts a connect loop in the background (see [`super::connect_loop`]) and
+//! `stop` ends it with its counts; waits may run while it loops.
 
 use std::{
     io::{BufRead as _, Read as _, Write as _},
@@ -22,6 +24,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use super::{
+    connect_loop,
     net::{self, Net},
     sys,
 };
@@ -53,7 +56,7 @@ impl Expect {
         }
     }
 
-    fn holds(&self, seen: Option<&str>) -> bool {
+    pub(super) fn holds(&self, seen: Option<&str>) -> bool {
         match (self, seen) {
             (Self::Down, None) => true,
             (Self::Up(ip), Some(text)) => text == ip.to_string(),
@@ -91,8 +94,16 @@ pub fn parse_wait(line: &str) -> anyhow::Result<(SocketAddr, Expect, Duration)> 
 pub fn serve(interval: Duration) -> anyhow::Result<()> {
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
+    let mut looping = None;
     for line in stdin.lock().lines() {
-        let (addr, expect, timeout) = parse_wait(&line?)?;
+        let line = line?;
+        if line.starts_with("loop ") || line == "stop" {
+            let answer = connect_loop::command(&line, &mut looping, try_once)?;
+            writeln!(out, "{answer}")?;
+            out.flush()?;
+            continue;
+        }
+        let (addr, expect, timeout) = parse_wait(&line)?;
         if expect.holds(try_once(addr).as_deref()) {
             writeln!(out, "already")?;
             out.flush()?;

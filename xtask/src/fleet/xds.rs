@@ -32,10 +32,15 @@ const SETUP_HINT: &str = "python3 -m venv .venv && .venv/bin/pip install -r test
 
 /// The running server, stopped by PID on drop (closing its stdin ends it too).
 pub struct XdsServer {
-    proc: Proc,
+    proc: Option<Proc>,
     hub: String,
     control: SocketAddr,
     version: u64,
+    python: PathBuf,
+    dir: PathBuf,
+    /// What was pushed, the latest call per resource (or per resource type) in push order:
+    /// replayed by a restarted server, so it serves the same resources at the same versions.
+    state: Vec<(String, String, Value)>,
 }
 
 /// The Python with grpcio and xds-protos: `PROXY_TEST_PYTHON`, else the workspace's .venv.
@@ -52,16 +57,42 @@ pub fn python() -> anyhow::Result<PathBuf> {
 
 impl XdsServer {
     pub fn start(python: &Path, net: &Net, dir: &Path) -> anyhow::Result<Self> {
+        let mut server = Self {
+            proc: None,
+            hub: net.hub.clone(),
+            control: SocketAddr::from(([127, 0, 0, 1], CONTROL_PORT)),
+            version: 0,
+            python: python.to_owned(),
+            dir: dir.to_owned(),
+            state: Vec::new(),
+        };
+        server.spawn(None)?;
+        Ok(server)
+    }
+
+    /// Starts the server process, replaying `replay` (a file of control calls) before it
+    /// listens; returns CLOCK_MONOTONIC when it said it was ready.
+    fn spawn(&mut self, replay: Option<&Path>) -> anyhow::Result<u64> {
         let script = crate::util::workspace_root().join("tests/xds/xds_server.py");
-        let args: Vec<String> = ["--host", "0.0.0.0", "--grpc-port", &GRPC_PORT.to_string()]
-            .into_iter()
-            .chain(["--control-port", &CONTROL_PORT.to_string()])
-            .map(str::to_owned)
-            .collect();
-        let mut full = vec![script.display().to_string()];
-        full.extend(args);
-        let mut cmd = net::in_netns(&net.hub, python, &full);
-        let log = std::fs::File::create(dir.join("xds-server.log"))?;
+        let mut args: Vec<String> = [
+            script.display().to_string().as_str(),
+            "--host",
+            "0.0.0.0",
+            "--grpc-port",
+            &GRPC_PORT.to_string(),
+            "--control-port",
+            &CONTROL_PORT.to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        if let Some(file) = replay {
+            args.extend(["--replay".to_owned(), file.display().to_string()]);
+        }
+        let mut cmd = net::in_netns(&self.hub, &self.python, &args);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("xds-server.log"))?;
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(log);
         let mut proc = Proc::spawn(cmd, "the xDS server", Duration::from_secs(5))?;
         let stdout = proc.child.stdout.take().context("xds server stdout")?;
@@ -69,34 +100,68 @@ impl XdsServer {
         std::thread::spawn(move || {
             let mut line = String::new();
             let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
+            let _ = tx.send((line, sys::monotonic_ns()));
         });
-        let line = rx.recv_timeout(START_TIMEOUT).unwrap_or_default();
+        let (line, ready) = rx.recv_timeout(START_TIMEOUT).unwrap_or_default();
         if !line.starts_with("READY") {
             bail!(
                 "the xDS server did not start (missing Python packages? run: {SETUP_HINT}); log: {}",
-                dir.join("xds-server.log").display()
+                self.dir.join("xds-server.log").display()
             );
         }
-        Ok(Self {
-            proc,
-            hub: net.hub.clone(),
-            control: SocketAddr::from(([127, 0, 0, 1], CONTROL_PORT)),
-            version: 0,
-        })
+        self.proc = Some(proc);
+        Ok(ready)
+    }
+
+    /// Stops the server (SIGTERM by its PID, waited for): every stream ends.
+    pub fn stop(&mut self) -> anyhow::Result<()> {
+        let mut proc = self.proc.take().context("the xDS server is not running")?;
+        proc.stop();
+        Ok(())
+    }
+
+    /// Starts the server again on the same ports with everything pushed so far, at the same
+    /// versions; returns CLOCK_MONOTONIC when it was ready.
+    pub fn restart(&mut self) -> anyhow::Result<u64> {
+        let calls: Vec<Value> = self
+            .state
+            .iter()
+            .map(|(_, path, body)| json!({"path": path, "body": body}))
+            .collect();
+        let file = self.dir.join("xds-replay.json");
+        std::fs::write(&file, serde_json::to_vec(&calls)?)?;
+        self.spawn(Some(&file))
+    }
+
+    /// Every request the running server received (its `/requests`).
+    pub fn requests(&self) -> anyhow::Result<Vec<Value>> {
+        let control = self.control;
+        let (status, text) =
+            net::with_netns(&self.hub, || call(control, "GET", "/requests", None))??;
+        if status != 200 {
+            bail!("GET /requests on the xDS server: {status}");
+        }
+        Ok(serde_json::from_str(&text)?)
     }
 
     fn post(&mut self, path: &str, body: &Value) -> anyhow::Result<u64> {
-        self.proc.check_alive()?;
-        let (control, body) = (self.control, body.to_string());
+        self.proc
+            .as_mut()
+            .context("the xDS server is not running")?
+            .check_alive()?;
+        let (control, text) = (self.control, body.to_string());
         let (t0, answer) = net::with_netns(&self.hub, || {
             let t0 = sys::monotonic_ns();
-            (t0, call(control, "POST", path, Some(&body)))
+            (t0, call(control, "POST", path, Some(&text)))
         })?;
         let (status, text) = answer?;
         if status != 200 {
             bail!("POST {path} on the xDS server: {status} {}", text.trim());
         }
+        let name = body.get("cluster").or_else(|| body.get("type"));
+        let key = format!("{path} {}", name.map_or_else(String::new, Value::to_string));
+        self.state.retain(|(k, _, _)| *k != key);
+        self.state.push((key, path.to_owned(), body.clone()));
         Ok(t0)
     }
 

@@ -28,7 +28,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::bail;
+use anyhow::{Context as _, bail};
 
 pub use self::probe::serve as probe_main;
 use self::{consul::Cluster, net::Net, node::Node, probe::Backends, xds::XdsServer};
@@ -421,23 +421,50 @@ fn timestamp() -> String {
         .map_or_else(|_| "now".into(), |s| s.trim().to_owned())
 }
 
+/// The options as `cargo xtask fleet ARGS` would read them, checked.
+#[derive(clap::Parser)]
+struct Cli {
+    #[command(flatten)]
+    opts: Options,
+}
+
+pub(crate) fn parse(args: &[&str]) -> anyhow::Result<Options> {
+    use clap::Parser as _;
+    let cli = Cli::try_parse_from(std::iter::once("fleet").chain(args.iter().copied()))?;
+    cli.opts.validate()?;
+    Ok(cli.opts)
+}
+
+/// The suite's fault runs (`cargo xtask test`): every fault of each control plane, each a test,
+/// on a fleet small enough for the suite's time (3 nodes, 40 services), with `proxy`.
+pub fn suite_faults(proxy: &Path) -> anyhow::Result<()> {
+    let proxy = proxy.to_str().context("the daemon's path is not UTF-8")?;
+    for plane in ["consul", "xds"] {
+        step(format!(
+            "control-plane faults on a fleet of 3 nodes ({plane})"
+        ));
+        let args = [
+            "--nodes",
+            "3",
+            "--services",
+            "40",
+            "--changes",
+            "10",
+            "--control-plane",
+            plane,
+            "--fault",
+            "all",
+            "--proxy",
+            proxy,
+        ];
+        run(&parse(&args)?).with_context(|| format!("the {plane} fault runs failed"))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
-    use clap::Parser as _;
-
     use super::*;
-
-    #[derive(clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        opts: Options,
-    }
-
-    pub(crate) fn parse(args: &[&str]) -> anyhow::Result<Options> {
-        let cli = Cli::try_parse_from(std::iter::once("fleet").chain(args.iter().copied()))?;
-        cli.opts.validate()?;
-        Ok(cli.opts)
-    }
 
     #[test]
     fn the_defaults_are_the_issues_ten_nodes_thousand_services_hundred_changes() {

@@ -1,12 +1,13 @@
 //! `cargo xtask test`: every test. Setup, the style gates (`lint.rs`), unit tests of every crate
 //! (no root needed), a bounded run of every fuzz target, then the root-only integration tests against the real kernel, the real eBPF
-//! object and real servers, the package check of `cargo xtask dist` on the debug binary, then the
+//! object and real servers, control-plane faults on a small fleet (`cargo xtask fleet --fault
+//! all`), the package check of `cargo xtask dist` on the debug binary, then the
 //! kernel tests on Linux 5.10 in QEMU, and the shipped systemd units under systemd there.
 
 use anyhow::Context as _;
 
 use crate::{
-    bench, dist, fuzz, integration, lint, setup,
+    bench, dist, fleet, fuzz, integration, lint, setup,
     util::{self, step},
     vm,
 };
@@ -44,6 +45,17 @@ pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
     let python = util::workspace_root().join(".venv/bin/python");
     let integrated = integration::run(&suite.tests, &suite.proxy, &python, filter)
         .context("integration tests failed");
+    // Control-plane faults (`cargo xtask fleet --fault all`) on a small fleet of real daemons,
+    // Consul servers and agents, and an xDS server: each fault is a test (nothing lost, every
+    // node converges after it). About a minute and a half.
+    let faults = if filter.is_none_or(|f| "fleet".contains(f)) {
+        fleet::suite_faults(&suite.proxy)
+    } else {
+        util::detail(format!(
+            "the fleet's fault runs skipped: the filter {filter:?} leaves them out"
+        ));
+        Ok(())
+    };
     // The package and the image of `cargo xtask dist`, from the debug binary just built: they
     // build, lintian accepts the package, it installs into a scratch root, runs `proxy check`
     // and purges cleanly, and the image unpacks and runs (no release build: that is dist's).
@@ -70,6 +82,7 @@ pub fn run(filter: Option<&str>) -> anyhow::Result<()> {
     style.context("the style gates failed (cargo xtask lint)")?;
     fuzzed.context("fuzzing failed (cargo xtask fuzz)")?;
     integrated?;
+    faults.context("the control-plane fault runs failed (cargo xtask fleet --fault all)")?;
     packaged.context("the package check (cargo xtask dist) failed")?;
     vm.context("the kernel tests failed on Linux 5.10 in QEMU")?;
     units.context("the systemd units failed their checks in QEMU (cargo xtask vm --systemd)")?;

@@ -494,8 +494,7 @@ mod tests {
     #[test]
     fn a_fault_run_needs_room_for_its_changes_loops_and_burst() {
         let mut opts =
-            crate::fleet::tests::parse(&["--nodes", "3", "--services", "50", "--changes", "10"])
-                .unwrap();
+            crate::fleet::parse(&["--nodes", "3", "--services", "50", "--changes", "10"]).unwrap();
         assert!(validate(&opts, FaultKind::All).is_ok());
         opts.services = 30;
         let err = validate(&opts, FaultKind::All).unwrap_err().to_string();

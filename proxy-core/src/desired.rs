@@ -10,15 +10,18 @@
 //! source, and its last good state stays in the overlay). Composition refuses a name that two
 //! sources both define: nothing overrides silently.
 
+use std::sync::Arc;
+
 use crate::config::{Cluster, Service};
 
 /// What one dynamic source contributes: every resource it holds now.
 #[derive(Clone, Debug, Default)]
 pub struct Overlay {
-    /// Clusters, in the file's form (Envoy v3 `Cluster` field names).
-    pub clusters: Vec<Cluster>,
-    /// Services: a VIP and port served by a cluster or a chain.
-    pub services: Vec<Service>,
+    /// Clusters, in the file's form (Envoy v3 `Cluster` field names). Shared: the source, its
+    /// feed and the daemon hold one copy.
+    pub clusters: Arc<Vec<Cluster>>,
+    /// Services: a VIP and port served by a cluster or a chain. Shared as the clusters are.
+    pub services: Arc<Vec<Service>>,
     /// Consul config entries (service-router, -splitter, -resolver, service-defaults,
     /// proxy-defaults) that chains compile from.
     pub config_entries: Vec<proxy_chain::ConfigEntry>,

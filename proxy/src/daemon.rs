@@ -217,7 +217,7 @@ async fn run_async(
     let mut running = Running {
         file,
         overlays: BTreeMap::new(),
-        config,
+        config: Arc::new(config),
         upstreams,
         xds,
         publishers: BTreeMap::new(),
@@ -361,7 +361,7 @@ fn admin_state(
     launch: admin::Launch,
 ) -> admin::State {
     let mut state = admin::State::new(
-        running.config.clone(),
+        Config::clone(&running.config),
         ctx.dp.clone(),
         running.upstreams.clone(),
         ctx.published.subscribe(),

@@ -30,7 +30,7 @@ splice! {
 /// An upstream cluster: its own fields, then the DNS fields (`dns_cluster_fields`,
 /// `dns_file_fields`) and the health fields (`health_fields`), declared once with the types the
 /// DNS source and health checking take (`config::fields`).
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cluster {
     /// Unique name; services refer to it and stats are named `cluster.<name>.*`.
@@ -134,7 +134,7 @@ pub struct OriginalDstLbConfig {
 }
 
 /// Envoy's `Cluster.CustomClusterType`.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CustomClusterType {
     /// `proxy.clusters.consul` or `proxy.clusters.dns_srv`.
@@ -228,7 +228,7 @@ impl LbPolicy {
 }
 
 /// Envoy's `ClusterLoadAssignment`.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoadAssignment {
     /// Name of the cluster this assignment is for (informational; Envoy requires it for EDS).
@@ -244,7 +244,7 @@ pub struct LoadAssignment {
 }
 
 /// Envoy's `ClusterLoadAssignment.Policy`, the fields that shape routing.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AssignmentPolicyConfig {
     /// Percent by which priorities and localities count as overprovisioned: one is whole while
@@ -275,7 +275,7 @@ impl AssignmentPolicyConfig {
 }
 
 /// Envoy's `LocalityLbEndpoints`: endpoints that share a locality and a priority.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LocalityLbEndpoints {
     /// The endpoints.
@@ -294,7 +294,7 @@ pub struct LocalityLbEndpoints {
 }
 
 /// Envoy's `LbEndpoint`.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LbEndpoint {
     /// Where the endpoint is.
@@ -313,7 +313,7 @@ pub struct LbEndpoint {
 }
 
 /// Envoy's `core.v3.Metadata`: values by filter name.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Metadata {
     /// Filter name -> key -> value (strings, numbers and booleans; kept as text).
@@ -346,7 +346,7 @@ impl Metadata {
 }
 
 /// Envoy's `Endpoint`.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Endpoint {
     /// The endpoint's address.
@@ -372,7 +372,7 @@ impl Endpoint {
 }
 
 /// Envoy's `core.v3.Address` (only the `socket_address` form).
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Address {
     /// An IP (or, for DNS clusters, a hostname) and a port.
@@ -380,7 +380,7 @@ pub struct Address {
 }
 
 /// Envoy's `core.v3.SocketAddress`.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SocketAddress {
     /// An IP address for STATIC clusters; a hostname for DNS clusters.

@@ -87,10 +87,10 @@ impl Config {
             .map(|s| ((s.address, s.port, s.protocol), Source::File))
             .collect();
         for (source, overlay) in overlays {
-            for cluster in &overlay.clusters {
+            for cluster in overlay.clusters.iter() {
                 owners.claim_cluster(&cluster.name, source)?;
             }
-            for service in &overlay.services {
+            for service in overlay.services.iter() {
                 owners.claim_service(&service.name, source)?;
                 let addr = (service.address, service.port, service.protocol);
                 if let Some(first) = addresses.insert(addr, source)

@@ -11,7 +11,7 @@ use super::{Address, host_guard::HostGuard};
 use crate::host::HealthCheckTarget;
 
 /// Envoy's `Endpoint.HealthCheckConfig`.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct EndpointHealthCheck {
     /// The port active checks connect to instead of the endpoint's (0 or unset: the endpoint's,

@@ -32,7 +32,7 @@ const GETADDRINFO: &str = "envoy.network.dns_resolver.getaddrinfo";
 const GETADDRINFO_TYPE: &str = "type.googleapis.com/envoy.extensions.network.dns_resolver.getaddrinfo.v3.GetAddrInfoDnsResolverConfig";
 
 /// Envoy's `TypedExtensionConfig` as `typed_dns_resolver_config` holds it.
-#[derive(Clone, Debug, Deserialize, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TypedDnsResolverConfig {
     /// `envoy.network.dns_resolver.cares` or `envoy.network.dns_resolver.getaddrinfo`.

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::{Cluster, error::Invalid};
 
 /// A service address (VIP, port, protocol) served by a cluster.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Service {
     /// Unique name, used in stats and `/clusters`.

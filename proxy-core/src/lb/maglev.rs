@@ -14,7 +14,7 @@ pub const DEFAULT_TABLE_SIZE: u64 = 65_537;
 pub const MAX_TABLE_SIZE: u64 = 5_000_011;
 
 /// A built table: each entry the index of a host in the list it was built from.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, PartialEq, Clone, Default)]
 pub struct Maglev {
     table: Vec<u32>,
 }

@@ -13,7 +13,7 @@ pub const DEFAULT_MIN_RING_SIZE: u64 = 1024;
 pub const MAX_RING_SIZE: u64 = 8 * 1024 * 1024;
 
 /// A built ring: (point, index of the host in the list it was built from), sorted by point.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, PartialEq, Clone, Default)]
 pub struct Ring {
     points: Vec<(u64, u32)>,
 }

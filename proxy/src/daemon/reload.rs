@@ -2,8 +2,8 @@
 //! the clusters to start and stop, the services to republish or remove, and whether the proxy
 //! path takes new services; or why the new one needs a restart instead.
 //!
-//! Equality is by value over every field of a cluster or a service (their `Debug` form, which
-//! covers the fields serde skips). A cluster that is equal keeps its running discovery, health
+//! Equality is by value over every field of a cluster or a service (their derived `PartialEq`,
+//! which covers the fields serde skips). A cluster that is equal keeps its running discovery, health
 //! state and watches; a service that is equal, and whose clusters all stay, keeps its publisher,
 //! so its kernel entry is not rewritten.
 
@@ -13,7 +13,9 @@ use std::{
 };
 
 use proxy_common::service::ServiceKey;
-use proxy_core::config::{Config, ServiceMode, sources::xds::clusters::eds_clusters};
+use proxy_core::config::{
+    Cluster, Config, Service, ServiceMode, sources::xds::clusters::eds_clusters,
+};
 
 /// The difference a reload applies.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -94,9 +96,9 @@ pub struct ProxyPath {
 
 /// The difference from `old` to `new` (both validated), for a data path attached with sockops
 /// (`follow_sockets`) or without. `key` is a service's kernel key.
-pub fn plan(
-    old: &Config,
-    new: &Config,
+pub fn plan<'a>(
+    old: &'a Config,
+    new: &'a Config,
     follow_sockets: bool,
     new_needs_sockops: bool,
     proxy: ProxyPath,
@@ -114,23 +116,21 @@ pub fn plan(
         xds_restart: proxy_core::discovery::xds::restart_needed(old, new),
         ..Plan::default()
     };
-    let olds: BTreeMap<&str, String> = old
-        .clusters
-        .iter()
-        .filter(|c| !old.is_original_dst(&c.name))
-        .map(|c| (c.name.as_str(), super::zones::cluster_fingerprint(old, c)))
-        .collect();
-    let news: BTreeMap<&str, String> = new
-        .clusters
-        .iter()
-        .filter(|c| !new.is_original_dst(&c.name))
-        .map(|c| (c.name.as_str(), super::zones::cluster_fingerprint(new, c)))
-        .collect();
+    let clusters = |c: &'a Config| -> BTreeMap<&'a str, &'a Cluster> {
+        c.clusters
+            .iter()
+            .filter(|cluster| !c.is_original_dst(&cluster.name))
+            .map(|cluster| (cluster.name.as_str(), cluster))
+            .collect()
+    };
+    let (olds, news) = (clusters(old), clusters(new));
     let is_eds = |c: &Config, name: &str| eds_clusters(c).iter().any(|(n, _)| n == name);
     for (name, was) in &olds {
         let restarts = plan.xds_restart && is_eds(old, name);
         match news.get(name) {
-            Some(now) if now == was && !restarts => plan.kept_clusters += 1,
+            Some(now) if super::zones::same_cluster(old, was, new, now) && !restarts => {
+                plan.kept_clusters += 1;
+            }
             Some(_) => {
                 plan.stop.insert((*name).to_owned());
                 plan.start.insert((*name).to_owned());
@@ -145,11 +145,8 @@ pub fn plan(
     }
     super::zones::restart_followers(new, &olds, &mut plan);
     plan.proxy_path = proxy_path_changes(old, new, proxy, &plan)?;
-    let services = |c: &Config| -> BTreeMap<ServiceKey, String> {
-        c.services
-            .iter()
-            .map(|svc| (key(svc), service_fingerprint(c, svc)))
-            .collect()
+    let services = |c: &'a Config| -> BTreeMap<ServiceKey, &'a Service> {
+        c.services.iter().map(|svc| (key(svc), svc)).collect()
     };
     let (old_services, new_services) = (services(old), services(new));
     for (k, svc) in new.services.iter().map(|s| (key(s), s)) {
@@ -157,7 +154,10 @@ pub fn plan(
             .service_clusters(svc)
             .iter()
             .any(|c| plan.start.contains(c));
-        let same = old_services.get(&k) == new_services.get(&k);
+        let same = match (old_services.get(&k), new_services.get(&k)) {
+            (Some(was), Some(now)) => same_service(old, was, new, now),
+            _ => false,
+        };
         if same && !reads_restarted {
             plan.kept_services += 1;
         } else {
@@ -266,22 +266,31 @@ fn proxy_path_changes(
     Ok(old_text != new_text || restarted)
 }
 
-/// Everything a service's publisher depends on but its clusters' hosts.
-fn service_fingerprint(config: &Config, svc: &proxy_core::config::Service) -> String {
-    let clusters: Vec<String> = config
-        .service_clusters(svc)
+/// Whether a service's publisher runs as before: everything it depends on but its clusters'
+/// hosts is equal (the service, the clusters it reads and their `lb_policy`, its chain's plan,
+/// the datacenter, and what the kernel does while no proxy listens, which depends on whether a
+/// chain routes the service and the clusters alone do not show).
+fn same_service(old: &Config, was: &Service, new: &Config, now: &Service) -> bool {
+    if was != now || old.datacenter != new.datacenter {
+        return false;
+    }
+    let reads = old.service_clusters(was);
+    if reads != new.service_clusters(now) {
+        return false;
+    }
+    let policy = |c: &Config, name: &str| c.cluster(name).map(|cluster| cluster.lb_policy);
+    // A chain's plan is compared by its `Debug` form; a service without a chain has none.
+    let (old_plan, new_plan) = (old.chain_plan(was), new.chain_plan(now));
+    let same_plan = match (&old_plan, &new_plan) {
+        (None, None) => true,
+        _ => format!("{old_plan:?}") == format!("{new_plan:?}"),
+    };
+    reads
         .iter()
-        .map(|name| format!("{:?}", config.cluster(name).map(|c| c.lb_policy)))
-        .collect();
-    // What the kernel does while no proxy listens depends on whether a chain routes the
-    // service (which the clusters alone do not show).
-    format!(
-        "{svc:?} {:?} {:?} {clusters:?} {} {}",
-        config.chain_plan(svc),
-        config.service_clusters(svc),
-        config.datacenter,
-        proxy_core::kernel::no_proxy_fallback(svc, config)
-    )
+        .all(|name| policy(old, name) == policy(new, name))
+        && same_plan
+        && proxy_core::kernel::no_proxy_fallback(was, old)
+            == proxy_core::kernel::no_proxy_fallback(now, new)
 }
 
 #[cfg(test)]

@@ -56,8 +56,8 @@ pub(super) struct Running {
     pub(super) file: Config,
     /// Each dynamic source's last overlay that composed (a refused one is not kept).
     pub(super) overlays: BTreeMap<Source, Overlay>,
-    /// The composition in force: the file and every overlay.
-    pub(super) config: Config,
+    /// The composition in force: the file and every overlay (shared with the admin's view).
+    pub(super) config: Arc<Config>,
     pub(super) upstreams: BTreeMap<String, Arc<Upstream>>,
     pub(super) xds: XdsClients,
     /// Each service's publisher, by kernel key.
@@ -72,7 +72,7 @@ pub(super) struct Running {
 impl Running {
     pub(super) fn live(&self) -> Live {
         Live {
-            config: Arc::new(self.config.clone()),
+            config: Arc::clone(&self.config),
             upstreams: self.upstreams.clone(),
         }
     }
@@ -139,7 +139,7 @@ impl Running {
         // it sets them, as at the start.
         file.proxy.engine_threads = self.config.proxy.engine_threads;
         ctx.run_flags.apply(&mut file);
-        let new = compose(&file, &self.overlays, Some(&self.config))?;
+        let new = compose(&file, &self.overlays, Some(self.config.as_ref()))?;
         let summary = self.apply(new, file.declares_proxy(), ctx).await?;
         // xDS checks its names against the file's (composition already refused a clash).
         if let Err(err) = self.xds.set_file(FileNames::of(&file)) {
@@ -160,7 +160,7 @@ impl Running {
     ) -> Result<String, ReloadRefused> {
         let mut overlays = self.overlays.clone();
         overlays.insert(source, overlay);
-        let new = compose(&self.file, &overlays, Some(&self.config))?;
+        let new = compose(&self.file, &overlays, Some(self.config.as_ref()))?;
         let summary = self.apply(new, self.file.declares_proxy(), ctx).await?;
         self.overlays = overlays;
         Ok(summary)
@@ -192,7 +192,7 @@ impl Running {
         check_kernel_support(&templates, &ctx.dp)
             .map_err(|err| ReloadRefused::NeedsRestart(format!("{err:#}")))?;
         if plan.is_empty() {
-            self.config = new;
+            self.config = Arc::new(new);
             return Ok(format!("no change ({})", plan.summary()));
         }
         // Everything that can fail happens before the first change.
@@ -267,7 +267,7 @@ impl Running {
                 }
             }
         }
-        self.config = new;
+        self.config = Arc::new(new);
         let services = self.config.services.clone();
         for (svc, spec) in services.iter().zip(templates) {
             if plan.publish.contains(&spec.key) {

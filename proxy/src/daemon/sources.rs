@@ -96,7 +96,7 @@ mod tests {
         let mut one = proxy_core::config::Config::embedded_default().clusters[0].clone();
         cluster.clone_into(&mut one.name);
         Overlay {
-            clusters: vec![one],
+            clusters: vec![one].into(),
             ..Overlay::default()
         }
     }

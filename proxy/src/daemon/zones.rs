@@ -4,7 +4,10 @@
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use proxy_core::{config::Config, upstream::Upstream};
+use proxy_core::{
+    config::{Cluster, Config},
+    upstream::Upstream,
+};
 
 use super::reload::Plan;
 
@@ -45,7 +48,7 @@ pub(super) fn zone_input(
 
 /// A restarted local cluster restarts every running zone-aware cluster (for any reason, an
 /// xDS restart included): each follows the routing of the local cluster it started with.
-pub(super) fn restart_followers(new: &Config, olds: &BTreeMap<&str, String>, plan: &mut Plan) {
+pub(super) fn restart_followers(new: &Config, olds: &BTreeMap<&str, &Cluster>, plan: &mut Plan) {
     let Some(cm) = &new.cluster_manager else {
         return;
     };
@@ -63,19 +66,23 @@ pub(super) fn restart_followers(new: &Config, olds: &BTreeMap<&str, String>, pla
     }
 }
 
-/// What a cluster runs by: its definition, and for a zone-aware cluster also the node's
-/// locality and the local cluster's definition, whose routing its loop follows (a changed
-/// local cluster restarts it, so it follows the new one).
-pub(super) fn cluster_fingerprint(
-    config: &Config,
-    cluster: &proxy_core::config::Cluster,
-) -> String {
-    if cluster.common_lb_config.zone_aware_lb_config.is_none() {
-        return format!("{cluster:?}");
+/// Whether a cluster runs as before: its definition is equal, and for a zone-aware cluster
+/// also the node's locality and the local cluster's definition, whose routing its loop follows
+/// (a changed local cluster restarts it, so it follows the new one).
+pub(super) fn same_cluster(old: &Config, was: &Cluster, new: &Config, now: &Cluster) -> bool {
+    if was != now {
+        return false;
     }
-    let local = config
+    if now.common_lb_config.zone_aware_lb_config.is_none() {
+        return true;
+    }
+    old.node == new.node && local_cluster(old) == local_cluster(new)
+}
+
+/// The definition of the local cluster `config` names, if it has one.
+fn local_cluster(config: &Config) -> Option<&Cluster> {
+    config
         .cluster_manager
         .as_ref()
-        .and_then(|cm| config.cluster(&cm.local_cluster_name));
-    format!("{cluster:?}|{:?}|{local:?}", config.node)
+        .and_then(|cm| config.cluster(&cm.local_cluster_name))
 }

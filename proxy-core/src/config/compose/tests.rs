@@ -39,10 +39,12 @@ fn api() -> Overlay {
         clusters: vec![cluster(
             "name: api\nload_assignment: {endpoints: [{lb_endpoints: [{endpoint: {address: \
              {socket_address: {address: 127.0.0.3, port_value: 81}}}}]}]}",
-        )],
+        )]
+        .into(),
         services: vec![service(
             "{name: api, address: 127.77.0.2, port: 81, cluster: api}",
-        )],
+        )]
+        .into(),
         config_entries: Vec::new(),
     }
 }
@@ -70,7 +72,7 @@ fn an_overlay_adds_its_resources_and_leaves_the_file_as_it_was() {
 fn a_name_two_sources_define_is_refused_naming_both() {
     let file = file();
     let mut overlay = api();
-    overlay.clusters[0].name = "backup".to_owned();
+    std::sync::Arc::make_mut(&mut overlay.clusters)[0].name = "backup".to_owned();
     let err = file.compose([(Source::Xds, &overlay)], None).unwrap_err();
     assert_eq!(
         err,
@@ -87,13 +89,13 @@ fn a_name_two_sources_define_is_refused_naming_both() {
     );
 
     let mut overlay = api();
-    overlay.services[0].name = "web".to_owned();
+    std::sync::Arc::make_mut(&mut overlay.services)[0].name = "web".to_owned();
     let err = file.compose([(Source::Xds, &overlay)], None).unwrap_err();
     assert!(matches!(err, ComposeError::Clash { ref what, .. } if what == "service \"web\""));
 
     let mut overlay = api();
-    overlay.services[0].address = "127.77.0.1".parse().unwrap();
-    overlay.services[0].port = 80;
+    std::sync::Arc::make_mut(&mut overlay.services)[0].address = "127.77.0.1".parse().unwrap();
+    std::sync::Arc::make_mut(&mut overlay.services)[0].port = 80;
     let err = file.compose([(Source::Xds, &overlay)], None).unwrap_err();
     assert!(
         err.to_string()
@@ -126,7 +128,8 @@ fn a_name_two_sources_define_is_refused_naming_both() {
 fn an_invalid_resource_is_named_with_its_source() {
     let file = file();
     let mut overlay = api();
-    overlay.clusters[0].connect_timeout = Some(std::time::Duration::ZERO);
+    std::sync::Arc::make_mut(&mut overlay.clusters)[0].connect_timeout =
+        Some(std::time::Duration::ZERO);
     let err = file.compose([(Source::Xds, &overlay)], None).unwrap_err();
     assert_eq!(
         err,
@@ -138,7 +141,7 @@ fn an_invalid_resource_is_named_with_its_source() {
     );
     // A service of a source naming a cluster nobody defines.
     let mut overlay = api();
-    overlay.clusters.clear();
+    std::sync::Arc::make_mut(&mut overlay.clusters).clear();
     let err = file.compose([(Source::Xds, &overlay)], None).unwrap_err();
     assert!(
         matches!(&err, ComposeError::Invalid { origin: Source::Xds, field, .. } if field.starts_with("services[\"api\"]")),

@@ -93,6 +93,10 @@ pub struct ResourceState {
     route_nonce: String,
     /// What the last accepted state publishes.
     current: Overlay,
+    /// The cluster forms (in name order) whose checked clusters are `current.clusters`: a
+    /// response that leaves them as they are (a listener or route change) is not checked
+    /// through the file's rules again, since the same forms check to the same clusters.
+    checked_forms: Vec<std::sync::Arc<str>>,
     feed: Feed,
 }
 
@@ -119,6 +123,7 @@ impl ResourceState {
             routes_asked: BTreeSet::new(),
             route_nonce: String::new(),
             current: Overlay::default(),
+            checked_forms: Vec::new(),
             feed,
         }
     }
@@ -227,6 +232,7 @@ impl ResourceState {
     /// Checks the next sets as one and, when they pass, keeps and publishes them.
     fn commit(&mut self, sets: Sets) -> Result<(), ResponseError> {
         let overlay = self.check(&sets)?;
+        self.checked_forms = sets.clusters.values().map(|h| h.form.clone()).collect();
         self.held = sets;
         self.current = overlay;
         if self.waiting.is_empty() {
@@ -269,10 +275,17 @@ impl ResourceState {
             .iter()
             .map(|(n, h)| (n.clone(), h.form.clone()))
             .collect();
+        let unchanged = forms.len() == self.checked_forms.len()
+            && forms
+                .iter()
+                .zip(&self.checked_forms)
+                .all(|((_, now), was)| std::sync::Arc::ptr_eq(now, was) || now == was);
         let typed = if forms.is_empty() {
-            Vec::new()
+            std::sync::Arc::default()
+        } else if unchanged {
+            self.current.clusters.clone()
         } else {
-            cds::validate(&forms, &self.xds)?
+            cds::validate(&forms, &self.xds)?.into()
         };
         let mut known = self.file.clusters.clone();
         known.extend(typed.iter().map(|c| (c.name.clone(), c.cluster_type)));
@@ -296,7 +309,7 @@ impl ResourceState {
     /// Checks every listener (one naming a cluster not known yet against a stand-in) and
     /// publishes the ready ones: those whose clusters are all known.
     fn listener_overlay(
-        clusters: Vec<crate::config::Cluster>,
+        clusters: std::sync::Arc<Vec<crate::config::Cluster>>,
         all: Vec<(String, ListenerForm)>,
         known: &BTreeMap<String, ClusterType>,
     ) -> Result<Overlay, ResponseError> {
@@ -330,7 +343,7 @@ impl ResourceState {
         };
         Ok(Overlay {
             clusters,
-            services,
+            services: services.into(),
             config_entries,
         })
     }

@@ -466,7 +466,7 @@ fn an_rds_listener_waits_for_its_routes_follows_them_and_is_withdrawn_without_th
     let [service] = rx
         .borrow()
         .services
-        .clone()
+        .to_vec()
         .try_into()
         .expect("one service");
     assert_eq!(

@@ -502,3 +502,27 @@ fn cluster_texts_are_checked_in_place_and_a_refusal_names_its_cluster() {
         other => panic!("expected b's lb_policy refused, got {other:?}"),
     }
 }
+
+#[test]
+fn a_response_that_leaves_the_clusters_keeps_their_checked_form() {
+    let (mut state, rx) = state(FileNames::default());
+    state
+        .apply_sotw(&clusters("1", &[static_cluster("a", 9001)]))
+        .expect("ACK");
+    let before = rx.borrow().clusters.clone();
+    let web = listener("web", 8080, ClusterSpecifier::Cluster("a".into()));
+    state.apply_sotw(&listeners("1", &[web])).expect("ACK");
+    let after = rx.borrow().clone();
+    assert_eq!(names(&after), (vec!["a".into()], vec!["web".into()]));
+    assert!(
+        std::sync::Arc::ptr_eq(&before, &after.clusters),
+        "a listener change does not check the clusters again"
+    );
+    // A changed cluster is checked again, and its new form published.
+    state
+        .apply_sotw(&clusters("2", &[static_cluster("a", 9002)]))
+        .expect("ACK");
+    let changed = rx.borrow().clusters.clone();
+    assert!(!std::sync::Arc::ptr_eq(&before, &changed));
+    assert_eq!(changed[0].static_hosts()[0].addr.port(), 9002);
+}

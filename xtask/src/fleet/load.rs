@@ -366,7 +366,10 @@ pub fn table(load: &Load) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{
+        design::tests::{DESIGN, NONE},
+        *,
+    };
 
     const AGENT: &str = "\
 # HELP consul_client_rpc consul_client_rpc
@@ -398,18 +401,6 @@ broken
     fn counts(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
         pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
     }
-
-    const NONE: Changes = Changes {
-        catalog: 0,
-        deregistrations: 0,
-        config: 0,
-    };
-    const DESIGN: Design = Design {
-        wait_s: 30.0,
-        services: 100,
-        kinds: 5,
-        empty: 10,
-    };
 
     /// A 10-second window over two nodes and the three servers.
     fn window(

@@ -77,15 +77,17 @@ impl Design {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    const NONE: Changes = Changes {
+    /// No change in the window.
+    pub(in crate::fleet::load) const NONE: Changes = Changes {
         catalog: 0,
         deregistrations: 0,
         config: 0,
     };
-    const DESIGN: Design = Design {
+    /// A node of 100 services, the five kinds of config entries, 10 of the services empty.
+    pub(in crate::fleet::load) const DESIGN: Design = Design {
         wait_s: 30.0,
         services: 100,
         kinds: 5,

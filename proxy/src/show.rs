@@ -12,9 +12,10 @@ use proxy_common::{
     counters::ServiceCounts,
     service::{
         Backend, HASH_KEY_CGROUP, HASH_KEY_NETNS, HASH_KEY_PROCESS, HASH_KEY_SOCKET, HASH_KEY_USER,
-        MAX_PRIORITIES, PROTO_TCP, PROTO_UDP, SERVICE_F_CX_LIMIT, SERVICE_F_DROP, SERVICE_F_MAGLEV,
-        SERVICE_F_NO_PROXY_DIALLED, SERVICE_F_NO_PROXY_HOSTS, SERVICE_F_PANIC, SERVICE_F_PASSIVE,
-        SERVICE_F_PROXY, SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, SLOTS, Service, ServiceKey,
+        MAX_PRIORITIES, PROTO_TCP, PROTO_UDP, SERVICE_F_CX_LIMIT, SERVICE_F_DROP, SERVICE_F_END,
+        SERVICE_F_LEAST_REQUEST, SERVICE_F_MAGLEV, SERVICE_F_NO_PROXY_DIALLED,
+        SERVICE_F_NO_PROXY_HOSTS, SERVICE_F_PANIC, SERVICE_F_PASSIVE, SERVICE_F_PROXY,
+        SERVICE_F_ROUND_ROBIN, SERVICE_F_SINGLE, SERVICE_HASH_KEY_MASK, SLOTS, Service, ServiceKey,
         SlotTable, SlotTableKey, hash_key_of,
         legacy::{BACKENDS_V1, SERVICES_V1, SLOTS_V1, ServiceV1},
     },
@@ -53,7 +54,7 @@ pub struct ServiceView {
     pub id: u32,
     pub generation: u32,
     /// `proxy`, `maglev` (followed by its hash key, `key:process`), `single`, `passive`.
-    pub flags: Vec<&'static str>,
+    pub flags: Vec<String>,
     /// Per priority (0 first) the hosts and the slots each holds, of [`SLOTS`]; an empty list
     /// is a priority without a routable host.
     pub priorities: Vec<Vec<HostView>>,
@@ -252,34 +253,52 @@ fn levels(
     levels
 }
 
+/// What each single-bit flag is called in `proxy dataplane show`.
+const FLAG_NAMES: [(u32, &str); 12] = [
+    (SERVICE_F_PROXY, "proxy"),
+    (SERVICE_F_MAGLEV, "maglev"),
+    (SERVICE_F_ROUND_ROBIN, "round_robin"),
+    (SERVICE_F_LEAST_REQUEST, "least_request"),
+    (SERVICE_F_SINGLE, "single"),
+    (SERVICE_F_PASSIVE, "passive"),
+    (SERVICE_F_PANIC, "panic"),
+    (SERVICE_F_CX_LIMIT, "max_connections"),
+    (SERVICE_F_DROP, "drop_overloads"),
+    (SERVICE_F_NO_PROXY_HOSTS, "no_proxy:hosts"),
+    (SERVICE_F_NO_PROXY_DIALLED, "no_proxy:dialled"),
+    (SERVICE_F_END, "end_on_host_failure"),
+];
+
 /// The names of `flags`' bits; a Maglev service's hash key follows `maglev` (`key:process`).
-fn flag_names(flags: u32) -> Vec<&'static str> {
-    let mut names: Vec<&'static str> = [
-        (SERVICE_F_PROXY, "proxy"),
-        (SERVICE_F_MAGLEV, "maglev"),
-        (SERVICE_F_ROUND_ROBIN, "round_robin"),
-        (SERVICE_F_SINGLE, "single"),
-        (SERVICE_F_PASSIVE, "passive"),
-        (SERVICE_F_PANIC, "panic"),
-        (SERVICE_F_CX_LIMIT, "max_connections"),
-        (SERVICE_F_DROP, "drop_overloads"),
-        (SERVICE_F_NO_PROXY_HOSTS, "no_proxy:hosts"),
-        (SERVICE_F_NO_PROXY_DIALLED, "no_proxy:dialled"),
-    ]
-    .into_iter()
-    .filter(|(bit, _)| flags & bit != 0)
-    .map(|(_, name)| name)
-    .collect();
+/// A bit this build does not know (a newer daemon's) is shown as `bit:N`, never hidden.
+fn flag_names(flags: u32) -> Vec<String> {
+    let known = FLAG_NAMES
+        .iter()
+        .fold(SERVICE_HASH_KEY_MASK, |all, (bit, _)| all | bit);
+    let mut names: Vec<String> = FLAG_NAMES
+        .iter()
+        .filter(|(bit, _)| flags & bit != 0)
+        .map(|(_, name)| (*name).to_owned())
+        .collect();
     if flags & SERVICE_F_MAGLEV != 0 {
-        names.push(match hash_key_of(flags) {
-            HASH_KEY_NETNS => "key:netns",
-            HASH_KEY_CGROUP => "key:cgroup",
-            HASH_KEY_PROCESS => "key:process",
-            HASH_KEY_USER => "key:user",
-            HASH_KEY_SOCKET => "key:socket",
-            _ => "key:unknown",
-        });
+        names.push(
+            match hash_key_of(flags) {
+                HASH_KEY_NETNS => "key:netns",
+                HASH_KEY_CGROUP => "key:cgroup",
+                HASH_KEY_PROCESS => "key:process",
+                HASH_KEY_USER => "key:user",
+                HASH_KEY_SOCKET => "key:socket",
+                _ => "key:unknown",
+            }
+            .to_owned(),
+        );
     }
+    let unknown = flags & !known;
+    names.extend(
+        (0..u32::BITS)
+            .filter(|bit| unknown & (1 << bit) != 0)
+            .map(|bit| format!("bit:{bit}")),
+    );
     names
 }
 
@@ -359,12 +378,13 @@ pub fn print(snap: &Snapshot, out: &mut impl std::io::Write) -> std::io::Result<
             first = false;
             writeln!(out, "{h:<58} {prio:<4} {host:<28} {slots:>6} {n}")
         };
-        if svc.flags.contains(&"proxy") {
+        let proxied = svc.flags.iter().any(|f| f == "proxy");
+        if proxied {
             line("-", "(proxy listener)", "-")?;
         } else if svc.priorities.iter().all(Vec::is_empty) {
             line("-", "(no routable host: connects refused)", "-")?;
         }
-        if !svc.flags.contains(&"proxy") {
+        if !proxied {
             for (prio, hosts) in svc.priorities.iter().enumerate() {
                 for host in hosts {
                     line(&prio.to_string(), &host.address, &host.slots.to_string())?;
@@ -423,5 +443,34 @@ mod tests {
         let user =
             SERVICE_F_MAGLEV | (HASH_KEY_USER << proxy_common::service::SERVICE_HASH_KEY_SHIFT);
         assert_eq!(flag_names(user), ["maglev", "key:user"]);
+        assert_eq!(
+            flag_names(SERVICE_F_LEAST_REQUEST | SERVICE_F_END),
+            ["least_request", "end_on_host_failure"]
+        );
+        // A bit this build does not know is named by its number, not hidden.
+        assert_eq!(flag_names(SERVICE_F_SINGLE | 1 << 15), ["single", "bit:15"]);
+    }
+
+    #[test]
+    fn every_flag_bit_has_its_own_name() {
+        let mut seen = 0;
+        for (bit, name) in FLAG_NAMES {
+            assert_eq!(bit.count_ones(), 1, "{name} is one bit");
+            assert_eq!(seen & bit, 0, "{name} reuses a bit");
+            assert_eq!(
+                bit & SERVICE_HASH_KEY_MASK,
+                0,
+                "{name} is outside the hash key"
+            );
+            seen |= bit;
+        }
+        // The flags grow upwards from bit 0: every bit below the highest named one is named.
+        assert_eq!(seen, (1 << FLAG_NAMES.len()) - 1);
+        // And every flag proxy-common defines is in the table.
+        let defined = include_str!("../../proxy-common/src/service.rs")
+            .lines()
+            .filter(|line| line.starts_with("pub const SERVICE_F_"))
+            .count();
+        assert_eq!(defined, FLAG_NAMES.len(), "a SERVICE_F_ flag without a name");
     }
 }

@@ -471,6 +471,10 @@ mod tests {
             .lines()
             .filter(|line| line.starts_with("pub const SERVICE_F_"))
             .count();
-        assert_eq!(defined, FLAG_NAMES.len(), "a SERVICE_F_ flag without a name");
+        assert_eq!(
+            defined,
+            FLAG_NAMES.len(),
+            "a SERVICE_F_ flag without a name"
+        );
     }
 }

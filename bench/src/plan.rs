@@ -707,7 +707,13 @@ pub fn features(
 type Measure<'a> = dyn Fn() -> anyhow::Result<std::collections::BTreeMap<String, f64>> + 'a;
 
 /// The metrics of [`extras`].
-pub const EXTRA_METRICS: &[&str] = &["health_10k", "health_udp_10k", "publish_10k", "end_5k"];
+pub const EXTRA_METRICS: &[&str] = &[
+    "health_10k",
+    "health_udp_10k",
+    "publish_10k",
+    "publish_100k",
+    "end_5k",
+];
 
 /// Per run, outside the scenario rows, those that `only` asks for: health-check CPU for
 /// 10,000 endpoints at 1 s (TCP checks, then UDP checks), the time to publish 10,000 hosts, and
@@ -720,7 +726,7 @@ pub fn extras(
     only: &crate::Filter<'_>,
 ) -> Vec<Sample> {
     let endpoints = if smoke { 100 } else { 10_000 };
-    let measurements: [(&str, &str, Box<Measure<'_>>); 4] = [
+    let measurements: [(&str, &str, Box<Measure<'_>>); 5] = [
         (
             "health",
             "health_10k",
@@ -735,6 +741,11 @@ pub fn extras(
             "publish",
             "publish_10k",
             Box::new(|| super::extras::publish(publish_bin, if smoke { 100 } else { 10_000 })),
+        ),
+        (
+            "publish",
+            "publish_100k",
+            Box::new(|| super::extras::publish(publish_bin, if smoke { 1_000 } else { 100_000 })),
         ),
         (
             "ending",

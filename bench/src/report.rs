@@ -560,47 +560,22 @@ fn list(v: &[String]) -> String {
 fn extras(md: &mut String, t: &Table<'_>) {
     let _ = writeln!(md, "\n### Publishing and health checking\n");
     let _ = writeln!(md, "| measure | value |\n|---|---|");
-    let rows = [
-        (
-            "publish N services of 1 host (ms)",
-            "publish",
-            "publish_10k",
-            "services_x1_ms",
-        ),
-        (
-            "update the same (ms)",
-            "publish",
-            "publish_10k",
-            "services_x1_update_ms",
-        ),
-        (
-            "publish N hosts as N/1000 services of 1,000 hosts (ms)",
-            "publish",
-            "publish_10k",
-            "hosts_x1000_ms",
-        ),
-        (
-            "update the same (ms)",
-            "publish",
-            "publish_10k",
-            "hosts_x1000_update_ms",
-        ),
-        ("hosts N", "publish", "publish_10k", "hosts"),
-        (
-            "connects during generation flips",
-            "publish",
-            "publish_10k",
-            "flip_connects",
-        ),
-        (
-            "of which reached no live host",
-            "publish",
-            "publish_10k",
-            "flip_connect_failures",
-        ),
-    ];
-    for (label, row, metric, key) in rows {
-        let _ = writeln!(md, "| {label} | {} |", cell(t.abs(row, metric, key), ""));
+    for (n, metric) in [("10,000", "publish_10k"), ("100,000", "publish_100k")] {
+        for (label, key) in [
+            ("publish N services of 1 host (ms)", "services_x1_ms"),
+            ("update the same (ms)", "services_x1_update_ms"),
+            (
+                "publish N hosts as N/1000 services of 1,000 hosts (ms)",
+                "hosts_x1000_ms",
+            ),
+            ("update the same (ms)", "hosts_x1000_update_ms"),
+            ("connects during generation flips", "flip_connects"),
+            ("of which reached no live host", "flip_connect_failures"),
+        ] {
+            let label = label.replace(" N ", &format!(" N = {n} "));
+            let value = cell(t.abs("publish", metric, key), "");
+            let _ = writeln!(md, "| {label} | {value} |");
+        }
     }
     for (label, key) in [
         ("ending: kernel-path sockets to the host ended", "ended"),

@@ -6,7 +6,8 @@
 //!
 //! Prints one JSON object (`*_ms` wall clock, `*_cpu_ms` CPU time of the publishing thread;
 //! `hosts_x1000_*` is the grouped case whatever `--per` is). Usage: `bench_publish --hosts 10000 --cgroup /sys/fs/cgroup/.../x`
-//! (`--per 100` makes the grouped case N/100 services of 100 hosts; the default is 1,000).
+//! (`--per 100` makes the grouped case N/100 services of 100 hosts; the default is 1,000). The
+//! maps are the daemon's default sizes, grown as a user would (`kernel_maps`) where N does not fit.
 #![allow(unsafe_code, reason = "clock_gettime(2) of the thread CPU clock")]
 
 use std::{
@@ -43,6 +44,31 @@ fn spec(name: String, vip: SocketAddr, hosts: Vec<SocketAddr>) -> ServiceSpec {
 fn v4(base: Ipv4Addr, i: u32, port: u16) -> SocketAddr {
     SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::from(u32::from(base) + i), port))
 }
+
+/// The default map sizes, grown where `hosts` would not fit: N one-host services (plus the
+/// grouped ones and the flip service) in `SERVICES_V2`, and the grouped hosts twice in
+/// `BACKENDS_V2` (an update writes the new set beside the live one).
+fn map_sizes(hosts: u32) -> proxy_core::config::MapSizes {
+    let mut sizes = proxy_core::config::MapSizes::default();
+    sizes.services = sizes
+        .services
+        .max((hosts.saturating_mul(2) + 64).next_power_of_two());
+    sizes.backends = sizes
+        .backends
+        .max((hosts.saturating_mul(2) + 64).next_power_of_two());
+    sizes
+}
+
+/// Where each set of addresses starts: a /12 of loopback each, so that up to a million
+/// services or hosts of one set never meet another set's (or the flip service's).
+const SINGLE_VIPS: Ipv4Addr = Ipv4Addr::new(127, 16, 0, 0);
+const GROUP_VIPS: Ipv4Addr = Ipv4Addr::new(127, 32, 0, 0);
+const HOST_SETS: [Ipv4Addr; 4] = [
+    Ipv4Addr::new(127, 48, 0, 0),
+    Ipv4Addr::new(127, 64, 0, 0),
+    Ipv4Addr::new(127, 80, 0, 0),
+    Ipv4Addr::new(127, 96, 0, 0),
+];
 
 /// Nanoseconds this thread has run on a CPU, user and kernel time (`CLOCK_THREAD_CPUTIME_ID`).
 fn thread_cpu_ns() -> u64 {
@@ -85,7 +111,7 @@ fn main() {
         // Plain kernel-path services, as the daemon publishes them.
         follow_sockets: false,
         kernel_log: proxy_core::config::KernelLogLevel::Off,
-        kernel_maps: proxy_core::config::MapSizes::default(),
+        kernel_maps: map_sizes(hosts),
     };
     let mut dp = Dataplane::open(&opts).expect("opening the data path");
     // Join the cgroup (for the flip check's connects); move back before shutdown removes it.
@@ -139,16 +165,12 @@ fn main() {
     let one = |i: u32, host_base: Ipv4Addr| {
         spec(
             format!("s{i}"),
-            v4(Ipv4Addr::new(127, 77, 100, 0), i, 80),
+            v4(SINGLE_VIPS, i, 80),
             vec![v4(host_base, i, 80)],
         )
     };
-    let singles: Vec<ServiceSpec> = (0..hosts)
-        .map(|i| one(i, Ipv4Addr::new(127, 1, 0, 0)))
-        .collect();
-    let singles_moved: Vec<ServiceSpec> = (0..hosts)
-        .map(|i| one(i, Ipv4Addr::new(127, 2, 0, 0)))
-        .collect();
+    let singles: Vec<ServiceSpec> = (0..hosts).map(|i| one(i, HOST_SETS[0])).collect();
+    let singles_moved: Vec<ServiceSpec> = (0..hosts).map(|i| one(i, HOST_SETS[1])).collect();
     let per: u32 = arg("--per")
         .and_then(|p| p.parse().ok())
         .unwrap_or(1000)
@@ -157,16 +179,12 @@ fn main() {
     let big = |g: u32, host_base: Ipv4Addr| {
         spec(
             format!("g{g}"),
-            v4(Ipv4Addr::new(127, 77, 150, 0), g, 80),
+            v4(GROUP_VIPS, g, 80),
             (0..per).map(|h| v4(host_base, g * per + h, 80)).collect(),
         )
     };
-    let bigs: Vec<ServiceSpec> = (0..groups)
-        .map(|g| big(g, Ipv4Addr::new(127, 3, 0, 0)))
-        .collect();
-    let bigs_moved: Vec<ServiceSpec> = (0..groups)
-        .map(|g| big(g, Ipv4Addr::new(127, 4, 0, 0)))
-        .collect();
+    let bigs: Vec<ServiceSpec> = (0..groups).map(|g| big(g, HOST_SETS[2])).collect();
+    let bigs_moved: Vec<ServiceSpec> = (0..groups).map(|g| big(g, HOST_SETS[3])).collect();
 
     let mut flips = 0_u32;
     let mut flip = |dp: &mut Dataplane| {

@@ -2,8 +2,9 @@
 //! alternating host sets while a client connects in a tight loop is atomic, also when the set
 //! switches between one host (carried in the service entry) and several (a slot table); removing
 //! every host and adding them back works; a data path dropped without shutdown (as after
-//! `kill -9`) keeps serving both layouts and the next one adopts and republishes them; 10,000
-//! services publish and each selects its own host.
+//! `kill -9`) keeps serving both layouts and the next one adopts and republishes them, and its
+//! sweeps leave exactly the live tables and backends; 10,000 services publish and each selects
+//! its own host.
 
 use std::{
     collections::BTreeSet,
@@ -354,7 +355,20 @@ fn a_dropped_data_path_keeps_both_layouts_and_the_next_adopts_them() {
         .collect();
     second.publisher().sweep(&keys).expect("sweeping");
     let seen = banners_of(&cgroup, &netns, vec![vip1, vip2, vip1, vip2]);
+    // Swapped back, the generations of this run retire; a later sweep (which walks the maps only
+    // while they may hold what this run has no record of) leaves exactly the live tables.
+    second
+        .publisher()
+        .publish(&spec("one", vip1, false, 0, &one))
+        .expect("one -> one host");
+    second
+        .publisher()
+        .publish(&spec("many", vip2, false, 0, &many))
+        .expect("many -> table");
+    second.publisher().sweep(&keys).expect("sweeping again");
+    let in_maps = map_entries(&opts.bpffs.join(&opts.instance));
     second.shutdown();
+    assert_eq!(in_maps, (1, 2), "(slot tables, backends) after the churn");
     assert!(
         table.contains(&seen[0].as_str()),
         "the adopted service now a table: {seen:?}"
@@ -367,6 +381,23 @@ fn a_dropped_data_path_keeps_both_layouts_and_the_next_adopts_them() {
         table.contains(&seen[2].as_str()) && seen[3] == single,
         "{seen:?}"
     );
+}
+
+/// The entries of the pinned slot table and backend maps under `pins`.
+fn map_entries(pins: &std::path::Path) -> (usize, usize) {
+    use aya::maps::{HashMap, Map, MapData};
+    use proxy_common::{
+        abi::maps,
+        service::{Backend, SlotTable, SlotTableKey},
+    };
+    let open = |name: &str| {
+        Map::HashMap(MapData::from_pin(pins.join(name)).expect("opening a pinned map"))
+    };
+    let slots: HashMap<MapData, SlotTableKey, SlotTable> =
+        HashMap::try_from(open(maps::SLOTS)).expect("the slot tables");
+    let backends: HashMap<MapData, u32, Backend> =
+        HashMap::try_from(open(maps::BACKENDS)).expect("the backends");
+    (slots.keys().count(), backends.keys().count())
 }
 
 /// Service `i` of the scale test: its VIP and its one host.

@@ -135,6 +135,11 @@ pub struct Publisher {
     retiring: VecDeque<Retiring>,
     /// Services whose newest host set failed to publish.
     stale: StaleSets,
+    /// The maps may hold slot tables or backends that `live` and `backend_refs` do not know:
+    /// what a previous run left (adopted generations have no record of their backends), or a
+    /// delete that failed. [`Publisher::sweep`] walks the maps for them only while this is set,
+    /// so a sweep after a change of this run costs what it removes, not the maps' size.
+    unaccounted: bool,
 }
 
 /// What [`Publisher::write_layout`] wrote for a new generation.
@@ -203,10 +208,17 @@ impl Publisher {
             );
         }
         let mut next_backend_id = 1;
-        for id in backends.keys().flatten() {
-            next_backend_id = next_backend_id.max(id.wrapping_add(1));
+        let mut found_backends = false;
+        for id in backends.keys() {
+            // A key that cannot be read is something found all the same.
+            found_backends = true;
+            if let Ok(id) = id {
+                next_backend_id = next_backend_id.max(id.wrapping_add(1));
+            }
         }
         let adopted = live.len();
+        // Maps that start empty hold only what this run writes and records.
+        let unaccounted = adopted > 0 || found_backends || slots.keys().next().is_some();
         let service_ids = live.values().map(|l: &Live| l.service.id).collect();
         Ok(Self {
             services,
@@ -233,6 +245,7 @@ impl Publisher {
             kernel_features: 0,
             retiring: VecDeque::new(),
             stale: StaleSets::default(),
+            unaccounted,
         })
     }
 
@@ -400,7 +413,8 @@ impl Publisher {
     }
 
     /// After a start that adopted pinned maps: removes services that are not in `keep`, then
-    /// slot tables of dead generations and backends nothing references.
+    /// slot tables of dead generations and backends nothing references (walking the maps only
+    /// while they may hold what this run has no record of: [`Publisher::unaccounted`]).
     pub fn sweep(&mut self, keep: &[ServiceKey]) -> Result<(), DataplaneError> {
         let keep: HashSet<&ServiceKey> = keep.iter().collect();
         let stale: Vec<ServiceKey> = self
@@ -413,34 +427,16 @@ impl Publisher {
             self.remove(key)?;
         }
         self.reap(true);
-        let live: HashSet<(u32, u32)> = self
-            .live
-            .values()
-            .map(|l| (l.service.id, l.service.generation))
-            .collect();
-        let dead: Vec<SlotTableKey> = self
-            .slots
-            .keys()
-            .flatten()
-            .filter(|k| !live.contains(&(k.service_id, k.generation)))
-            .collect();
-        for key in &dead {
-            let _ = self.slots.remove(key);
-        }
-        let orphans: Vec<u32> = self
-            .backends
-            .keys()
-            .flatten()
-            .filter(|id| !self.backend_refs.contains_key(id))
-            .collect();
-        for id in &orphans {
-            let _ = self.backends.remove(id);
-        }
-        if !stale.is_empty() || !dead.is_empty() || !orphans.is_empty() {
+        let (dead, orphans) = if self.unaccounted {
+            self.walk_unaccounted()
+        } else {
+            (0, 0)
+        };
+        if !stale.is_empty() || dead > 0 || orphans > 0 {
             info!(
                 services = stale.len(),
-                tables = dead.len(),
-                backends = orphans.len(),
+                tables = dead,
+                backends = orphans,
                 "swept state left by a previous run"
             );
         }

@@ -1,7 +1,7 @@
 //! The writes of one publish: a layout's backends and slot table before the switch, undone on
 //! failure; the old generation's table and unreferenced backends after the grace period.
 
-use std::net::SocketAddr;
+use std::{collections::HashSet, net::SocketAddr};
 
 use aya::maps::MapError;
 use proxy_common::{
@@ -141,7 +141,7 @@ impl Publisher {
             return;
         }
         for id in ids {
-            let _ = self.backends.remove(id);
+            self.unaccounted |= self.backends.remove(id).is_err();
         }
     }
 
@@ -163,7 +163,7 @@ impl Publisher {
         }
         self.delete_tables(service, tables);
         for id in new_backends {
-            let _ = self.backends.remove(id);
+            self.unaccounted |= self.backends.remove(id).is_err();
             if let Some((backend, _)) = self.backend_refs.remove(id) {
                 self.backend_ids.remove(&backend);
             }
@@ -173,6 +173,8 @@ impl Publisher {
     /// Frees a generation nobody reads any more: its tables now; backends no table references
     /// any more go to `dead_backends`, to be deleted once every retired table is gone.
     pub(super) fn retire(&mut self, old: &Live, dead_backends: &mut Vec<u32>) {
+        // An adopted generation's backends are not recorded: the next sweep finds them.
+        self.unaccounted |= old.spec.is_none();
         self.delete_tables(&old.service, old.tables);
         for id in &old.backends {
             let Some((backend, refs)) = self.backend_refs.get_mut(id) else {
@@ -191,11 +193,51 @@ impl Publisher {
     /// Deletes the slot tables of `service`'s generation at the priorities set in `tables`.
     pub(super) fn delete_tables(&mut self, service: &Service, tables: u8) {
         for priority in (0..MAX_PRIORITIES).filter(|p| tables & (1 << p) != 0) {
-            let _ = self.slots.remove(&SlotTableKey {
+            let removed = self.slots.remove(&SlotTableKey {
                 service_id: service.id,
                 generation: service.generation,
                 priority,
             });
+            self.unaccounted |= removed.is_err();
         }
     }
+
+    /// Deletes the slot tables of no live generation and the backends no table references,
+    /// walking both maps; returns how many of each. Clears [`Publisher::unaccounted`] unless a
+    /// delete fails (the next sweep walks again).
+    pub(super) fn walk_unaccounted(&mut self) -> (usize, usize) {
+        // A key that cannot be read leaves the maps unaccounted for.
+        let mut unread = false;
+        let live: HashSet<(u32, u32)> = self
+            .live
+            .values()
+            .map(|l| (l.service.id, l.service.generation))
+            .collect();
+        let dead: Vec<SlotTableKey> = self
+            .slots
+            .keys()
+            .filter_map(|key| readable(key, &mut unread))
+            .filter(|k| !live.contains(&(k.service_id, k.generation)))
+            .collect();
+        let orphans: Vec<u32> = self
+            .backends
+            .keys()
+            .filter_map(|key| readable(key, &mut unread))
+            .filter(|id| !self.backend_refs.contains_key(id))
+            .collect();
+        self.unaccounted = unread;
+        for key in &dead {
+            self.unaccounted |= self.slots.remove(key).is_err();
+        }
+        for id in &orphans {
+            self.unaccounted |= self.backends.remove(id).is_err();
+        }
+        (dead.len(), orphans.len())
+    }
+}
+
+/// The key, or `None` with `unread` set when it could not be read.
+fn readable<K>(key: Result<K, MapError>, unread: &mut bool) -> Option<K> {
+    *unread |= key.is_err();
+    key.ok()
 }

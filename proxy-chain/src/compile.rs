@@ -11,10 +11,16 @@
 //! equally empty when no override applied.
 
 mod graph;
+mod reads;
 mod resolve;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::{
+    cell::RefCell,
+    collections::{BTreeMap, BTreeSet, HashSet},
+};
 
+pub use self::reads::EntryReads;
+use self::reads::Reader;
 use crate::{
     duration::GoDuration,
     entries::{Entries, MeshGatewayMode, ProxyDefaults, ServiceRoute},
@@ -104,13 +110,25 @@ pub fn compile(
     req: &CompileRequest,
     entries: &Entries,
 ) -> Result<CompiledDiscoveryChain, ChainError> {
-    req.check()?;
-    let mut compiler = Compiler::new(req, entries);
-    compiler.assemble_chain()?;
-    compiler.detect_circular_references()?;
-    compiler.flatten_adjacent_splitters();
-    compiler.remove_unused_nodes();
-    compiler.finish()
+    compile_reading(req, entries).0
+}
+
+/// [`compile`], and the entries it read: the same request gives the same result from any set
+/// of entries that agrees with `entries` on those ([`EntryReads::same_in`]).
+pub fn compile_reading(
+    req: &CompileRequest,
+    entries: &Entries,
+) -> (Result<CompiledDiscoveryChain, ChainError>, EntryReads) {
+    let reads = RefCell::new(EntryReads::default());
+    let result = req.check().and_then(|()| {
+        let mut compiler = Compiler::new(req, Reader::new(entries, &reads));
+        compiler.assemble_chain()?;
+        compiler.detect_circular_references()?;
+        compiler.flatten_adjacent_splitters();
+        compiler.remove_unused_nodes();
+        compiler.finish()
+    });
+    (result, reads.into_inner())
 }
 
 /// Which overrides changed the result.
@@ -124,7 +142,7 @@ struct Customized {
 /// Single-use compilation state (Consul's `compiler`).
 struct Compiler<'a> {
     req: &'a CompileRequest,
-    entries: &'a Entries,
+    entries: Reader<'a>,
     /// `OverrideProtocol` is not HTTP-like: routers and splitters are ignored.
     disable_advanced: bool,
     /// A router or splitter is part of the chain.
@@ -154,7 +172,7 @@ fn is_http_like(protocol: &str) -> bool {
 }
 
 impl<'a> Compiler<'a> {
-    fn new(req: &'a CompileRequest, entries: &'a Entries) -> Self {
+    fn new(req: &'a CompileRequest, entries: Reader<'a>) -> Self {
         Compiler {
             req,
             entries,

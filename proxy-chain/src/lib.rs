@@ -28,7 +28,7 @@ mod quote;
 pub mod validate;
 
 pub use crate::{
-    compile::{CompileRequest, compile},
+    compile::{CompileRequest, EntryReads, compile, compile_reading},
     duration::GoDuration,
     entries::{ConfigEntry, Entries, EntryKind, MeshGatewayMode},
     error::{ChainError, ValidationError},

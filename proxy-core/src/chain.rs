@@ -18,6 +18,7 @@
 //! (consul#6276; Consul fails over only when no instance is healthy).
 
 mod each;
+mod memo;
 mod policy;
 mod unapplied;
 
@@ -29,8 +30,9 @@ use serde::{Deserialize, Serialize};
 pub use self::{
     each::{
         ChainFailure, ChainServiceError, CompiledChains, UnusableEntry, compile_each,
-        compile_service, runs_in,
+        compile_each_after, compile_service, runs_in,
     },
+    memo::ChainMemo,
     policy::{PolicyError, resolver_policy},
 };
 use crate::{

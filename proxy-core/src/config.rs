@@ -188,6 +188,10 @@ pub struct Config {
     /// alone (the composition with Consul's compiles them again).
     #[serde(skip)]
     pub chain_failures: Vec<crate::chain::ChainFailure>,
+    /// What the chains were compiled from, so that the next composition compiles only the
+    /// chains whose entries changed ([`crate::chain::ChainMemo`]).
+    #[serde(skip)]
+    pub chain_memo: std::sync::Arc<crate::chain::ChainMemo>,
     /// Every config entry of the file (`config_entries` and the entries of
     /// `config_entry_files`), read when the file is validated, so that a composition with the
     /// dynamic sources ([`Config::compose`]) compiles chains without reading the files again.
@@ -304,6 +308,7 @@ impl Config {
             let compiled = crate::chain::compile_each(&config, &config.file_entries, &[]);
             config.chains = compiled.chains;
             config.chain_failures = compiled.failures;
+            config.chain_memo = std::sync::Arc::new(compiled.memo);
         } else {
             config.chains = entries::compile_chains(&config, &config.file_entries)
                 .map_err(|e| e.locate(file, text))?;

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proxy_chain::{CompiledDiscoveryChain, ConfigEntry, Entries, EntryKind};
 
-use super::{ChainExecError, ChainPlan, route_clusters};
+use super::{ChainExecError, ChainPlan, memo::ChainMemo, route_clusters};
 use crate::config::{ClusterType, Config, Service, ServiceMode};
 
 /// An entry no chain may use, and why.
@@ -41,6 +41,8 @@ pub struct CompiledChains {
     pub chains: BTreeMap<String, CompiledDiscoveryChain>,
     /// Chain services left out, in the order of `services`.
     pub failures: Vec<ChainFailure>,
+    /// What was compiled from which entries, for the next composition.
+    pub memo: ChainMemo,
 }
 
 /// Why one service's chain cannot run.
@@ -63,17 +65,21 @@ pub fn compile_service(
     chain: &str,
     entries: &Entries,
 ) -> Result<CompiledDiscoveryChain, ChainServiceError> {
-    let request = proxy_chain::CompileRequest {
+    let compiled = proxy_chain::compile(&compile_request(config, svc, chain), entries)?;
+    runs_in(config, svc, &compiled)?;
+    Ok(compiled)
+}
+
+/// What compiling the chain `chain` of `svc` in `config` asks Consul's compiler.
+fn compile_request(config: &Config, svc: &Service, chain: &str) -> proxy_chain::CompileRequest {
+    proxy_chain::CompileRequest {
         allow_tcp_splitting: svc.chain_options.tcp_splits,
         ..proxy_chain::CompileRequest::new(
             chain,
             &config.datacenter,
             proxy_chain::DEFAULT_TRUST_DOMAIN,
         )
-    };
-    let compiled = proxy_chain::compile(&request, entries)?;
-    runs_in(config, svc, &compiled)?;
-    Ok(compiled)
+    }
 }
 
 /// Whether the compiled chain of `svc` can run in `config`: each target has a cluster that
@@ -128,12 +134,33 @@ pub fn compile_each(
     file: &[ConfigEntry],
     consul: &[ConfigEntry],
 ) -> CompiledChains {
+    compile_each_after(config, file, consul, None)
+}
+
+/// [`compile_each`], taking from `previous` (the memo of the composition in force) every chain
+/// whose request and entries read did not change ([`ChainMemo`]): the result is the same as
+/// compiling every chain again.
+pub fn compile_each_after(
+    config: &Config,
+    file: &[ConfigEntry],
+    consul: &[ConfigEntry],
+    previous: Option<&ChainMemo>,
+) -> CompiledChains {
     let (entries, unusable) = merge(file, consul);
-    let mut out = CompiledChains::default();
+    let mut out = CompiledChains {
+        memo: ChainMemo::starting(entries),
+        ..CompiledChains::default()
+    };
     for svc in &config.services {
         let Some(chain) = &svc.chain else { continue };
-        let result = compile_service(config, svc, chain, &entries)
-            .map_err(|e| e.to_string())
+        let request = compile_request(config, svc, chain);
+        let result = out
+            .memo
+            .compile(previous, &svc.name, request)
+            .and_then(|compiled| {
+                runs_in(config, svc, &compiled).map_err(|e| e.to_string())?;
+                Ok(compiled)
+            })
             .and_then(|compiled| match reads_unusable(&compiled, &unusable) {
                 Some(entry) => Err(format!(
                     "it reads {} {:?}, which cannot be used: {}",

@@ -152,8 +152,14 @@ fn compile_chains(
     let strip = |list: Vec<(proxy_chain::ConfigEntry, Source)>| -> Vec<_> {
         list.into_iter().map(|(e, _)| e).collect()
     };
-    let compiled = crate::chain::compile_each(composed, &strip(others), &strip(consul));
+    let compiled = crate::chain::compile_each_after(
+        composed,
+        &strip(others),
+        &strip(consul),
+        previous.map(|p| p.chain_memo.as_ref()),
+    );
     composed.chains = compiled.chains;
+    composed.chain_memo = std::sync::Arc::new(compiled.memo);
     let mut left_out = Vec::new();
     for failure in &compiled.failures {
         let svc = composed.services.iter().find(|s| s.name == failure.service);

@@ -224,6 +224,7 @@ pub mod map_batch {
 pub mod caps;
 pub mod fds;
 pub mod iter;
+pub mod link;
 pub mod seccomp;
 
 /// CLOCK_MONOTONIC now, as a duration since the clock's origin (sd_notify's `MONOTONIC_USEC`).

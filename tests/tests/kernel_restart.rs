@@ -218,6 +218,70 @@ fn sigterm_keeps_the_data_path_and_a_new_daemon_adopts_it() {
     assert!(!pins.exists(), "proxy uninstall removes the pins");
 }
 
+/// `proxy uninstall` has detached the programs when it returns: a connect made after it goes
+/// where it was dialled (refused: nothing listens on the VIP), never to a host. Unpinning alone
+/// left the programs running until the kernel freed the pins, after an RCU grace period and a
+/// workqueue: the systemd VM's check right after the uninstall once reached a host.
+#[test]
+fn uninstall_has_detached_the_programs_when_it_returns() {
+    require_root();
+    if skip_without_dataplane("uninstall_has_detached_the_programs_when_it_returns") {
+        return;
+    }
+    let at = Instance::new("un");
+    let mut daemon = Daemon::start(&at.config);
+    let dir = TempDir::new();
+    let marker = dir.0.join("uninstalled");
+    let seen = marker.clone();
+    let vip: SocketAddr = VIP.parse().unwrap();
+    // Connects until the marker is there, then 300 more; says how many reached a host before
+    // and after.
+    let client = InCgroup::spawn(Some(at.cgroup.path()), &at.netns, move || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (mut before, mut after, mut after_reached) = (0_u32, 0_u32, 0_u32);
+        while Instant::now() < deadline && after < 300 {
+            let uninstalled = seen.exists();
+            let reached =
+                std::net::TcpStream::connect_timeout(&vip, Duration::from_secs(1)).is_ok();
+            match (uninstalled, reached) {
+                (false, true) => before += 1,
+                (false, false) => {}
+                (true, reached) => {
+                    after += 1;
+                    after_reached += u32::from(reached);
+                }
+            }
+        }
+        format!("{before} {after} {after_reached}")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(daemon.terminate(), "clean exit on SIGTERM");
+    assert!(daemon.uninstall(), "proxy uninstall");
+    std::fs::write(&marker, b"").expect("writing the marker");
+    let out = client.wait(Duration::from_secs(90));
+    let counts: Vec<u32> = out
+        .split_whitespace()
+        .map(|n| n.parse().expect("a count"))
+        .collect();
+    println!(
+        "connects that reached a host: {} before the uninstall; {} of {} after",
+        counts[0], counts[2], counts[1]
+    );
+    assert!(
+        counts[0] > 0,
+        "the client reached the hosts while the programs were attached: {out}"
+    );
+    assert_eq!(
+        counts[1], 300,
+        "the client went on after the uninstall: {out}"
+    );
+    assert_eq!(
+        counts[2], 0,
+        "connects after `proxy uninstall` returned reached a host: {out}"
+    );
+    assert!(!at.pins.exists(), "proxy uninstall removes the pins");
+}
+
 /// Pins under an instance directory that are not this version's: an unknown name shaped like a
 /// newer version of one of our maps, and another tool's.
 const UNKNOWN: [&str; 2] = ["SERVICES_V99", "another_tools_map"];

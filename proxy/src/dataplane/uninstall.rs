@@ -35,9 +35,18 @@ pub fn uninstall(bpffs: &Path, instance: &str) -> Result<Option<Uninstalled>, Da
     }
     let lock = pin_files::lock_instance(&pin_dir, instance)?;
     let mut done = Uninstalled::default();
-    // connect4 last: until then a connect still finds its service.
+    // connect4 last: until then a connect still finds its service. Each program is detached
+    // before its pin goes: the unpin alone lets it run on until the kernel frees the pin (an
+    // RCU grace period and a workqueue later), so a connect right after `proxy uninstall`
+    // returned could still be rewritten.
     for (_, link) in pins::LINKS.iter().rev() {
-        if pin_files::unpin_link(&pin_dir.join(link)) {
+        let path = pin_dir.join(link);
+        if path.exists()
+            && let Err(err) = crate::sys::link::detach_pinned(&path)
+        {
+            warn!(link = %path.display(), %err, "detaching the link; it goes with its pin");
+        }
+        if pin_files::unpin_link(&path) {
             done.links += 1;
         }
     }

@@ -360,7 +360,7 @@ fn as_chain_host(h: &Host) -> proxy_chain::Host {
     proxy_chain::Host {
         service_address: h.addr.ip().to_string(),
         service_port: h.addr.port(),
-        service_meta: h.metadata.clone(),
+        service_meta: h.metadata().clone(),
         checks: vec![status],
         ..Default::default()
     }

@@ -29,15 +29,15 @@ use crate::host::Host;
 pub fn diff_hosts(old: &[Host], new: &[Host]) -> (Vec<Host>, Vec<Host>) {
     let old_addrs: BTreeSet<SocketAddr> = old.iter().map(|h| h.addr).collect();
     let new_addrs: BTreeSet<SocketAddr> = new.iter().map(|h| h.addr).collect();
-    let added = new
-        .iter()
-        .filter(|h| !old_addrs.contains(&h.addr))
-        .cloned()
-        .collect();
-    let removed = old
-        .iter()
-        .filter(|h| !new_addrs.contains(&h.addr))
-        .cloned()
-        .collect();
-    (added, removed)
+    // Kept as long as the update is: no spare capacity.
+    let missing = |hosts: &[Host], from: &BTreeSet<SocketAddr>| -> Vec<Host> {
+        let mut out: Vec<Host> = hosts
+            .iter()
+            .filter(|h| !from.contains(&h.addr))
+            .cloned()
+            .collect();
+        out.shrink_to_fit();
+        out
+    };
+    (missing(new, &old_addrs), missing(old, &new_addrs))
 }

@@ -124,13 +124,13 @@ impl State {
     /// State over the running configuration, data path and clusters; `published` counts the
     /// services published at least once.
     pub fn new(
-        config: Config,
+        config: impl Into<Arc<Config>>,
         dataplane: SharedDataplane,
         upstreams: BTreeMap<String, Arc<Upstream>>,
         published: Published,
     ) -> Self {
         Self {
-            config: Arc::new(config),
+            config: config.into(),
             dataplane,
             upstreams,
             published,

@@ -361,7 +361,7 @@ fn admin_state(
     launch: admin::Launch,
 ) -> admin::State {
     let mut state = admin::State::new(
-        Config::clone(&running.config),
+        Arc::clone(&running.config),
         ctx.dp.clone(),
         running.upstreams.clone(),
         ctx.published.subscribe(),

@@ -98,8 +98,11 @@ async fn hosts_health_and_weights_follow_the_catalog() {
         .hosts
         .into_iter()
         .find(|h| h.addr.port() == 8080);
-    let meta = web1_host.expect("web-1 published").metadata;
-    assert_eq!(meta.get("version").map(String::as_str), Some("v1"));
+    let web1_host = web1_host.expect("web-1 published");
+    assert_eq!(
+        web1_host.metadata().get("version").map(String::as_str),
+        Some("v1")
+    );
 
     consul.set_check("web-1-ttl", "warn").await;
     wait_view(

@@ -98,10 +98,13 @@ async fn grpc_sequence(api: GrpcApi, delta: bool) {
     let host = &v1.hosts[0];
     assert_eq!((host.weight, host.eds_health), (2, EdsHealth::Healthy));
     assert_eq!(
-        host.metadata.get("locality.zone").map(String::as_str),
+        host.metadata().get("locality.zone").map(String::as_str),
         Some("eu-1")
     );
-    assert_eq!(host.metadata.get("version").map(String::as_str), Some("v1"));
+    assert_eq!(
+        host.metadata().get("version").map(String::as_str),
+        Some("v1")
+    );
     let acked = |server: &XdsServer, version: &str| {
         tokio::task::block_in_place(|| {
             server.wait_request(&format!("ACK of {version}"), 0, |r| {

@@ -20,10 +20,7 @@ fn chain(entries: &str, tcp_splits: bool) -> CompiledDiscoveryChain {
 fn host(last: u8, version: &str) -> Host {
     let mut metadata = BTreeMap::new();
     metadata.insert("version".to_owned(), version.to_owned());
-    Host {
-        metadata,
-        ..Host::new(SocketAddr::from(([127, 0, 0, last], 80)))
-    }
+    Host::new(SocketAddr::from(([127, 0, 0, last], 80))).with_metadata(metadata)
 }
 
 fn routing(hosts: &[(Host, HostClass)]) -> Routing {

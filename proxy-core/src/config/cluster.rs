@@ -22,7 +22,7 @@ use crate::{
         AssignmentPolicy, ClusterHealthConfig, cluster_config::health_fields,
         drop_overload::DropOverloadsConfig,
     },
-    host::{EdsHealth, Host, HostSet, Locality},
+    host::{EdsHealth, Host, HostDetail, HostSet, Locality},
 };
 
 splice! {
@@ -454,22 +454,28 @@ impl Cluster {
 
     /// The hosts of a STATIC cluster. Call only on a validated config (addresses are IPs).
     pub fn static_hosts(&self) -> HostSet {
-        self.endpoints()
+        let mut hosts: HostSet = self
+            .endpoints()
             .filter_map(|(group, lb)| {
                 let sa = &lb.endpoint.address.socket_address;
                 let ip = sa.address.parse::<IpAddr>().ok()?;
-                Some(Host {
+                let host = Host {
                     weight: lb.load_balancing_weight,
                     priority: group.priority,
-                    locality: group.locality.clone().unwrap_or_default(),
                     locality_weight: group.load_balancing_weight.map(NonZeroU32::get),
                     eds_health: lb.health_status,
+                    ..Host::new(SocketAddr::new(ip, sa.port_value))
+                };
+                Some(host.with_detail(HostDetail {
+                    locality: group.locality.clone().unwrap_or_default(),
                     metadata: lb.metadata.lb(),
                     hostname: lb.endpoint.hostname.clone(),
                     health_check: lb.endpoint.health_check(),
-                    ..Host::new(SocketAddr::new(ip, sa.port_value))
-                })
+                }))
             })
-            .collect()
+            .collect();
+        // Kept by the source for as long as the cluster runs: no spare capacity.
+        hosts.shrink_to_fit();
+        hosts
     }
 }

@@ -143,9 +143,9 @@ mod tests {
         )
         .expect("valid");
         let hosts = config.clusters[0].static_hosts();
-        assert_eq!(hosts[0].hostname.as_deref(), Some("web-1"));
-        assert_eq!(hosts[0].health_check.addr(hosts[0].addr).port(), 9000);
-        assert!(hosts[0].health_check.disabled);
+        assert_eq!(hosts[0].hostname(), Some("web-1"));
+        assert_eq!(hosts[0].health_check().addr(hosts[0].addr).port(), 9000);
+        assert!(hosts[0].health_check().disabled);
         let err = crate::config::Config::parse(
             &file("{ address: { socket_address: { address: health.test, port_value: 80 } } }"),
             std::path::Path::new("t.yaml"),

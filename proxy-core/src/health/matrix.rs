@@ -236,7 +236,7 @@ impl ClusterMembership {
                 || (keep_absent
                     && !m.active.failed
                     && !matches!(m.host.eds_health, EdsHealth::Unhealthy | EdsHealth::Timeout)
-                    && !m.host.health_check.disabled)
+                    && !m.host.health_check().disabled)
         });
         self.sync_outlier();
         let after = self.addresses();
@@ -376,7 +376,7 @@ impl ClusterMembership {
         self.members
             .range(keys_of(addr))
             .next()
-            .map(|(_, m)| &m.host.health_check)
+            .map(|(_, m)| m.host.health_check())
     }
 
     /// Every address with at least one host.

@@ -134,8 +134,11 @@ impl Routing {
     /// they are: a priority left without hosts routes nothing).
     #[must_use]
     pub fn filtered(&self, keep: impl Fn(&Host) -> bool) -> Self {
-        let admit =
-            |hosts: &[Host]| -> Vec<Host> { hosts.iter().filter(|h| keep(h)).cloned().collect() };
+        let admit = |hosts: &[Host]| -> Vec<Host> {
+            let mut out: Vec<Host> = hosts.iter().filter(|h| keep(h)).cloned().collect();
+            out.shrink_to_fit();
+            out
+        };
         Self {
             priorities: self
                 .priorities
@@ -197,6 +200,12 @@ impl Routing {
                 HostClass::Unhealthy => {}
             }
             p.all.push(host.clone());
+        }
+        // A routing is kept until the next change, and copied into each view: no spare capacity.
+        for p in &mut priorities {
+            p.healthy.shrink_to_fit();
+            p.degraded.shrink_to_fit();
+            p.all.shrink_to_fit();
         }
         assign_load(&mut priorities, balance);
         Self {

@@ -34,7 +34,7 @@ pub(super) fn class_shares(
         let members: Vec<&Host> = every
             .iter()
             .copied()
-            .filter(|h| h.locality == *locality)
+            .filter(|h| h.locality() == locality)
             .collect();
         out.extend(
             by_weight(&members)
@@ -55,12 +55,12 @@ fn locality_shares<'h>(
     let mut counts: BTreeMap<&Locality, (u32, usize, usize)> = BTreeMap::new();
     for h in all {
         let entry = counts
-            .entry(&h.locality)
+            .entry(h.locality())
             .or_insert((h.locality_weight.unwrap_or(0), 0, 0));
         entry.2 += 1;
     }
     for h in eligible {
-        if let Some(entry) = counts.get_mut(&h.locality) {
+        if let Some(entry) = counts.get_mut(h.locality()) {
             entry.1 += 1;
         }
     }
@@ -90,13 +90,13 @@ mod tests {
     /// A priority-0 host `127.0.0.<last>` in zone `zone`, whose locality has `weight`.
     fn host(last: u8, zone: &str, weight: Option<u32>) -> Host {
         Host {
-            locality: Locality {
-                zone: zone.into(),
-                ..Locality::default()
-            },
             locality_weight: weight,
             ..Host::new(SocketAddr::from(([127, 0, 0, last], 80)))
         }
+        .with_locality(Locality {
+            zone: zone.into(),
+            ..Locality::default()
+        })
     }
 
     fn localities() -> Balance {

@@ -176,7 +176,7 @@ pub(crate) fn host_shares(
     let weight_in = |l: &Locality| -> f64 {
         hosts
             .iter()
-            .filter(|h| h.locality == *l)
+            .filter(|h| h.locality() == l)
             .map(|h| f64::from(h.weight.max(1)))
             .sum()
     };
@@ -187,9 +187,9 @@ pub(crate) fn host_shares(
                 let share = zone
                     .localities
                     .iter()
-                    .find(|(l, _)| *l == h.locality)
+                    .find(|(l, _)| l == h.locality())
                     .map_or(0.0, |(_, s)| *s);
-                share * f64::from(h.weight.max(1)) / weight_in(&h.locality)
+                share * f64::from(h.weight.max(1)) / weight_in(h.locality())
             });
             (addr, zone.enabled * routed + (1.0 - zone.enabled) * f)
         })
@@ -212,7 +212,7 @@ fn priority_zero(routing: &Routing) -> Option<&PriorityRouting> {
 fn per_locality(hosts: &[Host]) -> BTreeMap<Locality, u64> {
     let mut counts = BTreeMap::new();
     for h in hosts {
-        *counts.entry(h.locality.clone()).or_insert(0) += 1;
+        *counts.entry(h.locality().clone()).or_insert(0) += 1;
     }
     counts
 }

@@ -85,7 +85,7 @@ pub(super) async fn publish_loop(
     let mut first = true;
     let mut ender = Ender::new(&template, drain);
     loop {
-        let routings: Vec<_> = inputs.iter().map(|i| i.routing.borrow().clone()).collect();
+        let mut routings: Vec<_> = inputs.iter().map(|i| i.routing.borrow().clone()).collect();
         let spec = {
             let clusters: Vec<(&str, &Routing)> = inputs
                 .iter()
@@ -105,6 +105,7 @@ pub(super) async fn publish_loop(
             Ok(_) => {
                 if let Some(ender) = &mut ender {
                     let names = inputs.iter().map(|i| i.name.clone());
+                    let routings = std::mem::take(&mut routings);
                     ender.published(&template, &spec, names.zip(routings).collect(), &dp);
                 }
                 if first {
@@ -118,6 +119,9 @@ pub(super) async fn publish_loop(
                 warn!(service = %spec.name, %err, "publish failed; the previous host set stays live");
             }
         }
+        // Not kept while waiting: the routing copies (every host of the service's clusters) and
+        // the spec are made again at the next change.
+        drop((spec, routings));
         loop {
             let due = async {
                 match &ender {

@@ -189,9 +189,9 @@ pub fn to_hosts(entries: &[ServiceEntry], only_passing: bool) -> (HostSet, Vec<S
         let host = Host {
             weight,
             eds_health,
-            metadata: entry.service.meta.clone(),
             ..Host::new(SocketAddr::new(ip, entry.service.port))
-        };
+        }
+        .with_metadata(entry.service.meta.clone());
         keyed.push(((entry.node.node.clone(), entry.service.id.clone()), host));
     }
     keyed.sort_by(|(ka, a), (kb, b)| a.addr.cmp(&b.addr).then_with(|| ka.cmp(kb)));

@@ -10,7 +10,7 @@ use std::{
 use super::resolver::{AddressRecord, DnsResolve, ResolveError, resolve_addresses};
 use crate::{
     config::sources::dns::{DnsEndpoint, DnsLookupFamily},
-    host::Host,
+    host::{Host, HostDetail},
 };
 
 /// A DNS SRV service to discover, e.g. `_http._tcp.web.svc.test`.
@@ -91,22 +91,23 @@ fn endpoint_answer(endpoint: &DnsEndpoint, records: &[AddressRecord]) -> Answer 
             continue;
         }
         answer.min_ttl = Some(answer.min_ttl.map_or(record.ttl, |t| t.min(record.ttl)));
-        answer.hosts.push(Host {
+        let hostname = endpoint
+            .hostname
+            .clone()
+            .unwrap_or_else(|| endpoint.address.clone());
+        let host = Host {
             weight: endpoint.weight.max(1),
             priority: endpoint.priority,
             eds_health: endpoint.health,
+            locality_weight: endpoint.locality_weight,
+            ..Host::new(addr)
+        };
+        answer.hosts.push(host.with_detail(HostDetail {
             metadata: endpoint.metadata.clone(),
+            hostname: Some(hostname),
             health_check: endpoint.health_check.clone(),
             locality: endpoint.locality.clone(),
-            locality_weight: endpoint.locality_weight,
-            hostname: Some(
-                endpoint
-                    .hostname
-                    .clone()
-                    .unwrap_or_else(|| endpoint.address.clone()),
-            ),
-            ..Host::new(addr)
-        });
+        }));
     }
     answer
 }
@@ -143,13 +144,15 @@ async fn srv_answer(
             answer.min_ttl = answer.min_ttl.map(|t| t.min(record.ttl));
             answer.first_ttl.get_or_insert(record.ttl);
             if seen.insert(addr) {
-                answer.hosts.push(Host {
+                let host = Host {
                     weight: u32::from(srv.weight).max(1),
                     priority: rank(srv.priority),
-                    metadata: service.metadata.clone(),
-                    hostname: Some(target.to_owned()),
                     ..Host::new(addr)
-                });
+                };
+                answer.hosts.push(
+                    host.with_metadata(service.metadata.clone())
+                        .with_hostname(Some(target.to_owned())),
+                );
             }
         }
     }

@@ -296,20 +296,23 @@ fn host_from_lb_endpoint(
     host.weight = lb_endpoint.load_balancing_weight.map_or(1, |w| w.value);
     host.priority = locality.priority;
     host.eds_health = eds_health(lb_endpoint.health_status);
-    host.hostname = Some(endpoint.hostname.clone()).filter(|h| !h.is_empty());
-    host.metadata = metadata(lb_endpoint.metadata.as_ref(), locality.locality.as_ref());
+    host.locality_weight = locality.load_balancing_weight.map(|w| w.value);
+    let mut detail = crate::host::HostDetail {
+        hostname: Some(endpoint.hostname.clone()).filter(|h| !h.is_empty()),
+        metadata: metadata(lb_endpoint.metadata.as_ref(), locality.locality.as_ref()),
+        ..Default::default()
+    };
     if let Some(l) = &locality.locality {
-        host.locality = crate::host::Locality {
+        detail.locality = crate::host::Locality {
             region: l.region.clone(),
             zone: l.zone.clone(),
             sub_zone: l.sub_zone.clone(),
         };
     }
-    host.locality_weight = locality.load_balancing_weight.map(|w| w.value);
     if let Some(check) = &endpoint.health_check_config {
-        host.health_check = health_check(check, &format!("{at}.endpoint.health_check_config"))?;
+        detail.health_check = health_check(check, &format!("{at}.endpoint.health_check_config"))?;
     }
-    Ok(host)
+    Ok(host.with_detail(detail))
 }
 
 /// `Endpoint.health_check_config` as a [`HealthCheckTarget`]: its address must be an IP

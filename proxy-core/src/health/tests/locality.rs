@@ -51,7 +51,7 @@ fn static_and_dns_hosts_carry_their_groups_locality_and_weight() {
     let seen: Vec<(u16, &str, &str, Option<u32>)> = hosts
         .iter()
         .map(|h| {
-            let l = &h.locality;
+            let l = &h.locality();
             (
                 h.addr.port(),
                 l.region.as_str(),

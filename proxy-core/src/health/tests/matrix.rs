@@ -246,7 +246,7 @@ fn absent_hosts_failed_by_their_source_or_unchecked_go_at_once() {
     }
     let mut m = checked_pair();
     let mut set = hosts(&[1, 2]);
-    set[1].health_check.disabled = true;
+    set[1].detail_mut().health_check.disabled = true;
     m.update_hosts(set);
     let change = m.update_hosts(hosts(&[1]));
     assert_eq!(change.removed, vec![addr(2)], "an unchecked host");

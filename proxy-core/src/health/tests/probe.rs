@@ -273,12 +273,12 @@ async fn a_hosts_health_check_config_moves_or_disables_its_probe() {
     mgr.note_traffic("a");
     let mut a = cluster("a", TCP_CLUSTER, &mgr);
     let mut moved = Host::new(addr(1));
-    moved.health_check = HealthCheckTarget {
+    moved.detail_mut().health_check = HealthCheckTarget {
         port: Some(9000),
         ..HealthCheckTarget::default()
     };
     let mut unchecked = Host::new(addr(2));
-    unchecked.health_check.disabled = true;
+    unchecked.detail_mut().health_check.disabled = true;
     let check_port = std::net::SocketAddr::new(addr(1).ip(), 9000);
     script.set(check_port, CheckOutcome::Failed(FailureKind::Immediate));
     a.update_hosts(vec![moved.clone(), unchecked]);
@@ -294,9 +294,9 @@ async fn a_hosts_health_check_config_moves_or_disables_its_probe() {
     assert!(!script.calls(check_port).is_empty());
 
     // Its checks move back to its own port (healthy): the probe follows.
-    moved.health_check = HealthCheckTarget::default();
+    moved.detail_mut().health_check = HealthCheckTarget::default();
     let mut unchecked = Host::new(addr(2));
-    unchecked.health_check.disabled = true;
+    unchecked.detail_mut().health_check.disabled = true;
     a.update_hosts(vec![moved, unchecked]);
     assert_eq!(mgr.probe_count(), 1);
     sleep(Duration::from_millis(1)).await;

@@ -20,10 +20,8 @@ fn zone(name: &str) -> Locality {
 fn hosts(net: u8, first: u8, n: u8, name: &str, class: HostClass) -> Vec<(Host, HostClass)> {
     (first..first + n)
         .map(|i| {
-            let host = Host {
-                locality: zone(name),
-                ..Host::new(SocketAddr::from(([127, 0, net, i], 80)))
-            };
+            let host =
+                Host::new(SocketAddr::from(([127, 0, net, i], 80))).with_locality(zone(name));
             (host, class)
         })
         .collect()

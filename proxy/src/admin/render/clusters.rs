@@ -182,7 +182,7 @@ struct Locality {
 
 impl Locality {
     fn of(host: &Host) -> Self {
-        let get = |key: &str| host.metadata.get(key).cloned().unwrap_or_default();
+        let get = |key: &str| host.metadata().get(key).cloned().unwrap_or_default();
         Self {
             region: get(proxy_core::discovery::xds::cla::LOCALITY_REGION),
             zone: get(proxy_core::discovery::xds::cla::LOCALITY_ZONE),
@@ -254,7 +254,7 @@ fn envoy_host(status: &HostStatus, traffic: HostTraffic) -> EnvoyHost {
         stats: host_stats(traffic),
         health_status: HostHealthStatus::new(&status.flags, host.eds_health),
         weight: host.weight,
-        hostname: host.hostname.clone().unwrap_or_default(),
+        hostname: host.hostname().unwrap_or_default().to_owned(),
         priority: host.priority,
         locality: Locality::of(host),
     }

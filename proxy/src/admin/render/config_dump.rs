@@ -156,7 +156,7 @@ fn assignment(cluster: &str, hosts: &[HostStatus]) -> Value {
             EdsHealth::Degraded => "DEGRADED",
         };
         let mut endpoint = json!({ "address": address(host.addr, false) });
-        if let Some(name) = &host.hostname {
+        if let Some(name) = host.hostname() {
             endpoint["hostname"] = json!(name);
         }
         priorities.entry(host.priority).or_default().push(json!({

@@ -28,7 +28,7 @@ fn address_is_the_service_address_else_the_node_address() {
     assert!(
         hosts
             .iter()
-            .all(|h| h.priority == 0 && h.hostname.is_none())
+            .all(|h| h.priority == 0 && h.hostname().is_none())
     );
 }
 
@@ -69,11 +69,11 @@ fn service_meta_becomes_host_metadata() {
     let expected: BTreeMap<String, String> = [("version", "v2"), ("zone", "z1")]
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .into();
-    assert_eq!(hosts[0].metadata, expected);
+    assert_eq!(hosts[0].metadata(), &expected);
     let mut b = inst("b", "127.0.0.3", 80);
     b.meta = Value::Null;
     assert!(
-        to_hosts(&entries(&[b]), false).0[0].metadata.is_empty(),
+        to_hosts(&entries(&[b]), false).0[0].metadata().is_empty(),
         "null Meta is empty"
     );
 }
@@ -145,7 +145,10 @@ async fn published_hosts_carry_weight_health_and_metadata() {
     assert_eq!(addrs(&update), ["127.0.0.2:8080", "127.0.0.3:8080"]);
     let h = &update.hosts;
     assert_eq!((h[0].weight, h[0].eds_health), (2, EdsHealth::Healthy));
-    assert_eq!(h[0].metadata.get("version").map(String::as_str), Some("v1"));
+    assert_eq!(
+        h[0].metadata().get("version").map(String::as_str),
+        Some("v1")
+    );
     assert_eq!((h[1].weight, h[1].eds_health), (1, EdsHealth::Unhealthy));
     assert_eq!(cluster.stats().values().source.membership_total, 2);
 }

@@ -63,8 +63,8 @@ async fn srv_priority_weight_and_port_map_to_hosts() {
         .map(|(a, p, w)| (a.to_string(), *p, *w))
         .collect();
     assert_eq!(summary, expected);
-    assert_eq!(update.hosts[0].hostname.as_deref(), Some("a.test"));
-    assert_eq!(update.hosts[0].metadata["via"], "srv");
+    assert_eq!(update.hosts[0].hostname(), Some("a.test"));
+    assert_eq!(update.hosts[0].metadata()["via"], "srv");
     assert!(cluster.drain_on_change());
 }
 

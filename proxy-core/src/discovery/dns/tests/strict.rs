@@ -46,10 +46,10 @@ async fn every_distinct_address_is_a_host_carrying_endpoint_attributes() {
             (host.weight, host.priority, host.eds_health),
             (7, 2, EdsHealth::Degraded)
         );
-        assert_eq!(host.metadata["zone"], "a");
-        assert_eq!(host.hostname.as_deref(), Some("web"));
+        assert_eq!(host.metadata()["zone"], "a");
+        assert_eq!(host.hostname(), Some("web"));
         assert_eq!(
-            (host.locality.zone.as_str(), host.locality_weight),
+            (host.locality().zone.as_str(), host.locality_weight),
             ("z1", Some(3))
         );
     }
@@ -75,10 +75,7 @@ async fn weight_zero_becomes_one_and_hostname_defaults_to_the_address() {
     let cluster =
         spawn_strict_dns("web", v4_settings(), vec![endpoint], Arc::new(fake.clone())).unwrap();
     let host = next_update(&mut cluster.updates()).await.hosts[0].clone();
-    assert_eq!(
-        (host.weight, host.hostname.as_deref()),
-        (1, Some("web.test"))
-    );
+    assert_eq!((host.weight, host.hostname()), (1, Some("web.test")));
 }
 
 #[tokio::test(start_paused = true)]
@@ -375,7 +372,10 @@ async fn same_ip_from_two_names_is_two_hosts_downstream() {
     let statuses: Vec<(String, Option<String>, String)> = up
         .host_statuses()
         .into_iter()
-        .map(|s| (s.host.addr.to_string(), s.host.hostname, s.flags.render()))
+        .map(|s| {
+            let name = s.host.hostname().map(str::to_owned);
+            (s.host.addr.to_string(), name, s.flags.render())
+        })
         .collect();
     let entry = |addr: &str, name: &str| (addr.to_owned(), Some(name.to_owned()), "healthy".into());
     assert_eq!(

@@ -45,15 +45,15 @@ fn parses_camel_and_snake_case_strings_and_wrappers() {
         (hosts[0].weight, hosts[0].priority, hosts[0].eds_health),
         (4, 1, EdsHealth::Degraded)
     );
-    assert_eq!(hosts[0].hostname.as_deref(), Some("a"));
+    assert_eq!(hosts[0].hostname(), Some("a"));
     assert_eq!(
-        hosts[0].metadata.get("version").map(String::as_str),
+        hosts[0].metadata().get("version").map(String::as_str),
         Some("v1")
     );
-    assert!(!hosts[0].metadata.contains_key("nested"));
+    assert!(!hosts[0].metadata().contains_key("nested"));
     assert_eq!(
         hosts[0]
-            .metadata
+            .metadata()
             .get("locality.sub_zone")
             .map(String::as_str),
         Some("r1")

@@ -119,7 +119,7 @@ fn cds_localities_weights_policy_and_locality_weighting_are_honoured() {
     let hosts = cluster.static_hosts();
     let zones: Vec<(u16, &str, Option<u32>)> = hosts
         .iter()
-        .map(|h| (h.addr.port(), h.locality.zone.as_str(), h.locality_weight))
+        .map(|h| (h.addr.port(), h.locality().zone.as_str(), h.locality_weight))
         .collect();
     assert_eq!(
         zones,
@@ -129,7 +129,7 @@ fn cds_localities_weights_policy_and_locality_weighting_are_honoured() {
             (82, "eu-1b", Some(2))
         ]
     );
-    assert_eq!(hosts[0].locality.region, "eu");
+    assert_eq!(hosts[0].locality().region, "eu");
     let balance = cluster.health_config().balance();
     assert_eq!(
         (
@@ -212,7 +212,7 @@ fn eds_policy_travels_with_the_hosts_and_a_change_of_it_is_published() {
         sub_zone: String::new(),
     };
     assert_eq!(
-        (&first.hosts[1].locality, first.hosts[1].locality_weight),
+        (first.hosts[1].locality(), first.hosts[1].locality_weight),
         (&b, Some(2))
     );
     // The same hosts under another policy: a new version with that policy.

@@ -121,16 +121,16 @@ fn fields_map_to_host() {
     let host = hosts_from_cla(&assignment).unwrap().remove(0);
     assert_eq!(host.addr, "[2001:db8::1]:8443".parse().unwrap());
     assert_eq!((host.weight, host.priority), (7, 2));
-    assert_eq!(host.hostname.as_deref(), Some("web-1.example"));
+    assert_eq!(host.hostname(), Some("web-1.example"));
     let zone = ("eu", "eu-1a", "rack-4");
-    let l = &host.locality;
+    let l = &host.locality();
     assert_eq!(
         (l.region.as_str(), l.zone.as_str(), l.sub_zone.as_str()),
         zone
     );
     assert_eq!(host.locality_weight, Some(3));
     let meta: Vec<_> = host
-        .metadata
+        .metadata()
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
@@ -154,7 +154,7 @@ fn defaults_weight_one_no_hostname() {
         (host.weight, host.priority, host.eds_health),
         (1, 0, EdsHealth::Unknown)
     );
-    assert_eq!(host.hostname, None);
+    assert_eq!(host.hostname(), None);
     assert_eq!(host.locality_weight, None);
 }
 
@@ -406,7 +406,7 @@ fn health_check_config_maps_to_the_check_target() {
         disable_active_health_check: true,
     })))
     .unwrap();
-    let check = &hosts[0].health_check;
+    let check = &hosts[0].health_check();
     assert_eq!(check.addr(hosts[0].addr).to_string(), "10.0.0.9:9000");
     assert_eq!(check.hostname.as_deref(), Some("health.web"));
     assert!(check.disabled);

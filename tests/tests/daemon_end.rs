@@ -48,7 +48,7 @@ fn skip_without_sock_destroy(test: &str) -> bool {
     if have(b"\0bpf_sock_destroy\0") && have(b"\0bpf_iter_udp\0") {
         return false;
     }
-    println!("SKIPPED {test}: the kernel has no bpf_sock_destroy or bpf_iter_udp (Linux 6.5)");
+    eprintln!("SKIP {test}: the kernel has no bpf_sock_destroy or bpf_iter_udp (Linux 6.5)");
     true
 }
 
